@@ -1,0 +1,70 @@
+/*
+ * gru.cu: the fused pointwise part of one GRU step (one launch per cell step), torch's GRU:
+ * the reset gate multiplies (R_n h + b_hn), not h, so R h stays one GEMM over all gates.
+ *
+ * Calling convention (every kernel in cuda_src/; rnnrt/kernels.py builds the arguments):
+ *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
+ *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
+ *   fp32 only. Gate blocks are stacked in torch order r, z, n: gate q of hidden unit j is
+ *   column q*H + j. Each thread reads everything of its (b, j) before writing anything, so
+ *   an output may alias an input exactly (same pointer, same ld), e.g. h over h_prev.
+ *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
+ *
+ * Kernels (one variant, fp32):
+ *   kernel gru_fwd(rows = B, cols = H)
+ *       r = sigma(((gx_r + bw_r) + gh_r) + br_r);  z = sigma(((gx_z + bw_z) + gh_z) + br_z)
+ *       hn = gh_n + br_n;  n = tanh((gx_n + bw_n) + r * hn);  h = n + z * (h_prev - n)
+ *     out h      [B, H]    new hidden state
+ *     out act    [B, 4H]   r, z, n, hn (columns 0, H, 2H, 3H), kept for the backward pass
+ *     in  gx     [B, 3H]   W x_t (from the input GEMM)
+ *     in  gh     [B, 3H]   R h_{t-1} (from the recurrent GEMM)
+ *     in  bw     [B, 3H]   b_ih, usually ld 0 (one row broadcast)
+ *     in  br     [B, 3H]   b_hh, usually ld 0
+ *     in  h_prev [B, H]    previous hidden state
+ */
+
+// Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
+// rows*ld reaches past 2^31 for views over [T*B, G*H] buffers.
+// (Each .cu file is compiled on its own by NVRTC with no includes, so this helper is copied
+// into every file that needs it; a test checks the copies are identical.)
+template <class F>
+__device__ __forceinline__ void for_each_element(int rows, int cols, F f) {
+    const long long n = (long long)rows * cols;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long long r = i / cols;
+        f(r, i - r * cols);
+    }
+}
+
+// sigma(x) from exp of a non-positive number only: no overflow for large |x|, no inf/inf.
+__device__ __forceinline__ float sigmoidf(float x) {
+    const float e = expf(-fabsf(x));
+    return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+}
+
+extern "C" __global__ void gru_fwd(int rows, int cols, float* h, int ldh, float* act, int ldact,
+                                   const float* gx, int ldgx, const float* gh, int ldgh,
+                                   const float* bw, int ldbw, const float* br, int ldbr,
+                                   const float* h_prev, int ldh_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        // ((gx + bw) + gh) + br at column k: the order every twin and the naive rung follow
+        auto pre = [&](long long k) {
+            return ((gx[b * ldgx + k] + bw[b * ldbw + k]) + gh[b * ldgh + k]) + br[b * ldbr + k];
+        };
+        const long long kn = 2 * (long long)cols + j;
+        const float pre_r = pre(j), pre_z = pre(cols + j);
+        const float xn = gx[b * ldgx + kn] + bw[b * ldbw + kn];
+        const float hn = gh[b * ldgh + kn] + br[b * ldbr + kn];
+        const float hp = h_prev[b * ldh_prev + j];
+        // All reads are done: from here on only writes (outputs may alias inputs).
+        const float r = sigmoidf(pre_r), z = sigmoidf(pre_z);
+        const float n = tanhf(xn + r * hn);
+        h[b * ldh + j] = n + z * (hp - n);
+        float* a = act + b * ldact + j;
+        a[0] = r;
+        a[cols] = z;
+        a[2 * (long long)cols] = n;
+        a[3 * (long long)cols] = hn;
+    });
+}

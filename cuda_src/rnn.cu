@@ -1,0 +1,60 @@
+/*
+ * rnn.cu: the fused pointwise part of one plain-RNN step (one launch per cell step): both
+ * bias adds and the activation in one pass. No activations are saved: the backward pass
+ * gets the derivative from h itself (1 - h^2 for tanh, h > 0 for relu).
+ *
+ * Calling convention (every kernel in cuda_src/; rnnrt/kernels.py builds the arguments):
+ *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
+ *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
+ *   fp32 only. Each thread reads its element of every input before writing h, so h may
+ *   alias an input exactly (same pointer, same ld), e.g. h over gx.
+ *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
+ *
+ * Kernels (two variants of one step, differing in the activation only; fp32):
+ *   kernel rnn_tanh_fwd(rows = B, cols = H)   h = tanh(((gx + bw) + gh) + br)
+ *     out h  [B, H]   new hidden state
+ *     in  gx [B, H]   W x_t (from the input GEMM)
+ *     in  gh [B, H]   R h_{t-1} (from the recurrent GEMM)
+ *     in  bw [B, H]   b_ih, usually ld 0 (one row broadcast)
+ *     in  br [B, H]   b_hh, usually ld 0
+ *   kernel rnn_relu_fwd(rows = B, cols = H)   h = max(((gx + bw) + gh) + br, 0); NaN stays NaN
+ *     out h  [B, H]
+ *     in  gx [B, H]
+ *     in  gh [B, H]
+ *     in  bw [B, H]
+ *     in  br [B, H]
+ */
+
+// Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
+// rows*ld reaches past 2^31 for views over [T*B, G*H] buffers.
+// (Each .cu file is compiled on its own by NVRTC with no includes, so this helper is copied
+// into every file that needs it; a test checks the copies are identical.)
+template <class F>
+__device__ __forceinline__ void for_each_element(int rows, int cols, F f) {
+    const long long n = (long long)rows * cols;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long long r = i / cols;
+        f(r, i - r * cols);
+    }
+}
+
+extern "C" __global__ void rnn_tanh_fwd(int rows, int cols, float* h, int ldh,
+                                        const float* gx, int ldgx, const float* gh, int ldgh,
+                                        const float* bw, int ldbw, const float* br, int ldbr) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        const float pre = ((gx[b * ldgx + j] + bw[b * ldbw + j]) + gh[b * ldgh + j])
+                          + br[b * ldbr + j];
+        h[b * ldh + j] = tanhf(pre);
+    });
+}
+
+extern "C" __global__ void rnn_relu_fwd(int rows, int cols, float* h, int ldh,
+                                        const float* gx, int ldgx, const float* gh, int ldgh,
+                                        const float* bw, int ldbw, const float* br, int ldbr) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        const float pre = ((gx[b * ldgx + j] + bw[b * ldbw + j]) + gh[b * ldgh + j])
+                          + br[b * ldbr + j];
+        h[b * ldh + j] = pre < 0.f ? 0.f : pre;  // not fmaxf: fmaxf(NaN, 0) is 0
+    });
+}

@@ -1,0 +1,41 @@
+/*
+ * transpose.cu: out = in^T for row-major fp32 views, through a shared-memory tile so that
+ * both the reads of `in` and the writes of `out` are coalesced along rows.
+ *
+ * Calling convention: kernel(int rows, int cols, outs..., ins...), each view a
+ * (float* p, int ld) pair, element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row of
+ * `in`. rows and cols are the INPUT's. `out` must not overlap `in` (no in-place transpose).
+ * Launch: block (32, 8); grid (column tiles, row tiles), each capped, the kernel loops over
+ * any tiles beyond the grid. blockDim.x must be 32 (one thread per tile column).
+ *
+ * Kernels (one variant, fp32):
+ *   kernel transpose(rows, cols)   out[c, r] = in[r, c] for r < rows, c < cols
+ *     out out [cols, rows]
+ *     in  in  [rows, cols]
+ */
+
+#define TILE 32
+
+extern "C" __global__ void transpose(int rows, int cols, float* __restrict__ out, int ldout,
+                                     const float* __restrict__ in, int ldin) {
+    // +1 column: the column-wise reads below then fall in 32 different banks, not one.
+    __shared__ float tile[TILE][TILE + 1];
+    const int tiles_r = (rows + TILE - 1) / TILE;
+    const int tiles_c = (cols + TILE - 1) / TILE;
+    const int tx = threadIdx.x;
+    for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+        for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
+            const long long r0 = (long long)tr * TILE, c0 = (long long)tc * TILE;
+            // Read: a warp takes one row of the tile, consecutive addresses of `in`.
+            for (int k = threadIdx.y; k < TILE; k += blockDim.y) {
+                if (r0 + k < rows && c0 + tx < cols) tile[k][tx] = in[(r0 + k) * ldin + c0 + tx];
+            }
+            __syncthreads();
+            // Write: a warp takes one row of `out` (a column of the tile), consecutive addresses.
+            for (int k = threadIdx.y; k < TILE; k += blockDim.y) {
+                if (c0 + k < cols && r0 + tx < rows) out[(c0 + k) * ldout + r0 + tx] = tile[tx][k];
+            }
+            __syncthreads();  // the next tile overwrites `tile`
+        }
+    }
+}

@@ -1,0 +1,1 @@
+"""Benchmarks: verify, then time with CUDA events, then write records (``experiments/results``)."""

@@ -1,0 +1,407 @@
+"""`rnnrt ladder`: the paper's Table 1 on this machine — every rung of the ladder, verified and
+then timed, beside cuDNN and the GPU's fp32 GEMM ceiling measured in the same run.
+
+Protocol per (rung, executor): build the plan, poison the workspace, run once and compare the
+output with the naive rung's (the naive rung itself with the float64 NumPy reference); a rung
+that disagrees is not timed (its row says why). Then warm-up and the median of ``repeats``
+runs timed with CUDA events on the plan's first stream. FLOPs by the paper's convention
+(rnnrt.cells.forward_flops). Ratios: speedup_vs_naive = naive ms / rung ms (same executor);
+ratio_vs_cudnn = cuDNN ms / rung ms (> 1: faster than cuDNN; cuDNN's ms is the median of
+its medians timed before and after the rungs, both kept in the record); share_of_ceiling = TFLOPS over
+the fp32 GEMM ceiling's TFLOPS.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__, reference
+from ..cells import forward_flops, get_cell, tflops
+from ..check import FP32_ATOL, FP32_RTOL, compare
+from ..plan import PlanKey, forward_plan
+from ..switches import DEFAULT_INPUT_BATCH, ladder
+from .timing import gemm_ceiling, time_cpu, time_gpu, time_torch
+
+CPU_SIZE = dict(layers=4, hidden=32, input_size=32, batch=8, steps=12)
+
+
+@dataclass
+class LadderConfig:
+    cell: str = "lstm"
+    layers: int = 4
+    hidden: int = 512
+    input_size: int | None = None        # None: = hidden (the paper's setting)
+    batch: int = 64
+    steps: int = 100
+    repeats: int = 20
+    warmup: int = 3
+    input_batch: int | str = DEFAULT_INPUT_BATCH
+    executors: tuple = ("eager", "graph")
+    cpu: bool = False
+    cudnn: bool = True
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def inp(self) -> int:
+        return self.hidden if self.input_size is None else self.input_size
+
+
+def _model(cfg: LadderConfig, dtype):
+    import rnnrt
+    kw = dict(num_layers=cfg.layers, dtype=dtype, seed=cfg.seed)
+    if cfg.cell == "lstm":
+        return rnnrt.LSTM(cfg.inp, cfg.hidden, **kw)
+    if cfg.cell == "gru":
+        return rnnrt.GRU(cfg.inp, cfg.hidden, **kw)
+    return rnnrt.RNN(cfg.inp, cfg.hidden, nonlinearity=cfg.cell.split("_")[1], **kw)
+
+
+def _inputs(cfg: LadderConfig, dtype):
+    rng = np.random.default_rng(cfg.seed + 1)
+    x = rng.standard_normal((cfg.steps, cfg.batch, cfg.inp)).astype(dtype)
+    h0 = (0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(dtype)
+    c0 = ((0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(dtype)
+          if get_cell(cfg.cell).has_cell_state else None)
+    return x, h0, c0
+
+
+def _progress(msg):
+    print(f"[ladder] {msg}", file=sys.stderr, flush=True)
+
+
+def versions(cp=None) -> dict:
+    v = {"rnnrt": __version__, "numpy": np.__version__, "python": platform.python_version()}
+    if cp is not None:
+        v["cupy"] = cp.__version__
+        v["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
+        v["cuda_driver"] = cp.cuda.runtime.driverGetVersion()
+    try:
+        import torch
+        v["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            v["cudnn"] = torch.backends.cudnn.version()
+    except Exception:  # noqa: BLE001 - torch is optional
+        pass
+    return v
+
+
+def run_ladder(cfg: LadderConfig, progress=_progress) -> dict:
+    """Verify and time every rung; return the record (see module docstring)."""
+    get_cell(cfg.cell)
+    if cfg.cpu:
+        return _run_cpu(cfg, progress)
+    return _run_gpu(cfg, progress)
+
+
+def _reference(cfg, model, x, h0, c0):
+    from ..params import per_layer
+    p64 = per_layer(model.flat.astype(np.float64), model.layout)
+    y, _, _, _ = reference.forward(cfg.cell, p64, x.astype(np.float64), h0.astype(np.float64),
+                                   None if c0 is None else c0.astype(np.float64))
+    return y
+
+
+def _row(rung, executor, timing, flops, naive_ms, cudnn_ms, ceiling_tflops, check, plan):
+    tf = tflops(flops, timing.ms_median)
+    return {
+        "rung": rung.name, "executor": executor, "switches": rung.switches.as_dict(),
+        **timing.as_dict(), "tflops": tf,
+        "speedup_vs_naive": (naive_ms / timing.ms_median) if naive_ms else None,
+        "ratio_vs_cudnn": (cudnn_ms / timing.ms_median) if cudnn_ms else None,
+        "share_of_ceiling": (tf / ceiling_tflops) if ceiling_tflops else None,
+        "check": check,
+        "plan": {"ops": len(plan.ops), "streams": len(plan.streams), "events": plan.num_events,
+                 "counts": dict(plan.counts())},
+    }
+
+
+def _check_dict(c):
+    return {"ok": c.ok, "against": c.name, "max_abs_err": c.max_abs_err,
+            "worst_index": list(c.worst_index), "n_bad": c.n_bad}
+
+
+def _run_gpu(cfg, progress):
+    from ..device import device_info, require_gpu
+    from ..exec.cuda_exec import EXECUTORS, GpuContext
+    from ..exec.workspace import Workspace
+    from ..kernels import KernelLibrary
+    cp = require_gpu()
+    for e in cfg.executors:
+        if e not in EXECUTORS:
+            raise ValueError(f"executors: expected a subset of {sorted(EXECUTORS)}, got {e!r}")
+    info = device_info()
+    model = _model(cfg, np.float32)
+    x, h0, c0 = _inputs(cfg, np.float32)
+    flops = forward_flops(cfg.cell, cfg.inp, cfg.hidden, cfg.layers, cfg.batch, cfg.steps)
+    ctx = GpuContext(cp, KernelLibrary())
+    progress(f"device {info['device']}; measuring the fp32 GEMM ceiling")
+    ceiling = gemm_ceiling(cp, ctx)
+    progress(f"ceiling {ceiling['tflops']:.1f} TFLOPS; computing the float64 reference")
+    y_ref = _reference(cfg, model, x, h0, c0)
+    params = cp.asarray(model.flat)
+
+    bench = _cudnn_bench(cfg, model, x, h0, c0)
+    if not isinstance(bench, str):
+        cudnn_check = bench.check(y_ref)
+        t = bench.time()
+        progress(f"cudnn (before the rungs) {t.ms_median:9.3f} ms; check {cudnn_check}")
+
+    rows = []
+    rungs = ladder(cfg.input_batch)
+    total = len(rungs) * len(cfg.executors)
+    n = 0
+    for executor in cfg.executors:
+        naive_y, naive_ms = None, None
+        for rung in rungs:
+            n += 1
+            key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers,
+                          True, rung.switches)
+            plan = forward_plan(key)
+            ws = Workspace(plan, cp, np.float32, params)
+            ws.poison()
+            ws.load_inputs(x, h0, c0)
+            ex = EXECUTORS[executor](plan, ws, ctx)
+            ex.run()
+            ex.stream.synchronize()
+            y = ws.outputs()["y"]
+            if naive_y is None:
+                c = compare(y, y_ref, FP32_ATOL, FP32_RTOL, name="float64 reference")
+            else:
+                c = compare(y, naive_y, FP32_ATOL, FP32_RTOL, name="naive rung")
+            if not c.ok:
+                progress(f"{n}/{total} {rung.name} {executor}: REFUSED, output disagrees: {c}")
+                rows.append({"rung": rung.name, "executor": executor,
+                             "switches": rung.switches.as_dict(), "refused": str(c),
+                             "check": _check_dict(c)})
+                del ex, ws
+                continue
+            if naive_y is None:
+                naive_y = y
+            t = time_gpu(cp, ex.run, ex.stream, cfg.repeats, cfg.warmup)
+            if naive_ms is None and rung.name == rungs[0].name:
+                naive_ms = t.ms_median
+            row = _row(rung, executor, t, flops, naive_ms, None, ceiling["tflops"],
+                       _check_dict(c), plan)
+            rows.append(row)
+            progress(f"{n}/{total} {rung.name:14s} {executor:5s} {t.ms_median:9.3f} ms "
+                     f"{row['tflops']:7.2f} TFLOPS  x{row['speedup_vs_naive'] or 0:.2f} naive")
+            del ex, ws
+            cp.get_default_memory_pool().free_all_blocks()
+    ctx.close()
+    if isinstance(bench, str):
+        cudnn = {"skipped": bench}
+    else:
+        t = bench.time()
+        progress(f"cudnn (after the rungs)  {t.ms_median:9.3f} ms")
+        cudnn = bench.row(flops, ceiling["tflops"], cudnn_check)
+        bench.close()
+        for row in rows:
+            if "ms_median" in row:
+                row["ratio_vs_cudnn"] = cudnn["ms_median"] / row["ms_median"]
+    return _record(cfg, info, versions(cp), flops, ceiling, cudnn, rows)
+
+
+class CudnnBench:
+    """cuDNN through torch.nn holding the same weights (rnnrt's torch-compatible state_dict),
+    TF32 off. ``time()`` can be called several times in a run (before and after the rungs):
+    cuDNN's time moves between calls far more than ours (../shared/reference/ANCHORS.md saw
+    6.7 to 11.8 ms for one configuration), so the row pools every sample."""
+
+    def __init__(self, cfg, model, x, h0, c0):
+        import torch
+        self.torch, self.cfg = torch, cfg
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
+        kw = dict(num_layers=cfg.layers, bias=model.bias)
+        if cls is None:
+            cls = torch.nn.RNN
+            kw["nonlinearity"] = cfg.cell.split("_")[1]
+        self.module = cls(cfg.inp, cfg.hidden, **kw).cuda().float()
+        self.module.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+                                     for k, v in model.state_dict().items()})
+        self.x = torch.from_numpy(x).cuda()
+        hx = torch.from_numpy(h0).cuda()
+        self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda())
+        self.medians, self.samples = [], []
+
+    def run(self):
+        with self.torch.no_grad():
+            return self.module(self.x, self.hx)
+
+    def check(self, y_ref):
+        y, _ = self.run()
+        self.torch.cuda.synchronize()
+        return compare(y.cpu().numpy(), y_ref, FP32_ATOL, FP32_RTOL, name="float64 reference")
+
+    def time(self):
+        t = time_torch(self.torch, self.run, self.cfg.repeats, self.cfg.warmup)
+        self.medians.append(t.ms_median)
+        self.samples += [t.ms_min, t.ms_median, t.ms_max]
+        return t
+
+    def row(self, flops, ceiling_tflops, check):
+        ms = statistics.median(self.medians)
+        tf = tflops(flops, ms)
+        torch = self.torch
+        return {"rung": "cudnn", "executor": "torch.nn", "ms_median": ms,
+                "ms_min": min(self.samples), "ms_max": max(self.samples),
+                "runs": self.cfg.repeats * len(self.medians),
+                "ms_median_per_timing": self.medians, "tflops": tf,
+                "speedup_vs_naive": None, "ratio_vs_cudnn": 1.0,
+                "share_of_ceiling": tf / ceiling_tflops, "check": _check_dict(check),
+                "torch": torch.__version__, "cudnn_version": torch.backends.cudnn.version(),
+                "tf32": False}
+
+    def close(self):
+        del self.module, self.x, self.hx
+        self.torch.cuda.empty_cache()
+
+
+def _cudnn_bench(cfg, model, x, h0, c0):
+    """CudnnBench, or the reason there is none (a string)."""
+    if not cfg.cudnn:
+        return "disabled (--no-cudnn)"
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        return f"torch not importable ({e})"
+    if not torch.cuda.is_available():
+        return "torch has no CUDA"
+    return CudnnBench(cfg, model, x, h0, c0)
+
+
+def _run_cpu(cfg, progress):
+    """The same ladder on the NumPy executor at a small size: CPU figures, labelled so."""
+    from ..exec import numpy_exec
+    from ..exec.workspace import Workspace
+    model = _model(cfg, np.float32)
+    x, h0, c0 = _inputs(cfg, np.float32)
+    flops = forward_flops(cfg.cell, cfg.inp, cfg.hidden, cfg.layers, cfg.batch, cfg.steps)
+    y_ref = _reference(cfg, model, x, h0, c0)
+    a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+    tc = time_cpu(lambda: a @ a, repeats=5)
+    ceiling = {"what": "NumPy fp32 matmul 512^3 on the CPU",
+               "tflops": 2 * 512**3 / (tc.ms_median * 1e-3) / 1e12, "ms_median": tc.ms_median}
+    rows, naive_y, naive_ms = [], None, None
+    rungs = ladder(cfg.input_batch)
+    for i, rung in enumerate(rungs, 1):
+        plan = forward_plan(PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden,
+                                    cfg.layers, True, rung.switches))
+        ws = Workspace(plan, np, np.float32, model.flat)
+        ws.load_inputs(x, h0, c0)
+        numpy_exec.run(plan, ws)
+        y = ws.outputs()["y"]
+        c = compare(y, y_ref if naive_y is None else naive_y, FP32_ATOL, FP32_RTOL,
+                    name="float64 reference" if naive_y is None else "naive rung")
+        if not c.ok:
+            rows.append({"rung": rung.name, "executor": "numpy", "refused": str(c),
+                         "switches": rung.switches.as_dict(), "check": _check_dict(c)})
+            progress(f"{i}/{len(rungs)} {rung.name}: REFUSED {c}")
+            continue
+        naive_y = y if naive_y is None else naive_y
+        t = time_cpu(lambda: numpy_exec.run(plan, ws), cfg.repeats, cfg.warmup)
+        naive_ms = naive_ms or t.ms_median
+        row = _row(rung, "numpy", t, flops, naive_ms, None, ceiling["tflops"], _check_dict(c),
+                   plan)
+        rows.append(row)
+        progress(f"{i}/{len(rungs)} {rung.name:14s} numpy {t.ms_median:9.3f} ms (CPU figure)")
+    info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy executor",
+            "note": "CPU figures: the NumPy executor runs the same plans; not GPU performance"}
+    return _record(cfg, info, versions(), flops, ceiling,
+                   {"skipped": "CPU run (--cpu): no cuDNN"}, rows)
+
+
+def _record(cfg, info, vers, flops, ceiling, cudnn, rows) -> dict:
+    cfgd = asdict(cfg)
+    cfgd["input_size"] = cfg.inp
+    cfgd["executors"] = list(cfg.executors)
+    return {
+        "schema": "rnnrt.ladder/1",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["rnnrt"] + sys.argv[1:]) if sys.argv else "",
+        "pass": "fwd",
+        "device": info,
+        "versions": vers,
+        "config": cfgd,
+        "flops_per_pass": flops,
+        "ceiling": ceiling,
+        "cudnn": cudnn,
+        "rows": rows + ([cudnn] if "ms_median" in cudnn else []),
+    }
+
+
+def _fmt(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def markdown_table(record: dict) -> str:
+    """The paper's Table 1 shape: one row per rung, per executor ms / TFLOPS / x naive /
+    vs cuDNN / % of the fp32 ceiling; the cuDNN row last."""
+    rows = [r for r in record["rows"] if r["rung"] != "cudnn"]
+    executors = list(dict.fromkeys(r["executor"] for r in rows))
+    head = ["rung"]
+    for e in executors:
+        head += [f"{e} ms", f"{e} TFLOPS", f"{e} x naive", f"{e} vs cuDNN", f"{e} % ceiling"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in dict.fromkeys(r["rung"] for r in rows):
+        cells = [name]
+        for e in executors:
+            r = next((r for r in rows if r["rung"] == name and r["executor"] == e), None)
+            if r is None or "refused" in r:
+                cells += ["refused" if r else "—"] + ["—"] * 4
+                continue
+            share = r.get("share_of_ceiling")
+            cells += [_fmt(r["ms_median"], ".3f"), _fmt(r["tflops"], ".3g"),
+                      _fmt(r["speedup_vs_naive"], ".2f"), _fmt(r["ratio_vs_cudnn"], ".2f"),
+                      _fmt(None if share is None else 100 * share, ".1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    cd = record["cudnn"]
+    if "ms_median" in cd:
+        cells = ["cuDNN (torch.nn, TF32 off)"]
+        for _ in executors:
+            cells += [_fmt(cd["ms_median"], ".3f"), _fmt(cd["tflops"], ".3g"), "—", "1.00",
+                      _fmt(100 * cd["share_of_ceiling"], ".1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    c = record["config"]
+    lines.append("")
+    lines.append(f"{c['cell'].upper()}, {c['layers']} layers, hidden {c['hidden']}, input "
+                 f"{c['input_size']}, minibatch {c['batch']}, {c['steps']} steps, fp32; "
+                 f"input batching k = {c['input_batch']}; median of {c['repeats']} runs. "
+                 f"Device: {record['device'].get('device')}. Ceiling: "
+                 f"{record['ceiling']['what']} = {record['ceiling']['tflops']:.1f} TFLOPS. "
+                 f"cuDNN: {_cudnn_note(record['cudnn'])}.")
+    return "\n".join(lines)
+
+
+def _cudnn_note(cd: dict) -> str:
+    if "skipped" in cd:
+        return cd["skipped"]
+    per = cd.get("ms_median_per_timing", [])
+    return ("same process, TF32 off, median of its medians timed before and after the rungs ("
+            + " / ".join(f"{m:.3f}" for m in per) + " ms)")
+
+
+def default_path(record: dict, root: Path | None = None) -> Path:
+    c = record["config"]
+    dev = str(record["device"].get("device", "cpu")).split(",")[0]
+    slug = "".join(ch if ch.isalnum() else "-" for ch in dev).strip("-").lower()
+    stamp = record["created"][:19].replace(":", "").replace("-", "")
+    root = root or Path("experiments") / "results"
+    return root / (f"ladder-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-"
+                   f"T{c['steps']}-{record['pass']}-{slug}-{stamp}.json")
+
+
+def write_record(record: dict, path: Path | None = None) -> Path:
+    path = Path(path) if path else default_path(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return path

@@ -1,0 +1,89 @@
+"""Timing with CUDA events (GPU) or perf_counter (CPU): warm-up, then the median of many runs.
+
+The GPU ceiling (a large fp32 GEMM) is measured through rnnrt's own cuBLAS binding, math mode
+plain fp32 (no TF32), in the same process as the figures it is compared with.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    ms_median: float
+    ms_min: float
+    ms_max: float
+    runs: int
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def _summary(samples) -> Timing:
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples))
+
+
+def time_gpu(cp, fn, stream, repeats: int = 20, warmup: int = 3) -> Timing:
+    """Time ``fn()`` (which issues work on ``stream``) with events recorded on ``stream``
+    around each call; synchronises after each run so runs do not overlap."""
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    samples = []
+    for _ in range(repeats):
+        start.record(stream)
+        fn()
+        stop.record(stream)
+        stop.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, stop))
+    return _summary(samples)
+
+
+def time_torch(torch, fn, repeats: int = 20, warmup: int = 3) -> Timing:
+    """The same protocol for a torch callable, with torch's events on its current stream."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop))
+    return _summary(samples)
+
+
+def time_cpu(fn, repeats: int = 5, warmup: int = 1) -> Timing:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return _summary(samples)
+
+
+def gemm_ceiling(cp, ctx, n: int = 8192, repeats: int = 10) -> dict:
+    """TFLOPS of an fp32 n^3 GEMM (tensor cores off) through rnnrt's cuBLAS binding."""
+    stream, handle = ctx.stream(0, 0)
+    rng = cp.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=cp.float32)
+    b = rng.standard_normal((n, n), dtype=cp.float32)
+    c = cp.empty((n, n), dtype=cp.float32)
+    prepared = handle.prepare_gemm(c.data.ptr, n, a.data.ptr, n, b.data.ptr, n, n, n, n)
+    t = time_gpu(cp, lambda: handle.gemm(prepared), stream, repeats=repeats, warmup=2)
+    # spot-check the product so the ceiling is a real GEMM, not a no-op
+    ref = a[:4].get().astype("float64") @ b[:, :4].get().astype("float64")
+    got = c[:4, :4].get()
+    err = float(abs(got - ref).max() / abs(ref).max())
+    del a, b, c
+    return {"what": f"fp32 SGEMM {n}^3, tensor cores off (CUBLAS_DEFAULT_MATH)",
+            "tflops": 2 * n**3 / (t.ms_median * 1e-3) / 1e12, "ms_median": t.ms_median,
+            "rel_err_spot_check": err}

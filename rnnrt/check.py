@@ -1,0 +1,74 @@
+"""Comparing a result with a reference: ``|a - r| <= atol + rtol*|r|`` elementwise, the worst
+element reported. Used by the tests and by every benchmark before it times anything.
+
+NaN or Inf in the result where the reference is finite is always a failure (a poisoned,
+unwritten element shows up this way).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# fp32 tolerances for a fast path against the float64 reference (GEMM K up to a few
+# thousand: accumulated rounding stays well under these)
+FP32_ATOL = 1e-4
+FP32_RTOL = 1e-3
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    ok: bool
+    max_abs_err: float
+    max_excess: float        # max of |a - r| - (atol + rtol*|r|); <= 0 when ok
+    worst_index: tuple
+    worst_actual: float
+    worst_ref: float
+    n_bad: int
+    size: int
+
+    def __str__(self):
+        return (f"{self.name}: {'ok' if self.ok else 'MISMATCH'} max|err|={self.max_abs_err:.3g}"
+                f" worst at {self.worst_index}: got {self.worst_actual!r} want {self.worst_ref!r}"
+                f" ({self.n_bad}/{self.size} outside tolerance)")
+
+
+def _to_numpy(a):
+    if hasattr(a, "get"):          # CuPy array
+        a = a.get()
+    return np.asarray(a)
+
+
+def compare(actual, ref, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
+            name: str = "array") -> Comparison:
+    """Compare ``actual`` with ``ref`` (NumPy or CuPy, same shape) in float64."""
+    a = _to_numpy(actual).astype(np.float64)
+    r = _to_numpy(ref).astype(np.float64)
+    if a.shape != r.shape:
+        raise ValueError(f"{name}: shape {a.shape} != reference shape {r.shape}")
+    if a.size == 0:
+        return Comparison(name, True, 0.0, 0.0, (), 0.0, 0.0, 0, 0)
+    err = np.abs(a - r)
+    allowed = atol + rtol * np.abs(r)
+    excess = err - allowed
+    # non-finite where the reference is finite: infinitely bad
+    bad_nonfinite = ~np.isfinite(a) & np.isfinite(r)
+    excess = np.where(bad_nonfinite, np.inf, excess)
+    both_nan = np.isnan(a) & np.isnan(r)
+    excess = np.where(both_nan, -np.inf, excess)
+    err = np.where(np.isfinite(err), err, np.where(both_nan, 0.0, np.inf))
+    flat = int(np.argmax(excess))
+    idx = np.unravel_index(flat, a.shape)
+    n_bad = int(np.count_nonzero(excess > 0))
+    return Comparison(name, n_bad == 0, float(err.max()), float(excess.max()),
+                      tuple(int(i) for i in idx), float(a[idx]), float(r[idx]), n_bad, a.size)
+
+
+def assert_close(actual, ref, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
+                 name: str = "array") -> Comparison:
+    """compare(), raising AssertionError with the worst element when out of tolerance."""
+    c = compare(actual, ref, atol, rtol, name)
+    if not c.ok:
+        raise AssertionError(str(c))
+    return c

@@ -1,0 +1,125 @@
+"""A small capture-safe cuBLAS binding (ctypes, libcublas called directly).
+
+Why not CuPy's wrappers: cupy.matmul and cupy.cublas raise inside a stream capture, and the
+low-level ``cupy_backends.cuda.libs.cublas.sgemm`` re-binds its handle to CuPy's *current*
+stream on every call, so under a capture on another stream the GEMM silently runs eagerly and
+is missing from the graph (../shared/reference/ANCHORS.md). Here each ``CublasHandle`` is
+bound once to one stream and given its own preallocated workspace (so cuBLAS allocates
+nothing during a capture), and every call checks its status.
+
+Row-major GEMMs: rnnrt's views are row-major; cuBLAS is column-major. A row-major [r, c]
+view with leading dimension ld is the column-major [c, r] matrix with the same ld, so
+row-major C = op(A) @ op(B) is column-major C^T = op(B)^T-ish @ op(A)^T-ish: we call
+sgemm(transa=op of B, transb=op of A, m=M, n=N, k=K, A=B, lda=ldb, B=A, ldb=lda, C, ldc).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+CUBLAS_OP_N = 0
+CUBLAS_OP_T = 1
+CUBLAS_DEFAULT_MATH = 0          # no TF32: fp32 GEMMs stay fp32 (the paper's arithmetic)
+CUBLAS_PEDANTIC_MATH = 2
+
+
+class CublasError(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=1)
+def load_library() -> ctypes.CDLL:
+    """Locate and load libcublas once per process: cuda-pathfinder (a CuPy dependency)
+    first, then the usual sonames. Raises CublasError listing what was tried."""
+    tried = []
+    try:
+        from cuda import pathfinder  # type: ignore
+        loaded = pathfinder.load_nvidia_dynamic_lib("cublas")
+        path = getattr(loaded, "abs_path", None)
+        if path:
+            return _declare(ctypes.CDLL(path))
+        tried.append("cuda.pathfinder (no abs_path)")
+    except Exception as e:  # noqa: BLE001 - report and try the next way
+        tried.append(f"cuda.pathfinder: {e}")
+    names = ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+    found = ctypes.util.find_library("cublas")
+    if found:
+        names.append(found)
+    for name in names:
+        try:
+            return _declare(ctypes.CDLL(name))
+        except OSError as e:
+            tried.append(f"{name}: {e}")
+    raise CublasError("could not load libcublas; tried: " + "; ".join(tried))
+
+
+def _declare(lib):
+    vp, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    fp = ctypes.POINTER(ctypes.c_float)
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasDestroy_v2.argtypes = [vp]
+    lib.cublasSetStream_v2.argtypes = [vp, vp]
+    lib.cublasSetWorkspace_v2.argtypes = [vp, vp, c]
+    lib.cublasSetMathMode.argtypes = [vp, i]
+    lib.cublasGetVersion_v2.argtypes = [vp, ctypes.POINTER(i)]
+    lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
+    for name in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2",
+                 "cublasSetWorkspace_v2", "cublasSetMathMode", "cublasGetVersion_v2",
+                 "cublasSgemm_v2"):
+        getattr(lib, name).restype = i
+    return lib
+
+
+def _check(status, what):
+    if status != 0:
+        raise CublasError(f"{what} failed with cuBLAS status {status}")
+
+
+class CublasHandle:
+    """One cuBLAS handle bound to one CUDA stream, with its own workspace.
+
+    stream_ptr: the raw cudaStream_t (cupy Stream.ptr); workspace_ptr/bytes: device memory
+    the caller keeps alive for the handle's lifetime (cuBLAS recommends 32 MiB on Hopper).
+    """
+
+    def __init__(self, stream_ptr: int, workspace_ptr: int, workspace_bytes: int):
+        self.lib = load_library()
+        h = ctypes.c_void_p()
+        _check(self.lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+        self.handle = h
+        _check(self.lib.cublasSetStream_v2(h, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
+        _check(self.lib.cublasSetWorkspace_v2(h, ctypes.c_void_p(workspace_ptr),
+                                              workspace_bytes), "cublasSetWorkspace")
+        _check(self.lib.cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode")
+        self._sgemm = self.lib.cublasSgemm_v2
+
+    def version(self) -> int:
+        v = ctypes.c_int()
+        _check(self.lib.cublasGetVersion_v2(self.handle, ctypes.byref(v)), "cublasGetVersion")
+        return v.value
+
+    def prepare_gemm(self, out_ptr, out_ld, a_ptr, a_ld, b_ptr, b_ld, M, N, K,
+                     trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+        """Prebuild the argument tuple of row-major out[N, M] = op(a) @ op(b) (+ beta*out),
+        so the time loop only calls ``gemm(args)``. Keeps alpha/beta objects alive."""
+        al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
+        args = (self.handle,
+                CUBLAS_OP_T if trans_b else CUBLAS_OP_N,
+                CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
+                M, N, K, ctypes.byref(al),
+                ctypes.c_void_p(b_ptr), b_ld,
+                ctypes.c_void_p(a_ptr), a_ld,
+                ctypes.byref(be),
+                ctypes.c_void_p(out_ptr), out_ld)
+        return (args, al, be)
+
+    def gemm(self, prepared) -> None:
+        status = self._sgemm(*prepared[0])
+        if status != 0:
+            raise CublasError(f"cublasSgemm failed with status {status}")
+
+    def close(self):
+        if self.handle is not None:
+            self.lib.cublasDestroy_v2(self.handle)
+            self.handle = None

@@ -1,0 +1,138 @@
+"""NumPy twins of the CUDA kernels in cuda_src/, for the CPU plan executor and its race checker.
+
+One function per kernel, ``fn(rows, cols, outs, ins) -> None``, with the kernel's name and
+argument order (see each .cu file's header; ``rnnrt.kernels.KERNELS`` lists them). Each
+argument is the already-made 2-D view of that (pointer, ld) pair, shape [view rows, view
+cols]; an ld = 0 input is a broadcast view (row stride 0), so twins never write to inputs.
+They write into ``outs`` in place, only after every input has been read (so an output may
+alias an input exactly, as on the GPU), and follow the kernels' order of arithmetic; they
+work in the arrays' own dtype (float32 as on the GPU, or float64).
+
+``view`` makes those 2-D views over a flat buffer, the way a kernel addresses memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+
+def view(buf: np.ndarray, offset: int, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The [rows, cols] row-major view of flat ``buf`` with element (r, c) at offset + r*ld + c.
+
+    ld = 0 gives a broadcast view (row stride 0), read-only when it has more than one row:
+    writing through it would be a race on the GPU.
+    """
+    if buf.ndim != 1 or (buf.size > 1 and buf.strides[0] != buf.itemsize):
+        raise ValueError(f"view: buf must be a contiguous 1-D array, got shape {buf.shape} "
+                         f"strides {buf.strides}")
+    if rows < 1 or cols < 1:
+        raise ValueError(f"view: empty shape [{rows}, {cols}]")
+    if ld != 0 and ld < cols:
+        raise ValueError(f"view: ld {ld} < cols {cols} (rows would overlap)")
+    if offset < 0:
+        raise ValueError(f"view: negative offset {offset}")
+    end = offset + (rows - 1) * ld + cols
+    if end > buf.size:
+        raise ValueError(f"view: [{rows}, {cols}] ld {ld} at offset {offset} ends at {end}, "
+                         f"past the buffer's {buf.size} elements")
+    return as_strided(buf[offset:], shape=(rows, cols), strides=(ld * buf.itemsize, buf.itemsize),
+                      writeable=not (ld == 0 and rows > 1))
+
+
+def _sigmoid(x):
+    # As the kernels: exp of a non-positive number only (no overflow, no warnings).
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _relu(x):
+    return np.where(x < 0, 0, x).astype(x.dtype, copy=False)  # NaN stays NaN, as the kernels
+
+
+def _gate(a, q, cols):
+    """Gate block q (columns q*cols .. (q+1)*cols) of a [B, G*H] view, H = cols."""
+    return a[:, q * cols:(q + 1) * cols]
+
+
+# --- elementwise.cu -----------------------------------------------------------------------
+
+def ew_add(rows, cols, outs, ins):
+    (out,), (a, b) = outs, ins
+    out[...] = a + b
+
+
+def ew_sub(rows, cols, outs, ins):
+    (out,), (a, b) = outs, ins
+    out[...] = a - b
+
+
+def ew_mul(rows, cols, outs, ins):
+    (out,), (a, b) = outs, ins
+    out[...] = a * b
+
+
+def ew_sigmoid(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = _sigmoid(a)
+
+
+def ew_tanh(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = np.tanh(a)
+
+
+def ew_relu(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = _relu(a)
+
+
+# --- transpose.cu -------------------------------------------------------------------------
+
+def transpose(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = a.T
+
+
+# --- lstm.cu, gru.cu, rnn.cu (rows = B, cols = H) -----------------------------------------
+
+def _pre(gx, gh, bw, br, q, cols):
+    """((gx + bw) + gh) + br of gate block q, in the kernels' order of additions."""
+    return ((_gate(gx, q, cols) + _gate(bw, q, cols)) + _gate(gh, q, cols)) + _gate(br, q, cols)
+
+
+def lstm_fwd(rows, cols, outs, ins):
+    h, c, act = outs
+    gx, gh, bw, br, c_prev = ins
+    i, f, o = (_sigmoid(_pre(gx, gh, bw, br, q, cols)) for q in (0, 1, 3))
+    g = np.tanh(_pre(gx, gh, bw, br, 2, cols))
+    c_new = f * c_prev + i * g
+    h_new = o * np.tanh(c_new)
+    # Every input is read: now write.
+    c[...] = c_new
+    h[...] = h_new
+    for q, v in enumerate((i, f, g, o)):
+        _gate(act, q, cols)[...] = v
+
+
+def gru_fwd(rows, cols, outs, ins):
+    h, act = outs
+    gx, gh, bw, br, h_prev = ins
+    r = _sigmoid(_pre(gx, gh, bw, br, 0, cols))
+    z = _sigmoid(_pre(gx, gh, bw, br, 1, cols))
+    hn = _gate(gh, 2, cols) + _gate(br, 2, cols)
+    n = np.tanh((_gate(gx, 2, cols) + _gate(bw, 2, cols)) + r * hn)
+    h_new = n + z * (h_prev - n)
+    # Every input is read: now write.
+    h[...] = h_new
+    for q, v in enumerate((r, z, n, hn)):
+        _gate(act, q, cols)[...] = v
+
+
+def rnn_tanh_fwd(rows, cols, outs, ins):
+    (h,), (gx, gh, bw, br) = outs, ins
+    h[...] = np.tanh(_pre(gx, gh, bw, br, 0, cols))
+
+
+def rnn_relu_fwd(rows, cols, outs, ins):
+    (h,), (gx, gh, bw, br) = outs, ins
+    h[...] = _relu(_pre(gx, gh, bw, br, 0, cols))

@@ -1,0 +1,94 @@
+"""The CPU executor: runs a plan's ops with NumPy, in program order or in a random
+interleaving of its streams that respects only stream order and events.
+
+With ``order='random'`` this is the dynamic half of the race checker: any interleaving
+it picks is one a GPU could legally run, so if the result differs from program order
+(or from the reference), the plan is missing a dependency. ``racecheck.find_races``
+is the static half.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import KERNELS
+from ..ops import Gemm, Kernel, Record, Wait
+from .workspace import Workspace
+
+
+def run_op(op, ws: Workspace) -> None:
+    """Execute one Gemm or Kernel op on the workspace's NumPy buffers."""
+    if isinstance(op, Gemm):
+        a = ws.view(op.a)
+        b = ws.view(op.b)
+        a = a.T if op.trans_a else a
+        b = b.T if op.trans_b else b
+        out = ws.view(op.out)
+        prod = a @ b
+        if op.alpha != 1.0:
+            prod = op.alpha * prod
+        if op.beta != 0.0:
+            prod = prod + op.beta * out
+        out[...] = prod
+    elif isinstance(op, Kernel):
+        fn = KERNELS[op.name].numpy_fn
+        fn(op.rows, op.cols, [ws.view(v) for v in op.outs], [ws.view(v) for v in op.ins])
+    else:
+        raise TypeError(f"run_op: not a compute op: {op!r}")
+
+
+def run(plan, ws: Workspace, order: str = "program", seed: int | None = None,
+        max_burst: int = 8) -> list[int]:
+    """Run ``plan`` on ``ws``; returns the op indices in the order they were executed.
+
+    order='program': issue order. order='random': repeatedly pick a stream that can make
+    progress and run 1..max_burst of its next ops (a Wait blocks its stream until the
+    event's Record has run). The pick mixes two policies, both legal schedules: mostly the
+    first runnable stream in a random priority order (reshuffled now and then), which lets
+    one stream run as far ahead of another as the events allow — what exposes a missing
+    wait — and sometimes a uniformly random runnable stream.
+    """
+    if order == "program":
+        for op in plan.ops:
+            if isinstance(op, (Gemm, Kernel)):
+                run_op(op, ws)
+        return list(range(len(plan.ops)))
+    if order != "random":
+        raise ValueError(f"order: expected 'program' or 'random', got {order!r}")
+    rng = np.random.default_rng(seed)
+    queues = [[i for i, op in enumerate(plan.ops) if op.stream == s]
+              for s in range(len(plan.streams))]
+    heads = [0] * len(queues)
+    done_events = set()
+    executed = []
+    rank = rng.permutation(len(queues))
+
+    def blocked(s):
+        op = plan.ops[queues[s][heads[s]]]
+        return isinstance(op, Wait) and op.event not in done_events
+
+    while True:
+        live = [s for s in range(len(queues)) if heads[s] < len(queues[s])]
+        if not live:
+            break
+        runnable = [s for s in live if not blocked(s)]
+        if not runnable:
+            raise RuntimeError("numpy executor: deadlock (every stream waits on an event "
+                               "whose record cannot run)")
+        if rng.random() < 0.02:
+            rank = rng.permutation(len(queues))
+        if rng.random() < 0.25:
+            s = runnable[rng.integers(len(runnable))]
+        else:
+            s = min(runnable, key=lambda q: rank[q])
+        for _ in range(int(rng.integers(1, max_burst + 1))):
+            if heads[s] >= len(queues[s]) or blocked(s):
+                break
+            i = queues[s][heads[s]]
+            op = plan.ops[i]
+            if isinstance(op, Record):
+                done_events.add(op.event)
+            elif not isinstance(op, Wait):
+                run_op(op, ws)
+            executed.append(i)
+            heads[s] += 1
+    return executed

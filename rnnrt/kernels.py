@@ -1,0 +1,291 @@
+"""The CUDA kernels: one registry, their launch geometry and arguments, and the loader.
+
+``REGISTRY`` is the one list of kernels; ``KERNELS`` (by name) and everything else derive
+from it. Each kernel lives in a file of cuda_src/ whose header lists it with its arguments
+(a test holds registry, headers and code to each other), and has a NumPy twin in
+``exec/kernels_np.py``.
+
+Calling convention, uniform for every kernel (fp32 only)::
+
+    kernel(int rows, int cols, float* out0, int ld_out0, ..., const float* in0, int ld_in0, ...)
+
+outputs first, then inputs, each a row-major view passed as a (pointer, ld) pair: element
+(r, c) at p[r*ld + c]; ld = 0 broadcasts one row (bias vectors handed to [B, G*H] problems).
+Argument shapes are written in terms of the problem: 'R,4C' is [rows, 4*cols].
+
+Importing this module needs no CuPy: ``KernelLibrary`` imports it when it first compiles.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .exec import kernels_np as knp
+
+POINTWISE_BLOCK = 256
+"""Threads per block of the grid-stride kernels (all but transpose)."""
+MAX_POINTWISE_BLOCKS = 4096
+"""Grid cap of the grid-stride kernels: ~4 waves of 256-thread blocks on an H100 (132 SMs x 8
+resident); larger problems loop, so the grid never depends on the time-batched sizes."""
+TILE = 32
+"""Transpose tile edge (must match TILE in transpose.cu); block (TILE, 8)."""
+_MAX_GRID_X, _MAX_GRID_Y = 2**31 - 1, 65535
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One CUDA kernel: where it lives, its arguments, its NumPy twin and its launch geometry.
+
+    outs, ins: ((argument name, shape), ...) in call order; the names are the kernel's pointer
+    parameters, the shapes are in terms of the problem ('R,C', 'R,4C', 'C,R' ...).
+    tiled: launched as 32x32 tiles with block (32, 8) (transpose), else as a 1-D grid-stride
+    loop over rows*cols with 256-thread blocks.
+    """
+
+    name: str
+    file: str
+    outs: tuple[tuple[str, str], ...]
+    ins: tuple[tuple[str, str], ...]
+    numpy_fn: Callable
+    tiled: bool = False
+    # the shapes parsed once: per argument ((multiple, 'R' or 'C') of its rows, of its cols)
+    _dims: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_dims", tuple(
+            tuple(_parse_term(t) for t in spec.split(",")) for _, spec in self.outs + self.ins))
+
+    @property
+    def n_outs(self) -> int:
+        return len(self.outs)
+
+    @property
+    def n_ins(self) -> int:
+        return len(self.ins)
+
+    def arg_shapes(self, rows: int, cols: int):
+        """([(view rows, view cols) per output], [... per input]) of a [rows, cols] problem."""
+        size = {"R": rows, "C": cols}
+        shapes = [tuple(k * size[d] for k, d in dims) for dims in self._dims]
+        return shapes[:self.n_outs], shapes[self.n_outs:]
+
+    def launch(self, rows: int, cols: int) -> tuple[tuple, tuple]:
+        """(grid, block) of a [rows, cols] problem; kernels loop over what the grid leaves."""
+        _check_problem(self.name, rows, cols)
+        if self.tiled:
+            tiles_r, tiles_c = -(-rows // TILE), -(-cols // TILE)
+            return (min(tiles_c, _MAX_GRID_X), min(tiles_r, _MAX_GRID_Y), 1), (TILE, 8, 1)
+        blocks = -(-(rows * cols) // POINTWISE_BLOCK)
+        return (min(blocks, MAX_POINTWISE_BLOCKS), 1, 1), (POINTWISE_BLOCK, 1, 1)
+
+
+def _parse_term(term: str) -> tuple[int, str]:
+    """'4C' -> (4, 'C'): one extent of an argument's shape, a multiple of rows or cols."""
+    m = re.fullmatch(r"\s*(\d*)([RC])\s*", term)
+    if not m:
+        raise ValueError(f"shape term {term!r}: expected [k]R or [k]C")
+    return int(m[1] or 1), m[2]
+
+
+_BINARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"), ("b", "R,C")))
+_UNARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"),))
+_RNN = dict(outs=(("h", "R,C"),), ins=(("gx", "R,C"), ("gh", "R,C"), ("bw", "R,C"), ("br", "R,C")))
+
+REGISTRY: tuple[KernelInfo, ...] = (
+    KernelInfo("ew_add", "elementwise.cu", numpy_fn=knp.ew_add, **_BINARY),
+    KernelInfo("ew_sub", "elementwise.cu", numpy_fn=knp.ew_sub, **_BINARY),
+    KernelInfo("ew_mul", "elementwise.cu", numpy_fn=knp.ew_mul, **_BINARY),
+    KernelInfo("ew_sigmoid", "elementwise.cu", numpy_fn=knp.ew_sigmoid, **_UNARY),
+    KernelInfo("ew_tanh", "elementwise.cu", numpy_fn=knp.ew_tanh, **_UNARY),
+    KernelInfo("ew_relu", "elementwise.cu", numpy_fn=knp.ew_relu, **_UNARY),
+    KernelInfo("transpose", "transpose.cu", outs=(("out", "C,R"),), ins=(("in", "R,C"),),
+               numpy_fn=knp.transpose, tiled=True),
+    KernelInfo("lstm_fwd", "lstm.cu", numpy_fn=knp.lstm_fwd,
+               outs=(("h", "R,C"), ("c", "R,C"), ("act", "R,4C")),
+               ins=(("gx", "R,4C"), ("gh", "R,4C"), ("bw", "R,4C"), ("br", "R,4C"),
+                    ("c_prev", "R,C"))),
+    KernelInfo("gru_fwd", "gru.cu", numpy_fn=knp.gru_fwd,
+               outs=(("h", "R,C"), ("act", "R,4C")),
+               ins=(("gx", "R,3C"), ("gh", "R,3C"), ("bw", "R,3C"), ("br", "R,3C"),
+                    ("h_prev", "R,C"))),
+    KernelInfo("rnn_tanh_fwd", "rnn.cu", numpy_fn=knp.rnn_tanh_fwd, **_RNN),
+    KernelInfo("rnn_relu_fwd", "rnn.cu", numpy_fn=knp.rnn_relu_fwd, **_RNN),
+)
+
+KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}
+
+
+def get_kernel(name: str) -> KernelInfo:
+    """The KernelInfo of ``name``, with a clear error for an unknown one."""
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"kernel: expected one of {sorted(KERNELS)}, got {name!r}") from None
+
+
+def kernel_files() -> list[str]:
+    """The cuda_src files that hold registered kernels, in registry order."""
+    return list(dict.fromkeys(k.file for k in REGISTRY))
+
+
+# --- argument checks ----------------------------------------------------------------------
+
+def _check_problem(name, rows, cols):
+    for what, v in (("rows", rows), ("cols", cols)):
+        if not 1 <= v <= _INT32_MAX:
+            raise ValueError(f"{name}: {what} = {v} outside [1, 2^31-1] (passed as int32)")
+
+
+def _check_ld(kinfo, arg, ld, shape, is_out):
+    """ld of argument ``arg`` (an output when is_out) against its view shape (rows, cols)."""
+    rows, cols = shape
+    if not 0 <= ld <= _INT32_MAX:
+        raise ValueError(f"{kinfo.name}: {arg} ld {ld} outside [0, 2^31-1] (passed as int32)")
+    if ld == 0:
+        if is_out and rows > 1:
+            raise ValueError(f"{kinfo.name}: output {arg} with ld 0 would have {rows} rows "
+                             f"written to one (a race); only inputs broadcast")
+    elif ld < cols:
+        raise ValueError(f"{kinfo.name}: {arg} ld {ld} < its {cols} columns (rows would overlap)")
+
+
+def check_views(kinfo: KernelInfo, rows: int, cols: int, outs, ins) -> None:
+    """Check views (anything with .rows, .cols, .ld, e.g. ops.View) against the kernel.
+
+    Each must have the shape the kernel addresses (see its header); an ld = 0 input may have
+    one row or the problem's rows. Called once per plan, not per launch.
+    """
+    _check_counts(kinfo, outs, ins)
+    _check_problem(kinfo.name, rows, cols)
+    want_outs, want_ins = kinfo.arg_shapes(rows, cols)
+    for views, specs, wants, is_out in ((outs, kinfo.outs, want_outs, True),
+                                        (ins, kinfo.ins, want_ins, False)):
+        for v, (arg, spec), want in zip(views, specs, wants):
+            got = (v.rows, v.cols)
+            ok = got == want or (not is_out and v.ld == 0 and got == (1, want[1]))
+            if not ok:
+                raise ValueError(f"{kinfo.name}: {arg} is [{v.rows}, {v.cols}], expected "
+                                 f"[{want[0]}, {want[1]}] ({spec} with R={rows}, C={cols})")
+            _check_ld(kinfo, arg, v.ld, want, is_out)
+
+
+def _check_counts(kinfo, outs, ins):
+    if len(outs) != kinfo.n_outs or len(ins) != kinfo.n_ins:
+        raise ValueError(
+            f"{kinfo.name}: takes {kinfo.n_outs} outputs ({', '.join(a for a, _ in kinfo.outs)}) "
+            f"and {kinfo.n_ins} inputs ({', '.join(a for a, _ in kinfo.ins)}), "
+            f"got {len(outs)} and {len(ins)}")
+
+
+def kernel_args(kinfo: KernelInfo, rows: int, cols: int, out_ptrs_lds, in_ptrs_lds) -> tuple:
+    """The argument tuple of a launch: (int32 rows, int32 cols, uint64 ptr, int32 ld, ...),
+    outputs first. Pointers go as np.uint64 so CuPy passes them by value as 8-byte pointers."""
+    _check_counts(kinfo, out_ptrs_lds, in_ptrs_lds)
+    _check_problem(kinfo.name, rows, cols)
+    want_outs, want_ins = kinfo.arg_shapes(rows, cols)
+    args = [np.int32(rows), np.int32(cols)]
+    for pairs, specs, wants, is_out in ((out_ptrs_lds, kinfo.outs, want_outs, True),
+                                        (in_ptrs_lds, kinfo.ins, want_ins, False)):
+        for (ptr, ld), (arg, _), want in zip(pairs, specs, wants):
+            if not 0 < int(ptr) < 2**64:
+                raise ValueError(f"{kinfo.name}: {arg} pointer {ptr!r} is not a device address")
+            _check_ld(kinfo, arg, int(ld), want, is_out)
+            args += [np.uint64(ptr), np.int32(ld)]
+    return tuple(args)
+
+
+# --- sources ------------------------------------------------------------------------------
+
+def cuda_src_dir() -> Path:
+    """The cuda_src folder: the checkout's (repo root / cuda_src), else the installed
+    package data ``rnnrt.cuda_src``."""
+    checkout = Path(__file__).resolve().parent.parent / "cuda_src"
+    if (checkout / REGISTRY[0].file).is_file():
+        return checkout
+    try:
+        res = importlib.resources.files("rnnrt.cuda_src")
+        # iterdir, not str(res): without __init__.py the package is a namespace package and
+        # files() gives a MultiplexedPath, whose entries are plain Paths.
+        hit = next((p for p in res.iterdir() if p.name == REGISTRY[0].file), None)
+    except (ModuleNotFoundError, FileNotFoundError):
+        hit = None
+    if not isinstance(hit, Path):
+        raise FileNotFoundError(f"cuda_src: {REGISTRY[0].file} is neither in {checkout} nor "
+                                f"in the package data rnnrt.cuda_src")
+    return hit.parent
+
+
+def source(file: str) -> str:
+    """The text of cuda_src/``file``."""
+    return (cuda_src_dir() / file).read_text()
+
+
+_HEADER_KERNEL = re.compile(r"^\s*\*\s*kernel\s+([A-Za-z_]\w*)")
+_HEADER_ARG = re.compile(r"^\s*\*\s+(out|in)\s+([A-Za-z_]\w*)\s+\[")
+
+
+def parse_header(text: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """{kernel: (output names, input names)} as the file's opening comment lists them
+    (lines ' * kernel NAME...', each followed by its ' *   out NAME [...]' and
+    ' *   in NAME [...]' lines)."""
+    m = re.match(r"\s*/\*(.*?)\*/", text, re.S)
+    if not m:
+        raise ValueError("kernel source does not open with a /* ... */ header comment")
+    kernels: dict[str, tuple[list, list]] = {}
+    current = None
+    for line in m[1].splitlines():
+        if km := _HEADER_KERNEL.match(line):
+            if km[1] in kernels:
+                raise ValueError(f"header lists kernel {km[1]} twice")
+            current = kernels[km[1]] = ([], [])
+        elif (am := _HEADER_ARG.match(line)) and current is not None:
+            current[0 if am[1] == "out" else 1].append(am[2])
+    return {k: (tuple(o), tuple(i)) for k, (o, i) in kernels.items()}
+
+
+def header_kernels(file: str) -> list[str]:
+    """The kernel names that cuda_src/``file``'s header lists, in order."""
+    return list(parse_header(source(file)))
+
+
+# --- loading (CuPy) -----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _compile(file: str, text: str, options: tuple[str, ...]):
+    """One cupy.RawModule per (file, source text, options): each file compiles once a process."""
+    import cupy  # here, not at the top: importing rnnrt.kernels must work without CuPy
+
+    return cupy.RawModule(code=text, options=options)
+
+
+class KernelLibrary:
+    """Compiled kernels, loaded lazily by name: ``KernelLibrary().get('lstm_fwd')``.
+
+    Each file is compiled once per process (per options) however many libraries ask.
+    ``launch`` runs a kernel on CuPy's current stream.
+    """
+
+    def __init__(self, options=("-std=c++17",)):
+        self.options = tuple(options)
+        self._kernels = {}
+
+    def get(self, name: str):
+        """The cupy.RawKernel ``name``."""
+        if name not in self._kernels:
+            kinfo = get_kernel(name)
+            module = _compile(kinfo.file, source(kinfo.file), self.options)
+            self._kernels[name] = module.get_function(name)
+        return self._kernels[name]
+
+    def launch(self, name: str, rows: int, cols: int, out_ptrs_lds, in_ptrs_lds) -> None:
+        """Launch ``name`` over a [rows, cols] problem with (pointer, ld) pairs."""
+        kinfo = get_kernel(name)
+        grid, block = kinfo.launch(rows, cols)
+        self.get(name)(grid, block, kernel_args(kinfo, rows, cols, out_ptrs_lds, in_ptrs_lds))

@@ -1,0 +1,511 @@
+"""Plans: the schedule of one pass as plain data, built by pure functions.
+
+``forward_plan(key)`` turns (cell, shapes, switches) into a ``Plan``: named buffers, the ops
+in host issue order (each on a stream), event records and waits. Executors in ``exec/`` run
+a plan; they decide nothing. The plan is what the switches change; the math of every op is
+fixed by its kernel (cuda_src/ and its NumPy twin), so every plan of a key computes the same
+function.
+
+How a forward plan is made: the (layer, step) grid is cut into *tasks* —
+  ('xpose', l, 'W'|'R')  transpose W or R once per pass            (pretranspose)
+  ('wx', l, t0)          W.x for steps [t0, t0 + k) of layer l     (input stream)
+  ('cell', l, t)         R.h_{t-1} and the pointwise update of step t   (recurrence stream)
+— each with the tasks it depends on and a priority. A list scheduler issues ready tasks in
+priority order; a dependency that crosses streams becomes a Record on the producer's stream
+and a Wait on the consumer's. Priorities: layer by layer (wavefront off) or by anti-diagonal
+l + t (wavefront on: "next is the work with the fewest edges to the first cell").
+
+Buffers of a forward plan (sizes in elements; G gates, H hidden, B batch, T steps, k chunk):
+  params      the model's flat parameter buffer (rnnrt.params layout), read only
+  zeros       [G*H] zeros, the bias of a model without bias (x + 0 == x exactly)
+  x           [T, B, I]        the input sequence
+  h{l}        [T+1, B, H]      h{l}[0] = h0 of layer l, h{l}[t+1] = h after step t
+  c{l}        [T+1, B, H]      LSTM cell state, same indexing
+  gx{l}       [T, B, G*H]      W.x (no bias) for every step
+  gh{l}       [B, G*H]         R.h_{t-1} (no bias), reused each step
+  act{l}      [S, B, 4*H]      gates kept for backward (LSTM: i,f,g,o; GRU: r,z,n,W_hn h+b_hn);
+                               S = T when training, 1 for inference (then reused each step)
+  pre{l}      [B, G*H]         naive pointwise only: pre-activations
+  tmp{l}      [2, B, H]        naive pointwise only: temporaries
+  wT{l}, rT{l} [I, G*H], [H, G*H]  pre-transposed W and R
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from .cells import forward_flops, get_cell, layer_input_size
+from .ops import Gemm, Kernel, Op, Record, View, Wait
+from .params import make_layout
+from .switches import Switches
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """Everything a plan depends on. Hashable: plans are cached per key."""
+
+    cell: str
+    steps: int
+    batch: int
+    input_size: int
+    hidden_size: int
+    num_layers: int
+    bias: bool
+    switches: Switches
+    train: bool = False
+
+    def __post_init__(self):
+        get_cell(self.cell)
+        for name in ("steps", "batch", "input_size", "hidden_size", "num_layers"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"PlanKey.{name}: expected a positive int, got {v!r}")
+        if not isinstance(self.switches, Switches):
+            raise TypeError(f"PlanKey.switches: expected Switches, got {type(self.switches)}")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A named flat buffer. role: 'param' (the model's weights), 'const' (filled once),
+    'io' (inputs and outputs live here), 'scratch' (only the pass reads it)."""
+
+    name: str
+    size: int
+    role: str
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One pass as data. ``ops`` are in host issue order; executors must issue in that order.
+
+    inputs / outputs map a name to the views where that array lives in the buffers:
+      inputs  'x': (View [T*B, I],), 'h0': one View [B, H] per layer, 'c0' (LSTM) likewise
+      outputs 'y': (View [T*B, H],), 'h_n': one View [B, H] per layer, 'c_n' (LSTM) likewise
+    """
+
+    key: PlanKey
+    buffers: tuple[Buffer, ...]
+    ops: tuple[Op, ...]
+    streams: tuple[str, ...]
+    stream_priority: tuple[int, ...]   # CUDA convention: lower number = higher priority
+    num_events: int
+    inputs: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def counts(self) -> Counter:
+        """Op counts by kind: 'gemm:wx', 'gemm:rh', 'kernel:pointwise', 'kernel:transpose',
+        'record', 'wait'."""
+        c = Counter()
+        for op in self.ops:
+            if isinstance(op, Gemm):
+                c[f"gemm:{op.kind}"] += 1
+            elif isinstance(op, Kernel):
+                c[f"kernel:{op.kind}"] += 1
+            else:
+                c[op.kind] += 1
+        return c
+
+    def gemm_flops(self) -> int:
+        """2*M*N*K summed over the plan's GEMMs (equals the paper's count for the pass)."""
+        total = 0
+        for op in self.ops:
+            if isinstance(op, Gemm):
+                m, n, k = op.mnk()
+                total += 2 * m * n * k
+        return total
+
+    def ops_on(self, stream: int) -> list:
+        return [op for op in self.ops if op.stream == stream]
+
+    def describe(self, max_ops: int = 40) -> str:
+        """A printable summary: key, streams, counts, and the first ``max_ops`` ops."""
+        k = self.key
+        lines = [
+            f"plan {k.cell} T={k.steps} B={k.batch} I={k.input_size} H={k.hidden_size} "
+            f"L={k.num_layers} bias={k.bias} train={k.train} switches={k.switches.label()}",
+            f"  streams: {', '.join(f'{i}:{n}' for i, n in enumerate(self.streams))}",
+            f"  events: {self.num_events}",
+            "  ops: " + ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts().items())),
+            f"  GEMM FLOPs: {self.gemm_flops():,}",
+        ]
+        for i, op in enumerate(self.ops[:max_ops]):
+            lines.append(f"  {i:5d} s{op.stream} {_op_str(op)}")
+        if len(self.ops) > max_ops:
+            lines.append(f"  ... {len(self.ops) - max_ops} more")
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.describe()
+
+
+def _op_str(op) -> str:
+    def vs(v):
+        return f"{v.buf}[{v.offset}:{v.rows}x{v.cols}/{v.ld}]"
+    if isinstance(op, Gemm):
+        return (f"gemm:{op.kind} L{op.layer} t{op.steps} {vs(op.out)} = "
+                f"{vs(op.a)}{'^T' if op.trans_a else ''} @ {vs(op.b)}{'^T' if op.trans_b else ''}"
+                + (f" + {op.beta}*out" if op.beta else ""))
+    if isinstance(op, Kernel):
+        return (f"{op.name} L{op.layer} t{op.steps} [{op.rows}x{op.cols}] "
+                f"out({', '.join(map(vs, op.outs))}) in({', '.join(map(vs, op.ins))})")
+    return f"{op.kind} e{op.event}"
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduling: tasks -> ops with events
+
+
+@dataclass
+class _Task:
+    name: tuple
+    stream: int
+    deps: list
+    prio: tuple
+    ops: list
+
+
+def schedule(tasks: list[_Task]) -> tuple[tuple[Op, ...], int]:
+    """Issue ``tasks`` in priority order as soon as their dependencies are issued.
+
+    A dependency on another stream becomes Record(producer stream) + Wait(consumer stream);
+    a dependency on the same stream is kept by stream order. Returns (ops, number of events).
+    """
+    by_name = {t.name: t for t in tasks}
+    if len(by_name) != len(tasks):
+        raise ValueError("schedule: duplicate task names")
+    consumers = defaultdict(list)
+    indeg = {}
+    for t in tasks:
+        for d in t.deps:
+            if d not in by_name:
+                raise ValueError(f"schedule: task {t.name} depends on unknown task {d}")
+            consumers[d].append(t.name)
+        indeg[t.name] = len(t.deps)
+    needs_event = {t.name: any(by_name[c].stream != t.stream for c in consumers[t.name])
+                   for t in tasks}
+    heap = [(t.prio, i, t.name) for i, t in enumerate(tasks) if indeg[t.name] == 0]
+    heapq.heapify(heap)
+    order = {t.name: i for i, t in enumerate(tasks)}
+    event_of: dict = {}
+    waited: dict[int, set] = defaultdict(set)
+    ops: list = []
+    issued = 0
+    while heap:
+        _, _, name = heapq.heappop(heap)
+        t = by_name[name]
+        for d in t.deps:
+            dt = by_name[d]
+            if dt.stream != t.stream:
+                e = event_of[d]
+                if e not in waited[t.stream]:
+                    ops.append(Wait(t.stream, e))
+                    waited[t.stream].add(e)
+        ops.extend(t.ops)
+        if needs_event[name]:
+            e = len(event_of)
+            event_of[name] = e
+            ops.append(Record(t.stream, e))
+        issued += 1
+        for c in consumers[name]:
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                ct = by_name[c]
+                heapq.heappush(heap, (ct.prio, order[c], c))
+    if issued != len(tasks):
+        raise ValueError("schedule: dependency cycle")
+    return tuple(ops), len(event_of)
+
+
+def validate(plan: Plan) -> None:
+    """Check a plan's invariants; raise ValueError naming the first broken one.
+
+    Every view lies inside its buffer; every stream index exists; every event is recorded
+    exactly once and before (in issue order) every wait on it.
+    """
+    sizes = {b.name: b.size for b in plan.buffers}
+    recorded = set()
+    for i, op in enumerate(plan.ops):
+        if not 0 <= op.stream < len(plan.streams):
+            raise ValueError(f"op {i}: stream {op.stream} not in plan ({len(plan.streams)})")
+        if isinstance(op, Record):
+            if op.event in recorded:
+                raise ValueError(f"op {i}: event {op.event} recorded twice")
+            recorded.add(op.event)
+        elif isinstance(op, Wait):
+            if op.event not in recorded:
+                raise ValueError(f"op {i}: wait on event {op.event} before its record")
+        for v in tuple(op.reads) + tuple(op.writes):
+            if v.buf not in sizes:
+                raise ValueError(f"op {i}: unknown buffer {v.buf!r}")
+            if v.end > sizes[v.buf]:
+                raise ValueError(f"op {i}: view {v} ends at {v.end} > size {sizes[v.buf]}")
+    for name, views in list(plan.inputs.items()) + list(plan.outputs.items()):
+        for v in views:
+            if v.end > sizes[v.buf]:
+                raise ValueError(f"binding {name}: view {v} out of bounds")
+
+
+# --------------------------------------------------------------------------------------------
+# The forward plan
+
+
+@functools.lru_cache(maxsize=128)
+def forward_plan(key: PlanKey) -> Plan:
+    """The forward pass of ``key`` as a Plan (cached per key; plans are immutable)."""
+    plan = _ForwardBuilder(key).build()
+    validate(plan)
+    expect = forward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
+                           key.batch, key.steps)
+    if plan.gemm_flops() != expect:  # the plan does exactly the paper's GEMM work
+        raise AssertionError(f"plan GEMM FLOPs {plan.gemm_flops()} != {expect}")
+    return plan
+
+
+class _ForwardBuilder:
+    def __init__(self, key: PlanKey):
+        self.key = key
+        self.cell = get_cell(key.cell)
+        self.sw = key.switches
+        self.T, self.B, self.H, self.L = key.steps, key.batch, key.hidden_size, key.num_layers
+        self.G = self.cell.gates
+        self.GH = self.G * self.H
+        self.k = self.sw.steps_per_input_gemm(self.T)
+        self.layout = make_layout(key.cell, key.input_size, key.hidden_size, key.num_layers,
+                                  key.bias)
+
+    # -- streams ---------------------------------------------------------------------------
+    def streams(self):
+        if not self.sw.streams:
+            return ("main",), (0,)
+        if not self.sw.wavefront:
+            return ("rec", "inp"), (-1, 0)
+        names, prio = [], []
+        for layer in range(self.L):
+            names += [f"rec{layer}", f"inp{layer}"]
+            prio += [-1, 0]   # the recurrence is the critical path: higher priority
+        return tuple(names), tuple(prio)
+
+    def rec(self, layer):
+        if not self.sw.streams:
+            return 0
+        return 2 * layer if self.sw.wavefront else 0
+
+    def inp(self, layer):
+        if not self.sw.streams:
+            return 0
+        return 2 * layer + 1 if self.sw.wavefront else 1
+
+    # -- buffers ---------------------------------------------------------------------------
+    def I(self, layer):
+        return layer_input_size(layer, self.key.input_size, self.H)
+
+    def buffers(self):
+        T, B, H, GH = self.T, self.B, self.H, self.GH
+        bufs = [Buffer("params", self.layout.size, "param"), Buffer("zeros", GH, "const"),
+                Buffer("x", T * B * self.key.input_size, "io")]
+        slots = T if self.key.train else 1
+        for layer in range(self.L):
+            bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
+            if self.cell.has_cell_state:
+                bufs.append(Buffer(f"c{layer}", (T + 1) * B * H, "io"))
+            bufs += [Buffer(f"gx{layer}", T * B * GH, "scratch"),
+                     Buffer(f"gh{layer}", B * GH, "scratch")]
+            if self.cell.saved_gates:
+                bufs.append(Buffer(f"act{layer}", slots * B * self.cell.saved_gates * H,
+                                   "scratch"))
+            if not self.sw.fused:
+                bufs += [Buffer(f"pre{layer}", B * GH, "scratch"),
+                         Buffer(f"tmp{layer}", 2 * B * H, "scratch")]
+            if self.sw.pretranspose:
+                bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
+                         Buffer(f"rT{layer}", H * GH, "scratch")]
+        return tuple(bufs)
+
+    # -- views -----------------------------------------------------------------------------
+    def param(self, layer, kind):
+        return self.layout.layer(layer).get(kind)
+
+    def bias(self, layer, kind):
+        """[B, G*H] broadcast view (ld 0) of a bias, or of the zeros buffer without bias."""
+        e = self.param(layer, kind)
+        if e is None:
+            return View("zeros", 0, self.B, self.GH, 0)
+        return View("params", e.offset, self.B, self.GH, 0)
+
+    def h(self, layer, index):
+        """h{layer}[index] as [B, H] (index 0 = h0, index t+1 = after step t)."""
+        return View(f"h{layer}", index * self.B * self.H, self.B, self.H, self.H)
+
+    def c(self, layer, index):
+        return View(f"c{layer}", index * self.B * self.H, self.B, self.H, self.H)
+
+    def weight_blocks(self, layer, which):
+        """The GEMM right-hand operand(s) for W ('ih') or R ('hh'): a list of
+        (view, trans_b, first gate column), one per GEMM (G blocks of H rows, or one block
+        of G*H with grouped GEMMs).
+
+        Plain layout: the torch matrix [G*H, K] used transposed (out = in @ W^T, cuBLAS 'T').
+        Pre-transposed: [K, G*H] used as is (cuBLAS 'N'), a gate block being a column slice.
+        """
+        K = self.I(layer) if which == "ih" else self.H
+        GH, H = self.GH, self.H
+        blocks = [(0, GH)] if self.sw.grouped else [(q * H, H) for q in range(self.G)]
+        if self.sw.pretranspose:
+            buf = f"{'w' if which == 'ih' else 'r'}T{layer}"
+            return [(View(buf, c0, K, w, GH), False, c0) for c0, w in blocks]
+        e = self.param(layer, f"weight_{which}")
+        return [(View("params", e.offset + r0 * K, w, K, K), True, r0) for r0, w in blocks]
+
+    # -- tasks -----------------------------------------------------------------------------
+    def xpose_task(self, layer, which):
+        K = self.I(layer) if which == "ih" else self.H
+        e = self.param(layer, f"weight_{which}")
+        src = View("params", e.offset, self.GH, K, K)
+        dst = View(f"{'w' if which == 'ih' else 'r'}T{layer}", 0, K, self.GH, self.GH)
+        stream = self.inp(layer) if which == "ih" else self.rec(layer)
+        op = Kernel(stream, "transpose", self.GH, K, (dst,), (src,), kind="transpose",
+                    layer=layer)
+        return _Task(("xpose", layer, which), stream, [], (-1, layer, which), [op])
+
+    def wx_task(self, layer, t0, t1):
+        B, GH = self.B, self.GH
+        n = (t1 - t0) * B
+        if layer == 0:
+            I = self.key.input_size
+            src = View("x", t0 * B * I, n, I, I)
+        else:
+            src = View(f"h{layer - 1}", (t0 + 1) * B * self.H, n, self.H, self.H)
+        stream = self.inp(layer)
+        ops = []
+        for w, trans_b, col0 in self.weight_blocks(layer, "ih"):
+            width = w.cols if not trans_b else w.rows
+            out = View(f"gx{layer}", t0 * B * GH + col0, n, width, GH)
+            ops.append(Gemm(stream, out, src, w, trans_b=trans_b, kind="wx", layer=layer,
+                            steps=(t0, t1)))
+        deps = []
+        if self.sw.pretranspose:
+            deps.append(("xpose", layer, "ih"))
+        if layer > 0:
+            # the lower layer must have produced h for every step this GEMM reads; without
+            # the wavefront, the whole lower layer must be finished first
+            last = (t1 - 1) if self.sw.wavefront else (self.T - 1)
+            deps.append(("cell", layer - 1, last))
+        prio = (layer + t0, layer, 0) if self.sw.wavefront else (layer, t0, 0)
+        return _Task(("wx", layer, t0), stream, deps, prio, ops)
+
+    def cell_task(self, layer, t):
+        B, GH = self.B, self.GH
+        stream = self.rec(layer)
+        ops = []
+        hprev = self.h(layer, t)
+        for w, trans_b, col0 in self.weight_blocks(layer, "hh"):
+            width = w.cols if not trans_b else w.rows
+            out = View(f"gh{layer}", col0, B, width, GH)
+            ops.append(Gemm(stream, out, hprev, w, trans_b=trans_b, kind="rh", layer=layer,
+                            steps=(t, t + 1)))
+        ops += self.pointwise(layer, t, stream)
+        deps = [("wx", layer, (t // self.k) * self.k)]
+        if t > 0:
+            deps.append(("cell", layer, t - 1))
+        if self.sw.pretranspose:
+            deps.append(("xpose", layer, "hh"))
+        prio = (layer + t, layer, 1) if self.sw.wavefront else (layer, t, 1)
+        return _Task(("cell", layer, t), stream, deps, prio, ops)
+
+    # -- pointwise ---------------------------------------------------------------------------
+    def pointwise(self, layer, t, s):
+        B, H, GH = self.B, self.H, self.GH
+        gx = View(f"gx{layer}", t * B * GH, B, GH, GH)
+        gh = View(f"gh{layer}", 0, B, GH, GH)
+        bw, br = self.bias(layer, "bias_ih"), self.bias(layer, "bias_hh")
+        hprev, hnew = self.h(layer, t), self.h(layer, t + 1)
+        slot = t if self.key.train else 0
+        nsave = self.cell.saved_gates
+        act = (View(f"act{layer}", slot * B * nsave * H, B, nsave * H, nsave * H)
+               if nsave else None)
+        meta = dict(layer=layer, steps=(t, t + 1))
+        name = self.cell.name
+        if self.sw.fused:
+            if name == "lstm":
+                outs = (hnew, self.c(layer, t + 1), act)
+                ins = (gx, gh, bw, br, self.c(layer, t))
+                return [Kernel(s, "lstm_fwd", B, H, outs, ins, **meta)]
+            if name == "gru":
+                return [Kernel(s, "gru_fwd", B, H, (hnew, act), (gx, gh, bw, br, hprev), **meta)]
+            return [Kernel(s, f"{name}_fwd", B, H, (hnew,), (gx, gh, bw, br), **meta)]
+        return self.naive_pointwise(layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta)
+
+    def naive_pointwise(self, layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta):
+        """One kernel per elementary operation, in the order the fused kernels compute."""
+        B, H, GH = self.B, self.H, self.GH
+        pre = View(f"pre{layer}", 0, B, GH, GH)
+
+        def col(v, q, width=H):   # gate block q of a [B, *] view
+            return View(v.buf, v.offset + q * H, v.rows, width, v.ld)
+
+        tmp0 = View(f"tmp{layer}", 0, B, H, H)
+        tmp1 = View(f"tmp{layer}", B * H, B, H, H)
+
+        def k(name, out, *ins):
+            return Kernel(s, name, B, out.cols, (out,), tuple(ins), **meta)
+
+        name = self.cell.name
+        if name == "lstm":
+            i, f, g, o = (col(act, q) for q in range(4))
+            cprev, cnew = self.c(layer, t), self.c(layer, t + 1)
+            return [
+                k("ew_add", pre, gx, bw), k("ew_add", pre, pre, gh), k("ew_add", pre, pre, br),
+                k("ew_sigmoid", i, col(pre, 0)), k("ew_sigmoid", f, col(pre, 1)),
+                k("ew_tanh", g, col(pre, 2)), k("ew_sigmoid", o, col(pre, 3)),
+                k("ew_mul", tmp0, f, cprev), k("ew_mul", tmp1, i, g),
+                k("ew_add", cnew, tmp0, tmp1), k("ew_tanh", tmp0, cnew),
+                k("ew_mul", hnew, o, tmp0),
+            ]
+        if name == "gru":
+            rz = col(pre, 0, 2 * H)
+            r, z, n, hn = (col(act, q) for q in range(4))
+            return [
+                k("ew_add", pre, gx, bw),                       # gx + b_i (all three gates)
+                k("ew_add", hn, col(gh, 2), col(br, 2)),        # hn = W_hn h + b_hn (saved)
+                k("ew_add", rz, rz, col(gh, 0, 2 * H)),
+                k("ew_add", rz, rz, col(br, 0, 2 * H)),
+                k("ew_sigmoid", r, col(pre, 0)), k("ew_sigmoid", z, col(pre, 1)),
+                k("ew_mul", tmp0, r, hn), k("ew_add", tmp0, col(pre, 2), tmp0),
+                k("ew_tanh", n, tmp0),
+                k("ew_sub", tmp1, hprev, n), k("ew_mul", tmp1, z, tmp1),
+                k("ew_add", hnew, n, tmp1),
+            ]
+        nonlin = "ew_tanh" if name == "rnn_tanh" else "ew_relu"
+        return [k("ew_add", pre, gx, bw), k("ew_add", pre, pre, gh), k("ew_add", pre, pre, br),
+                k(nonlin, hnew, pre)]
+
+    # -- assembly --------------------------------------------------------------------------
+    def build(self) -> Plan:
+        tasks = []
+        for layer in range(self.L):
+            if self.sw.pretranspose:
+                tasks += [self.xpose_task(layer, "ih"), self.xpose_task(layer, "hh")]
+            for t0 in range(0, self.T, self.k):
+                tasks.append(self.wx_task(layer, t0, min(t0 + self.k, self.T)))
+            for t in range(self.T):
+                tasks.append(self.cell_task(layer, t))
+        ops, nev = schedule(tasks)
+        names, prio = self.streams()
+        T, B, H, L = self.T, self.B, self.H, self.L
+        I = self.key.input_size
+        inputs = {"x": (View("x", 0, T * B, I, I),),
+                  "h0": tuple(self.h(layer, 0) for layer in range(L))}
+        outputs = {"y": (View(f"h{L - 1}", B * H, T * B, H, H),),
+                   "h_n": tuple(self.h(layer, T) for layer in range(L))}
+        if self.cell.has_cell_state:
+            inputs["c0"] = tuple(self.c(layer, 0) for layer in range(L))
+            outputs["c_n"] = tuple(self.c(layer, T) for layer in range(L))
+        return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs)

@@ -1,0 +1,479 @@
+"""The CUDA kernels, checked without a GPU.
+
+- every cuda_src/*.cu compiles for sm_90 with nvcc, and with NVRTC where its library is
+  found (the way CuPy will compile it: no includes);
+- each file's header, its `extern "C" __global__` definitions and the registry agree on the
+  kernels and their arguments;
+- the NumPy twins match formulas written here, on views with padding (ld > cols), broadcast
+  biases (ld = 0) and in place, with outputs poisoned with NaN and nothing written outside;
+- the registry's arguments, launch geometry and loader (with a stand-in for CuPy).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rnnrt import kernels as K
+from rnnrt.exec import kernels_np as knp
+from rnnrt.ops import View
+
+CU_FILES = sorted(p.name for p in K.cuda_src_dir().glob("*.cu"))
+REPO = Path(K.__file__).resolve().parent.parent
+
+
+# --- compiling ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_nvcc_compiles_sm90(file, tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    cmd = [nvcc, "-arch=sm_90", "--cubin", "-std=c++17", "-Werror", "all-warnings",
+           "-o", str(tmp_path / "k.cubin"), str(K.cuda_src_dir() / file)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+
+
+def _find_nvrtc():
+    """libnvrtc through ctypes: the system's, CUDA_HOME's or a pip wheel's (nvidia-cuda-nvrtc)."""
+    candidates = [ctypes.util.find_library("nvrtc")]
+    for root in [os.environ.get("CUDA_HOME", "/usr/local/cuda")]:
+        candidates += sorted(glob.glob(os.path.join(root, "lib*", "libnvrtc.so*")))
+    for d in sys.path:
+        candidates += sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", "libnvrtc.so*")))
+    for c in candidates:
+        if c:
+            try:
+                # libnvrtc dlopens its builtins by name: load them first, from beside it.
+                for b in glob.glob(os.path.join(os.path.dirname(c), "libnvrtc-builtins.so*")):
+                    if ".alt." not in b:
+                        ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+                return ctypes.CDLL(c)
+            except OSError:
+                continue
+    return None
+
+
+def _nvrtc_compile(lib, text, name, options):
+    """(ok, log) of compiling ``text`` with NVRTC."""
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), name.encode(), 0, None, None)
+    assert rc == 0, f"nvrtcCreateProgram: {rc}"
+    opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+    try:
+        rc = lib.nvrtcCompileProgram(prog, len(options), opts)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        return rc == 0, log.value.decode(errors="replace")
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_compiles_as_nvrtc_sees_it(file):
+    text = K.source(file)
+    includes = [ln for ln in text.splitlines() if ln.lstrip().startswith("#include")]
+    assert not includes, f"{file}: NVRTC (CuPy RawModule) has no host headers: {includes}"
+    lib = _find_nvrtc()
+    if lib is None:
+        pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc to run this check)")
+    ok, log = _nvrtc_compile(lib, text, file, ["-std=c++17", "--gpu-architecture=sm_90"])
+    assert ok, f"{file}: NVRTC failed:\n{log}"
+    assert "warning" not in log.lower(), f"{file}: NVRTC warnings:\n{log}"
+
+
+# --- headers, code and registry agree -----------------------------------------------------
+
+_DEFINITION = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+
+
+def _definitions(text):
+    """{kernel: ((output names), (input names))} from the `extern "C" __global__` signatures,
+    checking the calling convention on the way: int rows, int cols, then (pointer, int ld)
+    pairs, non-const float* outputs before const float* inputs."""
+    found = {}
+    for name, params in _DEFINITION.findall(text):
+        ps = [" ".join(p.split()) for p in params.split(",")]
+        assert ps[:2] == ["int rows", "int cols"], f"{name}: starts with {ps[:2]}"
+        outs, ins = [], []
+        for ptr, ld in zip(ps[2::2], ps[3::2]):
+            assert ld.startswith("int "), f"{name}: {ptr!r} is followed by {ld!r}, not an int ld"
+            *qual, pname = ptr.replace("*", " * ").split()
+            qual = [q for q in qual if q != "__restrict__"]
+            if qual == ["float", "*"]:
+                assert not ins, f"{name}: output {pname} after an input"
+                outs.append(pname)
+            else:
+                assert qual == ["const", "float", "*"], f"{name}: {ptr!r} is not a float pointer"
+                ins.append(pname)
+        assert len(ps) % 2 == 0, f"{name}: a pointer without its ld"
+        found[name] = (tuple(outs), tuple(ins))
+    return found
+
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_header_lists_what_the_file_defines(file):
+    text = K.source(file)
+    header, code = K.parse_header(text), _definitions(text)
+    assert list(header) == list(code), \
+        f"{file}: header lists {list(header)}, code defines {list(code)}"
+    assert K.header_kernels(file) == list(code)
+    for name, (outs, ins) in code.items():
+        assert header[name] == (outs, ins), \
+            f"{file}: {name}: header args {header[name]} != code {(outs, ins)}"
+        kinfo = K.KERNELS.get(name)
+        assert kinfo is not None, f"{file}: {name} is not in the registry"
+        assert kinfo.file == file
+        reg = (tuple(a for a, _ in kinfo.outs), tuple(a for a, _ in kinfo.ins))
+        assert reg == (outs, ins), f"{name}: registry args {reg} != code {(outs, ins)}"
+
+
+def test_headers_and_registry_list_the_same_kernels():
+    in_headers = [k for f in CU_FILES for k in K.header_kernels(f)]
+    assert len(in_headers) == len(set(in_headers)), f"a kernel listed twice: {in_headers}"
+    assert set(in_headers) == set(K.KERNELS)
+    assert set(K.kernel_files()) == set(CU_FILES)
+    assert [k.name for k in K.REGISTRY] == list(K.KERNELS)
+
+
+def _helper(text, name):
+    m = re.search(r"(template <class F>\n)?__device__ __forceinline__ \w+ " + name + r"\(.*?\n}\n",
+                  text, re.S)
+    return m and m[0]
+
+
+@pytest.mark.parametrize("helper", ["for_each_element", "sigmoidf"])
+def test_copied_device_helpers_are_identical(helper):
+    copies = {f: _helper(K.source(f), helper) for f in CU_FILES}
+    copies = {f: c for f, c in copies.items() if c}
+    assert copies, f"no file defines {helper}"
+    first = next(iter(copies.values()))
+    assert all(c == first for c in copies.values()), f"{helper} differs between {sorted(copies)}"
+
+
+# --- NumPy twins against direct formulas --------------------------------------------------
+
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _ref_lstm(x):
+    pre = x["gx"] + x["bw"] + x["gh"] + x["br"]
+    i, f, g, o = np.split(pre, 4, axis=1)
+    i, f, g, o = _sig(i), _sig(f), np.tanh(g), _sig(o)
+    c = f * x["c_prev"] + i * g
+    return {"h": o * np.tanh(c), "c": c, "act": np.concatenate([i, f, g, o], axis=1)}
+
+
+def _ref_gru(x):
+    gx, gh = x["gx"] + x["bw"], x["gh"] + x["br"]
+    xr, xz, xn = np.split(gx, 3, axis=1)
+    hr, hz, hn = np.split(gh, 3, axis=1)
+    r, z = _sig(xr + hr), _sig(xz + hz)
+    n = np.tanh(xn + r * hn)
+    return {"h": (1 - z) * n + z * x["h_prev"], "act": np.concatenate([r, z, n, hn], axis=1)}
+
+
+REF = {
+    "ew_add": lambda x: {"out": x["a"] + x["b"]},
+    "ew_sub": lambda x: {"out": x["a"] - x["b"]},
+    "ew_mul": lambda x: {"out": x["a"] * x["b"]},
+    "ew_sigmoid": lambda x: {"out": _sig(x["a"])},
+    "ew_tanh": lambda x: {"out": np.tanh(x["a"])},
+    "ew_relu": lambda x: {"out": np.maximum(x["a"], 0)},
+    "transpose": lambda x: {"out": x["in"].T},
+    "lstm_fwd": _ref_lstm,
+    "gru_fwd": _ref_gru,
+    "rnn_tanh_fwd": lambda x: {"h": np.tanh(x["gx"] + x["bw"] + x["gh"] + x["br"])},
+    "rnn_relu_fwd": lambda x: {"h": np.maximum(x["gx"] + x["bw"] + x["gh"] + x["br"], 0)},
+}
+TOL = {np.float32: (2e-6, 2e-5), np.float64: (1e-13, 1e-12)}   # (atol, rtol)
+BIAS = ("bw", "br")
+
+
+def assert_close(got, ref, atol, rtol, what):
+    """|got - ref| <= atol + rtol*|ref| everywhere (NaN fails); reports the worst element."""
+    got = np.asarray(got, np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    allowed = atol + rtol * np.abs(ref)
+    err = np.abs(got - ref)
+    bad = ~(err <= allowed)
+    if bad.any():
+        excess = np.where(np.isnan(err), np.inf, err - allowed)
+        idx = np.unravel_index(np.argmax(excess), ref.shape)
+        pytest.fail(f"{what}: {bad.sum()} of {bad.size} elements off; worst at {idx}: got "
+                    f"{got[idx]!r}, want {ref[idx]!r} (|err| {err[idx]:.3g}, "
+                    f"allowed {allowed[idx]:.3g})")
+
+
+def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, seed=0):
+    """Lay every argument of a [rows, cols] launch of ``name`` out in one NaN-filled flat
+    buffer (with padding between rows and views when ``strided``; biases with ld 0 when
+    ``bcast``; output alias[0] on top of input alias[1]), run the twin, check it against REF
+    and check that nothing outside the outputs changed."""
+    kinfo = K.KERNELS[name]
+    rng = np.random.default_rng(seed)
+    out_shapes, in_shapes = kinfo.arg_shapes(rows, cols)
+    args = ([(a, s, False) for (a, _), s in zip(kinfo.ins, in_shapes)]
+            + [(a, s, True) for (a, _), s in zip(kinfo.outs, out_shapes)])
+    place, offset = {}, 3
+    for arg, (r, c), is_out in args:
+        if is_out and alias and arg == alias[0]:
+            place[arg] = place[alias[1]]
+            continue
+        ld = 0 if (bcast and arg in BIAS) else c + (5 if strided else 0)
+        place[arg] = (offset, r, c, ld)
+        offset += (r - 1) * ld + c + (7 if strided else 0)
+    buf = np.full(offset + 3, np.nan, dtype)
+
+    x = {}
+    for arg, (r, c), is_out in args:
+        if is_out:
+            continue
+        off, _, _, ld = place[arg]
+        data = rng.standard_normal((1 if ld == 0 else r, c)) * 2.0
+        knp.view(buf, off, data.shape[0], c, ld or c)[...] = data
+        x[arg] = np.asarray(knp.view(buf, off, r, c, ld), np.float64).copy()
+    written = np.zeros(buf.size, bool)
+    for a, _ in kinfo.outs:
+        off, r, c, ld = place[a]
+        for i in range(r):
+            written[off + i * ld:off + i * ld + c] = True
+    before = buf.copy()
+
+    outs = [knp.view(buf, *place[a]) for a, _ in kinfo.outs]
+    ins = [knp.view(buf, *place[a]) for a, _ in kinfo.ins]
+    with np.errstate(over="raise", divide="raise", invalid="raise"):
+        kinfo.numpy_fn(rows, cols, outs, ins)
+
+    atol, rtol = TOL[dtype]
+    for (a, _), got in zip(kinfo.outs, outs):
+        assert_close(got, REF[name](x)[a], atol, rtol, f"{name} {a}")
+    np.testing.assert_array_equal(buf[~written], before[~written],
+                                  err_msg=f"{name} wrote outside its outputs")
+
+
+CASES = [(name, layout) for name, kinfo in K.KERNELS.items()
+         for layout in ("packed", "strided")
+         + (("strided+bcast",) if any(a in BIAS for a, _ in kinfo.ins) else ())]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows, cols", [(5, 7), (1, 3)])
+@pytest.mark.parametrize("name, layout", CASES)
+def test_twin_matches_formula(name, layout, rows, cols, dtype):
+    run_twin(name, rows, cols, dtype, strided="strided" in layout, bcast="bcast" in layout)
+
+
+IN_PLACE = {"ew_add": ("out", "a"), "ew_sub": ("out", "b"), "ew_mul": ("out", "a"),
+            "ew_sigmoid": ("out", "a"), "ew_tanh": ("out", "a"), "ew_relu": ("out", "a"),
+            "lstm_fwd": ("c", "c_prev"), "gru_fwd": ("h", "h_prev"),
+            "rnn_tanh_fwd": ("h", "gx"), "rnn_relu_fwd": ("h", "gx")}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(IN_PLACE))
+def test_twin_in_place(name, dtype):
+    run_twin(name, 4, 6, dtype, strided=True, alias=IN_PLACE[name])
+
+
+def test_ew_add_in_place_same_view_twice():
+    """out = a + a with all three the same view (the naive rung does pre = pre + ...)."""
+    buf = np.arange(20, dtype=np.float32)
+    v = knp.view(buf, 2, 3, 4, 6)
+    want = 2 * np.asarray(v, np.float64)
+    knp.ew_add(3, 4, [v], [v, v])
+    assert_close(v, want, 0, 0, "ew_add")
+
+
+def test_activations_saturate_without_overflow():
+    a = np.array([[-1e4, -200.0, -88.8, 0.0, 88.8, 200.0, 1e4]], np.float32)
+    out = np.full_like(a, np.nan)
+    with np.errstate(over="raise", divide="raise", invalid="raise"):
+        knp.ew_sigmoid(1, 7, [out], [a])
+    assert out[0, 0] == 0 and out[0, 1] == 0 and out[0, 3] == 0.5 and (out[0, 4:] == 1).all()
+    assert 0 < out[0, 2] < 1e-38
+
+
+def test_nan_propagates():
+    a = np.array([[np.nan, -1.0, 2.0]], np.float32)
+    for fn in (knp.ew_sigmoid, knp.ew_tanh, knp.ew_relu):
+        out = np.zeros_like(a)
+        fn(1, 3, [out], [a])
+        assert np.isnan(out[0, 0]), fn.__name__
+    out = np.zeros_like(a)
+    knp.ew_relu(1, 3, [out], [a])
+    assert out[0, 1] == 0 and out[0, 2] == 2
+
+
+def test_view_helper():
+    buf = np.arange(30, dtype=np.float64)
+    v = knp.view(buf, 1, 3, 4, 10)
+    assert v.shape == (3, 4) and v[2, 3] == 1 + 2 * 10 + 3
+    v[1, 0] = -1
+    assert buf[11] == -1
+    b = knp.view(buf, 5, 4, 3, 0)
+    assert (b == buf[5:8]).all() and not b.flags.writeable
+    assert knp.view(buf, 5, 1, 3, 0).flags.writeable
+    with pytest.raises(ValueError, match="past the buffer"):
+        knp.view(buf, 1, 3, 4, 14)
+    with pytest.raises(ValueError, match="ld 3 < cols 4"):
+        knp.view(buf, 0, 2, 4, 3)
+    with pytest.raises(ValueError, match="contiguous 1-D"):
+        knp.view(buf.reshape(5, 6), 0, 2, 2, 2)
+
+
+# --- registry: arguments, launch geometry, views ------------------------------------------
+
+def test_kernel_args_types_and_order():
+    kinfo = K.KERNELS["lstm_fwd"]
+    outs = [(1000, 8), (2000, 8), (3000, 32)]
+    ins = [(4000, 32), (5000, 32), (6000, 0), (7000, 0), (2**40, 8)]
+    args = K.kernel_args(kinfo, 4, 8, outs, ins)
+    assert len(args) == 2 + 2 * 8
+    assert type(args[0]) is np.int32 and type(args[1]) is np.int32 and args[:2] == (4, 8)
+    assert all(type(p) is np.uint64 for p in args[2::2])
+    assert all(type(ld) is np.int32 for ld in args[3::2])
+    assert [int(p) for p in args[2::2]] == [p for p, _ in outs + ins]
+    assert [int(ld) for ld in args[3::2]] == [ld for _, ld in outs + ins]
+
+
+@pytest.mark.parametrize("name", list(K.KERNELS))
+def test_kernel_args_every_kernel(name):
+    kinfo = K.KERNELS[name]
+    out_shapes, in_shapes = kinfo.arg_shapes(3, 5)
+    pairs = [(4096 * (i + 1), c) for i, (_, c) in enumerate(out_shapes + in_shapes)]
+    args = K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs], pairs[kinfo.n_outs:])
+    assert len(args) == 2 + 2 * (kinfo.n_outs + kinfo.n_ins)
+    with pytest.raises(ValueError, match=f"takes {kinfo.n_outs} outputs"):
+        K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs] + [(1, 5)], pairs[kinfo.n_outs:])
+    with pytest.raises(ValueError, match=f"and {kinfo.n_ins} inputs"):
+        K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs], pairs[kinfo.n_outs + 1:])
+
+
+def test_kernel_args_rejects_bad_lds_and_sizes():
+    kinfo = K.KERNELS["ew_add"]
+    with pytest.raises(ValueError, match="output out with ld 0"):
+        K.kernel_args(kinfo, 3, 5, [(64, 0)], [(128, 5), (256, 5)])
+    K.kernel_args(kinfo, 1, 5, [(64, 0)], [(128, 0), (256, 5)])   # one row: ld 0 is harmless
+    with pytest.raises(ValueError, match="ld 4 < its 5 columns"):
+        K.kernel_args(kinfo, 3, 5, [(64, 5)], [(128, 4), (256, 5)])
+    with pytest.raises(ValueError, match="rows = 0"):
+        K.kernel_args(kinfo, 0, 5, [(64, 5)], [(128, 5), (256, 5)])
+    with pytest.raises(ValueError, match="ld -1"):
+        K.kernel_args(kinfo, 3, 5, [(64, 5)], [(128, -1), (256, 5)])
+    with pytest.raises(ValueError, match="not a device address"):
+        K.kernel_args(kinfo, 3, 5, [(0, 5)], [(128, 5), (256, 5)])
+    with pytest.raises(ValueError, match="ld 4 < its 5 columns"):   # transpose out is [cols, rows]
+        K.kernel_args(K.KERNELS["transpose"], 5, 4, [(64, 4)], [(128, 4)])
+
+
+def test_launch_geometry():
+    for kinfo in K.REGISTRY:
+        if kinfo.tiled:
+            continue
+        assert kinfo.launch(3, 5) == ((1, 1, 1), (256, 1, 1))
+        assert kinfo.launch(64, 1024) == ((256, 1, 1), (256, 1, 1))
+        grid, _ = kinfo.launch(100 * 64, 4 * 2048)   # a time-batched [T*B, 4H] problem
+        assert grid == (K.MAX_POINTWISE_BLOCKS, 1, 1)
+    tr = K.KERNELS["transpose"]
+    assert tr.launch(4096, 1000) == ((32, 128, 1), (32, 8, 1))   # x: column tiles, y: row tiles
+    assert tr.launch(1, 1) == ((1, 1, 1), (32, 8, 1))
+    assert tr.launch(2**23, 33) == ((2, 65535, 1), (32, 8, 1))   # y capped; the kernel loops
+    assert K.TILE == int(re.search(r"#define TILE (\d+)", K.source("transpose.cu"))[1])
+
+
+def test_check_views():
+    B, H = 4, 3
+    kinfo = K.KERNELS["gru_fwd"]
+    outs = (View("h", 0, B, H, H), View("act", 0, B, 4 * H, 4 * H))
+    ins = (View("gx", 0, B, 3 * H, 3 * H), View("gh", 0, B, 3 * H, 5 * H),
+           View("params", 7, B, 3 * H, 0), View("params", 9, 1, 3 * H, 0), View("h", 0, B, H, H))
+    K.check_views(kinfo, B, H, outs, ins)
+    with pytest.raises(ValueError, match=r"gx is \[4, 12\], expected \[4, 9\]"):
+        K.check_views(kinfo, B, H, outs, (View("gx", 0, B, 4 * H, 4 * H),) + ins[1:])
+    with pytest.raises(ValueError, match="output h with ld 0"):
+        K.check_views(kinfo, B, H, (View("h", 0, B, H, 0),) + outs[1:], ins)
+    with pytest.raises(ValueError, match="takes 2 outputs"):
+        K.check_views(kinfo, B, H, outs[:1], ins)
+    tr = K.KERNELS["transpose"]
+    K.check_views(tr, 6, 2, (View("w", 0, 2, 6, 6),), (View("p", 0, 6, 2, 2),))
+
+
+def test_arg_shapes():
+    assert K.KERNELS["lstm_fwd"].arg_shapes(2, 3) == (
+        [(2, 3), (2, 3), (2, 12)], [(2, 12), (2, 12), (2, 12), (2, 12), (2, 3)])
+    assert K.KERNELS["transpose"].arg_shapes(2, 3) == ([(3, 2)], [(2, 3)])
+    with pytest.raises(ValueError, match="unknown"):
+        K.get_kernel("unknown")
+
+
+# --- sources and the loader ---------------------------------------------------------------
+
+def test_cuda_src_dir_is_the_checkout():
+    assert K.cuda_src_dir() == REPO / "cuda_src"
+    assert all((K.cuda_src_dir() / f).is_file() for f in K.kernel_files())
+
+
+def test_import_needs_no_cupy():
+    code = "import sys, rnnrt.kernels as k; k.KernelLibrary(); assert 'cupy' not in sys.modules"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+class _FakeCupy(types.ModuleType):
+    """Stands in for cupy: RawModule records each compilation, kernels record launches."""
+
+    def __init__(self):
+        super().__init__("cupy")
+        self.compiled, self.launches = [], []
+        fake = self
+
+        class RawModule:
+            def __init__(self, code, options):
+                fake.compiled.append((code, options))
+                self.code = code
+
+            def get_function(self, name):
+                assert re.search(rf'__global__\s+void\s+{name}\s*\(', self.code), name
+                return lambda grid, block, args: fake.launches.append((name, grid, block, args))
+
+        self.RawModule = RawModule
+
+
+def test_library_compiles_each_file_once(monkeypatch):
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    K._compile.cache_clear()
+    try:
+        lib1, lib2 = K.KernelLibrary(), K.KernelLibrary()
+        for name in K.KERNELS:
+            assert lib1.get(name) is lib1.get(name)
+            lib2.get(name)
+        assert len(fake.compiled) == len(K.kernel_files())
+        assert all(opts == ("-std=c++17",) for _, opts in fake.compiled)
+        K.KernelLibrary(options=("-std=c++17", "-lineinfo")).get("lstm_fwd")
+        assert len(fake.compiled) == len(K.kernel_files()) + 1
+
+        lib1.launch("ew_add", 64, 1024, [(4096, 1024)], [(8192, 1024), (16384, 0)])
+        name, grid, block, args = fake.launches[-1]
+        assert (name, grid, block) == ("ew_add", (256, 1, 1), (256, 1, 1)) and len(args) == 8
+        with pytest.raises(ValueError, match="expected one of"):
+            lib1.get("lstm_bwd")
+    finally:
+        K._compile.cache_clear()

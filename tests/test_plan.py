@@ -1,0 +1,247 @@
+"""Plans on the CPU: every switch combination x cell computes the reference result in program
+order and in random stream interleavings, is statically race-free, and every switch changes
+the plan the way it claims. A plan with one wait removed must be caught."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from rnnrt import reference
+from rnnrt.check import assert_close
+from rnnrt.exec import numpy_exec
+from rnnrt.exec.racecheck import find_races
+from rnnrt.exec.workspace import Workspace
+from rnnrt.ops import Gemm, Kernel, Record, Wait
+from rnnrt.params import make_layout, per_layer
+from rnnrt.plan import PlanKey, forward_plan
+from rnnrt.switches import ALL, Switches, all_combinations, ladder
+
+CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+# tiny odd shapes: T not a multiple of the input-batch chunk 2, I != H, B > 1
+T, B, I, H = 5, 3, 4, 6
+
+
+def make_case(cell, layers, bias=True, seed=0, dtype=np.float64, steps=T, batch=B):
+    rng = np.random.default_rng(seed)
+    layout = make_layout(cell, I, H, layers, bias)
+    flat = np.zeros(layout.size, dtype)
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        flat[e.offset:e.offset + n] = rng.uniform(-0.6, 0.6, n)
+    x = rng.standard_normal((steps, batch, I)).astype(dtype)
+    h0 = rng.standard_normal((layers, batch, H)).astype(dtype) * 0.5
+    c0 = rng.standard_normal((layers, batch, H)).astype(dtype) * 0.5 if cell == "lstm" else None
+    y, hn, cn, _ = reference.forward(cell, per_layer(flat, layout), x, h0, c0)
+    return flat, x, h0, c0, {"y": y, "h_n": hn, "c_n": cn}
+
+
+def run_numpy(plan, flat, x, h0, c0, order="program", seed=None):
+    ws = Workspace(plan, np, flat.dtype, flat)
+    ws.load_inputs(x, h0, c0)
+    numpy_exec.run(plan, ws, order=order, seed=seed)
+    return ws.outputs()
+
+
+def check_outputs(out, ref, what):
+    for name in ("y", "h_n", "c_n"):
+        if ref.get(name) is not None:
+            assert_close(out[name], ref[name], atol=1e-12, rtol=1e-10, name=f"{what} {name}")
+
+
+COMBOS = all_combinations()
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_every_combination_matches_reference_in_any_interleaving(cell, layers):
+    flat, x, h0, c0, ref = make_case(cell, layers)
+    for sw in COMBOS:
+        plan = forward_plan(PlanKey(cell, T, B, I, H, layers, True, sw))
+        races = find_races(plan)
+        assert not races, f"{sw.label()}: " + races[0].describe(plan)
+        check_outputs(run_numpy(plan, flat, x, h0, c0), ref, f"{sw.label()} program order")
+        if len(plan.streams) > 1:
+            for seed in range(2):
+                out = run_numpy(plan, flat, x, h0, c0, order="random", seed=seed)
+                check_outputs(out, ref, f"{sw.label()} random seed {seed}")
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_no_bias_and_training_plans(cell):
+    flat, x, h0, c0, ref = make_case(cell, 2, bias=False, seed=3)
+    for rung in ladder(input_batch=2):
+        plan = forward_plan(PlanKey(cell, T, B, I, H, 2, False, rung.switches, train=True))
+        assert not find_races(plan)
+        check_outputs(run_numpy(plan, flat, x, h0, c0, order="random", seed=1), ref, rung.name)
+
+
+def test_odd_sizes_one_step_batch_one():
+    for steps, batch in ((1, 1), (1, 3), (7, 1)):
+        flat, x, h0, c0, ref = make_case("lstm", 2, steps=steps, batch=batch, seed=5)
+        for rung in ladder(input_batch=ALL) + ladder(input_batch=3):
+            plan = forward_plan(PlanKey("lstm", steps, batch, I, H, 2, True, rung.switches))
+            assert not find_races(plan)
+            check_outputs(run_numpy(plan, flat, x, h0, c0, "random", 0), ref,
+                          f"T{steps} B{batch} {rung.name}")
+
+
+def test_float32_plan_close_to_float64_reference():
+    flat, x, h0, c0, ref = make_case("gru", 2, seed=7)
+    plan = forward_plan(PlanKey("gru", T, B, I, H, 2, True, ladder()[-1].switches))
+    out = run_numpy(plan, flat.astype(np.float32), x.astype(np.float32),
+                    h0.astype(np.float32), None)
+    assert_close(out["y"], ref["y"], atol=1e-5, rtol=1e-4, name="fp32 y")
+
+
+# ---------------------------------------------------------------------------------------------
+# The race checker can see a race
+
+
+def _drop_wait(plan, which):
+    waits = [i for i, op in enumerate(plan.ops) if isinstance(op, Wait)]
+    i = waits[which]
+    return dataclasses.replace(plan, ops=plan.ops[:i] + plan.ops[i + 1:]), plan.ops[i]
+
+
+@pytest.mark.parametrize("rung_index,which", [(2, 0), (2, 3), (6, 0), (6, -1)])
+def test_a_removed_wait_is_caught(rung_index, which):
+    """Remove one event wait: the static checker must report a race and some random
+    interleaving must give a wrong (or poisoned) result."""
+    flat, x, h0, c0, ref = make_case("lstm", 3, seed=11)
+    plan = forward_plan(PlanKey("lstm", T, B, I, H, 3, True, ladder(input_batch=2)[rung_index].switches))
+    broken, removed = _drop_wait(plan, which)
+    races = find_races(broken)
+    assert races, f"removing {removed} was not seen by the static checker"
+    failures = 0
+    for seed in range(40):
+        out = run_numpy(broken, flat, x, h0, c0, order="random", seed=seed)
+        try:
+            check_outputs(out, ref, "broken")
+        except AssertionError:
+            failures += 1
+    assert failures > 0, "no random interleaving exposed the missing wait"
+    # and the intact plan passes the very same seeds
+    for seed in range(5):
+        check_outputs(run_numpy(plan, flat, x, h0, c0, order="random", seed=seed), ref, "intact")
+
+
+def test_executor_detects_deadlock():
+    plan = forward_plan(PlanKey("rnn_tanh", T, B, I, H, 1, True, ladder()[2].switches))
+    # a stream that waits, first thing, on an event it records itself later never proceeds
+    ops = list(plan.ops)
+    rec = next(op for op in ops if isinstance(op, Record))
+    ops.insert(0, Wait(rec.stream, rec.event))
+    broken = dataclasses.replace(plan, ops=tuple(ops))
+    flat, x, h0, c0, _ = make_case("rnn_tanh", 1)
+    with pytest.raises(RuntimeError, match="deadlock"):
+        run_numpy(broken, flat, x, h0, c0, order="random", seed=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Each switch is observable in the plan
+
+
+def key(sw, cell="lstm", layers=4, steps=12):
+    return PlanKey(cell, steps, B, I, H, layers, True, sw)
+
+
+def test_streams_switch():
+    for sw in COMBOS:
+        plan = forward_plan(key(sw))
+        used = {op.stream for op in plan.ops}
+        if sw.streams:
+            assert len(used) > 1, sw.label()
+        else:
+            assert len(plan.streams) == 1 and used == {0}, sw.label()
+            assert plan.num_events == 0
+
+
+def _pointwise_per_step(plan):
+    n = sum(1 for op in plan.ops if isinstance(op, Kernel) and op.kind == "pointwise")
+    return n / (plan.key.steps * plan.key.num_layers)
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_fused_switch_fewer_kernels_per_step(cell):
+    naive = forward_plan(key(Switches(), cell))
+    fused = forward_plan(key(Switches(fused=True), cell))
+    assert _pointwise_per_step(fused) == 1
+    assert _pointwise_per_step(naive) > 1
+
+
+def test_grouped_switch_one_gemm_per_input():
+    for cell, G in (("lstm", 4), ("gru", 3), ("rnn_tanh", 1)):
+        for grouped in (False, True):
+            plan = forward_plan(key(Switches(grouped=grouped), cell))
+            c = plan.counts()
+            per = 1 if grouped else G
+            assert c["gemm:rh"] == per * 12 * 4
+            assert c["gemm:wx"] == per * 12 * 4
+            m = {op.mnk()[0] for op in plan.ops if isinstance(op, Gemm)}
+            assert m == {G * H if grouped else H}
+
+
+def test_wavefront_switch_overlaps_layers():
+    base = Switches(grouped=True, streams=True, fused=True)
+    for wf in (False, True):
+        plan = forward_plan(key(dataclasses.replace(base, wavefront=wf)))
+        cells = [(i, op.layer, op.steps[0]) for i, op in enumerate(plan.ops)
+                 if isinstance(op, Kernel) and op.kind == "pointwise"]
+        first_l1 = min(i for i, layer, t in cells if layer == 1)
+        last_l0 = max(i for i, layer, t in cells if layer == 0)
+        if wf:
+            assert first_l1 < last_l0, "wavefront: layer 1 must start before layer 0 ends"
+            assert len(plan.streams) == 2 * 4
+        else:
+            assert first_l1 > last_l0
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, ALL])
+def test_input_batching_switch_gemms_cover_k_steps(k):
+    steps = 12
+    plan = forward_plan(key(Switches(grouped=True, input_batch=k), steps=steps))
+    kk = steps if k == ALL else k
+    wx = [op for op in plan.ops if isinstance(op, Gemm) and op.kind == "wx"]
+    assert len(wx) == 4 * math.ceil(steps / kk)
+    for op in wx:
+        t0, t1 = op.steps
+        assert t1 - t0 == min(kk, steps - t0)
+        assert op.out.rows == (t1 - t0) * B
+
+
+def test_pretranspose_switch():
+    for pt in (False, True):
+        plan = forward_plan(key(Switches(grouped=True, pretranspose=pt)))
+        c = plan.counts()
+        assert c["kernel:transpose"] == (2 * 4 if pt else 0)
+        assert {op.trans_b for op in plan.ops if isinstance(op, Gemm)} == {not pt}
+
+
+def test_plan_flops_cached_and_printable():
+    from rnnrt.cells import forward_flops
+    k = key(ladder()[-1].switches)
+    plan = forward_plan(k)
+    assert forward_plan(k) is plan
+    assert plan.gemm_flops() == forward_flops("lstm", I, H, 4, B, 12)
+    text = plan.describe()
+    assert "streams" in text and "gemm:rh" in text
+
+
+def test_switch_rules():
+    with pytest.raises(ValueError, match="wavefront=True needs streams"):
+        Switches(wavefront=True)
+    with pytest.raises(ValueError, match="input_batch"):
+        Switches(input_batch=0)
+    with pytest.raises(TypeError, match="grouped"):
+        Switches(grouped=1)
+    names = [r.name for r in ladder()]
+    assert names[0] == "naive" and len(set(names)) == len(names)
+    # cumulative: every rung keeps what the previous one turned on
+    rungs = ladder()
+    for prev, cur in zip(rungs, rungs[1:]):
+        for f, v in prev.switches.as_dict().items():
+            if v not in (False, 1):
+                assert cur.switches.as_dict()[f] == v
