@@ -31,6 +31,20 @@
  *   kernel ew_relu(rows, cols)     out = max(a, 0); NaN stays NaN, as in torch
  *     out out [rows, cols]
  *     in  a   [rows, cols]
+ *   kernel ew_dsigmoid(rows, cols) out = dy * (y*(1-y)), y the sigmoid's output
+ *     out out [rows, cols]
+ *     in  dy  [rows, cols]
+ *     in  y   [rows, cols]
+ *   kernel ew_dtanh(rows, cols)    out = dy * (1 - y*y), y the tanh's output
+ *     out out [rows, cols]
+ *     in  dy  [rows, cols]
+ *     in  y   [rows, cols]
+ *   kernel ew_drelu(rows, cols)    out = y > 0 ? dy : 0, y the relu's output (torch's
+ *                                  convention: 0 where y == 0, and where y <= 0 even if dy
+ *                                  is NaN or Inf)
+ *     out out [rows, cols]
+ *     in  dy  [rows, cols]
+ *     in  y   [rows, cols]
  */
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
@@ -93,5 +107,29 @@ extern "C" __global__ void ew_relu(int rows, int cols, float* out, int ldout,
     for_each_element(rows, cols, [=](long long r, long long c) {
         const float x = a[r * lda + c];
         out[r * ldout + c] = x < 0.f ? 0.f : x;  // not fmaxf: fmaxf(NaN, 0) is 0
+    });
+}
+
+extern "C" __global__ void ew_dsigmoid(int rows, int cols, float* out, int ldout,
+                                       const float* dy, int lddy, const float* y, int ldy) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        const float s = y[r * ldy + c];
+        out[r * ldout + c] = dy[r * lddy + c] * (s * (1.0f - s));
+    });
+}
+
+extern "C" __global__ void ew_dtanh(int rows, int cols, float* out, int ldout,
+                                    const float* dy, int lddy, const float* y, int ldy) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        const float t = y[r * ldy + c];
+        out[r * ldout + c] = dy[r * lddy + c] * (1.0f - t * t);
+    });
+}
+
+extern "C" __global__ void ew_drelu(int rows, int cols, float* out, int ldout,
+                                    const float* dy, int lddy, const float* y, int ldy) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        const float g = dy[r * lddy + c];
+        out[r * ldout + c] = y[r * ldy + c] > 0.f ? g : 0.f;  // not dy * (y > 0): NaN * 0 is NaN
     });
 }

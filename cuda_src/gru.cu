@@ -1,13 +1,15 @@
 /*
- * gru.cu: the fused pointwise part of one GRU step (one launch per cell step), torch's GRU:
- * the reset gate multiplies (R_n h + b_hn), not h, so R h stays one GEMM over all gates.
+ * gru.cu: the fused pointwise part of one GRU step (one launch per cell step), forward and
+ * backward, torch's GRU: the reset gate multiplies (R_n h + b_hn), not h, so R h stays one
+ * GEMM over all gates (and dgh one GEMM back).
  *
  * Calling convention (every kernel in cuda_src/; rnnrt/kernels.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
  *   fp32 only. Gate blocks are stacked in torch order r, z, n: gate q of hidden unit j is
  *   column q*H + j. Each thread reads everything of its (b, j) before writing anything, so
- *   an output may alias an input exactly (same pointer, same ld), e.g. h over h_prev.
+ *   an output may alias an input exactly (same pointer, same ld), e.g. h over h_prev, or
+ *   dh_prev over dh_rec in the backward.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
  * Kernels (one variant, fp32):
@@ -21,6 +23,21 @@
  *     in  bw     [B, 3H]   b_ih, usually ld 0 (one row broadcast)
  *     in  br     [B, 3H]   b_hh, usually ld 0
  *     in  h_prev [B, H]    previous hidden state
+ *   kernel gru_bwd(rows = B, cols = H)   one step of backprop through time, in this order:
+ *       dh = dh_above + dh_rec;  dhz = dh * z;  dn = dh - dhz;  dn_p = dn * (1 - n*n)
+ *       d = h_prev - n;  dz = dh * d;  dz_p = dz * (z*(1-z))
+ *       dhn = dn_p * r;  dr = dn_p * hn;  dr_p = dr * (r*(1-r))
+ *       dgx = [dr_p, dz_p, dn_p];  dgh = [dr_p, dz_p, dhn];  dh_prev = dhz
+ *     (the naive rung's ew_* kernels issue the same operations one launch each; the
+ *     subtraction dn = dh - dhz is kept out of an FMA so both round alike)
+ *     out dgx      [B, 3H]   gradient of gx + bw (W x_t + b_ih), blocks r, z, n
+ *     out dgh      [B, 3H]   gradient of gh + br (R h_{t-1} + b_hh), blocks r, z, n
+ *     out dh_prev  [B, H]    the direct part of the gradient of h_{t-1}, z * dh: the caller
+ *                            adds dgh R (a GEMM) to make step t-1's dh_rec
+ *     in  dh_above [B, H]    gradient of h_t from above (dy_t, or the next layer's dx)
+ *     in  dh_rec   [B, H]    gradient of h_t from step t+1 (dh_n at t = T-1)
+ *     in  act      [B, 4H]   the forward's act: r, z, n, hn
+ *     in  h_prev   [B, H]    h_{t-1}
  */
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
@@ -66,5 +83,39 @@ extern "C" __global__ void gru_fwd(int rows, int cols, float* h, int ldh, float*
         a[cols] = z;
         a[2 * (long long)cols] = n;
         a[3 * (long long)cols] = hn;
+    });
+}
+
+extern "C" __global__ void gru_bwd(int rows, int cols, float* dgx, int lddgx, float* dgh, int lddgh,
+                                   float* dh_prev, int lddh_prev,
+                                   const float* dh_above, int lddh_above,
+                                   const float* dh_rec, int lddh_rec,
+                                   const float* act, int ldact,
+                                   const float* h_prev, int ldh_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        const float* a = act + b * ldact + j;
+        const float r = a[0], z = a[cols];
+        const float n = a[2 * (long long)cols], hn = a[3 * (long long)cols];
+        const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
+        const float hp = h_prev[b * ldh_prev + j];
+        // All reads are done: from here on only writes (outputs may alias inputs).
+        const float dhz = dh * z;
+        const float dn = __fsub_rn(dh, dhz);  // never contracted into an FMA, as in ew_sub
+        const float dn_p = dn * (1.0f - n * n);
+        const float d = hp - n;
+        const float dz = dh * d;
+        const float dz_p = dz * (z * (1.0f - z));
+        const float dhn = dn_p * r;
+        const float dr = dn_p * hn;
+        const float dr_p = dr * (r * (1.0f - r));
+        float* gx = dgx + b * lddgx + j;
+        gx[0] = dr_p;
+        gx[cols] = dz_p;
+        gx[2 * (long long)cols] = dn_p;
+        float* gh = dgh + b * lddgh + j;
+        gh[0] = dr_p;
+        gh[cols] = dz_p;
+        gh[2 * (long long)cols] = dhn;
+        dh_prev[b * lddh_prev + j] = dhz;
     });
 }

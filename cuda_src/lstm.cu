@@ -1,13 +1,16 @@
 /*
- * lstm.cu: the fused pointwise part of one LSTM step (one launch per cell step): bias adds,
- * the four gate activations, the cell update and the output, in one pass over memory.
+ * lstm.cu: the fused pointwise part of one LSTM step (one launch per cell step): forward, the
+ * bias adds, the four gate activations, the cell update and the output; backward, the
+ * gradients of the four gate pre-activations and of the previous cell state; each in one
+ * pass over memory.
  *
  * Calling convention (every kernel in cuda_src/; rnnrt/kernels.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
  *   fp32 only. Gate blocks are stacked in torch order i, f, g, o: gate q of hidden unit j is
  *   column q*H + j. Each thread reads everything of its (b, j) before writing anything, so
- *   an output may alias an input exactly (same pointer, same ld), e.g. c over c_prev.
+ *   an output may alias an input exactly (same pointer, same ld), e.g. c over c_prev, or
+ *   dgx over act and dc_prev over dc_next in the backward.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
  * Kernels (one variant, fp32):
@@ -23,6 +26,22 @@
  *     in  bw     [B, 4H]   b_ih, usually ld 0 (one row broadcast)
  *     in  br     [B, 4H]   b_hh, usually ld 0
  *     in  c_prev [B, H]    previous cell state
+ *   kernel lstm_bwd(rows = B, cols = H)   one step of backprop through time, in this order:
+ *       dh = dh_above + dh_rec;  tc = tanh(c);  dho = dh * o;  t = dho * (1 - tc*tc)
+ *       dcc = dc_next + t;  do = dh * tc;  di = dcc * g;  df = dcc * c_prev;  dg = dcc * i
+ *       dgx = [di * (i*(1-i)), df * (f*(1-f)), dg * (1 - g*g), do * (o*(1-o))]
+ *       dc_prev = dcc * f
+ *     (the naive rung's ew_* kernels issue the same operations one launch each; the add
+ *     dcc = dc_next + t is kept out of an FMA so both round alike)
+ *     out dgx      [B, 4H]   gradient of the gate pre-activations i, f, g, o: the gradient of
+ *                            both gx (W x_t + b_ih) and gh (R h_{t-1} + b_hh)
+ *     out dc_prev  [B, H]    gradient of c_{t-1} (dc_next of step t-1)
+ *     in  dh_above [B, H]    gradient of h_t from above (dy_t, or the next layer's dx)
+ *     in  dh_rec   [B, H]    gradient of h_t from step t+1 (dgx_{t+1} R; dh_n at t = T-1)
+ *     in  dc_next  [B, H]    gradient of c_t from step t+1 (dc_n at t = T-1)
+ *     in  act      [B, 4H]   the forward's act: i, f, g, o after activation
+ *     in  c        [B, H]    c_t, the cell state this step produced
+ *     in  c_prev   [B, H]    c_{t-1}, the cell state it started from
  */
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
@@ -69,5 +88,35 @@ extern "C" __global__ void lstm_fwd(int rows, int cols,
         a[cols] = f;
         a[2 * (long long)cols] = g;
         a[3 * (long long)cols] = o;
+    });
+}
+
+extern "C" __global__ void lstm_bwd(int rows, int cols, float* dgx, int lddgx,
+                                    float* dc_prev, int lddc_prev,
+                                    const float* dh_above, int lddh_above,
+                                    const float* dh_rec, int lddh_rec,
+                                    const float* dc_next, int lddc_next,
+                                    const float* act, int ldact, const float* c, int ldc,
+                                    const float* c_prev, int ldc_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        const float* a = act + b * ldact + j;
+        const float i = a[0], f = a[cols];
+        const float g = a[2 * (long long)cols], o = a[3 * (long long)cols];
+        const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
+        const float dcn = dc_next[b * lddc_next + j];
+        const float cn = c[b * ldc + j], cp = c_prev[b * ldc_prev + j];
+        // All reads are done: from here on only writes (outputs may alias inputs).
+        const float tc = tanhf(cn);
+        const float dho = dh * o;
+        const float t = dho * (1.0f - tc * tc);
+        const float dcc = __fadd_rn(dcn, t);  // never contracted into an FMA, as in ew_add
+        const float do_ = dh * tc;
+        const float di = dcc * g, df = dcc * cp, dg = dcc * i;
+        float* d = dgx + b * lddgx + j;
+        d[0] = di * (i * (1.0f - i));
+        d[cols] = df * (f * (1.0f - f));
+        d[2 * (long long)cols] = dg * (1.0f - g * g);
+        d[3 * (long long)cols] = do_ * (o * (1.0f - o));
+        dc_prev[b * lddc_prev + j] = dcc * f;
     });
 }

@@ -49,6 +49,9 @@ def _ladder_parser(sub):
     p.add_argument("--out", default=None, help="JSON record path (default: "
                    "experiments/results/ladder-...json)")
     p.add_argument("--no-cudnn", action="store_true", help="skip the cuDNN row")
+    p.add_argument("--backward", action="store_true",
+                   help="time forward+backward (a training step's RNN work; FLOPs = 3x the "
+                        "forward's); cuDNN through torch autograd")
     p.add_argument("--cpu", action="store_true",
                    help=f"no GPU: run the ladder on the NumPy executor at a small size "
                         f"({CPU_SIZE}); figures are labelled CPU figures")
@@ -75,7 +78,7 @@ def _cmd_ladder(a) -> int:
     executors = ("eager", "graph") if a.executor == "both" else (a.executor,)
     cfg = LadderConfig(cell=a.cell, repeats=a.repeats, warmup=a.warmup,
                        input_batch=a.input_batch, executors=executors, cpu=a.cpu,
-                       cudnn=not a.no_cudnn, **size)
+                       cudnn=not a.no_cudnn, backward=a.backward, **size)
     record = run_ladder(cfg)
     path = write_record(record, a.out)
     print(markdown_table(record))

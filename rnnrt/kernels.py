@@ -97,6 +97,8 @@ def _parse_term(term: str) -> tuple[int, str]:
 _BINARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"), ("b", "R,C")))
 _UNARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"),))
 _RNN = dict(outs=(("h", "R,C"),), ins=(("gx", "R,C"), ("gh", "R,C"), ("bw", "R,C"), ("br", "R,C")))
+_DACT = dict(outs=(("out", "R,C"),), ins=(("dy", "R,C"), ("y", "R,C")))
+_RNN_BWD = dict(outs=(("dg", "R,C"),), ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("h", "R,C")))
 
 REGISTRY: tuple[KernelInfo, ...] = (
     KernelInfo("ew_add", "elementwise.cu", numpy_fn=knp.ew_add, **_BINARY),
@@ -105,6 +107,9 @@ REGISTRY: tuple[KernelInfo, ...] = (
     KernelInfo("ew_sigmoid", "elementwise.cu", numpy_fn=knp.ew_sigmoid, **_UNARY),
     KernelInfo("ew_tanh", "elementwise.cu", numpy_fn=knp.ew_tanh, **_UNARY),
     KernelInfo("ew_relu", "elementwise.cu", numpy_fn=knp.ew_relu, **_UNARY),
+    KernelInfo("ew_dsigmoid", "elementwise.cu", numpy_fn=knp.ew_dsigmoid, **_DACT),
+    KernelInfo("ew_dtanh", "elementwise.cu", numpy_fn=knp.ew_dtanh, **_DACT),
+    KernelInfo("ew_drelu", "elementwise.cu", numpy_fn=knp.ew_drelu, **_DACT),
     KernelInfo("transpose", "transpose.cu", outs=(("out", "C,R"),), ins=(("in", "R,C"),),
                numpy_fn=knp.transpose, tiled=True),
     KernelInfo("lstm_fwd", "lstm.cu", numpy_fn=knp.lstm_fwd,
@@ -117,6 +122,16 @@ REGISTRY: tuple[KernelInfo, ...] = (
                     ("h_prev", "R,C"))),
     KernelInfo("rnn_tanh_fwd", "rnn.cu", numpy_fn=knp.rnn_tanh_fwd, **_RNN),
     KernelInfo("rnn_relu_fwd", "rnn.cu", numpy_fn=knp.rnn_relu_fwd, **_RNN),
+    KernelInfo("lstm_bwd", "lstm.cu", numpy_fn=knp.lstm_bwd,
+               outs=(("dgx", "R,4C"), ("dc_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("dc_next", "R,C"),
+                    ("act", "R,4C"), ("c", "R,C"), ("c_prev", "R,C"))),
+    KernelInfo("gru_bwd", "gru.cu", numpy_fn=knp.gru_bwd,
+               outs=(("dgx", "R,3C"), ("dgh", "R,3C"), ("dh_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("act", "R,4C"),
+                    ("h_prev", "R,C"))),
+    KernelInfo("rnn_tanh_bwd", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd, **_RNN_BWD),
+    KernelInfo("rnn_relu_bwd", "rnn.cu", numpy_fn=knp.rnn_relu_bwd, **_RNN_BWD),
 )
 
 KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}

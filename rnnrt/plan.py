@@ -20,11 +20,17 @@ Buffers of a forward plan (sizes in elements; G gates, H hidden, B batch, T step
   zeros       [G*H] zeros, the bias of a model without bias (x + 0 == x exactly)
   x           [T, B, I]        the input sequence
   h{l}        [T+1, B, H]      h{l}[0] = h0 of layer l, h{l}[t+1] = h after step t
-  c{l}        [T+1, B, H]      LSTM cell state, same indexing
+  c{l}        [S', B, H]       LSTM cell state, same indexing; S' = T+1 when training, 2 for
+                               inference (slot index % 2)
   gx{l}       [T, B, G*H]      W.x (no bias) for every step
   gh{l}       [B, G*H]         R.h_{t-1} (no bias), reused each step
   act{l}      [S, B, 4*H]      gates kept for backward (LSTM: i,f,g,o; GRU: r,z,n,W_hn h+b_hn);
                                S = T when training, 1 for inference (then reused each step)
+
+What a training forward keeps beyond inference, per layer per step: act (4*B*H floats for
+LSTM and GRU, none for RNN) and LSTM's c (B*H). h{l} and gx{l} are kept in both modes (the
+next layer's input GEMM reads h over k steps; input batching writes gx ahead). fp32, so for
+the paper's LSTM (B 64, H 512) training adds 640 KiB per layer per step.
   pre{l}      [B, G*H]         naive pointwise only: pre-activations
   tmp{l}      [2, B, H]        naive pointwise only: temporaries
   wT{l}, rT{l} [I, G*H], [H, G*H]  pre-transposed W and R
@@ -76,13 +82,31 @@ class Buffer:
     role: str
 
 
+@dataclass(frozen=True)
+class Binding:
+    """Where a user-facing array of ``shape`` lives in a plan's buffers: one view holding all
+    of it (reshaped to [rows, cols]), or one view per leading index (e.g. per layer)."""
+
+    shape: tuple
+    views: tuple
+
+    def __post_init__(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        if sum(v.rows * v.cols for v in self.views) != n:
+            raise ValueError(f"Binding {self.shape}: views hold a different number of elements")
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """One pass as data. ``ops`` are in host issue order; executors must issue in that order.
 
-    inputs / outputs map a name to the views where that array lives in the buffers:
-      inputs  'x': (View [T*B, I],), 'h0': one View [B, H] per layer, 'c0' (LSTM) likewise
-      outputs 'y': (View [T*B, H],), 'h_n': one View [B, H] per layer, 'c_n' (LSTM) likewise
+    inputs / outputs map a name to a Binding (shape + the views where the array lives):
+      forward  inputs  'x' [T, B, I], 'h0' [L, B, H], 'c0' [L, B, H] (LSTM)
+               outputs 'y' [T, B, H], 'h_n' [L, B, H], 'c_n' [L, B, H] (LSTM)
+      backward inputs  'dy' [T, B, H], 'dh_n' [L, B, H], 'dc_n' [L, B, H] (LSTM)
+               outputs 'dx' [T, B, I], 'dh0' [L, B, H], 'dc0' (LSTM), 'grads' [layout.size]
     """
 
     key: PlanKey
@@ -114,10 +138,12 @@ class Plan:
         return c
 
     def gemm_flops(self) -> int:
-        """2*M*N*K summed over the plan's GEMMs (equals the paper's count for the pass)."""
+        """2*M*N*K summed over the plan's GEMMs (equals the paper's count for the pass).
+        Bias-gradient reductions (kind 'db', GEMMs with a ones vector) are not counted: the
+        paper calls them a cheap reduction and its FLOP convention leaves them out."""
         total = 0
         for op in self.ops:
-            if isinstance(op, Gemm):
+            if isinstance(op, Gemm) and op.kind != "db":
                 m, n, k = op.mnk()
                 total += 2 * m * n * k
         return total
@@ -247,8 +273,8 @@ def validate(plan: Plan) -> None:
                 raise ValueError(f"op {i}: unknown buffer {v.buf!r}")
             if v.end > sizes[v.buf]:
                 raise ValueError(f"op {i}: view {v} ends at {v.end} > size {sizes[v.buf]}")
-    for name, views in list(plan.inputs.items()) + list(plan.outputs.items()):
-        for v in views:
+    for name, binding in list(plan.inputs.items()) + list(plan.outputs.items()):
+        for v in binding.views:
             if v.end > sizes[v.buf]:
                 raise ValueError(f"binding {name}: view {v} out of bounds")
 
@@ -315,7 +341,8 @@ class _ForwardBuilder:
         for layer in range(self.L):
             bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
             if self.cell.has_cell_state:
-                bufs.append(Buffer(f"c{layer}", (T + 1) * B * H, "io"))
+                bufs.append(Buffer(f"c{layer}", ((T + 1) if self.key.train else 2) * B * H,
+                                   "io"))
             bufs += [Buffer(f"gx{layer}", T * B * GH, "scratch"),
                      Buffer(f"gh{layer}", B * GH, "scratch")]
             if self.cell.saved_gates:
@@ -345,7 +372,10 @@ class _ForwardBuilder:
         return View(f"h{layer}", index * self.B * self.H, self.B, self.H, self.H)
 
     def c(self, layer, index):
-        return View(f"c{layer}", index * self.B * self.H, self.B, self.H, self.H)
+        """c{layer}[index] as [B, H]. Inference keeps two slots (ping-pong): nothing but the
+        current and previous cell state is ever read again."""
+        slot = index if self.key.train else index % 2
+        return View(f"c{layer}", slot * self.B * self.H, self.B, self.H, self.H)
 
     def weight_blocks(self, layer, which):
         """The GEMM right-hand operand(s) for W ('ih') or R ('hh'): a list of
@@ -501,11 +531,12 @@ class _ForwardBuilder:
         names, prio = self.streams()
         T, B, H, L = self.T, self.B, self.H, self.L
         I = self.key.input_size
-        inputs = {"x": (View("x", 0, T * B, I, I),),
-                  "h0": tuple(self.h(layer, 0) for layer in range(L))}
-        outputs = {"y": (View(f"h{L - 1}", B * H, T * B, H, H),),
-                   "h_n": tuple(self.h(layer, T) for layer in range(L))}
+        state = (L, B, H)
+        inputs = {"x": Binding((T, B, I), (View("x", 0, T * B, I, I),)),
+                  "h0": Binding(state, tuple(self.h(layer, 0) for layer in range(L)))}
+        outputs = {"y": Binding((T, B, H), (View(f"h{L - 1}", B * H, T * B, H, H),)),
+                   "h_n": Binding(state, tuple(self.h(layer, T) for layer in range(L)))}
         if self.cell.has_cell_state:
-            inputs["c0"] = tuple(self.c(layer, 0) for layer in range(L))
-            outputs["c_n"] = tuple(self.c(layer, T) for layer in range(L))
+            inputs["c0"] = Binding(state, tuple(self.c(layer, 0) for layer in range(L)))
+            outputs["c_n"] = Binding(state, tuple(self.c(layer, T) for layer in range(L)))
         return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs)

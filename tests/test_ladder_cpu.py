@@ -40,6 +40,17 @@ def test_cpu_ladder_record(tmp_path):
         assert f"| {name} |" in table
 
 
+def test_cpu_ladder_backward_record():
+    rec = lb.run_ladder(small_cfg(cell="lstm", backward=True), progress=lambda m: None)
+    assert rec["pass"] == "fwd+bwd"
+    assert rec["flops_per_pass"] == 3 * 2 * 4 * 8 * 3 * ((5 + 8) + (8 + 8)) * 4
+    rows = rec["rows"]
+    assert [r["rung"] for r in rows] == list(rung_names())
+    assert all(r["check"]["ok"] for r in rows)
+    assert rows[0]["check"]["against"].startswith(("y", "dx", "grads"))
+    assert rows[-1]["plan"]["counts"]["gemm:dw"] == 2 * 2
+
+
 def test_a_disagreeing_rung_is_refused(monkeypatch):
     """Break one rung's math (its fused GRU kernel's twin): the ladder must refuse to time it."""
     from rnnrt.kernels import KERNELS

@@ -31,7 +31,7 @@ from .timing import gemm_ceiling, time_cpu, time_gpu, time_torch
 
 # Above this many forward FLOPs the float64 NumPy reference (~0.1 TFLOPS on a CPU) is
 # replaced by cuDNN's output as the naive rung's check, when cuDNN is there.
-REFERENCE_FLOP_LIMIT = 1e12
+REFERENCE_FLOP_LIMIT = 2e12
 CPU_SIZE = dict(layers=4, hidden=32, input_size=32, batch=8, steps=12)
 
 
@@ -49,6 +49,7 @@ class LadderConfig:
     executors: tuple = ("eager", "graph")
     cpu: bool = False
     cudnn: bool = True
+    backward: bool = False          # time forward+backward (training), "pass": "fwd+bwd"
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -68,12 +69,38 @@ def _model(cfg: LadderConfig, dtype):
 
 
 def _inputs(cfg: LadderConfig, dtype):
+    """Random x [T,B,I], h0 [L,B,H], c0 (LSTM) and dy [T,B,H] (the backward's seed)."""
     rng = np.random.default_rng(cfg.seed + 1)
     x = rng.standard_normal((cfg.steps, cfg.batch, cfg.inp)).astype(dtype)
     h0 = (0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(dtype)
     c0 = ((0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(dtype)
           if get_cell(cfg.cell).has_cell_state else None)
-    return x, h0, c0
+    dy = rng.standard_normal((cfg.steps, cfg.batch, cfg.hidden)).astype(dtype)
+    return x, h0, c0, dy
+
+
+def _flops(cfg) -> int:
+    f = forward_flops(cfg.cell, cfg.inp, cfg.hidden, cfg.layers, cfg.batch, cfg.steps)
+    return 3 * f if cfg.backward else f   # backward = 2x forward (paper's convention)
+
+
+def _grads_flat(layout, grads_by_name) -> np.ndarray:
+    """Per-name parameter gradients -> the model's flat layout (zero padding)."""
+    flat = np.zeros(layout.size)
+    for e in layout.entries:
+        g = np.asarray(grads_by_name[e.name], dtype=np.float64).ravel()
+        flat[e.offset:e.offset + g.size] = g
+    return flat
+
+
+def _compare_all(got: dict, ref: dict, against: str):
+    """compare() every array of ``ref`` with ``got``; the worst one (by excess) returned."""
+    worst = None
+    for name, r in ref.items():
+        c = compare(got[name], r, FP32_ATOL, FP32_RTOL, name=f"{name} vs {against}")
+        if worst is None or (not c.ok and worst.ok) or c.max_excess > worst.max_excess:
+            worst = c
+    return worst
 
 
 def _progress(msg):
@@ -133,15 +160,28 @@ def run_ladder(cfg: LadderConfig, progress=_progress, session: GpuSession | None
             session.close()
 
 
-def _reference(cfg, model, x, h0, c0):
+def _reference(cfg, model, x, h0, c0, dy):
+    """float64 NumPy reference: {'y'} (+ {'dx', 'grads'} flat, when cfg.backward)."""
     from ..params import per_layer
     p64 = per_layer(model.flat.astype(np.float64), model.layout)
-    y, _, _, _ = reference.forward(cfg.cell, p64, x.astype(np.float64), h0.astype(np.float64),
-                                   None if c0 is None else c0.astype(np.float64))
-    return y
+    y, _, _, cache = reference.forward(cfg.cell, p64, x.astype(np.float64),
+                                       h0.astype(np.float64),
+                                       None if c0 is None else c0.astype(np.float64))
+    out = {"y": y}
+    if cfg.backward:
+        g = reference.backward(cfg.cell, p64, cache, dy.astype(np.float64))
+        by_name = {}
+        for layer, d in enumerate(g["params"]):
+            for kind, arr in d.items():
+                if arr is not None:
+                    by_name[f"{kind}_l{layer}"] = arr
+        out["dx"] = g["dx"]
+        out["grads"] = _grads_flat(model.layout, by_name)
+    return out
 
 
 def _row(rung, executor, timing, flops, naive_ms, cudnn_ms, ceiling_tflops, check, plan):
+    """One (rung, executor) row; ``plan`` is the _RungRun's plan_summary()."""
     tf = tflops(flops, timing.ms_median)
     return {
         "rung": rung.name, "executor": executor, "switches": rung.switches.as_dict(),
@@ -150,8 +190,7 @@ def _row(rung, executor, timing, flops, naive_ms, cudnn_ms, ceiling_tflops, chec
         "ratio_vs_cudnn": (cudnn_ms / timing.ms_median) if cudnn_ms else None,
         "share_of_ceiling": (tf / ceiling_tflops) if ceiling_tflops else None,
         "check": check,
-        "plan": {"ops": len(plan.ops), "streams": len(plan.streams), "events": plan.num_events,
-                 "counts": dict(plan.counts())},
+        "plan": plan,
     }
 
 
@@ -160,75 +199,131 @@ def _check_dict(c):
             "worst_index": list(c.worst_index), "n_bad": c.n_bad}
 
 
-def _run_gpu(cfg, progress, session: GpuSession):
-    from ..exec.cuda_exec import EXECUTORS
-    from ..exec.workspace import Workspace
-    cp, ctx, info, ceiling = session.cp, session.ctx, session.info, session.ceiling
-    for e in cfg.executors:
-        if e not in EXECUTORS:
-            raise ValueError(f"executors: expected a subset of {sorted(EXECUTORS)}, got {e!r}")
-    model = _model(cfg, np.float32)
-    x, h0, c0 = _inputs(cfg, np.float32)
-    flops = forward_flops(cfg.cell, cfg.inp, cfg.hidden, cfg.layers, cfg.batch, cfg.steps)
-    params = cp.asarray(model.flat)
-    bench = _cudnn_bench(cfg, model, x, h0, c0)
-    if flops > REFERENCE_FLOP_LIMIT and not isinstance(bench, str):
-        # the float64 NumPy reference would take minutes here: hold the naive rung against
-        # cuDNN's output instead (and say so in every row's check)
-        y_ref, _ = bench.run()
-        y_ref = y_ref.cpu().numpy()
-        ref_name = f"cuDNN output (NumPy reference skipped: {flops:.2e} FLOPs)"
-        cudnn_check = compare(y_ref, y_ref, name="itself: it is the reference here")
-    else:
-        progress("computing the float64 reference")
-        y_ref = _reference(cfg, model, x, h0, c0)
-        ref_name = "float64 reference"
-        cudnn_check = None if isinstance(bench, str) else bench.check(y_ref)
-    if not isinstance(bench, str):
-        t = bench.time()
-        progress(f"cudnn (before the rungs) {t.ms_median:9.3f} ms; check {cudnn_check}")
+class _RungRun:
+    """One rung's plan(s) on one workspace: ``run()`` is the timed pass (the forward, or the
+    forward then the backward), ``outputs()`` the arrays every rung is checked on."""
 
+    def __init__(self, cfg, rung, xp, make_executor, params, inputs):
+        from ..exec.workspace import Workspace
+        from ..plan_backward import backward_plan
+        key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
+                      rung.switches, train=cfg.backward)
+        self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
+        self.ws = Workspace(self.plans[-1], xp, np.float32, params)
+        self.ws.poison()
+        x, h0, c0, dy = inputs
+        self.ws.load_inputs(x, h0, c0)
+        if cfg.backward:
+            arrays = {"dy": dy, "dh_n": None}
+            if "dc_n" in self.plans[-1].inputs:
+                arrays["dc_n"] = None
+            self.ws.load(**arrays)
+        self.executors = [make_executor(plan, self.ws) for plan in self.plans]
+        self.stream = getattr(self.executors[0], "stream", None)
+
+    def run(self):
+        for ex in self.executors:
+            ex.run()
+
+    def outputs(self) -> dict:
+        out = {"y": self.ws.read("y")}
+        if len(self.plans) > 1:
+            out["dx"] = self.ws.read("dx")
+            out["grads"] = self.ws.read("grads")
+        return out
+
+    def plan_summary(self) -> dict:
+        counts = {}
+        for plan in self.plans:
+            for k, v in plan.counts().items():
+                counts[k] = counts.get(k, 0) + v
+        return {"ops": sum(len(p.ops) for p in self.plans), "streams": len(self.plans[0].streams),
+                "events": sum(p.num_events for p in self.plans), "counts": counts}
+
+
+def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_name, flops,
+                 ceiling_tflops, time_fn, sync, progress, label=""):
+    """Verify then time every rung for every executor; the rows (see the module docstring)."""
     rows = []
     rungs = ladder(cfg.input_batch)
-    total = len(rungs) * len(cfg.executors)
+    total = len(rungs) * len(executors)
     n = 0
-    for executor in cfg.executors:
-        naive_y, naive_ms = None, None
+    for executor in executors:
+        naive_out, naive_ms = None, None
         for rung in rungs:
             n += 1
-            key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers,
-                          True, rung.switches)
-            plan = forward_plan(key)
-            ws = Workspace(plan, cp, np.float32, params)
-            ws.poison()
-            ws.load_inputs(x, h0, c0)
-            ex = EXECUTORS[executor](plan, ws, ctx)
-            ex.run()
-            ex.stream.synchronize()
-            y = ws.outputs()["y"]
-            if naive_y is None:
-                c = compare(y, y_ref, FP32_ATOL, FP32_RTOL, name=ref_name)
+            rr = _RungRun(cfg, rung, xp, lambda plan, ws: make_executor(executor, plan, ws),
+                          params, inputs)
+            rr.run()
+            sync(rr)
+            got = rr.outputs()
+            if naive_out is None:
+                c = _compare_all(got, ref, ref_name)
             else:
-                c = compare(y, naive_y, FP32_ATOL, FP32_RTOL, name="naive rung")
+                c = _compare_all(got, naive_out, "naive rung")
             if not c.ok:
                 progress(f"{n}/{total} {rung.name} {executor}: REFUSED, output disagrees: {c}")
                 rows.append({"rung": rung.name, "executor": executor,
                              "switches": rung.switches.as_dict(), "refused": str(c),
                              "check": _check_dict(c)})
-                del ex, ws
+                del rr
                 continue
-            if naive_y is None:
-                naive_y = y
-            t = time_gpu(cp, ex.run, ex.stream, cfg.repeats, cfg.warmup)
+            if naive_out is None:
+                naive_out = got
+            t = time_fn(rr)
             if naive_ms is None and rung.name == rungs[0].name:
                 naive_ms = t.ms_median
-            row = _row(rung, executor, t, flops, naive_ms, None, ceiling["tflops"],
-                       _check_dict(c), plan)
+            row = _row(rung, executor, t, flops, naive_ms, None, ceiling_tflops,
+                       _check_dict(c), rr.plan_summary())
             rows.append(row)
             progress(f"{n}/{total} {rung.name:14s} {executor:5s} {t.ms_median:9.3f} ms "
-                     f"{row['tflops']:7.2f} TFLOPS  x{row['speedup_vs_naive'] or 0:.2f} naive")
-            del ex, ws
-            cp.get_default_memory_pool().free_all_blocks()
+                     f"{row['tflops']:7.3g} TFLOPS  x{row['speedup_vs_naive'] or 0:.2f} naive"
+                     f"{label}")
+            del rr
+    return rows
+
+
+def _run_gpu(cfg, progress, session: GpuSession):
+    from ..exec.cuda_exec import EXECUTORS
+    cp, ctx, info, ceiling = session.cp, session.ctx, session.info, session.ceiling
+    for e in cfg.executors:
+        if e not in EXECUTORS:
+            raise ValueError(f"executors: expected a subset of {sorted(EXECUTORS)}, got {e!r}")
+    model = _model(cfg, np.float32)
+    inputs = _inputs(cfg, np.float32)
+    x, h0, c0, dy = inputs
+    flops = _flops(cfg)
+    params = cp.asarray(model.flat)
+    bench = _cudnn_bench(cfg, model, x, h0, c0, dy)
+    if flops > REFERENCE_FLOP_LIMIT and not isinstance(bench, str):
+        # the float64 NumPy reference would take minutes here: hold the naive rung against
+        # cuDNN's output instead (and say so in every row's check)
+        ref = bench.outputs()
+        ref_name = f"cuDNN output (NumPy reference skipped: {flops:.2e} FLOPs)"
+        cudnn_check = _compare_all(ref, ref, "itself: it is the reference here")
+    else:
+        progress("computing the float64 reference")
+        ref = _reference(cfg, model, x, h0, c0, dy)
+        ref_name = "float64 reference"
+        cudnn_check = None if isinstance(bench, str) else _compare_all(bench.outputs(), ref,
+                                                                        ref_name)
+    if not isinstance(bench, str):
+        t = bench.time()
+        progress(f"cudnn (before the rungs) {t.ms_median:9.3f} ms; check {cudnn_check}")
+
+    def make_executor(executor, plan, ws):
+        return EXECUTORS[executor](plan, ws, ctx)
+
+    def sync(rr):
+        rr.stream.synchronize()
+
+    def time_fn(rr):
+        t = time_gpu(cp, rr.run, rr.stream, cfg.repeats, cfg.warmup)
+        return t
+
+    rows = _ladder_rows(cfg, cfg.executors, make_executor, cp, params, inputs, ref, ref_name,
+                        flops, ceiling["tflops"], time_fn, sync, progress)
+    cp.get_default_memory_pool().free_all_blocks()
     if isinstance(bench, str):
         cudnn = {"skipped": bench}
     else:
@@ -248,9 +343,9 @@ class CudnnBench:
     cuDNN's time moves between calls far more than ours (../shared/reference/ANCHORS.md saw
     6.7 to 11.8 ms for one configuration), so the row pools every sample."""
 
-    def __init__(self, cfg, model, x, h0, c0):
+    def __init__(self, cfg, model, x, h0, c0, dy):
         import torch
-        self.torch, self.cfg = torch, cfg
+        self.torch, self.cfg, self.layout = torch, cfg, model.layout
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
@@ -264,16 +359,32 @@ class CudnnBench:
         self.x = torch.from_numpy(x).cuda()
         hx = torch.from_numpy(h0).cuda()
         self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda())
+        self.dy = torch.from_numpy(dy).cuda()
+        self.names = [n for n, _ in self.module.named_parameters()]
+        self.x.requires_grad_(cfg.backward)
         self.medians, self.samples = [], []
 
     def run(self):
-        with self.torch.no_grad():
-            return self.module(self.x, self.hx)
+        """Forward (no autograd), or forward + backward through autograd (dx and every
+        parameter's gradient for the seed dy), as a training step would."""
+        torch = self.torch
+        if not self.cfg.backward:
+            with torch.no_grad():
+                return self.module(self.x, self.hx)
+        y, _ = self.module(self.x, self.hx)
+        grads = torch.autograd.grad(y, [self.x] + list(self.module.parameters()), self.dy)
+        return y, grads
 
-    def check(self, y_ref):
-        y, _ = self.run()
+    def outputs(self) -> dict:
+        """The arrays the ladder checks: {'y'} (+ {'dx', 'grads'} flat in rnnrt's layout)."""
+        y, extra = self.run()
         self.torch.cuda.synchronize()
-        return compare(y.cpu().numpy(), y_ref, FP32_ATOL, FP32_RTOL, name="float64 reference")
+        out = {"y": y.detach().cpu().numpy()}
+        if self.cfg.backward:
+            out["dx"] = extra[0].cpu().numpy()
+            out["grads"] = _grads_flat(self.layout, {n: g.cpu().numpy() for n, g in
+                                                     zip(self.names, extra[1:])})
+        return out
 
     def time(self):
         t = time_torch(self.torch, self.run, self.cfg.repeats, self.cfg.warmup)
@@ -295,11 +406,11 @@ class CudnnBench:
                 "tf32": False}
 
     def close(self):
-        del self.module, self.x, self.hx
+        del self.module, self.x, self.hx, self.dy
         self.torch.cuda.empty_cache()
 
 
-def _cudnn_bench(cfg, model, x, h0, c0):
+def _cudnn_bench(cfg, model, x, h0, c0, dy):
     """CudnnBench, or the reason there is none (a string)."""
     if not cfg.cudnn:
         return "disabled (--no-cudnn)"
@@ -309,44 +420,34 @@ def _cudnn_bench(cfg, model, x, h0, c0):
         return f"torch not importable ({e})"
     if not torch.cuda.is_available():
         return "torch has no CUDA"
-    return CudnnBench(cfg, model, x, h0, c0)
+    return CudnnBench(cfg, model, x, h0, c0, dy)
+
+
+class _NumpyExecutor:
+    """The NumPy executor in program order, behind the executors' run() interface."""
+
+    def __init__(self, plan, ws):
+        self.plan, self.ws = plan, ws
+
+    def run(self):
+        from ..exec import numpy_exec
+        numpy_exec.run(self.plan, self.ws)
 
 
 def _run_cpu(cfg, progress):
     """The same ladder on the NumPy executor at a small size: CPU figures, labelled so."""
-    from ..exec import numpy_exec
-    from ..exec.workspace import Workspace
     model = _model(cfg, np.float32)
-    x, h0, c0 = _inputs(cfg, np.float32)
-    flops = forward_flops(cfg.cell, cfg.inp, cfg.hidden, cfg.layers, cfg.batch, cfg.steps)
-    y_ref = _reference(cfg, model, x, h0, c0)
+    inputs = _inputs(cfg, np.float32)
+    flops = _flops(cfg)
+    ref = _reference(cfg, model, *inputs)
     a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
     tc = time_cpu(lambda: a @ a, repeats=5)
     ceiling = {"what": "NumPy fp32 matmul 512^3 on the CPU",
                "tflops": 2 * 512**3 / (tc.ms_median * 1e-3) / 1e12, "ms_median": tc.ms_median}
-    rows, naive_y, naive_ms = [], None, None
-    rungs = ladder(cfg.input_batch)
-    for i, rung in enumerate(rungs, 1):
-        plan = forward_plan(PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden,
-                                    cfg.layers, True, rung.switches))
-        ws = Workspace(plan, np, np.float32, model.flat)
-        ws.load_inputs(x, h0, c0)
-        numpy_exec.run(plan, ws)
-        y = ws.outputs()["y"]
-        c = compare(y, y_ref if naive_y is None else naive_y, FP32_ATOL, FP32_RTOL,
-                    name="float64 reference" if naive_y is None else "naive rung")
-        if not c.ok:
-            rows.append({"rung": rung.name, "executor": "numpy", "refused": str(c),
-                         "switches": rung.switches.as_dict(), "check": _check_dict(c)})
-            progress(f"{i}/{len(rungs)} {rung.name}: REFUSED {c}")
-            continue
-        naive_y = y if naive_y is None else naive_y
-        t = time_cpu(lambda: numpy_exec.run(plan, ws), cfg.repeats, cfg.warmup)
-        naive_ms = naive_ms or t.ms_median
-        row = _row(rung, "numpy", t, flops, naive_ms, None, ceiling["tflops"], _check_dict(c),
-                   plan)
-        rows.append(row)
-        progress(f"{i}/{len(rungs)} {rung.name:14s} numpy {t.ms_median:9.3f} ms (CPU figure)")
+    rows = _ladder_rows(cfg, ("numpy",), lambda e, plan, ws: _NumpyExecutor(plan, ws), np,
+                        model.flat, inputs, ref, "float64 reference", flops, ceiling["tflops"],
+                        lambda rr: time_cpu(rr.run, cfg.repeats, cfg.warmup), lambda rr: None,
+                        progress, label=" (CPU figure)")
     info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy executor",
             "note": "CPU figures: the NumPy executor runs the same plans; not GPU performance"}
     return _record(cfg, info, versions(), flops, ceiling,
@@ -361,7 +462,7 @@ def _record(cfg, info, vers, flops, ceiling, cudnn, rows) -> dict:
         "schema": "rnnrt.ladder/1",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["rnnrt"] + sys.argv[1:]) if sys.argv else "",
-        "pass": "fwd",
+        "pass": "fwd+bwd" if cfg.backward else "fwd",
         "device": info,
         "versions": vers,
         "config": cfgd,

@@ -86,6 +86,26 @@ def ew_relu(rows, cols, outs, ins):
     out[...] = _relu(a)
 
 
+def ew_dsigmoid(rows, cols, outs, ins):
+    (out,), (dy, y) = outs, ins
+    out[...] = dy * (y * (1 - y))
+
+
+def ew_dtanh(rows, cols, outs, ins):
+    (out,), (dy, y) = outs, ins
+    out[...] = dy * (1 - y * y)
+
+
+def ew_drelu(rows, cols, outs, ins):
+    (out,), (dy, y) = outs, ins
+    out[...] = _drelu(dy, y)
+
+
+def _drelu(dy, y):
+    # y > 0 ? dy : 0, as the kernels: 0 where y <= 0 (or NaN) even if dy is NaN or Inf
+    return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
+
+
 # --- transpose.cu -------------------------------------------------------------------------
 
 def transpose(rows, cols, outs, ins):
@@ -94,6 +114,8 @@ def transpose(rows, cols, outs, ins):
 
 
 # --- lstm.cu, gru.cu, rnn.cu (rows = B, cols = H) -----------------------------------------
+# Forward and backward; the backward twins follow the kernels' order of operations, which is
+# the naive rung's sequence of ew_* kernels.
 
 def _pre(gx, gh, bw, br, q, cols):
     """((gx + bw) + gh) + br of gate block q, in the kernels' order of additions."""
@@ -136,3 +158,53 @@ def rnn_tanh_fwd(rows, cols, outs, ins):
 def rnn_relu_fwd(rows, cols, outs, ins):
     (h,), (gx, gh, bw, br) = outs, ins
     h[...] = _relu(_pre(gx, gh, bw, br, 0, cols))
+
+
+def lstm_bwd(rows, cols, outs, ins):
+    dgx, dc_prev = outs
+    dh_above, dh_rec, dc_next, act, c, c_prev = ins
+    i, f, g, o = (_gate(act, q, cols) for q in range(4))
+    dh = dh_above + dh_rec
+    tc = np.tanh(c)
+    dho = dh * o
+    t = dho * (1 - tc * tc)
+    dcc = dc_next + t
+    do_ = dh * tc
+    di, df, dg = dcc * g, dcc * c_prev, dcc * i
+    grads = (di * (i * (1 - i)), df * (f * (1 - f)), dg * (1 - g * g), do_ * (o * (1 - o)))
+    dcp = dcc * f
+    # Every input is read: now write.
+    for q, v in enumerate(grads):
+        _gate(dgx, q, cols)[...] = v
+    dc_prev[...] = dcp
+
+
+def gru_bwd(rows, cols, outs, ins):
+    dgx, dgh, dh_prev = outs
+    dh_above, dh_rec, act, h_prev = ins
+    r, z, n, hn = (_gate(act, q, cols) for q in range(4))
+    dh = dh_above + dh_rec
+    dhz = dh * z
+    dn = dh - dhz
+    dn_p = dn * (1 - n * n)
+    d = h_prev - n
+    dz = dh * d
+    dz_p = dz * (z * (1 - z))
+    dhn = dn_p * r
+    dr = dn_p * hn
+    dr_p = dr * (r * (1 - r))
+    # Every input is read: now write.
+    for q, (vx, vh) in enumerate(((dr_p, dr_p), (dz_p, dz_p), (dn_p, dhn))):
+        _gate(dgx, q, cols)[...] = vx
+        _gate(dgh, q, cols)[...] = vh
+    dh_prev[...] = dhz
+
+
+def rnn_tanh_bwd(rows, cols, outs, ins):
+    (dg,), (dh_above, dh_rec, h) = outs, ins
+    dg[...] = (dh_above + dh_rec) * (1 - h * h)
+
+
+def rnn_relu_bwd(rows, cols, outs, ins):
+    (dg,), (dh_above, dh_rec, h) = outs, ins
+    dg[...] = _drelu(dh_above + dh_rec, h)

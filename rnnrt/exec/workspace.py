@@ -14,22 +14,39 @@ from ..ops import View
 class Workspace:
     """The buffers of ``plan`` as flat arrays of module ``xp`` (numpy or cupy).
 
-    params: the model's flat parameter buffer [layout.size] (copied in; ``set_params``
-    replaces it). Every buffer but 'params' and 'zeros' starts poisoned with NaN so that an
-    element no op writes shows up in the outputs.
+    params: the model's flat parameter buffer [layout.size]. An array of module ``xp`` with
+    the workspace's dtype is adopted as the 'params' buffer (shared, not copied: an optimiser
+    that updates it in place updates every workspace that shares it, graphs included);
+    anything else is copied in. grads: likewise adopted as the 'grads' buffer (backward
+    plans), so gradients land in (or accumulate into) a buffer the caller owns. Every other buffer but the 'const' ones starts poisoned with
+    NaN so that an element no op writes shows up in the outputs.
     """
 
-    def __init__(self, plan, xp, dtype, params):
+    def __init__(self, plan, xp, dtype, params, grads=None):
         self.plan = plan
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.bufs = {}
         for b in plan.buffers:
-            if b.role == "const":
+            if b.name == "params" and self._adoptable(params, b.size):
+                self.bufs["params"] = params
+            elif b.name == "grads" and grads is not None:
+                if not self._adoptable(grads, b.size):
+                    raise ValueError(f"grads: expected a contiguous {self.dtype} array of "
+                                     f"shape ({b.size},) of the workspace's array module")
+                self.bufs["grads"] = grads
+            elif b.role in ("const", "grad"):
                 self.bufs[b.name] = xp.zeros(b.size, dtype=self.dtype)
+            elif b.role == "ones":
+                self.bufs[b.name] = xp.ones(b.size, dtype=self.dtype)
             else:
                 self.bufs[b.name] = xp.full(b.size, np.nan, dtype=self.dtype)
-        self.set_params(params)
+        if self.bufs["params"] is not params:
+            self.set_params(params)
+
+    def _adoptable(self, params, size):
+        return (isinstance(params, self.xp.ndarray) and params.dtype == self.dtype
+                and params.shape == (size,) and params.flags.c_contiguous)
 
     def set_params(self, params):
         """Copy the model's flat parameters [layout.size] in (same layout as the plan's)."""
@@ -38,10 +55,12 @@ class Workspace:
             raise ValueError(f"params: expected shape {tuple(dst.shape)}, got {tuple(params.shape)}")
         dst[...] = self.xp.asarray(params, dtype=self.dtype)
 
-    def poison(self, roles=("io", "scratch")):
-        """Fill every buffer of the given roles with NaN (tests: unwritten elements show)."""
+    def poison(self, roles=("io", "scratch"), names=None):
+        """Fill every buffer of the given roles (or the given names) with NaN, so that
+        elements no op writes show up (tests). 'grad' buffers (gradients the caller may
+        accumulate into) are only poisoned when named."""
         for b in self.plan.buffers:
-            if b.role in roles:
+            if (b.name in names) if names is not None else (b.role in roles):
                 self.bufs[b.name].fill(np.nan)
 
     def view(self, v: View):
@@ -54,29 +73,46 @@ class Workspace:
         return self.xp.lib.stride_tricks.as_strided(
             base, shape=(v.rows, v.cols), strides=(v.ld * item, item))
 
-    def load_inputs(self, x, h0=None, c0=None):
-        """Copy x [T, B, I], h0 [L, B, H] (None: zeros) and c0 [L, B, H] (LSTM) in."""
+    def load(self, **arrays):
+        """Copy arrays into the plan's input bindings (None: zeros), e.g. load(x=..., h0=...).
+        Names must be inputs of the plan; each array has its binding's shape."""
         xp = self.xp
-        (xv,) = self.plan.inputs["x"]
-        self.view(xv)[...] = xp.asarray(x, dtype=self.dtype).reshape(xv.rows, xv.cols)
-        for name, arr in (("h0", h0), ("c0", c0)):
+        for name, arr in arrays.items():
             if name not in self.plan.inputs:
-                continue
-            for layer, v in enumerate(self.plan.inputs[name]):
-                if arr is None:
+                raise KeyError(f"{name!r} is not an input of this plan "
+                               f"(inputs: {sorted(self.plan.inputs)})")
+            b = self.plan.inputs[name]
+            if arr is None:
+                for v in b.views:
                     self.view(v)[...] = 0
-                else:
-                    self.view(v)[...] = xp.asarray(arr[layer], dtype=self.dtype)
+                continue
+            a = xp.asarray(arr, dtype=self.dtype)
+            if tuple(a.shape) != tuple(b.shape):
+                raise ValueError(f"{name}: expected shape {b.shape}, got {tuple(a.shape)}")
+            if len(b.views) == 1:
+                v = b.views[0]
+                self.view(v)[...] = a.reshape(v.rows, v.cols)
+            else:
+                for i, v in enumerate(b.views):
+                    self.view(v)[...] = a[i].reshape(v.rows, v.cols)
+
+    def read(self, name, copy=True):
+        """The array bound to output (or input) ``name``, in its binding's shape."""
+        b = self.plan.outputs.get(name) or self.plan.inputs[name]
+        xp = self.xp
+        if len(b.views) == 1:
+            a = self.view(b.views[0]).reshape(b.shape)
+            return a.copy() if copy else a
+        return xp.stack([self.view(v).reshape(b.shape[1:]) for v in b.views])
+
+    def load_inputs(self, x, h0=None, c0=None):
+        """Forward inputs: x [T, B, I], h0 [L, B, H] (None: zeros), c0 [L, B, H] (LSTM)."""
+        arrays = {"x": x, "h0": h0}
+        if "c0" in self.plan.inputs:
+            arrays["c0"] = c0
+        self.load(**arrays)
 
     def outputs(self, copy=True):
-        """dict: 'y' [T, B, H], 'h_n' [L, B, H], 'c_n' [L, B, H] (LSTM)."""
-        xp = self.xp
-        k = self.plan.key
-        out = {}
-        (yv,) = self.plan.outputs["y"]
-        y = self.view(yv).reshape(k.steps, k.batch, k.hidden_size)
-        out["y"] = y.copy() if copy else y
-        for name in ("h_n", "c_n"):
-            if name in self.plan.outputs:
-                out[name] = xp.stack([self.view(v) for v in self.plan.outputs[name]])
-        return out
+        """Forward outputs: dict 'y' [T, B, H], 'h_n' [L, B, H], 'c_n' [L, B, H] (LSTM)."""
+        return {name: self.read(name, copy) for name in ("y", "h_n", "c_n")
+                if name in self.plan.outputs}
