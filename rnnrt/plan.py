@@ -20,8 +20,8 @@ Buffers of a forward plan (sizes in elements; G gates, H hidden, B batch, T step
   zeros       [G*H] zeros, the bias of a model without bias (x + 0 == x exactly)
   x           [T, B, I]        the input sequence
   h{l}        [T+1, B, H]      h{l}[0] = h0 of layer l, h{l}[t+1] = h after step t
-  c{l}        [S', B, H]       LSTM cell state, same indexing; S' = T+1 when training, 2 for
-                               inference (slot index % 2)
+  c{l}        [S', B, H]       LSTM cell state, same indexing; S' = T+1 when training, 3 for
+                               inference (c0 in slot 0, then slots 1 and 2 alternate)
   gx{l}       [T, B, G*H]      W.x (no bias) for every step
   gh{l}       [B, G*H]         R.h_{t-1} (no bias), reused each step
   act{l}      [S, B, 4*H]      gates kept for backward (LSTM: i,f,g,o; GRU: r,z,n,W_hn h+b_hn);
@@ -341,7 +341,7 @@ class _ForwardBuilder:
         for layer in range(self.L):
             bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
             if self.cell.has_cell_state:
-                bufs.append(Buffer(f"c{layer}", ((T + 1) if self.key.train else 2) * B * H,
+                bufs.append(Buffer(f"c{layer}", ((T + 1) if self.key.train else 3) * B * H,
                                    "io"))
             bufs += [Buffer(f"gx{layer}", T * B * GH, "scratch"),
                      Buffer(f"gh{layer}", B * GH, "scratch")]
@@ -372,9 +372,10 @@ class _ForwardBuilder:
         return View(f"h{layer}", index * self.B * self.H, self.B, self.H, self.H)
 
     def c(self, layer, index):
-        """c{layer}[index] as [B, H]. Inference keeps two slots (ping-pong): nothing but the
-        current and previous cell state is ever read again."""
-        slot = index if self.key.train else index % 2
+        """c{layer}[index] as [B, H]. Inference keeps three slots: c0 in slot 0 (never
+        overwritten, so a plan can be re-run without reloading its inputs) and the states
+        after each step alternating in slots 1 and 2 (nothing older is read again)."""
+        slot = index if (self.key.train or index == 0) else 1 + (index - 1) % 2
         return View(f"c{layer}", slot * self.B * self.H, self.B, self.H, self.H)
 
     def weight_blocks(self, layer, which):

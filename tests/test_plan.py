@@ -88,6 +88,20 @@ def test_odd_sizes_one_step_batch_one():
                           f"T{steps} B{batch} {rung.name}")
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_a_plan_runs_again_without_reloading_inputs(train):
+    """No pass overwrites its own inputs (h0, c0, x): a replay gives the same outputs."""
+    for steps in (5, 6):
+        flat, x, h0, c0, ref = make_case("lstm", 2, steps=steps, seed=9)
+        plan = forward_plan(PlanKey("lstm", steps, B, I, H, 2, True, ladder()[-1].switches,
+                                    train=train))
+        ws = Workspace(plan, np, np.float64, flat)
+        ws.load_inputs(x, h0, c0)
+        for _ in range(2):
+            numpy_exec.run(plan, ws)
+            check_outputs(ws.outputs(), ref, f"T{steps} train={train} replay")
+
+
 def test_float32_plan_close_to_float64_reference():
     flat, x, h0, c0, ref = make_case("gru", 2, seed=7)
     plan = forward_plan(PlanKey("gru", T, B, I, H, 2, True, ladder()[-1].switches))

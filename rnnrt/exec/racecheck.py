@@ -51,6 +51,7 @@ def vector_clocks(plan):
 
 
 def _overlap(va, vb) -> bool:
+    """Do two views of the same buffer share an element? (The caller matches buffers.)"""
     if va.offset >= vb.end or vb.offset >= va.end:
         return False
     ia, ib = va.row_intervals(), vb.row_intervals()

@@ -1,0 +1,582 @@
+"""`rnnrt sweep`: the ladder (every rung, verified then timed, beside cuDNN) at every point of
+a grid over cell x layers x hidden x minibatch (x input-batching k), results appended as JSON
+lines as each point finishes so that an interrupted sweep resumes where it stopped.
+
+A point is one ladder run: (cell, layers, hidden, input_size, batch, steps, input_batch, pass).
+Defaults reproduce the paper's sweep (its Figure 1: 4-layer LSTM, hidden x minibatch) plus the
+1-layer points that its "1 -> 4 layers can double throughput" claim needs:
+  hidden 128 256 512 1024 2048 4096, minibatch 32 64 128 256, layers 1 4, LSTM;
+  steps 100 (50 for hidden >= 2048, as the project's reference measurements did); the graph
+  executor only (eager is host-bound and would cost the time budget many times over);
+  median of 10 runs after 2 warm-ups per rung.
+Points run cheapest first (by forward FLOPs), so a time budget finishes as many as it can and
+the expensive tail resumes in the next call.
+
+The JSON-lines file (schema 'rnnrt.sweep/1'), one object a line, three types:
+  {"type": "session", ...}  written when a sweep (or a resumed one) starts: created, command,
+        device {...}, versions {...}, ceiling {what, tflops, ...}, cpu, grid {...}
+  {"type": "row", ...}      one per ladder row (each rung x executor, and the cuDNN row): the
+        ladder's row fields (rung, executor, switches, ms_median, ms_min, ms_max, runs,
+        tflops, speedup_vs_naive, ratio_vs_cudnn, share_of_ceiling, check, plan; 'refused'
+        instead of timings when a rung's output disagreed) plus the point's configuration
+        (cell, layers, hidden, input_size, batch, steps, input_batch, pass) and repeats,
+        warmup, cpu, device (name), ceiling_tflops, flops_per_pass, point_seconds (wall
+        time of the whole point), session (its session's 'created'), created
+  {"type": "error", ...}    a point that raised: its configuration, device, error (type and
+        message), traceback (last lines), point_seconds
+A point is done when the file has a row or an error line for it (``--retry-errors`` redoes
+the errors). A line cut short by a kill is ignored on reading.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import gc
+import itertools
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cells import forward_flops, get_cell
+from ..switches import ALL, DEFAULT_INPUT_BATCH
+from . import ladder as ladder_mod
+
+SCHEMA = "rnnrt.sweep/1"
+DEFAULT_HIDDEN = (128, 256, 512, 1024, 2048, 4096)
+DEFAULT_BATCH = (32, 64, 128, 256)
+DEFAULT_LAYERS = (1, 4)
+LONG_STEPS_HIDDEN = 2048          # from this hidden size on, default steps are SHORT_STEPS
+DEFAULT_STEPS, SHORT_STEPS = 100, 50
+# `--quick`: the hidden sizes around the paper's 512 at the two small minibatches, where
+# the rungs differ most; a few minutes on an H100.
+QUICK = dict(hidden=(256, 512, 1024), batch=(32, 64), layers=(1, 4), cells=("lstm",),
+             repeats=5, warmup=2)
+# `--cpu`: the NumPy executor; sizes where one point takes a fraction of a second.
+CPU_GRID = dict(hidden=(8, 16, 32), batch=(4, 8), layers=(1, 4), steps=8, repeats=3, warmup=1)
+CPU_QUICK = dict(hidden=(8, 16), batch=(4,), layers=(1, 4), steps=6, repeats=2, warmup=1)
+# stop after this many points in a row raised: a broken CUDA context fails every point, and
+# marking the whole grid as errors would make --resume skip it
+MAX_CONSECUTIVE_ERRORS = 3
+# the time budget's margin on a point's estimated time
+BUDGET_SAFETY = 1.15
+
+
+@dataclass
+class SweepConfig:
+    """The grid and how each point is measured (see the module docstring for defaults)."""
+
+    hidden: tuple = DEFAULT_HIDDEN
+    batch: tuple = DEFAULT_BATCH
+    layers: tuple = DEFAULT_LAYERS
+    cells: tuple = ("lstm",)
+    steps: int | None = None            # None: DEFAULT_STEPS, SHORT_STEPS for big hidden
+    input_size: int | None = None       # None: = hidden at every point
+    input_batch: tuple = (DEFAULT_INPUT_BATCH,)
+    executors: tuple = ("graph",)
+    repeats: int = 10
+    warmup: int = 2
+    cudnn: bool = True
+    backward: bool = False              # time forward+backward (where the ladder supports it)
+    cpu: bool = False
+    time_budget: float | None = None    # seconds; stop before a point that would not fit
+    retry_errors: bool = False
+    seed: int = 0
+    verbose: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("hidden", "batch", "layers"):
+            vals = tuple(getattr(self, name))
+            if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                               for v in vals):
+                raise ValueError(f"SweepConfig.{name}: expected positive ints, got {vals!r}")
+            setattr(self, name, vals)
+        self.cells = tuple(self.cells)
+        if not self.cells:
+            raise ValueError("SweepConfig.cells: expected at least one cell")
+        for c in self.cells:
+            get_cell(c)
+        self.input_batch = tuple(self.input_batch)
+        for k in self.input_batch:
+            if k != ALL and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+                raise ValueError(f"SweepConfig.input_batch: expected ints >= 1 or {ALL!r}, "
+                                 f"got {k!r}")
+        self.executors = tuple(self.executors)
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise ValueError(f"SweepConfig.time_budget: expected seconds > 0, "
+                             f"got {self.time_budget!r}")
+        if self.backward and "backward" not in {f.name for f in
+                                                dataclasses.fields(ladder_mod.LadderConfig)}:
+            raise ValueError("SweepConfig.backward: this version of the ladder times the "
+                             "forward pass only")
+
+    @property
+    def pass_name(self) -> str:
+        return "fwd+bwd" if self.backward else "fwd"
+
+    def steps_for(self, hidden: int) -> int:
+        if self.steps is not None:
+            return self.steps
+        return SHORT_STEPS if hidden >= LONG_STEPS_HIDDEN else DEFAULT_STEPS
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of the grid: one ladder run."""
+
+    cell: str
+    layers: int
+    hidden: int
+    input_size: int
+    batch: int
+    steps: int
+    input_batch: int | str
+    pass_: str = "fwd"
+
+    def key(self) -> tuple:
+        """Identity in the results file (input_batch as text: 10 and '10' are one point)."""
+        return (self.cell, self.layers, self.hidden, self.input_size, self.batch, self.steps,
+                str(self.input_batch), self.pass_)
+
+    def as_dict(self) -> dict:
+        return {"cell": self.cell, "layers": self.layers, "hidden": self.hidden,
+                "input_size": self.input_size, "batch": self.batch, "steps": self.steps,
+                "input_batch": self.input_batch, "pass": self.pass_}
+
+    @property
+    def flops(self) -> int:
+        f = forward_flops(self.cell, self.input_size, self.hidden, self.layers, self.batch,
+                          self.steps)
+        return 3 * f if self.pass_ != "fwd" else f
+
+    def label(self) -> str:
+        return (f"{self.cell} L{self.layers} H{self.hidden} B{self.batch} T{self.steps}"
+                + (f" I{self.input_size}" if self.input_size != self.hidden else "")
+                + (f" k{self.input_batch}" if self.input_batch != DEFAULT_INPUT_BATCH else "")
+                + (f" {self.pass_}" if self.pass_ != "fwd" else ""))
+
+    def ladder_config(self, cfg: SweepConfig) -> "ladder_mod.LadderConfig":
+        kw = dict(cell=self.cell, layers=self.layers, hidden=self.hidden,
+                  input_size=self.input_size, batch=self.batch, steps=self.steps,
+                  repeats=cfg.repeats, warmup=cfg.warmup, input_batch=self.input_batch,
+                  executors=cfg.executors, cpu=cfg.cpu, cudnn=cfg.cudnn, seed=cfg.seed)
+        if cfg.backward:
+            kw["backward"] = True
+        return ladder_mod.LadderConfig(**kw)
+
+
+def key_of(line: dict) -> tuple:
+    """The point key of a row or error line (see Point.key)."""
+    return (line["cell"], line["layers"], line["hidden"], line["input_size"], line["batch"],
+            line["steps"], str(line["input_batch"]), line.get("pass", "fwd"))
+
+
+def grid(cfg: SweepConfig) -> list[Point]:
+    """Every point of the grid, cheapest (fewest FLOPs) first."""
+    pts = []
+    for cell, layers, hidden, batch, k in itertools.product(
+            cfg.cells, cfg.layers, cfg.hidden, cfg.batch, cfg.input_batch):
+        inp = hidden if cfg.input_size is None else cfg.input_size
+        pts.append(Point(cell, layers, hidden, inp, batch, cfg.steps_for(hidden), k,
+                         cfg.pass_name))
+    return sorted(pts, key=lambda p: (p.flops, p.key()))
+
+
+# --------------------------------------------------------------------------------------------
+# The results file
+
+def read_lines(path) -> list[dict]:
+    """Every JSON object of a JSON-lines file; a malformed line (a write cut short by a
+    kill) is skipped with a note on stderr."""
+    out = []
+    path = Path(path)
+    if not path.exists():
+        return out
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                print(f"[sweep] {path}:{n}: skipping a malformed line (cut short?)",
+                      file=sys.stderr)
+    return out
+
+
+def done_keys(lines, retry_errors: bool = False) -> set:
+    """Point keys that the file already has results for."""
+    done = set()
+    for ln in lines:
+        t = ln.get("type")
+        if t == "row" or (t == "error" and not retry_errors):
+            done.add(key_of(ln))
+    return done
+
+
+class JsonlWriter:
+    """Appends lines to the results file, flushed and fsynced after each point so that a
+    kill loses at most the point in flight."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # a line cut short by a kill has no newline: start the next one on a line of its own
+        needs_nl = False
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with self.path.open("rb") as f:
+                f.seek(-1, os.SEEK_END)
+                needs_nl = f.read(1) != b"\n"
+        self.f = self.path.open("a")
+        if needs_nl:
+            self.f.write("\n")
+
+    def write(self, objs):
+        self.f.write("".join(json.dumps(o, default=str) + "\n" for o in objs))
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+    def close(self):
+        self.f.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Time estimates and the progress bar
+
+class CostModel:
+    """Seconds a point takes, fitted to finished points: t ~ a + b * (layers * steps) +
+    c * FLOPs with a, b, c >= 0 (a fixed cost per point; a cost per cell of the (layer, step)
+    grid, which is what plan building, graph capture and host issue scale with; a cost per
+    FLOP). With n finished points at most n - 1 of the three terms are used, so one point
+    gives its own time (the mean), two a proportional model, and so on; the fit is the
+    least-squares one over every allowed subset of terms with non-negative coefficients."""
+
+    def __init__(self):
+        self.xs, self.ts = [], []
+        self._coef = None
+
+    @staticmethod
+    def features(p: Point):
+        return (1.0, float(p.layers * p.steps), float(p.flops))
+
+    def add(self, p: Point, seconds: float):
+        self.xs.append(self.features(p))
+        self.ts.append(float(seconds))
+        self._coef = None
+
+    def __len__(self):
+        return len(self.ts)
+
+    def _fit(self):
+        import numpy as np
+        X, t = np.array(self.xs), np.array(self.ts)
+        scale = X.max(axis=0)
+        scale[scale == 0] = 1.0
+        Xs = X / scale
+        best, best_err = None, np.inf
+        max_terms = max(1, len(t) - 1)
+        for r in range(1, min(3, max_terms) + 1):
+            for cols in itertools.combinations(range(3), r):
+                sol, *_ = np.linalg.lstsq(Xs[:, cols], t, rcond=None)
+                if np.any(sol < 0):
+                    continue
+                err = float(np.sum((Xs[:, cols] @ sol - t) ** 2))
+                if err < best_err - 1e-12:
+                    coef = np.zeros(3)
+                    coef[list(cols)] = sol
+                    best, best_err = coef / scale, err
+        if best is None:                    # nothing non-negative: the mean
+            best = np.array([float(np.mean(t)), 0.0, 0.0])
+        self._coef = best
+
+    def estimate(self, p: Point) -> float | None:
+        """Estimated seconds for ``p``; None before any point has finished."""
+        if not self.ts:
+            return None
+        if self._coef is None:
+            self._fit()
+        return float(sum(c * x for c, x in zip(self._coef, self.features(p))))
+
+
+def _hms(seconds) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class ProgressBar:
+    """A one-line progress bar on ``stream``: points done / total, elapsed, estimated time
+    left, and what runs now. On a terminal it redraws in place with '\\r'; elsewhere (a log
+    file, a captured stream) it writes one line per finished point instead."""
+
+    def __init__(self, total: int, stream=None, width: int = 24, tty: bool | None = None,
+                 clock=time.monotonic):
+        self.total, self.width = total, width
+        self.stream = sys.stderr if stream is None else stream
+        if tty is None:
+            isatty = getattr(self.stream, "isatty", None)
+            tty = bool(isatty and isatty())
+        self.tty, self.clock = tty, clock
+        self.t0 = clock()
+        self.done, self.eta, self.current = 0, None, ""
+        self._last_len = 0
+
+    def render(self) -> str:
+        frac = self.done / self.total if self.total else 1.0
+        fill = int(round(frac * self.width))
+        bar = "#" * fill + "." * (self.width - fill)
+        text = (f"[{bar}] {self.done}/{self.total} points {100 * frac:3.0f}%  "
+                f"elapsed {_hms(self.clock() - self.t0)}  ETA {_hms(self.eta)}")
+        return text + (f"  | {self.current}" if self.current else "")
+
+    def _draw(self):
+        import shutil
+        # one terminal line at most: a wrapped line cannot be redrawn in place
+        cols = shutil.get_terminal_size(fallback=(120, 24)).columns - 1
+        text = self.render()[:max(20, cols)]
+        pad = max(0, self._last_len - len(text))
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+        self._last_len = len(text)
+
+    def update(self, done=None, eta=..., current=None):
+        """New state; on a terminal redraw, elsewhere write a line when ``done`` grows."""
+        grew = done is not None and done != self.done
+        if done is not None:
+            self.done = done
+        if eta is not ...:
+            self.eta = eta
+        if current is not None:
+            self.current = current
+        if self.tty:
+            self._draw()
+        elif grew:
+            self.stream.write(self.render() + "\n")
+            self.stream.flush()
+
+    def message(self, text: str):
+        """A line of its own above the bar."""
+        if self.tty:
+            self.stream.write("\r" + " " * self._last_len + "\r" + text + "\n")
+            self._draw()
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# --------------------------------------------------------------------------------------------
+# The sweep
+
+@dataclass
+class SweepResult:
+    path: Path
+    total: int                 # points in the grid
+    skipped: int               # already in the file (resume)
+    done: int                  # finished in this run (rows written)
+    errors: int                # raised in this run (error lines written)
+    remaining: int             # not started (time budget, errors in a row, interrupt)
+    stopped: str | None        # why the sweep stopped early, None if it ran to the end
+    seconds: float
+
+
+def _free_gpu(cp):
+    """Give the point's device memory back: the next point may be 30x larger."""
+    gc.collect()
+    if cp is not None:
+        cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - freeing is best effort
+            pass
+
+
+def _session_line(cfg, info, vers, ceiling, created):
+    g = dataclasses.asdict(cfg)
+    g.pop("extra", None)
+    return {"type": "session", "schema": SCHEMA, "created": created,
+            "command": " ".join(["rnnrt"] + sys.argv[1:]) if sys.argv else "",
+            "cpu": cfg.cpu, "device": info, "versions": vers, "ceiling": ceiling, "grid": g}
+
+
+def _row_lines(point, cfg, record, seconds, session_created):
+    """The ladder record's rows as JSON lines: row + point configuration + device + pass."""
+    base = {**point.as_dict(), "pass": record.get("pass", point.pass_),
+            "repeats": cfg.repeats, "warmup": cfg.warmup, "cpu": cfg.cpu,
+            "device": record["device"].get("device"),
+            "ceiling_tflops": record["ceiling"].get("tflops"),
+            "flops_per_pass": record["flops_per_pass"], "point_seconds": seconds,
+            "session": session_created, "created": record.get("created")}
+    if "skipped" in record.get("cudnn", {}):
+        base["cudnn_skipped"] = record["cudnn"]["skipped"]
+    return [{"type": "row", "schema": SCHEMA, **r, **base} for r in record["rows"]]
+
+
+def _error_line(point, cfg, device, exc, seconds, session_created):
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return {"type": "error", "schema": SCHEMA, **point.as_dict(), "cpu": cfg.cpu,
+            "device": device, "error": f"{type(exc).__name__}: {exc}",
+            "traceback": "".join(tb[-3:])[-2000:], "point_seconds": seconds,
+            "session": session_created,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _best(record) -> str:
+    rows = [r for r in record["rows"] if "ms_median" in r and r["rung"] != "cudnn"]
+    if not rows:
+        return "no rung timed"
+    b = min(rows, key=lambda r: r["ms_median"])
+    s = f"best {b['rung']} {b['executor']} {b['ms_median']:.3g} ms {b['tflops']:.3g} TFLOPS"
+    if b.get("ratio_vs_cudnn"):
+        s += f" ({b['ratio_vs_cudnn']:.2f}x cuDNN)"
+    refused = [r["rung"] for r in record["rows"] if "refused" in r]
+    return s + (f"; REFUSED: {', '.join(refused)}" if refused else "")
+
+
+def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = False,
+              stream=None, session=None, clock=time.monotonic) -> SweepResult:
+    """Run every point of ``grid(cfg)`` not yet in ``path``; append its lines as it finishes.
+
+    resume: skip the points the file has (else the file must be empty or absent, or
+    ``overwrite`` given). session: a ladder.GpuSession to use (None: one is opened here for
+    the whole sweep, and closed at the end; unused with cfg.cpu). stream: where the progress
+    bar goes (default stderr). Stops early, leaving a resumable file, when the time budget
+    would be exceeded, after MAX_CONSECUTIVE_ERRORS failing points in a row, or on Ctrl-C.
+    """
+    path = Path(path)
+    t_start = clock()
+    if path.exists() and path.stat().st_size > 0 and not (resume or overwrite):
+        raise FileExistsError(f"{path} already has results: pass resume=True (--resume) to "
+                              f"continue it or overwrite=True (--overwrite) to start again")
+    if overwrite and path.exists():
+        path.unlink()
+    points = grid(cfg)
+    lines = read_lines(path) if resume else []
+    done = done_keys(lines, cfg.retry_errors)
+    todo = [p for p in points if p.key() not in done]
+    skipped = len(points) - len(todo)
+    model = CostModel()
+    by_key = {p.key(): p for p in points}
+    seeded = set()
+    for ln in lines:   # seed the time estimates with the points already measured
+        if ln.get("type") == "row" and "point_seconds" in ln:
+            k = key_of(ln)
+            if k in by_key and k not in seeded:
+                seeded.add(k)
+                model.add(by_key[k], ln["point_seconds"])
+
+    bar = ProgressBar(len(points), stream, clock=clock)
+    bar.done = skipped
+    say = bar.message
+    if skipped:
+        say(f"[sweep] {path}: {skipped} of {len(points)} points already done; "
+            f"{len(todo)} to go")
+    result = SweepResult(path, len(points), skipped, 0, 0, len(todo), None, 0.0)
+    if not todo:
+        bar.update()
+        bar.close()
+        result.seconds = clock() - t_start
+        return result
+
+    own_session = False
+    cp = None
+    if not cfg.cpu:
+        if session is None:
+            session = ladder_mod.GpuSession(progress=lambda m: say(f"[sweep] {m}"))
+            own_session = True
+        cp = session.cp
+        info, vers, ceiling = session.info, ladder_mod.versions(cp), session.ceiling
+    else:
+        import platform
+        info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy "
+                          f"executor", "note": "CPU figures: not GPU performance"}
+        vers, ceiling = ladder_mod.versions(), None
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    writer = JsonlWriter(path)
+    in_a_row = 0
+    try:
+        writer.write([_session_line(cfg, info, vers, ceiling, created)])
+        for i, point in enumerate(todo):
+            elapsed = clock() - t_start
+            est = model.estimate(point)
+            if cfg.time_budget is not None and est is not None and \
+                    elapsed + BUDGET_SAFETY * est > cfg.time_budget:
+                result.stopped = (f"time budget: {_hms(elapsed)} used of {_hms(cfg.time_budget)}"
+                                  f", next point {point.label()} needs ~{_hms(est)}")
+                break
+            bar.update(eta=_eta(model, todo[i:]), current=point.label())
+
+            def progress(msg, _p=point):
+                if cfg.verbose:
+                    say(f"[{_p.label()}] {msg}")
+                else:
+                    bar.update(current=f"{_p.label()}: {' '.join(msg.split())[:60]}")
+
+            t0 = clock()
+            try:
+                record = ladder_mod.run_ladder(point.ladder_config(cfg), progress=progress,
+                                               session=session)
+                seconds = clock() - t0
+                out = _row_lines(point, cfg, record, seconds, created)
+                note = _best(record)
+                in_a_row = 0
+                result.done += 1
+                model.add(point, seconds)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 - recorded, and the sweep goes on
+                seconds = clock() - t0
+                out = [_error_line(point, cfg, info.get("device"), e, seconds, created)]
+                note = f"ERROR {type(e).__name__}: {str(e)[:200]}"
+                in_a_row += 1
+                result.errors += 1
+                del e
+            _free_gpu(cp)
+            writer.write(out)
+            result.remaining = len(todo) - i - 1
+            bar.update(done=skipped + result.done + result.errors,
+                       eta=_eta(model, todo[i + 1:]), current="")
+            say(f"[sweep] {point.label()}: {note} ({seconds:.1f} s)")
+            if in_a_row >= MAX_CONSECUTIVE_ERRORS:
+                result.stopped = (f"{in_a_row} points in a row raised (see the error lines); "
+                                  f"fix the cause and resume with --retry-errors")
+                break
+    except KeyboardInterrupt:
+        result.stopped = "interrupted"
+    finally:
+        writer.close()
+        bar.close()
+        if own_session:
+            session.close()
+    result.seconds = clock() - t_start
+    return result
+
+
+def _eta(model: CostModel, remaining) -> float | None:
+    if not remaining:
+        return 0.0
+    if not len(model):
+        return None
+    return sum(model.estimate(p) for p in remaining)
+
+
+def default_path(cfg: SweepConfig, quick: bool = False) -> Path:
+    name = ("sweep" + ("-quick" if quick else "") + ("-bwd" if cfg.backward else "")
+            + ("-cpu" if cfg.cpu else "") + ".jsonl")
+    return Path("experiments") / "results" / name

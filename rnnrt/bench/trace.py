@@ -1,0 +1,308 @@
+"""`rnnrt trace`: when each op of one forward pass ran, on which stream — for the naive rung
+and the last rung of the ladder — drawn as two timelines (one row per stream, ops coloured
+by kind) that show the wavefront's diagonal across layers against naive's one long stream.
+
+Record (JSON, schema 'rnnrt.trace/1'):
+  created, command, device {...}, versions {...}, config {cell, layers, hidden, input_size,
+  batch, steps, input_batch, cpu, hold, seed},
+  rungs: one entry per traced rung, in ladder order:
+    rung, switches, streams [names], stream_priority, counts {op kind: n},
+    check {ok, against, max_abs_err, ...}   (naive: float64 reference; others: naive rung)
+    total_ms, host_issue_ms, hold_ms, host_bound, clock   (see exec/trace_exec.py)
+    op_fields ["index", "stream", "kind", "layer", "step0", "step1", "t_start_ms", "t_end_ms"]
+    ops [[...], ...]   one list per Gemm / Kernel op, in plan order
+
+Figure: ``draw_trace(record, path)`` writes PNG and SVG (same stem).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..cells import get_cell
+from ..check import FP32_ATOL, FP32_RTOL, compare
+from ..plan import PlanKey, forward_plan
+from ..switches import DEFAULT_INPUT_BATCH, ladder
+
+OP_FIELDS = ("index", "stream", "kind", "layer", "step0", "step1", "t_start_ms", "t_end_ms")
+# What the figure colours, in legend order: (label, colour, the op kinds it covers)
+KIND_STYLE = (
+    ("W·x GEMM", "#1f77b4", ("wx",)),
+    ("R·h GEMM", "#d62728", ("rh",)),
+    ("pointwise", "#2ca02c", ("pointwise",)),
+    ("other (transpose, ...)", "#7f7f7f", ()),
+)
+GPU_DEFAULT = dict(layers=4, hidden=512, batch=64, steps=20)
+# small enough for the NumPy executor to finish in well under a second per rung
+CPU_DEFAULT = dict(layers=4, hidden=32, batch=8, steps=12)
+
+
+@dataclass
+class TraceConfig:
+    cell: str = "lstm"
+    layers: int = 4
+    hidden: int = 512
+    input_size: int | None = None        # None: = hidden
+    batch: int = 64
+    steps: int = 20                      # short, so single ops stay visible in the figure
+    input_batch: int | str = DEFAULT_INPUT_BATCH
+    cpu: bool = False
+    hold: bool = True                    # GPU: let the host queue the pass before it runs
+    seed: int = 0
+
+    @property
+    def inp(self) -> int:
+        return self.hidden if self.input_size is None else self.input_size
+
+
+def _progress(msg):
+    print(f"[trace] {msg}", file=sys.stderr, flush=True)
+
+
+def _model_inputs(cfg: TraceConfig):
+    """fp32 model (rnnrt's torch-like init) and x [T,B,I], h0 [L,B,H], c0 [L,B,H] (LSTM)."""
+    import rnnrt
+    kw = dict(num_layers=cfg.layers, dtype=np.float32, seed=cfg.seed)
+    if cfg.cell == "lstm":
+        model = rnnrt.LSTM(cfg.inp, cfg.hidden, **kw)
+    elif cfg.cell == "gru":
+        model = rnnrt.GRU(cfg.inp, cfg.hidden, **kw)
+    else:
+        model = rnnrt.RNN(cfg.inp, cfg.hidden, nonlinearity=cfg.cell.split("_")[1], **kw)
+    rng = np.random.default_rng(cfg.seed + 1)
+    x = rng.standard_normal((cfg.steps, cfg.batch, cfg.inp)).astype(np.float32)
+    h0 = (0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(np.float32)
+    c0 = ((0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(np.float32)
+          if get_cell(cfg.cell).has_cell_state else None)
+    return model, x, h0, c0
+
+
+def _reference_y(cfg, model, x, h0, c0):
+    from .. import reference
+    from ..params import per_layer
+    p64 = per_layer(model.flat.astype(np.float64), model.layout)
+    y, _, _, _ = reference.forward(cfg.cell, p64, x.astype(np.float64), h0.astype(np.float64),
+                                   None if c0 is None else c0.astype(np.float64))
+    return y
+
+
+def _check_dict(c):
+    return {"ok": c.ok, "against": c.name, "max_abs_err": c.max_abs_err,
+            "worst_index": list(c.worst_index), "n_bad": c.n_bad}
+
+
+def traced_rungs(input_batch=DEFAULT_INPUT_BATCH):
+    """The rungs a trace draws: the first (naive) and the last of the one ladder."""
+    rungs = ladder(input_batch)
+    return (rungs[0], rungs[-1])
+
+
+def run_trace(cfg: TraceConfig, progress=_progress, rungs=None) -> dict:
+    """Trace one forward pass of each rung (default: naive and the last rung); the record."""
+    get_cell(cfg.cell)
+    rungs = traced_rungs(cfg.input_batch) if rungs is None else tuple(rungs)
+    model, x, h0, c0 = _model_inputs(cfg)
+    y_ref = _reference_y(cfg, model, x, h0, c0)
+    if cfg.cpu:
+        import platform
+        from .ladder import versions
+        info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy executor",
+                "note": "CPU trace: the NumPy executor in program order; not GPU timing"}
+        vers = versions()
+        entries = _trace_cpu(cfg, rungs, model, x, h0, c0, y_ref, progress)
+    else:
+        from ..device import device_info, require_gpu
+        from .ladder import versions
+        cp = require_gpu()
+        info = device_info()
+        vers = versions(cp)
+        entries = _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, cp)
+    cfgd = asdict(cfg)
+    cfgd["input_size"] = cfg.inp
+    return {"schema": "rnnrt.trace/1",
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["rnnrt"] + sys.argv[1:]) if sys.argv else "",
+            "pass": "fwd", "device": info, "versions": vers, "config": cfgd, "rungs": entries}
+
+
+def _plan(cfg, rung):
+    return forward_plan(PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden,
+                                cfg.layers, True, rung.switches))
+
+
+def _entry(rung, plan, ops, info, check):
+    return {"rung": rung.name, "switches": rung.switches.as_dict(),
+            "streams": list(plan.streams), "stream_priority": list(plan.stream_priority),
+            "counts": dict(plan.counts()), "check": _check_dict(check), **info,
+            "op_fields": list(OP_FIELDS),
+            "ops": [[o.index, o.stream, o.kind, o.layer, o.steps[0], o.steps[1],
+                     o.t_start_ms, o.t_end_ms] for o in ops]}
+
+
+def _check(y, y_ref, naive_y):
+    if naive_y is None:
+        return compare(y, y_ref, FP32_ATOL, FP32_RTOL, name="float64 reference")
+    return compare(y, naive_y, FP32_ATOL, FP32_RTOL, name="naive rung")
+
+
+def _trace_cpu(cfg, rungs, model, x, h0, c0, y_ref, progress):
+    from ..exec.trace_exec import trace_numpy
+    from ..exec.workspace import Workspace
+    out, naive_y = [], None
+    for rung in rungs:
+        plan = _plan(cfg, rung)
+        ws = Workspace(plan, np, np.float32, model.flat)
+        ws.load_inputs(x, h0, c0)
+        ops, info = trace_numpy(plan, ws, reload=functools.partial(ws.load_inputs, x, h0, c0))
+        y = ws.outputs()["y"]
+        c = _check(y, y_ref, naive_y)
+        naive_y = y if naive_y is None else naive_y
+        out.append(_entry(rung, plan, ops, info, c))
+        progress(f"{rung.name:14s} {len(ops):5d} ops on {len(plan.streams)} stream(s), "
+                 f"{info['total_ms']:.2f} ms (CPU); check {c.name}: {'ok' if c.ok else 'MISMATCH'}")
+    return out
+
+
+def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, cp):
+    from ..exec.cuda_exec import GpuContext
+    from ..exec.trace_exec import TracingExecutor
+    from ..exec.workspace import Workspace
+    from ..kernels import KernelLibrary
+    ctx = GpuContext(cp, KernelLibrary())
+    out, naive_y = [], None
+    try:
+        params = cp.asarray(model.flat)
+        for rung in rungs:
+            plan = _plan(cfg, rung)
+            ws = Workspace(plan, cp, np.float32, params)
+            ws.poison()
+            ws.load_inputs(x, h0, c0)
+            # inputs are copied on the legacy default stream; the plan's streams are
+            # non-blocking, so make sure the copies have landed before tracing
+            cp.cuda.runtime.deviceSynchronize()
+            ex = TracingExecutor(plan, ws, ctx, hold_ms="auto" if cfg.hold else 0)
+            ops = ex.trace(reload=functools.partial(ws.load_inputs, x, h0, c0))
+            cp.cuda.runtime.deviceSynchronize()
+            y = ws.outputs()["y"]
+            c = _check(y, y_ref, naive_y)
+            if naive_y is None:
+                naive_y = cp.asnumpy(y) if hasattr(y, "get") else y
+            out.append(_entry(rung, plan, ops, ex.info, c))
+            progress(f"{rung.name:14s} {len(ops):5d} ops on {len(plan.streams)} stream(s), "
+                     f"{ex.info['total_ms']:.3f} ms (host issue {ex.info['host_issue_ms']:.1f} "
+                     f"ms, hold {ex.info['hold_ms']:.1f} ms"
+                     f"{', HOST-BOUND' if ex.info['host_bound'] else ''}); check {c.name}: "
+                     f"{'ok' if c.ok else 'MISMATCH'}")
+            del ex, ws
+            cp.get_default_memory_pool().free_all_blocks()
+    finally:
+        ctx.close()
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Files and the figure
+
+def _slug(text: str) -> str:
+    s = "".join(ch if ch.isalnum() else "-" for ch in str(text).split(",")[0]).lower()
+    while "--" in s:
+        s = s.replace("--", "-")
+    return s.strip("-") or "device"
+
+
+def default_stem(record: dict) -> str:
+    c = record["config"]
+    return (f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}-"
+            f"{_slug(record['device'].get('device', 'device'))}")
+
+
+def write_record(record: dict, path: Path | None = None) -> Path:
+    import json
+    path = Path(path) if path else Path("experiments") / "results" / (default_stem(record)
+                                                                      + ".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return path
+
+
+def kind_label(kind: str) -> str:
+    """The legend label an op kind is drawn under (W·x GEMM, R·h GEMM, pointwise, other)."""
+    for label, _, kinds in KIND_STYLE:
+        if kind in kinds:
+            return label
+    return KIND_STYLE[-1][0]
+
+
+def rows_by_stream(entry: dict) -> dict[int, list[tuple]]:
+    """{stream index: [(t_start_ms, t_end_ms, kind label), ...]} for one traced rung; every
+    stream of the plan has a row (empty if nothing ran on it)."""
+    f = {name: i for i, name in enumerate(entry["op_fields"])}
+    rows = {s: [] for s in range(len(entry["streams"]))}
+    for op in entry["ops"]:
+        rows[op[f["stream"]]].append((op[f["t_start_ms"]], op[f["t_end_ms"]],
+                                      kind_label(op[f["kind"]])))
+    return rows
+
+
+def draw_trace(record: dict, path, formats=("png", "svg")) -> list[Path]:
+    """Timelines of the record's rungs, stacked (one panel each, one row per stream, ops as
+    bars coloured by kind, x in ms since the pass started). Writes ``path`` with each suffix
+    in ``formats``; returns the paths written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    entries = record["rungs"]
+    heights = [max(1.6, 0.42 * len(e["streams"]) + 0.9) for e in entries]
+    fig, axes = plt.subplots(len(entries), 1, figsize=(13, sum(heights) + 1.2),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False,
+                             layout="constrained")
+    colour = {label: c for label, c, _ in KIND_STYLE}
+    cpu = bool(record["config"].get("cpu"))
+    for ax, e in zip(axes[:, 0], entries):
+        rows = rows_by_stream(e)
+        for s, bars in rows.items():
+            by_label = {}
+            for t0, t1, label in bars:
+                by_label.setdefault(label, []).append((t0, max(t1 - t0, 1e-6)))
+            for label, spans in by_label.items():
+                ax.broken_barh(spans, (s - 0.4, 0.8), facecolors=colour[label],
+                               edgecolor="none")
+        ax.set_yticks(range(len(e["streams"])))
+        ax.set_yticklabels([f"{i}: {n}" for i, n in enumerate(e["streams"])])
+        ax.set_ylim(len(e["streams"]) - 0.5, -0.5)      # stream 0 on top
+        ax.set_ylabel("stream")
+        ax.set_xlabel("time since the pass started (ms)")
+        ax.set_xlim(0, max(e["total_ms"], max((o[-1] for o in e["ops"]), default=0)) * 1.01)
+        ax.grid(axis="x", alpha=0.3)
+        note = ""
+        if not cpu and e.get("host_bound"):
+            note = " — host-bound: Python issued ops slower than the GPU ran them"
+        ax.set_title(f"{e['rung']}: {len(e['ops'])} GEMMs and kernels on "
+                     f"{len(e['streams'])} stream(s), {e['total_ms']:.3g} ms{note}",
+                     loc="left", fontsize=10)
+    c = record["config"]
+    dev = record["device"].get("device", "?")
+    what = ("CPU figures (NumPy executor, program order; rows show the schedule, not overlap)"
+            if cpu else "eager issue, CUDA events around every op")
+    fig.suptitle(f"One forward pass: {c['cell'].upper()}, {c['layers']} layers, hidden "
+                 f"{c['hidden']}, minibatch {c['batch']}, {c['steps']} steps, input batching "
+                 f"k = {c['input_batch']}, fp32 — {dev}\n{what}", fontsize=11)
+    fig.legend(handles=[Patch(color=col, label=label) for label, col, _ in KIND_STYLE],
+               loc="outside lower center", ncol=len(KIND_STYLE), frameon=False)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    with matplotlib.rc_context({"svg.fonttype": "none"}):    # SVG text stays text
+        for fmt in formats:
+            p = path.with_suffix("." + fmt)
+            fig.savefig(p, dpi=130)
+            written.append(p)
+    plt.close(fig)
+    return written
