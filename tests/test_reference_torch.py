@@ -14,6 +14,7 @@ torch = pytest.importorskip(
     "torch", reason="torch not installed: the torch-equality tests need the CPU build "
                     "(pip install torch==2.13.0)")
 
+from rnnrt import check
 from rnnrt import reference  # noqa: E402
 from rnnrt.cells import CELLS, get_cell  # noqa: E402
 
@@ -23,20 +24,9 @@ KEYS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
 
 def assert_close(name, got, want, atol=ATOL, rtol=RTOL):
-    """Assert |got - want| <= atol + rtol*|want| elementwise; on failure name the tensor, the
-    worst element's index (by error / tolerance) and its values. NaN anywhere fails."""
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{name}: shape {got.shape} != expected {want.shape}"
-    tol = atol + rtol * np.abs(want)
-    ratio = np.abs(got - want) / tol
-    ratio = np.where(np.isnan(ratio), np.inf, ratio)
-    if got.size and not np.all(ratio <= 1.0):
-        idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape))
-        bad = int(np.sum(~(ratio <= 1.0)))
-        raise AssertionError(
-            f"{name}: {bad}/{got.size} elements out of tolerance (atol={atol}, rtol={rtol}); "
-            f"worst at {idx}: got {float(got[idx])!r}, expected {float(want[idx])!r}, "
-            f"|diff| {float(abs(got[idx] - want[idx])):.3e} > tol {float(tol[idx]):.3e}")
+    """rnnrt.check.assert_close (|got - want| <= atol + rtol*|want|, worst element named),
+    with the argument order these tests read best in."""
+    check.assert_close(got, want, atol, rtol, name=name)
 
 
 def torch_module(cell, num_layers, bias, dtype, seed=0):
