@@ -7,11 +7,20 @@ from it. Each kernel lives in a file of cuda_src/ whose header lists it with its
 
 Calling convention, uniform for every kernel (fp32 only)::
 
-    kernel(int rows, int cols, float* out0, int ld_out0, ..., const float* in0, int ld_in0, ...)
+    kernel(int rows, int cols, float* out0, int ld_out0, ..., const float* in0, int ld_in0, ...,
+           int scalar0, ...)
 
 outputs first, then inputs, each a row-major view passed as a (pointer, ld) pair: element
-(r, c) at p[r*ld + c]; ld = 0 broadcasts one row (bias vectors handed to [B, G*H] problems).
-Argument shapes are written in terms of the problem: 'R,4C' is [rows, 4*cols].
+(r, c) at p[r*ld + c]; ld = 0 broadcasts one row (bias vectors handed to [B, G*H] problems);
+then the kernel's int scalars, if it has any (``KernelInfo.scalars``: the persistent kernels'
+T and units_per_block). Argument shapes are written in terms of the problem: 'R,4C' is
+[rows, 4*cols]; a factor may name a scalar: 'T*R,4C' is [T*rows, 4*cols], '(T+1)*R,C' is
+[(T+1)*rows, cols]; a bare number is a fixed extent ('1,2').
+
+The persistent kernels (cuda_src/persistent.cu, ``persistent=True``) run all steps of a layer
+in one launch whose grid, block and dynamic shared memory come from a ``persistent.Fit``:
+``launch_persistent(fit)``, not ``launch(rows, cols)``. Their barrier counters ``sync`` are
+the one pointer that is not float* (``uint_args``).
 
 Importing this module needs no CuPy: ``KernelLibrary`` imports it when it first compiles.
 """
@@ -26,6 +35,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import persistent as pk
 from .exec import kernels_np as knp
 
 POINTWISE_BLOCK = 256
@@ -47,6 +57,9 @@ class KernelInfo:
     parameters, the shapes are in terms of the problem ('R,C', 'R,4C', 'C,R' ...).
     tiled: launched as 32x32 tiles with block (32, 8) (transpose), else as a 1-D grid-stride
     loop over rows*cols with 256-thread blocks.
+    scalars: names of the int arguments after the pairs, in call order (shapes may use them).
+    uint_args: pointer arguments that are unsigned int*, not float* (barrier counters).
+    persistent: launched from a persistent.Fit (``launch_persistent``).
     """
 
     name: str
@@ -55,12 +68,28 @@ class KernelInfo:
     ins: tuple[tuple[str, str], ...]
     numpy_fn: Callable
     tiled: bool = False
-    # the shapes parsed once: per argument ((multiple, 'R' or 'C') of its rows, of its cols)
+    scalars: tuple[str, ...] = ()
+    uint_args: tuple[str, ...] = ()
+    persistent: bool = False
+    # the shapes parsed once: per argument, its rows' and its cols' terms
+    # (multiple, scalar name or None, added to the scalar, 'R' / 'C' / None)
     _dims: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "_dims", tuple(
-            tuple(_parse_term(t) for t in spec.split(",")) for _, spec in self.outs + self.ins))
+        dims = tuple(tuple(_parse_term(t) for t in spec.split(","))
+                     for _, spec in self.outs + self.ins)
+        for (arg, spec), d in zip(self.outs + self.ins, dims):
+            if len(d) != 2:
+                raise ValueError(f"{self.name}: {arg} shape {spec!r} is not 'rows,cols'")
+            for _, scalar, _, _ in d:
+                if scalar is not None and scalar not in self.scalars:
+                    raise ValueError(f"{self.name}: {arg} shape {spec!r} names {scalar!r}, "
+                                     f"not one of its scalars {self.scalars}")
+        names = [a for a, _ in self.outs + self.ins]
+        for u in self.uint_args:
+            if u not in names:
+                raise ValueError(f"{self.name}: uint_args names {u!r}, not an argument")
+        object.__setattr__(self, "_dims", dims)
 
     @property
     def n_outs(self) -> int:
@@ -70,14 +99,27 @@ class KernelInfo:
     def n_ins(self) -> int:
         return len(self.ins)
 
-    def arg_shapes(self, rows: int, cols: int):
-        """([(view rows, view cols) per output], [... per input]) of a [rows, cols] problem."""
-        size = {"R": rows, "C": cols}
-        shapes = [tuple(k * size[d] for k, d in dims) for dims in self._dims]
+    def arg_shapes(self, rows: int, cols: int, **scalars):
+        """([(view rows, view cols) per output], [... per input]) of a [rows, cols] problem
+        (and the kernel's scalars by name, e.g. T=7, where its shapes use them)."""
+        size = {"R": rows, "C": cols, None: 1}
+
+        def extent(k, scalar, add, d):
+            if scalar is None:
+                return k * size[d]
+            if scalar not in scalars:
+                raise ValueError(f"{self.name}: its shapes need the scalar {scalar}")
+            return k * (int(scalars[scalar]) + add) * size[d]
+
+        shapes = [tuple(extent(*term) for term in dims) for dims in self._dims]
         return shapes[:self.n_outs], shapes[self.n_outs:]
 
     def launch(self, rows: int, cols: int) -> tuple[tuple, tuple]:
         """(grid, block) of a [rows, cols] problem; kernels loop over what the grid leaves."""
+        if self.persistent:
+            raise ValueError(f"{self.name}: a persistent kernel; its grid, block and shared "
+                             f"memory come from persistent.persistent_fit(): use "
+                             f"launch_persistent(fit)")
         _check_problem(self.name, rows, cols)
         if self.tiled:
             tiles_r, tiles_c = -(-rows // TILE), -(-cols // TILE)
@@ -85,13 +127,32 @@ class KernelInfo:
         blocks = -(-(rows * cols) // POINTWISE_BLOCK)
         return (min(blocks, MAX_POINTWISE_BLOCKS), 1, 1), (POINTWISE_BLOCK, 1, 1)
 
+    def launch_persistent(self, fit) -> tuple[tuple, tuple, int]:
+        """(grid, block, dynamic shared memory bytes) of a persistent kernel from its
+        ``persistent.Fit``; refuses a fit that does not fit (with its reason) or is for
+        another kernel."""
+        if not self.persistent:
+            raise ValueError(f"{self.name}: not a persistent kernel; use launch(rows, cols)")
+        if fit.kernel != self.name:
+            raise ValueError(f"{self.name}: the fit is for {fit.kernel}")
+        if not fit.ok:
+            raise ValueError(f"{self.name}: refused, does not fit: {fit.reason}")
+        return fit.grid, fit.block, fit.smem_bytes
 
-def _parse_term(term: str) -> tuple[int, str]:
-    """'4C' -> (4, 'C'): one extent of an argument's shape, a multiple of rows or cols."""
-    m = re.fullmatch(r"\s*(\d*)([RC])\s*", term)
-    if not m:
-        raise ValueError(f"shape term {term!r}: expected [k]R or [k]C")
-    return int(m[1] or 1), m[2]
+
+_TERM = re.compile(r"\s*(\d*)\s*(?:(?:\(\s*([A-Za-z_]\w*)\s*\+\s*(\d+)\s*\)|([A-Za-z_]\w*))\s*\*)?"
+                   r"\s*([RC])?\s*")
+
+
+def _parse_term(term: str) -> tuple[int, str | None, int, str | None]:
+    """One extent of an argument's shape -> (k, scalar, add, 'R' | 'C' | None), the extent
+    being k * (scalar + add) * rows-or-cols: '4C' -> (4, None, 0, 'C'), 'T*R' -> (1, 'T',
+    0, 'R'), '(T+1)*R' -> (1, 'T', 1, 'R'), '2' -> (2, None, 0, None)."""
+    m = _TERM.fullmatch(term)
+    if not m or not (m[1] or m[5]):
+        raise ValueError(f"shape term {term!r}: expected [k]R, [k]C, [k]S*R, [k](S+m)*C or k")
+    scalar = m[2] or m[4]
+    return int(m[1] or 1), scalar, int(m[3] or 0), m[5]
 
 
 _BINARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"), ("b", "R,C")))
@@ -99,6 +160,17 @@ _UNARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"),))
 _RNN = dict(outs=(("h", "R,C"),), ins=(("gx", "R,C"), ("gh", "R,C"), ("bw", "R,C"), ("br", "R,C")))
 _DACT = dict(outs=(("out", "R,C"),), ins=(("dy", "R,C"), ("y", "R,C")))
 _RNN_BWD = dict(outs=(("dg", "R,C"),), ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("h", "R,C")))
+# persistent kernels: one layer's whole sequence (rows = B, cols = H; scalars T, U)
+_PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block"), uint_args=("sync",),
+                   persistent=True)
+_H_SEQ = ("h", "(T+1)*R,C")       # h [T+1, B, H]: slot 0 (h0) read, slots 1..T written
+_SYNC = ("sync", "1,2")           # the barrier counters, 2 unsigned ints
+
+
+def _pins(gates):
+    g = f"{gates}C" if gates > 1 else "C"
+    return (("gx", f"T*R,{g}"), ("w_hh", f"{g},C"), ("bw", f"R,{g}"), ("br", f"R,{g}"))
+
 
 REGISTRY: tuple[KernelInfo, ...] = (
     KernelInfo("ew_add", "elementwise.cu", numpy_fn=knp.ew_add, **_BINARY),
@@ -132,6 +204,14 @@ REGISTRY: tuple[KernelInfo, ...] = (
                     ("h_prev", "R,C"))),
     KernelInfo("rnn_tanh_bwd", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd, **_RNN_BWD),
     KernelInfo("rnn_relu_bwd", "rnn.cu", numpy_fn=knp.rnn_relu_bwd, **_RNN_BWD),
+    KernelInfo("lstm_persistent_fwd", numpy_fn=pk.lstm_persistent_fwd, **_PERSISTENT,
+               outs=(_H_SEQ, ("c", "(T+1)*R,C"), ("act", "T*R,4C"), _SYNC), ins=_pins(4)),
+    KernelInfo("gru_persistent_fwd", numpy_fn=pk.gru_persistent_fwd, **_PERSISTENT,
+               outs=(_H_SEQ, ("act", "T*R,4C"), _SYNC), ins=_pins(3)),
+    KernelInfo("rnn_tanh_persistent_fwd", numpy_fn=pk.rnn_tanh_persistent_fwd, **_PERSISTENT,
+               outs=(_H_SEQ, _SYNC), ins=_pins(1)),
+    KernelInfo("rnn_relu_persistent_fwd", numpy_fn=pk.rnn_relu_persistent_fwd, **_PERSISTENT,
+               outs=(_H_SEQ, _SYNC), ins=_pins(1)),
 )
 
 KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}
@@ -171,23 +251,39 @@ def _check_ld(kinfo, arg, ld, shape, is_out):
         raise ValueError(f"{kinfo.name}: {arg} ld {ld} < its {cols} columns (rows would overlap)")
 
 
-def check_views(kinfo: KernelInfo, rows: int, cols: int, outs, ins) -> None:
+def _check_scalars(kinfo, scalars) -> dict:
+    """The kernel's scalars as {name: int}, each in [1, 2^31-1]; exactly its names."""
+    scalars = dict(scalars or {})
+    if set(scalars) != set(kinfo.scalars):
+        raise ValueError(f"{kinfo.name}: takes scalars {list(kinfo.scalars)}, "
+                         f"got {sorted(scalars)}")
+    for name, v in scalars.items():
+        if not 1 <= int(v) <= _INT32_MAX:
+            raise ValueError(f"{kinfo.name}: {name} = {v} outside [1, 2^31-1] (passed as int32)")
+    return {name: int(v) for name, v in scalars.items()}
+
+
+def check_views(kinfo: KernelInfo, rows: int, cols: int, outs, ins, scalars=None) -> None:
     """Check views (anything with .rows, .cols, .ld, e.g. ops.View) against the kernel.
 
     Each must have the shape the kernel addresses (see its header); an ld = 0 input may have
-    one row or the problem's rows. Called once per plan, not per launch.
+    one row or the problem's rows. ``scalars``: {name: value} of a kernel with scalars (its
+    shapes may use them). Called once per plan, not per launch.
     """
     _check_counts(kinfo, outs, ins)
     _check_problem(kinfo.name, rows, cols)
-    want_outs, want_ins = kinfo.arg_shapes(rows, cols)
+    scalars = _check_scalars(kinfo, scalars)
+    want_outs, want_ins = kinfo.arg_shapes(rows, cols, **scalars)
     for views, specs, wants, is_out in ((outs, kinfo.outs, want_outs, True),
                                         (ins, kinfo.ins, want_ins, False)):
         for v, (arg, spec), want in zip(views, specs, wants):
             got = (v.rows, v.cols)
             ok = got == want or (not is_out and v.ld == 0 and got == (1, want[1]))
             if not ok:
+                extra = "".join(f", {k}={v}" for k, v in scalars.items())
                 raise ValueError(f"{kinfo.name}: {arg} is [{v.rows}, {v.cols}], expected "
-                                 f"[{want[0]}, {want[1]}] ({spec} with R={rows}, C={cols})")
+                                 f"[{want[0]}, {want[1]}] ({spec} with R={rows}, C={cols}"
+                                 f"{extra})")
             _check_ld(kinfo, arg, v.ld, want, is_out)
 
 
@@ -199,12 +295,16 @@ def _check_counts(kinfo, outs, ins):
             f"got {len(outs)} and {len(ins)}")
 
 
-def kernel_args(kinfo: KernelInfo, rows: int, cols: int, out_ptrs_lds, in_ptrs_lds) -> tuple:
-    """The argument tuple of a launch: (int32 rows, int32 cols, uint64 ptr, int32 ld, ...),
-    outputs first. Pointers go as np.uint64 so CuPy passes them by value as 8-byte pointers."""
+def kernel_args(kinfo: KernelInfo, rows: int, cols: int, out_ptrs_lds, in_ptrs_lds,
+                scalars=None) -> tuple:
+    """The argument tuple of a launch: (int32 rows, int32 cols, uint64 ptr, int32 ld, ...,
+    int32 scalar, ...), outputs first, then the kernel's scalars (``scalars``: {name: value},
+    for kernels that have them). Pointers go as np.uint64 so CuPy passes them by value as
+    8-byte pointers."""
     _check_counts(kinfo, out_ptrs_lds, in_ptrs_lds)
     _check_problem(kinfo.name, rows, cols)
-    want_outs, want_ins = kinfo.arg_shapes(rows, cols)
+    scalars = _check_scalars(kinfo, scalars)
+    want_outs, want_ins = kinfo.arg_shapes(rows, cols, **scalars)
     args = [np.int32(rows), np.int32(cols)]
     for pairs, specs, wants, is_out in ((out_ptrs_lds, kinfo.outs, want_outs, True),
                                         (in_ptrs_lds, kinfo.ins, want_ins, False)):
@@ -213,6 +313,7 @@ def kernel_args(kinfo: KernelInfo, rows: int, cols: int, out_ptrs_lds, in_ptrs_l
                 raise ValueError(f"{kinfo.name}: {arg} pointer {ptr!r} is not a device address")
             _check_ld(kinfo, arg, int(ld), want, is_out)
             args += [np.uint64(ptr), np.int32(ld)]
+    args += [np.int32(scalars[name]) for name in kinfo.scalars]
     return tuple(args)
 
 
@@ -244,25 +345,38 @@ def source(file: str) -> str:
 
 _HEADER_KERNEL = re.compile(r"^\s*\*\s*kernel\s+([A-Za-z_]\w*)")
 _HEADER_ARG = re.compile(r"^\s*\*\s+(out|in)\s+([A-Za-z_]\w*)\s+\[")
+_HEADER_SCALAR = re.compile(r"^\s*\*\s+int\s+([A-Za-z_]\w*)\b")
+
+
+def _parse_header_full(text: str) -> dict[str, tuple[list, list, list]]:
+    m = re.match(r"\s*/\*(.*?)\*/", text, re.S)
+    if not m:
+        raise ValueError("kernel source does not open with a /* ... */ header comment")
+    kernels: dict[str, tuple[list, list, list]] = {}
+    current = None
+    for line in m[1].splitlines():
+        if km := _HEADER_KERNEL.match(line):
+            if km[1] in kernels:
+                raise ValueError(f"header lists kernel {km[1]} twice")
+            current = kernels[km[1]] = ([], [], [])
+        elif (am := _HEADER_ARG.match(line)) and current is not None:
+            current[0 if am[1] == "out" else 1].append(am[2])
+        elif (sm := _HEADER_SCALAR.match(line)) and current is not None:
+            current[2].append(sm[1])
+    return kernels
 
 
 def parse_header(text: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
     """{kernel: (output names, input names)} as the file's opening comment lists them
     (lines ' * kernel NAME...', each followed by its ' *   out NAME [...]' and
     ' *   in NAME [...]' lines)."""
-    m = re.match(r"\s*/\*(.*?)\*/", text, re.S)
-    if not m:
-        raise ValueError("kernel source does not open with a /* ... */ header comment")
-    kernels: dict[str, tuple[list, list]] = {}
-    current = None
-    for line in m[1].splitlines():
-        if km := _HEADER_KERNEL.match(line):
-            if km[1] in kernels:
-                raise ValueError(f"header lists kernel {km[1]} twice")
-            current = kernels[km[1]] = ([], [])
-        elif (am := _HEADER_ARG.match(line)) and current is not None:
-            current[0 if am[1] == "out" else 1].append(am[2])
-    return {k: (tuple(o), tuple(i)) for k, (o, i) in kernels.items()}
+    return {k: (tuple(o), tuple(i)) for k, (o, i, _) in _parse_header_full(text).items()}
+
+
+def parse_header_scalars(text: str) -> dict[str, tuple[str, ...]]:
+    """{kernel: scalar names} as the header lists them (' *   int NAME ...' lines after the
+    kernel's line); () for kernels without scalars."""
+    return {k: tuple(s) for k, (_, _, s) in _parse_header_full(text).items()}
 
 
 def header_kernels(file: str) -> list[str]:
@@ -304,3 +418,19 @@ class KernelLibrary:
         kinfo = get_kernel(name)
         grid, block = kinfo.launch(rows, cols)
         self.get(name)(grid, block, kernel_args(kinfo, rows, cols, out_ptrs_lds, in_ptrs_lds))
+
+    def launch_persistent(self, fit, out_ptrs_lds, in_ptrs_lds, steps: int) -> None:
+        """Launch ``fit``'s persistent kernel over ``steps`` steps of one layer (rows = B,
+        cols = H from the fit) on CuPy's current stream. Sets the kernel's dynamic shared
+        memory limit first when the fit needs more than the default 48 KB. The caller
+        guarantees that no other persistent kernel runs at the same time (see
+        cuda_src/persistent.cu)."""
+        kinfo = get_kernel(fit.kernel)
+        grid, block, smem = kinfo.launch_persistent(fit)
+        fit.check_steps(steps)
+        args = kernel_args(kinfo, fit.batch, fit.hidden, out_ptrs_lds, in_ptrs_lds,
+                           {"T": steps, "units_per_block": fit.units_per_block})
+        fn = self.get(fit.kernel)
+        if smem > pk.DEFAULT_SHARED_BYTES:   # opt in (cudaFuncSetAttribute) past 48 KB
+            fn.max_dynamic_shared_size_bytes = smem
+        fn(grid, block, args, shared_mem=smem)

@@ -102,31 +102,48 @@ def test_compiles_as_nvrtc_sees_it(file):
 
 # --- headers, code and registry agree -----------------------------------------------------
 
-_DEFINITION = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+_DEFINITION = re.compile(r'extern\s+"C"\s+__global__\s+void\s+'
+                         r'(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)', re.S)
 
 
-def _definitions(text):
-    """{kernel: ((output names), (input names))} from the `extern "C" __global__` signatures,
-    checking the calling convention on the way: int rows, int cols, then (pointer, int ld)
-    pairs, non-const float* outputs before const float* inputs."""
+def _signatures(text):
+    """{kernel: (outs, ins, scalars, uint pointers)} from the `extern "C" __global__`
+    signatures, checking the calling convention on the way: int rows, int cols, then
+    (pointer, int ld) pairs, non-const outputs before const float* inputs, then int scalars.
+    Outputs are float*, or unsigned int* (returned as the uint pointers: barrier counters)."""
     found = {}
     for name, params in _DEFINITION.findall(text):
         ps = [" ".join(p.split()) for p in params.split(",")]
         assert ps[:2] == ["int rows", "int cols"], f"{name}: starts with {ps[:2]}"
-        outs, ins = [], []
-        for ptr, ld in zip(ps[2::2], ps[3::2]):
+        outs, ins, scalars, uints = [], [], [], []
+        rest = ps[2:]
+        while rest and "*" in rest[0]:
+            assert len(rest) > 1, f"{name}: {rest[0]!r} without its ld"
+            ptr, ld = rest[0], rest[1]
             assert ld.startswith("int "), f"{name}: {ptr!r} is followed by {ld!r}, not an int ld"
             *qual, pname = ptr.replace("*", " * ").split()
             qual = [q for q in qual if q != "__restrict__"]
-            if qual == ["float", "*"]:
+            if qual in (["float", "*"], ["unsigned", "int", "*"]):
                 assert not ins, f"{name}: output {pname} after an input"
                 outs.append(pname)
+                if qual[0] == "unsigned":
+                    uints.append(pname)
             else:
                 assert qual == ["const", "float", "*"], f"{name}: {ptr!r} is not a float pointer"
                 ins.append(pname)
-        assert len(ps) % 2 == 0, f"{name}: a pointer without its ld"
-        found[name] = (tuple(outs), tuple(ins))
+            rest = rest[2:]
+        for p in rest:
+            typ, _, sname = p.partition(" ")
+            assert typ == "int" and re.fullmatch(r"\w+", sname), \
+                f"{name}: {p!r} after the pairs is not an int scalar"
+            scalars.append(sname)
+        found[name] = (tuple(outs), tuple(ins), tuple(scalars), tuple(uints))
     return found
+
+
+def _definitions(text):
+    """{kernel: ((output names), (input names))} from the signatures (see _signatures)."""
+    return {k: (o, i) for k, (o, i, _, _) in _signatures(text).items()}
 
 
 @pytest.mark.parametrize("file", CU_FILES)
@@ -144,6 +161,15 @@ def test_header_lists_what_the_file_defines(file):
         assert kinfo.file == file
         reg = (tuple(a for a, _ in kinfo.outs), tuple(a for a, _ in kinfo.ins))
         assert reg == (outs, ins), f"{name}: registry args {reg} != code {(outs, ins)}"
+    # scalars after the pairs, and the unsigned int* pointers: header, code and registry
+    header_scalars = K.parse_header_scalars(text)
+    for name, (_, _, scalars, uints) in _signatures(text).items():
+        kinfo = K.KERNELS[name]
+        assert header_scalars[name] == scalars == kinfo.scalars, \
+            f"{name}: scalars header {header_scalars[name]}, code {scalars}, " \
+            f"registry {kinfo.scalars}"
+        assert uints == kinfo.uint_args, f"{name}: unsigned int* {uints} != {kinfo.uint_args}"
+        assert kinfo.persistent == (file == "persistent.cu")
 
 
 def test_headers_and_registry_list_the_same_kernels():
@@ -315,7 +341,9 @@ def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, se
                                   err_msg=f"{name} wrote outside its outputs")
 
 
-CASES = [(name, layout) for name, kinfo in K.KERNELS.items()
+# The persistent kernels' twins run whole sequences: tests/test_persistent_cpu.py.
+STEP_KERNELS = {name: kinfo for name, kinfo in K.KERNELS.items() if not kinfo.persistent}
+CASES = [(name, layout) for name, kinfo in STEP_KERNELS.items()
          for layout in ("packed", "strided")
          + (("strided+bcast",) if any(a in _bcast_args(name) for a, _ in kinfo.ins) else ())]
 
@@ -350,7 +378,7 @@ def test_twin_in_place_second_output(name):
 
 
 def test_every_kernel_but_transpose_has_an_in_place_case():
-    assert set(IN_PLACE) == set(K.KERNELS) - {"transpose"}
+    assert set(IN_PLACE) == set(STEP_KERNELS) - {"transpose"}
 
 
 def test_ew_add_in_place_same_view_twice():
@@ -590,14 +618,20 @@ def test_kernel_args_types_and_order():
 @pytest.mark.parametrize("name", list(K.KERNELS))
 def test_kernel_args_every_kernel(name):
     kinfo = K.KERNELS[name]
-    out_shapes, in_shapes = kinfo.arg_shapes(3, 5)
+    scalars = {s: 2 for s in kinfo.scalars} or None
+    out_shapes, in_shapes = kinfo.arg_shapes(3, 5, **(scalars or {}))
     pairs = [(4096 * (i + 1), c) for i, (_, c) in enumerate(out_shapes + in_shapes)]
-    args = K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs], pairs[kinfo.n_outs:])
-    assert len(args) == 2 + 2 * (kinfo.n_outs + kinfo.n_ins)
+    args = K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs], pairs[kinfo.n_outs:], scalars)
+    assert len(args) == 2 + 2 * (kinfo.n_outs + kinfo.n_ins) + len(kinfo.scalars)
+    assert all(type(a) is np.int32 for a in args[len(args) - len(kinfo.scalars):])
     with pytest.raises(ValueError, match=f"takes {kinfo.n_outs} outputs"):
-        K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs] + [(1, 5)], pairs[kinfo.n_outs:])
+        K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs] + [(1, 5)], pairs[kinfo.n_outs:],
+                      scalars)
     with pytest.raises(ValueError, match=f"and {kinfo.n_ins} inputs"):
-        K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs], pairs[kinfo.n_outs + 1:])
+        K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs], pairs[kinfo.n_outs + 1:], scalars)
+    with pytest.raises(ValueError, match="takes scalars"):
+        K.kernel_args(kinfo, 3, 5, pairs[:kinfo.n_outs], pairs[kinfo.n_outs:],
+                      {**(scalars or {}), "extra": 1})
 
 
 def test_kernel_args_rejects_bad_lds_and_sizes():
@@ -619,6 +653,10 @@ def test_kernel_args_rejects_bad_lds_and_sizes():
 
 def test_launch_geometry():
     for kinfo in K.REGISTRY:
+        if kinfo.persistent:   # its geometry is a persistent.Fit: test_persistent_cpu.py
+            with pytest.raises(ValueError, match="launch_persistent"):
+                kinfo.launch(3, 5)
+            continue
         if kinfo.tiled:
             continue
         assert kinfo.launch(3, 5) == ((1, 1, 1), (256, 1, 1))
@@ -672,12 +710,25 @@ def test_import_needs_no_cupy():
     assert r.returncode == 0, r.stderr
 
 
+class _FakeKernel:
+    """Stands in for a cupy.RawKernel: records launches (with their shared memory) and the
+    dynamic shared memory limit set on it."""
+
+    def __init__(self, fake, name):
+        self.fake, self.name = fake, name
+        self.max_dynamic_shared_size_bytes = 0
+
+    def __call__(self, grid, block, args, *, shared_mem=0):
+        self.fake.launches.append((self.name, grid, block, args))
+        self.fake.shared_mem.append((self.name, shared_mem, self.max_dynamic_shared_size_bytes))
+
+
 class _FakeCupy(types.ModuleType):
     """Stands in for cupy: RawModule records each compilation, kernels record launches."""
 
     def __init__(self):
         super().__init__("cupy")
-        self.compiled, self.launches = [], []
+        self.compiled, self.launches, self.shared_mem = [], [], []
         fake = self
 
         class RawModule:
@@ -686,8 +737,9 @@ class _FakeCupy(types.ModuleType):
                 self.code = code
 
             def get_function(self, name):
-                assert re.search(rf'__global__\s+void\s+{name}\s*\(', self.code), name
-                return lambda grid, block, args: fake.launches.append((name, grid, block, args))
+                assert re.search(rf'__global__\s+void\s+(__launch_bounds__\([^)]*\)\s+)?'
+                                 rf'{name}\s*\(', self.code), name
+                return _FakeKernel(fake, name)
 
         self.RawModule = RawModule
 

@@ -9,6 +9,10 @@ alias an input exactly, as on the GPU), and follow the kernels' order of arithme
 work in the arrays' own dtype (float32 as on the GPU, or float64).
 
 ``view`` makes those 2-D views over a flat buffer, the way a kernel addresses memory.
+
+The persistent kernels' twins (cuda_src/persistent.cu: one launch, a layer's whole
+sequence) take the kernels' int scalars after ``ins`` (``fn(rows, cols, outs, ins, T,
+units_per_block)``) and live beside their fit and emulation in ``rnnrt/persistent.py``.
 """
 from __future__ import annotations
 

@@ -1,0 +1,435 @@
+"""The persistent recurrent kernels (cuda_src/persistent.cu, v1): how one layer is cut over
+the GPU (the fit), and a NumPy emulation of exactly that cut.
+
+One launch runs all T steps of one layer. Block x owns the hidden units
+[x*U, min(H, x*U + U)) and all G gate rows of them (rows q*H + j of R), keeps those rows of
+R in shared memory for the whole sequence, reads all of h_t each step, updates its units,
+and meets the other blocks at a grid barrier before step t+1. The barrier spins, so every
+block must be resident at once: the fit puts one block on each SM (blocks <= SMs) and checks
+that one block's shared memory, threads and registers fit one SM.
+
+Inside a block (the .cu header says the same; the constants below are the kernel's):
+  NB = ceil(B / PK_BT) batch groups, P = U * NB positions p = jj * NB + bg; thread tid is
+  position tid % P of k-group tid // P, KS = max(1, min(PK_KT // 4, threads // P)) k-groups.
+  Position (jj, bg) owns unit jj of the block and batches bg + i*NB, i < PK_BT; k-group g
+  sums, in every tile of PK_KT columns, the float4 column chunks g, g + KS, ...; k-group 0
+  adds the others' partial sums in order and does the pointwise update.
+
+``persistent_fit(cell, hidden, batch, props)`` chooses U, the block size and the dynamic
+shared memory from CuPy-style device properties and says why when a shape does not fit.
+``emulate`` runs that decomposition with NumPy (block by block, step by step, each block
+reading only h_t and its own rows of R, each (b, j) written by the one thread that owns
+it), so the partition and the indexing are tested without a GPU. The registry's NumPy twins
+of the four kernels call it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .cells import get_cell
+from .exec.kernels_np import _relu, _sigmoid
+
+# The kernel's compile-time constants (cuda_src/persistent.cu; a test holds them equal).
+PK_BT = 4               # batches per thread (register tile)
+PK_KT = 64              # columns of h_t staged in shared memory at a time
+PK_SH = PK_KT + 4       # row stride of the h tile in shared memory (floats)
+PK_MAX_THREADS = 512    # __launch_bounds__(PK_MAX_THREADS, 1)
+
+TARGET_THREADS = 256
+"""Block size the fit aims for (knob): P positions times as many k-groups as fit in it."""
+
+NVCC_REGS = {"lstm": 128, "gru": 128, "rnn_tanh": 96, "rnn_relu": 96}
+"""Registers a thread, the most nvcc 13.0 or NVRTC 13.0 (sm_90) gave each kernel (the .cu
+header records them; a test holds nvcc to at most these). The fit assumes them unless told
+the compiled kernel's own count (``regs_per_thread``, from the occupancy API's source,
+``RawKernel.attributes['num_regs']``)."""
+
+SYNC_WORDS = 2
+"""The barrier buffer: 2 unsigned ints (arrivals, departures), zero between launches."""
+
+DEFAULT_SHARED_BYTES = 48 * 1024
+"""Dynamic shared memory a kernel may use without opting in (cudaFuncSetAttribute)."""
+
+_REG_ALLOC_UNIT = 256   # registers are allocated to a warp in units of 256 (sm_70 .. sm_90)
+
+
+def kernel_name(cell: str) -> str:
+    """The persistent kernel of ``cell``: 'lstm' -> 'lstm_persistent_fwd'."""
+    return f"{get_cell(cell).name}_persistent_fwd"
+
+
+def stride_r(hidden: int) -> int:
+    """Row stride (floats) of the R slice in shared memory: hidden rounded up to float4s,
+    an odd number of them (pk_stride_r in the kernel)."""
+    return 4 * (((hidden + 3) // 4) | 1)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How one layer of ``cell`` (hidden H, batch B) runs as one persistent launch.
+
+    ok / reason: whether it fits the device (reason says why not, or what was chosen).
+    units_per_block U, blocks = ceil(H / U) (the grid, one block per SM), threads (the
+    block), batch_groups NB, positions P = U*NB, k_split KS: the kernel's decomposition.
+    smem_r, smem_tile, smem_partials: dynamic shared memory in bytes (R slice, h tile,
+    partial sums); smem_bytes their sum. sms: the device's SM count (None for geometry
+    only). regs_per_thread: what the register check assumed.
+    """
+
+    cell: str
+    hidden: int
+    batch: int
+    ok: bool
+    reason: str
+    units_per_block: int
+    blocks: int
+    threads: int
+    batch_groups: int
+    positions: int
+    k_split: int
+    smem_r: int
+    smem_tile: int
+    smem_partials: int
+    sms: int | None = None
+    regs_per_thread: int | None = None
+
+    @property
+    def gates(self) -> int:
+        return get_cell(self.cell).gates
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block (bytes): the launch's shared_mem argument."""
+        return self.smem_r + self.smem_tile + self.smem_partials
+
+    @property
+    def kernel(self) -> str:
+        return kernel_name(self.cell)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.blocks, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads, 1, 1)
+
+    def units(self, block: int) -> range:
+        """The hidden units block ``block`` owns."""
+        j0 = block * self.units_per_block
+        return range(min(j0, self.hidden), min(self.hidden, j0 + self.units_per_block))
+
+    def check_steps(self, steps: int) -> None:
+        """Raise unless ``steps`` can run in one launch: T >= 1 and the barrier counter
+        ((T-1) * blocks arrivals, an unsigned int) does not wrap."""
+        if not 1 <= steps <= 2**31 - 1:
+            raise ValueError(f"{self.kernel}: T = {steps} outside [1, 2^31-1]")
+        if (steps - 1) * self.blocks >= 2**32:
+            raise ValueError(f"{self.kernel}: T = {steps} steps x {self.blocks} blocks overflow "
+                             f"the 32-bit barrier counter; split the sequence")
+
+    def describe(self) -> str:
+        head = (f"{self.cell} H {self.hidden} B {self.batch}: U {self.units_per_block}, "
+                f"{self.blocks} blocks x {self.threads} threads (P {self.positions}, "
+                f"KS {self.k_split}), shared {self.smem_bytes} B "
+                f"(R {self.smem_r} + tile {self.smem_tile} + partials {self.smem_partials})")
+        return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
+
+
+def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
+             threads: int | None = None, max_threads: int = PK_MAX_THREADS) -> Fit:
+    """The kernel's decomposition for U = ``units_per_block`` with no device checks (ok is
+    False only when no block size can hold the P positions). ``threads``: the block size,
+    else the rule: as many k-groups (at most PK_KT/4) as fit in TARGET_THREADS, rounded up
+    to whole warps. KS then follows the kernel's own formula from the block size."""
+    spec = get_cell(cell)
+    for what, v in (("hidden", hidden), ("batch", batch), ("units_per_block", units_per_block)):
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"persistent: {what} must be a positive int, got {v!r}")
+    G, H, B, U = spec.gates, int(hidden), int(batch), int(units_per_block)
+    max_threads = min(int(max_threads), PK_MAX_THREADS)
+    nb = _ceil(B, PK_BT)
+    P = U * nb
+    reason = "fits"
+    ok = True
+    if threads is None:
+        ks_want = max(1, min(PK_KT // 4, min(TARGET_THREADS, max_threads) // P))
+        threads = min(_ceil(P * ks_want, 32) * 32, max_threads)
+    threads = int(threads)
+    if threads > max_threads:
+        ok = False
+        reason = f"a block of {threads} threads > the {max_threads} a block may have"
+    elif P > threads:
+        ok = False
+        have = (f"the {max_threads} a block may have" if threads == max_threads
+                else f"the block's {threads}")
+        reason = (f"{U} units x {nb} batch groups (batch {B} / {PK_BT}) = {P} positions "
+                  f"need {P} threads (one each), more than {have}: a smaller batch, or "
+                  f"fewer units per block where there are SMs to spare")
+    ks = max(1, min(PK_KT // 4, threads // P))
+    return Fit(cell=spec.name, hidden=H, batch=B, ok=ok, reason=reason, units_per_block=U,
+               blocks=_ceil(H, U), threads=threads, batch_groups=nb, positions=P, k_split=ks,
+               smem_r=4 * G * U * stride_r(H), smem_tile=4 * nb * PK_BT * PK_SH,
+               smem_partials=4 * (ks - 1) * G * PK_BT * P)
+
+
+def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
+                   units_per_block: int | None = None, threads: int | None = None,
+                   regs_per_thread: int | None = None) -> Fit:
+    """Fit one layer onto the device described by ``props`` (CuPy's getDeviceProperties:
+    multiProcessorCount, sharedMemPerBlockOptin, sharedMemPerMultiprocessor,
+    reservedSharedMemPerBlock, maxThreadsPerBlock, maxThreadsPerMultiProcessor,
+    regsPerMultiprocessor, regsPerBlock).
+
+    Rules, in order (the first that fails is the reason):
+      1. U = ceil(H / SMs) unless given (knob 1), blocks = ceil(H / U) <= SMs: one block on
+         each SM, so all are co-resident.
+      2. Dynamic shared memory (R slice + h tile + partial sums) <= sharedMemPerBlockOptin
+         and, with reservedSharedMemPerBlock, <= sharedMemPerMultiprocessor.
+      3. P = U * ceil(B / 4) positions <= the block size <= min(512, maxThreadsPerBlock,
+         maxThreadsPerMultiProcessor); block size from the rule in ``geometry`` unless
+         given (knob 2).
+      4. Registers (NVCC_REGS[cell] unless given, allocated per warp in units of 256)
+         <= regsPerBlock and <= regsPerMultiprocessor.
+    """
+    spec = get_cell(cell)
+    sms = int(props["multiProcessorCount"])
+    H, B = int(hidden), int(batch)
+    U = int(units_per_block) if units_per_block is not None else _ceil(H, sms)
+    max_threads = min(PK_MAX_THREADS, int(props["maxThreadsPerBlock"]),
+                      int(props.get("maxThreadsPerMultiProcessor", PK_MAX_THREADS)))
+    fit = geometry(spec.name, H, B, U, threads, max_threads)
+    regs = int(regs_per_thread) if regs_per_thread is not None else NVCC_REGS[spec.name]
+    fit = replace(fit, sms=sms, regs_per_thread=regs)
+
+    def no(reason):
+        return replace(fit, ok=False, reason=reason)
+
+    where = f"{spec.name} hidden {H}, batch {B} on {sms} SMs"
+    if fit.blocks > sms:
+        return no(f"{where}: {fit.blocks} blocks of {U} units > {sms} SMs; the kernel needs "
+                  f"one block per SM, all resident at once (U >= {_ceil(H, sms)})")
+    optin = int(props["sharedMemPerBlockOptin"])
+    per_sm = int(props["sharedMemPerMultiprocessor"])
+    reserved = int(props.get("reservedSharedMemPerBlock", 0))
+    G = spec.gates
+    if fit.smem_bytes > optin or fit.smem_bytes + reserved > per_sm:
+        r_floats = G * U * H
+        gates = f"{G} gates" if G > 1 else "1 gate"
+        return no(f"{where}: the R slice alone is {gates} x {U} units x {H} = {r_floats} "
+                  f"floats = {r_floats * 4 / 1024:.0f} KiB per block; with the h tile and "
+                  f"partial sums {fit.smem_bytes} bytes of shared memory > "
+                  f"{min(optin, per_sm - reserved)} a block can have (opt-in {optin}, "
+                  f"{per_sm} per SM, {reserved} reserved)")
+    if not fit.ok:
+        return no(f"{where}: {fit.reason}")
+    warps = _ceil(fit.threads, 32)
+    per_warp = _ceil(regs * 32, _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
+    if regs * fit.threads > int(props.get("regsPerBlock", props["regsPerMultiprocessor"])) \
+            or warps * per_warp > int(props["regsPerMultiprocessor"]):
+        return no(f"{where}: {fit.threads} threads x {regs} registers = {warps * per_warp} "
+                  f"registers > {props['regsPerMultiprocessor']} per SM "
+                  f"({props.get('regsPerBlock')} per block): fewer threads a block")
+    return replace(fit, reason=f"fits: {fit.blocks} of {sms} SMs")
+
+
+# --- the decomposition, as the kernel indexes it --------------------------------------------
+
+def thread_roles(fit: Fit) -> dict[str, np.ndarray]:
+    """Per thread of a block (index tid): position p, k-group g, whether it computes
+    (g < KS), its unit jj (within the block) and batch group bg. As the kernel: p = tid % P,
+    g = tid // P, jj = p // NB, bg = p % NB."""
+    tid = np.arange(fit.threads)
+    p, g = tid % fit.positions, tid // fit.positions
+    return {"tid": tid, "p": p, "g": g, "computes": g < fit.k_split,
+            "jj": p // fit.batch_groups, "bg": p % fit.batch_groups}
+
+
+def owned(fit: Fit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tid, b, jj) of every element block ``block`` updates, one entry per (thread,
+    batch): threads of k-group 0 with jj < the block's unit count, batches bg + i*NB < B."""
+    roles = thread_roles(fit)
+    n_units = len(fit.units(block))
+    sel = roles["computes"] & (roles["g"] == 0) & (roles["jj"] < n_units)
+    tid, jj, bg = roles["tid"][sel], roles["jj"][sel], roles["bg"][sel]
+    tids, bs, jjs = [], [], []
+    for i in range(PK_BT):
+        b = bg + i * fit.batch_groups
+        keep = b < fit.batch
+        tids.append(tid[keep])
+        bs.append(b[keep])
+        jjs.append(jj[keep])
+    return np.concatenate(tids), np.concatenate(bs), np.concatenate(jjs)
+
+
+def k_columns(fit: Fit, group: int) -> np.ndarray:
+    """The columns k of h_t (and of R) k-group ``group`` accumulates, in its order: tile by
+    tile (PK_KT columns), the float4 chunks group, group + KS, ... of each, skipping k >= H
+    (R's padding there is zero)."""
+    H, ks = fit.hidden, fit.k_split
+    cols = []
+    for k0 in range(0, H, PK_KT):
+        chunks = min(PK_KT // 4, _ceil(H - k0, 4))
+        for cc in range(group, chunks, ks):
+            cols.extend(k for k in range(k0 + 4 * cc, k0 + 4 * cc + 4) if k < H)
+    return np.array(cols, dtype=np.int64)
+
+
+def ownership(fit: Fit) -> np.ndarray:
+    """[B, H] count of the threads (over all blocks) that write each element of h_{t+1}."""
+    count = np.zeros((fit.batch, fit.hidden), np.int64)
+    for x in range(fit.blocks):
+        _, b, jj = owned(fit, x)
+        np.add.at(count, (b, fit.units(x).start + jj), 1)
+    return count
+
+
+# --- the emulation ----------------------------------------------------------------------
+
+def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True):
+    """Run the persistent kernel's decomposition with NumPy. -> (h, c, act)
+
+    gx [T, B, G*H] (W x_t, no bias); R = weight_hh [G*H, H]; bw, br: b_ih, b_hh, each
+    [G*H], [B, G*H] or None (zeros); h0 [B, H]; c0 [B, H] (LSTM only). Works in gx's dtype.
+    Returns h [T+1, B, H] (h[0] = h0), c [T+1, B, H] (LSTM, else None) and act [T, B, 4H]
+    (LSTM i,f,g,o; GRU r,z,n,hn; None for RNN or when not ``train``).
+
+    Block by block, step by step: before the first step each block takes its G*U rows of R
+    (its shared-memory copy); at step t it reads only h_t, sums its k-groups' partial dot
+    products in the kernel's order, and k-group 0's threads write the (b, j) they own. The
+    end of a step is the barrier: there every element of h_{t+1} must have been written by
+    exactly one thread (checked), and only then does step t+1 read it.
+    """
+    spec = get_cell(cell)
+    G = spec.gates
+    gx = np.asarray(gx)
+    if gx.ndim != 3:
+        raise ValueError(f"emulate: gx must be [T, B, G*H], got shape {gx.shape}")
+    T, B, GH = gx.shape
+    H = GH // G
+    dtype = gx.dtype
+    if fit.cell != spec.name or fit.hidden != H or fit.batch != B or GH != G * H:
+        raise ValueError(f"emulate: fit is for {fit.cell} H {fit.hidden} B {fit.batch}, "
+                         f"gx {gx.shape} is {spec.name} H {H} B {B}")
+    R = np.asarray(R, dtype)
+    if R.shape != (GH, H):
+        raise ValueError(f"emulate: R has shape {R.shape}, expected {(GH, H)}")
+    bias = [np.zeros((B, GH), dtype) if v is None else np.broadcast_to(np.asarray(v, dtype),
+                                                                        (B, GH))
+            for v in (bw, br)]
+    bw, br = bias
+    h = np.full((T + 1, B, H), np.nan, dtype)
+    h[0] = h0
+    c = None
+    if spec.has_cell_state:
+        if c0 is None:
+            raise ValueError("emulate: lstm needs c0")
+        c = np.full((T + 1, B, H), np.nan, dtype)
+        c[0] = c0
+    elif c0 is not None:
+        raise ValueError(f"emulate: c0 given, but {cell} has no cell state")
+    act = np.full((T, B, 4 * H), np.nan, dtype) if spec.saved_gates else None
+
+    groups = [k_columns(fit, g) for g in range(fit.k_split)]
+    blocks = []
+    for x in range(fit.blocks):
+        units = fit.units(x)
+        rows = (np.arange(G)[:, None] * H + np.asarray(units)[None, :])   # [G, Ub]
+        _, b_own, jj_own = owned(fit, x)
+        blocks.append((R[rows], b_own, units.start + jj_own, jj_own))   # R slice [G, Ub, H]
+
+    for t in range(T):
+        written = np.zeros((B, H), np.int64)
+        ht = h[t]
+        for rs, b, j, jj in blocks:
+            gh = None
+            for cols in groups:                     # k-group 0, 1, ... in the kernel's order
+                part = rs[:, :, cols] @ ht[:, cols].T   # [G, Ub, B]
+                gh = part if gh is None else gh + part
+            gh = gh[:, jj, b]                       # [G, n]: this block's (b, j) elements
+
+            def pre(q):   # ((gx + bw) + gh) + br, the fused kernels' order
+                k = q * H + j
+                return ((gx[t, b, k] + bw[b, k]) + gh[q]) + br[b, k]
+
+            if spec.name == "lstm":
+                i_, f_, o_ = _sigmoid(pre(0)), _sigmoid(pre(1)), _sigmoid(pre(3))
+                g_ = np.tanh(pre(2))
+                cn = f_ * c[t, b, j] + i_ * g_
+                c[t + 1, b, j] = cn
+                h[t + 1, b, j] = o_ * np.tanh(cn)
+                saved = (i_, f_, g_, o_)
+            elif spec.name == "gru":
+                r_, z_ = _sigmoid(pre(0)), _sigmoid(pre(1))
+                kn = 2 * H + j
+                hn = gh[2] + br[b, kn]
+                n_ = np.tanh((gx[t, b, kn] + bw[b, kn]) + r_ * hn)
+                h[t + 1, b, j] = n_ + z_ * (h[t, b, j] - n_)
+                saved = (r_, z_, n_, hn)
+            elif spec.name == "rnn_tanh":
+                h[t + 1, b, j] = np.tanh(pre(0))
+                saved = ()
+            else:
+                h[t + 1, b, j] = _relu(pre(0))
+                saved = ()
+            for q, v in enumerate(saved):
+                act[t, b, q * H + j] = v
+            np.add.at(written, (b, j), 1)
+        # the grid barrier: h_{t+1} is complete, every element written exactly once
+        if not (written == 1).all():
+            bad = np.argwhere(written != 1)[0]
+            raise AssertionError(f"emulate: step {t}: h[{t + 1}][{bad[0]}, {bad[1]}] written "
+                                 f"{written[tuple(bad)]} times by the blocks, not once")
+    return h, c, (act if train else None)
+
+
+# --- NumPy twins of the registry's kernels ------------------------------------------------
+# fn(rows = B, cols = H, outs, ins, T, units_per_block), the views as kernels.py hands
+# them: h [(T+1)*B, H] (slot 0 = h0 read), c likewise (LSTM), act [T*B, 4H], sync [1, 2];
+# gx [T*B, G*H], w_hh [G*H, H], bw and br [B, G*H] (ld 0 broadcasts). The block size is the
+# fit's default for (B, U): it only changes the order in which partial sums are added.
+
+def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block):
+    gx, w_hh, bw, br = ins
+    B, H, G = rows, cols, get_cell(cell).gates
+    if np.any(np.asarray(sync) != 0):
+        raise ValueError(f"{kernel_name(cell)}: the sync counters must be zero on entry, "
+                         f"got {np.asarray(sync).ravel().tolist()}")
+    fit = geometry(cell, H, B, units_per_block)
+    if not fit.ok:
+        raise ValueError(f"{kernel_name(cell)}: {fit.reason}")
+    gx3 = np.asarray(gx).reshape(T, B, G * H)
+    h_all, c_all, act_all = emulate(cell, fit, gx3, np.asarray(w_hh), bw, br,
+                                    np.array(h[:B]), None if c is None else np.array(c[:B]))
+    # Every input is read: now write slots 1..T (slot 0, h0 and c0, is left as it was).
+    h[B:] = h_all[1:].reshape(T * B, H)
+    if c is not None:
+        c[B:] = c_all[1:].reshape(T * B, H)
+    if act is not None:
+        act[...] = act_all.reshape(T * B, 4 * H)
+
+
+def lstm_persistent_fwd(rows, cols, outs, ins, T, units_per_block):
+    h, c, act, sync = outs
+    _twin("lstm", rows, cols, h, c, act, sync, ins, T, units_per_block)
+
+
+def gru_persistent_fwd(rows, cols, outs, ins, T, units_per_block):
+    h, act, sync = outs
+    _twin("gru", rows, cols, h, None, act, sync, ins, T, units_per_block)
+
+
+def rnn_tanh_persistent_fwd(rows, cols, outs, ins, T, units_per_block):
+    h, sync = outs
+    _twin("rnn_tanh", rows, cols, h, None, None, sync, ins, T, units_per_block)
+
+
+def rnn_relu_persistent_fwd(rows, cols, outs, ins, T, units_per_block):
+    h, sync = outs
+    _twin("rnn_relu", rows, cols, h, None, None, sync, ins, T, units_per_block)

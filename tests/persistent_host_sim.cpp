@@ -1,0 +1,178 @@
+// Runs cuda_src/persistent.cu's kernels on the CPU: one std::thread per CUDA thread, every
+// block of the grid at once (co-resident, as the kernel requires), __syncthreads as a
+// std::barrier per block, the grid barrier's atomics and acquire loads as std::atomic_ref.
+// The kernel source is compiled as is (PK_HOST_SIM swaps in the three primitives below), so
+// its indexing, shared-memory layout, k-split reduction and barrier protocol run for real.
+// Used by tests/test_persistent_cpu.py (g++ -std=c++20 -pthread); not part of rnnrt.
+//
+//   persistent_host_sim CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR LDH LDC LDACT
+//                       LDGX LDW LDBW LDBR
+// reads DIR/{h,c,act,gx,w,bw,br}.f32 (flat float32, laid out with those lds; c and act may be
+// empty), launches the kernel LAUNCHES times with one sync buffer (re-poisoning the outputs
+// in between, checking the counters are back to zero after each), writes DIR/{h,c,act}.out.
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct Dim3 { unsigned int x = 1, y = 1, z = 1; };
+struct alignas(16) float4 { float x, y, z, w; };
+
+static Dim3 gridDim, blockDim;
+static thread_local Dim3 threadIdx, blockIdx;
+static thread_local std::barrier<>* sim_block_barrier;
+static thread_local float* sim_smem;
+static thread_local unsigned int sim_smem_bytes;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(a, b)
+
+using std::max;
+using std::min;
+
+static void __syncthreads() { sim_block_barrier->arrive_and_wait(); }
+static void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static void __trap() {
+    std::fprintf(stderr, "__trap() in block %u thread %u\n", blockIdx.x, threadIdx.x);
+    std::abort();
+}
+static long long clock64() {
+    // ~2 GHz cycles, so PK_SPIN_LIMIT means what it means on the GPU
+    return 2 * std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+static unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+    return std::atomic_ref<unsigned int>(*p).fetch_add(v);
+}
+static unsigned int atomicExch(unsigned int* p, unsigned int v) {
+    return std::atomic_ref<unsigned int>(*p).exchange(v);
+}
+static float __ldcg(const float* p) { return *p; }
+static void __stcg(float* p, float v) { *p = v; }
+
+// the three primitives persistent.cu leaves to PK_HOST_SIM
+static unsigned int ld_acquire_gpu(const unsigned int* p) {
+    std::this_thread::yield();   // 2 cores, hundreds of threads: let the others run
+    return std::atomic_ref<unsigned int>(*const_cast<unsigned int*>(p))
+        .load(std::memory_order_acquire);
+}
+static unsigned int dynamic_smem_bytes() { return sim_smem_bytes; }
+static float* dynamic_smem() { return sim_smem; }
+
+#include PK_SOURCE
+
+static std::vector<float> read_f32(const std::string& path) {
+    std::vector<float> v;
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) { std::perror(path.c_str()); std::exit(2); }
+    std::fseek(f, 0, SEEK_END);
+    const long n = std::ftell(f) / 4;
+    std::fseek(f, 0, SEEK_SET);
+    v.resize(n);
+    if (n && std::fread(v.data(), 4, n, f) != (size_t)n) { std::perror("fread"); std::exit(2); }
+    std::fclose(f);
+    return v;
+}
+
+static void write_f32(const std::string& path, const std::vector<float>& v) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f || (v.size() && std::fwrite(v.data(), 4, v.size(), f) != v.size())) {
+        std::perror(path.c_str());
+        std::exit(2);
+    }
+    std::fclose(f);
+}
+
+// every block of the grid at once, each thread its own std::thread
+static void launch(int blocks, int threads, unsigned int smem_bytes,
+                   const std::function<void()>& kernel) {
+    gridDim = {(unsigned)blocks, 1, 1};
+    blockDim = {(unsigned)threads, 1, 1};
+    std::vector<std::unique_ptr<std::barrier<>>> bars;
+    std::vector<std::vector<float4>> smem(blocks);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int b = 0; b < blocks; ++b) {
+        bars.emplace_back(new std::barrier<>(threads));
+        smem[b].assign(smem_bytes / 16 + 1, float4{nan, nan, nan, nan});   // garbage: NaN
+    }
+    std::vector<std::thread> ts;
+    for (int b = 0; b < blocks; ++b)
+        for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&, b, t] {
+                blockIdx = {(unsigned)b, 1, 1};
+                threadIdx = {(unsigned)t, 1, 1};
+                sim_block_barrier = bars[b].get();
+                sim_smem = reinterpret_cast<float*>(smem[b].data());
+                sim_smem_bytes = smem_bytes;
+                kernel();
+            });
+    for (auto& t : ts) t.join();
+}
+
+int main(int argc, char** argv) {
+    if (argc != 18) {
+        std::fprintf(stderr, "usage: see the top of persistent_host_sim.cpp\n");
+        return 2;
+    }
+    const std::string cell = argv[1], dir = argv[10];
+    const int B = std::atoi(argv[2]), H = std::atoi(argv[3]), T = std::atoi(argv[4]);
+    const int U = std::atoi(argv[5]), blocks = std::atoi(argv[6]), threads = std::atoi(argv[7]);
+    const unsigned smem = (unsigned)std::atol(argv[8]);
+    const int launches = std::atoi(argv[9]);
+    const int ldh = std::atoi(argv[11]), ldc = std::atoi(argv[12]), ldact = std::atoi(argv[13]);
+    const int ldgx = std::atoi(argv[14]), ldw = std::atoi(argv[15]);
+    const int ldbw = std::atoi(argv[16]), ldbr = std::atoi(argv[17]);
+    std::vector<float> h = read_f32(dir + "/h.f32"), c = read_f32(dir + "/c.f32");
+    std::vector<float> act = read_f32(dir + "/act.f32"), gx = read_f32(dir + "/gx.f32");
+    std::vector<float> w = read_f32(dir + "/w.f32"), bw = read_f32(dir + "/bw.f32");
+    std::vector<float> br = read_f32(dir + "/br.f32");
+    alignas(8) unsigned int sync[2] = {0, 0};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+
+    for (int l = 0; l < launches; ++l) {
+        if (l > 0) {   // poison every output element again: this launch must write it
+            std::fill(h.begin() + (size_t)B * ldh, h.end(), nan);
+            if (!c.empty()) std::fill(c.begin() + (size_t)B * ldc, c.end(), nan);
+            std::fill(act.begin(), act.end(), nan);
+        }
+        std::function<void()> k;
+        if (cell == "lstm")
+            k = [&] { lstm_persistent_fwd(B, H, h.data(), ldh, c.data(), ldc, act.data(), ldact,
+                                          sync, 2, gx.data(), ldgx, w.data(), ldw, bw.data(),
+                                          ldbw, br.data(), ldbr, T, U); };
+        else if (cell == "gru")
+            k = [&] { gru_persistent_fwd(B, H, h.data(), ldh, act.data(), ldact, sync, 2,
+                                         gx.data(), ldgx, w.data(), ldw, bw.data(), ldbw,
+                                         br.data(), ldbr, T, U); };
+        else if (cell == "rnn_tanh")
+            k = [&] { rnn_tanh_persistent_fwd(B, H, h.data(), ldh, sync, 2, gx.data(), ldgx,
+                                              w.data(), ldw, bw.data(), ldbw, br.data(), ldbr,
+                                              T, U); };
+        else
+            k = [&] { rnn_relu_persistent_fwd(B, H, h.data(), ldh, sync, 2, gx.data(), ldgx,
+                                              w.data(), ldw, bw.data(), ldbw, br.data(), ldbr,
+                                              T, U); };
+        launch(blocks, threads, smem, k);
+        if (sync[0] != 0 || sync[1] != 0) {
+            std::fprintf(stderr, "launch %d left sync = {%u, %u}, not zero\n", l, sync[0],
+                         sync[1]);
+            return 3;
+        }
+    }
+    write_f32(dir + "/h.out", h);
+    write_f32(dir + "/c.out", c);
+    write_f32(dir + "/act.out", act);
+    return 0;
+}
