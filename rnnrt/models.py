@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .cells import Cell, backward_flops, forward_flops, get_cell
-from .params import KINDS, ParamLayout, _positive_int, make_layout, per_layer, views
+from .params import ParamLayout, _positive_int, make_layout, per_layer, to_flat, views
 from .validate import check_backward_inputs, check_forward_inputs, split_hx
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -366,11 +366,7 @@ class RNNBase:
             dy_tm = dy.transpose(1, 0, 2) if self.batch_first else dy
         g = reference.backward(self.cell_name, tape.params, tape.cache, dy_tm, dh_n, dc_n)
 
-        flat = np.zeros(self.layout.size, self.dtype)  # padding stays zero
-        for layer, dest in enumerate(per_layer(flat, self.layout)):
-            for kind in KINDS:
-                if dest[kind] is not None:
-                    dest[kind][...] = g["params"][layer][kind]
+        flat = to_flat(g["params"], self.layout, self.dtype)  # padding stays zero
         dx = g["dx"]
         if self.batch_first:
             dx = np.ascontiguousarray(dx.transpose(1, 0, 2))

@@ -38,6 +38,8 @@ slice and reshape, so they work unchanged on a CuPy array (duck-typed).
 """
 from __future__ import annotations
 
+import numpy as np
+
 import operator
 from dataclasses import dataclass
 
@@ -206,3 +208,21 @@ def per_layer(flat, layout: ParamLayout) -> list[dict]:
     for e in layout.entries:
         out[e.layer][e.kind] = flat[e.offset:e.end].reshape(e.shape)
     return out
+
+
+def to_flat(arrays, layout: ParamLayout, dtype=np.float64) -> np.ndarray:
+    """The inverse of ``per_layer`` / ``views``: gather per-parameter arrays into a new
+    [layout.size] NumPy buffer in ``layout`` (padding zero).
+
+    arrays: ``reference``'s per-layer format (a list of dicts kind -> array or None, e.g. the
+            gradients ``reference.backward`` returns), or a dict torch name -> array.
+    """
+    if isinstance(arrays, dict):
+        named = arrays
+    else:
+        named = {f"{kind}_l{layer}": a for layer, d in enumerate(arrays)
+                 for kind, a in d.items() if a is not None}
+    flat = np.zeros(layout.size, dtype)
+    for name, view in views(flat, layout).items():
+        view[...] = np.asarray(named[name])
+    return flat

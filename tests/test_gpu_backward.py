@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gpu,
 
 from rnnrt import reference  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close  # noqa: E402
-from rnnrt.params import make_layout, per_layer  # noqa: E402
+from rnnrt.params import make_layout, per_layer, to_flat  # noqa: E402
 from rnnrt.plan import PlanKey, forward_plan  # noqa: E402
 from rnnrt.plan_backward import backward_plan  # noqa: E402
 from rnnrt.switches import ALL, all_combinations, ladder  # noqa: E402
@@ -66,14 +66,9 @@ def case(cell, layers, steps=T, batch=B, hidden=H, inp=I, bias=True, seed=0):
         p64 = per_layer(flat.astype(np.float64), layout)
         _, _, _, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0))
         g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn))
-        gflat = np.zeros(layout.size)
-        for layer, d in enumerate(g["params"]):
-            for kind, arr in d.items():
-                if arr is not None:
-                    e = layout.layer(layer)[kind]
-                    gflat[e.offset:e.offset + arr.size] = arr.ravel()
         _CASES[k] = (layout, flat, (x, h0, c0), (dy, dhn, dcn),
-                     {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": gflat})
+                     {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
+                      "grads": to_flat(g["params"], layout)})
     return _CASES[k]
 
 

@@ -14,7 +14,7 @@ from rnnrt.exec import numpy_exec
 from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
 from rnnrt.ops import Gemm, Wait
-from rnnrt.params import make_layout, per_layer
+from rnnrt.params import make_layout, per_layer, to_flat
 from rnnrt.plan import PlanKey, forward_plan
 from rnnrt.plan_backward import backward_plan
 from rnnrt.switches import ALL, all_combinations, ladder
@@ -39,13 +39,7 @@ def make_case(cell, layers, bias=True, seed=0):
     p = per_layer(flat, layout)
     _, _, _, cache = reference.forward(cell, p, x, h0, c0)
     g = reference.backward(cell, p, cache, dy, dhn, dcn)
-    ref_flat = np.zeros(layout.size)
-    for layer, d in enumerate(g["params"]):
-        for kind, arr in d.items():
-            if arr is not None:
-                e = layout.layer(layer)[kind]
-                ref_flat[e.offset:e.offset + arr.size] = arr.ravel()
-    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": ref_flat}
+    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout)}
     return layout, flat, (x, h0, c0), (dy, dhn, dcn), ref
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from .. import __version__, reference
 from ..cells import forward_flops, get_cell, tflops
 from ..check import FP32_ATOL, FP32_RTOL, compare
+from ..params import to_flat
 from ..plan import PlanKey, forward_plan
 from ..switches import DEFAULT_INPUT_BATCH, ladder
 from .timing import gemm_ceiling, time_cpu, time_gpu, time_torch
@@ -82,15 +83,6 @@ def _inputs(cfg: LadderConfig, dtype):
 def _flops(cfg) -> int:
     f = forward_flops(cfg.cell, cfg.inp, cfg.hidden, cfg.layers, cfg.batch, cfg.steps)
     return 3 * f if cfg.backward else f   # backward = 2x forward (paper's convention)
-
-
-def _grads_flat(layout, grads_by_name) -> np.ndarray:
-    """Per-name parameter gradients -> the model's flat layout (zero padding)."""
-    flat = np.zeros(layout.size)
-    for e in layout.entries:
-        g = np.asarray(grads_by_name[e.name], dtype=np.float64).ravel()
-        flat[e.offset:e.offset + g.size] = g
-    return flat
 
 
 def _compare_all(got: dict, ref: dict, against: str):
@@ -170,24 +162,20 @@ def _reference(cfg, model, x, h0, c0, dy):
     out = {"y": y}
     if cfg.backward:
         g = reference.backward(cfg.cell, p64, cache, dy.astype(np.float64))
-        by_name = {}
-        for layer, d in enumerate(g["params"]):
-            for kind, arr in d.items():
-                if arr is not None:
-                    by_name[f"{kind}_l{layer}"] = arr
         out["dx"] = g["dx"]
-        out["grads"] = _grads_flat(model.layout, by_name)
+        out["grads"] = to_flat(g["params"], model.layout)
     return out
 
 
-def _row(rung, executor, timing, flops, naive_ms, cudnn_ms, ceiling_tflops, check, plan):
-    """One (rung, executor) row; ``plan`` is the _RungRun's plan_summary()."""
+def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan):
+    """One (rung, executor) row; ``plan`` is the _RungRun's plan_summary(). ratio_vs_cudnn
+    is filled in after the rungs, once cuDNN's pooled time is known."""
     tf = tflops(flops, timing.ms_median)
     return {
         "rung": rung.name, "executor": executor, "switches": rung.switches.as_dict(),
         **timing.as_dict(), "tflops": tf,
         "speedup_vs_naive": (naive_ms / timing.ms_median) if naive_ms else None,
-        "ratio_vs_cudnn": (cudnn_ms / timing.ms_median) if cudnn_ms else None,
+        "ratio_vs_cudnn": None,
         "share_of_ceiling": (tf / ceiling_tflops) if ceiling_tflops else None,
         "check": check,
         "plan": plan,
@@ -273,7 +261,7 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
             t = time_fn(rr)
             if naive_ms is None and rung.name == rungs[0].name:
                 naive_ms = t.ms_median
-            row = _row(rung, executor, t, flops, naive_ms, None, ceiling_tflops,
+            row = _row(rung, executor, t, flops, naive_ms, ceiling_tflops,
                        _check_dict(c), rr.plan_summary())
             rows.append(row)
             progress(f"{n}/{total} {rung.name:14s} {executor:5s} {t.ms_median:9.3f} ms "
@@ -382,7 +370,7 @@ class CudnnBench:
         out = {"y": y.detach().cpu().numpy()}
         if self.cfg.backward:
             out["dx"] = extra[0].cpu().numpy()
-            out["grads"] = _grads_flat(self.layout, {n: g.cpu().numpy() for n, g in
+            out["grads"] = to_flat({n: g.cpu().numpy() for n, g in
                                                      zip(self.names, extra[1:])})
         return out
 
