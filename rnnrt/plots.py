@@ -258,6 +258,40 @@ def _ceiling(rows) -> float | None:
 # --------------------------------------------------------------------------------------------
 # The figures
 
+def _series_panels(values, ylabel, decorate):
+    """A panel per minibatch, a line per series (rung names + 'cudnn') against log2 hidden.
+
+    values: {(hidden, batch): {series: y}}; decorate(ax) draws a panel's reference lines and
+    returns {legend key: artist} for the legend. -> (fig, batches)."""
+    style = _style()
+    batches = sorted({b for _, b in values})
+    hiddens = sorted({h for h, _ in values})
+    fig, axes = _panels(len(batches))
+    handles = {}
+    for ax, b in zip(axes, batches):
+        for name in series_names():
+            pts = sorted((h, s[name]) for (h, bb), s in values.items() if bb == b and name in s)
+            if not pts:
+                continue
+            col, mk, ls = style[name]
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=col, marker=mk,
+                              linestyle=ls, linewidth=1.6, markersize=5, label=name)
+            handles.setdefault(name, line)
+        for key, artist in decorate(ax).items():
+            handles.setdefault(key, artist)
+        _log2_hidden_axis(ax, hiddens)
+        ax.set_title(f"minibatch {b}", fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(batches):]:
+        ax.set_visible(False)
+    for ax in axes[::min(len(axes), 4)]:
+        ax.set_ylabel(ylabel)
+    fig.legend(handles=list(handles.values()), loc="outside right center", frameon=False,
+               title="rung", fontsize=9)
+    return fig, batches
+
+
 def fig_tflops(rows, out_dir, cell="lstm", layers=4, executor=None, formats=("png", "svg"),
                steps=None, input_batch=None, pass_="fwd"):
     """Figure 1: TFLOPS against hidden size, a line per rung + cuDNN, a panel per minibatch.
@@ -267,37 +301,17 @@ def fig_tflops(rows, out_dir, cell="lstm", layers=4, executor=None, formats=("pn
     if not sel:
         return []
     dev, cpu = _device_label(rows)
-    style = _style()
-    batches = sorted({b for _, b in sel})
-    hiddens = sorted({h for h, _ in sel})
-    fig, axes = _panels(len(batches))
     ceiling = _ceiling([r for s in sel.values() for r in s.values()])
-    handles = {}
-    for ax, b in zip(axes, batches):
-        for name in series_names():
-            pts = sorted((h, s[name]["tflops"]) for (h, bb), s in sel.items()
-                         if bb == b and name in s)
-            if not pts:
-                continue
-            col, mk, ls = style[name]
-            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=col, marker=mk,
-                              linestyle=ls, linewidth=1.6, markersize=5, label=name)
-            handles.setdefault(name, line)
-        if ceiling:
-            what = "CPU matmul ceiling (NumPy)" if cpu else "fp32 GEMM ceiling"
-            hl = ax.axhline(ceiling, color="dimgray", linestyle=":", linewidth=1.4,
-                            label=f"{what}: {ceiling:.3g} TFLOPS")
-            handles.setdefault("ceiling", hl)
-        _log2_hidden_axis(ax, hiddens)
-        ax.set_title(f"minibatch {b}", fontsize=10)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-    for ax in axes[len(batches):]:
-        ax.set_visible(False)
-    for ax in axes[::min(len(axes), 4)]:
-        ax.set_ylabel("TFLOPS (fp32, GEMM FLOPs only)")
-    fig.legend(handles=list(handles.values()), loc="outside right center", frameon=False,
-               title="rung", fontsize=9)
+
+    def decorate(ax):
+        if not ceiling:
+            return {}
+        what = "CPU matmul ceiling (NumPy)" if cpu else "fp32 GEMM ceiling"
+        return {"ceiling": ax.axhline(ceiling, color="dimgray", linestyle=":", linewidth=1.4,
+                                      label=f"{what}: {ceiling:.3g} TFLOPS")}
+
+    values = {hb: {n: r["tflops"] for n, r in s.items()} for hb, s in sel.items()}
+    fig, _ = _series_panels(values, "TFLOPS (fp32, GEMM FLOPs only)", decorate)
     first = next(iter(next(iter(sel.values())).values()))
     _title(fig, [
         f"{_pass_word(pass_)} throughput by rung (the paper's Figure 1): {cell.upper()}, "
@@ -339,34 +353,14 @@ def fig_layers_ratio(rows, out_dir, cell="lstm", hi=4, lo=1, executor=None,
     if not ratios:
         return []
     dev, cpu = _device_label(rows)
-    style = _style()
-    batches = sorted({b for _, b in ratios})
-    hiddens = sorted({h for h, _ in ratios})
-    fig, axes = _panels(len(batches))
-    handles = {}
-    for ax, b in zip(axes, batches):
-        for name in series_names():
-            pts = sorted((h, r[name]) for (h, bb), r in ratios.items() if bb == b and name in r)
-            if not pts:
-                continue
-            col, mk, ls = style[name]
-            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=col, marker=mk,
-                              linestyle=ls, linewidth=1.6, markersize=5, label=name)
-            handles.setdefault(name, line)
+
+    def decorate(ax):
         ax.axhline(1.0, color="dimgray", linewidth=1.0)
-        two = ax.axhline(2.0, color="dimgray", linestyle=":", linewidth=1.4,
-                         label="2x: the paper's gain where parallelism is low")
-        handles.setdefault("2x", two)
-        _log2_hidden_axis(ax, hiddens)
-        ax.set_title(f"minibatch {b}", fontsize=10)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-    for ax in axes[len(batches):]:
-        ax.set_visible(False)
-    for ax in axes[::min(len(axes), 4)]:
-        ax.set_ylabel(f"throughput, {hi} layers / {lo} layer{'s' if lo > 1 else ''} (x)")
-    fig.legend(handles=list(handles.values()), loc="outside right center", frameon=False,
-               title="rung", fontsize=9)
+        return {"2x": ax.axhline(2.0, color="dimgray", linestyle=":", linewidth=1.4,
+                                 label="2x: the paper's gain where parallelism is low")}
+
+    fig, _ = _series_panels(
+        ratios, f"throughput, {hi} layers / {lo} layer{'s' if lo > 1 else ''} (x)", decorate)
     _title(fig, [
         f"What stacking layers buys: TFLOPS with {hi} layers over TFLOPS with {lo}, same "
         f"hidden, minibatch and steps — {cell.upper()}, {_pass_word(pass_).lower()}, "
