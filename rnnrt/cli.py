@@ -306,6 +306,9 @@ def _trace_parser(sub):
                    help=f"timesteps, default {GPU_DEFAULT['steps']} (short: readable ops)")
     p.add_argument("--input-batch", type=_input_batch, default=DEFAULT_INPUT_BATCH,
                    help=f"k of the input-batching rung (default {DEFAULT_INPUT_BATCH})")
+    p.add_argument("--rungs", default=None,
+                   help="comma-separated ladder rungs to trace (default: naive and the "
+                        "last rung), e.g. +fused,+pretranspose")
     p.add_argument("--no-hold", action="store_true",
                    help="GPU: do not hold the GPU while the host queues the traced pass "
                         "(the timeline then shows Python's issue rate)")
@@ -323,6 +326,12 @@ def _cmd_trace(a) -> int:
     from pathlib import Path
 
     from .bench import trace as tr
+    try:
+        rungs = (None if a.rungs is None else
+                 tr.traced_rungs(a.input_batch, [n.strip() for n in a.rungs.split(",")]))
+    except ValueError as e:
+        print(f"rnnrt trace: --{e}", file=sys.stderr)
+        return 2
     if not a.cpu:
         from .device import gpu_status
         if not gpu_status()[0]:
@@ -333,7 +342,7 @@ def _cmd_trace(a) -> int:
             size[name] = getattr(a, name)
     cfg = tr.TraceConfig(cell=a.cell, input_size=a.input_size, input_batch=a.input_batch,
                          cpu=a.cpu, hold=not a.no_hold, **size)
-    record = tr.run_trace(cfg)
+    record = tr.run_trace(cfg, rungs=rungs)
     path = tr.write_record(record, a.out)
     figs = tr.draw_trace(record, Path(a.fig_dir) / (tr.default_stem(record) + ".png"))
     for e in record["rungs"]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .device import require_gpu
+from .limits import DeviceLimits
 from .plan import PlanKey, forward_plan
 from .switches import Switches
 from .validate import check_backward_inputs, check_forward_inputs, split_hx
@@ -94,6 +95,7 @@ class GpuRunner:
         self.executor_name = executor
         self._executor_cls = EXECUTORS[executor]
         self.ctx = GpuContext(cp, KernelLibrary())
+        self.limits = DeviceLimits.from_device(cp)   # what a persistent plan's fit reads
         self.params = cp.asarray(model.flat, dtype=cp.float32)
         self.grads = grads
         self._states = {}
@@ -109,7 +111,7 @@ class GpuRunner:
     def plan_key(self, steps: int, batch: int, train: bool = False) -> PlanKey:
         m = self.model
         return PlanKey(m.cell_name, steps, batch, m.input_size, m.hidden_size, m.num_layers,
-                       m.bias, self.switches, train)
+                       m.bias, self.switches, train, device=self.limits)
 
     def state(self, key: PlanKey) -> _State:
         """The workspace and executors of ``key``, built once. A training key's workspace

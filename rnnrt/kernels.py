@@ -160,9 +160,9 @@ _UNARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"),))
 _RNN = dict(outs=(("h", "R,C"),), ins=(("gx", "R,C"), ("gh", "R,C"), ("bw", "R,C"), ("br", "R,C")))
 _DACT = dict(outs=(("out", "R,C"),), ins=(("dy", "R,C"), ("y", "R,C")))
 _RNN_BWD = dict(outs=(("dg", "R,C"),), ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("h", "R,C")))
-# persistent kernels: one layer's whole sequence (rows = B, cols = H; scalars T, U)
-_PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block"), uint_args=("sync",),
-                   persistent=True)
+# persistent kernels: one layer's whole sequence (rows = B, cols = H; scalars T, U, k_tile)
+_PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block", "k_tile"),
+                   uint_args=("sync",), persistent=True)
 _H_SEQ = ("h", "(T+1)*R,C")       # h [T+1, B, H]: slot 0 (h0) read, slots 1..T written
 _SYNC = ("sync", "1,2")           # the barrier counters, 2 unsigned ints
 
@@ -429,7 +429,8 @@ class KernelLibrary:
         grid, block, smem = kinfo.launch_persistent(fit)
         fit.check_steps(steps)
         args = kernel_args(kinfo, fit.batch, fit.hidden, out_ptrs_lds, in_ptrs_lds,
-                           {"T": steps, "units_per_block": fit.units_per_block})
+                           {"T": steps, "units_per_block": fit.units_per_block,
+                            "k_tile": fit.k_tile})
         fn = self.get(fit.kernel)
         if smem > pk.DEFAULT_SHARED_BYTES:   # opt in (cudaFuncSetAttribute) past 48 KB
             fn.max_dynamic_shared_size_bytes = smem

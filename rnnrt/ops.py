@@ -90,6 +90,11 @@ class Kernel:
     ``name`` keys both the CUDA kernel (cuda_src/) and its NumPy twin (exec/kernels_np.py);
     ``outs`` and ``ins`` are views, passed to the kernel as (pointer, ld) pairs after
     (rows, cols), outs first. What rows and cols mean is each kernel's own (see its header).
+
+    Persistent kernels (kind 'persistent') also carry ``scalars`` (((name, int), ...) in
+    the kernel's order, e.g. T and units_per_block), their ``launch`` geometry ((grid xyz),
+    (block xyz), dynamic shared memory bytes) from the device fit, and the GEMM ``flops``
+    they do inside (R.h of every step), which the plan's FLOP count includes.
     """
 
     stream: int
@@ -101,6 +106,9 @@ class Kernel:
     kind: str = "pointwise"
     layer: int = -1
     steps: tuple[int, int] = (-1, -1)
+    scalars: tuple[tuple[str, int], ...] = ()
+    launch: tuple | None = None
+    flops: int = 0
 
     @property
     def reads(self):

@@ -1,4 +1,4 @@
-"""The persistent recurrent kernels (cuda_src/persistent.cu, v1): how one layer is cut over
+"""The persistent recurrent kernels (cuda_src/persistent.cu, v2): how one layer is cut over
 the GPU (the fit), and a NumPy emulation of exactly that cut.
 
 One launch runs all T steps of one layer. Block x owns the hidden units
@@ -10,17 +10,19 @@ that one block's shared memory, threads and registers fit one SM.
 
 Inside a block (the .cu header says the same; the constants below are the kernel's):
   NB = ceil(B / PK_BT) batch groups, P = U * NB positions p = jj * NB + bg; thread tid is
-  position tid % P of k-group tid // P, KS = max(1, min(PK_KT // 4, threads // P)) k-groups.
+  position tid % P of k-group tid // P, KS = max(1, min(k_tile // 4, threads // P))
+  k-groups. h_t goes through shared memory in tiles of k_tile columns (the kernel's last
+  argument; the fit takes the widest that fits, ideally all of H: one load phase a step).
   Position (jj, bg) owns unit jj of the block and batches bg + i*NB, i < PK_BT; k-group g
-  sums, in every tile of PK_KT columns, the float4 column chunks g, g + KS, ...; k-group 0
-  adds the others' partial sums in order and does the pointwise update.
+  sums, in every tile, the float4 column chunks g, g + KS, ...; k-group 0 adds the others'
+  partial sums in order and does the pointwise update.
 
-``persistent_fit(cell, hidden, batch, props)`` chooses U, the block size and the dynamic
-shared memory from CuPy-style device properties and says why when a shape does not fit.
-``emulate`` runs that decomposition with NumPy (block by block, step by step, each block
-reading only h_t and its own rows of R, each (b, j) written by the one thread that owns
-it), so the partition and the indexing are tested without a GPU. The registry's NumPy twins
-of the four kernels call it.
+``persistent_fit(cell, hidden, batch, props)`` chooses U, the block size, the tile width and
+the dynamic shared memory from CuPy-style device properties and says why when a shape does
+not fit. ``emulate`` runs that decomposition with NumPy (block by block, step by step, each
+block reading only h_t and its own rows of R, each (b, j) written by the one thread that
+owns it), so the partition and the indexing are tested without a GPU. The registry's NumPy
+twins of the four kernels call it.
 """
 from __future__ import annotations
 
@@ -33,14 +35,22 @@ from .exec.kernels_np import _relu, _sigmoid
 
 # The kernel's compile-time constants (cuda_src/persistent.cu; a test holds them equal).
 PK_BT = 4               # batches per thread (register tile)
-PK_KT = 64              # columns of h_t staged in shared memory at a time
-PK_SH = PK_KT + 4       # row stride of the h tile in shared memory (floats)
+PK_LD = 8               # h staging: loads one thread has in flight (a batch)
 PK_MAX_THREADS = 512    # __launch_bounds__(PK_MAX_THREADS, 1)
 
-TARGET_THREADS = 256
-"""Block size the fit aims for (knob): P positions times as many k-groups as fit in it."""
+TARGET_THREADS = 512
+"""Block size the fit aims for (knob): P positions times as many k-groups as fit in it.
+512 (one H100 SM's 64 K registers at 128 a thread) measured 1.5x faster than 256 with v1
+(LSTM H 512, B 64: 29 against 44 us a step): more warps hide the L2 latency of h_t. Where
+the registers do not allow it, the fit takes the largest block they allow."""
 
-NVCC_REGS = {"lstm": 128, "gru": 128, "rnn_tanh": 96, "rnn_relu": 96}
+KS_MAX = 16
+"""The fit's cap on k-groups (v1's PK_KT / 4): k-group 0 adds the KS - 1 partial sums one
+after the other, so past ~sqrt(H) k-groups that serial sum costs more than the split saves
+(B 1, H 512 would otherwise take 128 k-groups). The kernel itself only caps KS at
+k_tile / 4."""
+
+NVCC_REGS = {"lstm": 128, "gru": 128, "rnn_tanh": 106, "rnn_relu": 106}
 """Registers a thread, the most nvcc 13.0 or NVRTC 13.0 (sm_90) gave each kernel (the .cu
 header records them; a test holds nvcc to at most these). The fit assumes them unless told
 the compiled kernel's own count (``regs_per_thread``, from the occupancy API's source,
@@ -62,8 +72,21 @@ def kernel_name(cell: str) -> str:
 
 def stride_r(hidden: int) -> int:
     """Row stride (floats) of the R slice in shared memory: hidden rounded up to float4s,
-    an odd number of them (pk_stride_r in the kernel)."""
+    an odd number of them (pk_stride_r in the kernel), so that one column of 8 consecutive
+    rows lies in 8 different groups of 4 banks."""
     return 4 * (((hidden + 3) // 4) | 1)
+
+
+def tile_stride(k_tile: int) -> int:
+    """Row stride (floats) of the h tile in shared memory: k_tile (a multiple of 4) as an
+    odd number of float4s, 4 * ((k_tile / 4) | 1): k_tile + 4 when k_tile / 4 is even (64
+    -> 68, 512 -> 516), k_tile itself when odd (12 -> 12). The kernel's pk_stride_r(k_tile)."""
+    return stride_r(k_tile)
+
+
+def full_tile(hidden: int) -> int:
+    """The k_tile that holds all of h_t: hidden rounded up to a multiple of 4."""
+    return 4 * _ceil(hidden, 4)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -76,10 +99,11 @@ class Fit:
 
     ok / reason: whether it fits the device (reason says why not, or what was chosen).
     units_per_block U, blocks = ceil(H / U) (the grid, one block per SM), threads (the
-    block), batch_groups NB, positions P = U*NB, k_split KS: the kernel's decomposition.
-    smem_r, smem_tile, smem_partials: dynamic shared memory in bytes (R slice, h tile,
-    partial sums); smem_bytes their sum. sms: the device's SM count (None for geometry
-    only). regs_per_thread: what the register check assumed.
+    block), batch_groups NB, positions P = U*NB, k_split KS, k_tile (columns of h_t a tile,
+    the kernel's last argument; tiles = ceil(H / k_tile) load phases a step): the kernel's
+    decomposition. smem_r, smem_tile, smem_partials: dynamic shared memory in bytes (R
+    slice, h tile, partial sums); smem_bytes their sum. sms: the device's SM count (None
+    for geometry only). regs_per_thread: what the register check assumed.
     """
 
     cell: str
@@ -93,6 +117,7 @@ class Fit:
     batch_groups: int
     positions: int
     k_split: int
+    k_tile: int
     smem_r: int
     smem_tile: int
     smem_partials: int
@@ -107,6 +132,11 @@ class Fit:
     def smem_bytes(self) -> int:
         """Dynamic shared memory per block (bytes): the launch's shared_mem argument."""
         return self.smem_r + self.smem_tile + self.smem_partials
+
+    @property
+    def tiles(self) -> int:
+        """Tiles of h_t a step (each one load phase and two __syncthreads)."""
+        return _ceil(self.hidden, self.k_tile)
 
     @property
     def kernel(self) -> str:
@@ -135,34 +165,57 @@ class Fit:
                              f"the 32-bit barrier counter; split the sequence")
 
     def describe(self) -> str:
+        tiles = self.tiles
         head = (f"{self.cell} H {self.hidden} B {self.batch}: U {self.units_per_block}, "
                 f"{self.blocks} blocks x {self.threads} threads (P {self.positions}, "
-                f"KS {self.k_split}), shared {self.smem_bytes} B "
+                f"KS {self.k_split}), k_tile {self.k_tile} ({tiles} tile"
+                f"{'' if tiles == 1 else 's'} a step), shared {self.smem_bytes} B "
                 f"(R {self.smem_r} + tile {self.smem_tile} + partials {self.smem_partials})")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
+def _default_threads(positions: int, k_tile: int, max_threads: int) -> int:
+    """The block size rule: as many k-groups (at most KS_MAX and k_tile / 4) as fit in
+    TARGET_THREADS (or max_threads, if fewer), rounded up to whole warps."""
+    ks_want = max(1, min(KS_MAX, k_tile // 4, min(TARGET_THREADS, max_threads) // positions))
+    return min(_ceil(positions * ks_want, 32) * 32, max_threads)
+
+
+def _smem_bytes(G: int, H: int, nb: int, U: int, threads: int, k_tile: int) -> int:
+    """The kernel's dynamic shared memory (bytes) for this decomposition (geometry's sum)."""
+    P = U * nb
+    ks = max(1, min(k_tile // 4, threads // P))
+    return 4 * (G * U * stride_r(H) + nb * PK_BT * tile_stride(k_tile) + (ks - 1) * G * PK_BT * P)
+
+
 def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
-             threads: int | None = None, max_threads: int = PK_MAX_THREADS) -> Fit:
+             threads: int | None = None, max_threads: int = PK_MAX_THREADS,
+             k_tile: int | None = None) -> Fit:
     """The kernel's decomposition for U = ``units_per_block`` with no device checks (ok is
-    False only when no block size can hold the P positions). ``threads``: the block size,
-    else the rule: as many k-groups (at most PK_KT/4) as fit in TARGET_THREADS, rounded up
-    to whole warps. KS then follows the kernel's own formula from the block size."""
+    False only when no block size can hold the P positions, or k_tile is not a multiple of
+    4). ``k_tile``: columns of h_t a tile, else all of them (``full_tile``: one tile).
+    ``threads``: the block size, else the rule in ``_default_threads``. KS then follows the
+    kernel's own formula from the block size and k_tile."""
     spec = get_cell(cell)
-    for what, v in (("hidden", hidden), ("batch", batch), ("units_per_block", units_per_block)):
+    for what, v in (("hidden", hidden), ("batch", batch), ("units_per_block", units_per_block),
+                    ("k_tile", full_tile(hidden) if k_tile is None else k_tile)):
         if not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"persistent: {what} must be a positive int, got {v!r}")
     G, H, B, U = spec.gates, int(hidden), int(batch), int(units_per_block)
+    kt = full_tile(H) if k_tile is None else int(k_tile)
     max_threads = min(int(max_threads), PK_MAX_THREADS)
     nb = _ceil(B, PK_BT)
     P = U * nb
     reason = "fits"
     ok = True
     if threads is None:
-        ks_want = max(1, min(PK_KT // 4, min(TARGET_THREADS, max_threads) // P))
-        threads = min(_ceil(P * ks_want, 32) * 32, max_threads)
+        threads = _default_threads(P, kt, max_threads)
     threads = int(threads)
-    if threads > max_threads:
+    if kt % 4:
+        ok = False
+        reason = (f"k_tile {kt} is not a multiple of 4 (the tile is read in float4 chunks; "
+                  f"the kernel traps on it)")
+    elif threads > max_threads:
         ok = False
         reason = f"a block of {threads} threads > the {max_threads} a block may have"
     elif P > threads:
@@ -172,16 +225,37 @@ def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
         reason = (f"{U} units x {nb} batch groups (batch {B} / {PK_BT}) = {P} positions "
                   f"need {P} threads (one each), more than {have}: a smaller batch, or "
                   f"fewer units per block where there are SMs to spare")
-    ks = max(1, min(PK_KT // 4, threads // P))
+    ks = max(1, min(kt // 4, threads // P))
     return Fit(cell=spec.name, hidden=H, batch=B, ok=ok, reason=reason, units_per_block=U,
                blocks=_ceil(H, U), threads=threads, batch_groups=nb, positions=P, k_split=ks,
-               smem_r=4 * G * U * stride_r(H), smem_tile=4 * nb * PK_BT * PK_SH,
+               k_tile=kt, smem_r=4 * G * U * stride_r(H),
+               smem_tile=4 * nb * PK_BT * tile_stride(kt),
                smem_partials=4 * (ks - 1) * G * PK_BT * P)
+
+
+def widest_tile(cell: str, hidden: int, batch: int, units_per_block: int, threads: int,
+                limit: int) -> int | None:
+    """The k_tile the fit takes: the fewest tiles a step (ideally one, all of h_t) whose
+    shared memory (R slice + h tile + partial sums) is <= ``limit`` bytes, and of those the
+    narrowest k_tile (a multiple of 4) that still needs no more tiles: ceil(H / n) rounded
+    up to 4 for n tiles, so the tiles come out even (H 1024 in 4 tiles: 4 x 256, not 3 x 292
+    + 148). None when even k_tile 4 does not fit."""
+    G, H = get_cell(cell).gates, int(hidden)
+    nb, U = _ceil(int(batch), PK_BT), int(units_per_block)
+    if _smem_bytes(G, H, nb, U, threads, 4) > limit:
+        return None
+    n = 1
+    while True:
+        kt = full_tile(_ceil(H, n))
+        if _smem_bytes(G, H, nb, U, threads, kt) <= limit:
+            return kt
+        # the next tile count that makes k_tile narrower
+        n = max(n + 1, _ceil(H, kt - 4) if kt > 4 else n + 1)
 
 
 def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
                    units_per_block: int | None = None, threads: int | None = None,
-                   regs_per_thread: int | None = None) -> Fit:
+                   regs_per_thread: int | None = None, k_tile: int | None = None) -> Fit:
     """Fit one layer onto the device described by ``props`` (CuPy's getDeviceProperties:
     multiProcessorCount, sharedMemPerBlockOptin, sharedMemPerMultiprocessor,
     reservedSharedMemPerBlock, maxThreadsPerBlock, maxThreadsPerMultiProcessor,
@@ -190,12 +264,15 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
     Rules, in order (the first that fails is the reason):
       1. U = ceil(H / SMs) unless given (knob 1), blocks = ceil(H / U) <= SMs: one block on
          each SM, so all are co-resident.
-      2. Dynamic shared memory (R slice + h tile + partial sums) <= sharedMemPerBlockOptin
-         and, with reservedSharedMemPerBlock, <= sharedMemPerMultiprocessor.
-      3. P = U * ceil(B / 4) positions <= the block size <= min(512, maxThreadsPerBlock,
+      2. k_tile, if given (knob 3), a multiple of 4.
+      3. Dynamic shared memory (R slice + h tile + partial sums) <= sharedMemPerBlockOptin
+         and, with reservedSharedMemPerBlock, <= sharedMemPerMultiprocessor. Unless given,
+         k_tile is the widest that fits (``widest_tile``: all of H in one tile where it
+         can, else the fewest even tiles).
+      4. P = U * ceil(B / 4) positions <= the block size <= min(512, maxThreadsPerBlock,
          maxThreadsPerMultiProcessor); block size from the rule in ``geometry`` unless
-         given (knob 2).
-      4. Registers (NVCC_REGS[cell] unless given, allocated per warp in units of 256)
+         given (knob 2), within what the registers allow (so 512 threads where they do).
+      5. Registers (NVCC_REGS[cell] unless given, allocated per warp in units of 256)
          <= regsPerBlock and <= regsPerMultiprocessor.
     """
     spec = get_cell(cell)
@@ -204,8 +281,24 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
     U = int(units_per_block) if units_per_block is not None else _ceil(H, sms)
     max_threads = min(PK_MAX_THREADS, int(props["maxThreadsPerBlock"]),
                       int(props.get("maxThreadsPerMultiProcessor", PK_MAX_THREADS)))
-    fit = geometry(spec.name, H, B, U, threads, max_threads)
     regs = int(regs_per_thread) if regs_per_thread is not None else NVCC_REGS[spec.name]
+    regs_sm = int(props["regsPerMultiprocessor"])
+    regs_block = int(props.get("regsPerBlock", regs_sm))
+    per_warp = _ceil(regs * 32, _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
+    if threads is None:
+        # the default block: TARGET_THREADS where the registers allow, else the most they do
+        reg_cap = min(regs_sm // per_warp * 32, regs_block // regs // 32 * 32)
+        P = U * _ceil(B, PK_BT)
+        cap = min(max_threads, reg_cap) if reg_cap >= P else max_threads   # else: rule 5 says
+        threads = _default_threads(P, full_tile(H) if k_tile is None else int(k_tile), cap)
+    optin = int(props["sharedMemPerBlockOptin"])
+    per_sm = int(props["sharedMemPerMultiprocessor"])
+    reserved = int(props.get("reservedSharedMemPerBlock", 0))
+    limit = min(optin, per_sm - reserved)
+    kt = k_tile
+    if kt is None:
+        kt = widest_tile(spec.name, H, B, U, threads, limit) or 4   # 4: the refusal below
+    fit = geometry(spec.name, H, B, U, threads, max_threads, k_tile=kt)
     fit = replace(fit, sms=sms, regs_per_thread=regs)
 
     def no(reason):
@@ -215,28 +308,28 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
     if fit.blocks > sms:
         return no(f"{where}: {fit.blocks} blocks of {U} units > {sms} SMs; the kernel needs "
                   f"one block per SM, all resident at once (U >= {_ceil(H, sms)})")
-    optin = int(props["sharedMemPerBlockOptin"])
-    per_sm = int(props["sharedMemPerMultiprocessor"])
-    reserved = int(props.get("reservedSharedMemPerBlock", 0))
+    if fit.k_tile % 4:
+        return no(f"{where}: {fit.reason}")
     G = spec.gates
     if fit.smem_bytes > optin or fit.smem_bytes + reserved > per_sm:
         r_floats = G * U * H
         gates = f"{G} gates" if G > 1 else "1 gate"
+        tile = (f"the h tile of {fit.k_tile} columns" if k_tile is not None
+                else f"even the narrowest h tile ({fit.k_tile} columns)")
         return no(f"{where}: the R slice alone is {gates} x {U} units x {H} = {r_floats} "
-                  f"floats = {r_floats * 4 / 1024:.0f} KiB per block; with the h tile and "
+                  f"floats = {r_floats * 4 / 1024:.0f} KiB per block; with {tile} and "
                   f"partial sums {fit.smem_bytes} bytes of shared memory > "
-                  f"{min(optin, per_sm - reserved)} a block can have (opt-in {optin}, "
+                  f"{limit} a block can have (opt-in {optin}, "
                   f"{per_sm} per SM, {reserved} reserved)")
     if not fit.ok:
         return no(f"{where}: {fit.reason}")
     warps = _ceil(fit.threads, 32)
-    per_warp = _ceil(regs * 32, _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
-    if regs * fit.threads > int(props.get("regsPerBlock", props["regsPerMultiprocessor"])) \
-            or warps * per_warp > int(props["regsPerMultiprocessor"]):
+    if regs * fit.threads > regs_block or warps * per_warp > regs_sm:
         return no(f"{where}: {fit.threads} threads x {regs} registers = {warps * per_warp} "
-                  f"registers > {props['regsPerMultiprocessor']} per SM "
-                  f"({props.get('regsPerBlock')} per block): fewer threads a block")
-    return replace(fit, reason=f"fits: {fit.blocks} of {sms} SMs")
+                  f"registers > {regs_sm} per SM ({regs_block} per block): fewer threads a "
+                  f"block")
+    return replace(fit, reason=f"fits: {fit.blocks} of {sms} SMs, {fit.tiles} tile"
+                               f"{'' if fit.tiles == 1 else 's'} of h_t a step")
 
 
 # --- the decomposition, as the kernel indexes it --------------------------------------------
@@ -270,12 +363,12 @@ def owned(fit: Fit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def k_columns(fit: Fit, group: int) -> np.ndarray:
     """The columns k of h_t (and of R) k-group ``group`` accumulates, in its order: tile by
-    tile (PK_KT columns), the float4 chunks group, group + KS, ... of each, skipping k >= H
+    tile (k_tile columns), the float4 chunks group, group + KS, ... of each, skipping k >= H
     (R's padding there is zero)."""
-    H, ks = fit.hidden, fit.k_split
+    H, ks, kt = fit.hidden, fit.k_split, fit.k_tile
     cols = []
-    for k0 in range(0, H, PK_KT):
-        chunks = min(PK_KT // 4, _ceil(H - k0, 4))
+    for k0 in range(0, H, kt):
+        chunks = min(kt // 4, _ceil(H - k0, 4))
         for cc in range(group, chunks, ks):
             cols.extend(k for k in range(k0 + 4 * cc, k0 + 4 * cc + 4) if k < H)
     return np.array(cols, dtype=np.int64)
@@ -390,18 +483,19 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
 
 
 # --- NumPy twins of the registry's kernels ------------------------------------------------
-# fn(rows = B, cols = H, outs, ins, T, units_per_block), the views as kernels.py hands
-# them: h [(T+1)*B, H] (slot 0 = h0 read), c likewise (LSTM), act [T*B, 4H], sync [1, 2];
-# gx [T*B, G*H], w_hh [G*H, H], bw and br [B, G*H] (ld 0 broadcasts). The block size is the
-# fit's default for (B, U): it only changes the order in which partial sums are added.
+# fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile), the views as kernels.py
+# hands them: h [(T+1)*B, H] (slot 0 = h0 read), c likewise (LSTM), act [T*B, 4H], sync
+# [1, 2]; gx [T*B, G*H], w_hh [G*H, H], bw and br [B, G*H] (ld 0 broadcasts). The block size
+# is the default for (B, U, k_tile): it only changes the order in which partial sums are
+# added.
 
-def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block):
+def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile):
     gx, w_hh, bw, br = ins
     B, H, G = rows, cols, get_cell(cell).gates
     if np.any(np.asarray(sync) != 0):
         raise ValueError(f"{kernel_name(cell)}: the sync counters must be zero on entry, "
                          f"got {np.asarray(sync).ravel().tolist()}")
-    fit = geometry(cell, H, B, units_per_block)
+    fit = geometry(cell, H, B, units_per_block, k_tile=k_tile)
     if not fit.ok:
         raise ValueError(f"{kernel_name(cell)}: {fit.reason}")
     gx3 = np.asarray(gx).reshape(T, B, G * H)
@@ -415,21 +509,21 @@ def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block):
         act[...] = act_all.reshape(T * B, 4 * H)
 
 
-def lstm_persistent_fwd(rows, cols, outs, ins, T, units_per_block):
+def lstm_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
     h, c, act, sync = outs
-    _twin("lstm", rows, cols, h, c, act, sync, ins, T, units_per_block)
+    _twin("lstm", rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile)
 
 
-def gru_persistent_fwd(rows, cols, outs, ins, T, units_per_block):
+def gru_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
     h, act, sync = outs
-    _twin("gru", rows, cols, h, None, act, sync, ins, T, units_per_block)
+    _twin("gru", rows, cols, h, None, act, sync, ins, T, units_per_block, k_tile)
 
 
-def rnn_tanh_persistent_fwd(rows, cols, outs, ins, T, units_per_block):
+def rnn_tanh_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
     h, sync = outs
-    _twin("rnn_tanh", rows, cols, h, None, None, sync, ins, T, units_per_block)
+    _twin("rnn_tanh", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile)
 
 
-def rnn_relu_persistent_fwd(rows, cols, outs, ins, T, units_per_block):
+def rnn_relu_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
     h, sync = outs
-    _twin("rnn_relu", rows, cols, h, None, None, sync, ins, T, units_per_block)
+    _twin("rnn_relu", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile)

@@ -10,6 +10,7 @@ How a forward plan is made: the (layer, step) grid is cut into *tasks* —
   ('xpose', l, 'W'|'R')  transpose W or R once per pass            (pretranspose)
   ('wx', l, t0)          W.x for steps [t0, t0 + k) of layer l     (input stream)
   ('cell', l, t)         R.h_{t-1} and the pointwise update of step t   (recurrence stream)
+  ('pcell', l)           persistent: all T steps of layer l in one kernel (recurrence stream)
 — each with the tasks it depends on and a priority. A list scheduler issues ready tasks in
 priority order; a dependency that crosses streams becomes a Record on the producer's stream
 and a Wait on the consumer's. Priorities: layer by layer (wavefront off) or by anti-diagonal
@@ -34,6 +35,17 @@ the paper's LSTM (B 64, H 512) training adds 640 KiB per layer per step.
   pre{l}      [B, G*H]         naive pointwise only: pre-activations
   tmp{l}      [2, B, H]        naive pointwise only: temporaries
   wT{l}, rT{l} [I, G*H], [H, G*H]  pre-transposed W and R
+  sync        [2] unsigned     persistent only: the kernels' grid-barrier counters (zero
+                               between launches; the layers' kernels run one after another)
+
+Persistent plans (switch 'persistent', when the device fit accepts the layer shape): per
+layer one W.x GEMM over all T steps (the kernel needs all of them before its first step, so
+input_batch chunks would only add launches), then one ('pcell', l) task after it;
+layer l+1's W.x waits for the whole of layer l (its kernel produces all T steps at once), so
+two persistent kernels never run at the same time (they could deadlock: each needs every SM).
+c{l} keeps T+1 slots and act{l} T slots even for inference: the kernel writes every step.
+When the fit declines the shape, the plan is the schedule without 'persistent' and
+``Plan.fallback`` says why (the ladder and the sweep copy it into their records).
 """
 from __future__ import annotations
 
@@ -43,8 +55,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from .cells import forward_flops, get_cell, layer_input_size
+from .kernels import check_views, get_kernel
+from .limits import DeviceLimits
 from .ops import Gemm, Kernel, Op, Record, View, Wait
 from .params import make_layout
+from .persistent import kernel_name as persistent_kernel, persistent_fit
 from .switches import Switches
 
 
@@ -61,6 +76,7 @@ class PlanKey:
     bias: bool
     switches: Switches
     train: bool = False
+    device: DeviceLimits | None = None   # the persistent switch's fit reads it; else unused
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -70,16 +86,26 @@ class PlanKey:
                 raise ValueError(f"PlanKey.{name}: expected a positive int, got {v!r}")
         if not isinstance(self.switches, Switches):
             raise TypeError(f"PlanKey.switches: expected Switches, got {type(self.switches)}")
+        if self.device is not None and not isinstance(self.device, DeviceLimits):
+            raise TypeError(f"PlanKey.device: expected DeviceLimits or None, got "
+                            f"{type(self.device)}")
+        if self.switches.persistent and self.device is None:
+            raise ValueError("PlanKey.device: the persistent switch needs the device's limits "
+                             "(rnnrt.limits.DeviceLimits.from_device(cupy), or a named device "
+                             "such as rnnrt.limits.H100_SXM for CPU runs)")
 
 
 @dataclass(frozen=True)
 class Buffer:
     """A named flat buffer. role: 'param' (the model's weights), 'const' (filled once),
-    'io' (inputs and outputs live here), 'scratch' (only the pass reads it)."""
+    'io' (inputs and outputs live here), 'scratch' (only the pass reads it), 'sync'
+    (barrier counters: zeroed once, reset by the kernels themselves, never poisoned).
+    dtype: 'float' (the workspace's float type) or 'uint32'."""
 
     name: str
     size: int
     role: str
+    dtype: str = "float"
 
 
 @dataclass(frozen=True)
@@ -117,6 +143,8 @@ class Plan:
     num_events: int
     inputs: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
+    fallback: str | None = None   # persistent switch declined: why (None: not asked, or ran)
+    fit: str | None = None        # persistent switch: the fit it used or declined
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
@@ -146,6 +174,8 @@ class Plan:
             if isinstance(op, Gemm) and op.kind != "db":
                 m, n, k = op.mnk()
                 total += 2 * m * n * k
+            elif isinstance(op, Kernel):
+                total += op.flops          # R.h inside a persistent kernel
         return total
 
     def ops_on(self, stream: int) -> list:
@@ -268,6 +298,13 @@ def validate(plan: Plan) -> None:
         elif isinstance(op, Wait):
             if op.event not in recorded:
                 raise ValueError(f"op {i}: wait on event {op.event} before its record")
+        if isinstance(op, Kernel):
+            # every launch's views have the shapes its kernel addresses (see cuda_src/)
+            try:
+                check_views(get_kernel(op.name), op.rows, op.cols, op.outs, op.ins,
+                            dict(op.scalars))
+            except ValueError as e:
+                raise ValueError(f"op {i}: {e}") from None
         for v in tuple(op.reads) + tuple(op.writes):
             if v.buf not in sizes:
                 raise ValueError(f"op {i}: unknown buffer {v.buf!r}")
@@ -306,6 +343,21 @@ class _ForwardBuilder:
         self.k = self.sw.steps_per_input_gemm(self.T)
         self.layout = make_layout(key.cell, key.input_size, key.hidden_size, key.num_layers,
                                   key.bias)
+        # the persistent switch: one fit for every layer (R is [G*H, H] in each)
+        self.persist, self.fallback, self.fit = False, None, None
+        if self.sw.persistent:
+            self.fit = persistent_fit(key.cell, self.H, self.B, key.device.props())
+            if self.fit.ok:
+                self.persist = True
+                # the kernel reads every step's W.x before its first step, so W.x chunks
+                # would only add launches: one input GEMM per layer, whatever input_batch says
+                self.k = self.T
+            else:
+                self.fallback = (f"persistent declined on {key.device.name}: "
+                                 f"{self.fit.reason}; ran the schedule without it")
+        # slots of c and act: every step's when training or when a persistent kernel writes
+        # them all; else c has 3 (c0 kept, then two alternating) and act 1
+        self.all_slots = key.train or self.persist
 
     # -- streams ---------------------------------------------------------------------------
     def streams(self):
@@ -337,11 +389,13 @@ class _ForwardBuilder:
         T, B, H, GH = self.T, self.B, self.H, self.GH
         bufs = [Buffer("params", self.layout.size, "param"), Buffer("zeros", GH, "const"),
                 Buffer("x", T * B * self.key.input_size, "io")]
-        slots = T if self.key.train else 1
+        slots = T if self.all_slots else 1
+        if self.persist:
+            bufs.append(Buffer("sync", 2, "sync", "uint32"))
         for layer in range(self.L):
             bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
             if self.cell.has_cell_state:
-                bufs.append(Buffer(f"c{layer}", ((T + 1) if self.key.train else 3) * B * H,
+                bufs.append(Buffer(f"c{layer}", ((T + 1) if self.all_slots else 3) * B * H,
                                    "io"))
             bufs += [Buffer(f"gx{layer}", T * B * GH, "scratch"),
                      Buffer(f"gh{layer}", B * GH, "scratch")]
@@ -375,7 +429,7 @@ class _ForwardBuilder:
         """c{layer}[index] as [B, H]. Inference keeps three slots: c0 in slot 0 (never
         overwritten, so a plan can be re-run without reloading its inputs) and the states
         after each step alternating in slots 1 and 2 (nothing older is read again)."""
-        slot = index if (self.key.train or index == 0) else 1 + (index - 1) % 2
+        slot = index if (self.all_slots or index == 0) else 1 + (index - 1) % 2
         return View(f"c{layer}", slot * self.B * self.H, self.B, self.H, self.H)
 
     def weight_blocks(self, layer, which):
@@ -424,7 +478,9 @@ class _ForwardBuilder:
         deps = []
         if self.sw.pretranspose:
             deps.append(("xpose", layer, "ih"))
-        if layer > 0:
+        if layer > 0 and self.persist:
+            deps.append(("pcell", layer - 1))      # one kernel made all of layer l-1's steps
+        elif layer > 0:
             # the lower layer must have produced h for every step this GEMM reads; without
             # the wavefront, the whole lower layer must be finished first
             last = (t1 - 1) if self.sw.wavefront else (self.T - 1)
@@ -451,6 +507,31 @@ class _ForwardBuilder:
         prio = (layer + t, layer, 1) if self.sw.wavefront else (layer, t, 1)
         return _Task(("cell", layer, t), stream, deps, prio, ops)
 
+    def pcell_task(self, layer):
+        """All T steps of layer ``layer`` as one persistent kernel (after all its W.x)."""
+        T, B, H, GH, fit = self.T, self.B, self.H, self.GH, self.fit
+        name = persistent_kernel(self.key.cell)
+        outs = [View(f"h{layer}", 0, (T + 1) * B, H, H)]      # slot 0 (h0) is read
+        if self.cell.has_cell_state:
+            outs.append(View(f"c{layer}", 0, (T + 1) * B, H, H))
+        if self.cell.saved_gates:
+            n = self.cell.saved_gates * H
+            outs.append(View(f"act{layer}", 0, T * B, n, n))
+        outs.append(View("sync", 0, 1, 2, 2))
+        r = self.param(layer, "weight_hh")
+        ins = (View(f"gx{layer}", 0, T * B, GH, GH), View("params", r.offset, GH, H, H),
+               self.bias(layer, "bias_ih"), self.bias(layer, "bias_hh"))
+        known = {"T": T, "units_per_block": fit.units_per_block,
+                 "k_tile": getattr(fit, "k_tile", None)}
+        scalars = tuple((k, known[k]) for k in get_kernel(name).scalars)
+        stream = self.rec(layer)
+        op = Kernel(stream, name, B, H, tuple(outs), ins, kind="persistent", layer=layer,
+                    steps=(0, T), scalars=scalars,
+                    launch=(fit.grid, fit.block, fit.smem_bytes),
+                    flops=2 * GH * H * B * T)
+        deps = [("wx", layer, t0) for t0 in range(0, T, self.k)]
+        return _Task(("pcell", layer), stream, deps, (layer, T, 1), [op])
+
     # -- pointwise ---------------------------------------------------------------------------
     def pointwise(self, layer, t, s):
         B, H, GH = self.B, self.H, self.GH
@@ -458,7 +539,7 @@ class _ForwardBuilder:
         gh = View(f"gh{layer}", 0, B, GH, GH)
         bw, br = self.bias(layer, "bias_ih"), self.bias(layer, "bias_hh")
         hprev, hnew = self.h(layer, t), self.h(layer, t + 1)
-        slot = t if self.key.train else 0
+        slot = t if self.all_slots else 0
         nsave = self.cell.saved_gates
         act = (View(f"act{layer}", slot * B * nsave * H, B, nsave * H, nsave * H)
                if nsave else None)
@@ -526,6 +607,9 @@ class _ForwardBuilder:
                 tasks += [self.xpose_task(layer, "ih"), self.xpose_task(layer, "hh")]
             for t0 in range(0, self.T, self.k):
                 tasks.append(self.wx_task(layer, t0, min(t0 + self.k, self.T)))
+            if self.persist:
+                tasks.append(self.pcell_task(layer))
+                continue
             for t in range(self.T):
                 tasks.append(self.cell_task(layer, t))
         ops, nev = schedule(tasks)
@@ -540,4 +624,7 @@ class _ForwardBuilder:
         if self.cell.has_cell_state:
             inputs["c0"] = Binding(state, tuple(self.c(layer, 0) for layer in range(L)))
             outputs["c_n"] = Binding(state, tuple(self.c(layer, T) for layer in range(L)))
-        return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs)
+        return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs,
+                    fallback=self.fallback,
+                    fit=None if self.fit is None else
+                    (self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")))

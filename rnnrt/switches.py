@@ -12,10 +12,18 @@ Switches (Appleyard, Kocisky, Blunsom 2016, section numbers of ../shared/referen
   input_batch   6. W.x for k steps as one GEMM: 1 = off, an int k > 1, or 'all' (= T steps)
   wavefront     7. layers overlap along anti-diagonals of the (layer, step) grid, each layer
                    on its own streams; off: layer l+1 starts after layer l has finished
+  persistent    beyond the paper (its future work): each layer's recurrence is ONE launch of
+                   a persistent kernel (cuda_src/persistent.cu) that keeps R on chip for all
+                   T steps; W.x stays cuBLAS GEMMs as the other switches say. Where the layer
+                   does not fit the device, the plan falls back to the other switches'
+                   schedule and says so (Plan.fallback)
 
 Rules (the only combinations rejected; everything else works):
   - wavefront needs streams: the wavefront is concurrency between layers' streams, and
     "streams off" means one stream for everything, so there is nothing to overlap.
+  - persistent needs fused: the persistent kernel is a fused pointwise kernel too (it does
+    the fused kernels' arithmetic in their order), and its fallback must be the fused
+    schedule so that a declined shape still computes with the same kernels' math.
   - input_batch is an int >= 1 or the string 'all'.
 """
 from __future__ import annotations
@@ -43,6 +51,7 @@ class Switches:
     pretranspose: bool = False
     input_batch: int | str = 1
     wavefront: bool = False
+    persistent: bool = False
 
     def __post_init__(self):
         for f in fields(self):
@@ -59,6 +68,11 @@ class Switches:
             raise ValueError(
                 "Switches: wavefront=True needs streams=True (the wavefront overlaps layers on "
                 "their own streams; with streams off everything runs on one stream)")
+        if self.persistent and not self.fused:
+            raise ValueError(
+                "Switches: persistent=True needs fused=True (the persistent kernel does the "
+                "fused kernels' pointwise math, and a shape it declines falls back to the "
+                "fused schedule)")
 
     def steps_per_input_gemm(self, steps: int) -> int:
         """How many timesteps one W.x GEMM covers for a sequence of ``steps``."""
@@ -96,7 +110,10 @@ LADDER_STEPS: tuple[tuple[str, str | None], ...] = (
     ("+pretranspose", "pretranspose"),
     ("+input_batch", "input_batch"),
     ("+wavefront", "wavefront"),
+    ("+persistent", "persistent"),     # beyond the paper: not a row of its Table 1
 )
+PAPER_RUNGS = 7
+"""How many rungs (from the first) are the paper's Table 1; the rest go beyond it."""
 
 
 def ladder(input_batch: int | str = DEFAULT_INPUT_BATCH) -> tuple[Rung, ...]:
@@ -120,11 +137,12 @@ def all_combinations(input_batches=(1, 2, ALL)):
     """Every valid Switches, for exhaustive tests. Validity is decided by Switches itself
     (the rules above), so this list cannot drift from them."""
     out = []
-    for bits in itertools.product((False, True), repeat=5):
-        grouped, streams, fused, pretranspose, wavefront = bits
+    for bits in itertools.product((False, True), repeat=6):
+        grouped, streams, fused, pretranspose, wavefront, persistent = bits
         for ib in input_batches:
             try:
-                out.append(Switches(grouped, streams, fused, pretranspose, ib, wavefront))
+                out.append(Switches(grouped, streams, fused, pretranspose, ib, wavefront,
+                                    persistent))
             except ValueError:
                 continue
     return tuple(out)

@@ -1,20 +1,24 @@
 // Runs cuda_src/persistent.cu's kernels on the CPU: one std::thread per CUDA thread, every
 // block of the grid at once (co-resident, as the kernel requires), __syncthreads as a
 // std::barrier per block, the grid barrier's atomics and acquire loads as std::atomic_ref.
-// The kernel source is compiled as is (PK_HOST_SIM swaps in the three primitives below), so
-// its indexing, shared-memory layout, k-split reduction and barrier protocol run for real.
-// Used by tests/test_persistent_cpu.py (g++ -std=c++20 -pthread); not part of rnnrt.
+// The kernel source is compiled as is (PK_HOST_SIM swaps in the four primitives below), so
+// its indexing, shared-memory layout, h staging, k-split reduction and barrier protocol run
+// for real. Used by tests/test_persistent_cpu.py (g++ -std=c++20 -pthread); not part of rnnrt.
 //
 //   persistent_host_sim CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR LDH LDC LDACT
-//                       LDGX LDW LDBW LDBR
+//                       LDGX LDW LDBW LDBR K_TILE H_OFFSET
 // reads DIR/{h,c,act,gx,w,bw,br}.f32 (flat float32, laid out with those lds; c and act may be
 // empty), launches the kernel LAUNCHES times with one sync buffer (re-poisoning the outputs
 // in between, checking the counters are back to zero after each), writes DIR/{h,c,act}.out.
+// h is placed H_OFFSET floats past a 16-byte boundary (1: misaligned, the kernel must fall
+// back to 4-byte staging loads). Prints how many 16-byte and 4-byte h staging loads
+// (__ldcg) the kernel made: "ldcg128 N ldcg32 M".
 #include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,10 +63,25 @@ static unsigned int atomicAdd(unsigned int* p, unsigned int v) {
 static unsigned int atomicExch(unsigned int* p, unsigned int v) {
     return std::atomic_ref<unsigned int>(*p).exchange(v);
 }
-static float __ldcg(const float* p) { return *p; }
+// the cache-hinted loads and stores: plain accesses, counting the h staging loads (__ldcg)
+static std::atomic<long long> sim_ldcg128{0}, sim_ldcg32{0};
+static float __ldcg(const float* p) {
+    sim_ldcg32.fetch_add(1, std::memory_order_relaxed);
+    return *p;
+}
+static float4 __ldcg(const float4* p) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {   // the GPU faults on this
+        std::fprintf(stderr, "misaligned 16-byte load at %p\n", static_cast<const void*>(p));
+        std::abort();
+    }
+    sim_ldcg128.fetch_add(1, std::memory_order_relaxed);
+    return *p;
+}
+static float __ldcs(const float* p) { return *p; }
+static float __ldg(const float* p) { return *p; }
 static void __stcg(float* p, float v) { *p = v; }
 
-// the three primitives persistent.cu leaves to PK_HOST_SIM
+// the four primitives persistent.cu leaves to PK_HOST_SIM
 static unsigned int ld_acquire_gpu(const unsigned int* p) {
     std::this_thread::yield();   // 2 cores, hundreds of threads: let the others run
     return std::atomic_ref<unsigned int>(*const_cast<unsigned int*>(p))
@@ -70,6 +89,13 @@ static unsigned int ld_acquire_gpu(const unsigned int* p) {
 }
 static unsigned int dynamic_smem_bytes() { return sim_smem_bytes; }
 static float* dynamic_smem() { return sim_smem; }
+static void sts128(float* p, float4 v) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {
+        std::fprintf(stderr, "misaligned 16-byte shared store at %p\n", static_cast<void*>(p));
+        std::abort();
+    }
+    *reinterpret_cast<float4*>(p) = v;
+}
 
 #include PK_SOURCE
 
@@ -122,7 +148,7 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
 }
 
 int main(int argc, char** argv) {
-    if (argc != 18) {
+    if (argc != 20) {
         std::fprintf(stderr, "usage: see the top of persistent_host_sim.cpp\n");
         return 2;
     }
@@ -134,36 +160,43 @@ int main(int argc, char** argv) {
     const int ldh = std::atoi(argv[11]), ldc = std::atoi(argv[12]), ldact = std::atoi(argv[13]);
     const int ldgx = std::atoi(argv[14]), ldw = std::atoi(argv[15]);
     const int ldbw = std::atoi(argv[16]), ldbr = std::atoi(argv[17]);
-    std::vector<float> h = read_f32(dir + "/h.f32"), c = read_f32(dir + "/c.f32");
+    const int k_tile = std::atoi(argv[18]), h_offset = std::atoi(argv[19]);
+    const std::vector<float> h_in = read_f32(dir + "/h.f32");
+    std::vector<float> c = read_f32(dir + "/c.f32");
     std::vector<float> act = read_f32(dir + "/act.f32"), gx = read_f32(dir + "/gx.f32");
     std::vector<float> w = read_f32(dir + "/w.f32"), bw = read_f32(dir + "/bw.f32");
     std::vector<float> br = read_f32(dir + "/br.f32");
+    // h at h_offset floats past a 16-byte boundary (float4 storage is 16-byte aligned)
+    std::vector<float4> h_store((h_offset + h_in.size()) / 4 + 1);
+    float* const h = reinterpret_cast<float*>(h_store.data()) + h_offset;
+    std::copy(h_in.begin(), h_in.end(), h);
+    const size_t h_size = h_in.size();
     alignas(8) unsigned int sync[2] = {0, 0};
     const float nan = std::numeric_limits<float>::quiet_NaN();
 
     for (int l = 0; l < launches; ++l) {
         if (l > 0) {   // poison every output element again: this launch must write it
-            std::fill(h.begin() + (size_t)B * ldh, h.end(), nan);
+            std::fill(h + (size_t)B * ldh, h + h_size, nan);
             if (!c.empty()) std::fill(c.begin() + (size_t)B * ldc, c.end(), nan);
             std::fill(act.begin(), act.end(), nan);
         }
         std::function<void()> k;
         if (cell == "lstm")
-            k = [&] { lstm_persistent_fwd(B, H, h.data(), ldh, c.data(), ldc, act.data(), ldact,
-                                          sync, 2, gx.data(), ldgx, w.data(), ldw, bw.data(),
-                                          ldbw, br.data(), ldbr, T, U); };
+            k = [&] { lstm_persistent_fwd(B, H, h, ldh, c.data(), ldc, act.data(), ldact, sync,
+                                          2, gx.data(), ldgx, w.data(), ldw, bw.data(), ldbw,
+                                          br.data(), ldbr, T, U, k_tile); };
         else if (cell == "gru")
-            k = [&] { gru_persistent_fwd(B, H, h.data(), ldh, act.data(), ldact, sync, 2,
-                                         gx.data(), ldgx, w.data(), ldw, bw.data(), ldbw,
-                                         br.data(), ldbr, T, U); };
+            k = [&] { gru_persistent_fwd(B, H, h, ldh, act.data(), ldact, sync, 2, gx.data(),
+                                         ldgx, w.data(), ldw, bw.data(), ldbw, br.data(), ldbr,
+                                         T, U, k_tile); };
         else if (cell == "rnn_tanh")
-            k = [&] { rnn_tanh_persistent_fwd(B, H, h.data(), ldh, sync, 2, gx.data(), ldgx,
-                                              w.data(), ldw, bw.data(), ldbw, br.data(), ldbr,
-                                              T, U); };
+            k = [&] { rnn_tanh_persistent_fwd(B, H, h, ldh, sync, 2, gx.data(), ldgx, w.data(),
+                                              ldw, bw.data(), ldbw, br.data(), ldbr, T, U,
+                                              k_tile); };
         else
-            k = [&] { rnn_relu_persistent_fwd(B, H, h.data(), ldh, sync, 2, gx.data(), ldgx,
-                                              w.data(), ldw, bw.data(), ldbw, br.data(), ldbr,
-                                              T, U); };
+            k = [&] { rnn_relu_persistent_fwd(B, H, h, ldh, sync, 2, gx.data(), ldgx, w.data(),
+                                              ldw, bw.data(), ldbw, br.data(), ldbr, T, U,
+                                              k_tile); };
         launch(blocks, threads, smem, k);
         if (sync[0] != 0 || sync[1] != 0) {
             std::fprintf(stderr, "launch %d left sync = {%u, %u}, not zero\n", l, sync[0],
@@ -171,8 +204,9 @@ int main(int argc, char** argv) {
             return 3;
         }
     }
-    write_f32(dir + "/h.out", h);
+    write_f32(dir + "/h.out", std::vector<float>(h, h + h_size));
     write_f32(dir + "/c.out", c);
     write_f32(dir + "/act.out", act);
+    std::printf("ldcg128 %lld ldcg32 %lld\n", sim_ldcg128.load(), sim_ldcg32.load());
     return 0;
 }

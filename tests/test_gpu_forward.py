@@ -18,7 +18,13 @@ pytestmark = [pytest.mark.gpu,
 from rnnrt import reference  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close  # noqa: E402
 from rnnrt.params import make_layout, per_layer  # noqa: E402
-from rnnrt.plan import PlanKey, forward_plan  # noqa: E402
+from rnnrt.limits import DeviceLimits  # noqa: E402
+from rnnrt.plan import PlanKey as _PlanKey, forward_plan  # noqa: E402
+
+
+def PlanKey(*args, **kw):   # noqa: N802 - plans for the GPU these tests run on
+    import cupy
+    return _PlanKey(*args, device=DeviceLimits.from_device(cupy), **kw)
 from rnnrt.switches import ALL, all_combinations, ladder  # noqa: E402
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")

@@ -1,5 +1,6 @@
 """GPU tests of the persistent kernels (marker gpu; skipped without a GPU). Written before
-any GPU run (v1, 2026-11-22): the first session on the device runs these first.
+any GPU run (v1, 2026-11-22; v2: the k_tile argument, 16-byte staging loads,
+prefetched pointwise inputs; not yet run on a GPU).
 
 Each persistent kernel runs one layer's T steps in one launch, with gx = W x from a cuBLAS
 matmul (CuPy), and is compared with the float64 NumPy reference in fp32 tolerance, outputs
@@ -127,7 +128,9 @@ def _fit(props, cell, H, B, **kw):
     return fit
 
 
-SHAPES = [  # (T, B, H): odd H, B 1 and 3, one step; the paper's LSTM (shorter); H 1024 > 48 KB
+SHAPES = [  # (T, B, H): odd H, B 1 and 3, one step; the paper's LSTM (shorter); H 1024 > 48 KB.
+    # The default fit: all of h_t in one tile (H 1024: LSTM 4 tiles, GRU 3, RNN 2); 16-byte
+    # staging loads where H is a multiple of 4 (200, 512, 1024), 4-byte ones elsewhere
     (1, 1, 33), (7, 3, 37), (9, 3, 150), (5, 1, 200), (20, 64, 512), (6, 64, 1024)]
 
 
@@ -148,18 +151,45 @@ def test_matches_reference_twice(cp, props, lib, shape, cell, bias):
     layer.check("second launch")
 
 
+@pytest.mark.parametrize("H", [150, 200], ids=["H150-4byte", "H200-16byte"])
 @pytest.mark.parametrize("cell", CELL_NAMES)
-@pytest.mark.parametrize("kw", [{"units_per_block": 7}, {"threads": 64}, {"threads": 512}],
-                         ids=["U7", "thr64", "thr512"])
-def test_other_decompositions(cp, props, lib, cell, kw):
-    """Knobs: more units a block (fewer blocks), other block sizes (other k-splits)."""
-    T, B, H = 5, 3, 150
+@pytest.mark.parametrize("kw", [{"units_per_block": 7}, {"threads": 64}, {"threads": 512},
+                                {"k_tile": 8}, {"k_tile": 64},
+                                {"k_tile": 12, "threads": 512}],
+                         ids=["U7", "thr64", "thr512", "kt8", "kt64", "kt12-thr512"])
+def test_other_decompositions(cp, props, lib, cell, kw, H):
+    """Knobs: more units a block (fewer blocks), other block sizes (other k-splits: 512
+    threads over one tile gives KS 38 or 50), h_t in several tiles (k_tile 8: 19 or 25
+    tiles; 64: v1's; 12 with 512 threads: KS capped at 3), with 4-byte (H 150) and 16-byte
+    (H 200) staging loads."""
+    T, B = 5, 3
     fit = _fit(props, cell, H, B, **kw)
+    if "k_tile" in kw:
+        assert fit.k_tile == kw["k_tile"] and fit.tiles > 1, fit.describe()
     layer = Layer(cp, cell, T, B, H, seed=3)
     outs, ins = layer.pairs()
     lib.launch_persistent(fit, outs, ins, T)
     cp.cuda.Device().synchronize()
     layer.check(fit.describe())
+
+
+@pytest.mark.parametrize("offset", [1, 2], ids=["4-byte", "8-byte"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_misaligned_h_falls_back_to_4_byte_loads(cp, props, lib, cell, offset):
+    """H a multiple of 4 but h not 16-byte aligned (a view one or two floats into a
+    buffer): a 16-byte load would fault, the kernel must stage with 4-byte loads and give
+    the same results."""
+    T, B, H = 6, 5, 200
+    fit = _fit(props, cell, H, B)
+    layer = Layer(cp, cell, T, B, H, seed=4)
+    buf = cp.empty((T + 1) * B * H + offset, cp.float32)
+    layer.h = buf[offset:].reshape((T + 1) * B, H)
+    assert layer.h.data.ptr % 16 != 0
+    layer.poison()
+    outs, ins = layer.pairs()
+    lib.launch_persistent(fit, outs, ins, T)
+    cp.cuda.Device().synchronize()
+    layer.check(f"h at +{4 * offset} bytes")
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)
@@ -173,7 +203,8 @@ def test_cuda_graph(cp, props, lib, cell):
     outs, ins = layer.pairs()
     kinfo = KERNELS[fit.kernel]
     grid, block, smem = kinfo.launch_persistent(fit)
-    args = kernel_args(kinfo, B, H, outs, ins, {"T": T, "units_per_block": fit.units_per_block})
+    args = kernel_args(kinfo, B, H, outs, ins, {"T": T, "units_per_block": fit.units_per_block,
+                                                "k_tile": fit.k_tile})
     raw = lib.get(fit.kernel)
     if smem > P.DEFAULT_SHARED_BYTES:
         raw.max_dynamic_shared_size_bytes = smem     # before capture, as a plan would

@@ -10,7 +10,7 @@ import pytest
 from rnnrt import cli
 from rnnrt.bench import ladder as lb
 from rnnrt.device import gpu_available
-from rnnrt.switches import ladder, rung_names
+from rnnrt.switches import PAPER_RUNGS, ladder, rung_names
 
 
 def small_cfg(**kw):
@@ -36,8 +36,30 @@ def test_cpu_ladder_record(tmp_path):
     path = lb.write_record(rec, tmp_path / "r.json")
     assert json.loads(path.read_text())["config"]["input_size"] == 5
     table = lb.markdown_table(rec)
-    for name in rung_names():
+    for name in rung_names()[:PAPER_RUNGS]:
         assert f"| {name} |" in table
+    for name in rung_names()[PAPER_RUNGS:]:
+        assert f"| {name} (beyond the paper) |" in table
+    # the small CPU size fits the (example H100) device: the persistent rung ran its kernel
+    last = rows[-1]
+    assert last["rung"] == "+persistent" and "fallback" not in last
+    assert last["plan"]["counts"]["kernel:persistent"] == small_cfg().layers
+    assert "fits" in last["fit"]
+
+
+def test_cpu_ladder_persistent_fallback_is_recorded(monkeypatch):
+    """A device too small for the layer: the persistent rung runs the fused schedule, its row
+    and the table say so, and it still matches the naive rung."""
+    tiny = dataclasses.replace(lb.H100_SXM, name="tiny GPU", smem_per_block_optin=16)
+    monkeypatch.setattr(lb, "H100_SXM", tiny)
+    rec = lb.run_ladder(small_cfg(), progress=lambda m: None)
+    last = rec["rows"][-1]
+    assert last["rung"] == "+persistent" and last["check"]["ok"]
+    assert "tiny GPU" in last["fallback"] and "shared memory" in last["fallback"]
+    assert "kernel:persistent" not in last["plan"]["counts"]
+    table = lb.markdown_table(rec)
+    assert "| +persistent (beyond the paper) (fell back) |" in table
+    assert "+persistent: persistent declined on tiny GPU" in table
 
 
 def test_cpu_ladder_backward_record():
@@ -65,9 +87,11 @@ def test_a_disagreeing_rung_is_refused(monkeypatch):
     rec = lb.run_ladder(small_cfg(), progress=lambda m: None)
     by = {r["rung"]: r for r in rec["rows"]}
     assert "refused" not in by["naive"] and "ms_median" in by["+grouped"]
-    fused_rungs = [r.name for r in ladder() if r.switches.fused]
+    fused_rungs = [r.name for r in ladder() if r.switches.fused and not r.switches.persistent]
     for name in fused_rungs:
         assert "refused" in by[name] and "ms_median" not in by[name]
+    # the persistent rung runs its own kernel, not gru_fwd: held to naive, it agrees
+    assert "ms_median" in by["+persistent"] and by["+persistent"]["check"]["ok"]
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the message shown without a GPU")
@@ -91,3 +115,21 @@ def test_cli_rejects_bad_flags():
                  ["ladder", "--cell", "xlstm"]):
         with pytest.raises(SystemExit):
             cli.main(argv)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd+bwd"])
+def test_gpu_ladder_small_with_cudnn(backward):
+    """The GPU ladder end to end at a small size, cuDNN row included when torch has CUDA
+    (its outputs, and with --backward its gradients in rnnrt's flat layout, checked against
+    the float64 reference): every rung verified, the persistent rung ran its kernel."""
+    torch = pytest.importorskip("torch")
+    rec = lb.run_ladder(small_cfg(cell="lstm", cpu=False, executors=("graph",),
+                                  backward=backward), progress=lambda m: None)
+    rows = rec["rows"]
+    assert all(r["check"]["ok"] for r in rows), [r["check"] for r in rows]
+    last = next(r for r in rows if r["rung"] == "+persistent")
+    assert "fallback" not in last and last["plan"]["counts"]["kernel:persistent"] == 2
+    if torch.cuda.is_available():
+        assert rows[-1]["rung"] == "cudnn" and rows[-1]["check"]["ok"]

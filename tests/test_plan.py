@@ -3,6 +3,8 @@ order and in random stream interleavings, is statically race-free, and every swi
 the plan the way it claims. A plan with one wait removed must be caught."""
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 import math
 
@@ -16,8 +18,12 @@ from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
 from rnnrt.ops import Gemm, Kernel, Record, Wait
 from rnnrt.params import make_layout, per_layer
-from rnnrt.plan import PlanKey, forward_plan
-from rnnrt.switches import ALL, Switches, all_combinations, ladder
+from rnnrt.limits import H100_SXM
+from rnnrt.plan import PlanKey as _PlanKey, forward_plan
+
+# CPU plans are built for the lent H100's limits (what the persistent switch's fit reads)
+PlanKey = functools.partial(_PlanKey, device=H100_SXM)
+from rnnrt.switches import ALL, PAPER_RUNGS, Switches, all_combinations, ladder
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 # tiny odd shapes: T not a multiple of the input-batch chunk 2, I != H, B > 1
@@ -93,7 +99,7 @@ def test_a_plan_runs_again_without_reloading_inputs(train):
     """No pass overwrites its own inputs (h0, c0, x): a replay gives the same outputs."""
     for steps in (5, 6):
         flat, x, h0, c0, ref = make_case("lstm", 2, steps=steps, seed=9)
-        plan = forward_plan(PlanKey("lstm", steps, B, I, H, 2, True, ladder()[-1].switches,
+        plan = forward_plan(PlanKey("lstm", steps, B, I, H, 2, True, ladder()[PAPER_RUNGS - 1].switches,
                                     train=train))
         ws = Workspace(plan, np, np.float64, flat)
         ws.load_inputs(x, h0, c0)
@@ -104,7 +110,7 @@ def test_a_plan_runs_again_without_reloading_inputs(train):
 
 def test_float32_plan_close_to_float64_reference():
     flat, x, h0, c0, ref = make_case("gru", 2, seed=7)
-    plan = forward_plan(PlanKey("gru", T, B, I, H, 2, True, ladder()[-1].switches))
+    plan = forward_plan(PlanKey("gru", T, B, I, H, 2, True, ladder()[PAPER_RUNGS - 1].switches))
     out = run_numpy(plan, flat.astype(np.float32), x.astype(np.float32),
                     h0.astype(np.float32), None)
     assert_close(out["y"], ref["y"], atol=1e-5, rtol=1e-4, name="fp32 y")
@@ -236,7 +242,7 @@ def test_pretranspose_switch():
 
 def test_plan_flops_cached_and_printable():
     from rnnrt.cells import forward_flops
-    k = key(ladder()[-1].switches)
+    k = key(ladder()[PAPER_RUNGS - 1].switches)
     plan = forward_plan(k)
     assert forward_plan(k) is plan
     assert plan.gemm_flops() == forward_flops("lstm", I, H, 4, B, 12)
@@ -259,3 +265,67 @@ def test_switch_rules():
         for f, v in prev.switches.as_dict().items():
             if v not in (False, 1):
                 assert cur.switches.as_dict()[f] == v
+
+
+# ---------------------------------------------------------------------------------------------
+# The persistent switch
+
+
+def test_persistent_switch_one_kernel_per_layer():
+    """One 'pcell' launch per layer over all T steps, from the device fit; its R.h FLOPs are
+    in the plan's count; c and act keep every step even for inference; the barrier counters
+    live in a uint32 'sync' buffer; layer l+1's input GEMMs wait for layer l's kernel."""
+    base = ladder()[PAPER_RUNGS - 1].switches
+    sw = dataclasses.replace(base, persistent=True)
+    plan = forward_plan(key(sw))
+    pk = [op for op in plan.ops if isinstance(op, Kernel) and op.kind == "persistent"]
+    assert [op.layer for op in pk] == [0, 1, 2, 3] and all(op.steps == (0, 12) for op in pk)
+    assert plan.counts()["gemm:rh"] == 0 and plan.fallback is None and "fits" in plan.fit
+    assert all(dict(op.scalars)["T"] == 12 and op.launch[0][0] >= 1 for op in pk)
+    assert plan.buffer("sync").role == "sync" and plan.buffer("sync").dtype == "uint32"
+    assert plan.buffer("c0").size == 13 * B * H and plan.buffer("act0").size == 12 * B * 4 * H
+    from rnnrt.cells import forward_flops
+    assert plan.gemm_flops() == forward_flops("lstm", I, H, 4, B, 12)
+    # in issue order: every W.x of layer l+1 comes after layer l's kernel
+    where = {op.layer: i for i, op in enumerate(plan.ops) if op in pk}
+    for i, op in enumerate(plan.ops):
+        if isinstance(op, Gemm) and op.kind == "wx" and op.layer > 0:
+            assert i > where[op.layer - 1]
+
+
+def test_persistent_switch_falls_back_and_says_why():
+    """A device that cannot hold the layer: the plan is the schedule without the switch (the
+    same ops), and ``fallback`` names the device and the reason."""
+    base = ladder()[PAPER_RUNGS - 1].switches
+    sw = dataclasses.replace(base, persistent=True)
+    small = dataclasses.replace(H100_SXM, name="small GPU", smem_per_block_optin=16)
+    plan = forward_plan(_PlanKey("gru", T, B, I, H, 2, True, sw, device=small))
+    ref_plan = forward_plan(_PlanKey("gru", T, B, I, H, 2, True, base, device=small))
+    assert plan.ops == ref_plan.ops
+    assert "small GPU" in plan.fallback and "shared memory" in plan.fallback
+    assert "DOES NOT FIT" in plan.fit
+    flat, x, h0, c0, ref = make_case("gru", 2)
+    check_outputs(run_numpy(plan, flat, x, h0, c0), ref, "fallback")
+
+
+def test_persistent_rules():
+    with pytest.raises(ValueError, match="persistent=True needs fused=True"):
+        Switches(persistent=True)
+    sw = Switches(fused=True, persistent=True)
+    with pytest.raises(ValueError, match="PlanKey.device"):
+        _PlanKey("lstm", T, B, I, H, 1, True, sw)
+    with pytest.raises(TypeError, match="PlanKey.device"):
+        _PlanKey("lstm", T, B, I, H, 1, True, sw, device={"sms": 132})
+    assert any(s.persistent for s in COMBOS)
+
+
+def test_validate_checks_kernel_views():
+    """A kernel launch whose views do not have its kernel's shapes is refused by validate."""
+    from rnnrt.plan import validate
+    plan = forward_plan(key(Switches(fused=True)))
+    i, op = next((i, op) for i, op in enumerate(plan.ops) if isinstance(op, Kernel))
+    bad_ins = (dataclasses.replace(op.ins[0], cols=op.ins[0].cols - 1),) + op.ins[1:]
+    broken = dataclasses.replace(plan, ops=plan.ops[:i] + (dataclasses.replace(op, ins=bad_ins),)
+                                 + plan.ops[i + 1:])
+    with pytest.raises(ValueError, match=f"op {i}: lstm_fwd: gx is"):
+        validate(broken)

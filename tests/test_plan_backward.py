@@ -3,6 +3,8 @@
 race-free, accumulates with beta = 1, and a removed wait is caught."""
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 
 import numpy as np
@@ -15,9 +17,13 @@ from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
 from rnnrt.ops import Gemm, Wait
 from rnnrt.params import make_layout, per_layer, to_flat
-from rnnrt.plan import PlanKey, forward_plan
+from rnnrt.limits import H100_SXM
+from rnnrt.plan import PlanKey as _PlanKey, forward_plan
+
+# CPU plans are built for the lent H100's limits (what the persistent switch's fit reads)
+PlanKey = functools.partial(_PlanKey, device=H100_SXM)
 from rnnrt.plan_backward import backward_plan
-from rnnrt.switches import ALL, all_combinations, ladder
+from rnnrt.switches import ALL, PAPER_RUNGS, all_combinations, ladder
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 T, B, I, H = 5, 3, 4, 6
@@ -98,7 +104,7 @@ def test_no_bias(cell):
 
 def test_accumulate_adds_into_grads():
     layout, flat, fwd_in, bwd_in, ref = make_case("gru", 2, seed=3)
-    key = PlanKey("gru", T, B, I, H, 2, True, ladder()[-1].switches, train=True)
+    key = PlanKey("gru", T, B, I, H, 2, True, ladder()[PAPER_RUNGS - 1].switches, train=True)
     ws = Workspace(backward_plan(key, True), np, np.float64, flat)   # grads start at zero
     run(key, flat, fwd_in, bwd_in, accumulate=True, ws=ws)
     run(key, flat, fwd_in, bwd_in, accumulate=True, ws=ws)
@@ -112,7 +118,7 @@ def test_accumulate_adds_into_grads():
 @pytest.mark.parametrize("which", [0, 5, -1])
 def test_a_removed_wait_is_caught_in_backward(which):
     layout, flat, fwd_in, bwd_in, ref = make_case("lstm", 3, seed=4)
-    key = PlanKey("lstm", T, B, I, H, 3, True, ladder(input_batch=2)[-1].switches, train=True)
+    key = PlanKey("lstm", T, B, I, H, 3, True, ladder(input_batch=2)[PAPER_RUNGS - 1].switches, train=True)
     plan = backward_plan(key)
     waits = [i for i, op in enumerate(plan.ops) if isinstance(op, Wait)]
     i = waits[which]
@@ -129,7 +135,7 @@ def test_a_removed_wait_is_caught_in_backward(which):
 
 
 def test_backward_switches_observable():
-    key = PlanKey("lstm", 12, B, I, H, 4, True, ladder(input_batch=4)[-1].switches, train=True)
+    key = PlanKey("lstm", 12, B, I, H, 4, True, ladder(input_batch=4)[PAPER_RUNGS - 1].switches, train=True)
     plan = backward_plan(key)
     c = plan.counts()
     assert c["gemm:dw"] == 2 * 4 and c["gemm:db"] == 2 * 4     # one GEMM per weight matrix

@@ -9,6 +9,12 @@ runs timed with CUDA events on the plan's first stream. FLOPs by the paper's con
 ratio_vs_cudnn = cuDNN ms / rung ms (> 1: faster than cuDNN; cuDNN's ms is the median of
 its medians timed before and after the rungs, both kept in the record); share_of_ceiling = TFLOPS over
 the fp32 GEMM ceiling's TFLOPS.
+
+Rungs past the paper's Table 1 (``switches.PAPER_RUNGS``; today '+persistent') are marked so
+in the table. A rung whose plan declined its fast path (the persistent kernel on a shape the
+device cannot hold) still runs, on its fallback schedule, and its row says so: ``fallback``
+(why) and ``fit`` (what the device fit chose or refused). With --backward the persistent rung
+runs the persistent kernel forward and the fused schedule backward (``backward_note``).
 """
 from __future__ import annotations
 
@@ -26,8 +32,9 @@ from .. import __version__, reference
 from ..cells import forward_flops, get_cell, tflops
 from ..check import FP32_ATOL, FP32_RTOL, compare
 from ..params import to_flat
+from ..limits import H100_SXM, DeviceLimits
 from ..plan import PlanKey, forward_plan
-from ..switches import DEFAULT_INPUT_BATCH, ladder
+from ..switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder, rung_names
 from .timing import gemm_ceiling, time_cpu, time_gpu, time_torch
 
 # Above this many forward FLOPs the float64 NumPy reference (~0.1 TFLOPS on a CPU) is
@@ -127,6 +134,7 @@ class GpuSession:
         self.cp = require_gpu()
         self.info = device_info()
         self.ctx = GpuContext(self.cp, KernelLibrary())
+        self.limits = DeviceLimits.from_device(self.cp)
         progress(f"device {self.info['device']}; measuring the fp32 GEMM ceiling")
         self.ceiling = gemm_ceiling(self.cp, self.ctx)
         progress(f"ceiling {self.ceiling['tflops']:.1f} TFLOPS")
@@ -171,7 +179,9 @@ def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan):
     """One (rung, executor) row; ``plan`` is the _RungRun's plan_summary(). ratio_vs_cudnn
     is filled in after the rungs, once cuDNN's pooled time is known."""
     tf = tflops(flops, timing.ms_median)
+    extra = {k: plan[k] for k in ("fallback", "fit", "backward_note") if plan.get(k)}
     return {
+        **extra,
         "rung": rung.name, "executor": executor, "switches": rung.switches.as_dict(),
         **timing.as_dict(), "tflops": tf,
         "speedup_vs_naive": (naive_ms / timing.ms_median) if naive_ms else None,
@@ -191,11 +201,11 @@ class _RungRun:
     """One rung's plan(s) on one workspace: ``run()`` is the timed pass (the forward, or the
     forward then the backward), ``outputs()`` the arrays every rung is checked on."""
 
-    def __init__(self, cfg, rung, xp, make_executor, params, inputs):
+    def __init__(self, cfg, rung, xp, make_executor, params, inputs, device: DeviceLimits):
         from ..exec.workspace import Workspace
         from ..plan_backward import backward_plan
         key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
-                      rung.switches, train=cfg.backward)
+                      rung.switches, train=cfg.backward, device=device)
         self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
         self.ws = Workspace(self.plans[-1], xp, np.float32, params)
         self.ws.poison()
@@ -206,6 +216,10 @@ class _RungRun:
             if "dc_n" in self.plans[-1].inputs:
                 arrays["dc_n"] = None
             self.ws.load(**arrays)
+        if hasattr(xp, "cuda"):
+            # the workspace was filled on the legacy default stream; the plans run on
+            # non-blocking streams, which do not wait for it
+            xp.cuda.Device().synchronize()
         self.executors = [make_executor(plan, self.ws) for plan in self.plans]
         self.stream = getattr(self.executors[0], "stream", None)
 
@@ -225,12 +239,18 @@ class _RungRun:
         for plan in self.plans:
             for k, v in plan.counts().items():
                 counts[k] = counts.get(k, 0) + v
-        return {"ops": sum(len(p.ops) for p in self.plans), "streams": len(self.plans[0].streams),
-                "events": sum(p.num_events for p in self.plans), "counts": counts}
+        fwd = self.plans[0]
+        out = {"ops": sum(len(p.ops) for p in self.plans), "streams": len(fwd.streams),
+               "events": sum(p.num_events for p in self.plans), "counts": counts,
+               "fallback": fwd.fallback, "fit": fwd.fit}
+        if fwd.key.switches.persistent and len(self.plans) > 1:
+            out["backward_note"] = ("backward: the fused schedule of the other switches (no "
+                                    "persistent backward kernel yet)")
+        return out
 
 
 def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_name, flops,
-                 ceiling_tflops, time_fn, sync, progress, label=""):
+                 ceiling_tflops, time_fn, sync, progress, device, label=""):
     """Verify then time every rung for every executor; the rows (see the module docstring)."""
     rows = []
     rungs = ladder(cfg.input_batch)
@@ -241,7 +261,9 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
         for rung in rungs:
             n += 1
             rr = _RungRun(cfg, rung, xp, lambda plan, ws: make_executor(executor, plan, ws),
-                          params, inputs)
+                          params, inputs, device)
+            if rr.plans[0].fallback:
+                progress(f"{n}/{total} {rung.name} {executor}: {rr.plans[0].fallback}")
             rr.run()
             sync(rr)
             got = rr.outputs()
@@ -310,7 +332,7 @@ def _run_gpu(cfg, progress, session: GpuSession):
         return t
 
     rows = _ladder_rows(cfg, cfg.executors, make_executor, cp, params, inputs, ref, ref_name,
-                        flops, ceiling["tflops"], time_fn, sync, progress)
+                        flops, ceiling["tflops"], time_fn, sync, progress, session.limits)
     cp.get_default_memory_pool().free_all_blocks()
     if isinstance(bench, str):
         cudnn = {"skipped": bench}
@@ -371,7 +393,7 @@ class CudnnBench:
         if self.cfg.backward:
             out["dx"] = extra[0].cpu().numpy()
             out["grads"] = to_flat({n: g.cpu().numpy() for n, g in
-                                                     zip(self.names, extra[1:])})
+                                    zip(self.names, extra[1:])}, self.layout)
         return out
 
     def time(self):
@@ -435,9 +457,10 @@ def _run_cpu(cfg, progress):
     rows = _ladder_rows(cfg, ("numpy",), lambda e, plan, ws: _NumpyExecutor(plan, ws), np,
                         model.flat, inputs, ref, "float64 reference", flops, ceiling["tflops"],
                         lambda rr: time_cpu(rr.run, cfg.repeats, cfg.warmup), lambda rr: None,
-                        progress, label=" (CPU figure)")
+                        progress, H100_SXM, label=" (CPU figure)")
     info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy executor",
-            "note": "CPU figures: the NumPy executor runs the same plans; not GPU performance"}
+            "note": "CPU figures: the NumPy executor runs the same plans; not GPU performance. "
+                    f"Persistent-kernel fits computed for {H100_SXM.name}"}
     return _record(cfg, info, versions(), flops, ceiling,
                    {"skipped": "CPU run (--cpu): no cuDNN"}, rows)
 
@@ -474,8 +497,15 @@ def markdown_table(record: dict) -> str:
     for e in executors:
         head += [f"{e} ms", f"{e} TFLOPS", f"{e} x naive", f"{e} vs cuDNN", f"{e} % ceiling"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    beyond = set(rung_names()[PAPER_RUNGS:])
+    notes = []
     for name in dict.fromkeys(r["rung"] for r in rows):
-        cells = [name]
+        cells = [name + (" (beyond the paper)" if name in beyond else "")]
+        fb = next((r["fallback"] for r in rows if r["rung"] == name and r.get("fallback")),
+                  None)
+        if fb:
+            cells[0] += " (fell back)"
+            notes.append(f"{name}: {fb}.")
         for e in executors:
             r = next((r for r in rows if r["rung"] == name and r["executor"] == e), None)
             if r is None or "refused" in r:
@@ -501,6 +531,7 @@ def markdown_table(record: dict) -> str:
                  f"Device: {record['device'].get('device')}. Ceiling: "
                  f"{record['ceiling']['what']} = {record['ceiling']['tflops']:.1f} TFLOPS. "
                  f"cuDNN: {_cudnn_note(record['cudnn'])}.")
+    lines += [""] + notes if notes else []
     return "\n".join(lines)
 
 

@@ -26,8 +26,9 @@ import numpy as np
 
 from ..cells import get_cell
 from ..check import FP32_ATOL, FP32_RTOL, compare
+from ..limits import H100_SXM, DeviceLimits
 from ..plan import PlanKey, forward_plan
-from ..switches import DEFAULT_INPUT_BATCH, ladder
+from ..switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder
 
 OP_FIELDS = ("index", "stream", "kind", "layer", "step0", "step1", "t_start_ms", "t_end_ms")
 # What the figure colours, in legend order: (label, colour, the op kinds it covers)
@@ -96,10 +97,20 @@ def _check_dict(c):
             "worst_index": list(c.worst_index), "n_bad": c.n_bad}
 
 
-def traced_rungs(input_batch=DEFAULT_INPUT_BATCH):
-    """The rungs a trace draws: the first (naive) and the last of the one ladder."""
+def traced_rungs(input_batch=DEFAULT_INPUT_BATCH, names=None):
+    """The rungs a trace draws: by default the first (naive) and the last of the paper's
+    (the wavefront: the diagonal the trace is there to show; the persistent rung is one op
+    per layer); ``names`` (ladder rung names, e.g. ['+fused', '+pretranspose']) picks
+    others, in the ladder's order."""
     rungs = ladder(input_batch)
-    return (rungs[0], rungs[-1])
+    if names is None:
+        return (rungs[0], rungs[PAPER_RUNGS - 1])
+    known = [r.name for r in rungs]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise ValueError(f"rungs: {bad or names!r} not rungs of the ladder; expected some of "
+                         f"{known}")
+    return tuple(r for r in rungs if r.name in names)
 
 
 def run_trace(cfg: TraceConfig, progress=_progress, rungs=None) -> dict:
@@ -130,9 +141,9 @@ def run_trace(cfg: TraceConfig, progress=_progress, rungs=None) -> dict:
             "pass": "fwd", "device": info, "versions": vers, "config": cfgd, "rungs": entries}
 
 
-def _plan(cfg, rung):
+def _plan(cfg, rung, device):
     return forward_plan(PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden,
-                                cfg.layers, True, rung.switches))
+                                cfg.layers, True, rung.switches, device=device))
 
 
 def _entry(rung, plan, ops, info, check):
@@ -155,7 +166,7 @@ def _trace_cpu(cfg, rungs, model, x, h0, c0, y_ref, progress):
     from ..exec.workspace import Workspace
     out, naive_y = [], None
     for rung in rungs:
-        plan = _plan(cfg, rung)
+        plan = _plan(cfg, rung, H100_SXM)
         ws = Workspace(plan, np, np.float32, model.flat)
         ws.load_inputs(x, h0, c0)
         ops, info = trace_numpy(plan, ws, reload=functools.partial(ws.load_inputs, x, h0, c0))
@@ -178,7 +189,7 @@ def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, cp):
     try:
         params = cp.asarray(model.flat)
         for rung in rungs:
-            plan = _plan(cfg, rung)
+            plan = _plan(cfg, rung, DeviceLimits.from_device(cp))
             ws = Workspace(plan, cp, np.float32, params)
             ws.poison()
             ws.load_inputs(x, h0, c0)

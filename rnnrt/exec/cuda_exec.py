@@ -11,6 +11,7 @@ import functools
 
 from ..kernels import KERNELS, kernel_args
 from ..ops import Gemm, Kernel, Record, Wait
+from ..persistent import DEFAULT_SHARED_BYTES
 from .cublas import CublasHandle
 
 WORKSPACE_BYTES = 32 << 20   # per cuBLAS handle (cuBLAS's recommendation on Hopper)
@@ -77,12 +78,21 @@ class _Prepared:
             return functools.partial(h.gemm, prepared)
         if isinstance(op, Kernel):
             info = KERNELS[op.name]
-            fn = self.ctx.kernels.get(op.name).kernel   # cupy.cuda.function.Function
-            grid, block = info.launch(op.rows, op.cols)
+            raw = self.ctx.kernels.get(op.name)
+            fn = raw.kernel   # cupy.cuda.function.Function
+            smem = 0
+            if info.persistent:
+                # geometry from the plan's device fit; past 48 KB of dynamic shared memory
+                # the kernel must opt in, here (before any capture), not at launch
+                grid, block, smem = op.launch
+                if smem > DEFAULT_SHARED_BYTES and raw.max_dynamic_shared_size_bytes < smem:
+                    raw.max_dynamic_shared_size_bytes = smem
+            else:
+                grid, block = info.launch(op.rows, op.cols)
             args = kernel_args(info, op.rows, op.cols,
                                [(self.ptr(v), v.ld) for v in op.outs],
-                               [(self.ptr(v), v.ld) for v in op.ins])
-            return functools.partial(fn, grid, block, args, 0, self.streams[op.stream])
+                               [(self.ptr(v), v.ld) for v in op.ins], dict(op.scalars))
+            return functools.partial(fn, grid, block, args, smem, self.streams[op.stream])
         if isinstance(op, Record):
             return functools.partial(self.events[op.event].record, self.streams[op.stream])
         if isinstance(op, Wait):

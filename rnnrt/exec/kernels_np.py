@@ -12,7 +12,7 @@ work in the arrays' own dtype (float32 as on the GPU, or float64).
 
 The persistent kernels' twins (cuda_src/persistent.cu: one launch, a layer's whole
 sequence) take the kernels' int scalars after ``ins`` (``fn(rows, cols, outs, ins, T,
-units_per_block)``) and live beside their fit and emulation in ``rnnrt/persistent.py``.
+units_per_block, k_tile)``) and live beside their fit and emulation in ``rnnrt/persistent.py``.
 """
 from __future__ import annotations
 

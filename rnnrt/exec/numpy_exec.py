@@ -31,7 +31,8 @@ def run_op(op, ws: Workspace) -> None:
         out[...] = prod
     elif isinstance(op, Kernel):
         fn = KERNELS[op.name].numpy_fn
-        fn(op.rows, op.cols, [ws.view(v) for v in op.outs], [ws.view(v) for v in op.ins])
+        fn(op.rows, op.cols, [ws.view(v) for v in op.outs], [ws.view(v) for v in op.ins],
+           *[v for _, v in op.scalars])
     else:
         raise TypeError(f"run_op: not a compute op: {op!r}")
 

@@ -35,6 +35,8 @@ class Workspace:
                     raise ValueError(f"grads: expected a contiguous {self.dtype} array of "
                                      f"shape ({b.size},) of the workspace's array module")
                 self.bufs["grads"] = grads
+            elif b.role == "sync":     # barrier counters: zero, and only kernels touch them
+                self.bufs[b.name] = xp.zeros(b.size, dtype=np.uint32)
             elif b.role in ("const", "grad"):
                 self.bufs[b.name] = xp.zeros(b.size, dtype=self.dtype)
             elif b.role == "ones":
