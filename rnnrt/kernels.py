@@ -429,8 +429,7 @@ class KernelLibrary:
         grid, block, smem = kinfo.launch_persistent(fit)
         fit.check_steps(steps)
         args = kernel_args(kinfo, fit.batch, fit.hidden, out_ptrs_lds, in_ptrs_lds,
-                           {"T": steps, "units_per_block": fit.units_per_block,
-                            "k_tile": fit.k_tile})
+                           fit.scalars(steps))
         fn = self.get(fit.kernel)
         if smem > pk.DEFAULT_SHARED_BYTES:   # opt in (cudaFuncSetAttribute) past 48 KB
             fn.max_dynamic_shared_size_bytes = smem

@@ -155,6 +155,12 @@ class Fit:
         j0 = block * self.units_per_block
         return range(min(j0, self.hidden), min(self.hidden, j0 + self.units_per_block))
 
+    def scalars(self, steps: int) -> dict:
+        """The kernel's int scalars for a launch over ``steps`` steps, by name (the order
+        the kernel takes them is the registry's, ``KernelInfo.scalars``)."""
+        return {"T": int(steps), "units_per_block": self.units_per_block,
+                "k_tile": self.k_tile}
+
     def check_steps(self, steps: int) -> None:
         """Raise unless ``steps`` can run in one launch: T >= 1 and the barrier counter
         ((T-1) * blocks arrivals, an unsigned int) does not wrap."""

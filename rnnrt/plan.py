@@ -521,8 +521,7 @@ class _ForwardBuilder:
         r = self.param(layer, "weight_hh")
         ins = (View(f"gx{layer}", 0, T * B, GH, GH), View("params", r.offset, GH, H, H),
                self.bias(layer, "bias_ih"), self.bias(layer, "bias_hh"))
-        known = {"T": T, "units_per_block": fit.units_per_block,
-                 "k_tile": getattr(fit, "k_tile", None)}
+        known = fit.scalars(T)
         scalars = tuple((k, known[k]) for k in get_kernel(name).scalars)
         stream = self.rec(layer)
         op = Kernel(stream, name, B, H, tuple(outs), ins, kind="persistent", layer=layer,

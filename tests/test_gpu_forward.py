@@ -18,33 +18,13 @@ pytestmark = [pytest.mark.gpu,
 from rnnrt import reference  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close  # noqa: E402
 from rnnrt.params import make_layout, per_layer  # noqa: E402
-from rnnrt.limits import DeviceLimits  # noqa: E402
-from rnnrt.plan import PlanKey as _PlanKey, forward_plan  # noqa: E402
-
-
-def PlanKey(*args, **kw):   # noqa: N802 - plans for the GPU these tests run on
-    import cupy
-    return _PlanKey(*args, device=DeviceLimits.from_device(cupy), **kw)
+from conftest import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
+from rnnrt.plan import forward_plan  # noqa: E402
 from rnnrt.switches import ALL, all_combinations, ladder  # noqa: E402
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 EXECUTORS = ("eager", "graph")
 T, B, I, H = 6, 4, 24, 40     # I != H; T not a multiple of the chunk 4
-
-
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def ctx(cp):
-    from rnnrt.exec.cuda_exec import GpuContext
-    from rnnrt.kernels import KernelLibrary
-    c = GpuContext(cp, KernelLibrary())
-    yield c
-    c.close()
 
 
 _CASES = {}

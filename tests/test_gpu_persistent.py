@@ -31,12 +31,6 @@ CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def props(cp):
     return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
 
@@ -203,8 +197,7 @@ def test_cuda_graph(cp, props, lib, cell):
     outs, ins = layer.pairs()
     kinfo = KERNELS[fit.kernel]
     grid, block, smem = kinfo.launch_persistent(fit)
-    args = kernel_args(kinfo, B, H, outs, ins, {"T": T, "units_per_block": fit.units_per_block,
-                                                "k_tile": fit.k_tile})
+    args = kernel_args(kinfo, B, H, outs, ins, fit.scalars(T))
     raw = lib.get(fit.kernel)
     if smem > P.DEFAULT_SHARED_BYTES:
         raw.max_dynamic_shared_size_bytes = smem     # before capture, as a plan would
