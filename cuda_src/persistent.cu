@@ -1,18 +1,24 @@
 /*
- * persistent.cu: persistent recurrent kernels, v2 (forward, fp32). ONE launch runs ALL T
+ * persistent.cu: persistent recurrent kernels, v3 (forward, fp32). ONE launch runs ALL T
  * steps of ONE layer's recurrence: R stays in shared memory for the whole sequence, every
  * block works on every step, and the blocks meet at a flag barrier in global memory between
  * steps instead of ending a kernel. W x is not done here: gx = W x_t for all t comes from one
  * cuBLAS GEMM before the launch.
  *
- * v2 against v1 (44 us a step at LSTM H 512 B 64 on an H100, latency bound:
- * h_t in 8 tiles of 64 columns, each a serial L2 round trip of 4-byte loads; the pointwise
- * inputs loaded after the dot products): the tile width is an argument (k_tile; the fit
- * takes all of h_t where it fits: one load phase a step), h_t is staged with 16-byte loads
- * PK_LD at a time in flight, and gx, bw, br are loaded before they are needed (c_t and
- * GRU's h_t stay in registers). Same math, same order of arithmetic, same outputs: for the
- * same k-split and k_tile 64 v2's results are v1's bit for bit (checked on the CPU threads
- * of tests/persistent_host_sim.cpp, all four cells, both staging paths).
+ * History, LSTM H 512 B 64 on the lent H100 (experiments/persistent_bench.py): v1 44 us a
+ * step (latency bound: h_t in 8 serial tile round trips); v2 11.7 us (all of h_t in one
+ * tile, 16-byte staging loads, pointwise inputs prefetched). v2's phases, timed by leaving
+ * each out (PK_TIMING below): FMAs 4.5 us (each thread 4 gates x 4 batches: 8 shared loads
+ * of 16 bytes per 64 FMAs, half of them 2-way conflicted), the pointwise tail 3.4 us (64
+ * of 512 threads summed 7 partial sums and ran 20 transcendentals each, one after another),
+ * the barrier 2 us, the staging 1.7 us (a block-wide load phase before any FMA).
+ * v3: (1) each warp is a split-K slice of a small GEMM, R_slice [G*U, H] x h_t^T [H, B]:
+ * a lane accumulates a PK_TM x PK_TB register tile (4 rows x 8 batches: 12 shared loads of
+ * 16 bytes per 128 FMAs, broadcast-friendly and conflict-free); (2) each warp stages only
+ * the columns of h_t it multiplies, with cp.async (16 bytes, L2, no registers) in two halves,
+ * multiplying the first while the second is in flight, synchronising with __syncwarp only;
+ * (3) the pointwise update is spread over every thread of the block, one (b, j) cell each
+ * (up to PK_CPT), summing the warps' partial tiles from shared memory.
  *
  * Calling convention (rnnrt/kernels.py builds the arguments; registry entries have
  * persistent=True):
@@ -78,33 +84,43 @@
  * Decomposition (rnnrt/persistent.py computes it for the host and emulates it in NumPy):
  *   grid = ceil(H / U) blocks, one per SM; block x owns units j in [x*U, x*U + U) and ALL G
  *   gate rows q*H + j of them, so the pointwise update is local to the block. Before the
- *   first step it copies those G*U rows of R into shared memory (rows padded to SR floats,
- *   zeros past H). Each step it reads all of h_t [B, H] in tiles of KT = k_tile columns
- *   (ceil(H / KT) tiles; KT >= H: one) through shared memory, from L2 (ld.global.cg: other
- *   blocks wrote h_t), 16-byte loads where H and ldh are multiples of 4 and h is 16-byte
- *   aligned (checked at run time; else 4-byte loads), each thread PK_LD loads in flight
- *   before it stores any. Then each thread accumulates G x PK_BT dot products:
- *     NB = ceil(B / PK_BT) batch groups; P = U * NB positions p = jj * NB + bg;
- *     KS = max(1, min(KT / 4, blockDim.x / P)) k-groups; thread tid is position tid % P
- *     of k-group tid / P (tid >= P*KS: staging only); it owns unit jj, batches
- *     bg + i*NB (i < PK_BT), and in every tile the float4 column chunks g, g + KS, ...
- *   k-groups 1..KS-1 leave their partial sums in shared memory; k-group 0 adds them in
- *   order g = 1, 2, ... and does the pointwise update of its (b, j): the gate sums are
- *   ((gx + bw) + gh) + br, exactly as the fused per-step kernels (lstm_fwd, gru_fwd, ...).
- *   k-group 0 loads step t+1's gx and bw before the barrier that ends step t, br before it
- *   adds the partial sums, and keeps c_t (LSTM) and h_t[b, j] (GRU), which it wrote itself,
- *   in registers.
- *   Dynamic shared memory, in floats: G*U*SR (R slice, SR = 4*(ceil(H/4) | 1))
- *     + NB*PK_BT*SH (h tile, SH = 4*((KT/4) | 1): KT as an odd number of float4s, so one
- *     column of 8 consecutive rows falls in 8 different groups of 4 banks; KT + 4 when KT/4
- *     is even) + (KS - 1)*G*PK_BT*P (partial sums).
+ *   first step it copies those M = G*U rows of R into shared memory (row q*U + ju holds
+ *   R[q*H + x*U + ju, :], padded to SR floats, zeros past H and past the block's units).
+ *   Block of NT threads = NW warps (NT a multiple of 32, at most PK_MAX_THREADS).
+ *   Lanes of a warp: LR row groups x LB batch groups x LK k-groups (LR*LB*LK = 32):
+ *     LR = min(8, pow2ceil(ceil(M / PK_TM))), LB = min(32 / LR, pow2ceil(ceil(B / PK_TB))),
+ *     LK = 32 / (LR * LB); lane = (lk * LB + lb) * LR + lr. Lane (lr, lb, lk) of warp w is
+ *     k-group kg = w * LK + lk (NKG = NW * LK k-groups); in output tile (rt, bt) (RT =
+ *     ceil(M / (PK_TM*LR)) x BT = ceil(B / (PK_TB*LB)) tiles) it owns rows
+ *     rt*PK_TM*LR + lr + LR*i (i < PK_TM) and batches bt*PK_TB*LB + lb + LB*i (i < PK_TB).
+ *   Each step h_t goes through shared memory in tiles of KT = k_tile columns (ceil(H / KT)
+ *   tiles; one where it fits). A tile has CH = ceil(min(KT, H - k0) / 4) float4 chunks;
+ *   warp w owns chunks [w*CPW, (w+1)*CPW) of every tile (CPW = ceil(KT / 4 / NW), clipped
+ *   to CH; the same columns every tile, so no warp ever writes columns another warp reads)
+ *   and stages them itself, in two cp.async groups (the first ceil(n/2) chunks, then the
+ *   rest); lane group lk multiplies chunks lk, lk + LK, ... of each half. The halves are a
+ *   ping-pong across the h tiles: each half of tile k+1 is staged as soon as the same half
+ *   of tile k is multiplied. With one output tile (RT = BT = 1) the lane keeps its sums in
+ *   registers over all tiles and writes them once a step into its k-group's partial sums
+ *   red[kg][r][b]; with several it adds each half's sums of each output tile into red
+ *   (stored on the step's first half, added after). Each partial element has one writer.
+ *   Pointwise (after one __syncthreads): thread tid updates cells e = tid + i*NT, i < CPT =
+ *   ceil(U*B / NT) <= PK_CPT, jj = e % U, b = e / U (cells of units past H: none); its gate
+ *   sums are red[0] + red[1] + ... + red[NKG-1] in that order, then ((gx + bw) + gh) + br
+ *   as the fused per-step kernels. It loads step t+1's gx, bw and br before the grid
+ *   barrier that ends step t (their latency hides under it) and keeps c_t (LSTM) / h_t
+ *   (GRU) of its cells in registers.
+ *   Dynamic shared memory, in floats: M*SR (R slice) + B*SH (h tile, SH = 4*((KT/4) | 1):
+ *   an odd number of float4s, so one column of 8 consecutive rows falls in 8 different
+ *   groups of 4 banks) + NKG*M*BP (partial sums, BP = 32*ceil((B - LB) / 32) + LB: BP = LB
+ *   mod 32, so a warp's LR x LB partial stores hit 32 different banks).
  *
  * Barrier contract (flag-based, no cooperative launch, so it can be captured in a graph):
  *   sync[0] counts arrivals, sync[1] departures. Between step t and t+1 every block does
- *   __syncthreads(); thread 0: __threadfence(); atomicAdd(&sync[0], 1); spin until an acquire
- *   load of sync[0] >= (t+1)*gridDim.x; then __syncthreads(). The fence (cumulative through
+ *   __syncthreads(); thread 0: fence.acq_rel.gpu; atomicAdd(&sync[0], 1); spin until a relaxed
+ *   load of sync[0] >= (t+1)*gridDim.x; fence.acq_rel.gpu; then __syncthreads(). The fence (cumulative through
  *   the first __syncthreads) publishes the block's h_{t+1} before its arrival counts; the
- *   acquire load and the second __syncthreads order every later read of h_{t+1} after all
+ *   fence after the spin and the second __syncthreads order every later read of h_{t+1} after all
  *   arrivals. There is no barrier after the last step. On exit thread 0 adds 1 to sync[1];
  *   the block that sees gridDim.x - 1 (the last out) resets both counters to 0: by then every
  *   block has passed its last spin, so no block can read the reset, and the next kernel on
@@ -121,29 +137,30 @@
  *   Other kernels running beside it only delay it (their blocks finish and free their SMs).
  *   A spin that lasts PK_SPIN_LIMIT clock cycles (~8.6 s at 2 GHz) traps, so a broken
  *   co-residency guarantee fails the launch instead of hanging the GPU. A launch whose
- *   geometry disagrees with its arguments (fewer units than H, fewer threads than positions,
+ *   geometry disagrees with its arguments (fewer units than H, threads not whole warps, more than PK_CPT cells a thread,
  *   k_tile not a positive multiple of 4, less dynamic shared memory than the layout needs
  *   for its k_tile) traps at once. After a failed launch the host must zero sync again.
  *
- * Resources (sm_90, measured 2026-11-21; nvcc 13.0 --resource-usage, and NVRTC 13.0's PTX through
- * ptxas -v, which is what CuPy runs; rnnrt.persistent.NVCC_REGS holds the larger of the two):
- *   lstm_persistent_fwd      128 registers (NVRTC 128), 0 bytes stack, no spills
- *   gru_persistent_fwd       128 registers (NVRTC 127), 0 bytes stack, no spills
- *   rnn_tanh_persistent_fwd  96 registers (NVRTC 106), 0 bytes stack, no spills
- *   rnn_relu_persistent_fwd  96 registers (NVRTC 106), 0 bytes stack, no spills
- *   no static shared memory; __launch_bounds__(PK_MAX_THREADS = 512, 1) caps a thread at 128
- *   registers (512 x 128 = one H100 SM's 64 K): LSTM and GRU sit at that cap (the prefetched
- *   pointwise inputs and PK_LD staging loads take registers; the owner's addresses are
- *   recomputed each step, pk_opaque, rather than kept). Dynamic shared memory by the layout
- *   above, e.g. LSTM B 64 on 132 SMs (512 threads): H 512 (U 4, KS 8, k_tile 512, one tile):
- *   33,024 (R) + 132,096 (h tile) + 28,672 (partial sums) = 193,792 bytes; H 1024 (U 8,
- *   KS 4, k_tile 256, 4 tiles): 222,720 bytes; H 2048 (U 16) needs 525,312 bytes for R
- *   alone: does not fit (227 KB a block).
+ * Resources (sm_90, nvcc 13.0 --resource-usage; rnnrt.persistent.NVCC_REGS holds the
+ *   larger of nvcc's and NVRTC's count): __launch_bounds__(PK_MAX_THREADS = 256, 1), so a
+ *   thread may have up to 255 registers (256 x 255 < one SM's 64 K). Registers: see
+ *   NVCC_REGS. No static shared memory. Dynamic shared memory by the layout above, e.g.
+ *   LSTM B 64 H 512 on 132 SMs, 256 threads (U 4, M 16, lanes 4 x 8 x 1, NKG 8, k_tile
+ *   512, one tile): 33,024 (R) + 132,096 (h tile) + 36,864 (partials) = 201,984 bytes.
  */
 
-#define PK_BT 4                // batch register tile: batches per thread
-#define PK_LD 8                // h staging: loads a thread has in flight (a batch of rows)
-#define PK_MAX_THREADS 512     // __launch_bounds__ and the fit's cap on threads a block
+// Timing variants, for experiments/persistent_bench.py --variants only (they compute wrong
+// results on purpose; rnnrt never defines PK_TIMING): a bit mask of the phases to leave out,
+// to split a step's time between them.  1: staging h_t from L2;  2: the FMAs;  4: the grid
+// barrier (blocks run free; the exit still resets the counters).
+#ifndef PK_TIMING
+#define PK_TIMING 0
+#endif
+
+#define PK_TM 4                // register tile: rows of the R slice a lane accumulates
+#define PK_TB 8                // register tile: batches a lane accumulates
+#define PK_CPT 2               // pointwise: most (b, j) cells one thread updates
+#define PK_MAX_THREADS 256     // __launch_bounds__ and the fit's cap on threads a block
 #ifndef PK_SPIN_LIMIT
 #define PK_SPIN_LIMIT (1LL << 34)   // clock cycles one barrier may spin before it traps
 #endif
@@ -165,25 +182,10 @@ __device__ __forceinline__ float sigmoidf(float x) {
 // slice (n = H) and for the h tile (n = k_tile, a multiple of 4: 4 * ((k_tile/4) | 1)).
 __device__ __forceinline__ int pk_stride_r(int H) { return 4 * (((H + 3) / 4) | 1); }
 
-// x, but opaque to the compiler: an address built from it inside the step loop is computed
-// there, where it is used, instead of being hoisted out of the loop as one more 64-bit
-// pointer kept in registers for the whole kernel (the owner's 16 gx, bw, br, c, act
-// addresses would take the registers the staging loads need to be in flight together).
-__device__ __forceinline__ int pk_opaque(int x) {
-    asm volatile("" : "+r"(x));
-    return x;
-}
-
-// The four hardware primitives. tests/persistent_host_sim.cpp defines PK_HOST_SIM and its
-// own versions of them (and of __syncthreads, the atomics, the cache-hinted loads, ...) to
-// run this file's kernels on CPU threads, one per CUDA thread, all blocks at once.
+// The hardware primitives. tests/persistent_host_sim.cpp defines PK_HOST_SIM and its own
+// versions of them (and of __syncthreads, __syncwarp, the atomics, the cache-hinted loads,
+// ...) to run this file's kernels on CPU threads, one per CUDA thread, all blocks at once.
 #ifndef PK_HOST_SIM
-__device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 __device__ __forceinline__ unsigned int dynamic_smem_bytes() {
     unsigned int v;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
@@ -195,12 +197,44 @@ __device__ __forceinline__ float* dynamic_smem() {
     return reinterpret_cast<float*>(smem4);
 }
 
-// One 16-byte shared-memory store (p 16-byte aligned). A plain float4 store after the
-// staging's loads came out of the compiler as four 4-byte stores (4-way bank conflicts).
-__device__ __forceinline__ void sts128(float* p, float4 v) {
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
-                 :: "r"(static_cast<unsigned int>(__cvta_generic_to_shared(p))), "f"(v.x),
-                    "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+// 16 bytes from global (through L2, not L1: other blocks wrote them during this launch) to
+// shared memory, asynchronously: no registers, any number in flight. dst and src 16-byte
+// aligned. Completion: pk_cp_commit() closes a group, pk_cp_wait<N>() waits until at most
+// N of this thread's groups are pending; then __syncwarp() shows the data to the warp.
+__device__ __forceinline__ void pk_cp_async16(float* dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"(static_cast<unsigned int>(__cvta_generic_to_shared(dst))), "l"(src)
+                 : "memory");
+}
+// The 32-bit shared-memory address of p, and a 16-byte shared load from one.
+typedef unsigned int pk_saddr;
+__device__ __forceinline__ pk_saddr pk_smem_addr(const float* p) {
+    return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ float4 pk_lds128(pk_saddr a) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+    return v;
+}
+
+// The grid barrier's ordering: a gpu-scope acq_rel fence (not __threadfence's fence.sc,
+// MEMBAR.SC in SASS), and the spin's plain relaxed load (an ld.acquire polls with an L1
+// invalidation, CCTL.IVALL, every time round; one fence after the spin orders what follows).
+__device__ __forceinline__ void pk_fence_acq_rel() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+__device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void pk_cp_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void pk_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 #endif
 
@@ -208,12 +242,13 @@ __device__ __forceinline__ void sts128(float* p, float4 v) {
 __device__ __forceinline__ void grid_barrier(unsigned int* sync, unsigned int target) {
     __syncthreads();   // the whole block's writes of this step are issued
     if (threadIdx.x == 0) {
-        __threadfence();   // ... and visible GPU-wide before the arrival counts
+        pk_fence_acq_rel();   // ... and visible GPU-wide before the arrival counts (release)
         atomicAdd(sync, 1u);
         const long long start = clock64();
-        while (ld_acquire_gpu(sync) < target) {
+        while (ld_relaxed_gpu(sync) < target) {
             if (clock64() - start > PK_SPIN_LIMIT) __trap();   // not co-resident: fail, not hang
         }
+        pk_fence_acq_rel();   // acquire: every arrival's writes before this block's reads
     }
     __syncthreads();   // no thread reads the next step's h before thread 0 saw all arrivals
 }
@@ -226,60 +261,167 @@ __device__ __forceinline__ void grid_exit(unsigned int* sync) {
     }
 }
 
-// What one staging load moves: a float4 (16-byte loads) or a float.
-template <bool VEC> struct pk_word { using type = float4; };
-template <> struct pk_word<false> { using type = float; };
-__device__ __forceinline__ float4 pk_ldcg(const float4* p) { return __ldcg(p); }
-__device__ __forceinline__ float pk_ldcg(const float* p) { return __ldcg(p); }
-__device__ __forceinline__ void pk_sts(float* p, float4 v) { sts128(p, v); }
-__device__ __forceinline__ void pk_sts(float* p, float v) { *p = v; }
+__device__ __forceinline__ int pk_pow2ceil(int x) {
+    int p = 1;
+    while (p < x) p <<= 1;
+    return p;
+}
 
-// Stage columns [k0, k0 + 4*CH) of rows [0, B) of h_t into the h tile hs (row stride SH).
-// A row is CW words: VEC, CH float4s, one 16-byte ld.global.cg each (H and ldh multiples of
-// 4 and h 16-byte aligned, checked by the caller); else 4*CH floats, zeros past H. The
-// threads form a grid of nrow x ncol (ncol = min(threads, CW), threads past it idle):
-// thread (tr, tc) moves the words c = tc, tc + ncol, ... of the rows tr, tr + nrow, ...,
-// PK_LD rows of one column a batch. All loads of a batch go to registers before the first
-// of them is stored, so each thread has up to PK_LD L2 round trips in flight instead of one
-// (v1 loaded and stored one float at a time); the batch's addresses are one fixed stride
-// apart (nrow rows), so nothing but the loads sits between them. A warp's loads are
-// consecutive words of one row. ld.cg: from L2, not L1, since other blocks wrote h_t during
-// this launch.
-template <bool VEC>
-__device__ __forceinline__ void stage_tile(float* hs, int SH, const float* ht, long long ldh,
-                                           int B, int H, int k0, int CH) {
-    using word = typename pk_word<VEC>::type;
-    constexpr int W = VEC ? 4 : 1;                 // floats a word
-    const int tid = threadIdx.x, nt = blockDim.x;
-    const int CW = CH * (4 / W);                   // words a row
-    const int ncol = min(nt, CW), nrow = nt / ncol;
-    const int tr = tid / ncol, tc = tid - tr * ncol;
-    if (tr >= nrow) return;
-    const long long gstep = nrow * ldh;            // from one row of a batch to the next
-    const int sstep = nrow * SH;
-    for (int c = tc; c < CW; c += ncol) {
-        const int k = k0 + W * c;
-        const bool in_h = VEC || k < H;            // scalar words past H are zeros
-        for (int b0 = tr; b0 < B; b0 += PK_LD * nrow) {
-            const float* const src = ht + b0 * ldh + k;
-            word v[PK_LD];
+// The decomposition of one block (the header's Decomposition; rnnrt/persistent.py's
+// geometry() computes the same numbers for the host).
+struct PkGeom {
+    int M;            // rows of the R slice: G * U
+    int LR, LB, LK;   // lanes of a warp: row groups x batch groups x k-groups (product 32)
+    int NW, NKG;      // warps; k-groups = NW * LK
+    int RT, BT;       // output tiles (rows x batches) a lane loops over
+    int CPW;          // float4 chunks of a tile each warp owns
+    int SR, SH, BP;   // row strides (floats): R slice, h tile, partial sums
+};
+
+__device__ __forceinline__ PkGeom pk_geometry(int G, int U, int B, int H, int KT, int nt) {
+    PkGeom g;
+    g.M = G * U;
+    g.LR = min(8, pk_pow2ceil((g.M + PK_TM - 1) / PK_TM));
+    g.LB = min(32 / g.LR, pk_pow2ceil((B + PK_TB - 1) / PK_TB));
+    g.LK = 32 / (g.LR * g.LB);
+    g.NW = nt / 32;
+    g.NKG = g.NW * g.LK;
+    g.RT = (g.M + PK_TM * g.LR - 1) / (PK_TM * g.LR);
+    g.BT = (B + PK_TB * g.LB - 1) / (PK_TB * g.LB);
+    g.CPW = (KT / 4 + g.NW - 1) / g.NW;
+    g.SR = pk_stride_r(H);
+    g.SH = pk_stride_r(KT);
+    g.BP = 32 * ((B - g.LB + 31) / 32) + g.LB;
+    return g;
+}
+
+// One warp stages chunks [ca, cb) (float4 columns k0 + 4*cc) of rows [0, B) of h_t into the
+// h tile. 16-byte cp.async where every row of h_t starts 16-byte aligned and has whole
+// float4s (vec); else 4-byte loads (zeros past H) stored at once. A warp's consecutive lanes
+// take consecutive chunks of one row.
+__device__ __forceinline__ void pk_stage(float* hs, int SH, const float* ht, long long ldh,
+                                         int B, int H, int k0, int ca, int cb, bool vec,
+                                         int lane) {
+    if (PK_TIMING & 1) return;
+    const int n = cb - ca;
+    if (n <= 0) return;
+    // word e = lane + 32*it is (b, cc) = (e / n, ca + e % n); one division here, then the
+    // lane's next word is 32 words on: dq rows and dr chunks further, wrapping at n. The
+    // addresses step with it (the first profiles of v3 spent ~50, then ~36 instructions a
+    // 16-byte copy on dividing and 64-bit address arithmetic in the loop).
+    int b = lane / n, cc = lane - b * n;
+    const int dq = 32 / n, dr = 32 - dq * n;
+    const float* src = ht + b * ldh + k0 + 4 * (ca + cc);
+    float* dst = hs + b * SH + 4 * (ca + cc);
+    const long long s_step = dq * ldh + 4 * dr, s_wrap = ldh - 4 * n;
+    const int d_step = dq * SH + 4 * dr, d_wrap = SH - 4 * n;
+    int k = k0 + 4 * (ca + cc);   // the column of src (only the 4-byte path needs it)
+    while (b < B) {
+        if (vec) {
+            pk_cp_async16(dst, src);
+        } else {
 #pragma unroll
-            for (int u = 0; u < PK_LD; ++u) {
-                // A word past B (or past H) loads one that exists, the tile's first, and is
-                // not stored (or stored as 0): no branch around a load, so they issue back
-                // to back.
-                const bool ok = b0 + u * nrow < B && in_h;
-                const word x = pk_ldcg(reinterpret_cast<const word*>(ok ? src + u * gstep
-                                                                        : ht + k0));
-                if constexpr (VEC)
-                    v[u] = x;
-                else
-                    v[u] = ok ? x : 0.f;
+            for (int u = 0; u < 4; ++u) dst[u] = (k + u < H) ? __ldcg(src + u) : 0.f;
+        }
+        b += dq;
+        cc += dr;
+        src += s_step;
+        dst += d_step;
+        k += 4 * dr;
+        if (cc >= n) {
+            cc -= n;
+            ++b;
+            src += s_wrap;
+            dst += d_wrap;
+            k -= 4 * n;
+        }
+    }
+}
+
+// acc[i][jb] += R rows . h batches over one float4 chunk (rv: PK_TM rows, hv: PK_TB batches)
+__device__ __forceinline__ void pk_fma_chunk(float (&acc)[PK_TM][PK_TB], const float4 (&rv)[PK_TM],
+                                             const float4 (&hv)[PK_TB]) {
+#pragma unroll
+    for (int i = 0; i < PK_TM; ++i)
+#pragma unroll
+        for (int jb = 0; jb < PK_TB; ++jb) {
+            acc[i][jb] = fmaf(rv[i].x, hv[jb].x, acc[i][jb]);
+            acc[i][jb] = fmaf(rv[i].y, hv[jb].y, acc[i][jb]);
+            acc[i][jb] = fmaf(rv[i].z, hv[jb].z, acc[i][jb]);
+            acc[i][jb] = fmaf(rv[i].w, hv[jb].w, acc[i][jb]);
+        }
+}
+
+// acc += chunks c0 + lk, c0 + lk + LK, ... < c1 of one output tile; ra / ha: the tile's 12
+// shared addresses at chunk c0 + lk, advanced past the last chunk read. The next chunk's 12
+// loads are issued before the current chunk's 128 FMAs (the first profile of v3 showed every
+// chunk's FMAs waiting on their own loads: with 2 warps a scheduler nothing else hid it).
+__device__ __forceinline__ void pk_fma_range(float (&acc)[PK_TM][PK_TB], pk_saddr (&ra)[PK_TM],
+                                             pk_saddr (&ha)[PK_TB], int c0, int c1, int lk,
+                                             int LK) {
+    if (PK_TIMING & 2) return;
+    int cc = c0 + lk;
+    if (cc >= c1) return;
+    const unsigned int step = 16u * LK;
+    float4 rv[PK_TM], hv[PK_TB];
+#pragma unroll
+    for (int i = 0; i < PK_TM; ++i) { rv[i] = pk_lds128(ra[i]); ra[i] += step; }
+#pragma unroll
+    for (int i = 0; i < PK_TB; ++i) { hv[i] = pk_lds128(ha[i]); ha[i] += step; }
+    for (cc += LK; cc < c1; cc += LK) {
+        float4 rn[PK_TM], hn[PK_TB];
+#pragma unroll
+        for (int i = 0; i < PK_TM; ++i) { rn[i] = pk_lds128(ra[i]); ra[i] += step; }
+#pragma unroll
+        for (int i = 0; i < PK_TB; ++i) { hn[i] = pk_lds128(ha[i]); ha[i] += step; }
+        pk_fma_chunk(acc, rv, hv);
+#pragma unroll
+        for (int i = 0; i < PK_TM; ++i) rv[i] = rn[i];
+#pragma unroll
+        for (int i = 0; i < PK_TB; ++i) hv[i] = hn[i];
+    }
+    pk_fma_chunk(acc, rv, hv);
+}
+
+// The 12 shared addresses of lane (lr, lb)'s rows and batches in output tile (r0, b0) at
+// float4 chunk c of the h tile at column k0: 32-bit, stepped by pk_fma_range (the first
+// profile of v3 spent ~1,200 address instructions a step on 64-bit pointers). Rows / batches
+// past the block's are read clamped (never stored).
+__device__ __forceinline__ void pk_addresses(const PkGeom& g, const float* Rs, const float* hs,
+                                             int B, int k0, int c, int r0, int b0,
+                                             pk_saddr (&ra)[PK_TM], pk_saddr (&ha)[PK_TB]) {
+#pragma unroll
+    for (int i = 0; i < PK_TM; ++i)
+        ra[i] = pk_smem_addr(Rs + min(r0 + g.LR * i, g.M - 1) * g.SR + k0 + 4 * c);
+#pragma unroll
+    for (int i = 0; i < PK_TB; ++i)
+        ha[i] = pk_smem_addr(hs + min(b0 + g.LB * i, B - 1) * g.SH + 4 * c);
+}
+
+// acc += lane group lk's chunks c0 + lk, c0 + lk + LK, ... < c1 of the h tile at column k0.
+__device__ __forceinline__ void pk_fma_span(float (&acc)[PK_TM][PK_TB], const PkGeom& g,
+                                            const float* Rs, const float* hs, int B, int k0,
+                                            int c0, int c1, int r0, int b0, int lk) {
+    pk_saddr ra[PK_TM], ha[PK_TB];
+    pk_addresses(g, Rs, hs, B, k0, c0 + lk, r0, b0, ra, ha);
+    pk_fma_range(acc, ra, ha, c0, c1, lk, g.LK);
+}
+
+// The lane's register tile added into its k-group's partial sums red[kg][r][b] (stored when
+// `first`: the step's first write), rows < M and batches < B only: one writer an element.
+__device__ __forceinline__ void pk_flush(const float (&acc)[PK_TM][PK_TB], const PkGeom& g,
+                                         float* red, int B, int r0, int b0, int kg,
+                                         bool first) {
+#pragma unroll
+    for (int i = 0; i < PK_TM; ++i) {
+        const int r = r0 + g.LR * i;
+#pragma unroll
+        for (int jb = 0; jb < PK_TB; ++jb) {
+            const int b = b0 + g.LB * jb;
+            if (r < g.M && b < B) {
+                float* const p = red + ((long long)kg * g.M + r) * g.BP + b;
+                *p = first ? acc[i][jb] : *p + acc[i][jb];
             }
-            float* const dst = hs + b0 * SH + W * c;
-#pragma unroll
-            for (int u = 0; u < PK_LD; ++u)
-                if (b0 + u * nrow < B) pk_sts(dst + u * sstep, v[u]);
         }
     }
 }
@@ -291,221 +433,203 @@ __device__ __forceinline__ void persistent_fwd(
         long long ldw, const float* bw, long long ldbw, const float* br, long long ldbr,
         int T, int U, int KT) {
     float* const smem = dynamic_smem();
-    const int tid = threadIdx.x, nt = blockDim.x;
-    if (U < 1 || B < 1 || H < 1 || KT < 4 || KT % 4 != 0) __trap();
-    const int NB = (B + PK_BT - 1) / PK_BT;
-    const int P = U * NB;
-    const int KS = max(1, min(KT / 4, nt / P));
-    const int SR = pk_stride_r(H);
-    const int SH = pk_stride_r(KT);   // KT % 4 == 0: 4 * ((KT/4) | 1), an odd number of float4s
-    const long long need = 4LL * ((long long)G * U * SR + (long long)NB * PK_BT * SH
-                                  + (long long)(KS - 1) * G * PK_BT * P);
-    if ((long long)gridDim.x * U < H || nt < P || (long long)dynamic_smem_bytes() < need)
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    if (U < 1 || B < 1 || H < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0) __trap();
+    const PkGeom g = pk_geometry(G, U, B, H, KT, nt);
+    const long long need = 4LL * ((long long)g.M * g.SR + (long long)B * g.SH
+                                  + (long long)g.NKG * g.M * g.BP);
+    if ((long long)gridDim.x * U < H || (long long)U * B > (long long)PK_CPT * nt ||
+        (long long)dynamic_smem_bytes() < need)
         __trap();
     const int j0 = blockIdx.x * U;
     const int Ub = max(0, min(U, H - j0));   // units this block owns
-    float* const Rs = smem;                              // [G*U][SR]
-    float* const hs = Rs + G * U * SR;                   // [NB*PK_BT][SH]
-    float* const red = hs + NB * PK_BT * SH;             // [(KS-1)*G*PK_BT][P]
-
-    const int p = tid % P, g = tid / P;
-    const bool computes = g < KS;
-    const int jj = p / NB, bg = p - jj * NB;
-    const int j = j0 + jj;
-    const bool owner = computes && g == 0 && jj < Ub;   // updates (bg + i*NB, j), i < PK_BT
-    // 16-byte staging loads where every row of h_t starts 16-byte aligned and has whole
-    // float4s (H, ldh multiples of 4, h 16-byte aligned; the same for every block)
+    float* const Rs = smem;                           // [M][SR]
+    float* const hs = Rs + g.M * g.SR;                // [B][SH]
+    float* const red = hs + B * g.SH;                 // [NKG][M][BP]
+    const int lr = lane % g.LR, lb = (lane / g.LR) % g.LB, lk = lane / (g.LR * g.LB);
+    const int kg = warp * g.LK + lk;
+    // 16-byte staging where every row of h_t starts 16-byte aligned and has whole float4s
+    // (H, ldh multiples of 4, h 16-byte aligned; the same for every block)
     const bool vec = H % 4 == 0 && ldh % 4 == 0 &&
                      (reinterpret_cast<unsigned long long>(h) & 15ull) == 0;
 
-    // The pointwise inputs of step t+1, loaded by their owner at the end of step t, before the
-    // grid barrier, so that their DRAM / L2 latency hides under the barrier: gx (streamed,
-    // ld.cs) and bw (read-only, the same every step: ld.nc, L1 hits after the first step).
-    // xg += bw once they are needed, at the start of the step: that is (gx + bw) of
-    // ((gx + bw) + gh) + br, the fused kernels' order. br (ld.nc too) is loaded after the
-    // FMAs, under the partial sums' reduction: fewer registers live through the FMA loop.
-    // (v1 loaded all of them, and c_t, after the reduction, each a dependent round trip.)
-    float xg[G][PK_BT], bwv[G][PK_BT], brv[G][PK_BT];
+    // Pointwise cells of this thread: e = tid + i*nt, jj = e % U, b = e / U (live: jj < Ub,
+    // b < B): a warp's stores cover 32/U rows of U consecutive units each (b fastest, the
+    // first version, made each store touch 32 rows). gx, bw and br of step t+1 are loaded at
+    // the end of step t, before the grid barrier (gx streamed, ld.cs; the biases read-only,
+    // ld.nc); c_t (LSTM) and h_t (GRU) of the cells are the thread's own writes of the step
+    // before: registers.
+    float xg[G][PK_CPT], bwv[G][PK_CPT], brv[G][PK_CPT], carry[PK_CPT];
+    auto cell_of = [&](int i, int& b, int& j) {
+        const int e = tid + i * nt;
+        const int jj = e % U;
+        b = e / U;
+        j = j0 + jj;
+        return b < B && jj < Ub;
+    };
     auto prefetch = [&](int t) {
-        const int bo = pk_opaque(bg), jo = pk_opaque(j), Ho = pk_opaque(H);
 #pragma unroll
-        for (int i = 0; i < PK_BT; ++i) {
-            const int b = bo + i * NB;
-            const bool live = owner && b < B;
-            const float* const x = gx + ((long long)t * B + b) * ldgx + jo;
-            const float* const y = bw + b * ldbw + jo;
+        for (int i = 0; i < PK_CPT; ++i) {
+            int b, j;
+            const bool live = cell_of(i, b, j);
+            const float* const x = gx + ((long long)t * B + b) * ldgx + j;
+            const float* const y = bw + b * ldbw + j;
+            const float* const z = br + b * ldbr + j;
 #pragma unroll
             for (int q = 0; q < G; ++q) {
-                xg[q][i] = live ? __ldcs(x + q * (long long)Ho) : 0.f;
-                bwv[q][i] = live ? __ldg(y + q * (long long)Ho) : 0.f;
+                xg[q][i] = live ? __ldcs(x + q * (long long)H) : 0.f;
+                bwv[q][i] = live ? __ldg(y + q * (long long)H) : 0.f;
+                brv[q][i] = live ? __ldg(z + q * (long long)H) : 0.f;
             }
         }
     };
-    auto load_br = [&]() {
-        const int bo = pk_opaque(bg), jo = pk_opaque(j), Ho = pk_opaque(H);
 #pragma unroll
-        for (int i = 0; i < PK_BT; ++i) {
-            const int b = bo + i * NB;
-            const bool live = owner && b < B;
-            const float* const y = br + b * ldbr + jo;
-#pragma unroll
-            for (int q = 0; q < G; ++q) brv[q][i] = live ? __ldg(y + q * (long long)Ho) : 0.f;
-        }
-    };
-    // c_t (LSTM) and h_t (GRU) at (b, j) are what this thread itself wrote the step before:
-    // kept in registers, read from memory only for t = 0 (c0, h0).
-    float carry[PK_BT];
-#pragma unroll
-    for (int i = 0; i < PK_BT; ++i) {
-        const int b = bg + i * NB;
+    for (int i = 0; i < PK_CPT; ++i) {
+        int b, j;
+        const bool live = cell_of(i, b, j);
         carry[i] = 0.f;
         if constexpr (CELL == CELL_LSTM) {
-            if (owner && b < B) carry[i] = c[b * ldc + j];
+            if (live) carry[i] = c[b * ldc + j];
         } else if constexpr (CELL == CELL_GRU) {
-            if (owner && b < B) carry[i] = h[b * ldh + j];
+            if (live) carry[i] = h[b * ldh + j];
         }
     }
     prefetch(0);   // step 0's: in flight during the copy of R
 
     // R slice, once: row q*U + ju holds R[q*H + j0 + ju, :], zeros past H and past Ub.
-    for (int e = tid; e < G * U * SR; e += nt) {
-        const int row = e / SR, k = e - row * SR;
+    for (int e = tid; e < g.M * g.SR; e += nt) {
+        const int row = e / g.SR, k = e - row * g.SR;
         const int q = row / U, ju = row - q * U;
         Rs[e] = (ju < Ub && k < H) ? w[((long long)q * H + j0 + ju) * ldw + k] : 0.f;
     }
-    // h tile rows B .. NB*PK_BT-1 are read (batch groups past B) but never loaded: zero them
-    // once. Rows < B are only ever written by the staging, so this does not race with it.
-    for (int e = tid; e < (NB * PK_BT - B) * SH; e += nt) hs[B * SH + e] = 0.f;
+    __syncthreads();   // the R slice is read by every warp
 
     for (int t = 0; t < T; ++t) {
         const float* const ht = h + (long long)t * B * ldh;   // h_t: rows t*B .. t*B+B-1
-        float acc[G][PK_BT];
 #pragma unroll
         for (int q = 0; q < G; ++q)
 #pragma unroll
-            for (int i = 0; i < PK_BT; ++i) acc[q][i] = 0.f;
+            for (int i = 0; i < PK_CPT; ++i) xg[q][i] = xg[q][i] + bwv[q][i];   // gx + bw
 
-        // The previous reads of hs were before the last grid barrier (its __syncthreads; at
-        // t = 0 nothing read it yet, and the zeroing above wrote only rows >= B), so the
-        // first tile is staged at once.
-        auto stage = [&](int k0) {
-            const int CH = min(KT / 4, (H - k0 + 3) / 4);   // float4 chunks the FMAs read
-            if (vec)
-                stage_tile<true>(hs, SH, ht, ldh, B, H, k0, CH);
-            else
-                stage_tile<false>(hs, SH, ht, ldh, B, H, k0, CH);
+        // This warp's columns of the h tile were last read by this warp (before the
+        // __syncwarp that ended its previous tile), so it stages at once.
+        // Warp w's chunks of the h tile at column k0: [ca, cb), in halves [ca, cm), [cm, cb).
+        auto range = [&](int k0, int& ca, int& cm, int& cb) {
+            const int CH = min(KT / 4, (H - k0 + 3) / 4);   // float4 chunks of this tile
+            ca = min(CH, warp * g.CPW);
+            cb = min(CH, ca + g.CPW);
+            cm = ca + (cb - ca + 1) / 2;
         };
+        int ca, cm, cb;
+        range(0, ca, cm, cb);
+        pk_stage(hs, g.SH, ht, ldh, B, H, 0, ca, cm, vec, lane);
+        pk_cp_commit();
+        pk_stage(hs, g.SH, ht, ldh, B, H, 0, cm, cb, vec, lane);
+        pk_cp_commit();
+        // The halves are a ping-pong across the h tiles: each half of tile k+1 is staged as
+        // soon as the same half of tile k is multiplied, so the L2 reads of one overlap the
+        // FMAs of the other (the next tile's halves lie within this warp's same columns:
+        // [na, nm) in [ca, cm), [nm, nb) after it). Every half commits one cp.async group
+        // (empty past the last tile), so waiting for all but the newest group is always
+        // "this half has landed". With one output tile (the common case: G*U <= 32 rows,
+        // B <= 64) the sums stay in registers over all h tiles and are written once; with
+        // several, each half's sums of each output tile are added into red.
+        const bool one_tile = g.RT * g.BT == 1;
+        float acc1[PK_TM][PK_TB];
 #pragma unroll
-        for (int q = 0; q < G; ++q)
+        for (int i = 0; i < PK_TM; ++i)
 #pragma unroll
-            for (int i = 0; i < PK_BT; ++i) xg[q][i] = xg[q][i] + bwv[q][i];   // gx + bw
-        stage(0);
-        __syncthreads();
-        for (int k0 = 0;;) {
-            if (computes) {
-                const int chunks = min(KT / 4, (H - k0 + 3) / 4);
-                for (int cc = g; cc < chunks; cc += KS) {
-                    float4 hv[PK_BT];
+            for (int jb = 0; jb < PK_TB; ++jb) acc1[i][jb] = 0.f;
+        auto half = [&](int k0, int c0, int c1, bool first) {
+            pk_cp_wait<1>();   // this half has landed (this lane's part of it) ...
+            __syncwarp();      // ... and every lane's
+            if (one_tile) {
+                pk_fma_span(acc1, g, Rs, hs, B, k0, c0, c1, lr, lb, lk);
+            } else {
+                for (int rt = 0; rt < g.RT; ++rt)
+                    for (int bt = 0; bt < g.BT; ++bt) {
+                        const int r0 = rt * PK_TM * g.LR + lr, b0 = bt * PK_TB * g.LB + lb;
+                        float acc[PK_TM][PK_TB];
 #pragma unroll
-                    for (int i = 0; i < PK_BT; ++i)
-                        hv[i] = *reinterpret_cast<const float4*>(hs + (bg + i * NB) * SH + 4 * cc);
+                        for (int i = 0; i < PK_TM; ++i)
 #pragma unroll
-                    for (int q = 0; q < G; ++q) {
-                        const float4 rv = *reinterpret_cast<const float4*>(
-                            Rs + (q * U + jj) * SR + k0 + 4 * cc);
-#pragma unroll
-                        for (int i = 0; i < PK_BT; ++i) {
-                            acc[q][i] = fmaf(rv.x, hv[i].x, acc[q][i]);
-                            acc[q][i] = fmaf(rv.y, hv[i].y, acc[q][i]);
-                            acc[q][i] = fmaf(rv.z, hv[i].z, acc[q][i]);
-                            acc[q][i] = fmaf(rv.w, hv[i].w, acc[q][i]);
-                        }
+                            for (int jb = 0; jb < PK_TB; ++jb) acc[i][jb] = 0.f;
+                        pk_fma_span(acc, g, Rs, hs, B, k0, c0, c1, r0, b0, lk);
+                        pk_flush(acc, g, red, B, r0, b0, kg, first);
                     }
-                }
             }
-            k0 += KT;
-            if (k0 >= H) break;
-            __syncthreads();   // this tile is consumed
-            stage(k0);
-            __syncthreads();
+            __syncwarp();      // the half is read: the next tile's may land there
+        };
+        for (int k0 = 0; k0 < H; k0 += KT) {
+            const int kn = k0 + KT;
+            int na = 0, nm = 0, nb = 0;
+            if (kn < H) range(kn, na, nm, nb);
+            half(k0, ca, cm, k0 == 0);
+            pk_stage(hs, g.SH, ht, ldh, B, H, kn, na, nm, vec, lane);
+            pk_cp_commit();
+            half(k0, cm, cb, false);
+            pk_stage(hs, g.SH, ht, ldh, B, H, kn, nm, nb, vec, lane);
+            pk_cp_commit();
+            ca = na;
+            cm = nm;
+            cb = nb;
         }
+        if (one_tile) pk_flush(acc1, g, red, B, lr, lb, kg, true);
+        __syncthreads();   // every k-group's partial sums are in red
 
-        // k-groups 1..KS-1 hand their partial sums to k-group 0 (consecutive p: no conflicts)
-        if (computes && g > 0) {
 #pragma unroll
-            for (int q = 0; q < G; ++q)
+        for (int i = 0; i < PK_CPT; ++i) {
+            int b, j;
+            if (!cell_of(i, b, j)) continue;
+            const int jj = j - j0;
+            float s[G];
 #pragma unroll
-                for (int i = 0; i < PK_BT; ++i)
-                    red[(((g - 1) * G + q) * PK_BT + i) * P + p] = acc[q][i];
-        }
-        __syncthreads();
-        if (owner) {
-            load_br();
-            for (int g2 = 1; g2 < KS; ++g2) {
-#pragma unroll
-                for (int q = 0; q < G; ++q)
-#pragma unroll
-                    for (int i = 0; i < PK_BT; ++i)
-                        acc[q][i] += red[(((g2 - 1) * G + q) * PK_BT + i) * P + p];
+            for (int q = 0; q < G; ++q) {
+                const float* const p = red + (long long)(q * U + jj) * g.BP + b;
+                float v = p[0];
+                for (int k = 1; k < g.NKG; ++k) v += p[(long long)k * g.M * g.BP];
+                const float brq = brv[q][i];
+                // ((gx + bw) + gh) + br, the fused kernels' order (GRU's n gate: gh_n + br_n;
+                // r * (gh_n + br_n) is added to gx_n + bw_n below)
+                s[q] = (CELL == CELL_GRU && q == 2) ? v + brq : (xg[q][i] + v) + brq;
             }
-            // Gate sums, all at once so that xg and brv die before the activations:
-            // ((gx + bw) + gh) + br, the fused kernels' order (GRU's n gate: gh_n + br_n,
-            // r * (gh_n + br_n) is added to gx_n + bw_n below).
-#pragma unroll
-            for (int q = 0; q < G; ++q)
-#pragma unroll
-                for (int i = 0; i < PK_BT; ++i)
-                    acc[q][i] = (CELL == CELL_GRU && q == 2)
-                                    ? acc[q][i] + brv[q][i]
-                                    : (xg[q][i] + acc[q][i]) + brv[q][i];
-            const int bo = pk_opaque(bg), jo = pk_opaque(j), Ho = pk_opaque(H);
-#pragma unroll
-            for (int i = 0; i < PK_BT; ++i) {
-                const int b = bo + i * NB;
-                if (b >= B) continue;
-                const long long row = (long long)t * B + b;   // step t, batch b
-                auto pre = [&](int q) { return acc[q][i]; };
-                float* const hn_out = h + (row + B) * ldh + jo;   // h_{t+1}[b, j]
-                if constexpr (CELL == CELL_LSTM) {
-                    const float pre_i = pre(0), pre_f = pre(1), pre_g = pre(2), pre_o = pre(3);
-                    const float cp = carry[i];
-                    const float ig = sigmoidf(pre_i), fg = sigmoidf(pre_f);
-                    const float gg = tanhf(pre_g), og = sigmoidf(pre_o);
-                    const float cn = fg * cp + ig * gg;
-                    carry[i] = cn;
-                    c[(row + B) * ldc + jo] = cn;
-                    __stcg(hn_out, og * tanhf(cn));
-                    float* const a = act + row * ldact + jo;
-                    a[0] = ig;
-                    a[Ho] = fg;
-                    a[2 * (long long)Ho] = gg;
-                    a[3 * (long long)Ho] = og;
-                } else if constexpr (CELL == CELL_GRU) {
-                    const float pre_r = pre(0), pre_z = pre(1);
-                    const float xn = xg[2][i];                 // gx_n + bw_n
-                    const float hn = acc[2][i];                // gh_n + br_n
-                    const float hp = carry[i];
-                    const float r = sigmoidf(pre_r), z = sigmoidf(pre_z);
-                    const float n = tanhf(xn + r * hn);
-                    const float hnew = n + z * (hp - n);
-                    carry[i] = hnew;
-                    __stcg(hn_out, hnew);
-                    float* const a = act + row * ldact + jo;
-                    a[0] = r;
-                    a[Ho] = z;
-                    a[2 * (long long)Ho] = n;
-                    a[3 * (long long)Ho] = hn;
-                } else if constexpr (CELL == CELL_RNN_TANH) {
-                    __stcg(hn_out, tanhf(pre(0)));
-                } else {
-                    const float v = pre(0);
-                    __stcg(hn_out, v < 0.f ? 0.f : v);   // NaN stays NaN, as rnn_relu_fwd
-                }
+            const long long row = (long long)t * B + b;   // step t, batch b
+            float* const hn_out = h + (row + B) * ldh + j;   // h_{t+1}[b, j]
+            if constexpr (CELL == CELL_LSTM) {
+                const float ig = sigmoidf(s[0]), fg = sigmoidf(s[1]);
+                const float gg = tanhf(s[2]), og = sigmoidf(s[3]);
+                const float cn = fg * carry[i] + ig * gg;
+                carry[i] = cn;
+                c[(row + B) * ldc + j] = cn;
+                __stcg(hn_out, og * tanhf(cn));
+                float* const a = act + row * ldact + j;
+                a[0] = ig;
+                a[H] = fg;
+                a[2 * (long long)H] = gg;
+                a[3 * (long long)H] = og;
+            } else if constexpr (CELL == CELL_GRU) {
+                const float r = sigmoidf(s[0]), z = sigmoidf(s[1]);
+                const float hn = s[2];                      // gh_n + br_n
+                const float n = tanhf(xg[2][i] + r * hn);   // gx_n + bw_n + r * hn
+                const float hnew = n + z * (carry[i] - n);
+                carry[i] = hnew;
+                __stcg(hn_out, hnew);
+                float* const a = act + row * ldact + j;
+                a[0] = r;
+                a[H] = z;
+                a[2 * (long long)H] = n;
+                a[3 * (long long)H] = hn;
+            } else if constexpr (CELL == CELL_RNN_TANH) {
+                __stcg(hn_out, tanhf(s[0]));
+            } else {
+                const float v = s[0];
+                __stcg(hn_out, v < 0.f ? 0.f : v);   // NaN stays NaN, as rnn_relu_fwd
             }
         }
         if (t + 1 < T) {
             prefetch(t + 1);   // step t+1's gx and biases: in flight across the barrier
-            grid_barrier(sync, (unsigned int)(t + 1) * gridDim.x);
+            if (!(PK_TIMING & 4)) grid_barrier(sync, (unsigned int)(t + 1) * gridDim.x);
+            else __syncthreads();   // red is rewritten next step: the block must be past it
         }
     }
     grid_exit(sync);

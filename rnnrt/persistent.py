@@ -1,21 +1,21 @@
-"""The persistent recurrent kernels (cuda_src/persistent.cu, v2): how one layer is cut over
+"""The persistent recurrent kernels (cuda_src/persistent.cu, v3): how one layer is cut over
 the GPU (the fit), and a NumPy emulation of exactly that cut.
 
 One launch runs all T steps of one layer. Block x owns the hidden units
-[x*U, min(H, x*U + U)) and all G gate rows of them (rows q*H + j of R), keeps those rows of
-R in shared memory for the whole sequence, reads all of h_t each step, updates its units,
-and meets the other blocks at a grid barrier before step t+1. The barrier spins, so every
-block must be resident at once: the fit puts one block on each SM (blocks <= SMs) and checks
-that one block's shared memory, threads and registers fit one SM.
+[x*U, min(H, x*U + U)) and all G gate rows of them (rows q*H + j of R), keeps those M = G*U
+rows of R in shared memory for the whole sequence, reads all of h_t each step, updates its
+units, and meets the other blocks at a grid barrier before step t+1. The barrier spins, so
+every block must be resident at once: the fit puts one block on each SM (blocks <= SMs) and
+checks that one block's shared memory, threads and registers fit one SM.
 
-Inside a block (the .cu header says the same; the constants below are the kernel's):
-  NB = ceil(B / PK_BT) batch groups, P = U * NB positions p = jj * NB + bg; thread tid is
-  position tid % P of k-group tid // P, KS = max(1, min(k_tile // 4, threads // P))
-  k-groups. h_t goes through shared memory in tiles of k_tile columns (the kernel's last
-  argument; the fit takes the widest that fits, ideally all of H: one load phase a step).
-  Position (jj, bg) owns unit jj of the block and batches bg + i*NB, i < PK_BT; k-group g
-  sums, in every tile, the float4 column chunks g, g + KS, ...; k-group 0 adds the others'
-  partial sums in order and does the pointwise update.
+Inside a block (the .cu header says the same; the constants below are the kernel's): each
+warp is a split-K slice of the small GEMM R_slice [M, H] x h_t^T [H, B]. Its 32 lanes are
+LR row groups x LB batch groups x LK k-groups; a lane accumulates PK_TM rows x PK_TB batches
+in registers. Warp w stages (cp.async) and multiplies its own CPW float4 chunks of every
+h tile (k_tile columns; the fit takes the widest that fits, ideally all of H), in two
+halves; k-group kg = w*LK + lk adds its tiles into partial sums red[kg]; then every thread
+updates up to PK_CPT (b, j) cells, e = tid + i*threads, jj = e % U, b = e // U, summing the
+NKG partial sums in k-group order.
 
 ``persistent_fit(cell, hidden, batch, props)`` chooses U, the block size, the tile width and
 the dynamic shared memory from CuPy-style device properties and says why when a shape does
@@ -34,26 +34,25 @@ from .cells import get_cell
 from .exec.kernels_np import _relu, _sigmoid
 
 # The kernel's compile-time constants (cuda_src/persistent.cu; a test holds them equal).
-PK_BT = 4               # batches per thread (register tile)
-PK_LD = 8               # h staging: loads one thread has in flight (a batch)
-PK_MAX_THREADS = 512    # __launch_bounds__(PK_MAX_THREADS, 1)
+PK_TM = 4               # register tile: rows of the R slice a lane accumulates
+PK_TB = 8               # register tile: batches a lane accumulates
+PK_CPT = 2              # pointwise: most (b, j) cells one thread updates
+PK_MAX_THREADS = 256    # __launch_bounds__(PK_MAX_THREADS, 1)
 
-TARGET_THREADS = 512
-"""Block size the fit aims for (knob): P positions times as many k-groups as fit in it.
-512 (one H100 SM's 64 K registers at 128 a thread) measured 1.5x faster than 256 with v1
-(LSTM H 512, B 64: 29 against 44 us a step): more warps hide the L2 latency of h_t. Where
-the registers do not allow it, the fit takes the largest block they allow."""
+BLOCK_SIZES = (256, 128, 64, 32)
+"""Block sizes the fit tries, most warps first (more warps: more staging and FMAs in flight;
+fewer: smaller partial sums, so a wider h tile where shared memory is short). It takes the
+one with the fewest h tiles a step; of those, the largest with at most KG_MAX k-groups (else
+the one with the fewest)."""
 
-KS_MAX = 16
-"""The fit's cap on k-groups (v1's PK_KT / 4): k-group 0 adds the KS - 1 partial sums one
-after the other, so past ~sqrt(H) k-groups that serial sum costs more than the split saves
-(B 1, H 512 would otherwise take 128 k-groups). The kernel itself only caps KS at
-k_tile / 4."""
+KG_MAX = 32
+"""k-groups the pointwise phase adds one after the other for each gate sum: past a few tens
+that serial sum costs more than the split saves (B 3, H 37 at 256 threads would take 256)."""
 
-NVCC_REGS = {"lstm": 128, "gru": 128, "rnn_tanh": 106, "rnn_relu": 106}
-"""Registers a thread, the most nvcc 13.0 or NVRTC 13.0 (sm_90) gave each kernel (the .cu
-header records them; a test holds nvcc to at most these). The fit assumes them unless told
-the compiled kernel's own count (``regs_per_thread``, from the occupancy API's source,
+NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
+"""Registers a thread the fit assumes (the most __launch_bounds__(256, 1) allows; nvcc 13.0.88
+gives LSTM 243, GRU 249, the RNNs 238, no spills; a test holds nvcc to at most these). The fit uses the compiled
+kernel's own count where it is given (``regs_per_thread``, from
 ``RawKernel.attributes['num_regs']``)."""
 
 SYNC_WORDS = 2
@@ -93,17 +92,42 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _pow2ceil(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def lane_grid(gates: int, units_per_block: int, batch: int) -> tuple[int, int, int]:
+    """(LR, LB, LK): a warp's lanes as row groups x batch groups x k-groups (product 32), as
+    the kernel's pk_geometry: LR = min(8, pow2ceil(ceil(M / PK_TM))) for M = G*U rows,
+    LB = min(32 / LR, pow2ceil(ceil(B / PK_TB))), LK = 32 / (LR * LB)."""
+    M = gates * units_per_block
+    lr = min(8, _pow2ceil(_ceil(M, PK_TM)))
+    lb = min(32 // lr, _pow2ceil(_ceil(batch, PK_TB)))
+    return lr, lb, 32 // (lr * lb)
+
+
+def partial_stride(batch: int, lb: int) -> int:
+    """Row stride BP (floats) of the partial sums: >= B and = LB mod 32, so that a warp's
+    LR x LB partial stores fall in 32 different banks."""
+    return 32 * _ceil(batch - lb, 32) + lb
+
+
 @dataclass(frozen=True)
 class Fit:
     """How one layer of ``cell`` (hidden H, batch B) runs as one persistent launch.
 
     ok / reason: whether it fits the device (reason says why not, or what was chosen).
     units_per_block U, blocks = ceil(H / U) (the grid, one block per SM), threads (the
-    block), batch_groups NB, positions P = U*NB, k_split KS, k_tile (columns of h_t a tile,
-    the kernel's last argument; tiles = ceil(H / k_tile) load phases a step): the kernel's
-    decomposition. smem_r, smem_tile, smem_partials: dynamic shared memory in bytes (R
-    slice, h tile, partial sums); smem_bytes their sum. sms: the device's SM count (None
-    for geometry only). regs_per_thread: what the register check assumed.
+    block, whole warps), lanes (LR, LB, LK: a warp's row groups, batch groups, k-groups),
+    k_groups NKG = warps * LK, cells_per_thread (pointwise (b, j) cells a thread updates),
+    k_tile (columns of h_t a tile, the kernel's last argument; tiles = ceil(H / k_tile)
+    load phases a step): the kernel's decomposition. smem_r, smem_tile, smem_partials:
+    dynamic shared memory in bytes (R slice, h tile, partial sums); smem_bytes their sum.
+    sms: the device's SM count (None for geometry only). regs_per_thread: what the register
+    check assumed.
     """
 
     cell: str
@@ -114,9 +138,9 @@ class Fit:
     units_per_block: int
     blocks: int
     threads: int
-    batch_groups: int
-    positions: int
-    k_split: int
+    lanes: tuple[int, int, int]
+    k_groups: int
+    cells_per_thread: int
     k_tile: int
     smem_r: int
     smem_tile: int
@@ -129,13 +153,32 @@ class Fit:
         return get_cell(self.cell).gates
 
     @property
+    def rows(self) -> int:
+        """M = G * U: rows of R a block holds."""
+        return self.gates * self.units_per_block
+
+    @property
+    def k_split(self) -> int:
+        """The k-groups whose partial sums each gate sum adds (NKG)."""
+        return self.k_groups
+
+    @property
+    def warps(self) -> int:
+        return self.threads // 32
+
+    @property
+    def chunks_per_warp(self) -> int:
+        """CPW: float4 chunks of every h tile one warp stages and multiplies."""
+        return _ceil(self.k_tile // 4, self.warps)
+
+    @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per block (bytes): the launch's shared_mem argument."""
         return self.smem_r + self.smem_tile + self.smem_partials
 
     @property
     def tiles(self) -> int:
-        """Tiles of h_t a step (each one load phase and two __syncthreads)."""
+        """Tiles of h_t a step (each staged and multiplied by every warp in two halves)."""
         return _ceil(self.hidden, self.k_tile)
 
     @property
@@ -172,36 +215,31 @@ class Fit:
 
     def describe(self) -> str:
         tiles = self.tiles
+        lr, lb, lk = self.lanes
         head = (f"{self.cell} H {self.hidden} B {self.batch}: U {self.units_per_block}, "
-                f"{self.blocks} blocks x {self.threads} threads (P {self.positions}, "
-                f"KS {self.k_split}), k_tile {self.k_tile} ({tiles} tile"
+                f"{self.blocks} blocks x {self.threads} threads (lanes {lr}x{lb}x{lk}, "
+                f"{self.k_groups} k-groups), k_tile {self.k_tile} ({tiles} tile"
                 f"{'' if tiles == 1 else 's'} a step), shared {self.smem_bytes} B "
                 f"(R {self.smem_r} + tile {self.smem_tile} + partials {self.smem_partials})")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
-def _default_threads(positions: int, k_tile: int, max_threads: int) -> int:
-    """The block size rule: as many k-groups (at most KS_MAX and k_tile / 4) as fit in
-    TARGET_THREADS (or max_threads, if fewer), rounded up to whole warps."""
-    ks_want = max(1, min(KS_MAX, k_tile // 4, min(TARGET_THREADS, max_threads) // positions))
-    return min(_ceil(positions * ks_want, 32) * 32, max_threads)
-
-
-def _smem_bytes(G: int, H: int, nb: int, U: int, threads: int, k_tile: int) -> int:
+def _smem_bytes(G: int, H: int, B: int, U: int, threads: int, k_tile: int) -> int:
     """The kernel's dynamic shared memory (bytes) for this decomposition (geometry's sum)."""
-    P = U * nb
-    ks = max(1, min(k_tile // 4, threads // P))
-    return 4 * (G * U * stride_r(H) + nb * PK_BT * tile_stride(k_tile) + (ks - 1) * G * PK_BT * P)
+    lr, lb, lk = lane_grid(G, U, B)
+    nkg = max(1, threads // 32) * lk
+    M = G * U
+    return 4 * (M * stride_r(H) + B * tile_stride(k_tile) + nkg * M * partial_stride(B, lb))
 
 
 def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
              threads: int | None = None, max_threads: int = PK_MAX_THREADS,
              k_tile: int | None = None) -> Fit:
     """The kernel's decomposition for U = ``units_per_block`` with no device checks (ok is
-    False only when no block size can hold the P positions, or k_tile is not a multiple of
-    4). ``k_tile``: columns of h_t a tile, else all of them (``full_tile``: one tile).
-    ``threads``: the block size, else the rule in ``_default_threads``. KS then follows the
-    kernel's own formula from the block size and k_tile."""
+    False only when the block cannot be launched as asked: threads not whole warps or more
+    than max_threads, more cells than PK_CPT a thread, k_tile not a multiple of 4).
+    ``k_tile``: columns of h_t a tile, else all of them (``full_tile``: one tile).
+    ``threads``: the block size, else BLOCK_SIZES[0] (within max_threads)."""
     spec = get_cell(cell)
     for what, v in (("hidden", hidden), ("batch", batch), ("units_per_block", units_per_block),
                     ("k_tile", full_tile(hidden) if k_tile is None else k_tile)):
@@ -210,33 +248,29 @@ def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
     G, H, B, U = spec.gates, int(hidden), int(batch), int(units_per_block)
     kt = full_tile(H) if k_tile is None else int(k_tile)
     max_threads = min(int(max_threads), PK_MAX_THREADS)
-    nb = _ceil(B, PK_BT)
-    P = U * nb
-    reason = "fits"
-    ok = True
     if threads is None:
-        threads = _default_threads(P, kt, max_threads)
+        threads = max([t for t in BLOCK_SIZES if t <= max_threads] or [32])
     threads = int(threads)
+    reason, ok = "fits", True
     if kt % 4:
-        ok = False
-        reason = (f"k_tile {kt} is not a multiple of 4 (the tile is read in float4 chunks; "
-                  f"the kernel traps on it)")
+        ok, reason = False, (f"k_tile {kt} is not a multiple of 4 (the tile is read in float4 "
+                             f"chunks; the kernel traps on it)")
+    elif threads % 32 or threads < 32:
+        ok, reason = False, f"a block of {threads} threads is not whole warps"
     elif threads > max_threads:
-        ok = False
-        reason = f"a block of {threads} threads > the {max_threads} a block may have"
-    elif P > threads:
-        ok = False
-        have = (f"the {max_threads} a block may have" if threads == max_threads
-                else f"the block's {threads}")
-        reason = (f"{U} units x {nb} batch groups (batch {B} / {PK_BT}) = {P} positions "
-                  f"need {P} threads (one each), more than {have}: a smaller batch, or "
-                  f"fewer units per block where there are SMs to spare")
-    ks = max(1, min(kt // 4, threads // P))
+        ok, reason = False, f"a block of {threads} threads > the {max_threads} a block may have"
+    elif U * B > PK_CPT * threads:
+        ok, reason = False, (f"{U} units x batch {B} = {U * B} cells > {PK_CPT} a thread x "
+                             f"{threads} threads: a smaller batch, or fewer units per block "
+                             f"where there are SMs to spare")
+    lanes = lane_grid(G, U, B)
+    nkg = max(1, threads // 32) * lanes[2]
+    M = G * U
     return Fit(cell=spec.name, hidden=H, batch=B, ok=ok, reason=reason, units_per_block=U,
-               blocks=_ceil(H, U), threads=threads, batch_groups=nb, positions=P, k_split=ks,
-               k_tile=kt, smem_r=4 * G * U * stride_r(H),
-               smem_tile=4 * nb * PK_BT * tile_stride(kt),
-               smem_partials=4 * (ks - 1) * G * PK_BT * P)
+               blocks=_ceil(H, U), threads=threads, lanes=lanes, k_groups=nkg,
+               cells_per_thread=_ceil(U * B, max(threads, 1)), k_tile=kt,
+               smem_r=4 * M * stride_r(H), smem_tile=4 * B * tile_stride(kt),
+               smem_partials=4 * nkg * M * partial_stride(B, lanes[1]))
 
 
 def widest_tile(cell: str, hidden: int, batch: int, units_per_block: int, threads: int,
@@ -246,14 +280,13 @@ def widest_tile(cell: str, hidden: int, batch: int, units_per_block: int, thread
     narrowest k_tile (a multiple of 4) that still needs no more tiles: ceil(H / n) rounded
     up to 4 for n tiles, so the tiles come out even (H 1024 in 4 tiles: 4 x 256, not 3 x 292
     + 148). None when even k_tile 4 does not fit."""
-    G, H = get_cell(cell).gates, int(hidden)
-    nb, U = _ceil(int(batch), PK_BT), int(units_per_block)
-    if _smem_bytes(G, H, nb, U, threads, 4) > limit:
+    G, H, B, U = get_cell(cell).gates, int(hidden), int(batch), int(units_per_block)
+    if _smem_bytes(G, H, B, U, threads, 4) > limit:
         return None
     n = 1
     while True:
         kt = full_tile(_ceil(H, n))
-        if _smem_bytes(G, H, nb, U, threads, kt) <= limit:
+        if _smem_bytes(G, H, B, U, threads, kt) <= limit:
             return kt
         # the next tile count that makes k_tile narrower
         n = max(n + 1, _ceil(H, kt - 4) if kt > 4 else n + 1)
@@ -271,13 +304,15 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
       1. U = ceil(H / SMs) unless given (knob 1), blocks = ceil(H / U) <= SMs: one block on
          each SM, so all are co-resident.
       2. k_tile, if given (knob 3), a multiple of 4.
-      3. Dynamic shared memory (R slice + h tile + partial sums) <= sharedMemPerBlockOptin
+      3. The block (knob 2, else each of BLOCK_SIZES the registers and
+         min(256, maxThreadsPerBlock, maxThreadsPerMultiProcessor) allow): U * B cells <=
+         PK_CPT per thread.
+      4. Dynamic shared memory (R slice + h tile + partial sums) <= sharedMemPerBlockOptin
          and, with reservedSharedMemPerBlock, <= sharedMemPerMultiprocessor. Unless given,
          k_tile is the widest that fits (``widest_tile``: all of H in one tile where it
-         can, else the fewest even tiles).
-      4. P = U * ceil(B / 4) positions <= the block size <= min(512, maxThreadsPerBlock,
-         maxThreadsPerMultiProcessor); block size from the rule in ``geometry`` unless
-         given (knob 2), within what the registers allow (so 512 threads where they do).
+         can, else the fewest even tiles); without a given block size the fit takes the
+         block with the fewest tiles, then the fewest k-groups past KG_MAX, then the
+         largest.
       5. Registers (NVCC_REGS[cell] unless given, allocated per warp in units of 256)
          <= regsPerBlock and <= regsPerMultiprocessor.
     """
@@ -291,21 +326,27 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
     regs_sm = int(props["regsPerMultiprocessor"])
     regs_block = int(props.get("regsPerBlock", regs_sm))
     per_warp = _ceil(regs * 32, _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
-    if threads is None:
-        # the default block: TARGET_THREADS where the registers allow, else the most they do
-        reg_cap = min(regs_sm // per_warp * 32, regs_block // regs // 32 * 32)
-        P = U * _ceil(B, PK_BT)
-        cap = min(max_threads, reg_cap) if reg_cap >= P else max_threads   # else: rule 5 says
-        threads = _default_threads(P, full_tile(H) if k_tile is None else int(k_tile), cap)
     optin = int(props["sharedMemPerBlockOptin"])
     per_sm = int(props["sharedMemPerMultiprocessor"])
     reserved = int(props.get("reservedSharedMemPerBlock", 0))
     limit = min(optin, per_sm - reserved)
-    kt = k_tile
-    if kt is None:
-        kt = widest_tile(spec.name, H, B, U, threads, limit) or 4   # 4: the refusal below
-    fit = geometry(spec.name, H, B, U, threads, max_threads, k_tile=kt)
-    fit = replace(fit, sms=sms, regs_per_thread=regs)
+
+    def regs_ok(t):
+        return regs * t <= regs_block and _ceil(t, 32) * per_warp <= regs_sm
+
+    if threads is not None:
+        candidates = [int(threads)]
+    else:
+        candidates = [t for t in BLOCK_SIZES if t <= max_threads and regs_ok(t)] \
+            or [min(BLOCK_SIZES)]
+    scored = []
+    for t in candidates:
+        kt = k_tile if k_tile is not None else (widest_tile(spec.name, H, B, U, t, limit) or 4)
+        f = geometry(spec.name, H, B, U, t, max_threads, k_tile=kt)
+        fits = f.ok and f.smem_bytes <= limit
+        over = max(0, f.k_groups - KG_MAX)
+        scored.append(((not fits, f.tiles, over, -t), f))
+    fit = replace(min(scored, key=lambda x: x[0])[1], sms=sms, regs_per_thread=regs)
 
     def no(reason):
         return replace(fit, ok=False, reason=reason)
@@ -330,7 +371,7 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
     if not fit.ok:
         return no(f"{where}: {fit.reason}")
     warps = _ceil(fit.threads, 32)
-    if regs * fit.threads > regs_block or warps * per_warp > regs_sm:
+    if not regs_ok(fit.threads):
         return no(f"{where}: {fit.threads} threads x {regs} registers = {warps * per_warp} "
                   f"registers > {regs_sm} per SM ({regs_block} per block): fewer threads a "
                   f"block")
@@ -341,42 +382,45 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
 # --- the decomposition, as the kernel indexes it --------------------------------------------
 
 def thread_roles(fit: Fit) -> dict[str, np.ndarray]:
-    """Per thread of a block (index tid): position p, k-group g, whether it computes
-    (g < KS), its unit jj (within the block) and batch group bg. As the kernel: p = tid % P,
-    g = tid // P, jj = p // NB, bg = p % NB."""
+    """Per thread of a block (index tid): its warp, lane, and the lane's row group lr,
+    batch group lb, k-group lk within the warp and k-group kg = warp * LK + lk in the
+    block. As the kernel: lr = lane % LR, lb = (lane / LR) % LB, lk = lane / (LR * LB)."""
+    lr_n, lb_n, lk_n = fit.lanes
     tid = np.arange(fit.threads)
-    p, g = tid % fit.positions, tid // fit.positions
-    return {"tid": tid, "p": p, "g": g, "computes": g < fit.k_split,
-            "jj": p // fit.batch_groups, "bg": p % fit.batch_groups}
+    warp, lane = tid // 32, tid % 32
+    lk = lane // (lr_n * lb_n)
+    return {"tid": tid, "warp": warp, "lane": lane, "lr": lane % lr_n,
+            "lb": (lane // lr_n) % lb_n, "lk": lk, "kg": warp * lk_n + lk}
 
 
 def owned(fit: Fit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tid, b, jj) of every element block ``block`` updates, one entry per (thread,
-    batch): threads of k-group 0 with jj < the block's unit count, batches bg + i*NB < B."""
-    roles = thread_roles(fit)
-    n_units = len(fit.units(block))
-    sel = roles["computes"] & (roles["g"] == 0) & (roles["jj"] < n_units)
-    tid, jj, bg = roles["tid"][sel], roles["jj"][sel], roles["bg"][sel]
-    tids, bs, jjs = [], [], []
-    for i in range(PK_BT):
-        b = bg + i * fit.batch_groups
-        keep = b < fit.batch
-        tids.append(tid[keep])
-        bs.append(b[keep])
-        jjs.append(jj[keep])
-    return np.concatenate(tids), np.concatenate(bs), np.concatenate(jjs)
+    """(tid, b, jj) of every (b, j) cell block ``block`` updates: cells e = tid + i*threads,
+    i < PK_CPT, jj = e % U, b = e // U, for jj < the block's units and b < B."""
+    U = fit.units_per_block
+    e = np.arange(U * fit.batch)
+    jj, b = e % U, e // U
+    keep = jj < len(fit.units(block))
+    return e[keep] % fit.threads, b[keep], jj[keep]
 
 
 def k_columns(fit: Fit, group: int) -> np.ndarray:
-    """The columns k of h_t (and of R) k-group ``group`` accumulates, in its order: tile by
-    tile (k_tile columns), the float4 chunks group, group + KS, ... of each, skipping k >= H
-    (R's padding there is zero)."""
-    H, ks, kt = fit.hidden, fit.k_split, fit.k_tile
+    """The columns k of h_t (and of R) k-group ``group`` (kg = warp * LK + lk) multiplies,
+    in its order: tile by tile (k_tile columns), its warp's chunks [w*CPW, (w+1)*CPW)
+    clipped to the tile, first half then second, chunks lk, lk + LK, ... of each half,
+    skipping k >= H (R's padding there is zero)."""
+    H, kt = fit.hidden, fit.k_tile
+    lk_n = fit.lanes[2]
+    w, lk = divmod(group, lk_n)
+    cpw = fit.chunks_per_warp
     cols = []
     for k0 in range(0, H, kt):
-        chunks = min(kt // 4, _ceil(H - k0, 4))
-        for cc in range(group, chunks, ks):
-            cols.extend(k for k in range(k0 + 4 * cc, k0 + 4 * cc + 4) if k < H)
+        ch = min(kt // 4, _ceil(H - k0, 4))
+        ca = min(ch, w * cpw)
+        cb = min(ch, ca + cpw)
+        cm = ca + _ceil(cb - ca, 2)
+        for lo, hi in ((ca, cm), (cm, cb)):
+            for cc in range(lo + lk, hi, lk_n):
+                cols.extend(k for k in range(k0 + 4 * cc, k0 + 4 * cc + 4) if k < H)
     return np.array(cols, dtype=np.int64)
 
 
@@ -401,7 +445,8 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
 
     Block by block, step by step: before the first step each block takes its G*U rows of R
     (its shared-memory copy); at step t it reads only h_t, sums its k-groups' partial dot
-    products in the kernel's order, and k-group 0's threads write the (b, j) they own. The
+    products in the kernel's order (k-group 0, 1, ...), and each (b, j) is written by the one
+    thread that owns it. The
     end of a step is the barrier: there every element of h_{t+1} must have been written by
     exactly one thread (checked), and only then does step t+1 read it.
     """

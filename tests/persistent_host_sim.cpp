@@ -1,6 +1,8 @@
 // Runs cuda_src/persistent.cu's kernels on the CPU: one std::thread per CUDA thread, every
 // block of the grid at once (co-resident, as the kernel requires), __syncthreads as a
-// std::barrier per block, the grid barrier's atomics and acquire loads as std::atomic_ref.
+// std::barrier per block, __syncwarp as one per 32 threads, cp.async as an immediate copy
+// (its commit / wait as no-ops: a copy that has already landed satisfies every wait), the
+// grid barrier's atomics and acquire loads as std::atomic_ref.
 // The kernel source is compiled as is (PK_HOST_SIM swaps in the four primitives below), so
 // its indexing, shared-memory layout, h staging, k-split reduction and barrier protocol run
 // for real. Used by tests/test_persistent_cpu.py (g++ -std=c++20 -pthread); not part of rnnrt.
@@ -11,8 +13,8 @@
 // empty), launches the kernel LAUNCHES times with one sync buffer (re-poisoning the outputs
 // in between, checking the counters are back to zero after each), writes DIR/{h,c,act}.out.
 // h is placed H_OFFSET floats past a 16-byte boundary (1: misaligned, the kernel must fall
-// back to 4-byte staging loads). Prints how many 16-byte and 4-byte h staging loads
-// (__ldcg) the kernel made: "ldcg128 N ldcg32 M".
+// back to 4-byte staging loads). Prints how many 16-byte (cp.async) and 4-byte (__ldcg) h
+// staging loads the kernel made: "ldcg128 N ldcg32 M".
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -35,6 +37,7 @@ struct alignas(16) float4 { float x, y, z, w; };
 static Dim3 gridDim, blockDim;
 static thread_local Dim3 threadIdx, blockIdx;
 static thread_local std::barrier<>* sim_block_barrier;
+static thread_local std::barrier<>* sim_warp_barrier;
 static thread_local float* sim_smem;
 static thread_local unsigned int sim_smem_bytes;
 
@@ -47,7 +50,7 @@ using std::max;
 using std::min;
 
 static void __syncthreads() { sim_block_barrier->arrive_and_wait(); }
-static void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static void __syncwarp() { sim_warp_barrier->arrive_and_wait(); }
 static void __trap() {
     std::fprintf(stderr, "__trap() in block %u thread %u\n", blockIdx.x, threadIdx.x);
     std::abort();
@@ -69,33 +72,42 @@ static float __ldcg(const float* p) {
     sim_ldcg32.fetch_add(1, std::memory_order_relaxed);
     return *p;
 }
-static float4 __ldcg(const float4* p) {
-    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {   // the GPU faults on this
-        std::fprintf(stderr, "misaligned 16-byte load at %p\n", static_cast<const void*>(p));
-        std::abort();
-    }
-    sim_ldcg128.fetch_add(1, std::memory_order_relaxed);
-    return *p;
-}
 static float __ldcs(const float* p) { return *p; }
 static float __ldg(const float* p) { return *p; }
 static void __stcg(float* p, float v) { *p = v; }
 
-// the four primitives persistent.cu leaves to PK_HOST_SIM
-static unsigned int ld_acquire_gpu(const unsigned int* p) {
+// the primitives persistent.cu leaves to PK_HOST_SIM
+// the spin's relaxed load is an acquire load here (stronger; ThreadSanitizer does not model
+// the standalone fences that order it on the GPU), the fences seq_cst fences
+static unsigned int ld_relaxed_gpu(const unsigned int* p) {
     std::this_thread::yield();   // 2 cores, hundreds of threads: let the others run
     return std::atomic_ref<unsigned int>(*const_cast<unsigned int*>(p))
         .load(std::memory_order_acquire);
 }
-static unsigned int dynamic_smem_bytes() { return sim_smem_bytes; }
-static float* dynamic_smem() { return sim_smem; }
-static void sts128(float* p, float4 v) {
-    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {
-        std::fprintf(stderr, "misaligned 16-byte shared store at %p\n", static_cast<void*>(p));
+static void pk_fence_acq_rel() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// shared-memory "addresses" are plain pointers here
+using pk_saddr = std::uintptr_t;
+static pk_saddr pk_smem_addr(const float* p) { return reinterpret_cast<pk_saddr>(p); }
+static float4 pk_lds128(pk_saddr a) {
+    if (a % 16 != 0) {
+        std::fprintf(stderr, "misaligned 16-byte shared load at %p\n", reinterpret_cast<void*>(a));
         std::abort();
     }
-    *reinterpret_cast<float4*>(p) = v;
+    return *reinterpret_cast<const float4*>(a);
 }
+static unsigned int dynamic_smem_bytes() { return sim_smem_bytes; }
+static float* dynamic_smem() { return sim_smem; }
+static void pk_cp_async16(float* dst, const float* src) {
+    for (const void* p : {static_cast<const void*>(dst), static_cast<const void*>(src)})
+        if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {   // the GPU faults on this
+            std::fprintf(stderr, "misaligned 16-byte cp.async at %p\n", p);
+            std::abort();
+        }
+    sim_ldcg128.fetch_add(1, std::memory_order_relaxed);
+    std::memcpy(dst, src, 16);
+}
+static void pk_cp_commit() {}
+template <int N> static void pk_cp_wait() {}
 
 #include PK_SOURCE
 
@@ -126,11 +138,13 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
                    const std::function<void()>& kernel) {
     gridDim = {(unsigned)blocks, 1, 1};
     blockDim = {(unsigned)threads, 1, 1};
-    std::vector<std::unique_ptr<std::barrier<>>> bars;
+    std::vector<std::unique_ptr<std::barrier<>>> bars, warp_bars;
     std::vector<std::vector<float4>> smem(blocks);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int b = 0; b < blocks; ++b) {
         bars.emplace_back(new std::barrier<>(threads));
+        for (int w = 0; w < (threads + 31) / 32; ++w)
+            warp_bars.emplace_back(new std::barrier<>(std::min(32, threads - 32 * w)));
         smem[b].assign(smem_bytes / 16 + 1, float4{nan, nan, nan, nan});   // garbage: NaN
     }
     std::vector<std::thread> ts;
@@ -140,6 +154,7 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
                 blockIdx = {(unsigned)b, 1, 1};
                 threadIdx = {(unsigned)t, 1, 1};
                 sim_block_barrier = bars[b].get();
+                sim_warp_barrier = warp_bars[b * ((threads + 31) / 32) + t / 32].get();
                 sim_smem = reinterpret_cast<float*>(smem[b].data());
                 sim_smem_bytes = smem_bytes;
                 kernel();

@@ -147,15 +147,15 @@ def test_matches_reference_twice(cp, props, lib, shape, cell, bias):
 
 @pytest.mark.parametrize("H", [150, 200], ids=["H150-4byte", "H200-16byte"])
 @pytest.mark.parametrize("cell", CELL_NAMES)
-@pytest.mark.parametrize("kw", [{"units_per_block": 7}, {"threads": 64}, {"threads": 512},
+@pytest.mark.parametrize("kw", [{"units_per_block": 7}, {"threads": 32}, {"threads": 128},
                                 {"k_tile": 8}, {"k_tile": 64},
-                                {"k_tile": 12, "threads": 512}],
-                         ids=["U7", "thr64", "thr512", "kt8", "kt64", "kt12-thr512"])
+                                {"k_tile": 12, "threads": 128}],
+                         ids=["U7", "thr32", "thr128", "kt8", "kt64", "kt12-thr128"])
 def test_other_decompositions(cp, props, lib, cell, kw, H):
-    """Knobs: more units a block (fewer blocks), other block sizes (other k-splits: 512
-    threads over one tile gives KS 38 or 50), h_t in several tiles (k_tile 8: 19 or 25
-    tiles; 64: v1's; 12 with 512 threads: KS capped at 3), with 4-byte (H 150) and 16-byte
-    (H 200) staging loads."""
+    """Knobs: more units a block (fewer blocks, other lane grids), other block sizes (1 or 4
+    warps: 32 or 128 k-groups at B 3), h_t in several tiles (k_tile 8: 19 or 25 tiles, most
+    warps owning no chunk; 64; 12 with 4 warps: one chunk a warp), with 4-byte (H 150) and
+    16-byte (H 200) staging loads."""
     T, B = 5, 3
     fit = _fit(props, cell, H, B, **kw)
     if "k_tile" in kw:

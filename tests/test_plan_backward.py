@@ -149,3 +149,15 @@ def test_backward_switches_observable():
     assert naive.counts()["kernel:pointwise"] > 12 * 4 and len(naive.streams) == 1
     with pytest.raises(ValueError, match="train"):
         backward_plan(dataclasses.replace(key, train=False))
+
+
+def test_persistent_rung_backward_keeps_the_wavefront_schedule():
+    """The persistent switch changes only the forward (one input GEMM per layer there); the
+    backward is the same schedule as the rung below it: chunked dx GEMMs, reverse wavefront."""
+    rungs = ladder(input_batch=4)
+    key = PlanKey("lstm", 12, B, I, H, 4, True, rungs[PAPER_RUNGS].switches, train=True)
+    assert key.switches.persistent and forward_plan(key).counts()["gemm:wx"] == 4
+    below = backward_plan(dataclasses.replace(key, switches=rungs[PAPER_RUNGS - 1].switches))
+    plan = backward_plan(key)
+    assert plan.counts() == below.counts() and plan.num_events == below.num_events
+    assert [op.kind for op in plan.ops] == [op.kind for op in below.ops]

@@ -14,7 +14,7 @@ Rungs past the paper's Table 1 (``switches.PAPER_RUNGS``; today '+persistent') a
 in the table. A rung whose plan declined its fast path (the persistent kernel on a shape the
 device cannot hold) still runs, on its fallback schedule, and its row says so: ``fallback``
 (why) and ``fit`` (what the device fit chose or refused). With --backward the persistent rung
-runs the persistent kernel forward and the fused schedule backward (``backward_note``).
+runs the persistent kernel forward and the rung below's schedule backward (``backward_note``).
 """
 from __future__ import annotations
 
@@ -244,8 +244,9 @@ class _RungRun:
                "events": sum(p.num_events for p in self.plans), "counts": counts,
                "fallback": fwd.fallback, "fit": fwd.fit}
         if fwd.key.switches.persistent and len(self.plans) > 1:
-            out["backward_note"] = ("backward: the fused schedule of the other switches (no "
-                                    "persistent backward kernel yet)")
+            out["backward_note"] = ("backward: the schedule of the other switches (the rung "
+                                    "below's, reverse wavefront included; no persistent "
+                                    "backward kernel yet)")
         return out
 
 

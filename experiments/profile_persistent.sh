@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Profile one persistent launch (LSTM H 512 B 64, 20 steps) with Nsight Compute and dump the
+# kernel's SASS: where a step's time goes, instruction by instruction. On the device, from the
+# repo root: OUT=dir bash experiments/profile_persistent.sh [extra persistent_bench args]
+# Writes $OUT/prof.ncu-rep, details.txt (speed of light, warp states, scheduler, memory),
+# source.csv (per-SASS-line stall samples), top-stalls.txt (the 40 lines with most samples),
+# lstm.sass. --clock-control none: the clocks are left as the benchmarks see them.
+set -u -o pipefail
+OUT=${OUT:-prof-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvcc -arch=sm_90 -std=c++17 -cubin -o "$OUT/pk.cubin" cuda_src/persistent.cu && \
+  cuobjdump -sass -fun lstm_persistent_fwd "$OUT/pk.cubin" > "$OUT/lstm.sass"
+ncu --clock-control none --set full --import-source no -k regex:lstm_persistent_fwd -c 1 \
+    -o "$OUT/prof" -f python3 experiments/persistent_bench.py --steps 20 --repeats 1 \
+    --units '' "$@" > "$OUT/ncu.log" 2>&1
+ncu -i "$OUT/prof.ncu-rep" --page details > "$OUT/details.txt" 2>&1
+ncu -i "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
+python3 - "$OUT" <<'PY'
+import csv, sys
+out = sys.argv[1]
+rows = list(csv.DictReader(open(f"{out}/source.csv")))
+key = next((k for k in rows[0] if "Warp Stall Sampling (All" in k), None) if rows else None
+if key is None:
+    print("no stall-sampling column; columns:", list(rows[0])[:40] if rows else "none")
+    sys.exit()
+def num(v):
+    try: return float(str(v).replace(",", ""))
+    except ValueError: return 0.0
+total = sum(num(r[key]) for r in rows) or 1
+top = sorted(rows, key=lambda r: -num(r[key]))[:40]
+with open(f"{out}/top-stalls.txt", "w") as f:
+    for r in top:
+        f.write(f"{100 * num(r[key]) / total:5.1f}%  {r.get('Address', '')}  {r.get('Source', '')}\n")
+print(open(f"{out}/top-stalls.txt").read())
+PY
