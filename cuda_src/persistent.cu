@@ -176,6 +176,16 @@ __device__ __forceinline__ float sigmoidf(float x) {
     return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
 }
 
+// The four saved gate values of one (b, j) for the backward pass: act columns j, H + j,
+// 2H + j, 3H + j (LSTM i, f, g, o; GRU r, z, n, hn), a pointing at column j.
+__device__ __forceinline__ void store_gates(float* a, int H, float v0, float v1, float v2,
+                                            float v3) {
+    a[0] = v0;
+    a[H] = v1;
+    a[2 * (long long)H] = v2;
+    a[3 * (long long)H] = v3;
+}
+
 // Row stride (floats) of a shared-memory array whose rows hold n floats: n rounded up to
 // float4s, made an odd number of float4s, so that the same column of 8 consecutive rows
 // (a quarter warp's 16-byte reads) falls in 8 different groups of 4 banks. Used for the R
@@ -602,11 +612,7 @@ __device__ __forceinline__ void persistent_fwd(
                 carry[i] = cn;
                 c[(row + B) * ldc + j] = cn;
                 __stcg(hn_out, og * tanhf(cn));
-                float* const a = act + row * ldact + j;
-                a[0] = ig;
-                a[H] = fg;
-                a[2 * (long long)H] = gg;
-                a[3 * (long long)H] = og;
+                store_gates(act + row * ldact + j, H, ig, fg, gg, og);
             } else if constexpr (CELL == CELL_GRU) {
                 const float r = sigmoidf(s[0]), z = sigmoidf(s[1]);
                 const float hn = s[2];                      // gh_n + br_n
@@ -614,11 +620,7 @@ __device__ __forceinline__ void persistent_fwd(
                 const float hnew = n + z * (carry[i] - n);
                 carry[i] = hnew;
                 __stcg(hn_out, hnew);
-                float* const a = act + row * ldact + j;
-                a[0] = r;
-                a[H] = z;
-                a[2 * (long long)H] = n;
-                a[3 * (long long)H] = hn;
+                store_gates(act + row * ldact + j, H, r, z, n, hn);
             } else if constexpr (CELL == CELL_RNN_TANH) {
                 __stcg(hn_out, tanhf(s[0]));
             } else {

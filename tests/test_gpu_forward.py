@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.gpu,
 
 from rnnrt import reference  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close  # noqa: E402
-from rnnrt.params import make_layout, per_layer  # noqa: E402
+from rnnrt.params import per_layer  # noqa: E402
 from conftest import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
+from conftest import random_layer_stack  # noqa: E402
 from rnnrt.plan import forward_plan  # noqa: E402
 from rnnrt.switches import ALL, all_combinations, ladder  # noqa: E402
 
@@ -34,17 +35,8 @@ def case(cell, layers, steps=T, batch=B, hidden=H, inp=I, bias=True, seed=0):
     """fp32 weights and inputs (random, never zero) and the float64 reference outputs."""
     k = (cell, layers, steps, batch, hidden, inp, bias, seed)
     if k not in _CASES:
-        rng = np.random.default_rng(seed)
-        layout = make_layout(cell, inp, hidden, layers, bias)
-        flat = np.zeros(layout.size, np.float32)
-        bound = 1 / np.sqrt(hidden)
-        for e in layout.entries:
-            n = int(np.prod(e.shape))
-            flat[e.offset:e.offset + n] = rng.uniform(-bound, bound, n)
-        x = rng.standard_normal((steps, batch, inp)).astype(np.float32)
-        h0 = (0.5 * rng.standard_normal((layers, batch, hidden))).astype(np.float32)
-        c0 = ((0.5 * rng.standard_normal((layers, batch, hidden))).astype(np.float32)
-              if cell == "lstm" else None)
+        layout, flat, x, h0, c0, _ = random_layer_stack(cell, layers, steps, batch, hidden,
+                                                         inp, bias, seed)
         p64 = per_layer(flat.astype(np.float64), layout)
         y, hn, cn, _ = reference.forward(cell, p64, x.astype(np.float64), h0.astype(np.float64),
                                          None if c0 is None else c0.astype(np.float64))
