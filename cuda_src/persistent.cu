@@ -1,9 +1,16 @@
 /*
  * persistent.cu: persistent recurrent kernels, v3 (forward, fp32). ONE launch runs ALL T
  * steps of ONE layer's recurrence: R stays in shared memory for the whole sequence, every
- * block works on every step, and the blocks meet at a flag barrier in global memory between
- * steps instead of ending a kernel. W x is not done here: gx = W x_t for all t comes from one
- * cuBLAS GEMM before the launch.
+ * block works on every step, and the blocks meet at a barrier between steps instead of
+ * ending a kernel. W x is not done here: gx = W x_t for all t comes from one cuBLAS GEMM
+ * before the launch. Two kernels a cell, one template (persistent_fwd<G, CELL, CL>):
+ *   the grid kernels `*_persistent_fwd`: one block per SM over the whole GPU, h_t staged
+ *     from L2 every step, a flag barrier in global memory (any H whose R slice fits);
+ *   the cluster kernels `*_persistent_cluster_fwd` (sm_90+): thread-block clusters of
+ *     PK_CLUSTER = 8 blocks, each cluster holding all of R and running its own slice of the
+ *     batch; each block pushes its units of h_{t+1} straight into every block's shared memory
+ *     (distributed shared memory) and the cluster meets at the hardware cluster barrier: no
+ *     L2 round trip and no global barrier a step (small H: R / 8 must fit one block).
  *
  * History, LSTM H 512 B 64 on the lent H100 (experiments/persistent_bench.py): v1 44 us a
  * step (latency bound: h_t in 8 serial tile round trips); v2 11.7 us (all of h_t in one
@@ -80,6 +87,51 @@
  *     int T
  *     int units_per_block
  *     int k_tile
+ *   The cluster kernels: the same arithmetic and arguments as the grid kernel of their cell
+ *   (sync is not touched; units_per_block U >= ceil(H / PK_CLUSTER); k_tile >= H: one tile).
+ *   kernel lstm_persistent_cluster_fwd(rows = B, cols = H)
+ *     out h      [T+1, B, H]
+ *     out c      [T+1, B, H]
+ *     out act    [T, B, 4H]
+ *     out sync   [1, 2]
+ *     in  gx     [T, B, 4H]
+ *     in  w_hh   [4H, H]
+ *     in  bw     [B, 4H]
+ *     in  br     [B, 4H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel gru_persistent_cluster_fwd(rows = B, cols = H)
+ *     out h      [T+1, B, H]
+ *     out act    [T, B, 4H]
+ *     out sync   [1, 2]
+ *     in  gx     [T, B, 3H]
+ *     in  w_hh   [3H, H]
+ *     in  bw     [B, 3H]
+ *     in  br     [B, 3H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_tanh_persistent_cluster_fwd(rows = B, cols = H)
+ *     out h      [T+1, B, H]
+ *     out sync   [1, 2]
+ *     in  gx     [T, B, H]
+ *     in  w_hh   [H, H]
+ *     in  bw     [B, H]
+ *     in  br     [B, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_relu_persistent_cluster_fwd(rows = B, cols = H)
+ *     out h      [T+1, B, H]
+ *     out sync   [1, 2]
+ *     in  gx     [T, B, H]
+ *     in  w_hh   [H, H]
+ *     in  bw     [B, H]
+ *     in  br     [B, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
  *
  * Decomposition (rnnrt/persistent.py computes it for the host and emulates it in NumPy):
  *   grid = ceil(H / U) blocks, one per SM; block x owns units j in [x*U, x*U + U) and ALL G
@@ -115,7 +167,28 @@
  *   groups of 4 banks) + NKG*M*BP (partial sums, BP = 32*ceil((B - LB) / 32) + LB: BP = LB
  *   mod 32, so a warp's LR x LB partial stores hit 32 different banks).
  *
- * Barrier contract (flag-based, no cooperative launch, so it can be captured in a graph):
+ * Cluster kernels (the same decomposition inside a block, with these differences):
+ *   the grid is NC clusters of PK_CLUSTER blocks (NC = gridDim.x / PK_CLUSTER, fixed by
+ *   __cluster_dims__); cluster n owns batches [n*BG, n*BG + BG), BG = ceil(B / NC) (the
+ *   last may have fewer; none may be empty), and its block of rank r owns units
+ *   [r*U, r*U + U) of those batches, with all G gate rows: each cluster holds all of R.
+ *   The layout is sized for BG batches; the h tile is two buffers [2][BG][SH] of all of h_t
+ *   (k_tile >= H). Before the first step each block copies its R rows and h_0 of its
+ *   batches into buffer 0 (zeros in the columns past H of both buffers), then the cluster
+ *   barrier. Step t multiplies buffer t & 1 in the same halves and order as the grid kernel
+ *   (nothing to stage or wait for); the pointwise writes h_{t+1}[b, j] to global memory and
+ *   to buffer (t+1) & 1 of every block of the cluster (mapa + st.shared::cluster), then
+ *   every thread of the cluster meets at barrier.cluster.arrive.release /
+ *   wait.acquire (after every step, the last too). Why one barrier a step is enough: a
+ *   block pushes into buffer (t+1) & 1 only after the barrier that ended step t-1, which
+ *   every block passed after it finished reading that buffer (at step t-1); the barrier
+ *   after step t makes every push visible before step t+1 reads it, orders the partial
+ *   sums (red) as __syncthreads would, and keeps every block alive until no block can
+ *   push to it any more. No deadlock: a cluster is scheduled whole (its blocks are
+ *   co-resident by construction) and clusters never wait for each other.
+ *
+ * Barrier contract of the grid kernels (flag-based, no cooperative launch, so it can be
+ * captured in a graph):
  *   sync[0] counts arrivals, sync[1] departures. Between step t and t+1 every block does
  *   __syncthreads(); thread 0: fence.acq_rel.gpu; atomicAdd(&sync[0], 1); spin until a relaxed
  *   load of sync[0] >= (t+1)*gridDim.x; fence.acq_rel.gpu; then __syncthreads(). The fence (cumulative through
@@ -151,8 +224,11 @@
 
 // Timing variants, for experiments/persistent_bench.py --variants only (they compute wrong
 // results on purpose; rnnrt never defines PK_TIMING): a bit mask of the phases to leave out,
-// to split a step's time between them.  1: staging h_t from L2;  2: the FMAs;  4: the grid
-// barrier (blocks run free; the exit still resets the counters).
+// to split a step's time between them.  1: staging h_t from L2 (cluster kernels: the pushes
+// of h_{t+1} into the cluster's blocks);  2: the FMAs;  4: the grid barrier (blocks run
+// free; the exit still resets the counters; cluster kernels: the per-step cluster barrier,
+// a __syncthreads instead, and one cluster barrier before exit);  8: the pointwise update
+// (no gate sums, no activations, no stores).
 #ifndef PK_TIMING
 #define PK_TIMING 0
 #endif
@@ -161,6 +237,7 @@
 #define PK_TB 8                // register tile: batches a lane accumulates
 #define PK_CPT 2               // pointwise: most (b, j) cells one thread updates
 #define PK_MAX_THREADS 256     // __launch_bounds__ and the fit's cap on threads a block
+#define PK_CLUSTER 8           // blocks a cluster of the cluster kernels (the portable maximum)
 #ifndef PK_SPIN_LIMIT
 #define PK_SPIN_LIMIT (1LL << 34)   // clock cycles one barrier may spin before it traps
 #endif
@@ -239,6 +316,44 @@ __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int* p) {
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+
+// Thread-block clusters (sm_90): this block's rank in its cluster, the cluster's index in
+// the grid and the number of clusters; the cluster barrier (every thread of every block of
+// the cluster; release / acquire: shared-memory writes to any block of the cluster before
+// it are seen by every thread after it); and a 4-byte store into block `rank`'s shared
+// memory at the address that `local` is in this block's (mapa: the same offset there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900   // no clusters: the grid kernels only
+__device__ __forceinline__ unsigned int pk_cluster_rank() { __trap(); return 0; }
+__device__ __forceinline__ unsigned int pk_cluster_id() { __trap(); return 0; }
+__device__ __forceinline__ unsigned int pk_clusters() { __trap(); return 1; }
+__device__ __forceinline__ void pk_cluster_sync() { __trap(); }
+__device__ __forceinline__ void pk_st_cluster(pk_saddr, unsigned int, float) { __trap(); }
+#else
+__device__ __forceinline__ unsigned int pk_cluster_rank() {
+    unsigned int v;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ unsigned int pk_cluster_id() {
+    unsigned int v;
+    asm("mov.u32 %0, %%clusterid.x;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ unsigned int pk_clusters() {
+    unsigned int v;
+    asm("mov.u32 %0, %%nclusterid.x;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ void pk_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+#endif
 
 __device__ __forceinline__ void pk_cp_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -436,26 +551,47 @@ __device__ __forceinline__ void pk_flush(const float (&acc)[PK_TM][PK_TB], const
     }
 }
 
-template <int G, int CELL>
+// CL = 0: the grid kernel (h_t staged from L2, the flag grid barrier); CL = PK_CLUSTER: the
+// cluster kernel (see the header: h_t pushed into every block's shared memory, the cluster
+// barrier; cluster n owns batches [n*BC, n*BC + BC), BC = ceil(B / clusters)).
+template <int G, int CELL, int CL>
 __device__ __forceinline__ void persistent_fwd(
-        int B, int H, float* h, long long ldh, float* c, long long ldc, float* act,
+        int Bfull, int H, float* h, long long ldh, float* c, long long ldc, float* act,
         long long ldact, unsigned int* sync, const float* gx, long long ldgx, const float* w,
         long long ldw, const float* bw, long long ldbw, const float* br, long long ldbr,
         int T, int U, int KT) {
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
-    if (U < 1 || B < 1 || H < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0) __trap();
-    const PkGeom g = pk_geometry(G, U, B, H, KT, nt);
-    const long long need = 4LL * ((long long)g.M * g.SR + (long long)B * g.SH
+    if (U < 1 || Bfull < 1 || H < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0) __trap();
+    // This block's hidden-unit slice (rank) and batch slice [b_off, b_off + B) of Bfull; BG
+    // (the batch the shared-memory layout is sized for) is the same in every block.
+    const int S = Bfull;   // rows of a step in every time-major array
+    int rank = blockIdx.x, ranks = gridDim.x, BG = Bfull, b_off = 0, B = Bfull;
+    if (CL) {
+        rank = (int)pk_cluster_rank();
+        ranks = CL;
+        BG = (Bfull + (int)pk_clusters() - 1) / (int)pk_clusters();
+        b_off = (int)pk_cluster_id() * BG;
+        B = min(BG, Bfull - b_off);
+        if (B < 1 || KT < H) __trap();   // an empty cluster; the cluster kernel's one tile
+    }
+    const PkGeom g = pk_geometry(G, U, BG, H, KT, nt);
+    const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH
                                   + (long long)g.NKG * g.M * g.BP);
-    if ((long long)gridDim.x * U < H || (long long)U * B > (long long)PK_CPT * nt ||
+    if ((long long)ranks * U < H || (long long)U * BG > (long long)PK_CPT * nt ||
         (long long)dynamic_smem_bytes() < need)
         __trap();
-    const int j0 = blockIdx.x * U;
+    h += b_off * ldh;   // row b of step t of every array is now row t*S + b
+    if (c) c += b_off * ldc;
+    if (act) act += b_off * ldact;
+    gx += b_off * ldgx;
+    bw += b_off * ldbw;
+    br += b_off * ldbr;
+    const int j0 = rank * U;
     const int Ub = max(0, min(U, H - j0));   // units this block owns
     float* const Rs = smem;                           // [M][SR]
-    float* const hs = Rs + g.M * g.SR;                // [B][SH]
-    float* const red = hs + B * g.SH;                 // [NKG][M][BP]
+    float* const hs = Rs + g.M * g.SR;                // [B][SH] (cluster kernel: [2][BG][SH])
+    float* const red = hs + (CL ? 2 : 1) * BG * g.SH;   // [NKG][M][BP]
     const int lr = lane % g.LR, lb = (lane / g.LR) % g.LB, lk = lane / (g.LR * g.LB);
     const int kg = warp * g.LK + lk;
     // 16-byte staging where every row of h_t starts 16-byte aligned and has whole float4s
@@ -482,7 +618,7 @@ __device__ __forceinline__ void persistent_fwd(
         for (int i = 0; i < PK_CPT; ++i) {
             int b, j;
             const bool live = cell_of(i, b, j);
-            const float* const x = gx + ((long long)t * B + b) * ldgx + j;
+            const float* const x = gx + ((long long)t * S + b) * ldgx + j;
             const float* const y = bw + b * ldbw + j;
             const float* const z = br + b * ldbr + j;
 #pragma unroll
@@ -512,10 +648,23 @@ __device__ __forceinline__ void persistent_fwd(
         const int q = row / U, ju = row - q * U;
         Rs[e] = (ju < Ub && k < H) ? w[((long long)q * H + j0 + ju) * ldw + k] : 0.f;
     }
-    __syncthreads();   // the R slice is read by every warp
+    if (CL) {
+        // h_0 of the cluster's batches into buffer 0; zeros in both buffers' columns past H
+        // (the last float4 chunk reads them; the pushes below write columns < H only)
+        for (int e = tid; e < 2 * BG * g.SH; e += nt) {
+            const int buf = e / (BG * g.SH), r = e - buf * BG * g.SH;
+            const int b = r / g.SH, k = r - b * g.SH;
+            if (k >= H) hs[e] = 0.f;
+            else if (buf == 0 && b < B) hs[e] = h[b * ldh + k];
+        }
+        pk_cluster_sync();   // every block of the cluster runs before any block pushes to it
+    } else {
+        __syncthreads();   // the R slice is read by every warp
+    }
 
     for (int t = 0; t < T; ++t) {
-        const float* const ht = h + (long long)t * B * ldh;   // h_t: rows t*B .. t*B+B-1
+        const float* const ht = h + (long long)t * S * ldh;   // h_t: rows t*S .. t*S+B-1
+        float* const hcur = CL ? hs + (t & 1) * BG * g.SH : hs;   // the h tile of step t
 #pragma unroll
         for (int q = 0; q < G; ++q)
 #pragma unroll
@@ -532,10 +681,12 @@ __device__ __forceinline__ void persistent_fwd(
         };
         int ca, cm, cb;
         range(0, ca, cm, cb);
-        pk_stage(hs, g.SH, ht, ldh, B, H, 0, ca, cm, vec, lane);
-        pk_cp_commit();
-        pk_stage(hs, g.SH, ht, ldh, B, H, 0, cm, cb, vec, lane);
-        pk_cp_commit();
+        if (!CL) {
+            pk_stage(hs, g.SH, ht, ldh, B, H, 0, ca, cm, vec, lane);
+            pk_cp_commit();
+            pk_stage(hs, g.SH, ht, ldh, B, H, 0, cm, cb, vec, lane);
+            pk_cp_commit();
+        }
         // The halves are a ping-pong across the h tiles: each half of tile k+1 is staged as
         // soon as the same half of tile k is multiplied, so the L2 reads of one overlap the
         // FMAs of the other (the next tile's halves lie within this warp's same columns:
@@ -543,43 +694,64 @@ __device__ __forceinline__ void persistent_fwd(
         // (empty past the last tile), so waiting for all but the newest group is always
         // "this half has landed". With one output tile (the common case: G*U <= 32 rows,
         // B <= 64) the sums stay in registers over all h tiles and are written once; with
-        // several, each half's sums of each output tile are added into red.
+        // several, each half's sums of each output tile are added into red. The cluster
+        // kernel has all of h_t in its buffer already (one tile, nothing to stage or wait
+        // for) and multiplies the same halves in the same order.
         const bool one_tile = g.RT * g.BT == 1;
         float acc1[PK_TM][PK_TB];
 #pragma unroll
         for (int i = 0; i < PK_TM; ++i)
 #pragma unroll
             for (int jb = 0; jb < PK_TB; ++jb) acc1[i][jb] = 0.f;
+        // Output tile (rt, bt) of this lane over chunks [c0, c1) and then [c2, c3) of the h
+        // tile at column k0, added into (first: stored as) its k-group's partial sums.
+        auto tile_sums = [&](int rt, int bt, int k0, int c0, int c1, int c2, int c3,
+                             bool first) {
+            const int r0 = rt * PK_TM * g.LR + lr, b0 = bt * PK_TB * g.LB + lb;
+            float acc[PK_TM][PK_TB];
+#pragma unroll
+            for (int i = 0; i < PK_TM; ++i)
+#pragma unroll
+                for (int jb = 0; jb < PK_TB; ++jb) acc[i][jb] = 0.f;
+            pk_fma_span(acc, g, Rs, hcur, B, k0, c0, c1, r0, b0, lk);
+            if (c2 < c3) pk_fma_span(acc, g, Rs, hcur, B, k0, c2, c3, r0, b0, lk);
+            pk_flush(acc, g, red, B, r0, b0, kg, first);
+        };
         auto half = [&](int k0, int c0, int c1, bool first) {
-            pk_cp_wait<1>();   // this half has landed (this lane's part of it) ...
-            __syncwarp();      // ... and every lane's
+            if (!CL) {
+                pk_cp_wait<1>();   // this half has landed (this lane's part of it) ...
+                __syncwarp();      // ... and every lane's
+            }
             if (one_tile) {
-                pk_fma_span(acc1, g, Rs, hs, B, k0, c0, c1, lr, lb, lk);
+                pk_fma_span(acc1, g, Rs, hcur, B, k0, c0, c1, lr, lb, lk);
             } else {
                 for (int rt = 0; rt < g.RT; ++rt)
-                    for (int bt = 0; bt < g.BT; ++bt) {
-                        const int r0 = rt * PK_TM * g.LR + lr, b0 = bt * PK_TB * g.LB + lb;
-                        float acc[PK_TM][PK_TB];
-#pragma unroll
-                        for (int i = 0; i < PK_TM; ++i)
-#pragma unroll
-                            for (int jb = 0; jb < PK_TB; ++jb) acc[i][jb] = 0.f;
-                        pk_fma_span(acc, g, Rs, hs, B, k0, c0, c1, r0, b0, lk);
-                        pk_flush(acc, g, red, B, r0, b0, kg, first);
-                    }
+                    for (int bt = 0; bt < g.BT; ++bt) tile_sums(rt, bt, k0, c0, c1, c1, c1, first);
             }
-            __syncwarp();      // the half is read: the next tile's may land there
+            if (!CL) __syncwarp();   // the half is read: the next tile's may land there
         };
-        for (int k0 = 0; k0 < H; k0 += KT) {
+        if (CL && !one_tile) {
+            // The cluster kernel's one tile is all there: each output tile takes both halves
+            // into registers (same chunks, same order) and is stored once, instead of the
+            // grid kernel's read-add-write of the partial sums a half (its first profile at
+            // LSTM H 128: ~1 us a step of serialised shared-memory read-add-writes).
+            for (int rt = 0; rt < g.RT; ++rt)
+                for (int bt = 0; bt < g.BT; ++bt) tile_sums(rt, bt, 0, ca, cm, cm, cb, true);
+        }
+        for (int k0 = 0; k0 < H && !(CL && !one_tile); k0 += KT) {
             const int kn = k0 + KT;
             int na = 0, nm = 0, nb = 0;
             if (kn < H) range(kn, na, nm, nb);
             half(k0, ca, cm, k0 == 0);
-            pk_stage(hs, g.SH, ht, ldh, B, H, kn, na, nm, vec, lane);
-            pk_cp_commit();
+            if (!CL) {
+                pk_stage(hs, g.SH, ht, ldh, B, H, kn, na, nm, vec, lane);
+                pk_cp_commit();
+            }
             half(k0, cm, cb, false);
-            pk_stage(hs, g.SH, ht, ldh, B, H, kn, nm, nb, vec, lane);
-            pk_cp_commit();
+            if (!CL) {
+                pk_stage(hs, g.SH, ht, ldh, B, H, kn, nm, nb, vec, lane);
+                pk_cp_commit();
+            }
             ca = na;
             cm = nm;
             cb = nb;
@@ -590,84 +762,143 @@ __device__ __forceinline__ void persistent_fwd(
 #pragma unroll
         for (int i = 0; i < PK_CPT; ++i) {
             int b, j;
-            if (!cell_of(i, b, j)) continue;
+            if ((PK_TIMING & 8) || !cell_of(i, b, j)) continue;
             const int jj = j - j0;
             float s[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
-                const float* const p = red + (long long)(q * U + jj) * g.BP + b;
+                const float* const p = red + (q * U + jj) * g.BP + b;   // 32-bit offsets:
+                const int kstride = g.M * g.BP;   // the partial sums are in shared memory
                 float v = p[0];
-                for (int k = 1; k < g.NKG; ++k) v += p[(long long)k * g.M * g.BP];
+                for (int k = 1; k < g.NKG; ++k) v += p[k * kstride];
                 const float brq = brv[q][i];
                 // ((gx + bw) + gh) + br, the fused kernels' order (GRU's n gate: gh_n + br_n;
                 // r * (gh_n + br_n) is added to gx_n + bw_n below)
                 s[q] = (CELL == CELL_GRU && q == 2) ? v + brq : (xg[q][i] + v) + brq;
             }
-            const long long row = (long long)t * B + b;   // step t, batch b
-            float* const hn_out = h + (row + B) * ldh + j;   // h_{t+1}[b, j]
+            const long long row = (long long)t * S + b;   // step t, batch b
+            float* const hn_out = h + (row + S) * ldh + j;   // h_{t+1}[b, j]
+            float hv;
             if constexpr (CELL == CELL_LSTM) {
                 const float ig = sigmoidf(s[0]), fg = sigmoidf(s[1]);
                 const float gg = tanhf(s[2]), og = sigmoidf(s[3]);
                 const float cn = fg * carry[i] + ig * gg;
                 carry[i] = cn;
-                c[(row + B) * ldc + j] = cn;
-                __stcg(hn_out, og * tanhf(cn));
+                c[(row + S) * ldc + j] = cn;
+                hv = og * tanhf(cn);
                 store_gates(act + row * ldact + j, H, ig, fg, gg, og);
             } else if constexpr (CELL == CELL_GRU) {
                 const float r = sigmoidf(s[0]), z = sigmoidf(s[1]);
                 const float hn = s[2];                      // gh_n + br_n
                 const float n = tanhf(xg[2][i] + r * hn);   // gx_n + bw_n + r * hn
-                const float hnew = n + z * (carry[i] - n);
-                carry[i] = hnew;
-                __stcg(hn_out, hnew);
+                hv = n + z * (carry[i] - n);
+                carry[i] = hv;
                 store_gates(act + row * ldact + j, H, r, z, n, hn);
             } else if constexpr (CELL == CELL_RNN_TANH) {
-                __stcg(hn_out, tanhf(s[0]));
+                hv = tanhf(s[0]);
             } else {
                 const float v = s[0];
-                __stcg(hn_out, v < 0.f ? 0.f : v);   // NaN stays NaN, as rnn_relu_fwd
+                hv = v < 0.f ? 0.f : v;   // NaN stays NaN, as rnn_relu_fwd
+            }
+            __stcg(hn_out, hv);
+            if (CL && !(PK_TIMING & 1)) {   // h_{t+1}[b, j] into every block's next buffer
+                const pk_saddr a = pk_smem_addr(hs + ((t + 1) & 1) * BG * g.SH + b * g.SH + j);
+#pragma unroll
+                for (int r = 0; r < CL; ++r) pk_st_cluster(a, (unsigned int)r, hv);
             }
         }
-        if (t + 1 < T) {
+        if (CL) {
+            if (t + 1 < T) prefetch(t + 1);
+            // After every step, the last too: h_{t+1} is in every buffer before any block
+            // reads it, every block has read buffer t & 1 (and red) before it is rewritten,
+            // and no block exits while another may still push into its shared memory.
+            if (!(PK_TIMING & 4)) pk_cluster_sync();
+            else __syncthreads();
+        } else if (t + 1 < T) {
             prefetch(t + 1);   // step t+1's gx and biases: in flight across the barrier
             if (!(PK_TIMING & 4)) grid_barrier(sync, (unsigned int)(t + 1) * gridDim.x);
             else __syncthreads();   // red is rewritten next step: the block must be past it
         }
     }
-    grid_exit(sync);
+    if (CL && (PK_TIMING & 4)) pk_cluster_sync();   // timing only: no exit before the pushes
+    if (!CL) grid_exit(sync);
 }
 
+// The grid kernels.
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_fwd(
         int rows, int cols, float* h, int ldh, float* c, int ldc, float* act, int ldact,
         unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh,
         int ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T,
         int units_per_block, int k_tile) {
-    persistent_fwd<4, CELL_LSTM>(rows, cols, h, ldh, c, ldc, act, ldact, sync, gx, ldgx, w_hh,
-                                 ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+    persistent_fwd<4, CELL_LSTM, 0>(rows, cols, h, ldh, c, ldc, act, ldact, sync, gx, ldgx,
+                                    w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                    k_tile);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_fwd(
         int rows, int cols, float* h, int ldh, float* act, int ldact, unsigned int* sync,
         int ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
         int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
-    persistent_fwd<3, CELL_GRU>(rows, cols, h, ldh, nullptr, 0, act, ldact, sync, gx, ldgx,
-                                w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+    persistent_fwd<3, CELL_GRU, 0>(rows, cols, h, ldh, nullptr, 0, act, ldact, sync, gx,
+                                   ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                   k_tile);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_tanh_persistent_fwd(
         int rows, int cols, float* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
         int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
         int ldbr, int T, int units_per_block, int k_tile) {
-    persistent_fwd<1, CELL_RNN_TANH>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, sync, gx,
-                                     ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
-                                     units_per_block, k_tile);
+    persistent_fwd<1, CELL_RNN_TANH, 0>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, sync,
+                                        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
+                                        units_per_block, k_tile);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_relu_persistent_fwd(
         int rows, int cols, float* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
         int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
         int ldbr, int T, int units_per_block, int k_tile) {
-    persistent_fwd<1, CELL_RNN_RELU>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, sync, gx,
-                                     ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
-                                     units_per_block, k_tile);
+    persistent_fwd<1, CELL_RNN_RELU, 0>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, sync,
+                                        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
+                                        units_per_block, k_tile);
 }
+
+// The cluster kernels: clusters of PK_CLUSTER blocks, fixed at compile time, so a plain
+// launch of a grid that is a multiple of PK_CLUSTER runs them (sm_90 and later).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) lstm_persistent_cluster_fwd(
+        int rows, int cols, float* h, int ldh, float* c, int ldc, float* act, int ldact,
+        unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh,
+        int ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T,
+        int units_per_block, int k_tile) {
+    persistent_fwd<4, CELL_LSTM, PK_CLUSTER>(rows, cols, h, ldh, c, ldc, act, ldact, sync, gx, ldgx,
+                                    w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                    k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) gru_persistent_cluster_fwd(
+        int rows, int cols, float* h, int ldh, float* act, int ldact, unsigned int* sync,
+        int ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
+        int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<3, CELL_GRU, PK_CLUSTER>(rows, cols, h, ldh, nullptr, 0, act, ldact, sync, gx,
+                                   ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                   k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_tanh_persistent_cluster_fwd(
+        int rows, int cols, float* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<1, CELL_RNN_TANH, PK_CLUSTER>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, sync,
+                                        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
+                                        units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_relu_persistent_cluster_fwd(
+        int rows, int cols, float* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<1, CELL_RNN_RELU, PK_CLUSTER>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, sync,
+                                        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
+                                        units_per_block, k_tile);
+}
+#endif

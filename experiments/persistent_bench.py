@@ -45,6 +45,13 @@ def main(argv=None):
                          "kernel; 1 no h staging, 2 no FMAs, 4 no grid barrier (sums combine)."
                          " Variants other than 0 compute wrong results on purpose: timed, "
                          "not checked")
+    ap.add_argument("--kinds", default="auto",
+                    help="comma list of fits for the default configuration: auto (the fit's "
+                         "choice), grid (the grid-barrier kernel), cluster (the cluster "
+                         "kernel); --units / --threads configurations are grid kernels")
+    ap.add_argument("--clusters", default="",
+                    help="comma list of cluster counts to try with the cluster kernel "
+                         "(its knob; default: the fit's)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     cp = require_gpu()
@@ -87,14 +94,21 @@ def main(argv=None):
     stream = cp.cuda.Stream(non_blocking=True)
     flops = 2 * G * H * H * B * T
 
-    configs = [(v, None, None) for v in variants] + [
-        (v, int(u), int(t)) for v in variants for u in a.units.split(",") if u
-        for t in a.threads.split(",") if t]
+    kinds = [k for k in a.kinds.split(",") if k]
+    configs = [(v, None, None, k) for v in variants for k in kinds] + [
+        (v, int(u), int(t), "grid") for v in variants for u in a.units.split(",") if u
+        for t in a.threads.split(",") if t] + [
+        (v, None, int(n), "clusters") for v in variants for n in a.clusters.split(",") if n]
     rows = []
-    for variant, U, thr in configs:
+    for variant, U, thr, kind in configs:
         lib = libs[variant]
-        fit = P.persistent_fit(a.cell, H, B, props, units_per_block=U, threads=thr)
-        row = {"variant": variant, "units_per_block": fit.units_per_block, "threads": fit.threads,
+        if kind == "clusters":   # the cluster kernel with thr clusters
+            fit = P.persistent_fit(a.cell, H, B, props, clusters=thr)
+        else:
+            fit = P.persistent_fit(a.cell, H, B, props, units_per_block=U, threads=thr,
+                                   kind=None if kind == "auto" else kind)
+        row = {"variant": variant, "kind": kind, "kernel": fit.kernel,
+               "units_per_block": fit.units_per_block, "threads": fit.threads,
                "k_tile": getattr(fit, "k_tile", None),
                "blocks": fit.blocks, "k_split": fit.k_split, "smem_bytes": fit.smem_bytes,
                "default": U is None, "ok": fit.ok, "fit": fit.describe()}
@@ -125,7 +139,7 @@ def main(argv=None):
                    checks=[str(ch) for ch in checks], sync_after=counters,
                    max_abs_err=max(ch.max_abs_err for ch in checks))
         rows.append(row)
-        print(f"variant {variant} U {fit.units_per_block} thr {fit.threads}: "
+        print(f"variant {variant} {fit.kernel} U {fit.units_per_block} thr {fit.threads}: "
               f"{row['us_per_step']:.2f} us/step "
               f"{'ok' if ok else 'WRONG'} {[str(ch) for ch in checks]}", file=sys.stderr,
               flush=True)
@@ -134,16 +148,17 @@ def main(argv=None):
            "config": {"cell": a.cell, "hidden": H, "batch": B, "steps": T}, "rows": rows}
     print("variant: PK_TIMING mask, phases left out (1 staging, 2 FMAs, 4 barrier); "
           "0 is the real kernel, the only one checked")
-    print("| variant | U | threads | blocks | KS | shared B | us/step | ms/launch | TFLOPS | "
-          "max err |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| variant | kernel | U | threads | blocks | KS | shared B | us/step | ms/launch | "
+          "TFLOPS | max err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "ms_median" not in r:
-            print(f"| {r['variant']} | {r['units_per_block']} | {r['threads']} | - | - | - | "
-                  f"does not fit | | | |")
+            print(f"| {r['variant']} | {r['kernel']} | {r['units_per_block']} | {r['threads']} "
+                  f"| - | - | - | does not fit | | | |")
             continue
         tag = " (default)" if r["default"] else ""
-        print(f"| {r['variant']} | {r['units_per_block']}{tag} | {r['threads']} | {r['blocks']} | {r['k_split']} "
+        print(f"| {r['variant']} | {r['kernel']} | {r['units_per_block']}{tag} | {r['threads']} "
+              f"| {r['blocks']} | {r['k_split']} "
               f"| {r['smem_bytes']} | {r['us_per_step']:.2f} | {r['ms_median']:.3f} | "
               f"{r['tflops']:.1f} | "
               f"{r['max_abs_err'] if r['variant'] == 0 else float('nan'):.1e}"

@@ -212,6 +212,16 @@ REGISTRY: tuple[KernelInfo, ...] = (
                outs=(_H_SEQ, _SYNC), ins=_pins(1)),
     KernelInfo("rnn_relu_persistent_fwd", numpy_fn=pk.rnn_relu_persistent_fwd, **_PERSISTENT,
                outs=(_H_SEQ, _SYNC), ins=_pins(1)),
+    # the cluster kernels: the same arguments (sync is not used); clusters of PK_CLUSTER
+    KernelInfo("lstm_persistent_cluster_fwd", numpy_fn=pk.lstm_persistent_cluster_fwd,
+               **_PERSISTENT, outs=(_H_SEQ, ("c", "(T+1)*R,C"), ("act", "T*R,4C"), _SYNC),
+               ins=_pins(4)),
+    KernelInfo("gru_persistent_cluster_fwd", numpy_fn=pk.gru_persistent_cluster_fwd,
+               **_PERSISTENT, outs=(_H_SEQ, ("act", "T*R,4C"), _SYNC), ins=_pins(3)),
+    KernelInfo("rnn_tanh_persistent_cluster_fwd", numpy_fn=pk.rnn_tanh_persistent_cluster_fwd,
+               **_PERSISTENT, outs=(_H_SEQ, _SYNC), ins=_pins(1)),
+    KernelInfo("rnn_relu_persistent_cluster_fwd", numpy_fn=pk.rnn_relu_persistent_cluster_fwd,
+               **_PERSISTENT, outs=(_H_SEQ, _SYNC), ins=_pins(1)),
 )
 
 KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}

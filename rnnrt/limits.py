@@ -18,7 +18,9 @@ _PROPS = {  # DeviceLimits field -> cudaDeviceProp field (CuPy's getDeviceProper
     "max_threads_per_sm": "maxThreadsPerMultiProcessor",
     "regs_per_sm": "regsPerMultiprocessor",
     "regs_per_block": "regsPerBlock",
+    "cc_major": "major",
 }
+_OPTIONAL = ("reservedSharedMemPerBlock", "major")   # 0 when absent (major 0: no clusters)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class DeviceLimits:
     max_threads_per_sm: int
     regs_per_sm: int
     regs_per_block: int
+    cc_major: int = 0   # compute capability, major: 9 and later have thread-block clusters
 
     def __post_init__(self):
         for f, _ in _PROPS.items():
@@ -46,8 +49,7 @@ class DeviceLimits:
     @classmethod
     def from_props(cls, props: dict, name: str | None = None) -> "DeviceLimits":
         """From CuPy's ``cupy.cuda.runtime.getDeviceProperties(dev)`` dict."""
-        missing = [p for p in _PROPS.values() if p not in props and p !=
-                   "reservedSharedMemPerBlock"]
+        missing = [p for p in _PROPS.values() if p not in props and p not in _OPTIONAL]
         if missing:
             raise ValueError(f"props: missing {missing}")
         raw = props.get("name", b"?")
@@ -69,5 +71,6 @@ class DeviceLimits:
 H100_SXM = DeviceLimits("NVIDIA H100 80GB HBM3 (example, for CPU runs)", sms=132,
                         smem_per_block_optin=232448, smem_per_sm=233472,
                         reserved_smem_per_block=1024, max_threads_per_block=1024,
-                        max_threads_per_sm=2048, regs_per_sm=65536, regs_per_block=65536)
+                        max_threads_per_sm=2048, regs_per_sm=65536, regs_per_block=65536,
+                        cc_major=9)
 """The lent H100's limits (CuPy 14.2, 2026-11-21), for plans built on a CPU."""

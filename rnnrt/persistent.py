@@ -38,6 +38,7 @@ PK_TM = 4               # register tile: rows of the R slice a lane accumulates
 PK_TB = 8               # register tile: batches a lane accumulates
 PK_CPT = 2              # pointwise: most (b, j) cells one thread updates
 PK_MAX_THREADS = 256    # __launch_bounds__(PK_MAX_THREADS, 1)
+PK_CLUSTER = 8          # blocks a cluster of the cluster kernels (__cluster_dims__)
 
 BLOCK_SIZES = (256, 128, 64, 32)
 """Block sizes the fit tries, most warps first (more warps: more staging and FMAs in flight;
@@ -55,6 +56,14 @@ gives LSTM 243, GRU 249, the RNNs 238, no spills; a test holds nvcc to at most t
 kernel's own count where it is given (``regs_per_thread``, from
 ``RawKernel.attributes['num_regs']``)."""
 
+CLUSTER_MAX_FMAS = 512
+"""The most FMAs a thread a step (G*U*H*BG / threads) for which the default fit takes the
+cluster kernel over the grid kernel. A cluster does all of R for its batches on 8 SMs, so its
+FMA phase is longer; it saves the grid barrier and the L2 staging of h_t. Measured on the
+H100 (experiments/results/persistent-cluster-*-s4.json): 512 a thread (LSTM H 128 B 32) ran
+4.1 us a step against the grid kernel's 6.2; 864 (GRU H 192 B 32, three output tiles a lane)
+6.7 against 5.7."""
+
 SYNC_WORDS = 2
 """The barrier buffer: 2 unsigned ints (arrivals, departures), zero between launches."""
 
@@ -64,9 +73,16 @@ DEFAULT_SHARED_BYTES = 48 * 1024
 _REG_ALLOC_UNIT = 256   # registers are allocated to a warp in units of 256 (sm_70 .. sm_90)
 
 
-def kernel_name(cell: str) -> str:
-    """The persistent kernel of ``cell``: 'lstm' -> 'lstm_persistent_fwd'."""
-    return f"{get_cell(cell).name}_persistent_fwd"
+def kernel_name(cell: str, cluster: bool = False) -> str:
+    """The persistent kernel of ``cell``: 'lstm' -> 'lstm_persistent_fwd' (the grid
+    kernel), with ``cluster`` 'lstm_persistent_cluster_fwd' (the cluster kernel)."""
+    return f"{get_cell(cell).name}_persistent{'_cluster' if cluster else ''}_fwd"
+
+
+def cluster_count(batch: int, sms: int) -> int:
+    """Clusters the cluster kernel runs (each its own batch slice, R copied into each): one
+    per PK_TB batches (a lane's register tile), as many as fit one block per SM."""
+    return max(1, min(_ceil(int(batch), PK_TB), int(sms) // PK_CLUSTER))
 
 
 def stride_r(hidden: int) -> int:
@@ -128,6 +144,11 @@ class Fit:
     dynamic shared memory in bytes (R slice, h tile, partial sums); smem_bytes their sum.
     sms: the device's SM count (None for geometry only). regs_per_thread: what the register
     check assumed.
+    cluster: 0 for the grid kernel; else the cluster kernel's blocks a cluster (PK_CLUSTER),
+    with ``clusters`` of them (blocks = cluster * clusters): block x is rank x % cluster
+    (units [rank*U, rank*U + U)) of cluster x // cluster (batches [n*BG, n*BG + BG), BG =
+    ``batch_per_block``); every layout size above is for BG batches, and the h tile is two
+    buffers of all of h_t.
     """
 
     cell: str
@@ -147,10 +168,23 @@ class Fit:
     smem_partials: int
     sms: int | None = None
     regs_per_thread: int | None = None
+    cluster: int = 0
+    clusters: int = 1
+
+    @property
+    def batch_per_block(self) -> int:
+        """BG: the batches one block updates (all B for the grid kernel)."""
+        return _ceil(self.batch, self.clusters)
 
     @property
     def gates(self) -> int:
         return get_cell(self.cell).gates
+
+    @property
+    def fmas_per_thread(self) -> int:
+        """FMAs a thread a step, G*U*H*BG / threads (rows, columns and batches a block
+        multiplies, rounded up over its threads)."""
+        return _ceil(self.rows * self.hidden * self.batch_per_block, self.threads)
 
     @property
     def rows(self) -> int:
@@ -183,7 +217,7 @@ class Fit:
 
     @property
     def kernel(self) -> str:
-        return kernel_name(self.cell)
+        return kernel_name(self.cell, self.cluster > 0)
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -195,8 +229,17 @@ class Fit:
 
     def units(self, block: int) -> range:
         """The hidden units block ``block`` owns."""
-        j0 = block * self.units_per_block
+        rank = block % self.cluster if self.cluster else block
+        j0 = rank * self.units_per_block
         return range(min(j0, self.hidden), min(self.hidden, j0 + self.units_per_block))
+
+    def batches(self, block: int) -> range:
+        """The batch rows block ``block`` updates (its cluster's slice; all for the grid
+        kernel)."""
+        if not self.cluster:
+            return range(self.batch)
+        b0 = (block // self.cluster) * self.batch_per_block
+        return range(min(b0, self.batch), min(self.batch, b0 + self.batch_per_block))
 
     def scalars(self, steps: int) -> dict:
         """The kernel's int scalars for a launch over ``steps`` steps, by name (the order
@@ -209,37 +252,46 @@ class Fit:
         ((T-1) * blocks arrivals, an unsigned int) does not wrap."""
         if not 1 <= steps <= 2**31 - 1:
             raise ValueError(f"{self.kernel}: T = {steps} outside [1, 2^31-1]")
-        if (steps - 1) * self.blocks >= 2**32:
+        if not self.cluster and (steps - 1) * self.blocks >= 2**32:
             raise ValueError(f"{self.kernel}: T = {steps} steps x {self.blocks} blocks overflow "
                              f"the 32-bit barrier counter; split the sequence")
 
     def describe(self) -> str:
         tiles = self.tiles
         lr, lb, lk = self.lanes
+        where = (f"{self.clusters} cluster{'' if self.clusters == 1 else 's'} of "
+                 f"{self.cluster} blocks ({self.batch_per_block} batches each)"
+                 if self.cluster else f"{self.blocks} blocks")
         head = (f"{self.cell} H {self.hidden} B {self.batch}: U {self.units_per_block}, "
-                f"{self.blocks} blocks x {self.threads} threads (lanes {lr}x{lb}x{lk}, "
+                f"{where} x {self.threads} threads (lanes {lr}x{lb}x{lk}, "
                 f"{self.k_groups} k-groups), k_tile {self.k_tile} ({tiles} tile"
                 f"{'' if tiles == 1 else 's'} a step), shared {self.smem_bytes} B "
                 f"(R {self.smem_r} + tile {self.smem_tile} + partials {self.smem_partials})")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
-def _smem_bytes(G: int, H: int, B: int, U: int, threads: int, k_tile: int) -> int:
-    """The kernel's dynamic shared memory (bytes) for this decomposition (geometry's sum)."""
+def _smem_bytes(G: int, H: int, B: int, U: int, threads: int, k_tile: int,
+                buffers: int = 1) -> int:
+    """The kernel's dynamic shared memory (bytes) for this decomposition (geometry's sum);
+    B: the batches a block updates; buffers: h tiles (2 for the cluster kernel)."""
     lr, lb, lk = lane_grid(G, U, B)
     nkg = max(1, threads // 32) * lk
     M = G * U
-    return 4 * (M * stride_r(H) + B * tile_stride(k_tile) + nkg * M * partial_stride(B, lb))
+    return 4 * (M * stride_r(H) + buffers * B * tile_stride(k_tile)
+                + nkg * M * partial_stride(B, lb))
 
 
 def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
              threads: int | None = None, max_threads: int = PK_MAX_THREADS,
-             k_tile: int | None = None) -> Fit:
+             k_tile: int | None = None, clusters: int = 0) -> Fit:
     """The kernel's decomposition for U = ``units_per_block`` with no device checks (ok is
     False only when the block cannot be launched as asked: threads not whole warps or more
-    than max_threads, more cells than PK_CPT a thread, k_tile not a multiple of 4).
+    than max_threads, more cells than PK_CPT a thread, k_tile not a multiple of 4; for the
+    cluster kernel also: U too small for PK_CLUSTER blocks to cover H, k_tile short of H,
+    an empty cluster).
     ``k_tile``: columns of h_t a tile, else all of them (``full_tile``: one tile).
-    ``threads``: the block size, else BLOCK_SIZES[0] (within max_threads)."""
+    ``threads``: the block size, else BLOCK_SIZES[0] (within max_threads).
+    ``clusters``: 0 for the grid kernel; n >= 1 for the cluster kernel with n clusters."""
     spec = get_cell(cell)
     for what, v in (("hidden", hidden), ("batch", batch), ("units_per_block", units_per_block),
                     ("k_tile", full_tile(hidden) if k_tile is None else k_tile)):
@@ -247,6 +299,10 @@ def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
             raise ValueError(f"persistent: {what} must be a positive int, got {v!r}")
     G, H, B, U = spec.gates, int(hidden), int(batch), int(units_per_block)
     kt = full_tile(H) if k_tile is None else int(k_tile)
+    ncl = int(clusters)
+    if ncl < 0:
+        raise ValueError(f"persistent: clusters must be >= 0, got {clusters!r}")
+    BG = _ceil(B, ncl) if ncl else B   # batches a block updates
     max_threads = min(int(max_threads), PK_MAX_THREADS)
     if threads is None:
         threads = max([t for t in BLOCK_SIZES if t <= max_threads] or [32])
@@ -259,18 +315,28 @@ def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
         ok, reason = False, f"a block of {threads} threads is not whole warps"
     elif threads > max_threads:
         ok, reason = False, f"a block of {threads} threads > the {max_threads} a block may have"
-    elif U * B > PK_CPT * threads:
-        ok, reason = False, (f"{U} units x batch {B} = {U * B} cells > {PK_CPT} a thread x "
+    elif U * BG > PK_CPT * threads:
+        ok, reason = False, (f"{U} units x batch {BG} = {U * BG} cells > {PK_CPT} a thread x "
                              f"{threads} threads: a smaller batch, or fewer units per block "
                              f"where there are SMs to spare")
-    lanes = lane_grid(G, U, B)
+    elif ncl and PK_CLUSTER * U < H:
+        ok, reason = False, (f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H} "
+                             f"(a cluster holds all of R)")
+    elif ncl and kt < H:
+        ok, reason = False, (f"k_tile {kt} < hidden {H}: the cluster kernel keeps all of h_t "
+                             f"in one tile")
+    elif ncl and (ncl - 1) * BG >= B:
+        ok, reason = False, f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
+    lanes = lane_grid(G, U, BG)
     nkg = max(1, threads // 32) * lanes[2]
     M = G * U
     return Fit(cell=spec.name, hidden=H, batch=B, ok=ok, reason=reason, units_per_block=U,
-               blocks=_ceil(H, U), threads=threads, lanes=lanes, k_groups=nkg,
-               cells_per_thread=_ceil(U * B, max(threads, 1)), k_tile=kt,
-               smem_r=4 * M * stride_r(H), smem_tile=4 * B * tile_stride(kt),
-               smem_partials=4 * nkg * M * partial_stride(B, lanes[1]))
+               blocks=PK_CLUSTER * ncl if ncl else _ceil(H, U), threads=threads, lanes=lanes,
+               k_groups=nkg, cells_per_thread=_ceil(U * BG, max(threads, 1)), k_tile=kt,
+               smem_r=4 * M * stride_r(H),
+               smem_tile=4 * (2 if ncl else 1) * BG * tile_stride(kt),
+               smem_partials=4 * nkg * M * partial_stride(BG, lanes[1]),
+               cluster=PK_CLUSTER if ncl else 0, clusters=max(ncl, 1))
 
 
 def widest_tile(cell: str, hidden: int, batch: int, units_per_block: int, threads: int,
@@ -294,13 +360,21 @@ def widest_tile(cell: str, hidden: int, batch: int, units_per_block: int, thread
 
 def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
                    units_per_block: int | None = None, threads: int | None = None,
-                   regs_per_thread: int | None = None, k_tile: int | None = None) -> Fit:
+                   regs_per_thread: int | None = None, k_tile: int | None = None,
+                   kind: str | None = None, clusters: int | None = None) -> Fit:
     """Fit one layer onto the device described by ``props`` (CuPy's getDeviceProperties:
     multiProcessorCount, sharedMemPerBlockOptin, sharedMemPerMultiprocessor,
     reservedSharedMemPerBlock, maxThreadsPerBlock, maxThreadsPerMultiProcessor,
-    regsPerMultiprocessor, regsPerBlock).
+    regsPerMultiprocessor, regsPerBlock, major).
 
-    Rules, in order (the first that fails is the reason):
+    ``kind``: 'cluster' (the cluster kernel), 'grid' (the grid kernel), or None: the
+    cluster kernel where it fits, else the grid kernel (the cluster kernel has neither the
+    grid barrier nor the L2 staging of h_t; where R fits in one cluster it is the shorter
+    step). Given ``units_per_block`` or ``k_tile`` (knobs of the grid kernel) mean 'grid';
+    given ``clusters`` (the cluster kernel's knob: clusters instead of ``cluster_count``)
+    means 'cluster'.
+
+    The grid kernel, rules in order (the first that fails is the reason):
       1. U = ceil(H / SMs) unless given (knob 1), blocks = ceil(H / U) <= SMs: one block on
          each SM, so all are co-resident.
       2. k_tile, if given (knob 3), a multiple of 4.
@@ -315,68 +389,154 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
          largest.
       5. Registers (NVCC_REGS[cell] unless given, allocated per warp in units of 256)
          <= regsPerBlock and <= regsPerMultiprocessor.
+    The cluster kernel: compute capability >= 9.0 (``major``; clusters of PK_CLUSTER = 8
+    blocks are the portable size there) and >= PK_CLUSTER SMs; U = ceil(H / PK_CLUSTER),
+    ``cluster_count(B, SMs)`` clusters, all of h_t in one tile (two buffers); then rules 3-5
+    as above for its layout (block: the fewest k-groups past KG_MAX, then the largest). The
+    default (kind None) takes it only with at most CLUSTER_MAX_FMAS FMAs a thread a step.
+    A cluster is scheduled whole, and its blocks wait only for each other, so co-residency
+    across clusters is not needed.
     """
-    spec = get_cell(cell)
-    sms = int(props["multiProcessorCount"])
-    H, B = int(hidden), int(batch)
+    if kind not in (None, "grid", "cluster"):
+        raise ValueError(f"persistent_fit: kind must be 'grid', 'cluster' or None, got {kind!r}")
+    if kind is None and (units_per_block is not None or k_tile is not None):
+        kind = "grid"
+    if clusters is not None:
+        if kind == "grid":
+            raise ValueError("persistent_fit: clusters is the cluster kernel's knob, not the "
+                             "grid kernel's")
+        if isinstance(clusters, bool) or not isinstance(clusters, (int, np.integer)) \
+                or clusters < 1:
+            raise ValueError(f"persistent_fit: clusters must be an int >= 1, got {clusters!r}")
+        kind = "cluster"
+    dev = _DeviceBudget(cell, props, threads, regs_per_thread)
+    cl = None
+    if kind in (None, "cluster"):
+        cl = _cluster_fit(dev, int(hidden), int(batch), clusters)
+        if kind == "cluster":
+            return cl
+        if cl.ok and cl.fmas_per_thread > CLUSTER_MAX_FMAS:
+            cl = replace(cl, ok=False, reason=f"{cl.fmas_per_thread} FMAs a thread a step > "
+                                              f"CLUSTER_MAX_FMAS {CLUSTER_MAX_FMAS}: the grid "
+                                              f"kernel's shorter FMA phase wins")
+        if cl.ok:
+            return cl
+    fit = _grid_fit(dev, int(hidden), int(batch), units_per_block, k_tile)
+    if cl is not None and fit.ok:
+        fit = replace(fit, reason=f"{fit.reason}; the cluster kernel does not fit: {cl.reason}")
+    return fit
+
+
+class _DeviceBudget:
+    """What one block may use on the device (from CuPy-style properties), and the block
+    sizes to try."""
+
+    def __init__(self, cell, props, threads, regs_per_thread):
+        self.spec = get_cell(cell)
+        self.sms = int(props["multiProcessorCount"])
+        self.cc_major = int(props.get("major", 0))
+        self.max_threads = min(PK_MAX_THREADS, int(props["maxThreadsPerBlock"]),
+                               int(props.get("maxThreadsPerMultiProcessor", PK_MAX_THREADS)))
+        self.regs = (int(regs_per_thread) if regs_per_thread is not None
+                     else NVCC_REGS[self.spec.name])
+        self.regs_sm = int(props["regsPerMultiprocessor"])
+        self.regs_block = int(props.get("regsPerBlock", self.regs_sm))
+        self.per_warp = _ceil(self.regs * 32, _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
+        self.optin = int(props["sharedMemPerBlockOptin"])
+        self.per_sm = int(props["sharedMemPerMultiprocessor"])
+        self.reserved = int(props.get("reservedSharedMemPerBlock", 0))
+        self.limit = min(self.optin, self.per_sm - self.reserved)
+        if threads is not None:
+            self.candidates = [int(threads)]
+        else:
+            self.candidates = [t for t in BLOCK_SIZES
+                               if t <= self.max_threads and self.regs_ok(t)] or [min(BLOCK_SIZES)]
+
+    def regs_ok(self, t):
+        return (self.regs * t <= self.regs_block
+                and _ceil(t, 32) * self.per_warp <= self.regs_sm)
+
+    def finish(self, fit: Fit, where: str, given_k_tile: bool = False) -> Fit:
+        """``fit`` with the shared-memory and register checks (rules 4 and 5) applied."""
+        fit = replace(fit, sms=self.sms, regs_per_thread=self.regs)
+
+        def no(reason):
+            return replace(fit, ok=False, reason=reason)
+
+        if fit.k_tile % 4 or (fit.cluster and not fit.ok):   # no block size changes these
+            return no(f"{where}: {fit.reason}")
+        G, U, H = fit.gates, fit.units_per_block, fit.hidden
+        if fit.smem_bytes > self.optin or fit.smem_bytes + self.reserved > self.per_sm:
+            r_floats = G * U * H
+            gates = f"{G} gates" if G > 1 else "1 gate"
+            tile = (f"the h tile of {fit.k_tile} columns" if given_k_tile or fit.cluster
+                    else f"even the narrowest h tile ({fit.k_tile} columns)")
+            return no(f"{where}: the R slice alone is {gates} x {U} units x {H} = {r_floats} "
+                      f"floats = {r_floats * 4 / 1024:.0f} KiB per block; with {tile} and "
+                      f"partial sums ({fit.threads} threads) {fit.smem_bytes} bytes of shared "
+                      f"memory > {self.limit} a block can have (opt-in {self.optin}, "
+                      f"{self.per_sm} per SM, {self.reserved} reserved)")
+        if not fit.ok:
+            return no(f"{where}: {fit.reason}")
+        if not self.regs_ok(fit.threads):
+            warps = _ceil(fit.threads, 32)
+            return no(f"{where}: {fit.threads} threads x {self.regs} registers = "
+                      f"{warps * self.per_warp} registers > {self.regs_sm} per SM "
+                      f"({self.regs_block} per block): fewer threads a block")
+        return fit
+
+
+def _grid_fit(dev: _DeviceBudget, H: int, B: int, units_per_block, k_tile) -> Fit:
+    """The grid kernel's fit (persistent_fit's rules 1-5)."""
+    name, sms, limit = dev.spec.name, dev.sms, dev.limit
     U = int(units_per_block) if units_per_block is not None else _ceil(H, sms)
-    max_threads = min(PK_MAX_THREADS, int(props["maxThreadsPerBlock"]),
-                      int(props.get("maxThreadsPerMultiProcessor", PK_MAX_THREADS)))
-    regs = int(regs_per_thread) if regs_per_thread is not None else NVCC_REGS[spec.name]
-    regs_sm = int(props["regsPerMultiprocessor"])
-    regs_block = int(props.get("regsPerBlock", regs_sm))
-    per_warp = _ceil(regs * 32, _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
-    optin = int(props["sharedMemPerBlockOptin"])
-    per_sm = int(props["sharedMemPerMultiprocessor"])
-    reserved = int(props.get("reservedSharedMemPerBlock", 0))
-    limit = min(optin, per_sm - reserved)
-
-    def regs_ok(t):
-        return regs * t <= regs_block and _ceil(t, 32) * per_warp <= regs_sm
-
-    if threads is not None:
-        candidates = [int(threads)]
-    else:
-        candidates = [t for t in BLOCK_SIZES if t <= max_threads and regs_ok(t)] \
-            or [min(BLOCK_SIZES)]
     scored = []
-    for t in candidates:
-        kt = k_tile if k_tile is not None else (widest_tile(spec.name, H, B, U, t, limit) or 4)
-        f = geometry(spec.name, H, B, U, t, max_threads, k_tile=kt)
+    for t in dev.candidates:
+        kt = k_tile if k_tile is not None else (widest_tile(name, H, B, U, t, limit) or 4)
+        f = geometry(name, H, B, U, t, dev.max_threads, k_tile=kt)
         fits = f.ok and f.smem_bytes <= limit
         over = max(0, f.k_groups - KG_MAX)
         scored.append(((not fits, f.tiles, over, -t), f))
-    fit = replace(min(scored, key=lambda x: x[0])[1], sms=sms, regs_per_thread=regs)
-
-    def no(reason):
-        return replace(fit, ok=False, reason=reason)
-
-    where = f"{spec.name} hidden {H}, batch {B} on {sms} SMs"
+    fit = min(scored, key=lambda x: x[0])[1]
+    where = f"{name} hidden {H}, batch {B} on {sms} SMs"
     if fit.blocks > sms:
-        return no(f"{where}: {fit.blocks} blocks of {U} units > {sms} SMs; the kernel needs "
-                  f"one block per SM, all resident at once (U >= {_ceil(H, sms)})")
-    if fit.k_tile % 4:
-        return no(f"{where}: {fit.reason}")
-    G = spec.gates
-    if fit.smem_bytes > optin or fit.smem_bytes + reserved > per_sm:
-        r_floats = G * U * H
-        gates = f"{G} gates" if G > 1 else "1 gate"
-        tile = (f"the h tile of {fit.k_tile} columns" if k_tile is not None
-                else f"even the narrowest h tile ({fit.k_tile} columns)")
-        return no(f"{where}: the R slice alone is {gates} x {U} units x {H} = {r_floats} "
-                  f"floats = {r_floats * 4 / 1024:.0f} KiB per block; with {tile} and "
-                  f"partial sums {fit.smem_bytes} bytes of shared memory > "
-                  f"{limit} a block can have (opt-in {optin}, "
-                  f"{per_sm} per SM, {reserved} reserved)")
+        return replace(fit, sms=sms, regs_per_thread=dev.regs, ok=False,
+                       reason=f"{where}: {fit.blocks} blocks of {U} units > {sms} SMs; the "
+                              f"kernel needs one block per SM, all resident at once "
+                              f"(U >= {_ceil(H, sms)})")
+    fit = dev.finish(fit, where, given_k_tile=k_tile is not None)
     if not fit.ok:
-        return no(f"{where}: {fit.reason}")
-    warps = _ceil(fit.threads, 32)
-    if not regs_ok(fit.threads):
-        return no(f"{where}: {fit.threads} threads x {regs} registers = {warps * per_warp} "
-                  f"registers > {regs_sm} per SM ({regs_block} per block): fewer threads a "
-                  f"block")
+        return fit
     return replace(fit, reason=f"fits: {fit.blocks} of {sms} SMs, {fit.tiles} tile"
                                f"{'' if fit.tiles == 1 else 's'} of h_t a step")
+
+
+def _cluster_fit(dev: _DeviceBudget, H: int, B: int, clusters: int | None = None) -> Fit:
+    """The cluster kernel's fit (see persistent_fit)."""
+    name, sms, limit = dev.spec.name, dev.sms, dev.limit
+    U = _ceil(H, PK_CLUSTER)
+    ncl = cluster_count(B, sms) if clusters is None else int(clusters)
+    scored = []
+    for t in dev.candidates:
+        f = geometry(name, H, B, U, t, dev.max_threads, k_tile=full_tile(H), clusters=ncl)
+        fits = f.ok and f.smem_bytes <= limit
+        scored.append(((not fits, max(0, f.k_groups - KG_MAX), -t), f))
+    fit = min(scored, key=lambda x: x[0])[1]
+    where = f"{name} hidden {H}, batch {B}, clusters of {PK_CLUSTER}"
+    if dev.cc_major < 9:
+        return replace(fit, sms=sms, regs_per_thread=dev.regs, ok=False,
+                       reason=f"{where}: thread-block clusters need compute capability 9.0 "
+                              f"or later (device: {dev.cc_major}.x)")
+    if sms < PK_CLUSTER:
+        return replace(fit, sms=sms, regs_per_thread=dev.regs, ok=False,
+                       reason=f"{where}: {sms} SMs < one cluster")
+    fit = dev.finish(fit, where)
+    if not fit.ok:
+        return fit
+    return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
+                               f" of {PK_CLUSTER} blocks ({fit.blocks} of {sms} SMs), "
+                               f"{fit.batch_per_block} batches a cluster, all of h_t in "
+                               f"shared memory")
 
 
 # --- the decomposition, as the kernel indexes it --------------------------------------------
@@ -395,12 +555,14 @@ def thread_roles(fit: Fit) -> dict[str, np.ndarray]:
 
 def owned(fit: Fit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tid, b, jj) of every (b, j) cell block ``block`` updates: cells e = tid + i*threads,
-    i < PK_CPT, jj = e % U, b = e // U, for jj < the block's units and b < B."""
-    U = fit.units_per_block
-    e = np.arange(U * fit.batch)
+    i < PK_CPT, jj = e % U, b = e // U (within the block's batches), for jj < the block's
+    units and b < its batches; b is returned as the batch row (its slice's start added)."""
+    U, BG = fit.units_per_block, fit.batch_per_block
+    batches = fit.batches(block)
+    e = np.arange(U * BG)
     jj, b = e % U, e // U
-    keep = jj < len(fit.units(block))
-    return e[keep] % fit.threads, b[keep], jj[keep]
+    keep = (jj < len(fit.units(block))) & (b < len(batches))
+    return e[keep] % fit.threads, b[keep] + batches.start, jj[keep]
 
 
 def k_columns(fit: Fit, group: int) -> np.ndarray:
@@ -484,7 +646,7 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
     blocks = []
     for x in range(fit.blocks):
         units = fit.units(x)
-        rows = (np.arange(G)[:, None] * H + np.asarray(units)[None, :])   # [G, Ub]
+        rows = (np.arange(G)[:, None] * H + np.asarray(units, np.int64)[None, :])   # [G, Ub]
         _, b_own, jj_own = owned(fit, x)
         blocks.append((R[rows], b_own, units.start + jj_own, jj_own))   # R slice [G, Ub, H]
 
@@ -540,15 +702,20 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
 # is the default for (B, U, k_tile): it only changes the order in which partial sums are
 # added.
 
-def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile):
+def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
+          cluster=False):
     gx, w_hh, bw, br = ins
     B, H, G = rows, cols, get_cell(cell).gates
+    name = kernel_name(cell, cluster)
     if np.any(np.asarray(sync) != 0):
-        raise ValueError(f"{kernel_name(cell)}: the sync counters must be zero on entry, "
+        raise ValueError(f"{name}: the sync counters must be zero on entry, "
                          f"got {np.asarray(sync).ravel().tolist()}")
-    fit = geometry(cell, H, B, units_per_block, k_tile=k_tile)
+    # the cluster twin assumes one cluster per PK_TB batches (the grid only changes the
+    # order in which partial sums are added)
+    fit = geometry(cell, H, B, units_per_block, k_tile=k_tile,
+                   clusters=_ceil(B, PK_TB) if cluster else 0)
     if not fit.ok:
-        raise ValueError(f"{kernel_name(cell)}: {fit.reason}")
+        raise ValueError(f"{name}: {fit.reason}")
     gx3 = np.asarray(gx).reshape(T, B, G * H)
     h_all, c_all, act_all = emulate(cell, fit, gx3, np.asarray(w_hh), bw, br,
                                     np.array(h[:B]), None if c is None else np.array(c[:B]))
@@ -578,3 +745,25 @@ def rnn_tanh_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
 def rnn_relu_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
     h, sync = outs
     _twin("rnn_relu", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile)
+
+
+def lstm_persistent_cluster_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
+    h, c, act, sync = outs
+    _twin("lstm", rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile, cluster=True)
+
+
+def gru_persistent_cluster_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
+    h, act, sync = outs
+    _twin("gru", rows, cols, h, None, act, sync, ins, T, units_per_block, k_tile, cluster=True)
+
+
+def rnn_tanh_persistent_cluster_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
+    h, sync = outs
+    _twin("rnn_tanh", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile,
+          cluster=True)
+
+
+def rnn_relu_persistent_cluster_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
+    h, sync = outs
+    _twin("rnn_relu", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile,
+          cluster=True)

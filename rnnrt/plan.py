@@ -59,7 +59,7 @@ from .kernels import check_views, get_kernel
 from .limits import DeviceLimits
 from .ops import Gemm, Kernel, Op, Record, View, Wait
 from .params import make_layout
-from .persistent import kernel_name as persistent_kernel, persistent_fit
+from .persistent import persistent_fit
 from .switches import Switches
 
 
@@ -510,7 +510,7 @@ class _ForwardBuilder:
     def pcell_task(self, layer):
         """All T steps of layer ``layer`` as one persistent kernel (after all its W.x)."""
         T, B, H, GH, fit = self.T, self.B, self.H, self.GH, self.fit
-        name = persistent_kernel(self.key.cell)
+        name = fit.kernel   # the grid or the cluster kernel of the cell
         outs = [View(f"h{layer}", 0, (T + 1) * B, H, H)]      # slot 0 (h0) is read
         if self.cell.has_cell_state:
             outs.append(View(f"c{layer}", 0, (T + 1) * B, H, H))

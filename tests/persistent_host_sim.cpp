@@ -3,12 +3,15 @@
 // std::barrier per block, __syncwarp as one per 32 threads, cp.async as an immediate copy
 // (its commit / wait as no-ops: a copy that has already landed satisfies every wait), the
 // grid barrier's atomics and acquire loads as std::atomic_ref.
-// The kernel source is compiled as is (PK_HOST_SIM swaps in the four primitives below), so
+// The kernel source is compiled as is (PK_HOST_SIM swaps in the primitives below), so
 // its indexing, shared-memory layout, h staging, k-split reduction and barrier protocol run
 // for real. Used by tests/test_persistent_cpu.py (g++ -std=c++20 -pthread); not part of rnnrt.
+// The cluster kernels (CLUSTER > 0: blocks x of one cluster are x / CLUSTER alike): their
+// barrier is a std::barrier over the cluster's threads, and a store into another block's
+// shared memory (mapa + st.shared::cluster) writes that block's array at the same offset.
 //
 //   persistent_host_sim CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR LDH LDC LDACT
-//                       LDGX LDW LDBW LDBR K_TILE H_OFFSET
+//                       LDGX LDW LDBW LDBR K_TILE H_OFFSET CLUSTER
 // reads DIR/{h,c,act,gx,w,bw,br}.f32 (flat float32, laid out with those lds; c and act may be
 // empty), launches the kernel LAUNCHES times with one sync buffer (re-poisoning the outputs
 // in between, checking the counters are back to zero after each), writes DIR/{h,c,act}.out.
@@ -40,11 +43,15 @@ static thread_local std::barrier<>* sim_block_barrier;
 static thread_local std::barrier<>* sim_warp_barrier;
 static thread_local float* sim_smem;
 static thread_local unsigned int sim_smem_bytes;
+static thread_local std::barrier<>* sim_cluster_barrier;
+static int sim_cluster = 0;                 // blocks a cluster (0: the grid kernels)
+static std::vector<float*> sim_block_smem;  // every block's shared memory
 
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(a, b)
+#define __cluster_dims__(x, y, z)
 
 using std::max;
 using std::min;
@@ -108,6 +115,18 @@ static void pk_cp_async16(float* dst, const float* src) {
 }
 static void pk_cp_commit() {}
 template <int N> static void pk_cp_wait() {}
+static unsigned int pk_cluster_rank() { return blockIdx.x % sim_cluster; }
+static unsigned int pk_cluster_id() { return blockIdx.x / sim_cluster; }
+static unsigned int pk_clusters() { return gridDim.x / sim_cluster; }
+static void pk_cluster_sync() { sim_cluster_barrier->arrive_and_wait(); }
+static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
+    const std::ptrdiff_t off = reinterpret_cast<float*>(local) - sim_smem;
+    if (rank >= (unsigned)sim_cluster || off < 0 || (std::size_t)off * 4 >= sim_smem_bytes) {
+        std::fprintf(stderr, "st.shared::cluster out of range: rank %u offset %td\n", rank, off);
+        std::abort();
+    }
+    sim_block_smem[pk_cluster_id() * sim_cluster + rank][off] = v;
+}
 
 #include PK_SOURCE
 
@@ -138,8 +157,14 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
                    const std::function<void()>& kernel) {
     gridDim = {(unsigned)blocks, 1, 1};
     blockDim = {(unsigned)threads, 1, 1};
-    std::vector<std::unique_ptr<std::barrier<>>> bars, warp_bars;
+    std::vector<std::unique_ptr<std::barrier<>>> bars, warp_bars, cluster_bars;
     std::vector<std::vector<float4>> smem(blocks);
+    if (sim_cluster && blocks % sim_cluster) {
+        std::fprintf(stderr, "%d blocks are not whole clusters of %d\n", blocks, sim_cluster);
+        std::exit(2);
+    }
+    for (int n = 0; sim_cluster && n < blocks / sim_cluster; ++n)
+        cluster_bars.emplace_back(new std::barrier<>(sim_cluster * threads));
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int b = 0; b < blocks; ++b) {
         bars.emplace_back(new std::barrier<>(threads));
@@ -147,6 +172,8 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
             warp_bars.emplace_back(new std::barrier<>(std::min(32, threads - 32 * w)));
         smem[b].assign(smem_bytes / 16 + 1, float4{nan, nan, nan, nan});   // garbage: NaN
     }
+    sim_block_smem.clear();
+    for (int b = 0; b < blocks; ++b) sim_block_smem.push_back(reinterpret_cast<float*>(smem[b].data()));
     std::vector<std::thread> ts;
     for (int b = 0; b < blocks; ++b)
         for (int t = 0; t < threads; ++t)
@@ -157,13 +184,14 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
                 sim_warp_barrier = warp_bars[b * ((threads + 31) / 32) + t / 32].get();
                 sim_smem = reinterpret_cast<float*>(smem[b].data());
                 sim_smem_bytes = smem_bytes;
+                sim_cluster_barrier = sim_cluster ? cluster_bars[b / sim_cluster].get() : nullptr;
                 kernel();
             });
     for (auto& t : ts) t.join();
 }
 
 int main(int argc, char** argv) {
-    if (argc != 20) {
+    if (argc != 21) {
         std::fprintf(stderr, "usage: see the top of persistent_host_sim.cpp\n");
         return 2;
     }
@@ -176,6 +204,7 @@ int main(int argc, char** argv) {
     const int ldgx = std::atoi(argv[14]), ldw = std::atoi(argv[15]);
     const int ldbw = std::atoi(argv[16]), ldbr = std::atoi(argv[17]);
     const int k_tile = std::atoi(argv[18]), h_offset = std::atoi(argv[19]);
+    sim_cluster = std::atoi(argv[20]);
     const std::vector<float> h_in = read_f32(dir + "/h.f32");
     std::vector<float> c = read_f32(dir + "/c.f32");
     std::vector<float> act = read_f32(dir + "/act.f32"), gx = read_f32(dir + "/gx.f32");
@@ -196,22 +225,31 @@ int main(int argc, char** argv) {
             std::fill(act.begin(), act.end(), nan);
         }
         std::function<void()> k;
+        const bool cl = sim_cluster > 0;
         if (cell == "lstm")
-            k = [&] { lstm_persistent_fwd(B, H, h, ldh, c.data(), ldc, act.data(), ldact, sync,
-                                          2, gx.data(), ldgx, w.data(), ldw, bw.data(), ldbw,
-                                          br.data(), ldbr, T, U, k_tile); };
+            k = [&] {
+                (cl ? lstm_persistent_cluster_fwd : lstm_persistent_fwd)(
+                    B, H, h, ldh, c.data(), ldc, act.data(), ldact, sync, 2, gx.data(), ldgx,
+                    w.data(), ldw, bw.data(), ldbw, br.data(), ldbr, T, U, k_tile);
+            };
         else if (cell == "gru")
-            k = [&] { gru_persistent_fwd(B, H, h, ldh, act.data(), ldact, sync, 2, gx.data(),
-                                         ldgx, w.data(), ldw, bw.data(), ldbw, br.data(), ldbr,
-                                         T, U, k_tile); };
+            k = [&] {
+                (cl ? gru_persistent_cluster_fwd : gru_persistent_fwd)(
+                    B, H, h, ldh, act.data(), ldact, sync, 2, gx.data(), ldgx, w.data(), ldw,
+                    bw.data(), ldbw, br.data(), ldbr, T, U, k_tile);
+            };
         else if (cell == "rnn_tanh")
-            k = [&] { rnn_tanh_persistent_fwd(B, H, h, ldh, sync, 2, gx.data(), ldgx, w.data(),
-                                              ldw, bw.data(), ldbw, br.data(), ldbr, T, U,
-                                              k_tile); };
+            k = [&] {
+                (cl ? rnn_tanh_persistent_cluster_fwd : rnn_tanh_persistent_fwd)(
+                    B, H, h, ldh, sync, 2, gx.data(), ldgx, w.data(), ldw, bw.data(), ldbw,
+                    br.data(), ldbr, T, U, k_tile);
+            };
         else
-            k = [&] { rnn_relu_persistent_fwd(B, H, h, ldh, sync, 2, gx.data(), ldgx, w.data(),
-                                              ldw, bw.data(), ldbw, br.data(), ldbr, T, U,
-                                              k_tile); };
+            k = [&] {
+                (cl ? rnn_relu_persistent_cluster_fwd : rnn_relu_persistent_fwd)(
+                    B, H, h, ldh, sync, 2, gx.data(), ldgx, w.data(), ldw, bw.data(), ldbw,
+                    br.data(), ldbr, T, U, k_tile);
+            };
         launch(blocks, threads, smem, k);
         if (sync[0] != 0 || sync[1] != 0) {
             std::fprintf(stderr, "launch %d left sync = {%u, %u}, not zero\n", l, sync[0],

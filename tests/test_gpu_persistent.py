@@ -186,13 +186,14 @@ def test_misaligned_h_falls_back_to_4_byte_loads(cp, props, lib, cell, offset):
     layer.check(f"h at +{4 * offset} bytes")
 
 
+@pytest.mark.parametrize("kind", ["grid", "cluster"])
 @pytest.mark.parametrize("cell", CELL_NAMES)
-def test_cuda_graph(cp, props, lib, cell):
+def test_cuda_graph(cp, props, lib, cell, kind):
     """As cuda_exec launches kernels (Function(grid, block, args, shared_mem, stream)) on a
     non-blocking stream, captured: the capture runs nothing, each replay is right and
-    leaves the counters zero."""
-    T, B, H = 8, 16, 512
-    fit = _fit(props, cell, H, B)
+    leaves the counters zero; the grid kernel (H 512) and the cluster kernel (H 128)."""
+    T, B, H = 8, 16, (512 if kind == "grid" else 128)
+    fit = _fit(props, cell, H, B, kind=kind)
     layer = Layer(cp, cell, T, B, H, seed=1)
     outs, ins = layer.pairs()
     kinfo = KERNELS[fit.kernel]
@@ -222,6 +223,39 @@ def test_cuda_graph(cp, props, lib, cell):
         graph.launch(stream)
         stream.synchronize()
         layer.check(f"graph replay {replay}")
+
+
+CLUSTER_SHAPES = [(6, 21, 100), (5, 64, 128), (4, 1, 8), (3, 9, 61)]   # (T, B, H)
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=[f"T{t}B{b}H{h}" for t, b, h in
+                                                       CLUSTER_SHAPES])
+def test_cluster_and_grid_kernels_match_reference(cp, props, lib, shape, cell):
+    """The cluster kernel (clusters of PK_CLUSTER blocks, each cluster its own batch slice:
+    B 21 in 3 clusters of 8, 8, 5; B 64 in 8; B 1; B 9 in 2 of 5 and 4) and the grid kernel
+    on the same layer: both equal the reference, the cluster kernel twice in a row."""
+    T, B, H = shape
+    layer = Layer(cp, cell, T, B, H, seed=5)
+    outs, ins = layer.pairs()
+    for kind in ("cluster", "grid", "cluster"):
+        fit = _fit(props, cell, H, B, kind=kind)
+        assert (fit.cluster > 0) == (kind == "cluster"), fit.describe()
+        layer.poison()
+        lib.launch_persistent(fit, outs, ins, T)
+        cp.cuda.Device().synchronize()
+        layer.check(fit.describe())
+
+
+def test_auto_fit_takes_the_cluster_kernel_where_it_fits(props):
+    """On a device with clusters (compute capability 9.0+) the default fit runs small layers
+    in clusters and the paper's size with the grid kernel, saying why."""
+    assert props["major"] >= 9, "these GPU tests expect an sm_90 or later device"
+    small = P.persistent_fit("lstm", 128, 64, props)
+    assert small.ok and small.kernel == "lstm_persistent_cluster_fwd", small.describe()
+    paper = P.persistent_fit("lstm", 512, 64, props)
+    assert paper.ok and paper.kernel == "lstm_persistent_fwd", paper.describe()
+    assert "the cluster kernel does not fit" in paper.reason
 
 
 def test_fit_agrees_with_the_occupancy_api(cp, props, lib):

@@ -103,7 +103,8 @@ def test_compiles_as_nvrtc_sees_it(file):
 # --- headers, code and registry agree -----------------------------------------------------
 
 _DEFINITION = re.compile(r'extern\s+"C"\s+__global__\s+void\s+'
-                         r'(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)', re.S)
+                         r'(?:__launch_bounds__\s*\([^)]*\)\s+)?'
+                         r'(?:__cluster_dims__\s*\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)', re.S)
 
 
 def _signatures(text):
@@ -738,7 +739,8 @@ class _FakeCupy(types.ModuleType):
 
             def get_function(self, name):
                 assert re.search(rf'__global__\s+void\s+(__launch_bounds__\([^)]*\)\s+)?'
-                                 rf'{name}\s*\(', self.code), name
+                                 rf'(__cluster_dims__\([^)]*\)\s+)?{name}\s*\(',
+                                 self.code), name
                 return _FakeKernel(fake, name)
 
         self.RawModule = RawModule

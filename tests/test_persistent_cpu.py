@@ -48,11 +48,14 @@ from rnnrt import reference
 from rnnrt.cells import get_cell
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.exec import kernels_np as knp
+from rnnrt.limits import H100_SXM
 from rnnrt.ops import View
 from test_kernels_cpu import _FakeCupy, _find_nvrtc, _nvrtc_compile
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 PERSISTENT = [k.name for k in K.REGISTRY if k.persistent]
+GRID_KERNELS = [n for n in PERSISTENT if "_cluster" not in n]      # the grid barrier kernels
+CLUSTER_KERNELS = [n for n in PERSISTENT if "_cluster" in n]
 
 # cupy.cuda.runtime.getDeviceProperties of an H100 80GB HBM3 (the keys the fit reads)
 H100 = dict(multiProcessorCount=132, sharedMemPerBlockOptin=232448,
@@ -632,7 +635,7 @@ def _lay_out(kinfo, T, B, H, data, dtype, ld_pad=3, gap=5):
         place[arg] = (off, r, c, ld)
         off += (r - 1) * ld + c + gap
     buf = np.full(off, np.nan, dtype)
-    G = get_cell(kinfo.name.replace("_persistent_fwd", "")).gates
+    G = get_cell(kinfo.name.split("_persistent")[0]).gates
     fill = {"gx": data["gx"].reshape(T * B, G * H), "w_hh": data["R"]}
     for arg in ("bw", "br"):
         b = data["bw" if arg == "bw" else "br"]
@@ -656,10 +659,19 @@ def _lay_out(kinfo, T, B, H, data, dtype, ld_pad=3, gap=5):
 @pytest.mark.parametrize("name", PERSISTENT)
 def test_twin_on_poisoned_padded_views(name, bias, dtype, k_tile):
     kinfo = K.KERNELS[name]
-    cell = name.replace("_persistent_fwd", "")
-    T, B, H, U = 7, 3, 37, 5
+    cell, cluster = name.split("_persistent")[0], "_cluster" in name
+    # the cluster twin: 3 clusters of 7, 7 and 5 batches
+    T, B, H, U = 7, (19 if cluster else 3), 37, 5
     data, ref = layer_case(cell, T, B, H, bias=bias)
     buf, place = _lay_out(kinfo, T, B, H, data, dtype)
+    if cluster and k_tile < H:   # the cluster kernel keeps all of h_t: it traps on this
+        before = buf.copy()
+        outs = [knp.view(buf, *place[a]) for a, _ in kinfo.outs]
+        ins = [knp.view(buf, *place[a]) for a, _ in kinfo.ins]
+        with pytest.raises(ValueError, match=f"k_tile {k_tile} < hidden {H}"):
+            kinfo.numpy_fn(B, H, outs, ins, T, U, k_tile)
+        np.testing.assert_array_equal(buf, before, err_msg="wrote before refusing")
+        return
     written = np.zeros(buf.size, bool)
     for arg, _ in kinfo.outs:
         o, r, c, ld = place[arg]
@@ -820,6 +832,7 @@ def test_constants_match_the_kernel():
     define = lambda n: int(re.search(rf"#define {n} (\d+)", SRC)[1])   # noqa: E731
     assert define("PK_TM") == P.PK_TM and define("PK_TB") == P.PK_TB
     assert define("PK_CPT") == P.PK_CPT and define("PK_MAX_THREADS") == P.PK_MAX_THREADS
+    assert define("PK_CLUSTER") == P.PK_CLUSTER
     for gone in ("PK_KT", "PK_BT", "PK_LD", "KS_MAX", "sts128"):
         assert not re.search(rf"\b{gone}\b", SRC), f"v2's {gone} is still in the .cu"
     assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == len(PERSISTENT)
@@ -843,15 +856,21 @@ def test_constants_match_the_kernel():
                  "const int jj = e % U;",
                  "b = e / U;",
                  # geometry's refusals: k_tile, whole warps, cells; the fit's: units, smem
-                 "if (U < 1 || B < 1 || H < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0) __trap();",
-                 "(long long)U * B > (long long)PK_CPT * nt",
-                 "if ((long long)gridDim.x * U < H ||",
+                 "if (U < 1 || Bfull < 1 || H < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0) __trap();",
+                 "(long long)U * BG > (long long)PK_CPT * nt",
+                 "if ((long long)ranks * U < H ||",
                  "(long long)dynamic_smem_bytes() < need)"):
         assert line in SRC, line
     # the shared memory the kernel checks for is the fit's sum, term by term: R slice, h
     # tile, partial sums
-    assert "const long long need = 4LL * ((long long)g.M * g.SR + (long long)B * g.SH\n" \
+    # tile (two buffers in the cluster kernel, each of BG batches), partial sums
+    assert "const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH\n" \
            "                                  + (long long)g.NKG * g.M * g.BP);" in SRC
+    # the cluster kernel's batch slice (Fit.batch_per_block, Fit.batches) and units (rank)
+    for line in ("BG = (Bfull + (int)pk_clusters() - 1) / (int)pk_clusters();",
+                 "b_off = (int)pk_cluster_id() * BG;", "B = min(BG, Bfull - b_off);",
+                 "rank = (int)pk_cluster_rank();", "const int j0 = rank * U;"):
+        assert line in SRC, line
 
 
 def _nvcc():
@@ -900,7 +919,7 @@ def test_nvcc_resource_usage_no_spills_within_the_launch_bounds(tmp_path):
     assert "__launch_bounds__(PK_MAX_THREADS = 256, 1)" in SRC, "the header's Resources"
     assert P.PK_MAX_THREADS * 255 <= 65536 and set(P.NVCC_REGS) == set(CELLS)
     for name, (regs, stack, st, ld) in usage.items():
-        cell = name.replace("_persistent_fwd", "")
+        cell = name.split("_persistent")[0]
         assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
         assert regs <= P.NVCC_REGS[cell] <= 255, \
             f"{name}: {regs} registers > the fit's {P.NVCC_REGS} (or > 255)"
@@ -932,7 +951,7 @@ def test_nvrtc_ptx_resource_usage_no_spills(tmp_path):
     assert set(usage) == set(PERSISTENT), usage
     for name, (regs, stack, st, ld) in usage.items():
         assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
-        assert regs <= P.NVCC_REGS[name.replace("_persistent_fwd", "")], (name, regs)
+        assert regs <= P.NVCC_REGS[name.split("_persistent")[0]], (name, regs)
 
 
 def _nvcc_ptx(tmp_path):
@@ -967,8 +986,8 @@ def test_ptx_stages_h_with_cp_async(nvcc_ptx):
     ld.shared.v4.f32), then stages the next tile's half (a cp.async site) before it waits
     for its second half. v2 staged through registers (ld.global.cg.v4, then st.shared.v4)
     before any FMA."""
-    for name, body in nvcc_ptx.items():
-        lines = body.splitlines()
+    for name in GRID_KERNELS:
+        lines = nvcc_ptx[name].splitlines()
         cp = _lines_at(lines, r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16;")
         assert len(cp) >= 2, (name, cp)
         assert len(_lines_at(lines, r"cp\.async\.commit_group;")) == len(cp), name
@@ -993,8 +1012,8 @@ def test_ptx_grid_barrier_is_acq_rel(nvcc_ptx):
     arrival (atom.global.add) and after its spin, the spin a relaxed load (ld.relaxed.gpu),
     the exit's add after both; no fence.sc / membar (__threadfence) and no ld.acquire (an
     L1 invalidation every time round the spin)."""
-    for name, body in nvcc_ptx.items():
-        lines = body.splitlines()
+    for name in GRID_KERNELS:
+        lines = nvcc_ptx[name].splitlines()
         fence = _lines_at(lines, r"fence\.acq_rel\.gpu;")
         add = _lines_at(lines, r"atom\.global\.add\.u32")
         spin = _lines_at(lines, r"ld\.relaxed\.gpu\.global\.u32")
@@ -1011,7 +1030,7 @@ def test_ptx_prefetches_the_pointwise_inputs(nvcc_ptx):
     bar.sync and fence), so that step t+1's loads are in flight across it. v1 loaded gx
     after the dot products, plain."""
     for name, body in nvcc_ptx.items():
-        G = get_cell(name.replace("_persistent_fwd", "")).gates
+        G = get_cell(name.split("_persistent")[0]).gates
         n = G * P.PK_CPT
         lines = body.splitlines()
         cs = _lines_at(lines, r"ld\.global\.cs\.f32")
@@ -1020,12 +1039,38 @@ def test_ptx_prefetches_the_pointwise_inputs(nvcc_ptx):
         bar = _lines_at(lines, r"bar\.sync")
         fma = _lines_at(lines, r"fma\.rn\.f32")
         stores = _lines_at(lines, r"st\.global\.cg\.f32")
-        fence = _lines_at(lines, r"fence\.acq_rel\.gpu;")
         first, second = cs[:n], cs[n:]
+        if name in CLUSTER_KERNELS:   # the step's end is the cluster barrier (its last one)
+            bar = _lines_at(lines, r"bar\.sync|barrier\.cluster\.arrive")
+            barrier = _lines_at(lines, r"barrier\.cluster\.arrive")[-1]
+        else:
+            fence = _lines_at(lines, r"fence\.acq_rel\.gpu;")
+            barrier = max(i for i in bar if i < fence[0])     # the grid barrier's __syncthreads
         assert first[-1] < bar[0] and first[-1] < fma[0], f"{name}: gx not loaded up front"
-        barrier = max(i for i in bar if i < fence[0])     # the grid barrier's __syncthreads
         assert stores[-1] < second[0] and second[-1] < barrier, \
             f"{name}: step t+1's gx is not loaded between the h stores and the barrier"
+
+
+def test_ptx_cluster_kernels_push_h_and_meet_at_the_cluster_barrier(nvcc_ptx):
+    """The cluster kernels as the header has them: no h staging from global memory (no
+    cp.async) and no grid barrier (no fence, no atomics, no spin); after each h_{t+1} store
+    (st.global.cg) the value goes to every block of the cluster (mapa + st.shared::cluster,
+    PK_CLUSTER of each, unrolled), and the blocks meet at the cluster barrier with release /
+    acquire semantics, once before the first step (after the copy of R and h_0) and once a
+    step after the pushes."""
+    for name in CLUSTER_KERNELS:
+        lines = nvcc_ptx[name].splitlines()
+        assert not _lines_at(lines, r"cp\.async|fence\.|atom\.|ld\.relaxed|membar"), name
+        arrive = _lines_at(lines, r"barrier\.cluster\.arrive\.release\.aligned;")
+        wait = _lines_at(lines, r"barrier\.cluster\.wait\.acquire\.aligned;")
+        assert len(arrive) == len(wait) == 2, (name, arrive, wait)
+        assert all(a < w for a, w in zip(arrive, wait)), name
+        mapa = _lines_at(lines, r"mapa\.shared::cluster\.u32")
+        push = _lines_at(lines, r"st\.shared::cluster\.f32")
+        stores = _lines_at(lines, r"st\.global\.cg\.f32")
+        fma = _lines_at(lines, r"fma\.rn\.f32")
+        assert len(push) == len(mapa) == P.PK_CPT * P.PK_CLUSTER, (name, len(push), len(mapa))
+        assert wait[0] < fma[0] and stores[0] < push[0] and push[-1] < arrive[1], name
 
 
 def _cuobjdump():
@@ -1053,7 +1098,7 @@ def test_sass_stages_with_ldgsts(tmp_path):
                         str(K.cuda_src_dir() / "persistent.cu")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    for name in PERSISTENT:
+    for name in GRID_KERNELS:
         r = subprocess.run([_cuobjdump(), "-sass", "-fun", name, str(cubin)],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
@@ -1120,7 +1165,8 @@ def run_host_sim(exe, tmp_path, cell, fit, data, T, launches=2, pad=3, h_offset=
         np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.f32")
     args = [str(exe), cell, B, H, T, fit.units_per_block, fit.blocks, fit.threads,
             fit.smem_bytes, launches,
-            tmp_path, ld["h"], ld["c"], ld["act"], ld["gx"], ld["w"], 0, 0, fit.k_tile, h_offset]
+            tmp_path, ld["h"], ld["c"], ld["act"], ld["gx"], ld["w"], 0, 0, fit.k_tile, h_offset,
+            fit.cluster]
     r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"host simulation failed ({r.returncode}):\n{r.stderr}"
     loads = dict(zip(r.stdout.split()[::2], map(int, r.stdout.split()[1::2])))
@@ -1244,7 +1290,7 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
 
     text = src.read_text()
     first_sync = "    __syncthreads();   // the whole block's writes of this step are issued\n"
-    half_sync = ("            __syncwarp();      "
+    half_sync = ("            if (!CL) __syncwarp();   "
                  "// the half is read: the next tile's may land there\n")
     for name, line, H, pad, nt, k_tile in (("no_sync", first_sync, 37, 3, 32, None),
                                            ("no_syncwarp", half_sync, 40, 4, 64, 16)):
@@ -1258,6 +1304,78 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
         work.mkdir()
         with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
             run_host_sim(exe, work, "lstm", fit, data, T, launches=1, pad=pad)
+
+
+# the cluster kernels: (H, B, T, threads, clusters, pad): 3 clusters of 7, 7 and 5 batches;
+# one cluster of 8; 2 clusters of 2 and 1 with rank 7 owning no unit (U 3, H 20); LSTM H 128
+# (U 16, M 64: two output tiles of rows a lane) in 2 clusters of 5
+CLUSTER_SIM_CASES = [(37, 19, 3, 64, 3, 3), (40, 8, 4, 128, 1, 4), (20, 3, 2, 32, 2, 3),
+                     (128, 10, 2, 64, 2, 4)]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("H, B, T, threads, clusters, pad", CLUSTER_SIM_CASES)
+def test_cluster_kernel_source_on_cpu_threads(host_sim, tmp_path, cell, H, B, T, threads,
+                                              clusters, pad):
+    """The cluster kernels, every block at once on CPU threads (the cluster barrier a
+    std::barrier over each cluster's threads, the pushes into the other blocks' shared
+    memory real stores there), launched twice: equal the float64 reference and the float32
+    emulation, write no padding, leave h0/c0 and the (unused) sync counters zero, and load
+    nothing through the staging path."""
+    U = _ceil(H, P.PK_CLUSTER)
+    fit = P.geometry(cell, H, B, U, threads, k_tile=P.full_tile(H), clusters=clusters)
+    assert fit.ok and fit.cluster == P.PK_CLUSTER and fit.blocks == P.PK_CLUSTER * clusters
+    data, ref = layer_case(cell, T, B, H, dtype=np.float32)
+    out = run_host_sim(host_sim, tmp_path, cell, fit, data, T, pad=pad)
+    _check_sim(cell, H, B, T, fit, data, ref, out)
+    assert out[3] == {"ldcg128": 0, "ldcg32": 0}, out[3]
+
+
+def test_cluster_sim_cases_cover_the_variants():
+    """CLUSTER_SIM_CASES run one and several clusters, a last cluster with fewer batches, a
+    block that owns no unit, one output tile a lane and several, 1 and PK_CPT cells a thread."""
+    seen = {"clusters": set(), "short_last": set(), "idle_rank": set(), "out_tiles": set(),
+            "cpt": set()}
+    for H, B, T, threads, clusters, pad in CLUSTER_SIM_CASES:
+        for cell in CELLS:
+            f = P.geometry(cell, H, B, _ceil(H, P.PK_CLUSTER), threads, k_tile=P.full_tile(H),
+                           clusters=clusters)
+            lr, lb, _ = f.lanes
+            seen["clusters"].add(clusters > 1)
+            seen["short_last"].add(len(f.batches(f.blocks - 1)) < f.batch_per_block)
+            seen["idle_rank"].add(any(len(f.units(x)) == 0 for x in range(f.blocks)))
+            seen["out_tiles"].add(_ceil(f.rows, P.PK_TM * lr)
+                                  * _ceil(f.batch_per_block, P.PK_TB * lb) > 1)
+            seen["cpt"].add(f.cells_per_thread)
+    assert seen == {"clusters": {False, True}, "short_last": {False, True},
+                    "idle_rank": {False, True}, "out_tiles": {False, True},
+                    "cpt": {1, P.PK_CPT}}, seen
+
+
+def test_cluster_protocol_has_no_data_race(tmp_path):
+    """ThreadSanitizer over the cluster kernels on CPU threads: the pushes of h_{t+1} into
+    the other blocks' buffers and their reads next step are ordered by the cluster barrier
+    (no report); without the barrier at the end of each step, it reports a data race."""
+    src = K.cuda_src_dir() / "persistent.cu"
+    exe = _build_sim(tmp_path / "sim_tsan", src, tsan=True)
+    T, B, H = 3, 5, 20
+    fit = P.geometry("lstm", H, B, _ceil(H, P.PK_CLUSTER), 32, k_tile=P.full_tile(H),
+                     clusters=2)
+    data, ref = layer_case("lstm", T, B, H, dtype=np.float32)
+    work = tmp_path / "ok"
+    work.mkdir()
+    (h, _, _), _, _, _ = run_host_sim(exe, work, "lstm", fit, data, T, launches=1)
+    assert_close(h, ref["h"], FP32_ATOL, FP32_RTOL, name="lstm h under TSan (clusters)")
+    text = src.read_text()
+    line = "            if (!(PK_TIMING & 4)) pk_cluster_sync();\n"
+    assert text.count(line) == 1, line
+    broken = tmp_path / "persistent_no_cluster_sync.cu"
+    broken.write_text(text.replace(line, "", 1))
+    exe = _build_sim(tmp_path / "sim_tsan_broken", broken, tsan=True)
+    work = tmp_path / "broken"
+    work.mkdir()
+    with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
+        run_host_sim(exe, work, "lstm", fit, data, T, launches=1)
 
 
 def test_kernel_sums_the_k_groups_k_columns_says(host_sim, tmp_path):
@@ -1311,3 +1429,73 @@ def test_kernel_traps_on_a_geometry_that_disagrees(host_sim, tmp_path, broken):
         return
     with pytest.raises(AssertionError, match=r"__trap\(\)"):
         run_host_sim(host_sim, tmp_path, "lstm", bad, data, 2, launches=1)
+
+
+# --- the cluster kernels' fit -------------------------------------------------------------
+
+def test_fit_takes_the_cluster_kernel_where_it_fits_and_pays():
+    """On the H100's properties (compute capability 9): small layers run in clusters of
+    PK_CLUSTER, one cluster per PK_TB batches; where the cluster's R does not fit one block
+    a cluster, or a thread would do more than CLUSTER_MAX_FMAS FMAs a step, the grid
+    kernel, its reason saying why not the cluster kernel."""
+    props = H100_SXM.props()
+    f = P.persistent_fit("lstm", 128, 64, props)
+    assert f.ok and f.kernel == "lstm_persistent_cluster_fwd", f.describe()
+    assert (f.cluster, f.clusters, f.batch_per_block, f.units_per_block) == (8, 8, 8, 16)
+    assert f.blocks == 64 and f.grid == (64, 1, 1) and f.k_tile == 128 and f.tiles == 1
+    assert f.smem_tile == 4 * 2 * 8 * P.tile_stride(128), "two buffers of BG rows"
+    assert f.fmas_per_thread == 4 * 16 * 128 * 8 // f.threads <= P.CLUSTER_MAX_FMAS
+    assert [f.batches(x) for x in (0, 7, 8, 63)] == [range(0, 8)] * 2 + [range(8, 16),
+                                                                          range(56, 64)]
+    assert [f.units(x) for x in (0, 7, 8)] == [range(0, 16), range(112, 128), range(0, 16)]
+    paper = P.persistent_fit("lstm", 512, 64, props)
+    assert paper.ok and paper.kernel == "lstm_persistent_fwd"
+    assert "the cluster kernel does not fit" in paper.reason and "R slice" in paper.reason
+    gru = P.persistent_fit("gru", 192, 32, props)
+    assert gru.ok and gru.kernel == "gru_persistent_fwd" and "CLUSTER_MAX_FMAS" in gru.reason
+    forced = P.persistent_fit("gru", 192, 32, props, kind="cluster")
+    assert forced.ok and forced.cluster and forced.fmas_per_thread > P.CLUSTER_MAX_FMAS
+
+
+def test_fit_cluster_kernel_needs_sm90_and_its_knobs_are_checked():
+    """Compute capability below 9 (or unknown: no 'major'): no clusters, the grid kernel;
+    asking for the cluster kernel there says why. The clusters knob is validated and
+    implies the cluster kernel; the grid knobs imply the grid kernel."""
+    props = dict(H100_SXM.props(), major=8)
+    f = P.persistent_fit("lstm", 128, 64, props)
+    assert f.ok and f.kernel == "lstm_persistent_fwd"
+    no = P.persistent_fit("lstm", 128, 64, props, kind="cluster")
+    assert not no.ok and "compute capability 9.0" in no.reason
+    bare = {k: v for k, v in H100_SXM.props().items() if k != "major"}
+    assert P.persistent_fit("lstm", 128, 64, bare).kernel == "lstm_persistent_fwd"
+    props = H100_SXM.props()
+    f = P.persistent_fit("lstm", 128, 32, props, clusters=2)
+    assert f.ok and (f.clusters, f.batch_per_block) == (2, 16)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="clusters must be an int >= 1"):
+            P.persistent_fit("lstm", 128, 32, props, clusters=bad)
+    with pytest.raises(ValueError, match="cluster kernel's knob"):
+        P.persistent_fit("lstm", 128, 32, props, clusters=2, kind="grid")
+    with pytest.raises(ValueError, match="kind must be"):
+        P.persistent_fit("lstm", 128, 32, props, kind="cooperative")
+    assert P.persistent_fit("lstm", 128, 32, props, units_per_block=2).cluster == 0
+    assert P.persistent_fit("lstm", 128, 32, props, k_tile=64).cluster == 0
+    empty = P.persistent_fit("lstm", 128, 9, props, clusters=5)   # 5 clusters of 2: 2,2,2,2,1
+    assert empty.ok and empty.batch_per_block == 2
+    empty = P.persistent_fit("lstm", 128, 9, props, clusters=8)   # of 2: the last two empty
+    assert not empty.ok and "leave the last empty" in empty.reason
+
+
+def test_cluster_geometry_emulation_matches_the_reference():
+    """The cluster decomposition in NumPy (each cluster its batch slice, each rank its
+    units, all of R per cluster): equal to the float64 reference; every element of h_{t+1}
+    written by exactly one thread of the grid."""
+    for cell in CELLS:
+        T, B, H = 3, 19, 37
+        data, ref = layer_case(cell, T, B, H)
+        f = P.geometry(cell, H, B, _ceil(H, P.PK_CLUSTER), 64, k_tile=P.full_tile(H),
+                       clusters=3)
+        assert f.ok and f.blocks == 24, f.describe()
+        assert (P.ownership(f) == 1).all()
+        h, c, act = P.emulate(cell, f, **data)
+        assert_close(h, ref["h"], 1e-12, 1e-12, name=f"{cell} h")
