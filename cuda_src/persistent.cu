@@ -214,12 +214,13 @@
  *   k_tile not a positive multiple of 4, less dynamic shared memory than the layout needs
  *   for its k_tile) traps at once. After a failed launch the host must zero sync again.
  *
- * Resources (sm_90, nvcc 13.0 --resource-usage; rnnrt.persistent.NVCC_REGS holds the
- *   larger of nvcc's and NVRTC's count): __launch_bounds__(PK_MAX_THREADS = 256, 1), so a
- *   thread may have up to 255 registers (256 x 255 < one SM's 64 K). Registers: see
- *   NVCC_REGS. No static shared memory. Dynamic shared memory by the layout above, e.g.
- *   LSTM B 64 H 512 on 132 SMs, 256 threads (U 4, M 16, lanes 4 x 8 x 1, NKG 8, k_tile
- *   512, one tile): 33,024 (R) + 132,096 (h tile) + 36,864 (partials) = 201,984 bytes.
+ * Resources (sm_90, nvcc 13.0 --resource-usage; the grid and the cluster kernels alike;
+ *   rnnrt.persistent.NVCC_REGS holds the larger of nvcc's and NVRTC's count):
+ *   __launch_bounds__(PK_MAX_THREADS = 256, 1), so a thread may have up to 255 registers
+ *   (256 x 255 < one SM's 64 K). Registers: see NVCC_REGS. No static shared memory.
+ *   Dynamic shared memory by the layout above, e.g. LSTM B 64 H 512 on 132 SMs, 256
+ *   threads (U 4, M 16, lanes 4 x 8 x 1, NKG 8, k_tile 512, one tile): 33,024 (R) +
+ *   132,096 (h tile) + 36,864 (partials) = 201,984 bytes.
  */
 
 // Timing variants, for experiments/persistent_bench.py --variants only (they compute wrong

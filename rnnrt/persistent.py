@@ -17,7 +17,13 @@ halves; k-group kg = w*LK + lk adds its tiles into partial sums red[kg]; then ev
 updates up to PK_CPT (b, j) cells, e = tid + i*threads, jj = e % U, b = e // U, summing the
 NKG partial sums in k-group order.
 
-``persistent_fit(cell, hidden, batch, props)`` chooses U, the block size, the tile width and
+The cluster kernels (``*_persistent_cluster_fwd``, sm_90+) cut the same way inside a block,
+but a grid of clusters of PK_CLUSTER blocks: each cluster holds all of R (block rank r owns
+units [r*U, r*U + U), U = ceil(H / PK_CLUSTER)) and updates its own slice of the batch
+(``Fit.batches``); h_{t+1} goes straight into every block's shared memory and the cluster
+meets at the hardware cluster barrier, so no grid-wide co-residency is needed.
+
+``persistent_fit(cell, hidden, batch, props)`` chooses the kernel, U, the block size, the tile width and
 the dynamic shared memory from CuPy-style device properties and says why when a shape does
 not fit. ``emulate`` runs that decomposition with NumPy (block by block, step by step, each
 block reading only h_t and its own rows of R, each (b, j) written by the one thread that
@@ -52,7 +58,8 @@ that serial sum costs more than the split saves (B 3, H 37 at 256 threads would 
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes (the most __launch_bounds__(256, 1) allows; nvcc 13.0.88
-gives LSTM 243, GRU 249, the RNNs 238, no spills; a test holds nvcc to at most these). The fit uses the compiled
+gives the grid kernels LSTM 245, GRU 249, the RNNs 238 and the cluster kernels 252-254, no
+spills; a test holds nvcc to at most these). The fit uses the compiled
 kernel's own count where it is given (``regs_per_thread``, from
 ``RawKernel.attributes['num_regs']``)."""
 
