@@ -94,24 +94,22 @@ def main(argv=None):
     stream = cp.cuda.Stream(non_blocking=True)
     flops = 2 * G * H * H * B * T
 
-    kinds = [k for k in a.kinds.split(",") if k]
-    configs = [(v, None, None, k) for v in variants for k in kinds] + [
-        (v, int(u), int(t), "grid") for v in variants for u in a.units.split(",") if u
-        for t in a.threads.split(",") if t] + [
-        (v, None, int(n), "clusters") for v in variants for n in a.clusters.split(",") if n]
+    # (variant, label, persistent_fit's keyword arguments)
+    split = lambda s: [x for x in s.split(",") if x]   # noqa: E731
+    configs = [(v, k, {"kind": None if k == "auto" else k}) for v in variants
+               for k in split(a.kinds)] + [
+        (v, "grid", {"units_per_block": int(u), "threads": int(t)}) for v in variants
+        for u in split(a.units) for t in split(a.threads)] + [
+        (v, "cluster", {"clusters": int(n)}) for v in variants for n in split(a.clusters)]
     rows = []
-    for variant, U, thr, kind in configs:
+    for variant, kind, knobs in configs:
         lib = libs[variant]
-        if kind == "clusters":   # the cluster kernel with thr clusters
-            fit = P.persistent_fit(a.cell, H, B, props, clusters=thr)
-        else:
-            fit = P.persistent_fit(a.cell, H, B, props, units_per_block=U, threads=thr,
-                                   kind=None if kind == "auto" else kind)
-        row = {"variant": variant, "kind": kind, "kernel": fit.kernel,
+        fit = P.persistent_fit(a.cell, H, B, props, **knobs)
+        row = {"variant": variant, "kind": kind, "knobs": knobs, "kernel": fit.kernel,
                "units_per_block": fit.units_per_block, "threads": fit.threads,
                "k_tile": getattr(fit, "k_tile", None),
                "blocks": fit.blocks, "k_split": fit.k_split, "smem_bytes": fit.smem_bytes,
-               "default": U is None, "ok": fit.ok, "fit": fit.describe()}
+               "default": set(knobs) == {"kind"}, "ok": fit.ok, "fit": fit.describe()}
         if not fit.ok:
             rows.append(row)
             print(f"skip: {fit.describe()}", file=sys.stderr)

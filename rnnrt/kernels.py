@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -212,17 +212,13 @@ REGISTRY: tuple[KernelInfo, ...] = (
                outs=(_H_SEQ, _SYNC), ins=_pins(1)),
     KernelInfo("rnn_relu_persistent_fwd", numpy_fn=pk.rnn_relu_persistent_fwd, **_PERSISTENT,
                outs=(_H_SEQ, _SYNC), ins=_pins(1)),
-    # the cluster kernels: the same arguments (sync is not used); clusters of PK_CLUSTER
-    KernelInfo("lstm_persistent_cluster_fwd", numpy_fn=pk.lstm_persistent_cluster_fwd,
-               **_PERSISTENT, outs=(_H_SEQ, ("c", "(T+1)*R,C"), ("act", "T*R,4C"), _SYNC),
-               ins=_pins(4)),
-    KernelInfo("gru_persistent_cluster_fwd", numpy_fn=pk.gru_persistent_cluster_fwd,
-               **_PERSISTENT, outs=(_H_SEQ, ("act", "T*R,4C"), _SYNC), ins=_pins(3)),
-    KernelInfo("rnn_tanh_persistent_cluster_fwd", numpy_fn=pk.rnn_tanh_persistent_cluster_fwd,
-               **_PERSISTENT, outs=(_H_SEQ, _SYNC), ins=_pins(1)),
-    KernelInfo("rnn_relu_persistent_cluster_fwd", numpy_fn=pk.rnn_relu_persistent_cluster_fwd,
-               **_PERSISTENT, outs=(_H_SEQ, _SYNC), ins=_pins(1)),
 )
+# the cluster kernels: the grid kernels' arguments (sync is not used), their twins with
+# cluster=True (pk.kernel_name(cell, cluster=True) names them)
+REGISTRY += tuple(
+    replace(k, name=k.name.replace("_persistent_fwd", "_persistent_cluster_fwd"),
+            numpy_fn=functools.partial(k.numpy_fn, cluster=True))
+    for k in REGISTRY if k.persistent)
 
 KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}
 

@@ -277,15 +277,13 @@ class Fit:
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
-def _smem_bytes(G: int, H: int, B: int, U: int, threads: int, k_tile: int,
-                buffers: int = 1) -> int:
-    """The kernel's dynamic shared memory (bytes) for this decomposition (geometry's sum);
-    B: the batches a block updates; buffers: h tiles (2 for the cluster kernel)."""
+def _smem_bytes(G: int, H: int, B: int, U: int, threads: int, k_tile: int) -> int:
+    """The grid kernel's dynamic shared memory (bytes) for this decomposition (geometry's
+    sum)."""
     lr, lb, lk = lane_grid(G, U, B)
     nkg = max(1, threads // 32) * lk
     M = G * U
-    return 4 * (M * stride_r(H) + buffers * B * tile_stride(k_tile)
-                + nkg * M * partial_stride(B, lb))
+    return 4 * (M * stride_r(H) + B * tile_stride(k_tile) + nkg * M * partial_stride(B, lb))
 
 
 def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
@@ -703,7 +701,8 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
 
 
 # --- NumPy twins of the registry's kernels ------------------------------------------------
-# fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile), the views as kernels.py
+# fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile, cluster=False), the views as
+# kernels.py
 # hands them: h [(T+1)*B, H] (slot 0 = h0 read), c likewise (LSTM), act [T*B, 4H], sync
 # [1, 2]; gx [T*B, G*H], w_hh [G*H, H], bw and br [B, G*H] (ld 0 broadcasts). The block size
 # is the default for (B, U, k_tile): it only changes the order in which partial sums are
@@ -734,43 +733,29 @@ def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
         act[...] = act_all.reshape(T * B, 4 * H)
 
 
-def lstm_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
+def lstm_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile,
+                        cluster=False):
     h, c, act, sync = outs
-    _twin("lstm", rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile)
+    _twin("lstm", rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
+          cluster)
 
 
-def gru_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
+def gru_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile,
+                       cluster=False):
     h, act, sync = outs
-    _twin("gru", rows, cols, h, None, act, sync, ins, T, units_per_block, k_tile)
+    _twin("gru", rows, cols, h, None, act, sync, ins, T, units_per_block, k_tile,
+          cluster)
 
 
-def rnn_tanh_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
-    h, sync = outs
-    _twin("rnn_tanh", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile)
-
-
-def rnn_relu_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
-    h, sync = outs
-    _twin("rnn_relu", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile)
-
-
-def lstm_persistent_cluster_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
-    h, c, act, sync = outs
-    _twin("lstm", rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile, cluster=True)
-
-
-def gru_persistent_cluster_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
-    h, act, sync = outs
-    _twin("gru", rows, cols, h, None, act, sync, ins, T, units_per_block, k_tile, cluster=True)
-
-
-def rnn_tanh_persistent_cluster_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
+def rnn_tanh_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile,
+                            cluster=False):
     h, sync = outs
     _twin("rnn_tanh", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile,
-          cluster=True)
+          cluster)
 
 
-def rnn_relu_persistent_cluster_fwd(rows, cols, outs, ins, T, units_per_block, k_tile):
+def rnn_relu_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile,
+                            cluster=False):
     h, sync = outs
     _twin("rnn_relu", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile,
-          cluster=True)
+          cluster)
