@@ -140,7 +140,8 @@
  *   R[q*H + x*U + ju, :], padded to SR floats, zeros past H and past the block's units).
  *   Block of NT threads = NW warps (NT a multiple of 32, at most PK_MAX_THREADS).
  *   Lanes of a warp: LR row groups x LB batch groups x LK k-groups (LR*LB*LK = 32):
- *     LR = min(8, pow2ceil(ceil(M / PK_TM))), LB = min(32 / LR, pow2ceil(ceil(B / PK_TB))),
+ *     LR = min(PK_LR_MAX, pow2ceil(ceil(M / PK_TM))), LB = min(32 / LR,
+ *     pow2ceil(ceil(B / PK_TB))),
  *     LK = 32 / (LR * LB); lane = (lk * LB + lb) * LR + lr. Lane (lr, lb, lk) of warp w is
  *     k-group kg = w * LK + lk (NKG = NW * LK k-groups); in output tile (rt, bt) (RT =
  *     ceil(M / (PK_TM*LR)) x BT = ceil(B / (PK_TB*LB)) tiles) it owns rows
@@ -159,9 +160,10 @@
  *   Pointwise (after one __syncthreads): thread tid updates cells e = tid + i*NT, i < CPT =
  *   ceil(U*B / NT) <= PK_CPT, jj = e % U, b = e / U (cells of units past H: none); its gate
  *   sums are red[0] + red[1] + ... + red[NKG-1] in that order, then ((gx + bw) + gh) + br
- *   as the fused per-step kernels. It loads step t+1's gx, bw and br before the grid
- *   barrier that ends step t (their latency hides under it) and keeps c_t (LSTM) / h_t
- *   (GRU) of its cells in registers.
+ *   as the fused per-step kernels. It loads its cells' biases once, step t+1's gx before
+ *   the barrier that ends step t (the latency hides under it and the next FMA phase: gx is
+ *   first used in the pointwise) and keeps c_t (LSTM) / h_t (GRU) of its cells in
+ *   registers.
  *   Dynamic shared memory, in floats: M*SR (R slice) + B*SH (h tile, SH = 4*((KT/4) | 1):
  *   an odd number of float4s, so one column of 8 consecutive rows falls in 8 different
  *   groups of 4 banks) + NKG*M*BP (partial sums, BP = 32*ceil((B - LB) / 32) + LB: BP = LB
@@ -179,7 +181,10 @@
  *   (nothing to stage or wait for); the pointwise writes h_{t+1}[b, j] to global memory and
  *   to buffer (t+1) & 1 of every block of the cluster (mapa + st.shared::cluster), then
  *   every thread of the cluster meets at barrier.cluster.arrive.release /
- *   wait.acquire (after every step, the last too). Why one barrier a step is enough: a
+ *   wait.acquire (after every step, the last too); the step's global stores (h, c, act:
+ *   nothing in the launch reads them) and the loads of step t+1's gx are issued between
+ *   the arrive and the wait, so the release waits only for the pushes. Why one barrier a
+ *   step is enough: a
  *   block pushes into buffer (t+1) & 1 only after the barrier that ended step t-1, which
  *   every block passed after it finished reading that buffer (at step t-1); the barrier
  *   after step t makes every push visible before step t+1 reads it, orders the partial
@@ -237,6 +242,7 @@
 #define PK_TM 4                // register tile: rows of the R slice a lane accumulates
 #define PK_TB 8                // register tile: batches a lane accumulates
 #define PK_CPT 2               // pointwise: most (b, j) cells one thread updates
+#define PK_LR_MAX 16           // most row groups of a warp's lanes (LR x LB <= 32 in any case)
 #define PK_MAX_THREADS 256     // __launch_bounds__ and the fit's cap on threads a block
 #define PK_CLUSTER 8           // blocks a cluster of the cluster kernels (the portable maximum)
 #ifndef PK_SPIN_LIMIT
@@ -328,6 +334,8 @@ __device__ __forceinline__ unsigned int pk_cluster_rank() { __trap(); return 0; 
 __device__ __forceinline__ unsigned int pk_cluster_id() { __trap(); return 0; }
 __device__ __forceinline__ unsigned int pk_clusters() { __trap(); return 1; }
 __device__ __forceinline__ void pk_cluster_sync() { __trap(); }
+__device__ __forceinline__ void pk_cluster_arrive() { __trap(); }
+__device__ __forceinline__ void pk_cluster_wait() { __trap(); }
 __device__ __forceinline__ void pk_st_cluster(pk_saddr, unsigned int, float) { __trap(); }
 #else
 __device__ __forceinline__ unsigned int pk_cluster_rank() {
@@ -348,6 +356,14 @@ __device__ __forceinline__ unsigned int pk_clusters() {
 __device__ __forceinline__ void pk_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
                  "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The same barrier in two halves: work between them overlaps the wait for the others (it
+// must not touch what the barrier orders: the cluster's shared buffers).
+__device__ __forceinline__ void pk_cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void pk_cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
     unsigned int remote;
@@ -407,7 +423,7 @@ struct PkGeom {
 __device__ __forceinline__ PkGeom pk_geometry(int G, int U, int B, int H, int KT, int nt) {
     PkGeom g;
     g.M = G * U;
-    g.LR = min(8, pk_pow2ceil((g.M + PK_TM - 1) / PK_TM));
+    g.LR = min(PK_LR_MAX, pk_pow2ceil((g.M + PK_TM - 1) / PK_TM));
     g.LB = min(32 / g.LR, pk_pow2ceil((B + PK_TB - 1) / PK_TB));
     g.LK = 32 / (g.LR * g.LB);
     g.NW = nt / 32;
@@ -602,17 +618,27 @@ __device__ __forceinline__ void persistent_fwd(
 
     // Pointwise cells of this thread: e = tid + i*nt, jj = e % U, b = e / U (live: jj < Ub,
     // b < B): a warp's stores cover 32/U rows of U consecutive units each (b fastest, the
-    // first version, made each store touch 32 rows). gx, bw and br of step t+1 are loaded at
-    // the end of step t, before the grid barrier (gx streamed, ld.cs; the biases read-only,
-    // ld.nc); c_t (LSTM) and h_t (GRU) of the cells are the thread's own writes of the step
-    // before: registers.
+    // first version, made each store touch 32 rows). gx of step t+1 is loaded at the end of
+    // step t, before the barrier (streamed, ld.cs); the biases once (read-only, ld.nc);
+    // c_t (LSTM) and h_t (GRU) of the cells are the thread's own writes of the step before:
+    // registers.
     float xg[G][PK_CPT], bwv[G][PK_CPT], brv[G][PK_CPT], carry[PK_CPT];
-    auto cell_of = [&](int i, int& b, int& j) {
+    // (b, j) of each cell, once: the division by the runtime U, recomputed every step, was
+    // ~150 of ~2,400 instructions a warp-step (profile of the cluster kernel, LSTM H 128)
+    int cell_b[PK_CPT], cell_j[PK_CPT];
+    bool cell_live[PK_CPT];
+#pragma unroll
+    for (int i = 0; i < PK_CPT; ++i) {
         const int e = tid + i * nt;
         const int jj = e % U;
-        b = e / U;
-        j = j0 + jj;
-        return b < B && jj < Ub;
+        cell_b[i] = e / U;
+        cell_j[i] = j0 + jj;
+        cell_live[i] = cell_b[i] < B && jj < Ub;
+    }
+    auto cell_of = [&](int i, int& b, int& j) {
+        b = cell_b[i];
+        j = cell_j[i];
+        return cell_live[i];
     };
     auto prefetch = [&](int t) {
 #pragma unroll
@@ -620,16 +646,23 @@ __device__ __forceinline__ void persistent_fwd(
             int b, j;
             const bool live = cell_of(i, b, j);
             const float* const x = gx + ((long long)t * S + b) * ldgx + j;
-            const float* const y = bw + b * ldbw + j;
-            const float* const z = br + b * ldbr + j;
 #pragma unroll
-            for (int q = 0; q < G; ++q) {
-                xg[q][i] = live ? __ldcs(x + q * (long long)H) : 0.f;
-                bwv[q][i] = live ? __ldg(y + q * (long long)H) : 0.f;
-                brv[q][i] = live ? __ldg(z + q * (long long)H) : 0.f;
-            }
+            for (int q = 0; q < G; ++q) xg[q][i] = live ? __ldcs(x + q * (long long)H) : 0.f;
         }
     };
+    // The biases of the cells, once: they do not change from step to step
+#pragma unroll
+    for (int i = 0; i < PK_CPT; ++i) {
+        int b, j;
+        const bool live = cell_of(i, b, j);
+        const float* const y = bw + b * ldbw + j;
+        const float* const z = br + b * ldbr + j;
+#pragma unroll
+        for (int q = 0; q < G; ++q) {
+            bwv[q][i] = live ? __ldg(y + q * (long long)H) : 0.f;
+            brv[q][i] = live ? __ldg(z + q * (long long)H) : 0.f;
+        }
+    }
 #pragma unroll
     for (int i = 0; i < PK_CPT; ++i) {
         int b, j;
@@ -666,11 +699,6 @@ __device__ __forceinline__ void persistent_fwd(
     for (int t = 0; t < T; ++t) {
         const float* const ht = h + (long long)t * S * ldh;   // h_t: rows t*S .. t*S+B-1
         float* const hcur = CL ? hs + (t & 1) * BG * g.SH : hs;   // the h tile of step t
-#pragma unroll
-        for (int q = 0; q < G; ++q)
-#pragma unroll
-            for (int i = 0; i < PK_CPT; ++i) xg[q][i] = xg[q][i] + bwv[q][i];   // gx + bw
-
         // This warp's columns of the h tile were last read by this warp (before the
         // __syncwarp that ended its previous tile), so it stages at once.
         // Warp w's chunks of the h tile at column k0: [ca, cb), in halves [ca, cm), [cm, cb).
@@ -760,48 +788,66 @@ __device__ __forceinline__ void persistent_fwd(
         if (one_tile) pk_flush(acc1, g, red, B, lr, lb, kg, true);
         __syncthreads();   // every k-group's partial sums are in red
 
+        // This step's outputs of cell i to global memory: h_{t+1}, c_{t+1} (LSTM) and the saved
+        // gates (act). Nothing in the launch reads them back (the grid kernel reads h_{t+1}
+        // from global memory after its barrier; the cluster kernel from its shared buffers),
+        // so the cluster kernel issues them after its barrier's arrive: its release then waits
+        // only for the pushes into the cluster's shared memory, not for these L2 round trips.
+        float keep_h[PK_CPT] = {}, keep_c[PK_CPT] = {}, keep_a[4][PK_CPT] = {};
+        auto store_cell = [&](int i) {
+            int b, j;
+            if ((PK_TIMING & 8) || !cell_of(i, b, j)) return;
+            const long long row = (long long)t * S + b;   // step t, batch b
+            if constexpr (CELL == CELL_LSTM) c[(row + S) * ldc + j] = keep_c[i];
+            if constexpr (CELL == CELL_LSTM || CELL == CELL_GRU)
+                store_gates(act + row * ldact + j, H, keep_a[0][i], keep_a[1][i], keep_a[2][i],
+                            keep_a[3][i]);
+            __stcg(h + (row + S) * ldh + j, keep_h[i]);   // h_{t+1}[b, j]
+        };
 #pragma unroll
         for (int i = 0; i < PK_CPT; ++i) {
             int b, j;
             if ((PK_TIMING & 8) || !cell_of(i, b, j)) continue;
             const int jj = j - j0;
-            float s[G];
+            float s[G], xb[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const float* const p = red + (q * U + jj) * g.BP + b;   // 32-bit offsets:
                 const int kstride = g.M * g.BP;   // the partial sums are in shared memory
                 float v = p[0];
                 for (int k = 1; k < g.NKG; ++k) v += p[k * kstride];
+                // gx + bw here, not at the top of the step: the loads of gx (issued before
+                // the previous barrier) then have the FMA phase to land in
+                xb[q] = xg[q][i] + bwv[q][i];
                 const float brq = brv[q][i];
                 // ((gx + bw) + gh) + br, the fused kernels' order (GRU's n gate: gh_n + br_n;
                 // r * (gh_n + br_n) is added to gx_n + bw_n below)
-                s[q] = (CELL == CELL_GRU && q == 2) ? v + brq : (xg[q][i] + v) + brq;
+                s[q] = (CELL == CELL_GRU && q == 2) ? v + brq : (xb[q] + v) + brq;
             }
-            const long long row = (long long)t * S + b;   // step t, batch b
-            float* const hn_out = h + (row + S) * ldh + j;   // h_{t+1}[b, j]
             float hv;
             if constexpr (CELL == CELL_LSTM) {
                 const float ig = sigmoidf(s[0]), fg = sigmoidf(s[1]);
                 const float gg = tanhf(s[2]), og = sigmoidf(s[3]);
                 const float cn = fg * carry[i] + ig * gg;
                 carry[i] = cn;
-                c[(row + S) * ldc + j] = cn;
+                keep_c[i] = cn;
                 hv = og * tanhf(cn);
-                store_gates(act + row * ldact + j, H, ig, fg, gg, og);
+                keep_a[0][i] = ig, keep_a[1][i] = fg, keep_a[2][i] = gg, keep_a[3][i] = og;
             } else if constexpr (CELL == CELL_GRU) {
                 const float r = sigmoidf(s[0]), z = sigmoidf(s[1]);
                 const float hn = s[2];                      // gh_n + br_n
-                const float n = tanhf(xg[2][i] + r * hn);   // gx_n + bw_n + r * hn
+                const float n = tanhf(xb[2] + r * hn);      // gx_n + bw_n + r * hn
                 hv = n + z * (carry[i] - n);
                 carry[i] = hv;
-                store_gates(act + row * ldact + j, H, r, z, n, hn);
+                keep_a[0][i] = r, keep_a[1][i] = z, keep_a[2][i] = n, keep_a[3][i] = hn;
             } else if constexpr (CELL == CELL_RNN_TANH) {
                 hv = tanhf(s[0]);
             } else {
                 const float v = s[0];
                 hv = v < 0.f ? 0.f : v;   // NaN stays NaN, as rnn_relu_fwd
             }
-            __stcg(hn_out, hv);
+            keep_h[i] = hv;
+            if (!CL) store_cell(i);
             if (CL && !(PK_TIMING & 1)) {   // h_{t+1}[b, j] into every block's next buffer
                 const pk_saddr a = pk_smem_addr(hs + ((t + 1) & 1) * BG * g.SH + b * g.SH + j);
 #pragma unroll
@@ -809,12 +855,25 @@ __device__ __forceinline__ void persistent_fwd(
             }
         }
         if (CL) {
-            if (t + 1 < T) prefetch(t + 1);
             // After every step, the last too: h_{t+1} is in every buffer before any block
             // reads it, every block has read buffer t & 1 (and red) before it is rewritten,
-            // and no block exits while another may still push into its shared memory.
-            if (!(PK_TIMING & 4)) pk_cluster_sync();
-            else __syncthreads();
+            // and no block exits while another may still push into its shared memory. The
+            // global stores (see store_cell) and the loads of step t+1's gx go between the
+            // arrive and the wait: the arrive's release is a MEMBAR.ALL.GPU in SASS, which
+            // waits for every memory access the thread has in flight (the profile: ~8% of
+            // a step's samples there while gx was loaded before it).
+            if (PK_TIMING & 4) {   // timing only: no cluster barrier a step
+                if (t + 1 < T) prefetch(t + 1);
+#pragma unroll
+                for (int i = 0; i < PK_CPT; ++i) store_cell(i);
+                __syncthreads();
+            } else {
+                pk_cluster_arrive();
+                if (t + 1 < T) prefetch(t + 1);
+#pragma unroll
+                for (int i = 0; i < PK_CPT; ++i) store_cell(i);
+                pk_cluster_wait();
+            }
         } else if (t + 1 < T) {
             prefetch(t + 1);   // step t+1's gx and biases: in flight across the barrier
             if (!(PK_TIMING & 4)) grid_barrier(sync, (unsigned int)(t + 1) * gridDim.x);

@@ -52,6 +52,9 @@ def main(argv=None):
     ap.add_argument("--clusters", default="",
                     help="comma list of cluster counts to try with the cluster kernel "
                          "(its knob; default: the fit's)")
+    ap.add_argument("--cluster-threads", default="",
+                    help="comma list of block sizes to try with the cluster kernel (its "
+                         "default: the fit's)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     cp = require_gpu()
@@ -100,7 +103,9 @@ def main(argv=None):
                for k in split(a.kinds)] + [
         (v, "grid", {"units_per_block": int(u), "threads": int(t)}) for v in variants
         for u in split(a.units) for t in split(a.threads)] + [
-        (v, "cluster", {"clusters": int(n)}) for v in variants for n in split(a.clusters)]
+        (v, "cluster", {"clusters": int(n)}) for v in variants for n in split(a.clusters)] + [
+        (v, "cluster", {"kind": "cluster", "threads": int(t)}) for v in variants
+        for t in split(a.cluster_threads)]
     rows = []
     for variant, kind, knobs in configs:
         lib = libs[variant]

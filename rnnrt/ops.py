@@ -95,6 +95,10 @@ class Kernel:
     the kernel's order, e.g. T and units_per_block), their ``launch`` geometry ((grid xyz),
     (block xyz), dynamic shared memory bytes) from the device fit, and the GEMM ``flops``
     they do inside (R.h of every step), which the plan's FLOP count includes.
+
+    ``footprint`` ((reads, writes), views) replaces ins / outs as what the launch touches,
+    where an out is partly read: a persistent launch starts from slot 0 of the h and c it
+    is handed (read) and writes the slots after it. None: reads = ins, writes = outs.
     """
 
     stream: int
@@ -109,14 +113,15 @@ class Kernel:
     scalars: tuple[tuple[str, int], ...] = ()
     launch: tuple | None = None
     flops: int = 0
+    footprint: tuple | None = None
 
     @property
     def reads(self):
-        return self.ins
+        return self.ins if self.footprint is None else self.footprint[0]
 
     @property
     def writes(self):
-        return self.outs
+        return self.outs if self.footprint is None else self.footprint[1]
 
 
 @dataclass(frozen=True)

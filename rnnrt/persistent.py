@@ -43,6 +43,7 @@ from .exec.kernels_np import _relu, _sigmoid
 PK_TM = 4               # register tile: rows of the R slice a lane accumulates
 PK_TB = 8               # register tile: batches a lane accumulates
 PK_CPT = 2              # pointwise: most (b, j) cells one thread updates
+PK_LR_MAX = 16          # most row groups of a warp's lanes
 PK_MAX_THREADS = 256    # __launch_bounds__(PK_MAX_THREADS, 1)
 PK_CLUSTER = 8          # blocks a cluster of the cluster kernels (__cluster_dims__)
 
@@ -58,7 +59,7 @@ that serial sum costs more than the split saves (B 3, H 37 at 256 threads would 
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes (the most __launch_bounds__(256, 1) allows; nvcc 13.0.88
-gives the grid kernels LSTM 245, GRU 249, the RNNs 238 and the cluster kernels 252-254, no
+gives the grid kernels LSTM 245, GRU 245, the RNNs 234 and the cluster kernels 243-254, no
 spills; a test holds nvcc to at most these). The fit uses the compiled
 kernel's own count where it is given (``regs_per_thread``, from
 ``RawKernel.attributes['num_regs']``)."""
@@ -86,10 +87,21 @@ def kernel_name(cell: str, cluster: bool = False) -> str:
     return f"{get_cell(cell).name}_persistent{'_cluster' if cluster else ''}_fwd"
 
 
-def cluster_count(batch: int, sms: int) -> int:
+CLUSTER_BATCH = 4
+"""Batches a cluster of the cluster kernel, by default (``cluster_count``): on the lent H200,
+LSTM H 128 B 32 took 3.59 us a step in 8 clusters of 4 batches against 3.77 in 4 of 8 (GRU
+2.71 against 2.88): the FMA phase halves, the pointwise stays one cell a thread."""
+
+
+def cluster_count(batch: int, sms: int, layers: int = 1) -> int:
     """Clusters the cluster kernel runs (each its own batch slice, R copied into each): one
-    per PK_TB batches (a lane's register tile), as many as fit one block per SM."""
-    return max(1, min(_ceil(int(batch), PK_TB), int(sms) // PK_CLUSTER))
+    per CLUSTER_BATCH batches, on at most half the SMs (measured on the H200, 132 SMs: 16
+    clusters of 8 ran in two waves, 1.8x the step time of 8; a lone launch in two waves
+    doubles its steps). With ``layers`` launches overlapping along the wavefront (chunked
+    plans) each takes its 1/layers share of the SMs instead: one not yet resident only
+    waits for the layers beside it to finish a chunk."""
+    cap = int(sms) // (2 * PK_CLUSTER) if layers == 1 else (int(sms) // layers) // PK_CLUSTER
+    return max(1, min(_ceil(int(batch), CLUSTER_BATCH), cap))
 
 
 def stride_r(hidden: int) -> int:
@@ -124,10 +136,10 @@ def _pow2ceil(x: int) -> int:
 
 def lane_grid(gates: int, units_per_block: int, batch: int) -> tuple[int, int, int]:
     """(LR, LB, LK): a warp's lanes as row groups x batch groups x k-groups (product 32), as
-    the kernel's pk_geometry: LR = min(8, pow2ceil(ceil(M / PK_TM))) for M = G*U rows,
+    the kernel's pk_geometry: LR = min(PK_LR_MAX, pow2ceil(ceil(M / PK_TM))) for M = G*U rows,
     LB = min(32 / LR, pow2ceil(ceil(B / PK_TB))), LK = 32 / (LR * LB)."""
     M = gates * units_per_block
-    lr = min(8, _pow2ceil(_ceil(M, PK_TM)))
+    lr = min(PK_LR_MAX, _pow2ceil(_ceil(M, PK_TM)))
     lb = min(32 // lr, _pow2ceil(_ceil(batch, PK_TB)))
     return lr, lb, 32 // (lr * lb)
 
@@ -716,8 +728,8 @@ def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
     if np.any(np.asarray(sync) != 0):
         raise ValueError(f"{name}: the sync counters must be zero on entry, "
                          f"got {np.asarray(sync).ravel().tolist()}")
-    # the cluster twin assumes one cluster per PK_TB batches (the grid only changes the
-    # order in which partial sums are added)
+    # the cluster twin assumes one cluster per PK_TB batches (the launch's own count only
+    # changes the order in which partial sums are added)
     fit = geometry(cell, H, B, units_per_block, k_tile=k_tile,
                    clusters=_ceil(B, PK_TB) if cluster else 0)
     if not fit.ok:

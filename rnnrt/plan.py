@@ -10,7 +10,8 @@ How a forward plan is made: the (layer, step) grid is cut into *tasks* —
   ('xpose', l, 'W'|'R')  transpose W or R once per pass            (pretranspose)
   ('wx', l, t0)          W.x for steps [t0, t0 + k) of layer l     (input stream)
   ('cell', l, t)         R.h_{t-1} and the pointwise update of step t   (recurrence stream)
-  ('pcell', l)           persistent: all T steps of layer l in one kernel (recurrence stream)
+  ('pcell', l, t0)       persistent: steps [t0, t0 + k) of layer l in one kernel launch
+                         (recurrence stream; k = T unless chunked, below)
 — each with the tasks it depends on and a priority. A list scheduler issues ready tasks in
 priority order; a dependency that crosses streams becomes a Record on the producer's stream
 and a Wait on the consumer's. Priorities: layer by layer (wavefront off) or by anti-diagonal
@@ -35,20 +36,27 @@ the paper's LSTM (B 64, H 512) training adds 640 KiB per layer per step.
   pre{l}      [B, G*H]         naive pointwise only: pre-activations
   tmp{l}      [2, B, H]        naive pointwise only: temporaries
   wT{l}, rT{l} [I, G*H], [H, G*H]  pre-transposed W and R
-  sync        [2] unsigned     persistent only: the kernels' grid-barrier counters (zero
-                               between launches; the layers' kernels run one after another)
+  sync        [2*L] unsigned   persistent only: two grid-barrier counters a layer (zero
+                               between launches; cluster kernels leave them untouched)
 
-Persistent plans (switch 'persistent', when the device fit accepts the layer shape): per
-layer one W.x GEMM over all T steps (the kernel needs all of them before its first step, so
-input_batch chunks would only add launches), then one ('pcell', l) task after it;
-layer l+1's W.x waits for the whole of layer l (its kernel produces all T steps at once), so
-two persistent kernels never run at the same time (they could deadlock: each needs every SM).
+Persistent plans (switch 'persistent', when the device fit accepts the layer shape): with
+the grid kernel, per layer one W.x GEMM over all T steps (the kernel needs all of them before
+its first step, so input_batch chunks would only add launches), then one ('pcell', l, 0) task
+over all T steps; layer l+1's W.x waits for the whole of layer l, so two grid kernels never
+run at the same time (they could deadlock: each needs every SM to be resident). With the
+cluster kernel (no grid-wide barrier: a launch waits on nothing outside its clusters), the
+wavefront switch and several layers, each layer is cut into input_batch chunks of k steps:
+('pcell', l, t0) after ('wx', l, t0) and the layer's previous chunk, and ('wx', l+1, t0)
+after ('pcell', l, t0), so the layers' launches overlap along the anti-diagonals; each layer
+then runs on at most 1/L of the SMs' worth of clusters (``cluster_count(B, SMs, L)``, where
+that fit holds), so that all L layers' launches can be resident together.
 c{l} keeps T+1 slots and act{l} T slots even for inference: the kernel writes every step.
 When the fit declines the shape, the plan is the schedule without 'persistent' and
 ``Plan.fallback`` says why (the ladder and the sweep copy it into their records).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 from collections import Counter, defaultdict
@@ -59,7 +67,7 @@ from .kernels import check_views, get_kernel
 from .limits import DeviceLimits
 from .ops import Gemm, Kernel, Op, Record, View, Wait
 from .params import make_layout
-from .persistent import persistent_fit
+from .persistent import CLUSTER_MAX_FMAS, cluster_count, persistent_fit
 from .switches import Switches
 
 
@@ -280,6 +288,23 @@ def schedule(tasks: list[_Task]) -> tuple[tuple[Op, ...], int]:
     return tuple(ops), len(event_of)
 
 
+def _cover(views) -> dict:
+    """The elements ``views`` touch: buffer -> merged [start, stop) intervals."""
+    spans = defaultdict(list)
+    for v in views:
+        spans[v.buf] += v.row_intervals()
+    out = {}
+    for buf, iv in spans.items():
+        merged = []
+        for a, b in sorted(iv):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        out[buf] = merged
+    return out
+
+
 def validate(plan: Plan) -> None:
     """Check a plan's invariants; raise ValueError naming the first broken one.
 
@@ -305,6 +330,11 @@ def validate(plan: Plan) -> None:
                             dict(op.scalars))
             except ValueError as e:
                 raise ValueError(f"op {i}: {e}") from None
+            # a footprint may say which parts are read and which written, never hide any
+            if op.footprint is not None and (_cover(op.footprint[0] + op.footprint[1])
+                                             != _cover(op.ins + op.outs)):
+                raise ValueError(f"op {i}: {op.name}: footprint does not cover exactly "
+                                 f"the views it is handed")
         for v in tuple(op.reads) + tuple(op.writes):
             if v.buf not in sizes:
                 raise ValueError(f"op {i}: unknown buffer {v.buf!r}")
@@ -344,14 +374,29 @@ class _ForwardBuilder:
         self.layout = make_layout(key.cell, key.input_size, key.hidden_size, key.num_layers,
                                   key.bias)
         # the persistent switch: one fit for every layer (R is [G*H, H] in each)
-        self.persist, self.fallback, self.fit = False, None, None
+        self.persist, self.fallback, self.fit, self.chunked = False, None, None, False
         if self.sw.persistent:
             self.fit = persistent_fit(key.cell, self.H, self.B, key.device.props())
             if self.fit.ok:
                 self.persist = True
-                # the kernel reads every step's W.x before its first step, so W.x chunks
-                # would only add launches: one input GEMM per layer, whatever input_batch says
-                self.k = self.T
+                # A grid kernel needs every SM, so two never run at once: one launch per
+                # layer over all T steps after one input GEMM (chunks would only add
+                # launches). Cluster kernels wait on nothing outside their cluster, so
+                # layers can overlap: with the wavefront and several layers, each layer runs
+                # as one launch per input_batch chunk, layer l+1's chunk after layer l's.
+                self.chunked = (self.fit.cluster and self.sw.wavefront and self.L > 1
+                                and self.k < self.T)
+                if not self.chunked:
+                    self.k = self.T
+                else:
+                    # every layer's launch resident at once: each gets 1/L of the SMs (other
+                    # cluster counts than one launch's), where that still fits and pays
+                    props = key.device.props()
+                    n = cluster_count(self.B, props["multiProcessorCount"], self.L)
+                    if n != self.fit.clusters:
+                        fewer = persistent_fit(key.cell, self.H, self.B, props, clusters=n)
+                        if fewer.ok and fewer.fmas_per_thread <= CLUSTER_MAX_FMAS:
+                            self.fit = fewer
             else:
                 self.fallback = (f"persistent declined on {key.device.name}: "
                                  f"{self.fit.reason}; ran the schedule without it")
@@ -391,7 +436,7 @@ class _ForwardBuilder:
                 Buffer("x", T * B * self.key.input_size, "io")]
         slots = T if self.all_slots else 1
         if self.persist:
-            bufs.append(Buffer("sync", 2, "sync", "uint32"))
+            bufs.append(Buffer("sync", 2 * self.L, "sync", "uint32"))   # 2 a layer
         for layer in range(self.L):
             bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
             if self.cell.has_cell_state:
@@ -479,7 +524,8 @@ class _ForwardBuilder:
         if self.sw.pretranspose:
             deps.append(("xpose", layer, "ih"))
         if layer > 0 and self.persist:
-            deps.append(("pcell", layer - 1))      # one kernel made all of layer l-1's steps
+            # the lower layer's launch that made these steps (all T of them unless chunked)
+            deps.append(("pcell", layer - 1, t0 if self.chunked else 0))
         elif layer > 0:
             # the lower layer must have produced h for every step this GEMM reads; without
             # the wavefront, the whole lower layer must be finished first
@@ -507,29 +553,46 @@ class _ForwardBuilder:
         prio = (layer + t, layer, 1) if self.sw.wavefront else (layer, t, 1)
         return _Task(("cell", layer, t), stream, deps, prio, ops)
 
-    def pcell_task(self, layer):
-        """All T steps of layer ``layer`` as one persistent kernel (after all its W.x)."""
-        T, B, H, GH, fit = self.T, self.B, self.H, self.GH, self.fit
+    def pcell_task(self, layer, t0, t1):
+        """Steps [t0, t1) of layer ``layer`` as one persistent-kernel launch, after their
+        W.x and the launch before it; all T steps in one launch unless ``chunked``."""
+        B, H, GH, fit = self.B, self.H, self.GH, self.fit
+        n = t1 - t0
         name = fit.kernel   # the grid or the cluster kernel of the cell
-        outs = [View(f"h{layer}", 0, (T + 1) * B, H, H)]      # slot 0 (h0) is read
+        # the kernel's slot 0 of h and c is the state it starts from (h{l}[t0], read)
+        outs = [View(f"h{layer}", t0 * B * H, (n + 1) * B, H, H)]
         if self.cell.has_cell_state:
-            outs.append(View(f"c{layer}", 0, (T + 1) * B, H, H))
+            outs.append(View(f"c{layer}", t0 * B * H, (n + 1) * B, H, H))
         if self.cell.saved_gates:
-            n = self.cell.saved_gates * H
-            outs.append(View(f"act{layer}", 0, T * B, n, n))
-        outs.append(View("sync", 0, 1, 2, 2))
+            m = self.cell.saved_gates * H
+            outs.append(View(f"act{layer}", t0 * B * m, n * B, m, m))
+        # each layer its own counters: concurrent cluster launches never share a buffer
+        outs.append(View("sync", 2 * layer, 1, 2, 2))
         r = self.param(layer, "weight_hh")
-        ins = (View(f"gx{layer}", 0, T * B, GH, GH), View("params", r.offset, GH, H, H),
+        ins = (View(f"gx{layer}", t0 * B * GH, n * B, GH, GH),
+               View("params", r.offset, GH, H, H),
                self.bias(layer, "bias_ih"), self.bias(layer, "bias_hh"))
-        known = fit.scalars(T)
+        known = fit.scalars(n)
         scalars = tuple((k, known[k]) for k in get_kernel(name).scalars)
         stream = self.rec(layer)
+        # slot 0 of h (and c) is read, not written: the previous launch's last state, which
+        # the next layer's W.x may be reading at the same time
+        nstate = 2 if self.cell.has_cell_state else 1
+        start = tuple(dataclasses.replace(v, rows=B) for v in outs[:nstate])
+        after = tuple(dataclasses.replace(v, offset=v.offset + B * H, rows=n * B)
+                      for v in outs[:nstate])
         op = Kernel(stream, name, B, H, tuple(outs), ins, kind="persistent", layer=layer,
-                    steps=(0, T), scalars=scalars,
+                    steps=(t0, t1), scalars=scalars,
                     launch=(fit.grid, fit.block, fit.smem_bytes),
-                    flops=2 * GH * H * B * T)
-        deps = [("wx", layer, t0) for t0 in range(0, T, self.k)]
-        return _Task(("pcell", layer), stream, deps, (layer, T, 1), [op])
+                    flops=2 * GH * H * B * n,
+                    footprint=(ins + start, after + tuple(outs[nstate:])))
+        if self.chunked:
+            deps = [("wx", layer, t0)] + ([("pcell", layer, t0 - self.k)] if t0 else [])
+            prio = (layer + t0, layer, 1)
+        else:
+            deps = [("wx", layer, s) for s in range(0, self.T, self.k)]
+            prio = (layer, self.T, 1)
+        return _Task(("pcell", layer, t0), stream, deps, prio, [op])
 
     # -- pointwise ---------------------------------------------------------------------------
     def pointwise(self, layer, t, s):
@@ -607,7 +670,8 @@ class _ForwardBuilder:
             for t0 in range(0, self.T, self.k):
                 tasks.append(self.wx_task(layer, t0, min(t0 + self.k, self.T)))
             if self.persist:
-                tasks.append(self.pcell_task(layer))
+                for t0 in range(0, self.T, self.k):
+                    tasks.append(self.pcell_task(layer, t0, min(t0 + self.k, self.T)))
                 continue
             for t in range(self.T):
                 tasks.append(self.cell_task(layer, t))
@@ -626,4 +690,6 @@ class _ForwardBuilder:
         return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs,
                     fallback=self.fallback,
                     fit=None if self.fit is None else
-                    (self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")))
+                    (self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
+                     + (f"; layers overlap along the wavefront, launches of {self.k} steps"
+                        if self.chunked else "")))

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -119,6 +120,12 @@ static unsigned int pk_cluster_rank() { return blockIdx.x % sim_cluster; }
 static unsigned int pk_cluster_id() { return blockIdx.x / sim_cluster; }
 static unsigned int pk_clusters() { return gridDim.x / sim_cluster; }
 static void pk_cluster_sync() { sim_cluster_barrier->arrive_and_wait(); }
+static thread_local std::optional<std::barrier<>::arrival_token> sim_cluster_token;
+[[maybe_unused]] static void pk_cluster_arrive() { sim_cluster_token.emplace(sim_cluster_barrier->arrive()); }
+[[maybe_unused]] static void pk_cluster_wait() {
+    sim_cluster_barrier->wait(std::move(*sim_cluster_token));
+    sim_cluster_token.reset();
+}
 static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
     const std::ptrdiff_t off = reinterpret_cast<float*>(local) - sim_smem;
     if (rank >= (unsigned)sim_cluster || off < 0 || (std::size_t)off * 4 >= sim_smem_bytes) {

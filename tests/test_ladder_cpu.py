@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -43,7 +44,11 @@ def test_cpu_ladder_record(tmp_path):
     # the small CPU size fits the (example H100) device: the persistent rung ran its kernel
     last = rows[-1]
     assert last["rung"] == "+persistent" and "fallback" not in last
-    assert last["plan"]["counts"]["kernel:persistent"] == small_cfg().layers
+    # cluster kernels with the wavefront: one launch per layer per input_batch chunk
+    cfg = small_cfg()
+    assert last["plan"]["counts"]["kernel:persistent"] == cfg.layers * math.ceil(
+        cfg.steps / cfg.input_batch)
+    assert "launches of 2 steps" in last["plan"]["fit"]
     assert "fits" in last["fit"]
 
 
@@ -125,11 +130,14 @@ def test_gpu_ladder_small_with_cudnn(backward):
     (its outputs, and with --backward its gradients in rnnrt's flat layout, checked against
     the float64 reference): every rung verified, the persistent rung ran its kernel."""
     torch = pytest.importorskip("torch")
-    rec = lb.run_ladder(small_cfg(cell="lstm", cpu=False, executors=("graph",),
-                                  backward=backward), progress=lambda m: None)
+    cfg = small_cfg(cell="lstm", cpu=False, executors=("graph",), backward=backward)
+    rec = lb.run_ladder(cfg, progress=lambda m: None)
     rows = rec["rows"]
     assert all(r["check"]["ok"] for r in rows), [r["check"] for r in rows]
     last = next(r for r in rows if r["rung"] == "+persistent")
-    assert "fallback" not in last and last["plan"]["counts"]["kernel:persistent"] == 2
+    # one launch a layer, or (cluster kernels, layers along the wavefront) one a chunk
+    chunks = math.ceil(cfg.steps / cfg.input_batch) if "launches of" in last["plan"]["fit"] else 1
+    assert "fallback" not in last
+    assert last["plan"]["counts"]["kernel:persistent"] == cfg.layers * chunks
     if torch.cuda.is_available():
         assert rows[-1]["rung"] == "cudnn" and rows[-1]["check"]["ok"]

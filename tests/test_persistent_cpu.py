@@ -321,7 +321,7 @@ def _cancelling_case():
 
 
 def test_geometry_follows_the_kernel_formulas():
-    """Lanes LR = min(8, pow2ceil(ceil(M / PK_TM))), LB = min(32 / LR, pow2ceil(ceil(B /
+    """Lanes LR = min(PK_LR_MAX, pow2ceil(ceil(M / PK_TM))), LB = min(32 / LR, pow2ceil(ceil(B /
     PK_TB))), LK = 32 / (LR*LB); NKG = warps * LK; CPW = ceil(k_tile/4 / warps); strides SR
     = pk_stride_r(H), SH = pk_stride_r(k_tile), BP = 32*ceil((B - LB) / 32) + LB; shared
     memory 4 * (M*SR + B*SH + NKG*M*BP) bytes: values by hand from the .cu header."""
@@ -330,7 +330,7 @@ def test_geometry_follows_the_kernel_formulas():
     assert [P.tile_stride(k) for k in (4, 8, 12, 64, 512, 344)] == [4, 12, 12, 68, 516, 348]
     assert P.full_tile(37) == 40 and P.full_tile(512) == 512
     assert P.lane_grid(4, 4, 64) == (4, 8, 1) and P.lane_grid(1, 1, 300) == (1, 32, 1)
-    assert P.lane_grid(3, 3, 5) == (4, 1, 8) and P.lane_grid(4, 19, 3) == (8, 1, 4)
+    assert P.lane_grid(3, 3, 5) == (4, 1, 8) and P.lane_grid(4, 19, 3) == (16, 1, 2)
     assert [P.partial_stride(64, 8), P.partial_stride(5, 1), P.partial_stride(1, 1),
             P.partial_stride(64, 4), P.partial_stride(300, 32)] == [72, 33, 1, 68, 320]
     # the paper's LSTM block: M 16, lanes 4 x 8 x 1, 8 warps = 8 k-groups, BP 72
@@ -470,8 +470,8 @@ def test_fit_takes_the_fewest_even_tiles_that_fit(props):
     limit, seen = _limit(props), set()
     blocks = _blocks_allowed(props)
     for cell in ("lstm", "gru", "rnn_tanh"):
-        for H in (64, 128, 150, 512, 1000, 1024, 2048, 4096):
-            for B in (1, 3, 16, 64, 256):
+        for H in (64, 96, 128, 150, 208, 512, 1000, 1024, 2048, 4096):   # 96, 208: several
+            for B in (1, 3, 16, 64, 256):                                # tiles on SMALL
                 f = P.persistent_fit(cell, H, B, props)
                 if not f.ok:
                     continue
@@ -564,23 +564,25 @@ def test_fit_threads_256_where_the_registers_allow():
 
 def test_fit_small_gpu():
     """6 SMs, 48 KB of shared memory a block, 32 K registers (128 threads at 255): shared
-    memory shrinks the block (LSTM 64 B 2: 64 threads' partial sums, 8 k-groups x 44 rows
-    x 33, would not fit beside R) or the tile (GRU 64 B 16: 176 cells need 128 threads, whose
-    partial sums leave room for 2 tiles of 32 columns, not 1 of 64); too many cells for
-    128 threads, R past 48 KB, a block too large for the registers and more blocks than SMs
-    are refused."""
+    memory shrinks the block (LSTM 64 B 2: 128 threads' partial sums, 8 k-groups x 44 rows
+    x 33, would not fit beside R) or the tile (GRU 96 B 16: 256 cells need 128 threads,
+    whose partial sums leave room for 2 tiles of 48 columns, not 1 of 96); too many cells
+    for 128 threads, R past 48 KB, a block too large for the registers and more blocks than
+    SMs are refused."""
     f = P.persistent_fit("lstm", 64, 2, SMALL)
     assert f.ok, f.describe()
-    assert (f.units_per_block, f.blocks, f.threads, f.lanes, f.tiles) == (11, 6, 32, (8, 1, 4), 1)
+    # M 44: lanes 16 x 1 x 2 (LR capped at PK_LR_MAX 16), 2 warps: 4 k-groups
+    assert (f.units_per_block, f.blocks, f.threads, f.lanes, f.tiles) == (11, 6, 64, (16, 1, 2), 1)
     assert (f.smem_r, f.smem_tile, f.smem_partials) == (4 * 44 * 68, 4 * 2 * 68, 4 * 4 * 44 * 33)
-    assert P.geometry("lstm", 64, 2, 11, 64).smem_bytes > _limit(SMALL)
-    f = P.persistent_fit("gru", 64, 16, SMALL)
+    assert P.geometry("lstm", 64, 2, 11, 128).smem_bytes > _limit(SMALL)
+    f = P.persistent_fit("gru", 96, 16, SMALL)
     assert f.ok, f.describe()
-    assert (f.units_per_block, f.threads, f.lanes, f.k_groups) == (11, 128, (8, 2, 2), 8)
-    assert (f.k_tile, f.tiles, f.cells_per_thread) == (32, 2, 2)
-    assert (f.smem_r, f.smem_tile, f.smem_partials) == (4 * 33 * 68, 4 * 16 * 36,
-                                                         4 * 8 * 33 * 34)
-    assert f.smem_bytes <= 49152 < P.geometry("gru", 64, 16, 11, 128, k_tile=64).smem_bytes
+    # M 48: lanes 16 x 2 x 1, 4 warps: 4 k-groups; BP 34; SR 4 * (24 | 1) = 100
+    assert (f.units_per_block, f.threads, f.lanes, f.k_groups) == (16, 128, (16, 2, 1), 4)
+    assert (f.k_tile, f.tiles, f.cells_per_thread) == (48, 2, 2)
+    assert (f.smem_r, f.smem_tile, f.smem_partials) == (4 * 48 * 100, 4 * 16 * 52,
+                                                         4 * 4 * 48 * 34)
+    assert f.smem_bytes <= 49152 < P.geometry("gru", 96, 16, 16, 128, k_tile=96).smem_bytes
     f = P.persistent_fit("lstm", 64, 32, SMALL)
     assert not f.ok and "352 cells > 2 a thread x 128 threads" in f.reason, f.reason
     f = P.persistent_fit("lstm", 128, 32, SMALL)
@@ -832,7 +834,7 @@ def test_constants_match_the_kernel():
     define = lambda n: int(re.search(rf"#define {n} (\d+)", SRC)[1])   # noqa: E731
     assert define("PK_TM") == P.PK_TM and define("PK_TB") == P.PK_TB
     assert define("PK_CPT") == P.PK_CPT and define("PK_MAX_THREADS") == P.PK_MAX_THREADS
-    assert define("PK_CLUSTER") == P.PK_CLUSTER
+    assert define("PK_CLUSTER") == P.PK_CLUSTER and define("PK_LR_MAX") == P.PK_LR_MAX
     for gone in ("PK_KT", "PK_BT", "PK_LD", "KS_MAX", "sts128"):
         assert not re.search(rf"\b{gone}\b", SRC), f"v2's {gone} is still in the .cu"
     assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == len(PERSISTENT)
@@ -840,7 +842,7 @@ def test_constants_match_the_kernel():
     assert "g.SR = pk_stride_r(H);" in SRC and "g.SH = pk_stride_r(KT);" in SRC   # tile_stride
     # lane_grid, k-groups, CPW (Fit.chunks_per_warp), partial_stride
     for line in ("g.M = G * U;",
-                 "g.LR = min(8, pk_pow2ceil((g.M + PK_TM - 1) / PK_TM));",
+                 "g.LR = min(PK_LR_MAX, pk_pow2ceil((g.M + PK_TM - 1) / PK_TM));",
                  "g.LB = min(32 / g.LR, pk_pow2ceil((B + PK_TB - 1) / PK_TB));",
                  "g.LK = 32 / (g.LR * g.LB);",
                  "g.NW = nt / 32;",
@@ -854,7 +856,7 @@ def test_constants_match_the_kernel():
                  # owned: e = tid + i*threads, jj = e % U, b = e / U
                  "const int e = tid + i * nt;",
                  "const int jj = e % U;",
-                 "b = e / U;",
+                 "cell_b[i] = e / U;",
                  # geometry's refusals: k_tile, whole warps, cells; the fit's: units, smem
                  "if (U < 1 || Bfull < 1 || H < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0) __trap();",
                  "(long long)U * BG > (long long)PK_CPT * nt",
@@ -1024,28 +1026,36 @@ def test_ptx_grid_barrier_is_acq_rel(nvcc_ptx):
 
 def test_ptx_prefetches_the_pointwise_inputs(nvcc_ptx):
     """gx is loaded with the streaming hint (ld.global.cs) at two places, G * PK_CPT loads
-    each (every gate of every cell of the thread), the biases read-only (ld.global.nc) beside
-    them: before the copy of R ends (the first bar.sync) and so before the first step's
-    FMAs, and after the step's h stores (st.global.cg) and before the grid barrier (its
-    bar.sync and fence), so that step t+1's loads are in flight across it. v1 loaded gx
-    after the dot products, plain."""
+    each (every gate of every cell of the thread): before the copy of R ends (the first
+    bar.sync) and so before the first step's FMAs, and after the step's h stores
+    (st.global.cg) and before the grid barrier (its bar.sync and fence), so that step t+1's
+    loads are in flight across it; the cluster kernels: between the cluster barrier's
+    arrive and its wait. The biases are read-only loads (ld.global.nc), once, before the copy
+    of R ends. v1 loaded gx after the dot products, plain."""
     for name, body in nvcc_ptx.items():
         G = get_cell(name.split("_persistent")[0]).gates
         n = G * P.PK_CPT
         lines = body.splitlines()
         cs = _lines_at(lines, r"ld\.global\.cs\.f32")
         assert len(cs) == 2 * n, (name, len(cs))
-        assert len(_lines_at(lines, r"ld\.global\.nc\.f32")) == 2 * 2 * n, name
         bar = _lines_at(lines, r"bar\.sync")
+        nc = _lines_at(lines, r"ld\.global\.nc\.f32")   # the two biases, once
+        assert len(nc) == 2 * n and nc[-1] < bar[0], (name, len(nc))
         fma = _lines_at(lines, r"fma\.rn\.f32")
         stores = _lines_at(lines, r"st\.global\.cg\.f32")
         first, second = cs[:n], cs[n:]
-        if name in CLUSTER_KERNELS:   # the step's end is the cluster barrier (its last one)
+        if name in CLUSTER_KERNELS:
+            # the step's end is the cluster barrier (its last arrive and wait); step t+1's
+            # gx is loaded between them (the arrive's release would wait for the loads)
             bar = _lines_at(lines, r"bar\.sync|barrier\.cluster\.arrive")
-            barrier = _lines_at(lines, r"barrier\.cluster\.arrive")[-1]
-        else:
-            fence = _lines_at(lines, r"fence\.acq_rel\.gpu;")
-            barrier = max(i for i in bar if i < fence[0])     # the grid barrier's __syncthreads
+            arrive = _lines_at(lines, r"barrier\.cluster\.arrive")[-1]
+            wait = _lines_at(lines, r"barrier\.cluster\.wait")[-1]
+            assert first[-1] < bar[0] and first[-1] < fma[0], f"{name}: gx not loaded up front"
+            assert arrive < second[0] and second[-1] < wait, \
+                f"{name}: step t+1's gx is not loaded between the arrive and the wait"
+            continue
+        fence = _lines_at(lines, r"fence\.acq_rel\.gpu;")
+        barrier = max(i for i in bar if i < fence[0])     # the grid barrier's __syncthreads
         assert first[-1] < bar[0] and first[-1] < fma[0], f"{name}: gx not loaded up front"
         assert stores[-1] < second[0] and second[-1] < barrier, \
             f"{name}: step t+1's gx is not loaded between the h stores and the barrier"
@@ -1053,11 +1063,11 @@ def test_ptx_prefetches_the_pointwise_inputs(nvcc_ptx):
 
 def test_ptx_cluster_kernels_push_h_and_meet_at_the_cluster_barrier(nvcc_ptx):
     """The cluster kernels as the header has them: no h staging from global memory (no
-    cp.async) and no grid barrier (no fence, no atomics, no spin); after each h_{t+1} store
-    (st.global.cg) the value goes to every block of the cluster (mapa + st.shared::cluster,
-    PK_CLUSTER of each, unrolled), and the blocks meet at the cluster barrier with release /
-    acquire semantics, once before the first step (after the copy of R and h_0) and once a
-    step after the pushes."""
+    cp.async) and no grid barrier (no fence, no atomics, no spin); each h_{t+1} goes to
+    every block of the cluster (mapa + st.shared::cluster, PK_CLUSTER of each, unrolled),
+    and the blocks meet at the cluster barrier with release / acquire semantics, once before
+    the first step (after the copy of R and h_0) and once a step after the pushes, the
+    step's global stores (st.global.cg) between its arrive and its wait."""
     for name in CLUSTER_KERNELS:
         lines = nvcc_ptx[name].splitlines()
         assert not _lines_at(lines, r"cp\.async|fence\.|atom\.|ld\.relaxed|membar"), name
@@ -1070,7 +1080,11 @@ def test_ptx_cluster_kernels_push_h_and_meet_at_the_cluster_barrier(nvcc_ptx):
         stores = _lines_at(lines, r"st\.global\.cg\.f32")
         fma = _lines_at(lines, r"fma\.rn\.f32")
         assert len(push) == len(mapa) == P.PK_CPT * P.PK_CLUSTER, (name, len(push), len(mapa))
-        assert wait[0] < fma[0] and stores[0] < push[0] and push[-1] < arrive[1], name
+        # the step's global stores go between the arrive and the wait (the release then
+        # waits for the pushes only)
+        assert len(stores) == P.PK_CPT, (name, len(stores))
+        assert wait[0] < fma[0] and push[-1] < arrive[1] < stores[0], name
+        assert stores[-1] < wait[1], name
 
 
 def _cuobjdump():
@@ -1307,10 +1321,10 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
 
 
 # the cluster kernels: (H, B, T, threads, clusters, pad): 3 clusters of 7, 7 and 5 batches;
-# one cluster of 8; 2 clusters of 2 and 1 with rank 7 owning no unit (U 3, H 20); LSTM H 128
-# (U 16, M 64: two output tiles of rows a lane) in 2 clusters of 5
+# one cluster of 8; 2 clusters of 2 and 1 with rank 7 owning no unit (U 3, H 20); LSTM H 160
+# (U 20, M 80: two output tiles of rows a lane, LR 16) in 2 clusters of 5
 CLUSTER_SIM_CASES = [(37, 19, 3, 64, 3, 3), (40, 8, 4, 128, 1, 4), (20, 3, 2, 32, 2, 3),
-                     (128, 10, 2, 64, 2, 4)]
+                     (160, 10, 2, 64, 2, 4)]
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -1355,7 +1369,8 @@ def test_cluster_sim_cases_cover_the_variants():
 def test_cluster_protocol_has_no_data_race(tmp_path):
     """ThreadSanitizer over the cluster kernels on CPU threads: the pushes of h_{t+1} into
     the other blocks' buffers and their reads next step are ordered by the cluster barrier
-    (no report); without the barrier at the end of each step, it reports a data race."""
+    (no report); without the barrier at the end of each step (its arrive and its wait), it
+    reports a data race."""
     src = K.cuda_src_dir() / "persistent.cu"
     exe = _build_sim(tmp_path / "sim_tsan", src, tsan=True)
     T, B, H = 3, 5, 20
@@ -1367,10 +1382,11 @@ def test_cluster_protocol_has_no_data_race(tmp_path):
     (h, _, _), _, _, _ = run_host_sim(exe, work, "lstm", fit, data, T, launches=1)
     assert_close(h, ref["h"], FP32_ATOL, FP32_RTOL, name="lstm h under TSan (clusters)")
     text = src.read_text()
-    line = "            if (!(PK_TIMING & 4)) pk_cluster_sync();\n"
-    assert text.count(line) == 1, line
+    for line in ("                pk_cluster_arrive();\n", "                pk_cluster_wait();\n"):
+        assert text.count(line) == 1, line
+        text = text.replace(line, "", 1)
     broken = tmp_path / "persistent_no_cluster_sync.cu"
-    broken.write_text(text.replace(line, "", 1))
+    broken.write_text(text)
     exe = _build_sim(tmp_path / "sim_tsan_broken", broken, tsan=True)
     work = tmp_path / "broken"
     work.mkdir()
@@ -1435,7 +1451,7 @@ def test_kernel_traps_on_a_geometry_that_disagrees(host_sim, tmp_path, broken):
 
 def test_fit_takes_the_cluster_kernel_where_it_fits_and_pays():
     """On the H100's properties (compute capability 9): small layers run in clusters of
-    PK_CLUSTER, one cluster per PK_TB batches; where the cluster's R does not fit one block
+    PK_CLUSTER, one cluster per CLUSTER_BATCH batches; where the cluster's R does not fit one block
     a cluster, or a thread would do more than CLUSTER_MAX_FMAS FMAs a step, the grid
     kernel, its reason saying why not the cluster kernel."""
     props = H100_SXM.props()
@@ -1451,10 +1467,18 @@ def test_fit_takes_the_cluster_kernel_where_it_fits_and_pays():
     paper = P.persistent_fit("lstm", 512, 64, props)
     assert paper.ok and paper.kernel == "lstm_persistent_fwd"
     assert "the cluster kernel does not fit" in paper.reason and "R slice" in paper.reason
-    gru = P.persistent_fit("gru", 192, 32, props)
-    assert gru.ok and gru.kernel == "gru_persistent_fwd" and "CLUSTER_MAX_FMAS" in gru.reason
-    forced = P.persistent_fit("gru", 192, 32, props, kind="cluster")
-    assert forced.ok and forced.cluster and forced.fmas_per_thread > P.CLUSTER_MAX_FMAS
+    # LSTM H 192 B 64: M 96 rows, 256 threads would need 32 k-groups (> KG_MAX): 128
+    # threads, 4 x 24 x 192 x 8 / 128 = 1152 FMAs a thread
+    big = P.persistent_fit("lstm", 192, 64, props)
+    assert big.ok and big.kernel == "lstm_persistent_fwd" and "CLUSTER_MAX_FMAS" in big.reason
+    forced = P.persistent_fit("lstm", 192, 64, props, kind="cluster")
+    assert forced.ok and forced.cluster and forced.fmas_per_thread == 1152 > P.CLUSTER_MAX_FMAS
+    # clusters: one per CLUSTER_BATCH batches, on at most half the SMs; with 4 layers
+    # overlapping, a quarter of them each
+    small = P.persistent_fit("lstm", 128, 32, props)
+    assert (small.clusters, small.batch_per_block) == (8, 4)
+    assert [P.cluster_count(b, 132) for b in (1, 4, 5, 32, 64, 256)] == [1, 1, 2, 8, 8, 8]
+    assert [P.cluster_count(b, 132, layers=4) for b in (8, 32, 64)] == [2, 4, 4]
 
 
 def test_fit_cluster_kernel_needs_sm90_and_its_knobs_are_checked():

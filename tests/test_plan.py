@@ -271,18 +271,24 @@ def test_switch_rules():
 # The persistent switch
 
 
-def test_persistent_switch_one_kernel_per_layer():
-    """One 'pcell' launch per layer over all T steps, from the device fit; its R.h FLOPs are
-    in the plan's count; c and act keep every step even for inference; the barrier counters
-    live in a uint32 'sync' buffer; layer l+1's input GEMMs wait for layer l's kernel."""
+def test_persistent_grid_kernel_one_launch_per_layer():
+    """The grid kernel (a device without clusters): one 'pcell' launch per layer over all T
+    steps, from the device fit; its R.h FLOPs are in the plan's count; c and act keep every
+    step even for inference; the barrier counters live in a uint32 'sync' buffer, two a
+    layer; layer l+1's input GEMMs wait for layer l's kernel, so no two overlap."""
     base = ladder()[PAPER_RUNGS - 1].switches
     sw = dataclasses.replace(base, persistent=True)
-    plan = forward_plan(key(sw))
+    sm80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+    plan = forward_plan(_PlanKey("lstm", 12, B, I, H, 4, True, sw, device=sm80))
     pk = [op for op in plan.ops if isinstance(op, Kernel) and op.kind == "persistent"]
     assert [op.layer for op in pk] == [0, 1, 2, 3] and all(op.steps == (0, 12) for op in pk)
+    assert all(op.name == "lstm_persistent_fwd" for op in pk)
     assert plan.counts()["gemm:rh"] == 0 and plan.fallback is None and "fits" in plan.fit
+    assert "overlap" not in plan.fit
     assert all(dict(op.scalars)["T"] == 12 and op.launch[0][0] >= 1 for op in pk)
     assert plan.buffer("sync").role == "sync" and plan.buffer("sync").dtype == "uint32"
+    assert plan.buffer("sync").size == 8
+    assert [op.outs[-1].offset for op in pk] == [0, 2, 4, 6]
     assert plan.buffer("c0").size == 13 * B * H and plan.buffer("act0").size == 12 * B * 4 * H
     from rnnrt.cells import forward_flops
     assert plan.gemm_flops() == forward_flops("lstm", I, H, 4, B, 12)
@@ -291,6 +297,77 @@ def test_persistent_switch_one_kernel_per_layer():
     for i, op in enumerate(plan.ops):
         if isinstance(op, Gemm) and op.kind == "wx" and op.layer > 0:
             assert i > where[op.layer - 1]
+    flat, x, h0, c0, ref = make_case("lstm", 4, steps=12)
+    check_outputs(run_numpy(plan, flat, x, h0, c0), ref, "grid kernel plan")
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_persistent_cluster_kernels_overlap_layers_in_chunks(cell):
+    """The cluster kernel with the wavefront: each layer one launch per input_batch chunk
+    (slot 0 of its h / c views read, the rest written), layer l+1's chunk after layer l's
+    same chunk, and issued along the anti-diagonals (layer 1's first chunk before layer 0's
+    last), so launches of different layers can run at once. Race-free and right in random
+    interleavings; without the wavefront (or with one layer) one launch a layer."""
+    base = ladder()[PAPER_RUNGS - 1].switches
+    sw = dataclasses.replace(base, persistent=True)
+    k = sw.steps_per_input_gemm(12)
+    assert k < 12
+    plan = forward_plan(key(sw, cell=cell))
+    pk = [op for op in plan.ops if isinstance(op, Kernel) and op.kind == "persistent"]
+    assert all(op.name.endswith("_persistent_cluster_fwd") for op in pk)
+    chunks = [(t0, min(t0 + k, 12)) for t0 in range(0, 12, k)]
+    assert sorted((op.layer, op.steps) for op in pk) == [(l, c) for l in range(4)
+                                                         for c in chunks]
+    assert f"launches of {k} steps" in plan.fit
+    first1 = next(i for i, op in enumerate(plan.ops) if op in pk and op.layer == 1)
+    last0 = max(i for i, op in enumerate(plan.ops) if op in pk and op.layer == 0)
+    assert first1 < last0
+    for op in pk:
+        t0, t1 = op.steps
+        h = op.outs[0]
+        assert (h.offset, h.rows) == (t0 * B * H, (t1 - t0 + 1) * B)
+        assert dict(op.scalars)["T"] == t1 - t0
+        assert h.offset + B * H in [v.offset for v in op.writes if v.buf == h.buf]
+        assert h.offset in [v.offset for v in op.reads if v.buf == h.buf]
+    assert not find_races(plan)
+    flat, x, h0, c0, ref = make_case(cell, 4, steps=12)
+    check_outputs(run_numpy(plan, flat, x, h0, c0), ref, "chunked")
+    for seed in range(3):
+        check_outputs(run_numpy(plan, flat, x, h0, c0, order="random", seed=seed), ref,
+                      f"chunked, seed {seed}")
+    for other in (key(dataclasses.replace(sw, wavefront=False), cell=cell),
+                  key(sw, cell=cell, layers=1)):
+        one = [op for op in forward_plan(other).ops
+               if isinstance(op, Kernel) and op.kind == "persistent"]
+        assert all(op.steps == (0, 12) for op in one)
+
+
+def test_chunked_cluster_layers_share_the_sms():
+    """Chunked cluster plans give each layer cluster_count(B, SMs // L) clusters where that
+    fits within CLUSTER_MAX_FMAS, so all layers' launches can be resident at once: LSTM H 128
+    B 64 on the H100's 132 SMs: 8 clusters of 8 batches for one layer, 4 of 16 for four."""
+    sw = dataclasses.replace(ladder()[PAPER_RUNGS - 1].switches, persistent=True)
+    one = forward_plan(_PlanKey("lstm", 20, 64, 128, 128, 1, True, sw, device=H100_SXM))
+    four = forward_plan(_PlanKey("lstm", 20, 64, 128, 128, 4, True, sw, device=H100_SXM))
+    assert "8 clusters of 8 blocks (8 batches each)" in one.fit
+    assert "4 clusters of 8 blocks (16 batches each)" in four.fit
+    grids = {op.launch[0] for op in four.ops if isinstance(op, Kernel) and op.kind == "persistent"}
+    assert grids == {(32, 1, 1)}
+
+
+def test_validate_refuses_a_footprint_that_hides_a_write():
+    """A persistent launch's footprint must cover exactly its views: dropping one written
+    part (which would blind the race checker) is refused."""
+    from rnnrt.plan import validate
+    sw = dataclasses.replace(ladder()[PAPER_RUNGS - 1].switches, persistent=True)
+    plan = forward_plan(key(sw))
+    i, op = next((i, op) for i, op in enumerate(plan.ops)
+                 if isinstance(op, Kernel) and op.kind == "persistent")
+    reads, writes = op.footprint
+    bad = dataclasses.replace(op, footprint=(reads, writes[1:]))
+    broken = dataclasses.replace(plan, ops=plan.ops[:i] + (bad,) + plan.ops[i + 1:])
+    with pytest.raises(ValueError, match=f"op {i}: .*footprint does not cover"):
+        validate(broken)
 
 
 def test_persistent_switch_falls_back_and_says_why():

@@ -152,11 +152,17 @@ def test_backward_switches_observable():
 
 
 def test_persistent_rung_backward_keeps_the_wavefront_schedule():
-    """The persistent switch changes only the forward (one input GEMM per layer there); the
-    backward is the same schedule as the rung below it: chunked dx GEMMs, reverse wavefront."""
+    """The persistent switch changes only the forward (with the grid kernel, one input GEMM
+    per layer there); the backward is the same schedule as the rung below it: chunked dx
+    GEMMs, reverse wavefront."""
     rungs = ladder(input_batch=4)
-    key = PlanKey("lstm", 12, B, I, H, 4, True, rungs[PAPER_RUNGS].switches, train=True)
-    assert key.switches.persistent and forward_plan(key).counts()["gemm:wx"] == 4
+    sm80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+    for device, wx in ((sm80, 4), (H100_SXM, 12)):   # key: the H100 one, after
+        key = PlanKey("lstm", 12, B, I, H, 4, True, rungs[PAPER_RUNGS].switches, train=True,
+                      device=device)
+        fwd = forward_plan(key)
+        assert key.switches.persistent and fwd.counts()["gemm:wx"] == wx
+        assert fwd.counts()["kernel:persistent"] == wx
     below = backward_plan(dataclasses.replace(key, switches=rungs[PAPER_RUNGS - 1].switches))
     plan = backward_plan(key)
     assert plan.counts() == below.counts() and plan.num_events == below.num_events
