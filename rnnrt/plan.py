@@ -394,9 +394,9 @@ class _ForwardBuilder:
                     props = key.device.props()
                     n = cluster_count(self.B, props["multiProcessorCount"], self.L)
                     if n != self.fit.clusters:
-                        fewer = persistent_fit(key.cell, self.H, self.B, props, clusters=n)
-                        if fewer.ok and fewer.fmas_per_thread <= CLUSTER_MAX_FMAS:
-                            self.fit = fewer
+                        share = persistent_fit(key.cell, self.H, self.B, props, clusters=n)
+                        if share.ok and share.fmas_per_thread <= CLUSTER_MAX_FMAS:
+                            self.fit = share
             else:
                 self.fallback = (f"persistent declined on {key.device.name}: "
                                  f"{self.fit.reason}; ran the schedule without it")
