@@ -17,8 +17,9 @@ T and units_per_block). Argument shapes are written in terms of the problem: 'R,
 [rows, 4*cols]; a factor may name a scalar: 'T*R,4C' is [T*rows, 4*cols], '(T+1)*R,C' is
 [(T+1)*rows, cols]; a bare number is a fixed extent ('1,2').
 
-The persistent kernels (cuda_src/persistent.cu, ``persistent=True``) run all steps of a layer
-in one launch whose grid, block and dynamic shared memory come from a ``persistent.Fit``:
+The persistent kernels (cuda_src/persistent.cu, ``persistent=True``) run T steps of a layer
+(all of them, or one input-batching chunk in a chunked plan, plan.py) in one launch whose
+grid, block and dynamic shared memory come from a ``persistent.Fit``:
 ``launch_persistent(fit)``, not ``launch(rows, cols)``. Their barrier counters ``sync`` are
 the one pointer that is not float* (``uint_args``).
 
