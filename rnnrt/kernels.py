@@ -165,7 +165,7 @@ _RNN_BWD = dict(outs=(("dg", "R,C"),), ins=(("dh_above", "R,C"), ("dh_rec", "R,C
 _PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block", "k_tile"),
                    uint_args=("sync",), persistent=True)
 _H_SEQ = ("h", "(T+1)*R,C")       # h [T+1, B, H]: slot 0 (h0) read, slots 1..T written
-_SYNC = ("sync", "1,2")           # the barrier counters, 2 unsigned ints
+_SYNC = ("sync", f"1,{pk.SYNC_WORDS}")   # the barrier counters (unsigned ints)
 
 
 def _pins(gates):
@@ -420,6 +420,15 @@ class KernelLibrary:
             self._kernels[name] = module.get_function(name)
         return self._kernels[name]
 
+    def with_shared(self, name: str, smem_bytes: int):
+        """The cupy.RawKernel ``name``, opted in (cudaFuncSetAttribute) to ``smem_bytes`` of
+        dynamic shared memory where that is past the default 48 KB and past what it already
+        allows. Call it before a launch or a graph capture, not inside one."""
+        fn = self.get(name)
+        if smem_bytes > pk.DEFAULT_SHARED_BYTES and fn.max_dynamic_shared_size_bytes < smem_bytes:
+            fn.max_dynamic_shared_size_bytes = smem_bytes
+        return fn
+
     def launch(self, name: str, rows: int, cols: int, out_ptrs_lds, in_ptrs_lds) -> None:
         """Launch ``name`` over a [rows, cols] problem with (pointer, ld) pairs."""
         kinfo = get_kernel(name)
@@ -429,15 +438,12 @@ class KernelLibrary:
     def launch_persistent(self, fit, out_ptrs_lds, in_ptrs_lds, steps: int) -> None:
         """Launch ``fit``'s persistent kernel over ``steps`` steps of one layer (rows = B,
         cols = H from the fit) on CuPy's current stream. Sets the kernel's dynamic shared
-        memory limit first when the fit needs more than the default 48 KB. The caller
-        guarantees that no other persistent kernel runs at the same time (see
-        cuda_src/persistent.cu)."""
+        memory limit first when the fit needs more than the default 48 KB. For a grid
+        kernel the caller guarantees that no other grid kernel runs at the same time (see
+        cuda_src/persistent.cu); cluster kernels may run side by side."""
         kinfo = get_kernel(fit.kernel)
         grid, block, smem = kinfo.launch_persistent(fit)
         fit.check_steps(steps)
         args = kernel_args(kinfo, fit.batch, fit.hidden, out_ptrs_lds, in_ptrs_lds,
                            fit.scalars(steps))
-        fn = self.get(fit.kernel)
-        if smem > pk.DEFAULT_SHARED_BYTES:   # opt in (cudaFuncSetAttribute) past 48 KB
-            fn.max_dynamic_shared_size_bytes = smem
-        fn(grid, block, args, shared_mem=smem)
+        self.with_shared(fit.kernel, smem)(grid, block, args, shared_mem=smem)

@@ -289,15 +289,6 @@ class Fit:
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
-def _smem_bytes(G: int, H: int, B: int, U: int, threads: int, k_tile: int) -> int:
-    """The grid kernel's dynamic shared memory (bytes) for this decomposition (geometry's
-    sum)."""
-    lr, lb, lk = lane_grid(G, U, B)
-    nkg = max(1, threads // 32) * lk
-    M = G * U
-    return 4 * (M * stride_r(H) + B * tile_stride(k_tile) + nkg * M * partial_stride(B, lb))
-
-
 def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
              threads: int | None = None, max_threads: int = PK_MAX_THREADS,
              k_tile: int | None = None, clusters: int = 0) -> Fit:
@@ -363,13 +354,17 @@ def widest_tile(cell: str, hidden: int, batch: int, units_per_block: int, thread
     narrowest k_tile (a multiple of 4) that still needs no more tiles: ceil(H / n) rounded
     up to 4 for n tiles, so the tiles come out even (H 1024 in 4 tiles: 4 x 256, not 3 x 292
     + 148). None when even k_tile 4 does not fit."""
-    G, H, B, U = get_cell(cell).gates, int(hidden), int(batch), int(units_per_block)
-    if _smem_bytes(G, H, B, U, threads, 4) > limit:
+    H = int(hidden)
+
+    def smem(kt):   # the layout's bytes at this tile width (geometry's sum)
+        return geometry(cell, H, batch, units_per_block, threads, k_tile=kt).smem_bytes
+
+    if smem(4) > limit:
         return None
     n = 1
     while True:
         kt = full_tile(_ceil(H, n))
-        if _smem_bytes(G, H, B, U, threads, kt) <= limit:
+        if smem(kt) <= limit:
             return kt
         # the next tile count that makes k_tile narrower
         n = max(n + 1, _ceil(H, kt - 4) if kt > 4 else n + 1)
@@ -728,10 +723,10 @@ def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
     if np.any(np.asarray(sync) != 0):
         raise ValueError(f"{name}: the sync counters must be zero on entry, "
                          f"got {np.asarray(sync).ravel().tolist()}")
-    # the cluster twin assumes one cluster per PK_TB batches (the launch's own count only
-    # changes the order in which partial sums are added)
+    # the cluster twin assumes one cluster per CLUSTER_BATCH batches, the default without
+    # an SM cap (the launch's own count only changes the order of the partial sums)
     fit = geometry(cell, H, B, units_per_block, k_tile=k_tile,
-                   clusters=_ceil(B, PK_TB) if cluster else 0)
+                   clusters=_ceil(B, CLUSTER_BATCH) if cluster else 0)
     if not fit.ok:
         raise ValueError(f"{name}: {fit.reason}")
     gx3 = np.asarray(gx).reshape(T, B, G * H)
@@ -745,29 +740,25 @@ def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
         act[...] = act_all.reshape(T * B, 4 * H)
 
 
-def lstm_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile,
-                        cluster=False):
-    h, c, act, sync = outs
-    _twin("lstm", rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
-          cluster)
+def _twin_of(cell: str):
+    """The registry's NumPy twin of ``cell``'s persistent kernel: its outs are h, then c
+    (LSTM), act (LSTM, GRU), sync, as the registry lists them."""
+    spec = get_cell(cell)
+
+    def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False):
+        outs = list(outs)
+        h = outs.pop(0)
+        c = outs.pop(0) if spec.has_cell_state else None
+        act = outs.pop(0) if spec.saved_gates else None
+        (sync,) = outs
+        _twin(spec.name, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
+              cluster)
+
+    twin.__name__ = twin.__qualname__ = kernel_name(cell)
+    return twin
 
 
-def gru_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile,
-                       cluster=False):
-    h, act, sync = outs
-    _twin("gru", rows, cols, h, None, act, sync, ins, T, units_per_block, k_tile,
-          cluster)
-
-
-def rnn_tanh_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile,
-                            cluster=False):
-    h, sync = outs
-    _twin("rnn_tanh", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile,
-          cluster)
-
-
-def rnn_relu_persistent_fwd(rows, cols, outs, ins, T, units_per_block, k_tile,
-                            cluster=False):
-    h, sync = outs
-    _twin("rnn_relu", rows, cols, h, None, None, sync, ins, T, units_per_block, k_tile,
-          cluster)
+lstm_persistent_fwd = _twin_of("lstm")
+gru_persistent_fwd = _twin_of("gru")
+rnn_tanh_persistent_fwd = _twin_of("rnn_tanh")
+rnn_relu_persistent_fwd = _twin_of("rnn_relu")

@@ -36,7 +36,7 @@ the paper's LSTM (B 64, H 512) training adds 640 KiB per layer per step.
   pre{l}      [B, G*H]         naive pointwise only: pre-activations
   tmp{l}      [2, B, H]        naive pointwise only: temporaries
   wT{l}, rT{l} [I, G*H], [H, G*H]  pre-transposed W and R
-  sync        [2*L] unsigned   persistent only: two grid-barrier counters a layer (zero
+  sync        [2*L] unsigned   persistent only: a layer's SYNC_WORDS barrier counters (zero
                                between launches; cluster kernels leave them untouched)
 
 Persistent plans (switch 'persistent', when the device fit accepts the layer shape): with
@@ -67,7 +67,7 @@ from .kernels import check_views, get_kernel
 from .limits import DeviceLimits
 from .ops import Gemm, Kernel, Op, Record, View, Wait
 from .params import make_layout
-from .persistent import CLUSTER_MAX_FMAS, cluster_count, persistent_fit
+from .persistent import CLUSTER_MAX_FMAS, SYNC_WORDS, cluster_count, persistent_fit
 from .switches import Switches
 
 
@@ -436,7 +436,7 @@ class _ForwardBuilder:
                 Buffer("x", T * B * self.key.input_size, "io")]
         slots = T if self.all_slots else 1
         if self.persist:
-            bufs.append(Buffer("sync", 2 * self.L, "sync", "uint32"))   # 2 a layer
+            bufs.append(Buffer("sync", SYNC_WORDS * self.L, "sync", "uint32"))   # a layer's
         for layer in range(self.L):
             bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
             if self.cell.has_cell_state:
@@ -567,7 +567,7 @@ class _ForwardBuilder:
             m = self.cell.saved_gates * H
             outs.append(View(f"act{layer}", t0 * B * m, n * B, m, m))
         # each layer its own counters: concurrent cluster launches never share a buffer
-        outs.append(View("sync", 2 * layer, 1, 2, 2))
+        outs.append(View("sync", SYNC_WORDS * layer, 1, SYNC_WORDS, SYNC_WORDS))
         r = self.param(layer, "weight_hh")
         ins = (View(f"gx{layer}", t0 * B * GH, n * B, GH, GH),
                View("params", r.offset, GH, H, H),

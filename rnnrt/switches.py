@@ -12,11 +12,12 @@ Switches (Appleyard, Kocisky, Blunsom 2016, section numbers of ../shared/referen
   input_batch   6. W.x for k steps as one GEMM: 1 = off, an int k > 1, or 'all' (= T steps)
   wavefront     7. layers overlap along anti-diagonals of the (layer, step) grid, each layer
                    on its own streams; off: layer l+1 starts after layer l has finished
-  persistent    beyond the paper (its future work): each layer's recurrence is ONE launch of
-                   a persistent kernel (cuda_src/persistent.cu) that keeps R on chip for all
-                   T steps; W.x stays cuBLAS GEMMs as the other switches say. Where the layer
-                   does not fit the device, the plan falls back to the other switches'
-                   schedule and says so (Plan.fallback)
+  persistent    beyond the paper (its future work): each layer's recurrence runs in a
+                   persistent kernel (cuda_src/persistent.cu) that keeps R on chip across
+                   steps: one launch for all T steps, or one per input chunk where layers can
+                   overlap (plan.py); W.x stays cuBLAS GEMMs as the other switches say.
+                   Where the layer does not fit the device, the plan falls back to the other
+                   switches' schedule and says so (Plan.fallback)
 
 Rules (the only combinations rejected; everything else works):
   - wavefront needs streams: the wavefront is concurrency between layers' streams, and
@@ -112,7 +113,7 @@ LADDER_STEPS: tuple[tuple[str, str | None], ...] = (
     ("+wavefront", "wavefront"),
     ("+persistent", "persistent"),     # beyond the paper: not a row of its Table 1
 )
-PAPER_RUNGS = 7
+PAPER_RUNGS = [name for name, _ in LADDER_STEPS].index("+persistent")
 """How many rungs (from the first) are the paper's Table 1; the rest go beyond it."""
 
 

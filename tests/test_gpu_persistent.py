@@ -199,10 +199,7 @@ def test_cuda_graph(cp, props, lib, cell, kind):
     kinfo = KERNELS[fit.kernel]
     grid, block, smem = kinfo.launch_persistent(fit)
     args = kernel_args(kinfo, B, H, outs, ins, fit.scalars(T))
-    raw = lib.get(fit.kernel)
-    if smem > P.DEFAULT_SHARED_BYTES:
-        raw.max_dynamic_shared_size_bytes = smem     # before capture, as a plan would
-    fn = raw.kernel                                   # cupy.cuda.function.Function
+    fn = lib.with_shared(fit.kernel, smem).kernel   # opted in before capture, as a plan is
     stream = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device().synchronize()
     mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)   # as GraphExecutor
@@ -271,12 +268,10 @@ def test_fit_agrees_with_the_occupancy_api(cp, props, lib):
                 fit = P.persistent_fit(cell, H, B, props)
                 if not fit.ok:
                     continue
-                raw = lib.get(fit.kernel)
+                raw = lib.with_shared(fit.kernel, fit.smem_bytes)
                 attrs = raw.attributes
                 assert attrs["num_regs"] <= fit.regs_per_thread, (fit.kernel, attrs)
                 assert attrs["local_size_bytes"] == 0, f"{fit.kernel} spills: {attrs}"
-                if fit.smem_bytes > P.DEFAULT_SHARED_BYTES:
-                    raw.max_dynamic_shared_size_bytes = fit.smem_bytes
                 per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
                     raw.kernel.ptr, fit.threads, fit.smem_bytes)
                 assert per_sm >= 1 and fit.blocks <= sms * per_sm, \

@@ -11,7 +11,6 @@ import functools
 
 from ..kernels import KERNELS, kernel_args
 from ..ops import Gemm, Kernel, Record, Wait
-from ..persistent import DEFAULT_SHARED_BYTES
 from .cublas import CublasHandle
 
 WORKSPACE_BYTES = 32 << 20   # per cuBLAS handle (cuBLAS's recommendation on Hopper)
@@ -78,17 +77,14 @@ class _Prepared:
             return functools.partial(h.gemm, prepared)
         if isinstance(op, Kernel):
             info = KERNELS[op.name]
-            raw = self.ctx.kernels.get(op.name)
-            fn = raw.kernel   # cupy.cuda.function.Function
             smem = 0
             if info.persistent:
                 # geometry from the plan's device fit; past 48 KB of dynamic shared memory
                 # the kernel must opt in, here (before any capture), not at launch
                 grid, block, smem = op.launch
-                if smem > DEFAULT_SHARED_BYTES and raw.max_dynamic_shared_size_bytes < smem:
-                    raw.max_dynamic_shared_size_bytes = smem
             else:
                 grid, block = info.launch(op.rows, op.cols)
+            fn = self.ctx.kernels.with_shared(op.name, smem).kernel   # cupy...Function
             args = kernel_args(info, op.rows, op.cols,
                                [(self.ptr(v), v.ld) for v in op.outs],
                                [(self.ptr(v), v.ld) for v in op.ins], dict(op.scalars))
