@@ -138,6 +138,26 @@
  *     int units_per_block
  *     int k_tile
  *
+ *   The stack kernel: every layer of an LSTM stack in one launch, W.x inside (see "Stack
+ *   kernel" below; views of all L layers at once: layer l's rows of h and c are
+ *   l*(T+1)*B + s*B + b, of act l*T*B + t*B + b; input size = hidden):
+ *   kernel lstm_persistent_stack_fwd(rows = B, cols = H)
+ *       pre = (sum_k W_l[r, k] in_t[b, k] + sum_k R_l[r, k] h_t[b, k]) + b_ih + b_hh, then
+ *       lstm_fwd's arithmetic; in_t = x_t for layer 0, layer l-1's h_{t+1} above it
+ *     out h      [L*(T+1)*B, H]  slot 0 of every layer (h0) is read; slots 1..T written
+ *     out c      [L*(T+1)*B, H]  likewise (c0)
+ *     out act    [L*T*B, 4H]     i, f, g, o of every layer and step
+ *     out sync   [1, 2L]         word 2l: layer l's progress (blocks x steps done); word 1:
+ *                                blocks gone. Zero on entry, zero on exit
+ *     in  x      [T*B, H]        the input sequence
+ *     in  w_ih   [L, 4*H*H]      row l: layer l's weight_ih [4H, H], row-major (ld: the
+ *                                distance between layers in the flat parameters)
+ *     in  w_hh   [L, 4*H*H]      row l: layer l's weight_hh
+ *     in  bw     [L, 4H]         b_ih of each layer (ld 0: one row for all)
+ *     in  br     [L, 4H]         b_hh
+ *     int T                      steps (>= 1)
+ *     int L                      layers
+ *     int units_per_block        U: G*U = PS_M rows a block (16 for LSTM)
  * Decomposition (rnnrt/persistent.py computes it for the host and emulates it in NumPy):
  *   grid = ceil(H / U) blocks, one per SM; block x owns units j in [x*U, x*U + U) and ALL G
  *   gate rows q*H + j of them, so the pointwise update is local to the block. Before the
@@ -223,6 +243,44 @@
  *   geometry disagrees with its arguments (fewer units than H, threads not whole warps, more than PK_CPT cells a thread,
  *   k_tile not a positive multiple of 4, less dynamic shared memory than the layout needs
  *   for its k_tile) traps at once. After a failed launch the host must zero sync again.
+ *
+ * Stack kernel (lstm_persistent_stack_fwd; rnnrt/stack.py fits it):
+ *   the grid is L groups of NB = H / U blocks (one block a SM, all resident: the fit
+ *   checks L*NB <= SMs); block x is layer l = x / NB, rank x % NB, owning units
+ *   [rank*U, rank*U + U) with all 4 gate rows (row q*U + ju of the block is gate row
+ *   q*H + rank*U + ju). A step is a GEMM of the block's [W_l | R_l] rows (PS_M x 2H) by
+ *   [in_t ; h_t] (2H x B) in 2*H/PS_KT tiles of PS_KT columns: tiles 0..NK-1 stream W's
+ *   columns and the input's through PS_NS shared stages (cp.async, PS_NS - 1 tiles in
+ *   flight, one __syncthreads a tile), tiles NK.. stream h_t's and multiply the R slice,
+ *   which the block copied into shared memory once, in the same tile layout (rows of
+ *   PS_SK floats: 9 float4s, so 8 rows' same column are 8 different groups of banks).
+ *   Lanes: warp w is row half w % 2 (32 rows) of k-group w / 2 (4 k-groups, each the
+ *   float4 chunks kg, kg + 4 of every tile); lane (lr = lane & 3, lb = lane >> 2)
+ *   accumulates rows lr + 4i (i < 8) by batches lb + 8j (j < 8) in registers, the next
+ *   chunk's rows loaded before this chunk's FMAs. After the last tile the stages become
+ *   the partial sums red[kg][b][row] (row stride PS_RP = 68: the flush's 32 lanes hit 32
+ *   banks); thread tid updates cells e = tid + 256i: jj = e % U, b the (e / U)-th of 0, 4,
+ *   1, 5, ... (a warp's two batches 4 apart: conflict-free reads; jj fastest: coalesced
+ *   stores), sums the 4 k-groups in order, adds b_ih then b_hh (kept in shared memory),
+ *   keeps c_t in registers.
+ *   Waits: layer l's step t reads layer l-1's h_{t+1} (tiles < NK) and its own layer's
+ *   h_t (tiles >= NK). After its step t every block: __syncthreads; thread 0:
+ *   fence.acq_rel.gpu; atomicAdd(&sync[2l], 1) (release, as the grid barrier). Thread 0
+ *   waits (relaxed poll, then fence.acq_rel.gpu; the __syncthreads after it shows the wait
+ *   to the block) for sync[2(l-1)] >= (t+1)*NB before the step's first tile is issued and
+ *   for sync[2l] >= t*NB before tile NK is (PS_NS - 1 tiles earlier, under the W half's
+ *   FMAs; at the step's top when that is in the prologue). Outputs are never overwritten
+ *   (every step has its own slots), so a layer may run any number of steps ahead of the
+ *   layer above it. Deadlock-free: layer 0 waits only for its own blocks; if layers < l
+ *   finish every step, layer l does (all blocks resident, uniform loops, no early exit).
+ *   On exit thread 0 adds 1 to sync[1]; the last block out (gridDim.x - 1 before it)
+ *   zeroes every layer's word and sync[1]: every block has passed its last wait.
+ *   History, LSTM H 512 B 64 four layers (experiments/stack_bench.py, H100): v1 5.54 ms
+ *   (profile: each LDS.128 is 4 shared wavefronts, so the 8 x 8 tile's 16 loads per 256
+ *   FMAs keep the shared pipe as busy as the FMA pipe; the pointwise ~8 us a step, its
+ *   stores b-fastest touching 32 rows each and its biases loaded from global); v2 4.34 ms
+ *   (cells jj-fastest with the partial sums transposed, biases in shared memory, the next
+ *   chunk's rows prefetched).
  *
  * Resources (sm_90, nvcc 13.0 --resource-usage; the grid and the cluster kernels alike;
  *   rnnrt.persistent.NVCC_REGS holds the larger of nvcc's and NVRTC's count):
@@ -967,3 +1025,270 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__
                                         units_per_block, k_tile);
 }
 #endif
+
+// ------------------------------------------------------------------------------------------
+// The stack kernel: ALL L layers of an LSTM stack in ONE launch, along the wavefront (see
+// the header's "Stack kernel"). Block x is layer l = x / NB, rank x % NB (NB = H / U blocks
+// a layer); it owns units [rank*U, rank*U + U) of its layer with all G gate rows (M = G*U =
+// PS_M rows) and each step computes [W_l | R_l] rows x [in_t ; h_t] for every batch: W.x
+// inside the kernel (W tiles streamed from L2 beside the input), R.h from the R slice it
+// keeps in shared memory. Layer l's step t waits for layer l-1's step t (before its W half)
+// and for its own layer's step t-1 (before its R half) on per-layer progress counters.
+#define PS_M 64                    // rows of a block: G*U (LSTM: 16 units x 4 gates)
+#define PS_BMAX 64                 // most batches: 8 lane groups x PS_TB
+#define PS_TM 8                    // register tile: rows a lane accumulates
+#define PS_TB 8                    // register tile: batches a lane accumulates
+#define PS_KT 32                   // columns of a staged tile (8 float4 chunks)
+#define PS_SK 36                   // row stride (floats) of a tile: 9 float4s, odd
+#define PS_NS 4                    // pipeline stages (tiles in flight: PS_NS - 1)
+#define PS_WR (PS_M / 32)          // warps of a k-group (each 32 rows x 64 batches)
+#define PS_KG (PK_MAX_THREADS / 32 / PS_WR)   // k-groups (4): split-K inside the block
+#define PS_RP 68                   // stride of a batch's partial sums (4 mod 32: see the flush)
+#define PS_CPT 4                   // pointwise cells a thread: U * B / PK_MAX_THREADS at most
+#define PS_STAGE ((PS_M + PS_BMAX) * PS_SK)   // floats of one stage: A rows, then X rows
+
+// Wait until *p >= target (thread 0 only; the __syncthreads after it shows the wait to the
+// block). The acquire side of the progress counters: a relaxed poll, then one fence.
+__device__ __forceinline__ void ps_wait(const unsigned int* p, unsigned int target) {
+    if (PK_TIMING & 4) return;
+    const long long start = clock64();
+    while (ld_relaxed_gpu(p) < target) {
+        if (clock64() - start > PK_SPIN_LIMIT) __trap();   // not co-resident: fail, not hang
+    }
+    pk_fence_acq_rel();
+}
+
+// acc += A . X^T over one staged tile (PS_KT columns). The lane takes float4 chunks kg,
+// kg + PS_KG, ... of its rows (4 apart) and batches (8 apart); a and x are the shared
+// addresses of its first row and first batch at chunk kg. Every other offset is a
+// compile-time constant (the tile's strides are), so the loads need no address arithmetic.
+__device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr a,
+                                            pk_saddr x) {
+    if (PK_TIMING & 2) return;
+    constexpr int CC = PS_KT / 4 / PS_KG;   // chunks of the tile this lane takes
+    float4 rv[PS_TM], rn[PS_TM];
+#pragma unroll
+    for (int i = 0; i < PS_TM; ++i) rv[i] = pk_lds128(a + 4u * (4 * i * PS_SK));
+#pragma unroll
+    for (int cc = 0; cc < CC; ++cc) {
+        // the next chunk's rows are loaded before this chunk's FMAs (the profile: the first
+        // FMA of each chunk waited for its own row loads, ~20% of the samples)
+        if (cc + 1 < CC) {
+#pragma unroll
+            for (int i = 0; i < PS_TM; ++i)
+                rn[i] = pk_lds128(a + 4u * (4 * i * PS_SK) + 16u * ((cc + 1) * PS_KG));
+        }
+#pragma unroll
+        for (int jb = 0; jb < PS_TB; ++jb) {
+            const float4 hv = pk_lds128(x + 4u * (8 * jb * PS_SK) + 16u * (cc * PS_KG));
+#pragma unroll
+            for (int i = 0; i < PS_TM; ++i) {
+                acc[i][jb] = fmaf(rv[i].x, hv.x, acc[i][jb]);
+                acc[i][jb] = fmaf(rv[i].y, hv.y, acc[i][jb]);
+                acc[i][jb] = fmaf(rv[i].z, hv.z, acc[i][jb]);
+                acc[i][jb] = fmaf(rv[i].w, hv.w, acc[i][jb]);
+            }
+        }
+        if (cc + 1 < CC) {
+#pragma unroll
+            for (int i = 0; i < PS_TM; ++i) rv[i] = rn[i];
+        }
+    }
+}
+
+// One layer-block of the stack. Views as the header's lstm_persistent_stack_fwd; layer l's
+// rows: h and c at ((l*(T+1) + s)*B + b), act at ((l*T + t)*B + b), W / R / biases at row l.
+template <int G, int CELL>
+__device__ __forceinline__ void persistent_stack_fwd(
+        int B, int H, float* h, long long ldh, float* c, long long ldc, float* act,
+        long long ldact, unsigned int* sync, const float* x, long long ldx, const float* wih,
+        long long ldwih, const float* whh, long long ldwhh, const float* bw, long long ldbw,
+        const float* br, long long ldbr, int T, int L, int u_arg) {
+    static_assert(CELL == CELL_LSTM, "the stack kernel is built for LSTM only");
+    // U is fixed by the tile (the argument must agree): divisions by it are shifts, and the
+    // cells' indices are recomputed each step instead of held in registers (NVRTC spilled)
+    constexpr int U = PS_M / G;
+    float* const smem = dynamic_smem();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int NB = H / U;                 // blocks a layer
+    const int NK = H / PS_KT;             // tiles of one K half (input size = hidden)
+    const long long need = 4LL * ((long long)NK * PS_M * PS_SK + PS_NS * PS_STAGE + 2 * PS_M);
+    auto aligned = [](const void* p) {
+        return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+    };
+    if (blockDim.x != PK_MAX_THREADS || u_arg != U || H % PS_KT != 0 || H % U != 0 ||
+        B < 1 || B > PS_BMAX || (long long)gridDim.x != (long long)L * NB ||
+        (long long)dynamic_smem_bytes() < need || ldh % 4 || ldx % 4 || ldwih % 4 ||
+        ldwhh % 4 || !aligned(h) || !aligned(x) || !aligned(wih) || !aligned(whh))
+        __trap();
+    const int l = blockIdx.x / NB, j0 = (blockIdx.x % NB) * U;
+    const long long S1 = (long long)(T + 1) * B;   // rows of one layer's h and c
+    h += l * S1 * ldh;                             // this layer's h: row s*B + b
+    c += l * S1 * ldc;
+    act += (long long)l * T * B * ldact;
+    wih += l * ldwih;
+    whh += l * ldwhh;
+    bw += l * ldbw;
+    br += l * ldbr;
+    // the lower layer's h (its slot t+1 is this layer's input at step t), or x for layer 0
+    const float* const below = l ? h - S1 * ldh + B * ldh : x;
+    const long long ldin = l ? ldh : ldx;
+    unsigned int* const mine = sync + 2 * l;                   // this layer's progress
+    const unsigned int* const lower = l ? sync + 2 * (l - 1) : nullptr;
+
+    float* const Rs = smem;                         // [NK][PS_M][PS_SK]: the R slice, tiled
+    float* const st = Rs + NK * PS_M * PS_SK;       // [PS_NS][PS_M + PS_BMAX][PS_SK] stages
+    float* const red = st;                          // [PS_KG][PS_BMAX][PS_RP], after the K loop
+    float* const bias = st + PS_NS * PS_STAGE;      // [2][PS_M]: b_ih, b_hh of the block's rows
+    const int wr = warp % PS_WR, kg = warp / PS_WR, lr = lane & 3, lb = lane >> 2;
+
+    // The R slice, once: tile i, row q*U + ju holds R[q*H + j0 + ju, i*PS_KT ...]
+    for (int e = tid; e < NK * PS_M * (PS_KT / 4); e += PK_MAX_THREADS) {
+        const int ch = e % (PS_KT / 4), row = (e / (PS_KT / 4)) % PS_M;
+        const int i = e / (PS_KT / 4) / PS_M, q = row / U, ju = row - q * U;
+        const float4 v = *reinterpret_cast<const float4*>(
+            whh + (long long)(q * H + j0 + ju) * H + i * PS_KT + 4 * ch);
+        *reinterpret_cast<float4*>(Rs + (i * PS_M + row) * PS_SK + 4 * ch) = v;
+    }
+
+    // Pointwise cells of this thread: e = tid + i*PK_MAX_THREADS, jj = e % U, r = e / U,
+    // b = the r-th of 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, ... (a warp's two batches are 4 apart:
+    // its partial-sum reads hit 32 different banks), live while b < B. jj fastest: a warp's
+    // stores are two runs of 16 consecutive floats (b fastest, the first version, made each
+    // of them touch 32 rows: ~8 us a step, the profile's pointwise). c_t in registers (each
+    // cell is this thread's every step); the biases of the block's rows in shared memory.
+    auto cell_of = [&](int i, int& b, int& jj) {   // live while b < B
+        const int e = tid + i * PK_MAX_THREADS, r = e / U, k = r & 7;
+        jj = e - r * U;
+        b = (r & ~7) + (k >> 1) + 4 * (k & 1);
+    };
+    float carry[PS_CPT];
+#pragma unroll
+    for (int i = 0; i < PS_CPT; ++i) {
+        int b, jj;
+        cell_of(i, b, jj);
+        carry[i] = b < B ? c[(long long)b * ldc + j0 + jj] : 0.f;
+    }
+    for (int e = tid; e < 2 * PS_M; e += PK_MAX_THREADS) {
+        const int row = e % PS_M, q = row / U, ju = row - q * U;
+        bias[e] = __ldg((e < PS_M ? bw : br) + q * H + j0 + ju);
+    }
+
+    // Tile n of a step: n < NK is W's columns [n*PS_KT, +PS_KT) with the input's, n >= NK
+    // is h_t's columns [(n-NK)*PS_KT, ...) (R is in Rs). Each thread copies its float4s with
+    // cp.async and commits one group a tile (empty past the last), so "all but the newest
+    // PS_NS - 2 groups landed" is always "tile n landed" for this thread.
+    const int NT = 2 * NK;
+    auto issue = [&](int n, const float* in, const float* hp) {
+        if (n < NT && !(PK_TIMING & 1)) {
+            float* const s = st + (n % PS_NS) * PS_STAGE;
+            const bool w_half = n < NK;
+            const int k0 = (w_half ? n : n - NK) * PS_KT;
+            if (w_half) {
+                for (int e = tid; e < PS_M * (PS_KT / 4); e += PK_MAX_THREADS) {
+                    const int row = e / (PS_KT / 4), ch = e % (PS_KT / 4);
+                    const int q = row / U, ju = row - q * U;
+                    pk_cp_async16(s + row * PS_SK + 4 * ch,
+                                  wih + (long long)(q * H + j0 + ju) * H + k0 + 4 * ch);
+                }
+            }
+            const float* const src = w_half ? in : hp;
+            const long long ld = w_half ? ldin : ldh;
+            for (int e = tid; e < B * (PS_KT / 4); e += PK_MAX_THREADS) {
+                const int b = e / (PS_KT / 4), ch = e % (PS_KT / 4);
+                pk_cp_async16(s + (PS_M + b) * PS_SK + 4 * ch, src + b * ld + k0 + 4 * ch);
+            }
+        }
+        pk_cp_commit();
+    };
+    __syncthreads();   // Rs is read by every warp
+
+    for (int t = 0; t < T; ++t) {
+        const float* const in = below + (long long)t * B * ldin;   // this step's input rows
+        const float* const hp = h + (long long)t * B * ldh;        // h_t of this layer
+        // The W half needs layer l-1's step t; the R half this layer's step t-1 (every
+        // block's h_t). The own wait sits just before the first R tile is issued (the W
+        // half's tiles in flight hide it); both at the top when that tile is in the prologue.
+        const unsigned int own = (unsigned int)t * NB;
+        const int own_at = NK - (PS_NS - 1);   // loop index that issues tile NK
+        if (tid == 0) {
+            if (lower) ps_wait(lower, (unsigned int)(t + 1) * NB);
+            if (t > 0 && own_at < 0) ps_wait(mine, own);
+        }
+        __syncthreads();   // the waits hold for every thread; red (= the stages) is free
+        for (int n = 0; n < PS_NS - 1; ++n) issue(n, in, hp);
+        float acc[PS_TM][PS_TB];
+#pragma unroll
+        for (int i = 0; i < PS_TM; ++i)
+#pragma unroll
+            for (int jb = 0; jb < PS_TB; ++jb) acc[i][jb] = 0.f;
+        const pk_saddr a_lane = 4u * ((wr * 32 + lr) * PS_SK) + 16u * kg;
+        const pk_saddr x_lane = 4u * ((PS_M + lb) * PS_SK) + 16u * kg;
+        const pk_saddr st_a = pk_smem_addr(st), rs_a = pk_smem_addr(Rs);
+        for (int n = 0; n < NT; ++n) {
+            pk_cp_wait<PS_NS - 2>();   // tile n landed (this thread's part) ...
+            if (tid == 0 && t > 0 && n == own_at) ps_wait(mine, own);
+            __syncthreads();           // ... every thread's; tile n-1 is read by everyone
+            issue(n + PS_NS - 1, in, hp);
+            const pk_saddr s = st_a + 4u * ((n % PS_NS) * PS_STAGE);
+            const pk_saddr a = n < NK ? s : rs_a + 4u * ((n - NK) * PS_M * PS_SK);
+            ps_tile_fma(acc, a + a_lane, s + x_lane);
+        }
+        pk_cp_wait<0>();
+        __syncthreads();   // every tile is read: the stages become the partial sums
+#pragma unroll
+        for (int i = 0; i < PS_TM; ++i)
+#pragma unroll
+            for (int jb = 0; jb < PS_TB; ++jb)
+                red[(kg * PS_BMAX + lb + 8 * jb) * PS_RP + wr * 32 + lr + 4 * i] = acc[i][jb];
+        __syncthreads();
+
+        // The pointwise update of this thread's cells: gate sums over the k-groups in order,
+        // then (sum + b_ih) + b_hh, then lstm_fwd's arithmetic.
+#pragma unroll
+        for (int i = 0; i < PS_CPT; ++i) {
+            int b, jj;
+            cell_of(i, b, jj);
+            if ((PK_TIMING & 8) || b >= B) continue;
+            const int j = j0 + jj;
+            float s[G];
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                const float* const p = red + b * PS_RP + q * U + jj;
+                float v = p[0];
+#pragma unroll
+                for (int k = 1; k < PS_KG; ++k) v += p[k * PS_BMAX * PS_RP];
+                s[q] = (v + bias[q * U + jj]) + bias[PS_M + q * U + jj];
+            }
+            const float ig = sigmoidf(s[0]), fg = sigmoidf(s[1]);
+            const float gg = tanhf(s[2]), og = sigmoidf(s[3]);
+            const float cn = fg * carry[i] + ig * gg;
+            carry[i] = cn;
+            const long long row = (long long)t * B + b;   // step t, batch b
+            c[(row + B) * ldc + j] = cn;
+            store_gates(act + row * ldact + j, H, ig, fg, gg, og);
+            __stcg(h + (row + B) * ldh + j, og * tanhf(cn));   // h_{t+1}[b, j]
+        }
+        __syncthreads();   // the block's h_{t+1} is issued (and red is read)
+        if (tid == 0) {
+            pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
+            atomicAdd(mine, 1u);
+        }
+    }
+    // The last block out zeroes every layer's counters for the next launch: by then every
+    // block has passed its last wait (see the header).
+    if (tid == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
+        for (int k = 0; k < L; ++k) atomicExch(sync + 2 * k, 0u);
+        atomicExch(sync + 1, 0u);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_fwd(
+        int rows, int cols, float* h, int ldh, float* c, int ldc, float* act, int ldact,
+        unsigned int* sync, int ldsync, const float* x, int ldx, const float* w_ih,
+        int ldw_ih, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int L, int units_per_block) {
+    persistent_stack_fwd<4, CELL_LSTM>(rows, cols, h, ldh, c, ldc, act, ldact, sync, x, ldx,
+                                       w_ih, ldw_ih, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, L,
+                                       units_per_block);
+}

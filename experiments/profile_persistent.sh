@@ -3,19 +3,21 @@
 # kernel's SASS: where a step's time goes, instruction by instruction. On the device, from the
 # repo root: OUT=dir [KERNEL=name] bash experiments/profile_persistent.sh [persistent_bench args]
 # (KERNEL: the kernel to profile, default lstm_persistent_fwd; e.g. KERNEL=
-# lstm_persistent_cluster_fwd with --hidden 128 --batch 32 --kinds cluster)
+# lstm_persistent_cluster_fwd with --hidden 128 --batch 32 --kinds cluster; KERNEL=
+# lstm_persistent_stack_fwd BENCH=experiments/stack_bench.py with --no-cudnn)
 # Writes $OUT/prof.ncu-rep, details.txt (speed of light, warp states, scheduler, memory),
 # source.csv (per-SASS-line stall samples), top-stalls.txt (the 40 lines with most samples),
 # lstm.sass. --clock-control none: the clocks are left as the benchmarks see them.
 set -u -o pipefail
 OUT=${OUT:-prof-out}; mkdir -p "$OUT"
 KERNEL=${KERNEL:-lstm_persistent_fwd}
+BENCH=${BENCH:-experiments/persistent_bench.py}
+[ "$BENCH" = experiments/persistent_bench.py ] && set -- --units '' "$@"   # the fit's U only
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 nvcc -arch=sm_90 -std=c++17 -cubin -o "$OUT/pk.cubin" cuda_src/persistent.cu && \
   cuobjdump -sass -fun "$KERNEL" "$OUT/pk.cubin" > "$OUT/lstm.sass"
 ncu --clock-control none --set full --import-source no -k "regex:^$KERNEL\$" -c 1 \
-    -o "$OUT/prof" -f python3 experiments/persistent_bench.py --steps 20 --repeats 1 \
-    --units '' "$@" > "$OUT/ncu.log" 2>&1
+    -o "$OUT/prof" -f python3 "$BENCH" --steps 20 --repeats 1 "$@" > "$OUT/ncu.log" 2>&1
 ncu -i "$OUT/prof.ncu-rep" --page details > "$OUT/details.txt" 2>&1
 ncu -i "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
 python3 - "$OUT" <<'PY'

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 
 from . import persistent as pk
+from . import stack
 from .exec import kernels_np as knp
 
 POINTWISE_BLOCK = 256
@@ -82,10 +83,11 @@ class KernelInfo:
         for (arg, spec), d in zip(self.outs + self.ins, dims):
             if len(d) != 2:
                 raise ValueError(f"{self.name}: {arg} shape {spec!r} is not 'rows,cols'")
-            for _, scalar, _, _ in d:
-                if scalar is not None and scalar not in self.scalars:
-                    raise ValueError(f"{self.name}: {arg} shape {spec!r} names {scalar!r}, "
-                                     f"not one of its scalars {self.scalars}")
+            for _, named, _ in d:
+                for scalar, _ in named:
+                    if scalar not in self.scalars:
+                        raise ValueError(f"{self.name}: {arg} shape {spec!r} names "
+                                         f"{scalar!r}, not one of its scalars {self.scalars}")
         names = [a for a, _ in self.outs + self.ins]
         for u in self.uint_args:
             if u not in names:
@@ -103,14 +105,16 @@ class KernelInfo:
     def arg_shapes(self, rows: int, cols: int, **scalars):
         """([(view rows, view cols) per output], [... per input]) of a [rows, cols] problem
         (and the kernel's scalars by name, e.g. T=7, where its shapes use them)."""
-        size = {"R": rows, "C": cols, None: 1}
+        size = {"R": rows, "C": cols}
 
-        def extent(k, scalar, add, d):
-            if scalar is None:
-                return k * size[d]
-            if scalar not in scalars:
-                raise ValueError(f"{self.name}: its shapes need the scalar {scalar}")
-            return k * (int(scalars[scalar]) + add) * size[d]
+        def extent(k, named, dims):
+            for scalar, add in named:
+                if scalar not in scalars:
+                    raise ValueError(f"{self.name}: its shapes need the scalar {scalar}")
+                k *= int(scalars[scalar]) + add
+            for d in dims:
+                k *= size[d]
+            return k
 
         shapes = [tuple(extent(*term) for term in dims) for dims in self._dims]
         return shapes[:self.n_outs], shapes[self.n_outs:]
@@ -141,19 +145,32 @@ class KernelInfo:
         return fit.grid, fit.block, fit.smem_bytes
 
 
-_TERM = re.compile(r"\s*(\d*)\s*(?:(?:\(\s*([A-Za-z_]\w*)\s*\+\s*(\d+)\s*\)|([A-Za-z_]\w*))\s*\*)?"
-                   r"\s*([RC])?\s*")
+_FACTOR = re.compile(r"\s*(?:(\d+)?\s*([RC])|(\d+)|\(\s*([A-Za-z_]\w*)\s*\+\s*(\d+)\s*\)"
+                     r"|([A-Za-z_]\w*))\s*")
 
 
-def _parse_term(term: str) -> tuple[int, str | None, int, str | None]:
-    """One extent of an argument's shape -> (k, scalar, add, 'R' | 'C' | None), the extent
-    being k * (scalar + add) * rows-or-cols: '4C' -> (4, None, 0, 'C'), 'T*R' -> (1, 'T',
-    0, 'R'), '(T+1)*R' -> (1, 'T', 1, 'R'), '2' -> (2, None, 0, None)."""
-    m = _TERM.fullmatch(term)
-    if not m or not (m[1] or m[5]):
-        raise ValueError(f"shape term {term!r}: expected [k]R, [k]C, [k]S*R, [k](S+m)*C or k")
-    scalar = m[2] or m[4]
-    return int(m[1] or 1), scalar, int(m[3] or 0), m[5]
+def _parse_term(term: str) -> tuple[int, tuple[tuple[str, int], ...], tuple[str, ...]]:
+    """One extent of an argument's shape, a product of factors ('*'), each an integer, R or
+    C (optionally with a leading integer: '4C'), a scalar name or (scalar + integer) ->
+    (k, ((scalar, add), ...), ('R' | 'C', ...)), the extent being k * prod(scalar + add) *
+    prod(rows-or-cols): '4C' -> (4, (), ('C',)), '(T+1)*R' -> (1, (('T', 1),), ('R',)),
+    'L*(T+1)*R' -> (1, (('L', 0), ('T', 1)), ('R',)), '4*C*C' -> (4, (), ('C', 'C'))."""
+    k, scalars, dims = 1, [], []
+    for factor in term.split("*"):
+        m = _FACTOR.fullmatch(factor)
+        if not m:
+            raise ValueError(f"shape term {term!r}: expected factors joined by '*', each "
+                             f"k, [k]R, [k]C, S or (S+m)")
+        if m[2]:
+            k *= int(m[1] or 1)
+            dims.append(m[2])
+        elif m[3]:
+            k *= int(m[3])
+        elif m[4]:
+            scalars.append((m[4], int(m[5])))
+        else:
+            scalars.append((m[6], 0))
+    return k, tuple(scalars), tuple(dims)
 
 
 _BINARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"), ("b", "R,C")))
@@ -220,6 +237,16 @@ REGISTRY += tuple(
     replace(k, name=k.name.replace("_persistent_fwd", "_persistent_cluster_fwd"),
             numpy_fn=functools.partial(k.numpy_fn, cluster=True))
     for k in REGISTRY if k.persistent)
+
+# the stack kernel: every layer of an LSTM stack in one launch (rnnrt/stack.py)
+REGISTRY += (
+    KernelInfo(stack.STACK_KERNEL, "persistent.cu", numpy_fn=stack.lstm_persistent_stack_fwd,
+               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               outs=(("h", "L*(T+1)*R,C"), ("c", "L*(T+1)*R,C"), ("act", "L*T*R,4C"),
+                     ("sync", f"1,{pk.SYNC_WORDS}*L")),
+               ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
+                    ("br", "L,4C"))),
+)
 
 KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}
 

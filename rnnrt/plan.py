@@ -68,6 +68,7 @@ from .limits import DeviceLimits
 from .ops import Gemm, Kernel, Op, Record, View, Wait
 from .params import make_layout
 from .persistent import CLUSTER_MAX_FMAS, SYNC_WORDS, cluster_count, persistent_fit
+from .stack import PS_BMAX, stack_fit
 from .switches import Switches
 
 
@@ -375,8 +376,11 @@ class _ForwardBuilder:
                                   key.bias)
         # the persistent switch: one fit for every layer (R is [G*H, H] in each)
         self.persist, self.fallback, self.fit, self.chunked = False, None, None, False
+        self.stack, self.stack_note = None, ""
         if self.sw.persistent:
             self.fit = persistent_fit(key.cell, self.H, self.B, key.device.props())
+            if self.fit.ok and not self.fit.cluster and self.sw.wavefront and self.L > 1:
+                self.stack, self.stack_note = self.stack_choice(key)
             if self.fit.ok:
                 self.persist = True
                 # A grid kernel needs every SM, so two never run at once: one launch per
@@ -400,9 +404,26 @@ class _ForwardBuilder:
             else:
                 self.fallback = (f"persistent declined on {key.device.name}: "
                                  f"{self.fit.reason}; ran the schedule without it")
+        if self.stack is not None:
+            self.k = self.T   # W.x is inside the stack kernel: no input GEMMs
         # slots of c and act: every step's when training or when a persistent kernel writes
         # them all; else c has 3 (c0 kept, then two alternating) and act 1
         self.all_slots = key.train or self.persist
+
+    def stack_choice(self, key):
+        """(StackFit or None, a note for the plan's fit string): the stack kernel (all
+        layers in one launch, W.x inside) where the per-layer fit is the grid kernel (one
+        layer at a time on every SM), it fits, and the batch fills more than half of its
+        lanes (its FMAs are sized for PS_BMAX batches: at LSTM H 512 B 32, four layers, it
+        took 4.13 ms against the per-layer grid kernels' 3.79, H100, session 6)."""
+        st = stack_fit(key.cell, self.H, self.B, self.L, key.input_size, key.device.props(),
+                       steps=self.T)
+        if not st.ok:
+            return None, f"; stack kernel not used: {st.reason}"
+        if 2 * self.B <= PS_BMAX:
+            return None, (f"; stack kernel not used: batch {self.B} <= {PS_BMAX // 2} "
+                          f"(its lanes cover {PS_BMAX} batches)")
+        return st, ""
 
     # -- streams ---------------------------------------------------------------------------
     def streams(self):
@@ -437,6 +458,17 @@ class _ForwardBuilder:
         slots = T if self.all_slots else 1
         if self.persist:
             bufs.append(Buffer("sync", SYNC_WORDS * self.L, "sync", "uint32"))   # a layer's
+        if self.stack is not None:
+            # every layer's h, c and act in one buffer each, as the stack kernel reads them;
+            # no gx or gh (W.x and R.h are inside the kernel)
+            n = self.L * B * H
+            bufs += [Buffer("h", (T + 1) * n, "io"), Buffer("c", (T + 1) * n, "io"),
+                     Buffer("act", T * n * self.cell.saved_gates, "scratch")]
+            if self.xpose_for_backward():
+                for layer in range(self.L):
+                    bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
+                             Buffer(f"rT{layer}", H * GH, "scratch")]
+            return tuple(bufs)
         for layer in range(self.L):
             bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
             if self.cell.has_cell_state:
@@ -466,16 +498,26 @@ class _ForwardBuilder:
             return View("zeros", 0, self.B, self.GH, 0)
         return View("params", e.offset, self.B, self.GH, 0)
 
+    def seq(self, kind, layer, row, rows, width):
+        """Rows [row, row + rows) of layer ``layer``'s 'h', 'c' or 'act' sequence (rows of
+        ``width``): the buffer h{layer} (c{layer}, act{layer}), or with the stack kernel
+        layer ``layer``'s part of one buffer 'h' ('c', 'act') that holds every layer's, as
+        the kernel addresses them (T+1 slots of B rows a layer for h and c, T for act)."""
+        if self.stack is None:
+            return View(f"{kind}{layer}", row * width, rows, width, width)
+        per = (self.T if kind == "act" else self.T + 1) * self.B
+        return View(kind, (layer * per + row) * width, rows, width, width)
+
     def h(self, layer, index):
         """h{layer}[index] as [B, H] (index 0 = h0, index t+1 = after step t)."""
-        return View(f"h{layer}", index * self.B * self.H, self.B, self.H, self.H)
+        return self.seq("h", layer, index * self.B, self.B, self.H)
 
     def c(self, layer, index):
         """c{layer}[index] as [B, H]. Inference keeps three slots: c0 in slot 0 (never
         overwritten, so a plan can be re-run without reloading its inputs) and the states
         after each step alternating in slots 1 and 2 (nothing older is read again)."""
         slot = index if (self.all_slots or index == 0) else 1 + (index - 1) % 2
-        return View(f"c{layer}", slot * self.B * self.H, self.B, self.H, self.H)
+        return self.seq("c", layer, slot * self.B, self.B, self.H)
 
     def weight_blocks(self, layer, which):
         """The GEMM right-hand operand(s) for W ('ih') or R ('hh'): a list of
@@ -512,7 +554,7 @@ class _ForwardBuilder:
             I = self.key.input_size
             src = View("x", t0 * B * I, n, I, I)
         else:
-            src = View(f"h{layer - 1}", (t0 + 1) * B * self.H, n, self.H, self.H)
+            src = self.seq("h", layer - 1, (t0 + 1) * B, n, self.H)
         stream = self.inp(layer)
         ops = []
         for w, trans_b, col0 in self.weight_blocks(layer, "ih"):
@@ -603,8 +645,7 @@ class _ForwardBuilder:
         hprev, hnew = self.h(layer, t), self.h(layer, t + 1)
         slot = t if self.all_slots else 0
         nsave = self.cell.saved_gates
-        act = (View(f"act{layer}", slot * B * nsave * H, B, nsave * H, nsave * H)
-               if nsave else None)
+        act = self.seq("act", layer, slot * B, B, nsave * H) if nsave else None
         meta = dict(layer=layer, steps=(t, t + 1))
         name = self.cell.name
         if self.sw.fused:
@@ -662,9 +703,52 @@ class _ForwardBuilder:
                 k(nonlin, hnew, pre)]
 
     # -- assembly --------------------------------------------------------------------------
+    def xpose_for_backward(self):
+        """With the stack kernel the forward needs no transposed weights, but a training
+        pass's backward reads wT / rT, which the forward transposes (pretranspose switch)."""
+        return self.stack is not None and self.sw.pretranspose and self.key.train
+
+    def stack_task(self):
+        """Every layer and step as one launch of the stack kernel (rnnrt/stack.py)."""
+        T, B, H, L, GH, st = self.T, self.B, self.H, self.L, self.GH, self.stack
+        # each parameter kind of layer l at (layer 0's offset + l * stride): the kernel reads
+        # layer l's matrix at row l of one view (every layer's entries have one size: I = H)
+        stride = (self.param(1, "weight_ih").offset - self.param(0, "weight_ih").offset
+                  if L > 1 else self.layout.size)
+
+        def rows_of(kind, cols):
+            e0 = self.param(0, kind)
+            if e0 is None:
+                return View("zeros", 0, L, cols, 0)
+            for layer in range(L):
+                if self.param(layer, kind).offset != e0.offset + layer * stride:
+                    raise AssertionError(f"stack plan: {kind} of layer {layer} is not at "
+                                         f"a uniform stride")
+            return View("params", e0.offset, L, cols, stride)
+
+        ins = (View("x", 0, T * B, H, H), rows_of("weight_ih", GH * H),
+               rows_of("weight_hh", GH * H), rows_of("bias_ih", GH), rows_of("bias_hh", GH))
+        outs = (View("h", 0, L * (T + 1) * B, H, H), View("c", 0, L * (T + 1) * B, H, H),
+                View("act", 0, L * T * B, GH, GH),
+                View("sync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L))
+        # slot 0 of each layer's h and c is read (h0, c0), the rest written
+        start = tuple(self.seq(k, layer, 0, B, H) for k in ("h", "c") for layer in range(L))
+        after = tuple(self.seq(k, layer, B, T * B, H) for k in ("h", "c")
+                      for layer in range(L))
+        known = st.scalars(T)
+        name = st.kernel
+        scalars = tuple((k, known[k]) for k in get_kernel(name).scalars)
+        flops = forward_flops(self.key.cell, self.key.input_size, H, L, B, T)
+        op = Kernel(self.rec(0), name, B, H, outs, ins, kind="persistent", layer=0,
+                    steps=(0, T), scalars=scalars, launch=(st.grid, st.block, st.smem_bytes),
+                    flops=flops, footprint=(ins + start, after + outs[2:]))
+        return _Task(("pstack",), self.rec(0), [], (0, 0, 1), [op])
+
     def build(self) -> Plan:
-        tasks = []
-        for layer in range(self.L):
+        tasks = [self.stack_task()] if self.stack is not None else []
+        for layer in range(self.L if self.xpose_for_backward() else 0):
+            tasks += [self.xpose_task(layer, "ih"), self.xpose_task(layer, "hh")]
+        for layer in range(self.L if self.stack is None else 0):
             if self.sw.pretranspose:
                 tasks += [self.xpose_task(layer, "ih"), self.xpose_task(layer, "hh")]
             for t0 in range(0, self.T, self.k):
@@ -682,7 +766,7 @@ class _ForwardBuilder:
         state = (L, B, H)
         inputs = {"x": Binding((T, B, I), (View("x", 0, T * B, I, I),)),
                   "h0": Binding(state, tuple(self.h(layer, 0) for layer in range(L)))}
-        outputs = {"y": Binding((T, B, H), (View(f"h{L - 1}", B * H, T * B, H, H),)),
+        outputs = {"y": Binding((T, B, H), (self.seq("h", L - 1, B, T * B, H),)),
                    "h_n": Binding(state, tuple(self.h(layer, T) for layer in range(L)))}
         if self.cell.has_cell_state:
             inputs["c0"] = Binding(state, tuple(self.c(layer, 0) for layer in range(L)))
@@ -690,6 +774,7 @@ class _ForwardBuilder:
         return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs,
                     fallback=self.fallback,
                     fit=None if self.fit is None else
-                    (self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
+                    (f"{self.stack.describe()}; {self.stack.reason}" if self.stack else
+                     self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
                      + (f"; layers overlap along the wavefront, launches of {self.k} steps"
-                        if self.chunked else "")))
+                        if self.chunked else "") + self.stack_note))

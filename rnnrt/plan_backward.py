@@ -163,8 +163,8 @@ class _BackwardBuilder(_ForwardBuilder):
             X = View("x", 0, n, I, I)
         else:
             I = H
-            X = View(f"h{layer - 1}", B * H, n, H, H)
-        Hprev = View(f"h{layer}", 0, n, H, H)
+            X = self.seq("h", layer - 1, B, n, H)
+        Hprev = self.seq("h", layer, 0, n, H)
         dgx = View(f"dgx{layer}", 0, n, GH, GH)
         dgh = View(self.dgh_name(layer), 0, n, GH, GH)
         ones = View("ones", 0, 1, n, n)
@@ -193,7 +193,7 @@ class _BackwardBuilder(_ForwardBuilder):
         dhin = self.step("dhin", layer, t)
         dhr_next = self.step("dhr", layer, t + 1)
         dgx = View(f"dgx{layer}", t * B * GH, B, GH, GH)
-        act = (View(f"act{layer}", t * B * nsave * H, B, nsave * H, nsave * H)
+        act = (self.seq("act", layer, t * B, B, nsave * H)
                if nsave else None)
         meta = dict(layer=layer, steps=(t, t + 1))
         name = self.cell.name

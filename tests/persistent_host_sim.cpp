@@ -197,6 +197,70 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
     for (auto& t : ts) t.join();
 }
 
+#ifdef PK_SIM_STACK
+// The stack kernel (lstm_persistent_stack_fwd), all layers in one launch:
+//   persistent_host_sim_stack B H T L U SMEM_BYTES LAUNCHES DIR LDWIH LDWHH LDBW LDBR
+// reads DIR/{x,h,c,wih,whh,bw,br}.f32 (h and c: [L, T+1, B, H] with slot 0 of each layer
+// set, the rest poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each;
+// bw / br: L rows of LDB floats, or one row when LDB is 0), launches LAUNCHES times with one
+// sync buffer (re-poisoning the outputs in between, checking the counters are back to zero),
+// writes DIR/{h,c,act}.out.
+int main(int argc, char** argv) {
+    if (argc != 13) {
+        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK)\n");
+        return 2;
+    }
+    const int B = std::atoi(argv[1]), H = std::atoi(argv[2]), T = std::atoi(argv[3]);
+    const int L = std::atoi(argv[4]), U = std::atoi(argv[5]);
+    const unsigned smem = (unsigned)std::atol(argv[6]);
+    const int launches = std::atoi(argv[7]);
+    const std::string dir = argv[8];
+    const int ldwih = std::atoi(argv[9]), ldwhh = std::atoi(argv[10]);
+    const int ldbw = std::atoi(argv[11]), ldbr = std::atoi(argv[12]);
+    auto load16 = [&](const char* name, std::vector<float4>& store) {   // 16-byte aligned
+        const std::vector<float> v = read_f32(dir + "/" + name + ".f32");
+        store.assign(v.size() / 4 + 1, float4{0, 0, 0, 0});
+        std::copy(v.begin(), v.end(), reinterpret_cast<float*>(store.data()));
+        return std::make_pair(reinterpret_cast<float*>(store.data()), v.size());
+    };
+    std::vector<float4> xs, hs, cs, wis, whs, bws, brs;
+    auto [x, nx] = load16("x", xs);
+    auto [h, nh] = load16("h", hs);
+    auto [c, nc] = load16("c", cs);
+    auto [wih, nwi] = load16("wih", wis);
+    auto [whh, nwh] = load16("whh", whs);
+    auto [bw, nbw] = load16("bw", bws);
+    auto [br, nbr] = load16("br", brs);
+    (void)nx, (void)nwi, (void)nwh, (void)nbw, (void)nbr;
+    std::vector<float> act((size_t)L * T * B * 4 * H);
+    std::vector<unsigned int> sync(2 * L, 0u);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> h0(h, h + nh), c0(c, c + nc);
+    for (int n = 0; n < launches; ++n) {
+        for (int l = 0; l < L; ++l)   // poison every slot but slot 0 of each layer
+            for (size_t e = (size_t)B * H; e < (size_t)(T + 1) * B * H; ++e) {
+                h[(size_t)l * (T + 1) * B * H + e] = nan;
+                c[(size_t)l * (T + 1) * B * H + e] = nan;
+            }
+        std::fill(act.begin(), act.end(), nan);
+        launch(L * (H / U), 256, smem, [&] {
+            lstm_persistent_stack_fwd(B, H, h, H, c, H, act.data(), 4 * H, sync.data(), 2 * L,
+                                      x, H, wih, ldwih, whh, ldwhh, bw, ldbw, br, ldbr, T, L,
+                                      U);
+        });
+        for (unsigned int v : sync)
+            if (v != 0) {
+                std::fprintf(stderr, "launch %d left a counter at %u, not zero\n", n, v);
+                return 3;
+            }
+    }
+    (void)h0, (void)c0;
+    write_f32(dir + "/h.out", std::vector<float>(h, h + nh));
+    write_f32(dir + "/c.out", std::vector<float>(c, c + nc));
+    write_f32(dir + "/act.out", act);
+    return 0;
+}
+#else
 int main(int argc, char** argv) {
     if (argc != 21) {
         std::fprintf(stderr, "usage: see the top of persistent_host_sim.cpp\n");
@@ -270,3 +334,4 @@ int main(int argc, char** argv) {
     std::printf("ldcg128 %lld ldcg32 %lld\n", sim_ldcg128.load(), sim_ldcg32.load());
     return 0;
 }
+#endif

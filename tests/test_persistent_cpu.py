@@ -50,10 +50,13 @@ from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.exec import kernels_np as knp
 from rnnrt.limits import H100_SXM
 from rnnrt.ops import View
+from rnnrt.stack import PS_REGS, STACK_KERNEL
 from test_kernels_cpu import _FakeCupy, _find_nvrtc, _nvrtc_compile
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
-PERSISTENT = [k.name for k in K.REGISTRY if k.persistent]
+# the per-layer persistent kernels (the stack kernel, all layers in one launch, has its own
+# arguments and tests: tests/test_stack_cpu.py)
+PERSISTENT = [k.name for k in K.REGISTRY if k.persistent and k.name != STACK_KERNEL]
 GRID_KERNELS = [n for n in PERSISTENT if "_cluster" not in n]      # the grid barrier kernels
 CLUSTER_KERNELS = [n for n in PERSISTENT if "_cluster" in n]
 
@@ -739,7 +742,13 @@ def test_registry_shapes_use_the_scalars():
     with pytest.raises(ValueError, match="names 'S'"):
         K.KernelInfo("x", "persistent.cu", outs=(("h", "S*R,C"),), ins=(), numpy_fn=None)
     with pytest.raises(ValueError, match="shape term"):
-        K.KernelInfo("x", "persistent.cu", outs=(("h", "R*T,C"),), ins=(), numpy_fn=None)
+        K.KernelInfo("x", "persistent.cu", outs=(("h", "T+1*R,C"),), ins=(), numpy_fn=None)
+    # several factors: the stack kernel's views of every layer at once
+    stack = K.KERNELS[STACK_KERNEL]
+    outs, ins = stack.arg_shapes(64, 512, T=100, L=4, units_per_block=16)
+    assert outs == [(4 * 101 * 64, 512), (4 * 101 * 64, 512), (4 * 100 * 64, 2048), (1, 8)]
+    assert ins == [(100 * 64, 512), (4, 4 * 512 * 512), (4, 4 * 512 * 512), (4, 2048),
+                   (4, 2048)]
 
 
 def test_kernel_args_persistent():
@@ -950,10 +959,11 @@ def test_nvrtc_ptx_resource_usage_no_spills(tmp_path):
                         str(tmp_path / "p.cubin")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     usage = _resource_usage(r.stdout + r.stderr)
-    assert set(usage) == set(PERSISTENT), usage
+    assert set(usage) == set(PERSISTENT) | {STACK_KERNEL}, usage
     for name, (regs, stack, st, ld) in usage.items():
         assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
-        assert regs <= P.NVCC_REGS[name.split("_persistent")[0]], (name, regs)
+        limit = PS_REGS if name == STACK_KERNEL else P.NVCC_REGS[name.split("_persistent")[0]]
+        assert regs <= limit, (name, regs)
 
 
 def _nvcc_ptx(tmp_path):
@@ -969,8 +979,10 @@ def _nvcc_ptx(tmp_path):
 
 @pytest.fixture(scope="module")
 def nvcc_ptx(tmp_path_factory):
-    """{kernel: its PTX body} of persistent.cu, compiled once for the PTX tests."""
-    return _nvcc_ptx(tmp_path_factory.mktemp("ptx"))
+    """{kernel: its PTX body} of persistent.cu's per-layer kernels, compiled once for the
+    PTX tests."""
+    return {k: v for k, v in _nvcc_ptx(tmp_path_factory.mktemp("ptx")).items()
+            if k in PERSISTENT}
 
 
 def _lines_at(lines, pattern):

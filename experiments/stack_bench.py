@@ -1,0 +1,156 @@
+"""Time the stack kernel (cuda_src/persistent.cu, lstm_persistent_stack_fwd: every layer of
+an LSTM stack in one launch, W.x inside) against cuDNN in the same process.
+
+Each configuration: one launch over T steps on outputs poisoned with NaN, the last layer's
+h, every layer's c and the gates compared with a float64 NumPy reference (fp32 tolerance,
+worst element reported), the progress counters checked back at zero; then timed with CUDA
+events (warm-up, median of --repeats), beside torch.nn.LSTM (cuDNN, TF32 off) on the same
+shapes. Timing variants (--variants, PK_TIMING masks: 1 no staging, 2 no FMAs, 4 no waits,
+8 no pointwise) compute wrong results on purpose: timed, not checked.
+
+Usage (GPU): python experiments/stack_bench.py [--hidden 512] [--batch 64] [--layers 4]
+             [--steps 100] [--variants 0] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from rnnrt.bench.timing import time_gpu, time_torch  # noqa: E402
+from rnnrt.check import FP32_ATOL, FP32_RTOL, compare  # noqa: E402
+from rnnrt.device import device_info, require_gpu  # noqa: E402
+from rnnrt.kernels import source  # noqa: E402
+from rnnrt.stack import stack_fit  # noqa: E402
+
+
+def reference(x, wih, whh, bias, h0, c0):
+    """float64 LSTM stack: x [T, B, H]; wih, whh [L, 4H, H]; bias [L, 4H] (b_ih + b_hh);
+    h0, c0 [L, B, H] -> h, c [L, T, B, H], act [L, T, B, 4H]."""
+    sig = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    L, T = wih.shape[0], x.shape[0]
+    inp = x.astype(np.float64)
+    hs, cs, acts = [], [], []
+    for layer in range(L):
+        h, c = h0[layer].astype(np.float64), c0[layer].astype(np.float64)
+        H = h.shape[1]
+        ho, co, ao = [], [], []
+        for t in range(T):
+            pre = inp[t] @ wih[layer].T + h @ whh[layer].T + bias[layer]
+            i, f = sig(pre[:, :H]), sig(pre[:, H:2 * H])
+            g, o = np.tanh(pre[:, 2 * H:3 * H]), sig(pre[:, 3 * H:])
+            c = f * c + i * g
+            h = o * np.tanh(c)
+            ho.append(h), co.append(c), ao.append(np.concatenate([i, f, g, o], 1))
+        hs.append(np.stack(ho)), cs.append(np.stack(co)), acts.append(np.stack(ao))
+        inp = hs[-1]
+    return np.stack(hs), np.stack(cs), np.stack(acts)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--variants", default="0")
+    ap.add_argument("--no-cudnn", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    cp = require_gpu()
+    H, B, L, T = a.hidden, a.batch, a.layers, a.steps
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    fit = stack_fit("lstm", H, B, L, H, props, steps=T)
+    print(fit.describe())
+    if not fit.ok:
+        raise SystemExit(f"the stack kernel declines this shape: {fit.reason}")
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    x = rng.standard_normal((T, B, H)).astype(f32)
+    wih = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
+    whh = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
+    bih = (0.1 * rng.standard_normal((L, 4 * H))).astype(f32)
+    bhh = (0.1 * rng.standard_normal((L, 4 * H))).astype(f32)
+    h0 = rng.standard_normal((L, B, H)).astype(f32)
+    c0 = rng.standard_normal((L, B, H)).astype(f32)
+    ref_h, ref_c, ref_act = reference(x, wih, whh, bih.astype(np.float64) + bhh, h0, c0)
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    d_x, d_wih, d_whh = cp.asarray(x), cp.asarray(wih), cp.asarray(whh)
+    d_bih, d_bhh = cp.asarray(bih), cp.asarray(bhh)
+    d_h = cp.full((L, T + 1, B, H), np.nan, f32)
+    d_c = cp.full((L, T + 1, B, H), np.nan, f32)
+    d_act = cp.full((L, T, B, 4 * H), np.nan, f32)
+    d_sync = cp.zeros(2 * L, cp.uint32)
+    grid, block, smem = fit.grid, fit.block, fit.smem_bytes
+    rows = []
+    for variant in [int(v) for v in a.variants.split(",")]:
+        mod = cp.RawModule(code=source("persistent.cu"),
+                           options=("-std=c++17", f"-DPK_TIMING={variant}"))
+        k = mod.get_function("lstm_persistent_stack_fwd")
+        k.max_dynamic_shared_size_bytes = smem
+        args = (np.int32(B), np.int32(H), d_h, np.int32(H), d_c, np.int32(H), d_act,
+                np.int32(4 * H), d_sync, np.int32(2 * L), d_x, np.int32(H), d_wih,
+                np.int32(4 * H * H), d_whh, np.int32(4 * H * H), d_bih, np.int32(4 * H),
+                d_bhh, np.int32(4 * H), np.int32(T), np.int32(L), np.int32(fit.units_per_block))
+
+        def run():
+            k(grid, block, args, shared_mem=smem, stream=stream)
+
+        d_h[:, 1:] = np.nan
+        d_c[:, 1:] = np.nan
+        d_act[:] = np.nan
+        d_h[:, 0] = cp.asarray(h0)
+        d_c[:, 0] = cp.asarray(c0)
+        stream.synchronize()
+        run()
+        stream.synchronize()
+        row = dict(variant=variant, hidden=H, batch=B, layers=L, steps=T,
+                   units_per_block=fit.units_per_block, grid=grid[0], smem=smem)
+        if variant == 0:
+            worst = 0.0
+            for name, got, ref in (("h", d_h[:, 1:], ref_h), ("c", d_c[:, 1:], ref_c),
+                                   ("act", d_act, ref_act)):
+                r = compare(cp.asnumpy(got), ref, FP32_ATOL, FP32_RTOL, name=name)
+                print(f"  {name}: {r}")
+                if not r.ok:
+                    raise SystemExit(f"stack kernel wrong in {name}: {r}")
+                worst = max(worst, r.max_abs_err)
+            if int(cp.asnumpy(d_sync).max()) != 0:
+                raise SystemExit(f"counters not reset: {cp.asnumpy(d_sync)}")
+            row["max_abs_err"] = worst
+        tm = time_gpu(cp, run, stream, repeats=a.repeats)
+        row["ms"] = tm.ms_median
+        row["us_per_wavefront_step"] = 1e3 * tm.ms_median / (T + L - 1)
+        row["tflops"] = 2 * 4 * H * 2 * H * B * T * L / (tm.ms_median * 1e-3) / 1e12
+        rows.append(row)
+    cudnn = None
+    if not a.no_cudnn:
+        import torch
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        m = torch.nn.LSTM(H, H, L).cuda()
+        tx = torch.randn(T, B, H, device="cuda")
+        with torch.no_grad():
+            cudnn = time_torch(torch, lambda: m(tx), repeats=a.repeats).ms_median
+    print(f"{'variant':>7} {'ms':>8} {'us/wstep':>9} {'TFLOPS':>7} {'vs cuDNN':>8}")
+    for r in rows:
+        ratio = f"{cudnn / r['ms']:.2f}x" if cudnn else "-"
+        r["cudnn_ms"] = cudnn
+        print(f"{r['variant']:>7} {r['ms']:8.3f} {r['us_per_wavefront_step']:9.2f} "
+              f"{r['tflops']:7.2f} {ratio:>8}")
+    if cudnn:
+        print(f"cuDNN {cudnn:.3f} ms")
+    if a.out:
+        Path(a.out).write_text(json.dumps(dict(device=device_info(), rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The stack kernel (cuda_src/persistent.cu, ``lstm_persistent_stack_fwd``): every layer of
+an LSTM stack in ONE persistent launch, along the wavefront, with W.x inside the kernel.
+
+Why a second persistent kernel: the per-layer grid kernel needs every SM, so the layers of a
+stack run one after another, each behind its own input GEMM (NOTES.md, fifth session: at the
+paper size 4 x (0.25 ms GEMM + 100 x 11.6 us) ~ 5.6 ms). Here the SMs are cut into L groups
+of NB = H / U blocks, one group a layer, all resident at once. Block (l, rank) owns units
+[rank*U, rank*U + U) of layer l with their G gate rows (M = G*U = PS_M rows) and each step
+multiplies [W_l | R_l] rows by [in_t ; h_t] for every batch: W tiles and the input stream
+from L2 (cp.async, PS_NS stages), R stays in shared memory. Layer l's step t waits for
+layer l-1's step t (its input) before the W half and for its own layer's step t-1 before
+the R half, on one progress counter per layer; layer 0 waits on nobody but itself, so the
+stack cannot deadlock once all blocks are resident (induction on the layer).
+
+``stack_fit(cell, hidden, batch, layers, input_size, props)`` says whether a shape runs
+(and why not); ``stack_twin`` is the registry's NumPy twin (the same math, for the CPU plan
+executors). The kernel's constants are mirrored below; a test holds them equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .exec.kernels_np import _sigmoid
+
+# The kernel's compile-time constants (cuda_src/persistent.cu, PS_*).
+PS_M = 64             # rows of a block: G * U
+PS_BMAX = 64          # most batches
+PS_KT = 32            # columns of a staged tile
+PS_SK = 36            # row stride (floats) of a staged tile
+PS_NS = 4             # pipeline stages
+PS_THREADS = 256      # threads a block (PK_MAX_THREADS)
+PS_REGS = 254         # registers a thread at most (nvcc 13.0 -arch=sm_90: 222; the fit and a GPU test hold NVRTC to it)
+
+STACK_KERNEL = "lstm_persistent_stack_fwd"
+_REG_ALLOC_UNIT = 256
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class StackFit:
+    """How a stack of ``layers`` layers (hidden H, batch B) runs as one stack launch.
+
+    ok / reason: whether it fits (reason says why not, or what was chosen).
+    units_per_block U (G*U = PS_M rows a block), blocks_per_layer NB = H / U, blocks = L*NB
+    (the grid: one block a SM, all resident), smem_bytes: the R slice in tiles
+    (H / PS_KT tiles of PS_M x PS_SK floats) + PS_NS stages of (PS_M + PS_BMAX) x PS_SK
+    floats (the partial sums reuse them). sms: the device's SM count.
+    """
+
+    cell: str
+    hidden: int
+    batch: int
+    layers: int
+    ok: bool
+    reason: str
+    units_per_block: int
+    blocks_per_layer: int
+    smem_bytes: int
+    sms: int
+    threads: int = PS_THREADS
+
+    @property
+    def blocks(self) -> int:
+        return self.layers * self.blocks_per_layer
+
+    @property
+    def kernel(self) -> str:
+        return STACK_KERNEL
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.blocks, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads, 1, 1)
+
+    def scalars(self, steps: int) -> dict:
+        """The kernel's int scalars by name (order: the registry's)."""
+        return {"T": int(steps), "L": self.layers, "units_per_block": self.units_per_block}
+
+    def describe(self) -> str:
+        head = (f"stack {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "
+                f"{self.units_per_block}, {self.layers} x {self.blocks_per_layer} blocks x "
+                f"{self.threads} threads, shared {self.smem_bytes} B")
+        return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
+
+
+def stack_smem_bytes(hidden: int) -> int:
+    """Dynamic shared memory of one block (bytes): R slice tiles + pipeline stages (the
+    partial sums reuse them) + the block's two bias rows."""
+    return 4 * (_ceil(hidden, PS_KT) * PS_M * PS_SK + PS_NS * (PS_M + PS_BMAX) * PS_SK
+                + 2 * PS_M)
+
+
+def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
+              props: dict, steps: int = 1) -> StackFit:
+    """Fit a whole stack onto the device described by ``props`` (CuPy's
+    getDeviceProperties: multiProcessorCount, sharedMemPerBlockOptin,
+    sharedMemPerMultiprocessor, reservedSharedMemPerBlock, regsPerMultiprocessor).
+
+    Rules in order (the first that fails is the reason):
+      1. cell 'lstm' (the kernel is built for LSTM; U = PS_M / 4 = 16 units a block);
+      2. input_size == hidden (every layer's W has the same shape, so the kernel reads
+         layer l's matrices at row l of one view);
+      3. hidden a multiple of PS_KT (whole tiles) and batch <= PS_BMAX;
+      4. layers * hidden / U blocks <= SMs (one a SM, all resident at once: the waits spin);
+      5. shared memory <= what a block can have; registers of 256 threads <= one SM's;
+      6. steps * blocks_per_layer < 2^32 (the 32-bit progress counters).
+    """
+    H, B, L = int(hidden), int(batch), int(layers)
+    sms = int(props["multiProcessorCount"])
+    U = PS_M // 4
+    nb = _ceil(H, U)
+    smem = stack_smem_bytes(H)
+    where = f"stack {cell} hidden {H}, batch {B}, {L} layers on {sms} SMs"
+
+    def no(reason):
+        return StackFit(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms)
+
+    if cell != "lstm":
+        return no("the stack kernel is built for LSTM only")
+    if int(input_size) != H:
+        return no(f"input size {input_size} != hidden {H} (the kernel reads every layer's "
+                  f"W as one [4H, H] matrix)")
+    if H % PS_KT:
+        return no(f"hidden not a multiple of {PS_KT} (the kernel's tile width)")
+    if not 1 <= B <= PS_BMAX:
+        return no(f"batch outside [1, {PS_BMAX}] (8 lane groups x 8 batches)")
+    if L * nb > sms:
+        return no(f"{L} layers x {nb} blocks of {U} units = {L * nb} > {sms} SMs (one block "
+                  f"a SM, all resident at once)")
+    optin = int(props["sharedMemPerBlockOptin"])
+    per_sm = int(props["sharedMemPerMultiprocessor"])
+    reserved = int(props.get("reservedSharedMemPerBlock", 0))
+    if smem > optin or smem + reserved > per_sm:
+        r_bytes = 4 * _ceil(H, PS_KT) * PS_M * PS_SK
+        return no(f"{smem} bytes of shared memory (R slice {r_bytes} + stages) > "
+                  f"{min(optin, per_sm - reserved)} a block can have")
+    per_warp = _ceil(PS_REGS * 32, _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
+    if (PS_THREADS // 32) * per_warp > int(props["regsPerMultiprocessor"]):
+        return no(f"{PS_THREADS} threads x {PS_REGS} registers > "
+                  f"{props['regsPerMultiprocessor']} a SM")
+    if int(steps) * nb >= 2**32:
+        return no(f"{steps} steps x {nb} blocks overflow the 32-bit progress counters")
+    return StackFit(cell, H, B, L, True,
+                    f"fits: {L * nb} of {sms} SMs ({L} layers x {nb} blocks), all layers "
+                    f"in one launch", U, nb, smem, sms)
+
+
+def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block):
+    """NumPy twin of the stack kernel (the registry's numpy_fn): rows = B, cols = H; outs
+    h [L*(T+1)*B, H], c [L*(T+1)*B, H], act [L*T*B, 4H], sync [1, 2L]; ins x [T*B, H],
+    w_ih [L, 4*H*H], w_hh [L, 4*H*H], bw [L, 4H] (or one broadcast row), br. Slot 0 of each
+    layer's h and c is read, slots 1..T written; the arithmetic is the kernel's: per gate
+    row, (W.in + R.h) + b_ih + b_hh, then lstm_fwd's update, in the arrays' dtype."""
+    B, H = int(rows), int(cols)
+    h, c, act, sync = outs
+    x, w_ih, w_hh, bw, br = ins
+    if np.any(np.asarray(sync) != 0):
+        raise ValueError(f"{STACK_KERNEL}: the sync counters must be zero on entry, got "
+                         f"{np.asarray(sync).ravel().tolist()}")
+    if int(units_per_block) * 4 != PS_M:
+        raise ValueError(f"{STACK_KERNEL}: units_per_block {units_per_block} != {PS_M // 4}")
+    S1 = (T + 1) * B
+    bw = np.broadcast_to(bw, (L, 4 * H))
+    br = np.broadcast_to(br, (L, 4 * H))
+    inp = np.asarray(x).reshape(T, B, H)
+    for layer in range(L):
+        W = np.asarray(w_ih[layer]).reshape(4 * H, H)
+        R = np.asarray(w_hh[layer]).reshape(4 * H, H)
+        hs = h[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
+        cs = c[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
+        acts = act[layer * T * B:(layer + 1) * T * B].reshape(T, B, 4 * H)
+        hp, cp = np.array(hs[0]), np.array(cs[0])
+        out = np.empty_like(hs[1:])
+        for t in range(T):
+            pre = (inp[t] @ W.T + hp @ R.T) + bw[layer]
+            pre = pre + br[layer]
+            i, f = _sigmoid(pre[:, :H]), _sigmoid(pre[:, H:2 * H])
+            g, o = np.tanh(pre[:, 2 * H:3 * H]), _sigmoid(pre[:, 3 * H:])
+            cp = f * cp + i * g
+            hp = o * np.tanh(cp)
+            out[t] = hp
+            acts[t] = np.concatenate([i, f, g, o], axis=1)
+            cs[t + 1] = cp
+        hs[1:] = out
+        inp = out
