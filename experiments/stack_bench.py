@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+from rnnrt import reference  # noqa: E402
 from rnnrt.bench.timing import time_gpu, time_torch  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare  # noqa: E402
 from rnnrt.device import device_info, require_gpu  # noqa: E402
@@ -29,27 +30,16 @@ from rnnrt.kernels import source  # noqa: E402
 from rnnrt.stack import stack_fit  # noqa: E402
 
 
-def reference(x, wih, whh, bias, h0, c0):
-    """float64 LSTM stack: x [T, B, H]; wih, whh [L, 4H, H]; bias [L, 4H] (b_ih + b_hh);
-    h0, c0 [L, B, H] -> h, c [L, T, B, H], act [L, T, B, 4H]."""
-    sig = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
-    L, T = wih.shape[0], x.shape[0]
-    inp = x.astype(np.float64)
-    hs, cs, acts = [], [], []
-    for layer in range(L):
-        h, c = h0[layer].astype(np.float64), c0[layer].astype(np.float64)
-        H = h.shape[1]
-        ho, co, ao = [], [], []
-        for t in range(T):
-            pre = inp[t] @ wih[layer].T + h @ whh[layer].T + bias[layer]
-            i, f = sig(pre[:, :H]), sig(pre[:, H:2 * H])
-            g, o = np.tanh(pre[:, 2 * H:3 * H]), sig(pre[:, 3 * H:])
-            c = f * c + i * g
-            h = o * np.tanh(c)
-            ho.append(h), co.append(c), ao.append(np.concatenate([i, f, g, o], 1))
-        hs.append(np.stack(ho)), cs.append(np.stack(co)), acts.append(np.stack(ao))
-        inp = hs[-1]
-    return np.stack(hs), np.stack(cs), np.stack(acts)
+def expected(x, wih, whh, bih, bhh, h0, c0):
+    """float64 reference (rnnrt.reference) of the stack: x [T, B, H]; wih, whh [L, 4H, H];
+    bih, bhh [L, 4H]; h0, c0 [L, B, H] -> h, c [L, T, B, H], act [L, T, B, 4H]."""
+    f64 = np.float64
+    params = [{"weight_ih": w.astype(f64), "weight_hh": r.astype(f64),
+               "bias_ih": bi.astype(f64), "bias_hh": bh.astype(f64)}
+              for w, r, bi, bh in zip(wih, whh, bih, bhh)]
+    _, _, _, cache = reference.forward("lstm", params, x.astype(f64), h0.astype(f64),
+                                       c0.astype(f64))
+    return cache.sequences()
 
 
 def main(argv=None):
@@ -80,7 +70,7 @@ def main(argv=None):
     bhh = (0.1 * rng.standard_normal((L, 4 * H))).astype(f32)
     h0 = rng.standard_normal((L, B, H)).astype(f32)
     c0 = rng.standard_normal((L, B, H)).astype(f32)
-    ref_h, ref_c, ref_act = reference(x, wih, whh, bih.astype(np.float64) + bhh, h0, c0)
+    ref_h, ref_c, ref_act = expected(x, wih, whh, bih, bhh, h0, c0)
 
     stream = cp.cuda.Stream(non_blocking=True)
     d_x, d_wih, d_whh = cp.asarray(x), cp.asarray(wih), cp.asarray(whh)

@@ -150,8 +150,21 @@ def partial_stride(batch: int, lb: int) -> int:
     return 32 * _ceil(batch - lb, 32) + lb
 
 
+class Launch1D:
+    """A persistent launch's grid and block from its ``blocks`` and ``threads``: a 1-D grid
+    of 1-D blocks (the per-layer fits and the stack fit alike)."""
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.blocks, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads, 1, 1)
+
+
 @dataclass(frozen=True)
-class Fit:
+class Fit(Launch1D):
     """How one layer of ``cell`` (hidden H, batch B) runs as one persistent launch.
 
     ok / reason: whether it fits the device (reason says why not, or what was chosen).
@@ -237,14 +250,6 @@ class Fit:
     @property
     def kernel(self) -> str:
         return kernel_name(self.cell, self.cluster > 0)
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return (self.blocks, 1, 1)
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.threads, 1, 1)
 
     def units(self, block: int) -> range:
         """The hidden units block ``block`` owns."""

@@ -464,12 +464,12 @@ class _ForwardBuilder:
             n = self.L * B * H
             bufs += [Buffer("h", (T + 1) * n, "io"), Buffer("c", (T + 1) * n, "io"),
                      Buffer("act", T * n * self.cell.saved_gates, "scratch")]
-            if self.xpose_for_backward():
-                for layer in range(self.L):
-                    bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
-                             Buffer(f"rT{layer}", H * GH, "scratch")]
-            return tuple(bufs)
         for layer in range(self.L):
+            if self.xposed():
+                bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
+                         Buffer(f"rT{layer}", H * GH, "scratch")]
+            if self.stack is not None:
+                continue
             bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
             if self.cell.has_cell_state:
                 bufs.append(Buffer(f"c{layer}", ((T + 1) if self.all_slots else 3) * B * H,
@@ -482,9 +482,6 @@ class _ForwardBuilder:
             if not self.sw.fused:
                 bufs += [Buffer(f"pre{layer}", B * GH, "scratch"),
                          Buffer(f"tmp{layer}", 2 * B * H, "scratch")]
-            if self.sw.pretranspose:
-                bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
-                         Buffer(f"rT{layer}", H * GH, "scratch")]
         return tuple(bufs)
 
     # -- views -----------------------------------------------------------------------------
@@ -703,18 +700,19 @@ class _ForwardBuilder:
                 k(nonlin, hnew, pre)]
 
     # -- assembly --------------------------------------------------------------------------
-    def xpose_for_backward(self):
-        """With the stack kernel the forward needs no transposed weights, but a training
-        pass's backward reads wT / rT, which the forward transposes (pretranspose switch)."""
-        return self.stack is not None and self.sw.pretranspose and self.key.train
+    def xposed(self):
+        """Whether the forward transposes W and R once (pretranspose switch): for its own
+        GEMMs, or with the stack kernel (no GEMMs) only for a training pass's backward,
+        which reads wT / rT."""
+        return self.sw.pretranspose and (self.stack is None or self.key.train)
 
     def stack_task(self):
         """Every layer and step as one launch of the stack kernel (rnnrt/stack.py)."""
         T, B, H, L, GH, st = self.T, self.B, self.H, self.L, self.GH, self.stack
         # each parameter kind of layer l at (layer 0's offset + l * stride): the kernel reads
-        # layer l's matrix at row l of one view (every layer's entries have one size: I = H)
-        stride = (self.param(1, "weight_ih").offset - self.param(0, "weight_ih").offset
-                  if L > 1 else self.layout.size)
+        # layer l's matrix at row l of one view (every layer's entries have one size: I = H;
+        # L > 1, stack_choice's condition)
+        stride = self.param(1, "weight_ih").offset - self.param(0, "weight_ih").offset
 
         def rows_of(kind, cols):
             e0 = self.param(0, kind)
@@ -746,11 +744,11 @@ class _ForwardBuilder:
 
     def build(self) -> Plan:
         tasks = [self.stack_task()] if self.stack is not None else []
-        for layer in range(self.L if self.xpose_for_backward() else 0):
-            tasks += [self.xpose_task(layer, "ih"), self.xpose_task(layer, "hh")]
-        for layer in range(self.L if self.stack is None else 0):
-            if self.sw.pretranspose:
+        for layer in range(self.L):
+            if self.xposed():
                 tasks += [self.xpose_task(layer, "ih"), self.xpose_task(layer, "hh")]
+            if self.stack is not None:
+                continue
             for t0 in range(0, self.T, self.k):
                 tasks.append(self.wx_task(layer, t0, min(t0 + self.k, self.T)))
             if self.persist:

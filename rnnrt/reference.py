@@ -64,6 +64,16 @@ class Cache:
     cell: str
     layers: list[LayerCache]
 
+    def sequences(self):
+        """Every layer's states after each step, stacked: (h [L, T, B, H], c [L, T, B, H] or
+        None, gates [L, T, B, S*H] or None) -- what a whole-stack kernel writes."""
+        def stacked(name):
+            arrays = [getattr(lc, name) for lc in self.layers]
+            if arrays[0] is None:
+                return None
+            return np.stack([a if name == "gates" else a[1:] for a in arrays])
+        return stacked("h"), stacked("c"), stacked("gates")
+
 
 # --------------------------------------------------------------------------- helpers
 

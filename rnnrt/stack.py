@@ -13,8 +13,9 @@ the R half, on one progress counter per layer; layer 0 waits on nobody but itsel
 stack cannot deadlock once all blocks are resident (induction on the layer).
 
 ``stack_fit(cell, hidden, batch, layers, input_size, props)`` says whether a shape runs
-(and why not); ``stack_twin`` is the registry's NumPy twin (the same math, for the CPU plan
-executors). The kernel's constants are mirrored below; a test holds them equal.
+(and why not); ``lstm_persistent_stack_fwd`` is the registry's NumPy twin (the same
+function, for the CPU plan executors). The kernel's constants are mirrored below; a test
+holds them equal.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .exec.kernels_np import _sigmoid
+from .exec.kernels_np import lstm_fwd
+from .persistent import PK_MAX_THREADS, Launch1D, _ceil, _DeviceBudget
 
 # The kernel's compile-time constants (cuda_src/persistent.cu, PS_*).
 PS_M = 64             # rows of a block: G * U
@@ -30,19 +32,15 @@ PS_BMAX = 64          # most batches
 PS_KT = 32            # columns of a staged tile
 PS_SK = 36            # row stride (floats) of a staged tile
 PS_NS = 4             # pipeline stages
-PS_THREADS = 256      # threads a block (PK_MAX_THREADS)
-PS_REGS = 254         # registers a thread at most (nvcc 13.0 -arch=sm_90: 222; the fit and a GPU test hold NVRTC to it)
+# registers a thread at most (nvcc 13.0 -arch=sm_90: 222; the fit and a GPU test hold
+# NVRTC's build to it); blocks of PK_MAX_THREADS threads (its __launch_bounds__)
+PS_REGS = 254
 
 STACK_KERNEL = "lstm_persistent_stack_fwd"
-_REG_ALLOC_UNIT = 256
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
-class StackFit:
+class StackFit(Launch1D):
     """How a stack of ``layers`` layers (hidden H, batch B) runs as one stack launch.
 
     ok / reason: whether it fits (reason says why not, or what was chosen).
@@ -62,7 +60,7 @@ class StackFit:
     blocks_per_layer: int
     smem_bytes: int
     sms: int
-    threads: int = PS_THREADS
+    threads: int = PK_MAX_THREADS
 
     @property
     def blocks(self) -> int:
@@ -71,14 +69,6 @@ class StackFit:
     @property
     def kernel(self) -> str:
         return STACK_KERNEL
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return (self.blocks, 1, 1)
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.threads, 1, 1)
 
     def scalars(self, steps: int) -> dict:
         """The kernel's int scalars by name (order: the registry's)."""
@@ -101,8 +91,7 @@ def stack_smem_bytes(hidden: int) -> int:
 def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
               props: dict, steps: int = 1) -> StackFit:
     """Fit a whole stack onto the device described by ``props`` (CuPy's
-    getDeviceProperties: multiProcessorCount, sharedMemPerBlockOptin,
-    sharedMemPerMultiprocessor, reservedSharedMemPerBlock, regsPerMultiprocessor).
+    getDeviceProperties, the keys persistent_fit reads; the budget is its _DeviceBudget).
 
     Rules in order (the first that fails is the reason):
       1. cell 'lstm' (the kernel is built for LSTM; U = PS_M / 4 = 16 units a block);
@@ -114,7 +103,8 @@ def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
       6. steps * blocks_per_layer < 2^32 (the 32-bit progress counters).
     """
     H, B, L = int(hidden), int(batch), int(layers)
-    sms = int(props["multiProcessorCount"])
+    dev = _DeviceBudget("lstm", props, PK_MAX_THREADS, PS_REGS)
+    sms = dev.sms
     U = PS_M // 4
     nb = _ceil(H, U)
     smem = stack_smem_bytes(H)
@@ -135,17 +125,12 @@ def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
     if L * nb > sms:
         return no(f"{L} layers x {nb} blocks of {U} units = {L * nb} > {sms} SMs (one block "
                   f"a SM, all resident at once)")
-    optin = int(props["sharedMemPerBlockOptin"])
-    per_sm = int(props["sharedMemPerMultiprocessor"])
-    reserved = int(props.get("reservedSharedMemPerBlock", 0))
-    if smem > optin or smem + reserved > per_sm:
+    if smem > dev.limit:
         r_bytes = 4 * _ceil(H, PS_KT) * PS_M * PS_SK
         return no(f"{smem} bytes of shared memory (R slice {r_bytes} + stages) > "
-                  f"{min(optin, per_sm - reserved)} a block can have")
-    per_warp = _ceil(PS_REGS * 32, _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
-    if (PS_THREADS // 32) * per_warp > int(props["regsPerMultiprocessor"]):
-        return no(f"{PS_THREADS} threads x {PS_REGS} registers > "
-                  f"{props['regsPerMultiprocessor']} a SM")
+                  f"{dev.limit} a block can have")
+    if not dev.regs_ok(PK_MAX_THREADS):
+        return no(f"{PK_MAX_THREADS} threads x {PS_REGS} registers > {dev.regs_sm} a SM")
     if int(steps) * nb >= 2**32:
         return no(f"{steps} steps x {nb} blocks overflow the 32-bit progress counters")
     return StackFit(cell, H, B, L, True,
@@ -157,8 +142,9 @@ def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block):
     """NumPy twin of the stack kernel (the registry's numpy_fn): rows = B, cols = H; outs
     h [L*(T+1)*B, H], c [L*(T+1)*B, H], act [L*T*B, 4H], sync [1, 2L]; ins x [T*B, H],
     w_ih [L, 4*H*H], w_hh [L, 4*H*H], bw [L, 4H] (or one broadcast row), br. Slot 0 of each
-    layer's h and c is read, slots 1..T written; the arithmetic is the kernel's: per gate
-    row, (W.in + R.h) + b_ih + b_hh, then lstm_fwd's update, in the arrays' dtype."""
+    layer's h and c is read, slots 1..T written. Each step is the fused kernel's twin
+    (kernels_np.lstm_fwd) on W.in and R.h, in the arrays' dtype: the same function as the
+    kernel, whose sums run in another order (checked against the reference, not this)."""
     B, H = int(rows), int(cols)
     h, c, act, sync = outs
     x, w_ih, w_hh, bw, br = ins
@@ -177,17 +163,8 @@ def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block):
         hs = h[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
         cs = c[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
         acts = act[layer * T * B:(layer + 1) * T * B].reshape(T, B, 4 * H)
-        hp, cp = np.array(hs[0]), np.array(cs[0])
-        out = np.empty_like(hs[1:])
         for t in range(T):
-            pre = (inp[t] @ W.T + hp @ R.T) + bw[layer]
-            pre = pre + br[layer]
-            i, f = _sigmoid(pre[:, :H]), _sigmoid(pre[:, H:2 * H])
-            g, o = np.tanh(pre[:, 2 * H:3 * H]), _sigmoid(pre[:, 3 * H:])
-            cp = f * cp + i * g
-            hp = o * np.tanh(cp)
-            out[t] = hp
-            acts[t] = np.concatenate([i, f, g, o], axis=1)
-            cs[t + 1] = cp
-        hs[1:] = out
-        inp = out
+            lstm_fwd(B, H, (hs[t + 1], cs[t + 1], acts[t]),
+                     (inp[t] @ W.T, hs[t] @ R.T, bw[layer:layer + 1], br[layer:layer + 1],
+                      cs[t]))
+        inp = hs[1:]

@@ -23,10 +23,11 @@ from rnnrt.exec.workspace import Workspace
 from rnnrt.kernels import cuda_src_dir, source
 from rnnrt.limits import H100_SXM
 from rnnrt.ops import Kernel
-from rnnrt.params import make_layout, per_layer, to_flat
+from rnnrt.params import per_layer, to_flat
 from rnnrt.plan import PlanKey, forward_plan
 from rnnrt.plan_backward import backward_plan
 from rnnrt.switches import ladder
+from conftest import random_layer_stack
 
 TESTS = Path(__file__).resolve().parent
 # a device without clusters: the per-layer fit is the grid kernel, so the stack is considered
@@ -98,9 +99,7 @@ def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2):
          for n in range(L)]
     _, _, _, cache = reference.forward("lstm", p, x.astype(f64), h[:, 0].astype(f64),
                                        c[:, 0].astype(f64))
-    want = tuple(np.stack([getattr(lc, a)[1:] if a != "gates" else lc.gates
-                           for lc in cache.layers]) for a in ("h", "c", "gates"))
-    return (got_h, got_c, got_a), want
+    return (got_h, got_c, got_a), cache.sequences()
 
 
 SHAPES = [(64, 64, 3, 2), (5, 32, 4, 3), (37, 96, 3, 2)]   # (B, H, T, L): tile edges, B < 8
@@ -150,16 +149,9 @@ T, B, H, L = 5, 40, 32, 3
 
 
 def make_case(bias, seed=0):
-    rng = np.random.default_rng(seed)
-    layout = make_layout("lstm", H, H, L, bias)
-    flat = np.zeros(layout.size)
-    for e in layout.entries:
-        n = int(np.prod(e.shape))
-        flat[e.offset:e.offset + n] = rng.uniform(-0.3, 0.3, n)
-    x = rng.standard_normal((T, B, H))
-    h0 = 0.5 * rng.standard_normal((L, B, H))
-    c0 = 0.5 * rng.standard_normal((L, B, H))
-    return layout, flat, x, h0, c0
+    """(layout, flat, x, h0, c0) in float64 (the fp32 random stack, widened exactly)."""
+    layout, *arrays, _ = random_layer_stack("lstm", L, T, B, H, H, bias, seed)
+    return (layout, *(a.astype(np.float64) for a in arrays))
 
 
 def key(train=False, bias=True, batch=B, device=SM80):
