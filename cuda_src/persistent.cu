@@ -148,7 +148,12 @@
  *     out c      [L*(T+1)*B, H]  likewise (c0)
  *     out act    [L*T*B, 4H]     i, f, g, o of every layer and step
  *     out sync   [1, 2L]         word 2l: layer l's progress (blocks x steps done); word 1:
- *                                blocks gone. Zero on entry, zero on exit
+ *                                blocks gone; word 3: blocks past the prologue. Zero on
+ *                                entry, zero on exit (so L >= 2)
+ *     out wt     [L*H, 4H]       scratch: each layer's W^T (the prologue writes it)
+ *     out ht     [(L+1)*(T+1)*H, 64]  scratch, ld 64: the k-major inputs, slot m*(T+1) + s
+ *                                of H rows (row k: batches 0..B-1): m = 0 x_{s-1}^T, m = l+1
+ *                                layer l's h_s^T (slot 0 = h0^T from the prologue)
  *     in  x      [T*B, H]        the input sequence
  *     in  w_ih   [L, 4*H*H]      row l: layer l's weight_ih [4H, H], row-major (ld: the
  *                                distance between layers in the flat parameters)
@@ -249,38 +254,51 @@
  *   checks L*NB <= SMs); block x is layer l = x / NB, rank x % NB, owning units
  *   [rank*U, rank*U + U) with all 4 gate rows (row q*U + ju of the block is gate row
  *   q*H + rank*U + ju). A step is a GEMM of the block's [W_l | R_l] rows (PS_M x 2H) by
- *   [in_t ; h_t] (2H x B) in 2*H/PS_KT tiles of PS_KT columns: tiles 0..NK-1 stream W's
- *   columns and the input's through PS_NS shared stages (cp.async, PS_NS - 1 tiles in
- *   flight, one __syncthreads a tile), tiles NK.. stream h_t's and multiply the R slice,
- *   which the block copied into shared memory once, in the same tile layout (rows of
- *   PS_SK floats: 9 float4s, so 8 rows' same column are 8 different groups of banks).
- *   Lanes: warp w is row half w % 2 (32 rows) of k-group w / 2 (4 k-groups, each the
- *   float4 chunks kg, kg + 4 of every tile); lane (lr = lane & 3, lb = lane >> 2)
- *   accumulates rows lr + 4i (i < 8) by batches lb + 8j (j < 8) in registers, the next
- *   chunk's rows loaded before this chunk's FMAs. After the last tile the stages become
- *   the partial sums red[kg][b][row] (row stride PS_RP = 68: the flush's 32 lanes hit 32
- *   banks); thread tid updates cells e = tid + 256i: jj = e % U, b the (e / U)-th of 0, 4,
- *   1, 5, ... (a warp's two batches 4 apart: conflict-free reads; jj fastest: coalesced
- *   stores), sums the 4 k-groups in order, adds b_ih then b_hh (kept in shared memory),
- *   keeps c_t in registers.
- *   Waits: layer l's step t reads layer l-1's h_{t+1} (tiles < NK) and its own layer's
- *   h_t (tiles >= NK). After its step t every block: __syncthreads; thread 0:
- *   fence.acq_rel.gpu; atomicAdd(&sync[2l], 1) (release, as the grid barrier). Thread 0
- *   waits (relaxed poll, then fence.acq_rel.gpu; the __syncthreads after it shows the wait
- *   to the block) for sync[2(l-1)] >= (t+1)*NB before the step's first tile is issued and
+ *   [in_t ; h_t] (2H x B) in 2*H/PS_KT tiles of PS_KT k rows, every operand k-major (a k's
+ *   64 gate rows, a k's 64 batches contiguous): tiles 0..NK-1 stream W^T's rows and the
+ *   input's through PS_NS shared stages (cp.async), tiles NK.. stream h_t^T's and multiply
+ *   the R slice, which the block copied into shared memory once, k-major.
+ *   Prologue: every block transposes a share of W (all layers, into wt), x (all steps) and
+ *   h0 (all layers, into ht) through 32 x 33 shared tiles, then counts on sync[3]; every
+ *   block waits for all gridDim.x arrivals before its first step. Each step's pointwise
+ *   stores h_{t+1}^T into ht beside h_{t+1}: the next reads of it are k-major.
+ *   Lanes: warp w is k-group w (8 of them), taking k rows w*PS_KPW .. + PS_KPW of every
+ *   tile, and copying exactly those rows itself: no block barrier in the K loop, a lane's
+ *   cp.async wait and __syncwarp show a tile to its warp, and a warp refills a stage only
+ *   after it read its own rows of it (warps run up to PS_NS - 1 tiles apart). Lane
+ *   (lr = lane & 3, lb = lane >> 2) accumulates rows 16g + 4lr + e (g, e < 4) by batches
+ *   32h + 4lb + f (h < 2, f < 4): per k 6 float4 loads (4 of A^T, 2 of X^T), 128 FMAs,
+ *   the next k's loaded first. After the K loop the stages become the partial sums
+ *   red[m][b][row] (m < 4, row stride PS_RP = 68): warps 4..7 store theirs, warps 0..3 add
+ *   theirs in place; thread tid updates cells e = tid + 256i: jj = e % U, b the (e / U)-th
+ *   of 0, 4, 1, 5, ... (conflict-free reads, coalesced h stores), sums the 4 partials in
+ *   order, adds b_ih then b_hh (kept in shared memory), keeps c_t in registers; the
+ *   activations use the approximate exp and division (PS_FAST_CELL; ~1e-6 relative).
+ *   Waits: layer l's step t reads layer l-1's h_{t+1}^T (tiles < NK; for layer 0 x_t^T)
+ *   and its own layer's h_t^T (tiles >= NK). After its step t every block: stores h^T,
+ *   __syncthreads; thread 0: fence.acq_rel.gpu; atomicAdd(&sync[2l], 1) (release), then
+ *   the block stores c, the gates and h (streaming: nothing in the launch reads them).
+ *   Lane 0 of every warp waits (relaxed poll, then one ld.acquire.gpu: a fence there would
+ *   also wait for the warp's copies in flight; the __syncwarp after it shows the wait to
+ *   the warp) for sync[2(l-1)] >= (t+1)*NB before the step's first tile is issued and
  *   for sync[2l] >= t*NB before tile NK is (PS_NS - 1 tiles earlier, under the W half's
  *   FMAs; at the step's top when that is in the prologue). Outputs are never overwritten
  *   (every step has its own slots), so a layer may run any number of steps ahead of the
  *   layer above it. Deadlock-free: layer 0 waits only for its own blocks; if layers < l
- *   finish every step, layer l does (all blocks resident, uniform loops, no early exit).
- *   On exit thread 0 adds 1 to sync[1]; the last block out (gridDim.x - 1 before it)
- *   zeroes every layer's word and sync[1]: every block has passed its last wait.
- *   History, LSTM H 512 B 64 four layers (experiments/stack_bench.py, H100): v1 5.54 ms
- *   (profile: each LDS.128 is 4 shared wavefronts, so the 8 x 8 tile's 16 loads per 256
- *   FMAs keep the shared pipe as busy as the FMA pipe; the pointwise ~8 us a step, its
- *   stores b-fastest touching 32 rows each and its biases loaded from global); v2 4.34 ms
- *   (cells jj-fastest with the partial sums transposed, biases in shared memory, the next
- *   chunk's rows prefetched).
+ *   finish every step, layer l does (all blocks resident, uniform loops, no early exit;
+ *   the prologue's count is unconditional). On exit thread 0 adds 1 to sync[1]; the last
+ *   block out (gridDim.x - 1 before it) zeroes every layer's word, sync[1] and sync[3]:
+ *   every block has passed its last wait.
+ *   History, LSTM H 512 B 64 four layers (experiments/stack_bench.py, H100 unless said):
+ *   v1 5.54 ms (each LDS.128 is 4 shared wavefronts: the 8 x 8 lane tile held the shared
+ *   pipe as busy as the FMA pipe; the pointwise ~8 us a step); v2 4.17 ms (cells
+ *   jj-fastest, biases in shared memory, U compile-time; profile: 23.3 K instructions a
+ *   warp a step, 6.7 K of them not FFMAs, ~2.5 K the cp.async address arithmetic); v3
+ *   (session 7, operands k-major, 16 x 8 lane tile, 8 k-groups) 4.00 ms (H200), 64-row
+ *   tiles in 3 stages 3.45 (H200: 20.8 K instructions a warp a step), h^T published
+ *   before the other stores 3.37 (H200), per-warp pipeline without block barriers 3.28
+ *   (H200), acquire load for the fence 3.26 (H200), fast cell math 3.14 (precise 3.25 in
+ *   the same process; 32-row tiles in 6 / 5 stages: 3.68 / 3.49 against 3.21).
  *
  * Resources (sm_90, nvcc 13.0 --resource-usage; the grid and the cluster kernels alike;
  *   rnnrt.persistent.NVCC_REGS holds the larger of nvcc's and NVRTC's count):
@@ -289,6 +307,9 @@
  *   Dynamic shared memory by the layout above, e.g. LSTM B 64 H 512 on 132 SMs, 256
  *   threads (U 4, M 16, lanes 4 x 8 x 1, NKG 8, k_tile 512, one tile): 33,024 (R) +
  *   132,096 (h tile) + 36,864 (partials) = 201,984 bytes.
+ *   The stack kernel: 253-255 registers (nvcc / NVRTC; rnnrt.stack.PS_REGS = 255, no
+ *   spills: tests hold both), dynamic shared memory H*64*4 (R) + PS_NS * 32 KB (stages) +
+ *   512 (biases): 229,888 bytes at H 512.
  */
 
 // Timing variants, for experiments/persistent_bench.py --variants only (they compute wrong
@@ -381,6 +402,13 @@ __device__ __forceinline__ float4 pk_lds128(pk_saddr a) {
 __device__ __forceinline__ void pk_fence_acq_rel() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
+// An acquire load (the stack kernel's waits end with one instead of a fence: a fence would
+// also wait for the warp's cp.async copies in flight).
+__device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int* p) {
     unsigned int v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -435,6 +463,10 @@ __device__ __forceinline__ void pk_st_cluster(pk_saddr local, unsigned int rank,
 }
 #endif
 
+// Fetch the 128-byte line at p into L2 (a hint: no registers, nothing waits for it).
+__device__ __forceinline__ void pk_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
 __device__ __forceinline__ void pk_cp_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -1031,79 +1063,156 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__
 // the header's "Stack kernel"). Block x is layer l = x / NB, rank x % NB (NB = H / U blocks
 // a layer); it owns units [rank*U, rank*U + U) of its layer with all G gate rows (M = G*U =
 // PS_M rows) and each step computes [W_l | R_l] rows x [in_t ; h_t] for every batch: W.x
-// inside the kernel (W tiles streamed from L2 beside the input), R.h from the R slice it
-// keeps in shared memory. Layer l's step t waits for layer l-1's step t (before its W half)
-// and for its own layer's step t-1 (before its R half) on per-layer progress counters.
+// inside the kernel, R.h from the R slice it keeps in shared memory. Every operand is held
+// k-major (a k's 64 rows, a k's 64 batches contiguous), so a lane's step is an outer product
+// per k from 6 float4 loads; the kernel writes the k-major copies itself: W^T (wt) and the
+// inputs' transposes (ht) in a prologue, each step's h^T beside h.
 #define PS_M 64                    // rows of a block: G*U (LSTM: 16 units x 4 gates)
-#define PS_BMAX 64                 // most batches: 8 lane groups x PS_TB
-#define PS_TM 8                    // register tile: rows a lane accumulates
-#define PS_TB 8                    // register tile: batches a lane accumulates
-#define PS_KT 32                   // columns of a staged tile (8 float4 chunks)
-#define PS_SK 36                   // row stride (floats) of a tile: 9 float4s, odd
-#define PS_NS 4                    // pipeline stages (tiles in flight: PS_NS - 1)
-#define PS_WR (PS_M / 32)          // warps of a k-group (each 32 rows x 64 batches)
-#define PS_KG (PK_MAX_THREADS / 32 / PS_WR)   // k-groups (4): split-K inside the block
-#define PS_RP 68                   // stride of a batch's partial sums (4 mod 32: see the flush)
+#define PS_BMAX 64                 // most batches (and the width of an ht row)
+#define PS_TM 16                   // register tile: rows a lane accumulates (4 float4s)
+#define PS_TB 8                    // register tile: batches a lane accumulates (2 float4s)
+#ifndef PS_KT                      // (overridable for experiments: stack_bench.py --define;
+#define PS_KT 64                   //  rnnrt.stack mirrors the defaults, a test holds them)
+#endif                             // k rows of a staged tile
+#ifndef PS_NS
+#define PS_NS 3                    // pipeline stages (tiles in flight: PS_NS - 1)
+#endif
+#define PS_KG (PK_MAX_THREADS / 32)   // k-groups (8): one a warp, each the block's 64 x 64
+#define PS_KPW (PS_KT / PS_KG)     // k rows of a tile a warp takes (8)
+#define PS_RP 68                   // stride of a batch's partial sums (see the flush)
 #define PS_CPT 4                   // pointwise cells a thread: U * B / PK_MAX_THREADS at most
-#define PS_STAGE ((PS_M + PS_BMAX) * PS_SK)   // floats of one stage: A rows, then X rows
+#define PS_STAGE (2 * PS_KT * PS_M)   // floats of one stage: A^T [KT][64], then X^T [KT][64]
+#define PS_CH (PS_KT * (PS_M / 4) / PK_MAX_THREADS)   // float4s of a tile's A a thread copies
+static_assert(PS_M == PS_BMAX, "A^T and X^T rows have one width (one cp.async mapping)");
+static_assert(4 * PS_BMAX * PS_RP <= PS_NS * PS_STAGE, "the partial sums reuse the stages");
+static_assert(PS_KT % PS_KG == 0 && PS_CH >= 1, "whole k rows a warp, whole chunks a thread");
+// Steps the layer below must be done with before a layer's step t starts: t + 1 is what
+// the data needs; more only delays the layer (experiments: stack_bench.py --define).
+#ifndef PK_SLACK
+#define PK_SLACK 1
+#endif
+// The stack kernel's cell activations from the hardware's approximate exp and division
+// (ex2.approx, rcp.approx: ~1e-6 relative, far inside the fp32 tolerance the tests assert);
+// 0: the precise sigmoidf / tanhf of the other kernels (experiments: --define PS_FAST_CELL=0)
+#ifndef PS_FAST_CELL
+#define PS_FAST_CELL 1
+#endif
+__device__ __forceinline__ float ps_sigmoid(float x) {
+    if (PS_FAST_CELL) return __fdividef(1.f, 1.f + __expf(-x));   // exp -> inf: 1/inf = 0
+    return sigmoidf(x);
+}
+__device__ __forceinline__ float ps_tanh(float x) {
+    if (PS_FAST_CELL) return 2.f * ps_sigmoid(2.f * x) - 1.f;
+    return tanhf(x);
+}
 
-// Wait until *p >= target (thread 0 only; the __syncthreads after it shows the wait to the
-// block). The acquire side of the progress counters: a relaxed poll, then one fence.
+// Timeline of the stack kernel, for experiments only (rnnrt never defines PK_TRACE): thread
+// 0 of each block notes %globaltimer (ns) at PS_TRACE_POINTS points of its first
+// PS_TRACE_STEPS steps into pk_trace[block][step][point] (stack_bench.py --trace reads it):
+// 0 step top, 1 past the top waits, 2 before the own wait, 3 past it, 4 past the K loop,
+// 5 after the count.
+#define PS_TRACE_STEPS 128
+#define PS_TRACE_POINTS 6
+#ifdef PK_TRACE
+__device__ unsigned long long pk_trace[160 * PS_TRACE_STEPS * PS_TRACE_POINTS];
+#define PS_NOTE(t, point)                                                                     \
+    do {                                                                                      \
+        if (threadIdx.x == 0 && (t) < PS_TRACE_STEPS) {                                       \
+            unsigned long long ns;                                                            \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));                            \
+            pk_trace[(blockIdx.x * PS_TRACE_STEPS + (t)) * PS_TRACE_POINTS + (point)] = ns;   \
+        }                                                                                     \
+    } while (0)
+#else
+#define PS_NOTE(t, point) ((void)0)
+#endif
+
+// Wait until *p >= target (lane 0 of a warp; the __syncwarp after it shows the wait to the
+// warp). The acquire side of the progress counters: a relaxed poll, then one acquire load
+// (not a fence: fence.acq_rel would wait for the warp's cp.async copies in flight; the
+// profile of the first per-warp version: the waits cost 3.3 us a step, 0.75 us seen).
 __device__ __forceinline__ void ps_wait(const unsigned int* p, unsigned int target) {
     if (PK_TIMING & 4) return;
     const long long start = clock64();
     while (ld_relaxed_gpu(p) < target) {
         if (clock64() - start > PK_SPIN_LIMIT) __trap();   // not co-resident: fail, not hang
     }
-    pk_fence_acq_rel();
+    if (ld_acquire_gpu(p) < target) __trap();   // counters only grow during a launch
 }
 
-// acc += A . X^T over one staged tile (PS_KT columns). The lane takes float4 chunks kg,
-// kg + PS_KG, ... of its rows (4 apart) and batches (8 apart); a and x are the shared
-// addresses of its first row and first batch at chunk kg. Every other offset is a
-// compile-time constant (the tile's strides are), so the loads need no address arithmetic.
+// out[cc, r] = in[r, cc] for r < rows, cc < cols over the 32 x 32 tile at (r0, c0), through
+// the shared tile s (32 x 33: conflict-free both ways); every thread of the block calls it.
+__device__ __forceinline__ void ps_transpose_tile(const float* in, long long ldi, float* out,
+                                                  long long ldo, int rows, int cols, int r0,
+                                                  int c0, float* s) {
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    for (int i = ty; i < 32; i += PK_MAX_THREADS / 32) {
+        const int r = r0 + i, cc = c0 + tx;
+        s[i * 33 + tx] = (r < rows && cc < cols) ? __ldg(in + r * ldi + cc) : 0.f;
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += PK_MAX_THREADS / 32) {
+        const int cc = c0 + i, r = r0 + tx;
+        if (cc < cols && r < rows) out[cc * ldo + r] = s[tx * 33 + i];
+    }
+    __syncthreads();   // s is free for the next tile
+}
+
+// acc += A^T[k]^T X^T[k] over the warp's PS_KPW k rows of one staged tile. a and x are the
+// shared addresses of the lane's first float4 at the warp's first k row: the lane's rows are
+// 16g + 4lr + e (float4 g < 4 of a 64-float row), its batches 32h + 4lb + f (float4 h < 2).
+// The next k's six float4s are loaded before this k's 128 FMAs.
 __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr a,
                                             pk_saddr x) {
     if (PK_TIMING & 2) return;
-    constexpr int CC = PS_KT / 4 / PS_KG;   // chunks of the tile this lane takes
-    float4 rv[PS_TM], rn[PS_TM];
+    float4 av[4], xv[2], an[4], xn[2];
 #pragma unroll
-    for (int i = 0; i < PS_TM; ++i) rv[i] = pk_lds128(a + 4u * (4 * i * PS_SK));
+    for (int g = 0; g < 4; ++g) av[g] = pk_lds128(a + 64u * g);
 #pragma unroll
-    for (int cc = 0; cc < CC; ++cc) {
-        // the next chunk's rows are loaded before this chunk's FMAs (the profile: the first
-        // FMA of each chunk waited for its own row loads, ~20% of the samples)
-        if (cc + 1 < CC) {
+    for (int hh = 0; hh < 2; ++hh) xv[hh] = pk_lds128(x + 128u * hh);
 #pragma unroll
-            for (int i = 0; i < PS_TM; ++i)
-                rn[i] = pk_lds128(a + 4u * (4 * i * PS_SK) + 16u * ((cc + 1) * PS_KG));
+    for (int kk = 0; kk < PS_KPW; ++kk) {
+        if (kk + 1 < PS_KPW) {
+            const pk_saddr row = 4u * PS_M * (kk + 1);
+#pragma unroll
+            for (int g = 0; g < 4; ++g) an[g] = pk_lds128(a + row + 64u * g);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + row + 128u * hh);
         }
 #pragma unroll
-        for (int jb = 0; jb < PS_TB; ++jb) {
-            const float4 hv = pk_lds128(x + 4u * (8 * jb * PS_SK) + 16u * (cc * PS_KG));
+        for (int g = 0; g < 4; ++g) {
+            const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
 #pragma unroll
-            for (int i = 0; i < PS_TM; ++i) {
-                acc[i][jb] = fmaf(rv[i].x, hv.x, acc[i][jb]);
-                acc[i][jb] = fmaf(rv[i].y, hv.y, acc[i][jb]);
-                acc[i][jb] = fmaf(rv[i].z, hv.z, acc[i][jb]);
-                acc[i][jb] = fmaf(rv[i].w, hv.w, acc[i][jb]);
+            for (int hh = 0; hh < 2; ++hh) {
+                const float xr[4] = {xv[hh].x, xv[hh].y, xv[hh].z, xv[hh].w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+#pragma unroll
+                    for (int f = 0; f < 4; ++f)
+                        acc[4 * g + e][4 * hh + f] = fmaf(ar[e], xr[f], acc[4 * g + e][4 * hh + f]);
             }
         }
-        if (cc + 1 < CC) {
+        if (kk + 1 < PS_KPW) {
 #pragma unroll
-            for (int i = 0; i < PS_TM; ++i) rv[i] = rn[i];
+            for (int g = 0; g < 4; ++g) av[g] = an[g];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) xv[hh] = xn[hh];
         }
     }
 }
 
 // One layer-block of the stack. Views as the header's lstm_persistent_stack_fwd; layer l's
-// rows: h and c at ((l*(T+1) + s)*B + b), act at ((l*T + t)*B + b), W / R / biases at row l.
+// rows: h and c at ((l*(T+1) + s)*B + b), act at ((l*T + t)*B + b), W / R / biases at row l;
+// wt: layer l's W^T at rows [l*H, l*H + H) (ldwt >= 4H); ht: the k-major inputs, slot
+// (m*(T+1) + s) of H rows of ldht floats (row k = batches): m = 0 the input x (slot t+1 =
+// x_t^T), m = l+1 layer l's h (slot s = h_s^T).
 template <int G, int CELL>
 __device__ __forceinline__ void persistent_stack_fwd(
         int B, int H, float* h, long long ldh, float* c, long long ldc, float* act,
-        long long ldact, unsigned int* sync, const float* x, long long ldx, const float* wih,
-        long long ldwih, const float* whh, long long ldwhh, const float* bw, long long ldbw,
-        const float* br, long long ldbr, int T, int L, int u_arg) {
+        long long ldact, unsigned int* sync, float* wt, long long ldwt, float* ht,
+        long long ldht, const float* x, long long ldx, const float* wih, long long ldwih,
+        const float* whh, long long ldwhh, const float* bw, long long ldbw, const float* br,
+        long long ldbr, int T, int L, int u_arg) {
     static_assert(CELL == CELL_LSTM, "the stack kernel is built for LSTM only");
     // U is fixed by the tile (the argument must agree): divisions by it are shifts, and the
     // cells' indices are recomputed each step instead of held in registers (NVRTC spilled)
@@ -1112,51 +1221,83 @@ __device__ __forceinline__ void persistent_stack_fwd(
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int NB = H / U;                 // blocks a layer
     const int NK = H / PS_KT;             // tiles of one K half (input size = hidden)
-    const long long need = 4LL * ((long long)NK * PS_M * PS_SK + PS_NS * PS_STAGE + 2 * PS_M);
+    const int nbc = (B + 3) / 4;          // float4s of an ht row that hold batches
+    const long long need = 4LL * ((long long)H * PS_M + PS_NS * PS_STAGE + 2 * PS_M);
     auto aligned = [](const void* p) {
         return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
     };
     if (blockDim.x != PK_MAX_THREADS || u_arg != U || H % PS_KT != 0 || H % U != 0 ||
-        B < 1 || B > PS_BMAX || (long long)gridDim.x != (long long)L * NB ||
-        (long long)dynamic_smem_bytes() < need || ldh % 4 || ldx % 4 || ldwih % 4 ||
-        ldwhh % 4 || !aligned(h) || !aligned(x) || !aligned(wih) || !aligned(whh))
+        B < 1 || B > PS_BMAX || L < 2 || (long long)gridDim.x != (long long)L * NB ||
+        (long long)dynamic_smem_bytes() < need || ldwt < 4LL * H || ldwt % 4 ||
+        ldht != PS_BMAX || !aligned(wt) || !aligned(ht))
         __trap();
     const int l = blockIdx.x / NB, j0 = (blockIdx.x % NB) * U;
-    const long long S1 = (long long)(T + 1) * B;   // rows of one layer's h and c
+    const long long S1 = (long long)(T + 1) * B;       // rows of one layer's h and c
+    const long long HS = (long long)H * PS_BMAX;       // floats of one ht slot
+    unsigned int* const mine = sync + 2 * l;                   // this layer's progress
+    const unsigned int* const lower = l ? sync + 2 * (l - 1) : nullptr;
+    unsigned int* const ready = sync + 3;              // prologue arrivals (L >= 2: word 3)
+
+    float* const Rs = smem;                        // [H][PS_M]: R slice, k-major
+    float* const st = Rs + H * PS_M;               // [PS_NS][PS_STAGE] stages
+    float* const red = st;                         // [4][PS_BMAX][PS_RP], after the K loop
+    float* const bias = st + PS_NS * PS_STAGE;     // [2][PS_M]: b_ih, b_hh of the block's rows
+
+    // Prologue, every block a share (32 x 32 tiles through the stages): W^T of every layer,
+    // x_t^T into ht slot t+1 of m = 0, h0^T into slot 0 of m = l+1. Then one arrival on
+    // `ready`; every block waits for all of them before its first step (all resident).
+    {
+        const int tw = (4 * H / 32) * (H / 32), tb = ((B + 31) / 32) * (H / 32);
+        const int jobs = L * tw + T * tb + L * tb;
+        for (int n = blockIdx.x; n < jobs; n += gridDim.x) {
+            if (n < L * tw) {
+                const int m = n / tw, r = n % tw, r0 = 32 * (r / (H / 32));
+                ps_transpose_tile(wih + m * ldwih, H, wt + (long long)m * H * ldwt, ldwt,
+                                  4 * H, H, r0, 32 * (r % (H / 32)), st);
+                continue;
+            }
+            const int k = n - L * tw, s = k / tb, r = k % tb;
+            const int r0 = 32 * (r / (H / 32)), c0 = 32 * (r % (H / 32));
+            if (s < T)
+                ps_transpose_tile(x + (long long)s * B * ldx, ldx, ht + (s + 1) * HS, ldht, B,
+                                  H, r0, c0, st);
+            else
+                ps_transpose_tile(h + (s - T) * S1 * ldh, ldh,
+                                  ht + (long long)(s - T + 1) * (T + 1) * HS, ldht, B, H, r0,
+                                  c0, st);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            pk_fence_acq_rel();   // the block's transposes visible GPU-wide (release)
+            atomicAdd(ready, 1u);
+        }
+    }
     h += l * S1 * ldh;                             // this layer's h: row s*B + b
     c += l * S1 * ldc;
     act += (long long)l * T * B * ldact;
-    wih += l * ldwih;
+    const float* const wtl = wt + (long long)l * H * ldwt;
     whh += l * ldwhh;
     bw += l * ldbw;
     br += l * ldbr;
-    // the lower layer's h (its slot t+1 is this layer's input at step t), or x for layer 0
-    const float* const below = l ? h - S1 * ldh + B * ldh : x;
-    const long long ldin = l ? ldh : ldx;
-    unsigned int* const mine = sync + 2 * l;                   // this layer's progress
-    const unsigned int* const lower = l ? sync + 2 * (l - 1) : nullptr;
+    const float* const below = ht + (long long)l * (T + 1) * HS;   // slot t+1: input at t
+    float* const own = ht + (long long)(l + 1) * (T + 1) * HS;     // slot t: h_t^T
 
-    float* const Rs = smem;                         // [NK][PS_M][PS_SK]: the R slice, tiled
-    float* const st = Rs + NK * PS_M * PS_SK;       // [PS_NS][PS_M + PS_BMAX][PS_SK] stages
-    float* const red = st;                          // [PS_KG][PS_BMAX][PS_RP], after the K loop
-    float* const bias = st + PS_NS * PS_STAGE;      // [2][PS_M]: b_ih, b_hh of the block's rows
-    const int wr = warp % PS_WR, kg = warp / PS_WR, lr = lane & 3, lb = lane >> 2;
-
-    // The R slice, once: tile i, row q*U + ju holds R[q*H + j0 + ju, i*PS_KT ...]
-    for (int e = tid; e < NK * PS_M * (PS_KT / 4); e += PK_MAX_THREADS) {
-        const int ch = e % (PS_KT / 4), row = (e / (PS_KT / 4)) % PS_M;
-        const int i = e / (PS_KT / 4) / PS_M, q = row / U, ju = row - q * U;
-        const float4 v = *reinterpret_cast<const float4*>(
-            whh + (long long)(q * H + j0 + ju) * H + i * PS_KT + 4 * ch);
-        *reinterpret_cast<float4*>(Rs + (i * PS_M + row) * PS_SK + 4 * ch) = v;
+    // The R slice, once, k-major: Rs[k][q*U + ju] = R[q*H + j0 + ju, k] (lanes take
+    // consecutive rows: conflict-free stores)
+    for (int e = tid; e < H / 4 * PS_M; e += PK_MAX_THREADS) {
+        const int row = e % PS_M, k = 4 * (e / PS_M), q = row / U, ju = row - q * U;
+        const float4 v = *reinterpret_cast<const float4*>(whh + (long long)(q * H + j0 + ju) * H + k);
+        Rs[k * PS_M + row] = v.x;
+        Rs[(k + 1) * PS_M + row] = v.y;
+        Rs[(k + 2) * PS_M + row] = v.z;
+        Rs[(k + 3) * PS_M + row] = v.w;
     }
 
     // Pointwise cells of this thread: e = tid + i*PK_MAX_THREADS, jj = e % U, r = e / U,
     // b = the r-th of 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, ... (a warp's two batches are 4 apart:
     // its partial-sum reads hit 32 different banks), live while b < B. jj fastest: a warp's
-    // stores are two runs of 16 consecutive floats (b fastest, the first version, made each
-    // of them touch 32 rows: ~8 us a step, the profile's pointwise). c_t in registers (each
-    // cell is this thread's every step); the biases of the block's rows in shared memory.
+    // h stores are two runs of 16 consecutive floats. c_t in registers (each cell is this
+    // thread's every step); the biases of the block's rows in shared memory.
     auto cell_of = [&](int i, int& b, int& jj) {   // live while b < B
         const int e = tid + i * PK_MAX_THREADS, r = e / U, k = r & 7;
         jj = e - r * U;
@@ -1174,121 +1315,188 @@ __device__ __forceinline__ void persistent_stack_fwd(
         bias[e] = __ldg((e < PS_M ? bw : br) + q * H + j0 + ju);
     }
 
-    // Tile n of a step: n < NK is W's columns [n*PS_KT, +PS_KT) with the input's, n >= NK
-    // is h_t's columns [(n-NK)*PS_KT, ...) (R is in Rs). Each thread copies its float4s with
-    // cp.async and commits one group a tile (empty past the last), so "all but the newest
-    // PS_NS - 2 groups landed" is always "tile n landed" for this thread.
+    // The float4s this thread copies of each tile (the same for every tile but for k0).
+    // Each warp copies only the PS_KPW k rows of a tile that it multiplies, so a tile needs
+    // no block barrier: a lane's cp.async wait and a __syncwarp show the warp its rows, and
+    // a warp overwrites a stage's rows only after it has read them itself. Chunk i of the
+    // lane is k row kr = PS_KPW*warp + lane/16 + 2i, float4 q4 = lane % 16 of the 64-float
+    // row; of A^T (W half) from wt's row k0 + kr, columns q*H + j0 + 4*(q4 % 4) (q = q4 / 4:
+    // the block's 4 gate segments of U = 16), of X^T from the ht slot's row k0 + kr
+    // (batches 4*q4, only float4s below nbc). Tile n < NK: W^T and the input's rows
+    // [n*PS_KT, +PS_KT); n >= NK: h_t^T's (R is in Rs). One cp.async group a tile (empty
+    // past the last), so "all but the newest PS_NS - 2 groups landed" is always "tile n
+    // landed" for this thread.
+    static_assert(PS_KPW * (PS_M / 4) == 32 * PS_CH, "a warp's rows are 32 lanes x PS_CH");
+    const int kr0 = PS_KPW * warp + (lane >> 4), q4 = lane & 15;
+    const int dst0 = kr0 * PS_M + 4 * q4;
+    const float* const a_thr = wtl + kr0 * ldwt + (q4 >> 2) * H + j0 + 4 * (q4 & 3);
+    const long long a_i = 2 * ldwt, a_tile = PS_KT * ldwt;
+    const int x0 = kr0 * PS_BMAX + 4 * q4;
+    const bool x_ok = q4 < nbc;
     const int NT = 2 * NK;
     auto issue = [&](int n, const float* in, const float* hp) {
         if (n < NT && !(PK_TIMING & 1)) {
-            float* const s = st + (n % PS_NS) * PS_STAGE;
+            float* const s = st + (n % PS_NS) * PS_STAGE + dst0;
             const bool w_half = n < NK;
-            const int k0 = (w_half ? n : n - NK) * PS_KT;
+            const int tile = w_half ? n : n - NK;
             if (w_half) {
-                for (int e = tid; e < PS_M * (PS_KT / 4); e += PK_MAX_THREADS) {
-                    const int row = e / (PS_KT / 4), ch = e % (PS_KT / 4);
-                    const int q = row / U, ju = row - q * U;
-                    pk_cp_async16(s + row * PS_SK + 4 * ch,
-                                  wih + (long long)(q * H + j0 + ju) * H + k0 + 4 * ch);
-                }
+                const float* const a = a_thr + tile * a_tile;
+#pragma unroll
+                for (int i = 0; i < PS_CH; ++i)
+                    pk_cp_async16(s + i * 2 * PS_M, a + i * a_i);
             }
-            const float* const src = w_half ? in : hp;
-            const long long ld = w_half ? ldin : ldh;
-            for (int e = tid; e < B * (PS_KT / 4); e += PK_MAX_THREADS) {
-                const int b = e / (PS_KT / 4), ch = e % (PS_KT / 4);
-                pk_cp_async16(s + (PS_M + b) * PS_SK + 4 * ch, src + b * ld + k0 + 4 * ch);
+            if (x_ok) {
+                const float* const xs = (w_half ? in : hp) + tile * (PS_KT * PS_BMAX) + x0;
+#pragma unroll
+                for (int i = 0; i < PS_CH; ++i)
+                    pk_cp_async16(s + PS_KT * PS_M + i * 2 * PS_M, xs + i * 2 * PS_BMAX);
             }
         }
         pk_cp_commit();
     };
-    __syncthreads();   // Rs is read by every warp
+    if (tid == 0) ps_wait(ready, gridDim.x);   // every block's transposes
+    __syncthreads();   // ... for every thread; Rs is read by every warp
 
+    const int lr = lane & 3, lb = lane >> 2;
+    const pk_saddr a_lane = 16u * lr + 4u * PS_M * (PS_KPW * warp);
+    const pk_saddr x_lane = 16u * lb + 4u * PS_M * (PS_KPW * warp) + 4u * PS_KT * PS_M;
+    const pk_saddr st_a = pk_smem_addr(st), rs_a = pk_smem_addr(Rs);
     for (int t = 0; t < T; ++t) {
-        const float* const in = below + (long long)t * B * ldin;   // this step's input rows
-        const float* const hp = h + (long long)t * B * ldh;        // h_t of this layer
+        const float* const in = below + (t + 1) * HS;   // this step's input, k-major
+        const float* const hp = own + t * HS;           // h_t^T of this layer
         // The W half needs layer l-1's step t; the R half this layer's step t-1 (every
         // block's h_t). The own wait sits just before the first R tile is issued (the W
         // half's tiles in flight hide it); both at the top when that tile is in the prologue.
-        const unsigned int own = (unsigned int)t * NB;
+        // Each warp waits for itself (lane 0 polls, the __syncwarp shows it to the warp):
+        // a warp issues and reads only its own rows of the stages. The stages are free at
+        // the top: the last step's partial sums were read before its final __syncthreads.
+        const unsigned int own_n = (unsigned int)t * NB;
         const int own_at = NK - (PS_NS - 1);   // loop index that issues tile NK
-        if (tid == 0) {
-            if (lower) ps_wait(lower, (unsigned int)(t + 1) * NB);
-            if (t > 0 && own_at < 0) ps_wait(mine, own);
+        PS_NOTE(t, 0);
+        if (lane == 0) {
+            if (lower) ps_wait(lower, (unsigned int)min(t + PK_SLACK, T) * NB);
+            if (t > 0 && own_at < 0) ps_wait(mine, own_n);
         }
-        __syncthreads();   // the waits hold for every thread; red (= the stages) is free
+        __syncwarp();
+        PS_NOTE(t, 1);
         for (int n = 0; n < PS_NS - 1; ++n) issue(n, in, hp);
+        // layer 0's input two steps ahead into L2 (x^T was written in the prologue, and
+        // ~3 MB of outputs a step since may have pushed it out): a slot is 2H lines of 128
+        // bytes, 2U = 32 of them this block's
+        if (l == 0 && t + 2 < T && tid < 2 * U)
+            pk_prefetch_l2(in + 2 * HS + 32 * ((blockIdx.x % NB) * 2 * U + tid));
         float acc[PS_TM][PS_TB];
 #pragma unroll
         for (int i = 0; i < PS_TM; ++i)
 #pragma unroll
             for (int jb = 0; jb < PS_TB; ++jb) acc[i][jb] = 0.f;
-        const pk_saddr a_lane = 4u * ((wr * 32 + lr) * PS_SK) + 16u * kg;
-        const pk_saddr x_lane = 4u * ((PS_M + lb) * PS_SK) + 16u * kg;
-        const pk_saddr st_a = pk_smem_addr(st), rs_a = pk_smem_addr(Rs);
         for (int n = 0; n < NT; ++n) {
-            pk_cp_wait<PS_NS - 2>();   // tile n landed (this thread's part) ...
-            if (tid == 0 && t > 0 && n == own_at) ps_wait(mine, own);
-            __syncthreads();           // ... every thread's; tile n-1 is read by everyone
+            pk_cp_wait<PS_NS - 2>();   // tile n landed (this lane's part) ...
+            if (n == own_at) PS_NOTE(t, 2);
+            if (lane == 0 && t > 0 && n == own_at) ps_wait(mine, own_n);
+            __syncwarp();              // ... the warp's; the warp has read its rows of n-1
+            if (n == own_at) PS_NOTE(t, 3);
             issue(n + PS_NS - 1, in, hp);
             const pk_saddr s = st_a + 4u * ((n % PS_NS) * PS_STAGE);
-            const pk_saddr a = n < NK ? s : rs_a + 4u * ((n - NK) * PS_M * PS_SK);
+            const pk_saddr a = n < NK ? s : rs_a + 4u * ((n - NK) * PS_KT * PS_M);
             ps_tile_fma(acc, a + a_lane, s + x_lane);
         }
+        PS_NOTE(t, 4);
         pk_cp_wait<0>();
         __syncthreads();   // every tile is read: the stages become the partial sums
+        // Eight k-groups into four partial sums: warps 4..7 store, warps 0..3 add theirs.
+        // red[m][b][row], row stride PS_RP: a quarter warp's 16-byte accesses (lr 0..3, two
+        // batches 4 apart: 4 * PS_RP = 16 mod 32 banks) fill 32 banks.
+        for (int pass = 0; pass < 2; ++pass) {
+            if ((warp >= 4) == (pass == 0)) {
+                float* const r0 = red + (warp & 3) * PS_BMAX * PS_RP + 4 * lr;
 #pragma unroll
-        for (int i = 0; i < PS_TM; ++i)
+                for (int g = 0; g < 4; ++g)
 #pragma unroll
-            for (int jb = 0; jb < PS_TB; ++jb)
-                red[(kg * PS_BMAX + lb + 8 * jb) * PS_RP + wr * 32 + lr + 4 * i] = acc[i][jb];
-        __syncthreads();
+                    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                        for (int f = 0; f < 4; ++f) {
+                            float4* const p = reinterpret_cast<float4*>(
+                                r0 + (32 * hh + 4 * lb + f) * PS_RP + 16 * g);
+                            float4 v = make_float4(acc[4 * g][4 * hh + f],
+                                                   acc[4 * g + 1][4 * hh + f],
+                                                   acc[4 * g + 2][4 * hh + f],
+                                                   acc[4 * g + 3][4 * hh + f]);
+                            if (pass == 1) {
+                                const float4 o = *p;
+                                v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+                            }
+                            *p = v;
+                        }
+            }
+            __syncthreads();
+        }
 
-        // The pointwise update of this thread's cells: gate sums over the k-groups in order,
-        // then (sum + b_ih) + b_hh, then lstm_fwd's arithmetic.
+        // The pointwise update of this thread's cells: gate sums over the 4 partial sums in
+        // order, then (sum + b_ih) + b_hh, then lstm_fwd's arithmetic. Only h^T is read by
+        // other blocks in this launch: it is stored and published first, the rest (c, the
+        // gates, h) after the count (the publishing fence waits for no more than it must).
+        float* const hT = own + (t + 1) * HS;   // h_{t+1}^T
+        float gate[PS_CPT][G], hnew[PS_CPT];
 #pragma unroll
         for (int i = 0; i < PS_CPT; ++i) {
             int b, jj;
             cell_of(i, b, jj);
             if ((PK_TIMING & 8) || b >= B) continue;
-            const int j = j0 + jj;
             float s[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const float* const p = red + b * PS_RP + q * U + jj;
                 float v = p[0];
 #pragma unroll
-                for (int k = 1; k < PS_KG; ++k) v += p[k * PS_BMAX * PS_RP];
+                for (int k = 1; k < 4; ++k) v += p[k * PS_BMAX * PS_RP];
                 s[q] = (v + bias[q * U + jj]) + bias[PS_M + q * U + jj];
             }
-            const float ig = sigmoidf(s[0]), fg = sigmoidf(s[1]);
-            const float gg = tanhf(s[2]), og = sigmoidf(s[3]);
-            const float cn = fg * carry[i] + ig * gg;
-            carry[i] = cn;
-            const long long row = (long long)t * B + b;   // step t, batch b
-            c[(row + B) * ldc + j] = cn;
-            store_gates(act + row * ldact + j, H, ig, fg, gg, og);
-            __stcg(h + (row + B) * ldh + j, og * tanhf(cn));   // h_{t+1}[b, j]
+            gate[i][0] = ps_sigmoid(s[0]), gate[i][1] = ps_sigmoid(s[1]);
+            gate[i][2] = ps_tanh(s[2]), gate[i][3] = ps_sigmoid(s[3]);
+            carry[i] = gate[i][1] * carry[i] + gate[i][0] * gate[i][2];
+            hnew[i] = gate[i][3] * ps_tanh(carry[i]);
+            __stcg(hT + (j0 + jj) * PS_BMAX + b, hnew[i]);   // h_{t+1}^T[j, b]
         }
-        __syncthreads();   // the block's h_{t+1} is issued (and red is read)
+        __syncthreads();   // the block's h_{t+1}^T is issued (and red is read)
         if (tid == 0) {
             pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
             atomicAdd(mine, 1u);
         }
+        PS_NOTE(t, 5);
+#pragma unroll
+        for (int i = 0; i < PS_CPT; ++i) {
+            int b, jj;
+            cell_of(i, b, jj);
+            if ((PK_TIMING & 8) || b >= B) continue;
+            const int j = j0 + jj;
+            const long long row = (long long)t * B + b;   // step t, batch b
+            // streaming stores: nothing in this launch reads these (L2 keeps W^T and ht)
+            __stcs(c + (row + B) * ldc + j, carry[i]);
+            float* const a = act + row * ldact + j;
+            __stcs(a, gate[i][0]);
+            __stcs(a + H, gate[i][1]);
+            __stcs(a + 2 * H, gate[i][2]);
+            __stcs(a + 3 * H, gate[i][3]);
+            __stcs(h + (row + B) * ldh + j, hnew[i]);     // h_{t+1}[b, j]
+        }
     }
-    // The last block out zeroes every layer's counters for the next launch: by then every
-    // block has passed its last wait (see the header).
+    // The last block out zeroes every layer's counters and the prologue's for the next
+    // launch: by then every block has passed its last wait (see the header).
     if (tid == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
         for (int k = 0; k < L; ++k) atomicExch(sync + 2 * k, 0u);
         atomicExch(sync + 1, 0u);
+        atomicExch(ready, 0u);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_fwd(
         int rows, int cols, float* h, int ldh, float* c, int ldc, float* act, int ldact,
-        unsigned int* sync, int ldsync, const float* x, int ldx, const float* w_ih,
-        int ldw_ih, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
-        int ldbr, int T, int L, int units_per_block) {
-    persistent_stack_fwd<4, CELL_LSTM>(rows, cols, h, ldh, c, ldc, act, ldact, sync, x, ldx,
-                                       w_ih, ldw_ih, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, L,
-                                       units_per_block);
+        unsigned int* sync, int ldsync, float* wt, int ldwt, float* ht, int ldht,
+        const float* x, int ldx, const float* w_ih, int ldw_ih, const float* w_hh,
+        int ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T, int L,
+        int units_per_block) {
+    persistent_stack_fwd<4, CELL_LSTM>(rows, cols, h, ldh, c, ldc, act, ldact, sync, wt, ldwt,
+                                       ht, ldht, x, ldx, w_ih, ldw_ih, w_hh, ldw_hh, bw, ldbw,
+                                       br, ldbr, T, L, units_per_block);
 }

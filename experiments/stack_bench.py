@@ -9,7 +9,7 @@ shapes. Timing variants (--variants, PK_TIMING masks: 1 no staging, 2 no FMAs, 4
 8 no pointwise) compute wrong results on purpose: timed, not checked.
 
 Usage (GPU): python experiments/stack_bench.py [--hidden 512] [--batch 64] [--layers 4]
-             [--steps 100] [--variants 0] [--out PATH]
+             [--steps 100] [--variants 0] [--define NAME=VALUE ...] [--out PATH]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from rnnrt.bench.timing import time_gpu, time_torch  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare  # noqa: E402
 from rnnrt.device import device_info, require_gpu  # noqa: E402
 from rnnrt.kernels import source  # noqa: E402
-from rnnrt.stack import stack_fit  # noqa: E402
+from rnnrt.stack import PS_BMAX, stack_fit, stack_scratch  # noqa: E402
 
 
 def expected(x, wih, whh, bih, bhh, h0, c0):
@@ -42,6 +42,33 @@ def expected(x, wih, whh, bih, bhh, h0, c0):
     return cache.sequences()
 
 
+def timeline(cp, mod, run, stream, L, blocks, T):
+    """One more launch with the kernel's PK_TRACE notes (cuda_src/persistent.cu, PS_NOTE):
+    per layer, the medians over its blocks and steps 5..min(T, 128)-5 of the step period
+    and of each phase (us), printed and returned."""
+    steps, points = 128, 6
+    ptr = mod.get_global("pk_trace")
+    buf = cp.ndarray((160, steps, points), cp.uint64, ptr)
+    buf.fill(0)
+    run()
+    stream.synchronize()
+    tr = cp.asnumpy(buf)[:blocks].astype(np.int64)
+    n = min(T, steps)
+    nb = blocks // L
+    out = {}
+    names = ("period", "top wait", "W tiles to own wait", "own wait", "rest of K loop",
+             "reduce+pointwise+count")
+    print("layer " + "".join(f"{k:>24}" for k in names))
+    for layer in range(L):
+        x = tr[layer * nb:(layer + 1) * nb, 5:n - 5] / 1e3
+        v = [np.median(np.diff(x[:, :, 0], axis=1)), np.median(x[..., 1] - x[..., 0]),
+             np.median(x[..., 2] - x[..., 1]), np.median(x[..., 3] - x[..., 2]),
+             np.median(x[..., 4] - x[..., 3]), np.median(x[..., 5] - x[..., 4])]
+        out[layer] = dict(zip(names, map(float, v)))
+        print(f"{layer:>5} " + "".join(f"{e:24.2f}" for e in v))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hidden", type=int, default=512)
@@ -50,6 +77,10 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--variants", default="0")
+    ap.add_argument("--define", action="append", default=[],
+                    help="NAME=VALUE for the kernel's build (e.g. PK_SLACK=2); repeatable")
+    ap.add_argument("--trace", action="store_true",
+                    help="build with PK_TRACE and print each layer's median step timeline")
     ap.add_argument("--no-cudnn", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -79,15 +110,20 @@ def main(argv=None):
     d_c = cp.full((L, T + 1, B, H), np.nan, f32)
     d_act = cp.full((L, T, B, 4 * H), np.nan, f32)
     d_sync = cp.zeros(2 * L, cp.uint32)
+    nwt, nht = stack_scratch(H, T, L)   # the kernel's W^T and k-major inputs
+    d_wt, d_ht = cp.full(nwt, np.nan, f32), cp.full(nht, np.nan, f32)
     grid, block, smem = fit.grid, fit.block, fit.smem_bytes
     rows = []
     for variant in [int(v) for v in a.variants.split(",")]:
         mod = cp.RawModule(code=source("persistent.cu"),
-                           options=("-std=c++17", f"-DPK_TIMING={variant}"))
+                           options=("-std=c++17", f"-DPK_TIMING={variant}",
+                                    *(("-DPK_TRACE",) if a.trace else ()),
+                                    *(f"-D{d}" for d in a.define)))
         k = mod.get_function("lstm_persistent_stack_fwd")
         k.max_dynamic_shared_size_bytes = smem
         args = (np.int32(B), np.int32(H), d_h, np.int32(H), d_c, np.int32(H), d_act,
-                np.int32(4 * H), d_sync, np.int32(2 * L), d_x, np.int32(H), d_wih,
+                np.int32(4 * H), d_sync, np.int32(2 * L), d_wt, np.int32(4 * H), d_ht,
+                np.int32(PS_BMAX), d_x, np.int32(H), d_wih,
                 np.int32(4 * H * H), d_whh, np.int32(4 * H * H), d_bih, np.int32(4 * H),
                 d_bhh, np.int32(4 * H), np.int32(T), np.int32(L), np.int32(fit.units_per_block))
 
@@ -102,7 +138,7 @@ def main(argv=None):
         stream.synchronize()
         run()
         stream.synchronize()
-        row = dict(variant=variant, hidden=H, batch=B, layers=L, steps=T,
+        row = dict(variant=variant, defines=a.define, hidden=H, batch=B, layers=L, steps=T,
                    units_per_block=fit.units_per_block, grid=grid[0], smem=smem)
         if variant == 0:
             worst = 0.0
@@ -117,6 +153,8 @@ def main(argv=None):
                 raise SystemExit(f"counters not reset: {cp.asnumpy(d_sync)}")
             row["max_abs_err"] = worst
         tm = time_gpu(cp, run, stream, repeats=a.repeats)
+        if a.trace:
+            row["trace"] = timeline(cp, mod, run, stream, L, grid[0], T)
         row["ms"] = tm.ms_median
         row["us_per_wavefront_step"] = 1e3 * tm.ms_median / (T + L - 1)
         row["tflops"] = 2 * 4 * H * 2 * H * B * T * L / (tm.ms_median * 1e-3) / 1e12

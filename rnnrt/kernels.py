@@ -243,7 +243,9 @@ REGISTRY += (
     KernelInfo(stack.STACK_KERNEL, "persistent.cu", numpy_fn=stack.lstm_persistent_stack_fwd,
                scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
                outs=(("h", "L*(T+1)*R,C"), ("c", "L*(T+1)*R,C"), ("act", "L*T*R,4C"),
-                     ("sync", f"1,{pk.SYNC_WORDS}*L")),
+                     ("sync", f"1,{pk.SYNC_WORDS}*L"),
+                     # scratch the kernel writes: W^T of every layer, the k-major inputs
+                     ("wt", "L*C,4C"), ("ht", f"(L+1)*(T+1)*C,{stack.PS_BMAX}")),
                ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
                     ("br", "L,4C"))),
 )

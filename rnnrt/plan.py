@@ -51,6 +51,9 @@ after ('pcell', l, t0), so the layers' launches overlap along the anti-diagonals
 then runs on at most 1/L of the SMs' worth of clusters (``cluster_count(B, SMs, L)``, where
 that fit holds), so that all L layers' launches can be resident together.
 c{l} keeps T+1 slots and act{l} T slots even for inference: the kernel writes every step.
+With the stack kernel (rnnrt/stack.py: every layer in one launch) h, c and act are one
+buffer each for all layers, and the kernel's scratch: wt [L*H, G*H] (each layer's W^T) and
+ht [(L+1)*(T+1)*H, 64] (the k-major inputs: x^T, each layer's h^T).
 When the fit declines the shape, the plan is the schedule without 'persistent' and
 ``Plan.fallback`` says why (the ladder and the sweep copy it into their records).
 """
@@ -68,7 +71,7 @@ from .limits import DeviceLimits
 from .ops import Gemm, Kernel, Op, Record, View, Wait
 from .params import make_layout
 from .persistent import CLUSTER_MAX_FMAS, SYNC_WORDS, cluster_count, persistent_fit
-from .stack import PS_BMAX, stack_fit
+from .stack import PS_BMAX, stack_fit, stack_scratch
 from .switches import Switches
 
 
@@ -413,15 +416,16 @@ class _ForwardBuilder:
     def stack_choice(self, key):
         """(StackFit or None, a note for the plan's fit string): the stack kernel (all
         layers in one launch, W.x inside) where the per-layer fit is the grid kernel (one
-        layer at a time on every SM), it fits, and the batch fills more than half of its
-        lanes (its FMAs are sized for PS_BMAX batches: at LSTM H 512 B 32, four layers, it
-        took 4.13 ms against the per-layer grid kernels' 3.79, H100, session 6)."""
+        layer at a time on every SM), it fits, and the batch fills more than a quarter of
+        its lanes (its FMAs are sized for PS_BMAX batches whatever B is: LSTM four layers,
+        H100, session 7, stack vs per-layer grid kernels: H 512 B 32 3.08 vs 3.81 ms, B 16
+        3.03 vs 2.94, B 8 3.04 vs 2.63; H 256 the stack was faster at B 8-32 too)."""
         st = stack_fit(key.cell, self.H, self.B, self.L, key.input_size, key.device.props(),
                        steps=self.T)
         if not st.ok:
             return None, f"; stack kernel not used: {st.reason}"
-        if 2 * self.B <= PS_BMAX:
-            return None, (f"; stack kernel not used: batch {self.B} <= {PS_BMAX // 2} "
+        if 4 * self.B <= PS_BMAX:
+            return None, (f"; stack kernel not used: batch {self.B} <= {PS_BMAX // 4} "
                           f"(its lanes cover {PS_BMAX} batches)")
         return st, ""
 
@@ -462,8 +466,10 @@ class _ForwardBuilder:
             # every layer's h, c and act in one buffer each, as the stack kernel reads them;
             # no gx or gh (W.x and R.h are inside the kernel)
             n = self.L * B * H
+            nwt, nht = stack_scratch(H, T, self.L)   # the kernel's W^T and k-major inputs
             bufs += [Buffer("h", (T + 1) * n, "io"), Buffer("c", (T + 1) * n, "io"),
-                     Buffer("act", T * n * self.cell.saved_gates, "scratch")]
+                     Buffer("act", T * n * self.cell.saved_gates, "scratch"),
+                     Buffer("wt", nwt, "scratch"), Buffer("ht", nht, "scratch")]
         for layer in range(self.L):
             if self.xposed():
                 bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
@@ -728,7 +734,9 @@ class _ForwardBuilder:
                rows_of("weight_hh", GH * H), rows_of("bias_ih", GH), rows_of("bias_hh", GH))
         outs = (View("h", 0, L * (T + 1) * B, H, H), View("c", 0, L * (T + 1) * B, H, H),
                 View("act", 0, L * T * B, GH, GH),
-                View("sync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L))
+                View("sync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L),
+                View("wt", 0, L * H, GH, GH),
+                View("ht", 0, (L + 1) * (T + 1) * H, PS_BMAX, PS_BMAX))
         # slot 0 of each layer's h and c is read (h0, c0), the rest written
         start = tuple(self.seq(k, layer, 0, B, H) for k in ("h", "c") for layer in range(L))
         after = tuple(self.seq(k, layer, B, T * B, H) for k in ("h", "c")

@@ -37,6 +37,7 @@
 
 struct Dim3 { unsigned int x = 1, y = 1, z = 1; };
 struct alignas(16) float4 { float x, y, z, w; };
+static float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 static Dim3 gridDim, blockDim;
 static thread_local Dim3 threadIdx, blockIdx;
@@ -83,12 +84,21 @@ static float __ldcg(const float* p) {
 static float __ldcs(const float* p) { return *p; }
 static float __ldg(const float* p) { return *p; }
 static void __stcg(float* p, float v) { *p = v; }
+static void __stcs(float* p, float v) { *p = v; }
+// the fast intrinsics (glibc has its own __expf: macros, not functions)
+static float sim_fdividef(float x, float y) { return std::isinf(y) ? 0.f : x / y; }
+#define __expf(x) std::exp(x)
+#define __fdividef(x, y) sim_fdividef(x, y)
 
 // the primitives persistent.cu leaves to PK_HOST_SIM
 // the spin's relaxed load is an acquire load here (stronger; ThreadSanitizer does not model
 // the standalone fences that order it on the GPU), the fences seq_cst fences
 static unsigned int ld_relaxed_gpu(const unsigned int* p) {
     std::this_thread::yield();   // 2 cores, hundreds of threads: let the others run
+    return std::atomic_ref<unsigned int>(*const_cast<unsigned int*>(p))
+        .load(std::memory_order_acquire);
+}
+static unsigned int ld_acquire_gpu(const unsigned int* p) {
     return std::atomic_ref<unsigned int>(*const_cast<unsigned int*>(p))
         .load(std::memory_order_acquire);
 }
@@ -115,6 +125,7 @@ static void pk_cp_async16(float* dst, const float* src) {
     std::memcpy(dst, src, 16);
 }
 static void pk_cp_commit() {}
+static void pk_prefetch_l2(const void*) {}
 template <int N> static void pk_cp_wait() {}
 static unsigned int pk_cluster_rank() { return blockIdx.x % sim_cluster; }
 static unsigned int pk_cluster_id() { return blockIdx.x / sim_cluster; }
@@ -203,8 +214,9 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
 // reads DIR/{x,h,c,wih,whh,bw,br}.f32 (h and c: [L, T+1, B, H] with slot 0 of each layer
 // set, the rest poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each;
 // bw / br: L rows of LDB floats, or one row when LDB is 0), launches LAUNCHES times with one
-// sync buffer (re-poisoning the outputs in between, checking the counters are back to zero),
-// writes DIR/{h,c,act}.out.
+// sync buffer (re-poisoning the outputs and the kernel's transposes wt [L*H, 4H] and ht
+// [(L+1)*(T+1)*H, 64] in between, checking the counters are back to zero), writes
+// DIR/{h,c,act,wt,ht}.out.
 int main(int argc, char** argv) {
     if (argc != 13) {
         std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK)\n");
@@ -233,6 +245,10 @@ int main(int argc, char** argv) {
     auto [br, nbr] = load16("br", brs);
     (void)nx, (void)nwi, (void)nwh, (void)nbw, (void)nbr;
     std::vector<float> act((size_t)L * T * B * 4 * H);
+    const size_t nwt = (size_t)L * H * 4 * H, nht = (size_t)(L + 1) * (T + 1) * H * 64;
+    std::vector<float4> wts(nwt / 4), hts(nht / 4);
+    float* const wt = reinterpret_cast<float*>(wts.data());
+    float* const ht = reinterpret_cast<float*>(hts.data());
     std::vector<unsigned int> sync(2 * L, 0u);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int n = 0; n < launches; ++n) {
@@ -242,10 +258,12 @@ int main(int argc, char** argv) {
                 c[(size_t)l * (T + 1) * B * H + e] = nan;
             }
         std::fill(act.begin(), act.end(), nan);
+        std::fill(wt, wt + nwt, nan);
+        std::fill(ht, ht + nht, nan);
         launch(L * (H / U), 256, smem, [&] {
             lstm_persistent_stack_fwd(B, H, h, H, c, H, act.data(), 4 * H, sync.data(), 2 * L,
-                                      x, H, wih, ldwih, whh, ldwhh, bw, ldbw, br, ldbr, T, L,
-                                      U);
+                                      wt, 4 * H, ht, 64, x, H, wih, ldwih, whh, ldwhh, bw,
+                                      ldbw, br, ldbr, T, L, U);
         });
         for (unsigned int v : sync)
             if (v != 0) {
@@ -256,6 +274,8 @@ int main(int argc, char** argv) {
     write_f32(dir + "/h.out", std::vector<float>(h, h + nh));
     write_f32(dir + "/c.out", std::vector<float>(c, c + nc));
     write_f32(dir + "/act.out", act);
+    write_f32(dir + "/wt.out", std::vector<float>(wt, wt + nwt));
+    write_f32(dir + "/ht.out", std::vector<float>(ht, ht + nht));
     return 0;
 }
 #else

@@ -746,7 +746,8 @@ def test_registry_shapes_use_the_scalars():
     # several factors: the stack kernel's views of every layer at once
     stack = K.KERNELS[STACK_KERNEL]
     outs, ins = stack.arg_shapes(64, 512, T=100, L=4, units_per_block=16)
-    assert outs == [(4 * 101 * 64, 512), (4 * 101 * 64, 512), (4 * 100 * 64, 2048), (1, 8)]
+    assert outs == [(4 * 101 * 64, 512), (4 * 101 * 64, 512), (4 * 100 * 64, 2048), (1, 8),
+                    (4 * 512, 2048), (5 * 101 * 512, 64)]   # + the scratch wt, ht
     assert ins == [(100 * 64, 512), (4, 4 * 512 * 512), (4, 4 * 512 * 512), (4, 2048),
                    (4, 2048)]
 

@@ -102,7 +102,7 @@ def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2):
     return (got_h, got_c, got_a), cache.sequences()
 
 
-SHAPES = [(64, 64, 3, 2), (5, 32, 4, 3), (37, 96, 3, 2)]   # (B, H, T, L): tile edges, B < 8
+SHAPES = [(64, 64, 3, 2), (5, 64, 4, 3), (37, 192, 3, 2)]   # (B, H, T, L): tile edges, B < 8
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
@@ -115,13 +115,13 @@ def test_stack_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape):
 def test_stack_kernel_without_its_waits_is_caught(sim_no_waits, tmp_path):
     """Layers 1 and 2 then read layer 0's h before it is written (NaN poison) and every
     layer its own h_t before the other blocks wrote it: the comparison must fail."""
-    got, want = run_sim(sim_no_waits, tmp_path, 16, 32, 4, 3, launches=1)
+    got, want = run_sim(sim_no_waits, tmp_path, 16, 64, 4, 3, launches=1)
     assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
 
 
 def test_constants_match_the_kernel():
     text = source("persistent.cu")
-    for name in ("PS_M", "PS_BMAX", "PS_KT", "PS_SK", "PS_NS"):
+    for name in ("PS_M", "PS_BMAX", "PS_KT", "PS_NS", "PS_RP"):
         m = re.search(rf"#define {name} (\d+)", text)
         assert m and int(m[1]) == getattr(stack, name), name
     assert (cuda_src_dir() / "persistent.cu").exists()
@@ -134,10 +134,11 @@ def test_fit_rules_name_what_is_wrong():
     assert ok.grid == (128, 1, 1) and ok.block == (256, 1, 1)
     cases = [(("gru", 512, 64, 4, 512), "LSTM only"),
              (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
-             (("lstm", 528, 64, 2, 528), "multiple of 32"),
+             (("lstm", 528, 64, 2, 528), "multiple of 64"),
              (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
              (("lstm", 512, 64, 5, 512), "160 > 132 SMs"),
-             (("lstm", 1024, 64, 1, 1024), "shared memory")]
+             (("lstm", 1024, 64, 2, 1024), "shared memory"),
+             (("lstm", 512, 64, 1, 512), "one layer")]
     for args, why in cases:
         f = stack.stack_fit(*args, p)
         assert not f.ok and re.search(why, f.reason), (args, f.reason)
@@ -145,7 +146,7 @@ def test_fit_rules_name_what_is_wrong():
 
 # --- the plan ---------------------------------------------------------------------------------
 
-T, B, H, L = 5, 40, 32, 3
+T, B, H, L = 5, 40, 64, 3
 
 
 def make_case(bias, seed=0):
@@ -206,10 +207,12 @@ def test_backward_after_a_stack_forward_gives_reference_gradients():
 
 
 def test_plan_says_why_the_stack_is_not_used():
-    small = forward_plan(key(batch=32))
+    small = forward_plan(key(batch=16))
     assert stack.STACK_KERNEL not in {op.name for op in small.ops if isinstance(op, Kernel)}
-    assert "stack kernel not used: batch 32 <= 32" in small.fit
-    # the H100 has clusters: at H 32 the per-layer fit is the cluster kernel, which already
+    assert "stack kernel not used: batch 16 <= 16" in small.fit
+    above = forward_plan(key(batch=17))
+    assert stack.STACK_KERNEL in {op.name for op in above.ops if isinstance(op, Kernel)}
+    # the H100 has clusters: at H 64 the per-layer fit is the cluster kernel, which already
     # overlaps layers; the stack is not considered
     cl = forward_plan(key(device=H100_SXM))
     assert "cluster" in cl.fit and stack.STACK_KERNEL not in cl.fit
