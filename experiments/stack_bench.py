@@ -6,7 +6,10 @@ h, every layer's c and the gates compared with a float64 NumPy reference (fp32 t
 worst element reported), the progress counters checked back at zero; then timed with CUDA
 events (warm-up, median of --repeats), beside torch.nn.LSTM (cuDNN, TF32 off) on the same
 shapes. Timing variants (--variants, PK_TIMING masks: 1 no staging, 2 no FMAs, 4 no waits,
-8 no pointwise) compute wrong results on purpose: timed, not checked.
+8 no pointwise) compute wrong results on purpose: timed, not checked. --define NAME=VALUE
+builds the kernel with another value of an overridable constant (PS_KT, PS_NS, PK_SLACK,
+PS_FAST_CELL); --trace adds one launch with the kernel's PK_TRACE timeline and prints each
+layer's median step phases.
 
 Usage (GPU): python experiments/stack_bench.py [--hidden 512] [--batch 64] [--layers 4]
              [--steps 100] [--variants 0] [--define NAME=VALUE ...] [--out PATH]
@@ -46,9 +49,11 @@ def timeline(cp, mod, run, stream, L, blocks, T):
     """One more launch with the kernel's PK_TRACE notes (cuda_src/persistent.cu, PS_NOTE):
     per layer, the medians over its blocks and steps 5..min(T, 128)-5 of the step period
     and of each phase (us), printed and returned."""
-    steps, points = 128, 6
+    nblk, steps, points = 160, 128, 6   # PS_TRACE_BLOCKS, _STEPS, _POINTS
+    if blocks > nblk:
+        raise SystemExit(f"--trace: {blocks} blocks > the trace's {nblk}")
     ptr = mod.get_global("pk_trace")
-    buf = cp.ndarray((160, steps, points), cp.uint64, ptr)
+    buf = cp.ndarray((nblk, steps, points), cp.uint64, ptr)
     buf.fill(0)
     run()
     stream.synchronize()

@@ -66,7 +66,9 @@ def sim_no_waits(tmp_path_factory):
 
 def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2):
     """Random weights and inputs, h and c poisoned past slot 0; returns (h, c, act) of the
-    sim and of the float64 reference, each [L, T, B, *]."""
+    sim and of the float64 reference, each [L, T, B, *]. The kernel's scratch (W^T in wt,
+    the k-major inputs in ht, poisoned before each launch) is checked exactly here: W^T,
+    x_t^T, and every layer's h_s^T equal to its own h output."""
     rng = np.random.default_rng(seed)
     f32 = np.float32
     ldw = 4 * H * H + 64          # a layer's stride in the flat parameters (as the plan's)
@@ -92,6 +94,13 @@ def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2):
     got_h = np.fromfile(tmp_path / "h.out", f32).reshape(L, T + 1, B, H)[:, 1:]
     got_c = np.fromfile(tmp_path / "c.out", f32).reshape(L, T + 1, B, H)[:, 1:]
     got_a = np.fromfile(tmp_path / "act.out", f32).reshape(L, T, B, 4 * H)
+    wt = np.fromfile(tmp_path / "wt.out", f32).reshape(L, H, 4 * H)
+    ht = np.fromfile(tmp_path / "ht.out", f32).reshape(L + 1, T + 1, H, 64)[..., :B]
+    got_hall = np.fromfile(tmp_path / "h.out", f32).reshape(L, T + 1, B, H)
+    assert np.array_equal(wt, W.transpose(0, 2, 1)), "wt is not W^T"
+    assert np.array_equal(ht[0, 1:], x.transpose(0, 2, 1)), "ht block 0 is not x^T"
+    assert np.array_equal(ht[1:], got_hall.transpose(0, 1, 3, 2), equal_nan=True), \
+        "ht is not h^T"
     # the float64 reference (rnnrt.reference): each layer's c and saved gates from its cache
     f64 = np.float64
     p = [{"weight_ih": W[n].astype(f64), "weight_hh": R[n].astype(f64),
