@@ -30,7 +30,8 @@ from rnnrt.bench.timing import time_gpu, time_torch  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare  # noqa: E402
 from rnnrt.device import device_info, require_gpu  # noqa: E402
 from rnnrt.kernels import source  # noqa: E402
-from rnnrt.stack import PS_BMAX, stack_fit, stack_scratch  # noqa: E402
+from rnnrt.kernels import get_kernel  # noqa: E402
+from rnnrt.stack import stack_fit  # noqa: E402
 
 
 def expected(x, wih, whh, bih, bhh, h0, c0):
@@ -115,8 +116,10 @@ def main(argv=None):
     d_c = cp.full((L, T + 1, B, H), np.nan, f32)
     d_act = cp.full((L, T, B, 4 * H), np.nan, f32)
     d_sync = cp.zeros(2 * L, cp.uint32)
-    nwt, nht = stack_scratch(H, T, L)   # the kernel's W^T and k-major inputs
-    d_wt, d_ht = cp.full(nwt, np.nan, f32), cp.full(nht, np.nan, f32)
+    # the kernel's scratch (W^T, the k-major inputs), shaped by its registry entry
+    outs, _ = get_kernel(fit.kernel).arg_shapes(B, H, **fit.scalars(T))
+    wt_shape, ht_shape = outs[-2:]
+    d_wt, d_ht = cp.full(wt_shape, np.nan, f32), cp.full(ht_shape, np.nan, f32)
     grid, block, smem = fit.grid, fit.block, fit.smem_bytes
     rows = []
     for variant in [int(v) for v in a.variants.split(",")]:
@@ -127,8 +130,8 @@ def main(argv=None):
         k = mod.get_function("lstm_persistent_stack_fwd")
         k.max_dynamic_shared_size_bytes = smem
         args = (np.int32(B), np.int32(H), d_h, np.int32(H), d_c, np.int32(H), d_act,
-                np.int32(4 * H), d_sync, np.int32(2 * L), d_wt, np.int32(4 * H), d_ht,
-                np.int32(PS_BMAX), d_x, np.int32(H), d_wih,
+                np.int32(4 * H), d_sync, np.int32(2 * L), d_wt, np.int32(wt_shape[1]),
+                d_ht, np.int32(ht_shape[1]), d_x, np.int32(H), d_wih,
                 np.int32(4 * H * H), d_whh, np.int32(4 * H * H), d_bih, np.int32(4 * H),
                 d_bhh, np.int32(4 * H), np.int32(T), np.int32(L), np.int32(fit.units_per_block))
 

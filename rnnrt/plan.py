@@ -71,7 +71,7 @@ from .limits import DeviceLimits
 from .ops import Gemm, Kernel, Op, Record, View, Wait
 from .params import make_layout
 from .persistent import CLUSTER_MAX_FMAS, SYNC_WORDS, cluster_count, persistent_fit
-from .stack import PS_BMAX, stack_fit, stack_scratch
+from .stack import PS_BMAX, stack_fit
 from .switches import Switches
 
 
@@ -466,10 +466,10 @@ class _ForwardBuilder:
             # every layer's h, c and act in one buffer each, as the stack kernel reads them;
             # no gx or gh (W.x and R.h are inside the kernel)
             n = self.L * B * H
-            nwt, nht = stack_scratch(H, T, self.L)   # the kernel's W^T and k-major inputs
             bufs += [Buffer("h", (T + 1) * n, "io"), Buffer("c", (T + 1) * n, "io"),
-                     Buffer("act", T * n * self.cell.saved_gates, "scratch"),
-                     Buffer("wt", nwt, "scratch"), Buffer("ht", nht, "scratch")]
+                     Buffer("act", T * n * self.cell.saved_gates, "scratch")]
+            bufs += [Buffer(name, r * c, "scratch")   # the kernel's W^T and k-major inputs
+                     for name, (r, c) in self.stack_scratch().items()]
         for layer in range(self.L):
             if self.xposed():
                 bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
@@ -712,6 +712,14 @@ class _ForwardBuilder:
         which reads wT / rT."""
         return self.sw.pretranspose and (self.stack is None or self.key.train)
 
+    def stack_scratch(self):
+        """{name: (rows, cols)} of the stack kernel's scratch outputs (wt, ht), from its
+        registry shapes."""
+        info = get_kernel(self.stack.kernel)
+        outs, _ = info.arg_shapes(self.B, self.H, **self.stack.scalars(self.T))
+        return {name: shape for (name, _), shape in zip(info.outs, outs)
+                if name in ("wt", "ht")}
+
     def stack_task(self):
         """Every layer and step as one launch of the stack kernel (rnnrt/stack.py)."""
         T, B, H, L, GH, st = self.T, self.B, self.H, self.L, self.GH, self.stack
@@ -735,8 +743,7 @@ class _ForwardBuilder:
         outs = (View("h", 0, L * (T + 1) * B, H, H), View("c", 0, L * (T + 1) * B, H, H),
                 View("act", 0, L * T * B, GH, GH),
                 View("sync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L),
-                View("wt", 0, L * H, GH, GH),
-                View("ht", 0, (L + 1) * (T + 1) * H, PS_BMAX, PS_BMAX))
+                *(View(name, 0, r, c, c) for name, (r, c) in self.stack_scratch().items()))
         # slot 0 of each layer's h and c is read (h0, c0), the rest written
         start = tuple(self.seq(k, layer, 0, B, H) for k in ("h", "c") for layer in range(L))
         after = tuple(self.seq(k, layer, B, T * B, H) for k in ("h", "c")

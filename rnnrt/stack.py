@@ -91,13 +91,6 @@ def stack_smem_bytes(hidden: int) -> int:
     return 4 * (int(hidden) * PS_M + PS_NS * 2 * PS_KT * PS_M + 2 * PS_M)
 
 
-def stack_scratch(hidden: int, steps: int, layers: int) -> tuple[int, int]:
-    """Floats of the kernel's two scratch outputs: wt (W^T of every layer, [L*H, 4H]) and
-    ht (the k-major inputs, [(L+1)*(T+1)*H, PS_BMAX])."""
-    H, T, L = int(hidden), int(steps), int(layers)
-    return L * H * 4 * H, (L + 1) * (T + 1) * H * PS_BMAX
-
-
 def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
               props: dict, steps: int = 1) -> StackFit:
     """Fit a whole stack onto the device described by ``props`` (CuPy's

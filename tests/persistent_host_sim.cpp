@@ -93,14 +93,13 @@ static float sim_fdividef(float x, float y) { return std::isinf(y) ? 0.f : x / y
 // the primitives persistent.cu leaves to PK_HOST_SIM
 // the spin's relaxed load is an acquire load here (stronger; ThreadSanitizer does not model
 // the standalone fences that order it on the GPU), the fences seq_cst fences
-static unsigned int ld_relaxed_gpu(const unsigned int* p) {
-    std::this_thread::yield();   // 2 cores, hundreds of threads: let the others run
-    return std::atomic_ref<unsigned int>(*const_cast<unsigned int*>(p))
-        .load(std::memory_order_acquire);
-}
 static unsigned int ld_acquire_gpu(const unsigned int* p) {
     return std::atomic_ref<unsigned int>(*const_cast<unsigned int*>(p))
         .load(std::memory_order_acquire);
+}
+static unsigned int ld_relaxed_gpu(const unsigned int* p) {
+    std::this_thread::yield();   // 2 cores, hundreds of threads: let the others run
+    return ld_acquire_gpu(p);
 }
 static void pk_fence_acq_rel() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 // shared-memory "addresses" are plain pointers here
@@ -245,7 +244,7 @@ int main(int argc, char** argv) {
     auto [br, nbr] = load16("br", brs);
     (void)nx, (void)nwi, (void)nwh, (void)nbw, (void)nbr;
     std::vector<float> act((size_t)L * T * B * 4 * H);
-    const size_t nwt = (size_t)L * H * 4 * H, nht = (size_t)(L + 1) * (T + 1) * H * 64;
+    const size_t nwt = (size_t)L * H * 4 * H, nht = (size_t)(L + 1) * (T + 1) * H * PS_BMAX;
     std::vector<float4> wts(nwt / 4), hts(nht / 4);
     float* const wt = reinterpret_cast<float*>(wts.data());
     float* const ht = reinterpret_cast<float*>(hts.data());
@@ -262,7 +261,7 @@ int main(int argc, char** argv) {
         std::fill(ht, ht + nht, nan);
         launch(L * (H / U), 256, smem, [&] {
             lstm_persistent_stack_fwd(B, H, h, H, c, H, act.data(), 4 * H, sync.data(), 2 * L,
-                                      wt, 4 * H, ht, 64, x, H, wih, ldwih, whh, ldwhh, bw,
+                                      wt, 4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh, ldwhh, bw,
                                       ldbw, br, ldbr, T, L, U);
         });
         for (unsigned int v : sync)
