@@ -2,7 +2,7 @@
  * elementwise.cu: the "naive" rung, one kernel per elementary operation, so a cell step
  * costs one launch (and one round trip through memory) per + - * and activation.
  *
- * Calling convention (every kernel in cuda_src/; rnnrt/kernels.py builds the arguments):
+ * Calling convention (every kernel in cuda_src/; rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row. fp32 only.
  *   Each element is read completely before it is written, so an output may alias an input

@@ -3,7 +3,7 @@
  * backward, torch's GRU: the reset gate multiplies (R_n h + b_hn), not h, so R h stays one
  * GEMM over all gates (and dgh one GEMM back).
  *
- * Calling convention (every kernel in cuda_src/; rnnrt/kernels.py builds the arguments):
+ * Calling convention (every kernel in cuda_src/; rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
  *   fp32 only. Gate blocks are stacked in torch order r, z, n: gate q of hidden unit j is

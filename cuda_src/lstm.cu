@@ -4,7 +4,7 @@
  * gradients of the four gate pre-activations and of the previous cell state; each in one
  * pass over memory.
  *
- * Calling convention (every kernel in cuda_src/; rnnrt/kernels.py builds the arguments):
+ * Calling convention (every kernel in cuda_src/; rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
  *   fp32 only. Gate blocks are stacked in torch order i, f, g, o: gate q of hidden unit j is

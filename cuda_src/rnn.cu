@@ -4,7 +4,7 @@
  * gradients times the activation's derivative. No activations are saved: the backward gets
  * the derivative from h itself (1 - h^2 for tanh, h > 0 for relu).
  *
- * Calling convention (every kernel in cuda_src/; rnnrt/kernels.py builds the arguments):
+ * Calling convention (every kernel in cuda_src/; rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
  *   fp32 only. Each thread reads its element of every input before writing its output, so

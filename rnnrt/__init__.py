@@ -8,9 +8,9 @@ GPU side (needs CuPy): ``rnnrt.gpu.GpuRunner`` — CuPy is imported only when it
 from .cells import CELLS, Cell, backward_flops, forward_flops, get_cell, tflops
 from .device import GpuUnavailable, gpu_available
 from .models import GRU, LSTM, RNN, Grads, Tape
-from .switches import ALL, Rung, Switches, ladder
+from .plan.switches import ALL, Rung, Switches, ladder
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"
 
 __all__ = ["ALL", "CELLS", "Cell", "GRU", "Grads", "GpuUnavailable", "LSTM", "RNN", "Rung",
            "Switches", "Tape", "backward_flops", "forward_flops", "get_cell", "gpu_available",

@@ -2,14 +2,14 @@
 
 Everything that differs between LSTM, GRU, RNN-tanh and RNN-ReLU *as a description*
 lives here; the math of a step lives in ``reference.py`` (plain NumPy) and in the
-kernels (``cuda_src/*.cu`` with their NumPy twins in ``exec/kernels_np.py``).
+kernels (``cuda_src/*.cu`` with their NumPy twins in ``kernels/twins.py``).
 
 Gate order follows torch.nn exactly:
   LSTM  i, f, g, o        c' = f*c + i*g,  h' = o*tanh(c')
   GRU   r, z, n           n = tanh(W_in x + b_in + r*(W_hn h + b_hn)),  h' = (1-z)*n + z*h
   RNN   (one gate)        h' = tanh(W x + b_ih + R h + b_hh)   (or relu)
 
-FLOPs follow the paper's convention (../shared/reference/PAPER.md): GEMM work only,
+FLOPs follow the paper's convention (docs/paper.md): GEMM work only,
 2*M*N*K per GEMM; per layer per step M = G*hidden, N = minibatch, K = layer input + hidden;
 backward = 2x forward (data gradients + weight gradients); pointwise work is not counted.
 """

@@ -33,6 +33,11 @@ class Comparison:
                 f" worst at {self.worst_index}: got {self.worst_actual!r} want {self.worst_ref!r}"
                 f" ({self.n_bad}/{self.size} outside tolerance)")
 
+    def as_dict(self) -> dict:
+        """The fields a benchmark record keeps of a check."""
+        return {"ok": self.ok, "against": self.name, "max_abs_err": self.max_abs_err,
+                "worst_index": list(self.worst_index), "n_bad": self.n_bad}
+
 
 def _to_numpy(a):
     if hasattr(a, "get"):          # CuPy array

@@ -33,7 +33,7 @@ def _positive(s: str) -> int:
 
 def _ladder_parser(sub):
     from .bench.ladder import CPU_SIZE
-    from .switches import DEFAULT_INPUT_BATCH
+    from .plan.switches import DEFAULT_INPUT_BATCH
     p = sub.add_parser("ladder", help="verify and time every rung of the paper's ladder "
                        "beside cuDNN and the fp32 GEMM ceiling (the paper's Table 1)")
     p.add_argument("--cell", default="lstm", choices=["lstm", "gru", "rnn_tanh", "rnn_relu"])
@@ -48,8 +48,11 @@ def _ladder_parser(sub):
                    help=f"steps per W.x GEMM on the input-batching rung: k or 'all' "
                         f"(default {DEFAULT_INPUT_BATCH})")
     p.add_argument("--executor", choices=["eager", "graph", "both"], default="both")
+    p.add_argument("--rungs", type=_list_of(str, "rung names"), default=None,
+                   help="rows to run: rungs of the ladder and/or 'auto' (the schedule "
+                        "selector's choice, what GpuRunner runs by default); default all")
     p.add_argument("--out", default=None, help="JSON record path (default: "
-                   "experiments/results/ladder-...json)")
+                   "experiments/results/ladder/ladder-...json)")
     p.add_argument("--no-cudnn", action="store_true", help="skip the cuDNN row")
     p.add_argument("--backward", action="store_true",
                    help="time forward+backward (a training step's RNN work; FLOPs = 3x the "
@@ -78,9 +81,13 @@ def _cmd_ladder(a) -> int:
     if a.input_size is not None:
         size["input_size"] = a.input_size
     executors = ("eager", "graph") if a.executor == "both" else (a.executor,)
-    cfg = LadderConfig(cell=a.cell, repeats=a.repeats, warmup=a.warmup,
-                       input_batch=a.input_batch, executors=executors, cpu=a.cpu,
-                       cudnn=not a.no_cudnn, backward=a.backward, **size)
+    try:
+        cfg = LadderConfig(cell=a.cell, repeats=a.repeats, warmup=a.warmup,
+                           input_batch=a.input_batch, executors=executors, cpu=a.cpu,
+                           cudnn=not a.no_cudnn, backward=a.backward, rungs=a.rungs, **size)
+    except ValueError as e:
+        print(f"rnnrt ladder: error: {e}", file=sys.stderr)
+        return 2
     record = run_ladder(cfg)
     path = write_record(record, a.out)
     print(markdown_table(record))
@@ -129,7 +136,7 @@ def _no_gpu(cmd: str) -> int:
 
 def _sweep_parser(sub):
     from .bench import sweep as sw
-    from .switches import DEFAULT_INPUT_BATCH
+    from .plan.switches import DEFAULT_INPUT_BATCH
     p = sub.add_parser(
         "sweep", help="the ladder (verified, then timed, beside cuDNN) at every point of a "
         "grid of sizes; JSON lines appended as each point finishes; resumable")
@@ -158,13 +165,24 @@ def _sweep_parser(sub):
     p.add_argument("--quick", action="store_true",
                    help="a small preset: hidden 256,512,1024 x minibatch 32,64 x layers 1,4, "
                         "LSTM, 5 repeats (a few minutes on an H100); flags given win")
+    p.add_argument("--preset", choices=sorted(sw.PRESETS), default=None,
+                   help="a named grid: 'wide' = lstm,gru x layers 1,4 x hidden 128-2048 x "
+                        "minibatch 8-256 x fwd and fwd+bwd, 100 steps, the auto row and cuDNN "
+                        "timed in turn (where rnnrt is judged against cuDNN); flags given win")
+    p.add_argument("--rungs", type=_list_of(str, "rung names"), default=None,
+                   help="rows to run at each point: rungs of the ladder and/or 'auto' (the "
+                        "schedule selector's choice); default all of them")
+    p.add_argument("--pass", dest="passes", type=_list_of(str, "passes"), default=None,
+                   help="fwd, fwd+bwd or both (fwd,fwd+bwd); default fwd (--backward: "
+                        "fwd+bwd)")
     p.add_argument("--no-cudnn", action="store_true", help="skip the cuDNN rows")
     p.add_argument("--backward", action="store_true",
                    help="time forward+backward at every point (as `rnnrt ladder --backward`;"
                         " pass 'fwd+bwd', FLOPs 3x the forward's)")
     p.add_argument("--out", default=None,
-                   help="JSON-lines results file (default experiments/results/sweep[-quick]"
-                        "[-bwd][-cpu].jsonl)")
+                   help="JSON-lines results file (default: a new experiments/results/sweep/"
+                        "sweep[-quick][-bwd]-<cells>-<device>-<stamp>.jsonl; with --resume the "
+                        "newest such file)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true",
                    help="continue the file: skip the points it already has")
@@ -186,6 +204,8 @@ def _sweep_parser(sub):
 def _sweep_config(a):
     from .bench import sweep as sw
     kw = {}
+    if a.preset:
+        kw.update(sw.PRESETS[a.preset])
     if a.cpu:
         kw.update(sw.CPU_QUICK if a.quick else sw.CPU_GRID)
     elif a.quick:
@@ -193,7 +213,8 @@ def _sweep_config(a):
     for name, attr in (("hidden", "hidden"), ("batch", "batch"), ("layers", "layers"),
                        ("cells", "cell"), ("steps", "steps"), ("input_size", "input_size"),
                        ("input_batch", "input_batch"), ("repeats", "repeats"),
-                       ("warmup", "warmup"), ("time_budget", "time_budget")):
+                       ("warmup", "warmup"), ("time_budget", "time_budget"),
+                       ("rungs", "rungs"), ("passes", "passes")):
         if getattr(a, attr) is not None:
             kw[name] = getattr(a, attr)
     kw["executors"] = ("eager", "graph") if a.executor == "both" else (a.executor,)
@@ -216,7 +237,14 @@ def _cmd_sweep(a) -> int:
     except ValueError as e:
         print(f"rnnrt sweep: {e}", file=sys.stderr)
         return 2
-    path = Path(a.out) if a.out else sw.default_path(cfg, a.quick)
+    if a.out:
+        path = Path(a.out)
+    else:
+        from .device import gpu_status
+        device = sw.cpu_device_name() if a.cpu else gpu_status()[1]
+        latest = sw.latest_path(cfg, device, a.quick, preset=a.preset)
+        path = (latest if (a.resume or a.dry_run) and latest else
+                sw.default_path(cfg, device, a.quick, preset=a.preset))
     if a.dry_run:
         done = sw.done_keys(sw.read_lines(path), cfg.retry_errors) if path.exists() else set()
         pts = sw.grid(cfg)
@@ -273,7 +301,7 @@ def _plot_parser(sub):
 
 
 def _cmd_plot(a) -> int:
-    from .plots import plot_all
+    from .bench.plots import plot_all
     try:
         paths = plot_all(a.results, a.out_dir, cell=a.cell, layers=a.layers,
                          executor=a.executor, formats=a.formats, steps=a.steps,
@@ -291,7 +319,7 @@ def _cmd_plot(a) -> int:
 
 def _trace_parser(sub):
     from .bench.trace import CPU_DEFAULT, GPU_DEFAULT
-    from .switches import DEFAULT_INPUT_BATCH
+    from .plan.switches import DEFAULT_INPUT_BATCH
     p = sub.add_parser("trace", help="per-op timeline of one forward pass, one row per "
                        "stream, for the naive and the last rung (PNG + SVG + JSON)")
     p.add_argument("--cell", type=_cell_name, default="lstm")
@@ -313,7 +341,7 @@ def _trace_parser(sub):
                    help="GPU: do not hold the GPU while the host queues the traced pass "
                         "(the timeline then shows Python's issue rate)")
     p.add_argument("--out", default=None, help="trace JSON path (default "
-                   "experiments/results/trace-...json)")
+                   "experiments/results/trace/trace-...json)")
     p.add_argument("--fig-dir", default="experiments/figures",
                    help="where the PNG and SVG go (default experiments/figures)")
     p.add_argument("--cpu", action="store_true",

@@ -1,13 +1,14 @@
-"""GPU availability, detected once per process, and the device facts records carry.
+"""GPU availability, detected once per process.
 
-``import rnnrt`` never imports CuPy; only ``require_gpu()`` and the GPU executors do.
+``import rnnrt`` never imports CuPy; only ``require_gpu()`` and the GPU executors do. The
+device's facts for records are ``session.device_info()``.
 """
 from __future__ import annotations
 
 import functools
 
-INSTALL_HINT = ("install the GPU extra that matches your CUDA driver: "
-                "pip install 'rnnrt[cuda12]' or pip install 'rnnrt[cuda13]'")
+INSTALL_HINT = ("install CuPy for your CUDA driver through rnnrt's extra, from the clone: "
+                "pip install -e '.[cuda13]' (CUDA 13) or pip install -e '.[cuda12]' (CUDA 12)")
 
 
 class GpuUnavailable(RuntimeError):
@@ -43,38 +44,3 @@ def require_gpu():
         raise GpuUnavailable(f"rnnrt: no usable GPU: {why}; {INSTALL_HINT}")
     import cupy
     return cupy
-
-
-def device_info() -> dict:
-    """Device name, SM count, clocks, capability, and CuPy / CUDA / cuBLAS versions."""
-    cp = require_gpu()
-    rt = cp.cuda.runtime
-    dev = cp.cuda.Device()
-    props = rt.getDeviceProperties(dev.id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    info = {
-        "device": name,
-        "sm_count": props.get("multiProcessorCount"),
-        "compute_capability": f"{props.get('major')}.{props.get('minor')}",
-        "sm_clock_mhz": (props.get("clockRate") or 0) / 1000 or None,
-        "mem_clock_mhz": (props.get("memoryClockRate") or 0) / 1000 or None,
-        "shared_mem_per_sm": props.get("sharedMemPerMultiprocessor"),
-        "regs_per_sm": props.get("regsPerMultiprocessor"),
-        "cupy": cp.__version__,
-        "cuda_runtime": rt.runtimeGetVersion(),
-        "cuda_driver": rt.driverGetVersion(),
-    }
-    try:
-        from .exec.cublas import load_library
-        import ctypes
-        v = ctypes.c_int()
-        lib = load_library()
-        lib.cublasGetProperty.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-        parts = []
-        for prop in (0, 1, 2):  # MAJOR, MINOR, PATCH
-            lib.cublasGetProperty(prop, ctypes.byref(v))
-            parts.append(str(v.value))
-        info["cublas"] = ".".join(parts)
-    except Exception as e:  # noqa: BLE001 - informative only
-        info["cublas"] = f"unknown ({e})"
-    return info

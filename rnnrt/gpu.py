@@ -1,12 +1,14 @@
 """Running a model on the GPU: ``GpuRunner`` holds the device state and the per-shape plans.
 
-    runner = rnnrt.gpu.GpuRunner(model, switches=rnnrt.ladder()[-1].switches, executor="graph")
+    runner = rnnrt.gpu.GpuRunner(model)                           # the fastest schedule per shape
     y, (h_n, c_n) = runner.forward(x, (h0, c0))                  # inference
     y, (h_n, c_n), tape = runner.forward(x, (h0, c0), train=True)
     g = runner.backward(tape, dy)                                 # g.dx, g.dh0, g.dc0, g.flat
     runner.params -= lr * g.flat                                  # every plan sees the update
 
 fp32 only on the GPU (the paper's arithmetic; cuBLAS math mode is plain fp32, no TF32).
+``switches='auto'`` (the default) runs the schedule selector's choice for each shape;
+explicit ``rnnrt.Switches`` run exactly that schedule.
 """
 from __future__ import annotations
 
@@ -14,22 +16,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .device import require_gpu
-from .limits import DeviceLimits
-from .plan import PlanKey, forward_plan
-from .switches import Switches
+from .plan.forward import forward_plan
+from .plan.model import PlanKey
+from .plan.switches import Switches
 from .validate import check_backward_inputs, check_forward_inputs, split_hx
 
 
-@dataclass
+@dataclass(eq=False)
 class GpuTape:
-    """What ``backward`` needs from a training forward: the key of its plans and the
-    workspace holding the saved activations. Valid until the next training forward of the
-    same shape on the same runner (which overwrites that workspace); ``backward`` checks."""
+    """What ``backward`` needs from a training forward: the key of its plans and the state
+    (workspace + executors) holding the saved activations. While a tape is alive its state
+    is not reused, so several training forwards of one shape (a module applied twice, both
+    directions of a layer) each keep their own activations; dropping the tape frees it."""
 
     key: PlanKey
     generation: int
     batch_first: bool
+    state: object = None
 
 
 @dataclass
@@ -50,39 +53,121 @@ class GpuGrads:
 
 
 class _State:
-    """Workspace and executors of one plan key (built once, reused)."""
+    """Workspace and executors of one plan key (built once, reused until evicted). Busy
+    while the tape of its last training forward is alive (its activations are needed)."""
 
     def __init__(self, ws, forward):
         self.ws, self.forward, self.backward = ws, forward, {}
         self.generation = 0
+        self._tape = None
+
+    @property
+    def busy(self) -> bool:
+        return self._tape is not None and self._tape() is not None
+
+    def hold(self, tape) -> None:
+        import weakref
+        self._tape = weakref.ref(tape)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the workspace holds (its buffers; params and grads are shared)."""
+        return sum(int(b.nbytes) for name, b in self.ws.bufs.items()
+                   if name not in ("params", "grads"))
+
+
+DEFAULT_CACHE_BYTES = 4 << 30
+"""Workspace bytes a runner keeps for the shapes it saw (least recently used go first)."""
+
+
+class StateCache:
+    """The runner's workspaces and executors by plan key, bounded: at most ``budget`` bytes
+    of workspaces; adding past it evicts the least recently used states (never the newest,
+    nor a busy one: a live tape needs it) and returns their memory to CuPy's pool, so a loop
+    over many lengths does not grow."""
+
+    def __init__(self, budget: int, free=None):
+        from collections import OrderedDict
+        self.budget, self.free = int(budget), free
+        self._states = OrderedDict()
+        self.evictions = 0
+
+    def get(self, key):
+        st = self._states.get(key)
+        if st is not None:
+            self._states.move_to_end(key)
+        return st
+
+    def add(self, key, st) -> None:
+        self._states[key] = st
+        self._states.move_to_end(key)
+        evicted = False
+        for old in list(self._states):
+            if self.nbytes <= self.budget:
+                break
+            if old == key or getattr(self._states[old], "busy", False):
+                continue   # the newest, and states whose activations a tape still needs
+            del self._states[old]
+            self.evictions += 1
+            evicted = True
+        if evicted and self.free is not None:
+            self.free()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(st.nbytes for st in self._states.values())
+
+    def __contains__(self, key) -> bool:
+        return key in self._states
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def clear(self) -> None:
+        self._states.clear()
 
 
 class GpuRunner:
-    """A model's parameters on the GPU plus, per (shape, switches, train), a plan, its
+    """A model's parameters on the GPU plus, per (shape, schedule, train), a plan, its
     workspace and its executors — built on first use and reused, so repeated calls
     allocate nothing but their results.
 
     model: an rnnrt.LSTM / GRU / RNN with dtype float32. Its flat parameters are copied to
     the device at construction (``params``, [layout.size], shared by every workspace: update
     it in place); ``sync_params()`` copies the model's again.
-    switches: the paper's optimizations (rnnrt.switches.Switches).
-    executor: 'eager' (Python issues each op) or 'graph' (captured once, replayed).
+    switches: 'auto' (the default: the schedule selector's choice for each shape, timed on
+    first use and remembered on disk, kernels/choice.py; ``schedule(steps, batch)`` says
+    what it chose and why), or an explicit rnnrt.Switches, run exactly as given.
+    executor: 'graph' (captured once, replayed; the default) or 'eager' (Python issues each
+    op).
     grads: optional caller-provided CuPy float32 [layout.size] buffer for the parameter
     gradients (default: one allocated here); backward(accumulate=True) adds into it.
+    cache_bytes: workspace bytes kept for the shapes seen (default DEFAULT_CACHE_BYTES, or
+    the RNNRT_CACHE_BYTES environment variable); least recently used shapes are evicted.
+    schedule_cache: where tuned choices persist: a kernels.tuning.ScheduleCache, None for
+    the default file (kernels/tuning.py), or False for memory only.
     """
 
-    def __init__(self, model, switches: Switches | None = None, executor: str = "graph",
-                 grads=None):
-        from .exec.cuda_exec import EXECUTORS, GpuContext
-        from .kernels import KernelLibrary
-        cp = require_gpu()
+    def __init__(self, model, switches: Switches | str = "auto", executor: str = "graph",
+                 grads=None, cache_bytes: int | None = None, schedule_cache=None):
+        import os
+
+        from .session import GpuSession, executor_names
         if np.dtype(model.dtype) != np.float32:
             raise ValueError(f"model.dtype: the GPU path is fp32 only, got {np.dtype(model.dtype)}")
-        switches = Switches() if switches is None else switches
-        if not isinstance(switches, Switches):
-            raise TypeError(f"switches: expected rnnrt.switches.Switches, got {type(switches)}")
-        if executor not in EXECUTORS:
-            raise ValueError(f"executor: expected one of {sorted(EXECUTORS)}, got {executor!r}")
+        if switches is None:
+            switches = "auto"
+        if not (switches == "auto" or isinstance(switches, Switches)):
+            raise TypeError(f"switches: expected 'auto' or an rnnrt.Switches, got {switches!r}")
+        if executor not in executor_names():
+            raise ValueError(f"executor: expected one of {list(executor_names())}, "
+                             f"got {executor!r}")
+        if cache_bytes is None:
+            cache_bytes = int(os.environ.get("RNNRT_CACHE_BYTES", DEFAULT_CACHE_BYTES))
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"cache_bytes: expected an int >= 0, got {cache_bytes!r}")
+        session = GpuSession()
+        cp = session.cp
         size = model.layout.size
         if grads is None:
             grads = cp.zeros(size, dtype=cp.float32)
@@ -93,12 +178,13 @@ class GpuRunner:
         self.model = model
         self.switches = switches
         self.executor_name = executor
-        self._executor_cls = EXECUTORS[executor]
-        self.ctx = GpuContext(cp, KernelLibrary())
-        self.limits = DeviceLimits.from_device(cp)   # what a persistent plan's fit reads
+        self.session = session
+        self.limits = session.limits   # what a persistent plan's fit reads
         self.params = cp.asarray(model.flat, dtype=cp.float32)
         self.grads = grads
-        self._states = {}
+        self._states = StateCache(cache_bytes, free=cp.get_default_memory_pool().free_all_blocks)
+        self._schedule_cache = schedule_cache
+        self._selector = None
 
     def sync_params(self):
         """Copy the model's flat parameters to the device again. Every workspace shares
@@ -108,29 +194,126 @@ class GpuRunner:
     def zero_grad(self):
         self.grads.fill(0)
 
+    # -- the schedule --------------------------------------------------------------------------
+    def _shape(self, steps: int, batch: int, train: bool):
+        from .kernels.choice import Shape
+        m = self.model
+        return Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
+                     int(steps), bool(train), m.bias, "float32", self.executor_name)
+
+    @property
+    def selector(self):
+        """The schedule selector of this runner (built on first use)."""
+        if self._selector is None:
+            from .kernels.choice import Selector
+            from .kernels.tuning import ScheduleCache, device_key
+            cache = self._schedule_cache
+            if cache is None:
+                from . import __version__
+                cache = ScheduleCache(device_key({**self.session.info, "rnnrt": __version__}))
+            self._selector = Selector(self._time_schedule, self.limits, cache or None,
+                                      log=_log)
+        return self._selector
+
+    def schedule(self, steps: int, batch: int, train: bool = False):
+        """What runs for (steps, batch, train): a kernels.choice.Selection (schedule, where
+        the choice came from, each candidate's time) — with explicit switches, those."""
+        from .kernels.choice import Schedule, Selection
+        if self.switches != "auto":
+            return Selection(Schedule(self.switches.label(), self.switches), "explicit")
+        shape = self._shape(steps, batch, train)
+        self._precompile()
+        return self.selector.select(shape)
+
     def plan_key(self, steps: int, batch: int, train: bool = False) -> PlanKey:
         m = self.model
+        if self.switches == "auto":
+            sched = self.schedule(steps, batch, train).schedule
+            sw, family = sched.switches, sched.family
+        else:
+            sw, family = self.switches, None
         return PlanKey(m.cell_name, steps, batch, m.input_size, m.hidden_size, m.num_layers,
-                       m.bias, self.switches, train, device=self.limits)
+                       m.bias, sw, train, device=self.limits, family=family)
+
+    def _precompile(self):
+        """Compile every kernel file once, before any timing, saying so (the first use on a
+        machine takes a while; CuPy keeps the result on disk for the next process)."""
+        if getattr(self, "_compiled", False):
+            return
+        import time
+
+        from .kernels.registry import REGISTRY
+        t0 = time.perf_counter()
+        for k in REGISTRY:
+            self.session.ctx.kernels.get(k.name)
+        dt = time.perf_counter() - t0
+        if dt > 2.0:
+            _log(f"compiled rnnrt's CUDA kernels in {dt:.1f} s (first use; cached on disk)")
+        self._compiled = True
+
+    def _build_state(self, key: PlanKey) -> _State:
+        from .plan.backward import backward_plan
+        fplan = forward_plan(key)
+        wplan = backward_plan(key) if key.train else fplan
+        ws = self.session.workspace(wplan, self.params, grads=self.grads)
+        return _State(ws, self.session.executor(self.executor_name, fplan, ws))
+
+    def _time_schedule(self, sched, shape, repeats: int) -> list:
+        """The selector's timer: ``repeats`` timed runs (ms, CUDA events) of ``sched`` on
+        random inputs of ``shape`` (at most TUNE_MAX_STEPS steps), after one warm-up run;
+        forward, or forward + backward for a training shape. Nothing is cached."""
+        from .session import time_events
+        m = self.model
+        steps = min(shape.steps, TUNE_MAX_STEPS)
+        key = PlanKey(m.cell_name, steps, shape.batch, m.input_size, m.hidden_size,
+                      m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
+                      family=sched.family)
+        tkey = (sched.name, shape.key(), steps)
+        if getattr(self, "_timing_key", None) != tkey:
+            self._timing = None   # free the last candidate's workspace first
+            st = self._build_state(key)
+            cp = self.cp
+            rng = cp.random.default_rng(0)
+            arrays = {name: rng.standard_normal(b.shape, dtype=cp.float32)
+                      for name, b in st.ws.plan.inputs.items()}
+            st.ws.load(**arrays)
+            runs = [st.forward]
+            if shape.train:
+                runs.append(self._backward_executor(st, key, False))
+            cp.cuda.Device().synchronize()
+            self._timing, self._timing_key = (st, runs), tkey
+            warm = 1
+        else:
+            warm = 0
+        st, runs = self._timing
+
+        def run():
+            for ex in runs:
+                ex.run()
+
+        return time_events(self.cp, run, runs[0].stream, repeats, warm)
 
     def state(self, key: PlanKey) -> _State:
-        """The workspace and executors of ``key``, built once. A training key's workspace
-        holds the backward plan's buffers too (a superset of the forward's)."""
-        if key not in self._states:
-            from .exec.workspace import Workspace
-            from .plan_backward import backward_plan
-            fplan = forward_plan(key)
-            wplan = backward_plan(key) if key.train else fplan
-            with self.ctx.stream(0, fplan.stream_priority[0])[0]:
-                ws = Workspace(wplan, self.cp, np.float32, self.params, grads=self.grads)
-            self._states[key] = _State(ws, self._executor_cls(fplan, ws, self.ctx))
-        return self._states[key]
+        """A state (workspace + executors) of ``key`` that no live tape holds, built once and
+        kept in the bounded cache. A training key's workspace holds the backward plan's
+        buffers too (a superset of the forward's)."""
+        slot = 0
+        while True:
+            st = self._states.get((key, slot))
+            if st is None:
+                self._timing, self._timing_key = None, None   # tuning is over: free it
+                st = self._build_state(key)
+                self._states.add((key, slot), st)
+                return st
+            if not st.busy:
+                return st
+            slot += 1
 
     def _backward_executor(self, st: _State, key: PlanKey, accumulate: bool):
         if accumulate not in st.backward:
-            from .plan_backward import backward_plan
-            st.backward[accumulate] = self._executor_cls(backward_plan(key, accumulate), st.ws,
-                                                         self.ctx)
+            from .plan.backward import backward_plan
+            st.backward[accumulate] = self.session.executor(
+                self.executor_name, backward_plan(key, accumulate), st.ws)
         return st.backward[accumulate]
 
     def _on_stream(self, ex, fn):
@@ -176,7 +359,9 @@ class GpuRunner:
         if not train:
             return y, hx_n
         st.generation += 1
-        return y, hx_n, GpuTape(key, st.generation, m.batch_first)
+        tape = GpuTape(key, st.generation, m.batch_first, st)
+        st.hold(tape)
+        return y, hx_n, tape
 
     def backward(self, tape: GpuTape, dy, dhx=None, accumulate: bool = False) -> GpuGrads:
         """Backpropagation through time for the training forward that made ``tape``.
@@ -189,10 +374,10 @@ class GpuRunner:
         if not isinstance(tape, GpuTape):
             raise TypeError(f"tape: expected the GpuTape of runner.forward(train=True), "
                             f"got {type(tape).__name__}")
-        st = self._states.get(tape.key)
+        st = tape.state
         if st is None or st.generation != tape.generation:
-            raise ValueError("tape: stale — a later training forward of the same shape "
-                             "overwrote the activations it refers to; run forward again")
+            raise ValueError("tape: stale — its activations were overwritten (a tape of "
+                             "another runner, or one copied by hand); run forward again")
         dh_n, dc_n = split_hx(m, dhx, "dhx")
         check_backward_inputs(m, tape.key.steps, tape.key.batch, dy, dh_n, dc_n)
         if tape.batch_first and dy is not None:
@@ -215,4 +400,15 @@ class GpuRunner:
 
     def close(self):
         self._states.clear()
-        self.ctx.close()
+        self._timing = None
+        self.session.close()
+
+
+TUNE_MAX_STEPS = 200
+"""Steps the selector times a candidate over: a longer sequence ranks them the same (each
+step costs the same), so tuning a 10,000-step shape costs what a 200-step one does."""
+
+
+def _log(msg: str) -> None:
+    import sys
+    print(f"[rnnrt] {msg}", file=sys.stderr, flush=True)

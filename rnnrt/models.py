@@ -14,7 +14,7 @@ What matches torch.nn.LSTM / GRU / RNN: constructor arguments (no dropout, no
 bidirectional, no proj_size), parameter names, shapes, order and gate order, the
 initialisation distribution, the return structure of forward, batch_first (x and y only;
 states stay [num_layers, B, H]). A torch state_dict turned into NumPy arrays loads, and ours
-loads into torch (``tests/test_models.py`` checks outputs and gradients against torch).
+loads into torch (``tests/core/test_core_models.py`` checks outputs and gradients against torch).
 What differs: parameters are NumPy views, not tensors; gradients come from an explicit
 ``backward(tape, dy)`` rather than autograd; a training forward is ``forward(x, train=True)``.
 """
@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .cells import Cell, backward_flops, forward_flops, get_cell
-from .params import ParamLayout, _positive_int, make_layout, per_layer, to_flat, views
+from .params import ParamLayout, positive_int, make_layout, per_layer, to_flat, views
 from .validate import check_backward_inputs, check_forward_inputs, split_hx
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -172,9 +172,9 @@ class RNNBase:
     def __init__(self, mode, input_size, hidden_size, num_layers=1, bias=True,
                  batch_first=False, dtype=np.float32, seed=None, nonlinearity=None):
         cell = _resolve_cell(mode, nonlinearity)
-        input_size = _positive_int("input_size", input_size)
-        hidden_size = _positive_int("hidden_size", hidden_size)
-        num_layers = _positive_int("num_layers", num_layers)
+        input_size = positive_int("input_size", input_size)
+        hidden_size = positive_int("hidden_size", hidden_size)
+        num_layers = positive_int("num_layers", num_layers)
         bias = _flag("bias", bias)
         batch_first = _flag("batch_first", batch_first)
         dtype = _model_dtype(dtype)

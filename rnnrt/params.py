@@ -126,7 +126,7 @@ class ParamLayout:
         return {e.kind: e for e in self.entries if e.layer == layer}
 
 
-def _positive_int(name: str, value) -> int:
+def positive_int(name: str, value) -> int:
     """``value`` as an int if it is a positive integer (not a bool); ValueError/TypeError
     naming ``name`` otherwise."""
     if isinstance(value, bool):
@@ -148,9 +148,9 @@ def make_layout(cell: str, input_size: int, hidden_size: int, num_layers: int,
     cell: 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'; the sizes are positive integers.
     """
     spec = get_cell(cell)
-    input_size = _positive_int("input_size", input_size)
-    hidden_size = _positive_int("hidden_size", hidden_size)
-    num_layers = _positive_int("num_layers", num_layers)
+    input_size = positive_int("input_size", input_size)
+    hidden_size = positive_int("hidden_size", hidden_size)
+    num_layers = positive_int("num_layers", num_layers)
     bias = bool(bias)
     rows = spec.gates * hidden_size
     entries = []

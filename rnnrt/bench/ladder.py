@@ -18,28 +18,31 @@ runs the persistent kernel forward and the rung below's schedule backward (``bac
 """
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import platform
-import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .. import __version__, reference
+from .. import reference
 from ..cells import forward_flops, get_cell, tflops
 from ..check import FP32_ATOL, FP32_RTOL, compare
+from ..kernels.limits import H100_SXM, DeviceLimits
 from ..params import to_flat
-from ..limits import H100_SXM, DeviceLimits
-from ..plan import PlanKey, forward_plan
-from ..switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder, rung_names
-from .timing import gemm_ceiling, time_cpu, time_gpu, time_torch
+from ..plan.forward import forward_plan
+from ..plan.model import PlanKey
+from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, Rung, ladder, rung_names
+from ..session import GpuSession, time_events
+from .cudnn import cudnn_bench
+from .records import now_iso, record_path, versions, write_json
+from .timing import gemm_ceiling, time_cpu, time_gpu
 
 # Above this many forward FLOPs the float64 NumPy reference (~0.1 TFLOPS on a CPU) is
 # replaced by cuDNN's output as the naive rung's check, when cuDNN is there.
 REFERENCE_FLOP_LIMIT = 2e12
+AUTO = "auto"
+"""The row of the schedule selector's choice (kernels/choice.py), run as switches='auto'."""
 CPU_SIZE = dict(layers=4, hidden=32, input_size=32, batch=8, steps=12)
 
 
@@ -59,14 +62,26 @@ class LadderConfig:
     cudnn: bool = True
     backward: bool = False          # time forward+backward (training), "pass": "fwd+bwd"
     seed: int = 0
+    rungs: tuple | None = None      # names to run: rungs of the ladder and/or 'auto'; None: all
+    interleave: bool = False        # time the rows and cuDNN one run each, in turn
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.rungs is not None:
+            known = set(rung_names()) | {AUTO}
+            bad = [r for r in self.rungs if r not in known]
+            if bad or not self.rungs:
+                raise ValueError(f"LadderConfig.rungs: expected names out of "
+                                 f"{[AUTO, *rung_names()]}, got {self.rungs!r}")
+            self.rungs = tuple(self.rungs)
 
     @property
     def inp(self) -> int:
         return self.hidden if self.input_size is None else self.input_size
 
 
-def _model(cfg: LadderConfig, dtype):
+def model_for(cfg: LadderConfig, dtype):
+    """The rnnrt model of ``cfg`` (cell, sizes, seed) in ``dtype``."""
     import rnnrt
     kw = dict(num_layers=cfg.layers, dtype=dtype, seed=cfg.seed)
     if cfg.cell == "lstm":
@@ -76,7 +91,7 @@ def _model(cfg: LadderConfig, dtype):
     return rnnrt.RNN(cfg.inp, cfg.hidden, nonlinearity=cfg.cell.split("_")[1], **kw)
 
 
-def _inputs(cfg: LadderConfig, dtype):
+def inputs_for(cfg: LadderConfig, dtype):
     """Random x [T,B,I], h0 [L,B,H], c0 (LSTM) and dy [T,B,H] (the backward's seed)."""
     rng = np.random.default_rng(cfg.seed + 1)
     x = rng.standard_normal((cfg.steps, cfg.batch, cfg.inp)).astype(dtype)
@@ -106,53 +121,28 @@ def _progress(msg):
     print(f"[ladder] {msg}", file=sys.stderr, flush=True)
 
 
-def versions(cp=None) -> dict:
-    v = {"rnnrt": __version__, "numpy": np.__version__, "python": platform.python_version()}
-    if cp is not None:
-        v["cupy"] = cp.__version__
-        v["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
-        v["cuda_driver"] = cp.cuda.runtime.driverGetVersion()
-    try:
-        import torch
-        v["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            v["cudnn"] = torch.backends.cudnn.version()
-    except Exception:  # noqa: BLE001 - torch is optional
-        pass
-    return v
-
-
-class GpuSession:
-    """What one process measures once and every ladder in it shares: the CuPy module, the
-    device facts, a GpuContext (streams, cuBLAS handles, compiled kernels) and the fp32 GEMM
-    ceiling. A sweep opens one and runs a ladder per point through it; ``close()`` at the end."""
+class BenchSession(GpuSession):
+    """A GpuSession plus what one process measures once and every ladder in it shares: the
+    fp32 GEMM ceiling. A sweep opens one and runs a ladder per point through it;
+    ``close()`` at the end."""
 
     def __init__(self, progress=_progress):
-        from ..device import device_info, require_gpu
-        from ..exec.cuda_exec import GpuContext
-        from ..kernels import KernelLibrary
-        self.cp = require_gpu()
-        self.info = device_info()
-        self.ctx = GpuContext(self.cp, KernelLibrary())
-        self.limits = DeviceLimits.from_device(self.cp)
+        super().__init__()
         progress(f"device {self.info['device']}; measuring the fp32 GEMM ceiling")
         self.ceiling = gemm_ceiling(self.cp, self.ctx)
         progress(f"ceiling {self.ceiling['tflops']:.1f} TFLOPS")
 
-    def close(self):
-        self.ctx.close()
 
-
-def run_ladder(cfg: LadderConfig, progress=_progress, session: GpuSession | None = None) -> dict:
+def run_ladder(cfg: LadderConfig, progress=_progress, session: BenchSession | None = None) -> dict:
     """Verify and time every rung; return the record (see module docstring).
 
-    session: a GpuSession to reuse (a sweep passes one); None opens and closes one here.
+    session: a BenchSession to reuse (a sweep passes one); None opens and closes one here.
     """
     get_cell(cfg.cell)
     if cfg.cpu:
         return _run_cpu(cfg, progress)
     own = session is None
-    session = GpuSession(progress) if own else session
+    session = BenchSession(progress) if own else session
     try:
         return _run_gpu(cfg, progress, session)
     finally:
@@ -176,7 +166,7 @@ def _reference(cfg, model, x, h0, c0, dy):
 
 
 def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan):
-    """One (rung, executor) row; ``plan`` is the _RungRun's plan_summary(). ratio_vs_cudnn
+    """One (rung, executor) row; ``plan`` is the RungRun's plan_summary(). ratio_vs_cudnn
     is filled in after the rungs, once cuDNN's pooled time is known."""
     tf = tflops(flops, timing.ms_median)
     extra = {k: plan[k] for k in ("fallback", "fit", "backward_note") if plan.get(k)}
@@ -192,20 +182,16 @@ def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan):
     }
 
 
-def _check_dict(c):
-    return {"ok": c.ok, "against": c.name, "max_abs_err": c.max_abs_err,
-            "worst_index": list(c.worst_index), "n_bad": c.n_bad}
-
-
-class _RungRun:
+class RungRun:
     """One rung's plan(s) on one workspace: ``run()`` is the timed pass (the forward, or the
     forward then the backward), ``outputs()`` the arrays every rung is checked on."""
 
-    def __init__(self, cfg, rung, xp, make_executor, params, inputs, device: DeviceLimits):
+    def __init__(self, cfg, rung, xp, make_executor, params, inputs, device: DeviceLimits,
+                 family: str | None = None):
         from ..exec.workspace import Workspace
-        from ..plan_backward import backward_plan
+        from ..plan.backward import backward_plan
         key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
-                      rung.switches, train=cfg.backward, device=device)
+                      rung.switches, train=cfg.backward, device=device, family=family)
         self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
         self.ws = Workspace(self.plans[-1], xp, np.float32, params)
         self.ws.poison()
@@ -251,18 +237,29 @@ class _RungRun:
 
 
 def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_name, flops,
-                 ceiling_tflops, time_fn, sync, progress, device, label=""):
-    """Verify then time every rung for every executor; the rows (see the module docstring)."""
+                 ceiling_tflops, time_fn, sync, progress, device, label="", samples_fn=None):
+    """Verify then time every rung (and the auto row) for every executor; the rows (see the
+    module docstring). samples_fn(rr, repeats) -> ms of each run: the auto row's selector
+    times its candidates through it."""
     rows = []
-    rungs = ladder(cfg.input_batch)
-    total = len(rungs) * len(executors)
+    rungs = [r for r in ladder(cfg.input_batch) if cfg.rungs is None or r.name in cfg.rungs]
+    auto = cfg.rungs is None or AUTO in cfg.rungs
+    total = (len(rungs) + auto) * len(executors)
     n = 0
     for executor in executors:
         naive_out, naive_ms = None, None
-        for rung in rungs:
+        entries = [(rung, None, None) for rung in rungs]
+        if auto:
+            entries.append((None, None, None))   # selected after the rungs (it times its own)
+        for rung, family, selection in entries:
             n += 1
-            rr = _RungRun(cfg, rung, xp, lambda plan, ws: make_executor(executor, plan, ws),
-                          params, inputs, device)
+            if rung is None:
+                selection = _select(cfg, executor, make_executor, xp, params, inputs, device,
+                                    samples_fn, progress)
+                sched = selection.schedule
+                rung, family = Rung(AUTO, sched.switches), sched.family
+            rr = RungRun(cfg, rung, xp, lambda plan, ws: make_executor(executor, plan, ws),
+                         params, inputs, device, family=family)
             if rr.plans[0].fallback:
                 progress(f"{n}/{total} {rung.name} {executor}: {rr.plans[0].fallback}")
             rr.run()
@@ -272,40 +269,72 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
                 c = _compare_all(got, ref, ref_name)
             else:
                 c = _compare_all(got, naive_out, "naive rung")
+            extra = ({"schedule": selection.schedule.name, "tune_s": selection.tune_s,
+                      "selection": selection.as_dict()} if selection is not None else {})
             if not c.ok:
                 progress(f"{n}/{total} {rung.name} {executor}: REFUSED, output disagrees: {c}")
                 rows.append({"rung": rung.name, "executor": executor,
                              "switches": rung.switches.as_dict(), "refused": str(c),
-                             "check": _check_dict(c)})
+                             "check": c.as_dict(), **extra})
                 del rr
                 continue
-            if naive_out is None:
+            if naive_out is None and rung.name == "naive":
                 naive_out = got
             t = time_fn(rr)
-            if naive_ms is None and rung.name == rungs[0].name:
+            if naive_ms is None and rung.name == "naive":
                 naive_ms = t.ms_median
             row = _row(rung, executor, t, flops, naive_ms, ceiling_tflops,
-                       _check_dict(c), rr.plan_summary())
+                       c.as_dict(), rr.plan_summary())
+            row.update(extra)
             rows.append(row)
-            progress(f"{n}/{total} {rung.name:14s} {executor:5s} {t.ms_median:9.3f} ms "
+            what = f" ({selection.schedule.name})" if selection is not None else ""
+            progress(f"{n}/{total} {rung.name + what:14s} {executor:5s} {t.ms_median:9.3f} ms "
                      f"{row['tflops']:7.3g} TFLOPS  x{row['speedup_vs_naive'] or 0:.2f} naive"
                      f"{label}")
             del rr
     return rows
 
 
-def _run_gpu(cfg, progress, session: GpuSession):
-    from ..exec.cuda_exec import EXECUTORS
-    cp, ctx, info, ceiling = session.cp, session.ctx, session.info, session.ceiling
+def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn, progress):
+    """The schedule selector's choice for the ladder's shape (timed here, on this run's
+    inputs; memory only: a record measures a fresh choice)."""
+    from ..kernels.choice import Selector, Shape
+    last = {}
+
+    def timer(sched, shape, repeats):
+        if last.get("name") != sched.name:
+            last.clear()
+            last["name"] = sched.name
+            last["rr"] = RungRun(cfg, Rung(sched.name, sched.switches), xp,
+                                 lambda plan, ws: make_executor(executor, plan, ws), params,
+                                 inputs, device, family=sched.family)
+            return samples_fn(last["rr"], repeats, warmup=1)
+        return samples_fn(last["rr"], repeats, warmup=0)
+
+    shape = Shape(cfg.cell, cfg.layers, cfg.inp, cfg.hidden, cfg.batch, cfg.steps,
+                  cfg.backward, True, "float32", executor)
+    sel = Selector(timer, device, cache=None, autotune=True).select(shape)
+    last.clear()
+    progress(f"auto {executor}: {sel.schedule.name} of "
+             + ", ".join(f"{r['name']} {r['ms']:.3f}" if r["ms"] is not None else
+                         f"{r['name']} ({r['status']})" for r in sel.candidates)
+             + f" ms ({sel.tune_s:.2f} s)")
+    return sel
+
+
+def _run_gpu(cfg, progress, session: BenchSession):
+    from ..session import executor_names
+    cp, info, ceiling = session.cp, session.info, session.ceiling
     for e in cfg.executors:
-        if e not in EXECUTORS:
-            raise ValueError(f"executors: expected a subset of {sorted(EXECUTORS)}, got {e!r}")
-    model = _model(cfg, np.float32)
-    inputs = _inputs(cfg, np.float32)
+        if e not in executor_names():
+            raise ValueError(f"executors: expected a subset of {list(executor_names())}, "
+                             f"got {e!r}")
+    model = model_for(cfg, np.float32)
+    inputs = inputs_for(cfg, np.float32)
     x, h0, c0, dy = inputs
     flops = _flops(cfg)
     params = cp.asarray(model.flat)
-    bench = _cudnn_bench(cfg, model, x, h0, c0, dy)
+    bench = cudnn_bench(cfg, model, x, h0, c0, dy)
     if flops > REFERENCE_FLOP_LIMIT and not isinstance(bench, str):
         # the float64 NumPy reference would take minutes here: hold the naive rung against
         # cuDNN's output instead (and say so in every row's check)
@@ -323,17 +352,22 @@ def _run_gpu(cfg, progress, session: GpuSession):
         progress(f"cudnn (before the rungs) {t.ms_median:9.3f} ms; check {cudnn_check}")
 
     def make_executor(executor, plan, ws):
-        return EXECUTORS[executor](plan, ws, ctx)
+        return session.executor(executor, plan, ws)
 
     def sync(rr):
         rr.stream.synchronize()
 
     def time_fn(rr):
-        t = time_gpu(cp, rr.run, rr.stream, cfg.repeats, cfg.warmup)
-        return t
+        if cfg.interleave and not isinstance(bench, str):
+            return _interleaved(cp, rr, bench, cfg)
+        return time_gpu(cp, rr.run, rr.stream, cfg.repeats, cfg.warmup)
+
+    def samples_fn(rr, repeats, warmup):
+        return time_events(cp, rr.run, rr.stream, repeats, warmup)
 
     rows = _ladder_rows(cfg, cfg.executors, make_executor, cp, params, inputs, ref, ref_name,
-                        flops, ceiling["tflops"], time_fn, sync, progress, session.limits)
+                        flops, ceiling["tflops"], time_fn, sync, progress, session.limits,
+                        samples_fn=samples_fn)
     cp.get_default_memory_pool().free_all_blocks()
     if isinstance(bench, str):
         cudnn = {"skipped": bench}
@@ -348,90 +382,22 @@ def _run_gpu(cfg, progress, session: GpuSession):
     return _record(cfg, info, versions(cp), flops, ceiling, cudnn, rows)
 
 
-class CudnnBench:
-    """cuDNN through torch.nn holding the same weights (rnnrt's torch-compatible state_dict),
-    TF32 off. ``time()`` can be called several times in a run (before and after the rungs):
-    cuDNN's time moves between calls far more than ours (../shared/reference/ANCHORS.md saw
-    6.7 to 11.8 ms for one configuration), so the row pools every sample."""
+def _interleaved(cp, rr, bench, cfg):
+    """The rung's Timing from runs taken in turn with cuDNN's (one of each, ``cfg.repeats``
+    times, after the warm-ups), so a drift of the machine's speed hits both alike; cuDNN's
+    samples go to its row."""
+    import statistics
 
-    def __init__(self, cfg, model, x, h0, c0, dy):
-        import torch
-        self.torch, self.cfg, self.layout = torch, cfg, model.layout
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
-        kw = dict(num_layers=cfg.layers, bias=model.bias)
-        if cls is None:
-            cls = torch.nn.RNN
-            kw["nonlinearity"] = cfg.cell.split("_")[1]
-        self.module = cls(cfg.inp, cfg.hidden, **kw).cuda().float()
-        self.module.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
-                                     for k, v in model.state_dict().items()})
-        self.x = torch.from_numpy(x).cuda()
-        hx = torch.from_numpy(h0).cuda()
-        self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda())
-        self.dy = torch.from_numpy(dy).cuda()
-        self.names = [n for n, _ in self.module.named_parameters()]
-        self.x.requires_grad_(cfg.backward)
-        self.medians, self.samples = [], []
-
-    def run(self):
-        """Forward (no autograd), or forward + backward through autograd (dx and every
-        parameter's gradient for the seed dy), as a training step would."""
-        torch = self.torch
-        if not self.cfg.backward:
-            with torch.no_grad():
-                return self.module(self.x, self.hx)
-        y, _ = self.module(self.x, self.hx)
-        grads = torch.autograd.grad(y, [self.x] + list(self.module.parameters()), self.dy)
-        return y, grads
-
-    def outputs(self) -> dict:
-        """The arrays the ladder checks: {'y'} (+ {'dx', 'grads'} flat in rnnrt's layout)."""
-        y, extra = self.run()
-        self.torch.cuda.synchronize()
-        out = {"y": y.detach().cpu().numpy()}
-        if self.cfg.backward:
-            out["dx"] = extra[0].cpu().numpy()
-            out["grads"] = to_flat({n: g.cpu().numpy() for n, g in
-                                    zip(self.names, extra[1:])}, self.layout)
-        return out
-
-    def time(self):
-        t = time_torch(self.torch, self.run, self.cfg.repeats, self.cfg.warmup)
-        self.medians.append(t.ms_median)
-        self.samples += [t.ms_min, t.ms_median, t.ms_max]
-        return t
-
-    def row(self, flops, ceiling_tflops, check):
-        ms = statistics.median(self.medians)
-        tf = tflops(flops, ms)
-        torch = self.torch
-        return {"rung": "cudnn", "executor": "torch.nn", "ms_median": ms,
-                "ms_min": min(self.samples), "ms_max": max(self.samples),
-                "runs": self.cfg.repeats * len(self.medians),
-                "ms_median_per_timing": self.medians, "tflops": tf,
-                "speedup_vs_naive": None, "ratio_vs_cudnn": 1.0,
-                "share_of_ceiling": tf / ceiling_tflops, "check": _check_dict(check),
-                "torch": torch.__version__, "cudnn_version": torch.backends.cudnn.version(),
-                "tf32": False}
-
-    def close(self):
-        del self.module, self.x, self.hx, self.dy
-        self.torch.cuda.empty_cache()
-
-
-def _cudnn_bench(cfg, model, x, h0, c0, dy):
-    """CudnnBench, or the reason there is none (a string)."""
-    if not cfg.cudnn:
-        return "disabled (--no-cudnn)"
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        return f"torch not importable ({e})"
-    if not torch.cuda.is_available():
-        return "torch has no CUDA"
-    return CudnnBench(cfg, model, x, h0, c0, dy)
+    from .timing import Timing
+    for _ in range(cfg.warmup):
+        rr.run()
+    rr.stream.synchronize()
+    ours, theirs = [], []
+    for _ in range(cfg.repeats):
+        ours += time_events(cp, rr.run, rr.stream, 1, 0)
+        theirs.append(bench.time_once())
+    bench.add_samples(theirs)
+    return Timing(statistics.median(ours), min(ours), max(ours), len(ours))
 
 
 class _NumpyExecutor:
@@ -447,8 +413,8 @@ class _NumpyExecutor:
 
 def _run_cpu(cfg, progress):
     """The same ladder on the NumPy executor at a small size: CPU figures, labelled so."""
-    model = _model(cfg, np.float32)
-    inputs = _inputs(cfg, np.float32)
+    model = model_for(cfg, np.float32)
+    inputs = inputs_for(cfg, np.float32)
     flops = _flops(cfg)
     ref = _reference(cfg, model, *inputs)
     a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
@@ -458,7 +424,9 @@ def _run_cpu(cfg, progress):
     rows = _ladder_rows(cfg, ("numpy",), lambda e, plan, ws: _NumpyExecutor(plan, ws), np,
                         model.flat, inputs, ref, "float64 reference", flops, ceiling["tflops"],
                         lambda rr: time_cpu(rr.run, cfg.repeats, cfg.warmup), lambda rr: None,
-                        progress, H100_SXM, label=" (CPU figure)")
+                        progress, H100_SXM, label=" (CPU figure)",
+                        samples_fn=lambda rr, repeats, warmup: time_cpu(
+                            rr.run, repeats, warmup).samples)
     info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy executor",
             "note": "CPU figures: the NumPy executor runs the same plans; not GPU performance. "
                     f"Persistent-kernel fits computed for {H100_SXM.name}"}
@@ -472,7 +440,8 @@ def _record(cfg, info, vers, flops, ceiling, cudnn, rows) -> dict:
     cfgd["executors"] = list(cfg.executors)
     return {
         "schema": "rnnrt.ladder/1",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "kind": "ladder",
+        "created": now_iso(),
         "command": " ".join(["rnnrt"] + sys.argv[1:]) if sys.argv else "",
         "pass": "fwd+bwd" if cfg.backward else "fwd",
         "device": info,
@@ -502,6 +471,9 @@ def markdown_table(record: dict) -> str:
     notes = []
     for name in dict.fromkeys(r["rung"] for r in rows):
         cells = [name + (" (beyond the paper)" if name in beyond else "")]
+        picked = sorted({r["schedule"] for r in rows if r["rung"] == name and r.get("schedule")})
+        if picked:
+            cells[0] += f" (chose {', '.join(picked)})"
         fb = next((r["fallback"] for r in rows if r["rung"] == name and r.get("fallback")),
                   None)
         if fb:
@@ -545,17 +517,15 @@ def _cudnn_note(cd: dict) -> str:
 
 
 def default_path(record: dict, root: Path | None = None) -> Path:
+    """Where ``record`` goes by default: results/ladder/ladder-<shape>-<pass>-<device>-<stamp>
+    .json (bench/records.py's scheme)."""
     c = record["config"]
-    dev = str(record["device"].get("device", "cpu")).split(",")[0]
-    slug = "".join(ch if ch.isalnum() else "-" for ch in dev).strip("-").lower()
-    stamp = record["created"][:19].replace(":", "").replace("-", "")
-    root = root or Path("experiments") / "results"
-    return root / (f"ladder-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-"
-                   f"T{c['steps']}-{record['pass']}-{slug}-{stamp}.json")
+    stem = (f"ladder-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}-"
+            f"{record['pass'].replace('+', '')}")
+    return record_path("ladder", stem, record["device"].get("device", "cpu"), record["created"],
+                       root=root)
 
 
 def write_record(record: dict, path: Path | None = None) -> Path:
-    path = Path(path) if path else default_path(record)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    return path
+    """Write the record (atomically) to ``path`` or its default path; the path written."""
+    return write_json(record, Path(path) if path else default_path(record))

@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cells import forward_flops, get_cell
-from ..switches import ALL, DEFAULT_INPUT_BATCH
+from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
 from . import ladder as ladder_mod
+from .records import RESULTS, device_slug, now_iso, record_path
 
 SCHEMA = "rnnrt.sweep/1"
 DEFAULT_HIDDEN = (128, 256, 512, 1024, 2048, 4096)
@@ -55,6 +56,15 @@ DEFAULT_STEPS, SHORT_STEPS = 100, 50
 # the rungs differ most; a few minutes on an H100.
 QUICK = dict(hidden=(256, 512, 1024), batch=(32, 64), layers=(1, 4), cells=("lstm",),
              repeats=5, warmup=2)
+# Named grids (`--preset NAME`): 'wide' is where rnnrt is judged against cuDNN: both cells, 1
+# and 4 layers, hidden 128-2048 x batch 8-256, forward and forward+backward, 100 steps, only
+# the auto row (the schedule selector's choice, as a user gets it) and cuDNN, timed in turn.
+PRESETS = {
+    "wide": dict(cells=("lstm", "gru"), layers=(1, 4), hidden=(128, 256, 512, 1024, 2048),
+                 batch=(8, 32, 64, 128, 256), passes=("fwd", "fwd+bwd"), steps=100,
+                 rungs=("auto",), interleave=True, repeats=10, warmup=2),
+    "quick": QUICK,
+}
 # `--cpu`: the NumPy executor; sizes where one point takes a fraction of a second.
 CPU_GRID = dict(hidden=(8, 16, 32), batch=(4, 8), layers=(1, 4), steps=8, repeats=3, warmup=1)
 CPU_QUICK = dict(hidden=(8, 16), batch=(4,), layers=(1, 4), steps=6, repeats=2, warmup=1)
@@ -81,6 +91,9 @@ class SweepConfig:
     warmup: int = 2
     cudnn: bool = True
     backward: bool = False              # time forward+backward (where the ladder supports it)
+    passes: tuple | None = None         # ('fwd', 'fwd+bwd'): both; None: as ``backward`` says
+    rungs: tuple | None = None          # the ladder's rows to run (None: every rung and auto)
+    interleave: bool = False            # time each row and cuDNN one run each, in turn
     cpu: bool = False
     time_budget: float | None = None    # seconds; stop before a point that would not fit
     retry_errors: bool = False
@@ -109,14 +122,20 @@ class SweepConfig:
         if self.time_budget is not None and self.time_budget <= 0:
             raise ValueError(f"SweepConfig.time_budget: expected seconds > 0, "
                              f"got {self.time_budget!r}")
-        if self.backward and "backward" not in {f.name for f in
-                                                dataclasses.fields(ladder_mod.LadderConfig)}:
-            raise ValueError("SweepConfig.backward: this version of the ladder times the "
-                             "forward pass only")
+        if self.passes is None:
+            self.passes = ("fwd+bwd",) if self.backward else ("fwd",)
+        self.passes = tuple(self.passes)
+        if not self.passes or any(p not in ("fwd", "fwd+bwd") for p in self.passes):
+            raise ValueError(f"SweepConfig.passes: expected 'fwd' and/or 'fwd+bwd', "
+                             f"got {self.passes!r}")
+        if self.rungs is not None:   # the ladder's own check names what it knows
+            ladder_mod.LadderConfig(rungs=tuple(self.rungs))
+            self.rungs = tuple(self.rungs)
 
     @property
     def pass_name(self) -> str:
-        return "fwd+bwd" if self.backward else "fwd"
+        """The pass, for a sweep of one pass ('fwd', 'fwd+bwd' or 'fwd,fwd+bwd')."""
+        return ",".join(self.passes)
 
     def steps_for(self, hidden: int) -> int:
         if self.steps is not None:
@@ -163,9 +182,9 @@ class Point:
         kw = dict(cell=self.cell, layers=self.layers, hidden=self.hidden,
                   input_size=self.input_size, batch=self.batch, steps=self.steps,
                   repeats=cfg.repeats, warmup=cfg.warmup, input_batch=self.input_batch,
-                  executors=cfg.executors, cpu=cfg.cpu, cudnn=cfg.cudnn, seed=cfg.seed)
-        if cfg.backward:
-            kw["backward"] = True
+                  executors=cfg.executors, cpu=cfg.cpu, cudnn=cfg.cudnn, seed=cfg.seed,
+                  backward=self.pass_ == "fwd+bwd", rungs=cfg.rungs,
+                  interleave=cfg.interleave)
         return ladder_mod.LadderConfig(**kw)
 
 
@@ -178,11 +197,10 @@ def key_of(line: dict) -> tuple:
 def grid(cfg: SweepConfig) -> list[Point]:
     """Every point of the grid, cheapest (fewest FLOPs) first."""
     pts = []
-    for cell, layers, hidden, batch, k in itertools.product(
-            cfg.cells, cfg.layers, cfg.hidden, cfg.batch, cfg.input_batch):
+    for cell, layers, hidden, batch, k, pass_ in itertools.product(
+            cfg.cells, cfg.layers, cfg.hidden, cfg.batch, cfg.input_batch, cfg.passes):
         inp = hidden if cfg.input_size is None else cfg.input_size
-        pts.append(Point(cell, layers, hidden, inp, batch, cfg.steps_for(hidden), k,
-                         cfg.pass_name))
+        pts.append(Point(cell, layers, hidden, inp, batch, cfg.steps_for(hidden), k, pass_))
     return sorted(pts, key=lambda p: (p.flops, p.key()))
 
 
@@ -417,7 +435,7 @@ def _session_line(cfg, info, vers, ceiling, created):
 
 def _row_lines(point, cfg, record, seconds, session_created):
     """The ladder record's rows as JSON lines: row + point configuration + device + pass."""
-    base = {**point.as_dict(), "pass": record.get("pass", point.pass_),
+    base = {**point.as_dict(), "pass": record.get("pass", point.pass_), "dtype": "float32",
             "repeats": cfg.repeats, "warmup": cfg.warmup, "cpu": cfg.cpu,
             "device": record["device"].get("device"),
             "ceiling_tflops": record["ceiling"].get("tflops"),
@@ -454,7 +472,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
     """Run every point of ``grid(cfg)`` not yet in ``path``; append its lines as it finishes.
 
     resume: skip the points the file has (else the file must be empty or absent, or
-    ``overwrite`` given). session: a ladder.GpuSession to use (None: one is opened here for
+    ``overwrite`` given). session: a ladder.BenchSession to use (None: one is opened here for
     the whole sweep, and closed at the end; unused with cfg.cpu). stream: where the progress
     bar goes (default stderr). Stops early, leaving a resumable file, when the time budget
     would be exceeded, after MAX_CONSECUTIVE_ERRORS failing points in a row, or on Ctrl-C.
@@ -498,14 +516,12 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
     cp = None
     if not cfg.cpu:
         if session is None:
-            session = ladder_mod.GpuSession(progress=lambda m: say(f"[sweep] {m}"))
+            session = ladder_mod.BenchSession(progress=lambda m: say(f"[sweep] {m}"))
             own_session = True
         cp = session.cp
         info, vers, ceiling = session.info, ladder_mod.versions(cp), session.ceiling
     else:
-        import platform
-        info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy "
-                          f"executor", "note": "CPU figures: not GPU performance"}
+        info = {"device": cpu_device_name(), "note": "CPU figures: not GPU performance"}
         vers, ceiling = ladder_mod.versions(), None
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     writer = JsonlWriter(path)
@@ -576,7 +592,33 @@ def _eta(model: CostModel, remaining) -> float | None:
     return sum(model.estimate(p) for p in remaining)
 
 
-def default_path(cfg: SweepConfig, quick: bool = False) -> Path:
-    name = ("sweep" + ("-quick" if quick else "") + ("-bwd" if cfg.backward else "")
-            + ("-cpu" if cfg.cpu else "") + ".jsonl")
-    return Path("experiments") / "results" / name
+def cpu_device_name() -> str:
+    """How CPU sweeps name their device (records and file names)."""
+    import platform
+    return f"CPU ({platform.processor() or platform.machine()}), NumPy executor"
+
+
+def default_stem(cfg: SweepConfig, quick: bool = False, preset: str | None = None) -> str:
+    """'sweep[-<preset>][-bwd]-<cells>': what a sweep file holds, before its device and
+    stamp (``quick``: the 'quick' preset)."""
+    preset = "quick" if quick and preset is None else preset
+    return ("sweep" + (f"-{preset}" if preset else "")
+            + ("-bwd" if cfg.passes == ("fwd+bwd",) else "") + "-" + "-".join(cfg.cells))
+
+
+def default_path(cfg: SweepConfig, device: str, quick: bool = False,
+                 root: Path | None = None, preset: str | None = None) -> Path:
+    """A new results file: results/sweep/<stem>-<device>-<stamp now>.jsonl."""
+    return record_path("sweep", default_stem(cfg, quick, preset), device, now_iso(),
+                       ext=".jsonl", root=root)
+
+
+def latest_path(cfg: SweepConfig, device: str, quick: bool = False,
+                root: Path | None = None, preset: str | None = None) -> Path | None:
+    """The newest existing results file of this grid and device (what --resume continues),
+    or None."""
+    folder = (Path(root) if root is not None else RESULTS) / "sweep"
+    prefix = f"{default_stem(cfg, quick, preset)}-{device_slug(device)}-"
+    found = sorted(p for p in folder.glob(prefix + "*.jsonl")
+                   if p.name[len(prefix):-len(".jsonl")].replace("T", "").isdigit())
+    return found[-1] if found else None

@@ -7,39 +7,35 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Timing:
+    """Median, min and max of ``runs`` timed runs (ms); ``samples`` the runs themselves."""
+
     ms_median: float
     ms_min: float
     ms_max: float
     runs: int
+    samples: tuple = field(default=(), repr=False, compare=False)
 
     def as_dict(self):
-        return asdict(self)
+        """What a record keeps (not the samples)."""
+        return {"ms_median": self.ms_median, "ms_min": self.ms_min, "ms_max": self.ms_max,
+                "runs": self.runs}
 
 
 def _summary(samples) -> Timing:
-    return Timing(statistics.median(samples), min(samples), max(samples), len(samples))
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples),
+                  tuple(samples))
 
 
 def time_gpu(cp, fn, stream, repeats: int = 20, warmup: int = 3) -> Timing:
     """Time ``fn()`` (which issues work on ``stream``) with events recorded on ``stream``
-    around each call; synchronises after each run so runs do not overlap."""
-    for _ in range(warmup):
-        fn()
-    stream.synchronize()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    samples = []
-    for _ in range(repeats):
-        start.record(stream)
-        fn()
-        stop.record(stream)
-        stop.synchronize()
-        samples.append(cp.cuda.get_elapsed_time(start, stop))
-    return _summary(samples)
+    around each call (session.time_events); the median and spread of the runs."""
+    from ..session import time_events
+    return _summary(time_events(cp, fn, stream, repeats, warmup))
 
 
 def time_torch(torch, fn, repeats: int = 20, warmup: int = 3) -> Timing:

@@ -16,7 +16,6 @@ Figure: ``draw_trace(record, path)`` writes PNG and SVG (same stem).
 """
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import sys
 from dataclasses import asdict, dataclass
@@ -26,9 +25,11 @@ import numpy as np
 
 from ..cells import get_cell
 from ..check import FP32_ATOL, FP32_RTOL, compare
-from ..limits import H100_SXM, DeviceLimits
-from ..plan import PlanKey, forward_plan
-from ..switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder
+from ..kernels.limits import H100_SXM
+from ..plan.forward import forward_plan
+from ..plan.model import PlanKey
+from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder
+from .records import device_slug, now_iso, record_path, versions, write_json
 
 OP_FIELDS = ("index", "stream", "kind", "layer", "step0", "step1", "t_start_ms", "t_end_ms")
 # What the figure colours, in legend order: (label, colour, the op kinds it covers)
@@ -92,11 +93,6 @@ def _reference_y(cfg, model, x, h0, c0):
     return y
 
 
-def _check_dict(c):
-    return {"ok": c.ok, "against": c.name, "max_abs_err": c.max_abs_err,
-            "worst_index": list(c.worst_index), "n_bad": c.n_bad}
-
-
 def traced_rungs(input_batch=DEFAULT_INPUT_BATCH, names=None):
     """The rungs a trace draws: by default the first (naive) and the last of the paper's
     (the wavefront: the diagonal the trace is there to show; the persistent rung is one op
@@ -121,22 +117,21 @@ def run_trace(cfg: TraceConfig, progress=_progress, rungs=None) -> dict:
     y_ref = _reference_y(cfg, model, x, h0, c0)
     if cfg.cpu:
         import platform
-        from .ladder import versions
         info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy executor",
                 "note": "CPU trace: the NumPy executor in program order; not GPU timing"}
         vers = versions()
         entries = _trace_cpu(cfg, rungs, model, x, h0, c0, y_ref, progress)
     else:
-        from ..device import device_info, require_gpu
-        from .ladder import versions
-        cp = require_gpu()
-        info = device_info()
-        vers = versions(cp)
-        entries = _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, cp)
+        from ..session import GpuSession
+        session = GpuSession()
+        try:
+            info, vers = session.info, versions(session.cp)
+            entries = _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, session)
+        finally:
+            session.close()
     cfgd = asdict(cfg)
     cfgd["input_size"] = cfg.inp
-    return {"schema": "rnnrt.trace/1",
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    return {"schema": "rnnrt.trace/1", "kind": "trace", "created": now_iso(),
             "command": " ".join(["rnnrt"] + sys.argv[1:]) if sys.argv else "",
             "pass": "fwd", "device": info, "versions": vers, "config": cfgd, "rungs": entries}
 
@@ -149,7 +144,7 @@ def _plan(cfg, rung, device):
 def _entry(rung, plan, ops, info, check):
     return {"rung": rung.name, "switches": rung.switches.as_dict(),
             "streams": list(plan.streams), "stream_priority": list(plan.stream_priority),
-            "counts": dict(plan.counts()), "check": _check_dict(check), **info,
+            "counts": dict(plan.counts()), "check": check.as_dict(), **info,
             "op_fields": list(OP_FIELDS),
             "ops": [[o.index, o.stream, o.kind, o.layer, o.steps[0], o.steps[1],
                      o.t_start_ms, o.t_end_ms] for o in ops]}
@@ -179,66 +174,57 @@ def _trace_cpu(cfg, rungs, model, x, h0, c0, y_ref, progress):
     return out
 
 
-def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, cp):
-    from ..exec.cuda_exec import GpuContext
+def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, session):
     from ..exec.trace_exec import TracingExecutor
     from ..exec.workspace import Workspace
-    from ..kernels import KernelLibrary
-    ctx = GpuContext(cp, KernelLibrary())
+    cp, ctx = session.cp, session.ctx
     out, naive_y = [], None
-    try:
-        params = cp.asarray(model.flat)
-        for rung in rungs:
-            plan = _plan(cfg, rung, DeviceLimits.from_device(cp))
-            ws = Workspace(plan, cp, np.float32, params)
-            ws.poison()
-            ws.load_inputs(x, h0, c0)
-            # inputs are copied on the legacy default stream; the plan's streams are
-            # non-blocking, so make sure the copies have landed before tracing
-            cp.cuda.runtime.deviceSynchronize()
-            ex = TracingExecutor(plan, ws, ctx, hold_ms="auto" if cfg.hold else 0)
-            ops = ex.trace(reload=functools.partial(ws.load_inputs, x, h0, c0))
-            cp.cuda.runtime.deviceSynchronize()
-            y = ws.outputs()["y"]
-            c = _check(y, y_ref, naive_y)
-            if naive_y is None:
-                naive_y = cp.asnumpy(y) if hasattr(y, "get") else y
-            out.append(_entry(rung, plan, ops, ex.info, c))
-            progress(f"{rung.name:14s} {len(ops):5d} ops on {len(plan.streams)} stream(s), "
-                     f"{ex.info['total_ms']:.3f} ms (host issue {ex.info['host_issue_ms']:.1f} "
-                     f"ms, hold {ex.info['hold_ms']:.1f} ms"
-                     f"{', HOST-BOUND' if ex.info['host_bound'] else ''}); check {c.name}: "
-                     f"{'ok' if c.ok else 'MISMATCH'}")
-            del ex, ws
-            cp.get_default_memory_pool().free_all_blocks()
-    finally:
-        ctx.close()
+    params = cp.asarray(model.flat)
+    for rung in rungs:
+        plan = _plan(cfg, rung, session.limits)
+        ws = Workspace(plan, cp, np.float32, params)
+        ws.poison()
+        ws.load_inputs(x, h0, c0)
+        # inputs are copied on the legacy default stream; the plan's streams are
+        # non-blocking, so make sure the copies have landed before tracing
+        cp.cuda.runtime.deviceSynchronize()
+        ex = TracingExecutor(plan, ws, ctx, hold_ms="auto" if cfg.hold else 0)
+        ops = ex.trace(reload=functools.partial(ws.load_inputs, x, h0, c0))
+        cp.cuda.runtime.deviceSynchronize()
+        y = ws.outputs()["y"]
+        c = _check(y, y_ref, naive_y)
+        if naive_y is None:
+            naive_y = cp.asnumpy(y) if hasattr(y, "get") else y
+        out.append(_entry(rung, plan, ops, ex.info, c))
+        progress(f"{rung.name:14s} {len(ops):5d} ops on {len(plan.streams)} stream(s), "
+                 f"{ex.info['total_ms']:.3f} ms (host issue {ex.info['host_issue_ms']:.1f} "
+                 f"ms, hold {ex.info['hold_ms']:.1f} ms"
+                 f"{', HOST-BOUND' if ex.info['host_bound'] else ''}); check {c.name}: "
+                 f"{'ok' if c.ok else 'MISMATCH'}")
+        del ex, ws
+        cp.get_default_memory_pool().free_all_blocks()
     return out
 
 
 # --------------------------------------------------------------------------------------------
 # Files and the figure
 
-def _slug(text: str) -> str:
-    s = "".join(ch if ch.isalnum() else "-" for ch in str(text).split(",")[0]).lower()
-    while "--" in s:
-        s = s.replace("--", "-")
-    return s.strip("-") or "device"
-
-
 def default_stem(record: dict) -> str:
+    """The figure's name (no stamp: the newest trace of a shape and device replaces it)."""
     c = record["config"]
     return (f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}-"
-            f"{_slug(record['device'].get('device', 'device'))}")
+            f"{device_slug(record['device'].get('device', 'device'))}")
 
 
 def write_record(record: dict, path: Path | None = None) -> Path:
-    import json
-    path = Path(path) if path else Path("experiments") / "results" / (default_stem(record)
-                                                                      + ".json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    return path
+    """Write the record (atomically) to ``path``, by default results/trace/trace-<shape>-
+    <device>-<stamp>.json (bench/records.py's scheme); the path written."""
+    if path is None:
+        c = record["config"]
+        stem = f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}"
+        path = record_path("trace", stem, record["device"].get("device", "device"),
+                           record["created"])
+    return write_json(record, path)
 
 
 def kind_label(kind: str) -> str:

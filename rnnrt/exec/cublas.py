@@ -3,7 +3,8 @@
 Why not CuPy's wrappers: cupy.matmul and cupy.cublas raise inside a stream capture, and the
 low-level ``cupy_backends.cuda.libs.cublas.sgemm`` re-binds its handle to CuPy's *current*
 stream on every call, so under a capture on another stream the GEMM silently runs eagerly and
-is missing from the graph (../shared/reference/ANCHORS.md). Here each ``CublasHandle`` is
+is missing from the graph (seen on the H100: outputs poisoned before the capture were filled
+before the graph ran; docs/journal.md, first session). Here each ``CublasHandle`` is
 bound once to one stream and given its own preallocated workspace (so cuBLAS allocates
 nothing during a capture), and every call checks its status.
 
@@ -123,3 +124,15 @@ class CublasHandle:
         if self.handle is not None:
             self.lib.cublasDestroy_v2(self.handle)
             self.handle = None
+
+
+def cublas_version() -> str:
+    """The loaded libcublas's version, 'major.minor.patch' (cublasGetProperty)."""
+    lib = load_library()
+    lib.cublasGetProperty.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    v = ctypes.c_int()
+    parts = []
+    for prop in (0, 1, 2):  # MAJOR, MINOR, PATCH
+        _check(lib.cublasGetProperty(prop, ctypes.byref(v)), "cublasGetProperty")
+        parts.append(str(v.value))
+    return ".".join(parts)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 
-from ..kernels import KERNELS, kernel_args
-from ..ops import Gemm, Kernel, Record, Wait
+from ..kernels.registry import KERNELS, kernel_args
+from ..plan.ops import Gemm, Kernel, Record, Wait
 from .cublas import CublasHandle
 
 WORKSPACE_BYTES = 32 << 20   # per cuBLAS handle (cuBLAS's recommendation on Hopper)
@@ -47,7 +47,7 @@ class GpuContext:
         self._streams.clear()
 
 
-class _Prepared:
+class Prepared:
     """The launches of ``plan`` on workspace ``ws``, ready to issue."""
 
     def __init__(self, plan, ws, ctx: GpuContext):
@@ -114,7 +114,7 @@ class EagerExecutor:
     name = "eager"
 
     def __init__(self, plan, ws, ctx: GpuContext):
-        self.prepared = _Prepared(plan, ws, ctx)
+        self.prepared = Prepared(plan, ws, ctx)
         self.stream = self.prepared.streams[0]
 
     def run(self):
@@ -132,7 +132,7 @@ class GraphExecutor:
     name = "graph"
 
     def __init__(self, plan, ws, ctx: GpuContext, capture: bool = True):
-        self.prepared = _Prepared(plan, ws, ctx)
+        self.prepared = Prepared(plan, ws, ctx)
         self.stream = self.prepared.streams[0]
         self.graph = None
         if capture:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import KERNELS
-from ..ops import Gemm, Kernel, Record, Wait
+from ..kernels.registry import KERNELS
+from ..plan.ops import Gemm, Kernel, Record, Wait
 from .workspace import Workspace
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..ops import Record, Wait
+from ..plan.ops import Record, Wait
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ops import Gemm, Kernel
-from .cuda_exec import GpuContext, _Prepared
+from ..plan.ops import Gemm, Kernel
+from .cuda_exec import GpuContext, Prepared
 
 # A single-thread spin of ``cycles`` SM clock cycles (clock64 cannot be optimised away).
 _HOLD_SRC = r"""
@@ -58,7 +58,7 @@ def compute_ops(plan):
 
 
 class TracingExecutor:
-    """The plan's prepared launches (``cuda_exec._Prepared``, shared with the eager and
+    """The plan's prepared launches (``cuda_exec.Prepared``, shared with the eager and
     graph executors) issued with an event pair around every Gemm / Kernel op.
 
     Every event, the hold kernel and every bound call are made here, in the constructor;
@@ -74,7 +74,7 @@ class TracingExecutor:
     def __init__(self, plan, ws, ctx: GpuContext, hold_ms="auto"):
         cp = ctx.cp
         self.cp, self.plan = cp, plan
-        self.prepared = p = _Prepared(plan, ws, ctx)
+        self.prepared = p = Prepared(plan, ws, ctx)
         self.stream = p.streams[0]
         self.hold_ms = hold_ms
 
@@ -103,7 +103,7 @@ class TracingExecutor:
         self.info = {}
 
     def _issue_plain(self) -> float:
-        """One untraced eager pass (``_Prepared.issue``); returns the host's issue time (ms)."""
+        """One untraced eager pass (``Prepared.issue``); returns the host's issue time (ms)."""
         t0 = time.perf_counter()
         self.prepared.issue()
         return (time.perf_counter() - t0) * 1e3

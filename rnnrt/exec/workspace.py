@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import View
+from ..plan.ops import View
 
 
 class Workspace:

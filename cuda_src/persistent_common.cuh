@@ -1,0 +1,162 @@
+/*
+ * persistent_common.cuh: what the persistent kernels share. #included by persistent.cu (the
+ * per-layer grid and cluster kernels) and persistent_stack.cu (the stack kernel); rnnrt's
+ * loader (rnnrt/kernels/sources.py) inlines it when it reads either file. No kernels.
+ *   PK_TIMING             timing variants, for the benchmarks only (below)
+ *   PK_MAX_THREADS        threads a block at most (every persistent kernel's launch bounds)
+ *   PK_SPIN_LIMIT         clock cycles a wait may spin before it traps
+ *   CELL_*, sigmoidf      the cells, and the fused kernels' sigmoid
+ *   hardware primitives   dynamic shared memory, 16-byte cp.async copies, 32-bit shared
+ *                         addresses and 16-byte shared loads, the gpu-scope acq_rel fence,
+ *                         acquire and relaxed loads, thread-block cluster rank / barrier /
+ *                         distributed shared-memory store (sm_90), L2 prefetch.
+ *                         tests/kernels/persistent_host_sim.cpp defines PK_HOST_SIM and its
+ *                         own versions of them, to run the kernels on CPU threads.
+ */
+#ifndef RNNRT_PERSISTENT_COMMON_CUH
+#define RNNRT_PERSISTENT_COMMON_CUH
+
+// Timing variants, for experiments/scripts/persistent_bench.py and
+// stack_bench.py --variants only (they compute wrong
+// results on purpose; rnnrt never defines PK_TIMING): a bit mask of the phases to leave out,
+// to split a step's time between them.  1: staging h_t from L2 (cluster kernels: the pushes
+// of h_{t+1} into the cluster's blocks);  2: the FMAs;  4: the grid barrier (blocks run
+// free; the exit still resets the counters; cluster kernels: the per-step cluster barrier,
+// a __syncthreads instead, and one cluster barrier before exit);  8: the pointwise update
+// (no gate sums, no activations, no stores).
+#ifndef PK_TIMING
+#define PK_TIMING 0
+#endif
+
+#define PK_MAX_THREADS 256     // __launch_bounds__ and the fit's cap on threads a block
+#ifndef PK_SPIN_LIMIT
+#define PK_SPIN_LIMIT (1LL << 34)   // clock cycles one barrier may spin before it traps
+#endif
+
+#define CELL_LSTM 0
+#define CELL_GRU 1
+#define CELL_RNN_TANH 2
+#define CELL_RNN_RELU 3
+
+// sigma(x) from exp of a non-positive number only: no overflow for large |x|, no inf/inf.
+__device__ __forceinline__ float sigmoidf(float x) {
+    const float e = expf(-fabsf(x));
+    return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+}
+
+// The hardware primitives. tests/kernels/persistent_host_sim.cpp defines PK_HOST_SIM and its own
+// versions of them (and of __syncthreads, __syncwarp, the atomics, the cache-hinted loads,
+// ...) to run this file's kernels on CPU threads, one per CUDA thread, all blocks at once.
+#ifndef PK_HOST_SIM
+__device__ __forceinline__ unsigned int dynamic_smem_bytes() {
+    unsigned int v;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+    return v;
+}
+
+__device__ __forceinline__ float* dynamic_smem() {
+    extern __shared__ float4 smem4[];   // float4: 16-byte aligned
+    return reinterpret_cast<float*>(smem4);
+}
+
+// 16 bytes from global (through L2, not L1: other blocks wrote them during this launch) to
+// shared memory, asynchronously: no registers, any number in flight. dst and src 16-byte
+// aligned. Completion: pk_cp_commit() closes a group, pk_cp_wait<N>() waits until at most
+// N of this thread's groups are pending; then __syncwarp() shows the data to the warp.
+__device__ __forceinline__ void pk_cp_async16(float* dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"(static_cast<unsigned int>(__cvta_generic_to_shared(dst))), "l"(src)
+                 : "memory");
+}
+// The 32-bit shared-memory address of p, and a 16-byte shared load from one.
+typedef unsigned int pk_saddr;
+__device__ __forceinline__ pk_saddr pk_smem_addr(const float* p) {
+    return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ float4 pk_lds128(pk_saddr a) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+    return v;
+}
+
+// The grid barrier's ordering: a gpu-scope acq_rel fence (not __threadfence's fence.sc,
+// MEMBAR.SC in SASS), and the spin's plain relaxed load (an ld.acquire polls with an L1
+// invalidation, CCTL.IVALL, every time round; one fence after the spin orders what follows).
+__device__ __forceinline__ void pk_fence_acq_rel() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+// An acquire load (the stack kernel's waits end with one instead of a fence: a fence would
+// also wait for the warp's cp.async copies in flight).
+__device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Thread-block clusters (sm_90): this block's rank in its cluster, the cluster's index in
+// the grid and the number of clusters; the cluster barrier (every thread of every block of
+// the cluster; release / acquire: shared-memory writes to any block of the cluster before
+// it are seen by every thread after it); and a 4-byte store into block `rank`'s shared
+// memory at the address that `local` is in this block's (mapa: the same offset there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900   // no clusters: the grid kernels only
+__device__ __forceinline__ unsigned int pk_cluster_rank() { __trap(); return 0; }
+__device__ __forceinline__ unsigned int pk_cluster_id() { __trap(); return 0; }
+__device__ __forceinline__ unsigned int pk_clusters() { __trap(); return 1; }
+__device__ __forceinline__ void pk_cluster_sync() { __trap(); }
+__device__ __forceinline__ void pk_cluster_arrive() { __trap(); }
+__device__ __forceinline__ void pk_cluster_wait() { __trap(); }
+__device__ __forceinline__ void pk_st_cluster(pk_saddr, unsigned int, float) { __trap(); }
+#else
+__device__ __forceinline__ unsigned int pk_cluster_rank() {
+    unsigned int v;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ unsigned int pk_cluster_id() {
+    unsigned int v;
+    asm("mov.u32 %0, %%clusterid.x;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ unsigned int pk_clusters() {
+    unsigned int v;
+    asm("mov.u32 %0, %%nclusterid.x;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ void pk_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The same barrier in two halves: work between them overlaps the wait for the others (it
+// must not touch what the barrier orders: the cluster's shared buffers).
+__device__ __forceinline__ void pk_cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void pk_cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+#endif
+
+// Fetch the 128-byte line at p into L2 (a hint: no registers, nothing waits for it).
+__device__ __forceinline__ void pk_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+__device__ __forceinline__ void pk_cp_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void pk_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+#endif
+
+#endif  // RNNRT_PERSISTENT_COMMON_CUH

@@ -1,0 +1,645 @@
+"""Train a 2-layer LSTM character model on rnnrt's own source text, with no framework.
+
+Everything outside the LSTM is written here on rnnrt's arrays, in one array module ``xp``
+(NumPy on the CPU, CuPy on the GPU): one-hot input, the output projection H -> V, softmax
+cross-entropy and its gradient, clipping by global norm, Adam (or SGD) on the model's one
+flat parameter buffer plus the head's two arrays, truncated backprop through time over
+consecutive chunks (each chunk's final h_n / c_n is the next chunk's hx).
+
+    --device cpu: the model's own forward/backward (the NumPy reference); the parameters
+                  are ``model.flat``.
+    --device gpu: ``rnnrt.gpu.GpuRunner``; the parameters are ``runner.params`` (updated in
+                  place: every plan's workspace shares that buffer). Before training on,
+                  the first ``--verify-steps`` steps are recomputed by the NumPy reference
+                  and the run stops if loss, h_n or any gradient disagrees.
+
+Data: README.md and rnnrt's Python source, read from this checkout at run time (nothing is
+downloaded), concatenated in sorted order; the last 10% is the validation text; the
+vocabulary is the text's characters. The text changes as the repository does, so every
+record carries the text's size and SHA-256.
+
+Outputs: per-step training loss and periodic validation loss (nats/char and bits/char) on
+stderr, a generated sample on stdout, a loss-curve PNG in experiments/figures/ and a JSON
+record in experiments/results/training/ (``--figures-dir`` / ``--results-dir``).
+
+    python examples/train_charlm.py --device gpu           # the default run (GPU)
+    python examples/train_charlm.py --device cpu --tiny    # the CI test's run (seconds)
+    python examples/train_charlm.py --device cpu --steps 300 --hidden 128
+
+Sections: configuration, data, head (softmax cross-entropy), optimiser, backends,
+training, sampling, record and figure, main.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import hashlib
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+import rnnrt  # noqa: E402
+from rnnrt.bench.records import device_slug, stamp, write_json  # noqa: E402
+from rnnrt.plan.switches import ladder, rung_names  # noqa: E402
+
+LN2 = math.log(2.0)
+
+# --------------------------------------------------------------------------- configuration
+
+DEFAULT_TEXT = ("README.md", "rnnrt/*.py", "rnnrt/*/*.py")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run. Defaults are the GPU run the README reports (well under 2 minutes on an H100).
+
+    hidden, layers:   the LSTM (input size = vocabulary size, one-hot input)
+    batch, seq:       B parallel streams of the text, T steps per truncated-BPTT chunk
+    steps:            optimiser steps (one chunk each)
+    optim:            'adam' or 'sgd' (plain; it wants a larger lr, ~1); beta1, beta2, eps
+                      are Adam's (torch's formula)
+    clip:             max global gradient norm (0: no clipping)
+    val_frac:         the last fraction of the text held out for validation
+    eval_every:       validation every this many steps (and after the last one)
+    val_chunks:       at most this many validation chunks per evaluation (0: all)
+    verify_steps:     GPU only: steps also computed by the NumPy reference and compared
+    rung, executor:   GPU only: the ladder rung whose switches run, 'graph' or 'eager'
+    """
+
+    device: str = "cpu"
+    hidden: int = 256
+    layers: int = 2
+    batch: int = 32
+    seq: int = 100
+    steps: int = 600
+    optim: str = "adam"
+    lr: float = 5e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    clip: float = 5.0
+    seed: int = 0
+    val_frac: float = 0.1
+    eval_every: int = 50
+    val_chunks: int = 0
+    log_every: int = 25
+    sample_chars: int = 400
+    temperature: float = 0.7
+    prime: str = "def "
+    verify_steps: int = 2
+    rung: str = rung_names()[-1]
+    executor: str = "graph"
+    text: tuple[str, ...] = DEFAULT_TEXT
+
+
+TINY = dict(hidden=32, layers=2, batch=8, seq=16, steps=150, lr=1e-2, eval_every=50,
+            val_chunks=16, log_every=50, sample_chars=80)
+"""The CI test's run: a few seconds on two CPU cores."""
+
+
+# --------------------------------------------------------------------------- data
+
+@dataclass(frozen=True)
+class Corpus:
+    """The text as integer ids. files: repo-relative paths in reading order; vocab: the
+    characters, sorted (id = index); train / val: int32 ids; sha256 of the UTF-8 text."""
+
+    files: tuple[str, ...]
+    chars: int
+    sha256: str
+    vocab: tuple[str, ...]
+    train: np.ndarray
+    val: np.ndarray
+
+
+def load_corpus(root: Path, patterns, val_frac: float) -> Corpus:
+    """Concatenate the files matching ``patterns`` (globs under ``root``, each sorted,
+    duplicates dropped) with a newline between files; split off the last ``val_frac``."""
+    paths = []
+    for pat in patterns:
+        for p in sorted(root.glob(pat)):
+            if p.is_file() and p not in paths:
+                paths.append(p)
+    if not paths:
+        raise FileNotFoundError(f"text: no file under {root} matches {list(patterns)}")
+    text = "\n".join(p.read_text(encoding="utf-8") for p in paths)
+    vocab = tuple(sorted(set(text)))
+    index = {c: i for i, c in enumerate(vocab)}
+    ids = np.fromiter((index[c] for c in text), dtype=np.int32, count=len(text))
+    if not 0 < val_frac < 1:
+        raise ValueError(f"val_frac: expected a fraction in (0, 1), got {val_frac}")
+    n_val = int(len(ids) * val_frac)
+    return Corpus(tuple(str(p.relative_to(root)) for p in paths), len(text),
+                  hashlib.sha256(text.encode("utf-8")).hexdigest(), vocab,
+                  ids[:len(ids) - n_val], ids[len(ids) - n_val:])
+
+
+def stream_matrix(ids: np.ndarray, batch: int, seq: int, what: str) -> np.ndarray:
+    """[B, N] int32: ``ids`` cut into B contiguous streams (the remainder dropped). Chunk k
+    of a pass is columns [k*T, k*T + T + 1): inputs the first T, targets the last T."""
+    n = len(ids) // batch
+    if n < seq + 1:
+        raise ValueError(f"{what}: {len(ids)} characters make streams of {n} for batch "
+                         f"{batch}, fewer than one chunk of seq + 1 = {seq + 1}; lower "
+                         f"--batch or --seq, or use more text")
+    return np.ascontiguousarray(ids[:batch * n].reshape(batch, n))
+
+
+def unigram_entropy(ids: np.ndarray, vocab_size: int) -> float:
+    """Entropy (nats/char) of the characters' frequencies: the loss of a model that has
+    learnt the frequencies and nothing about order."""
+    p = np.bincount(ids, minlength=vocab_size) / len(ids)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def chunk(xp, streams, k: int, seq: int, eye):
+    """Chunk k: x [T, B, V] one-hot (eye's dtype), targets [T*B] ids in y's time-major order."""
+    c = streams[:, k * seq:k * seq + seq + 1]
+    return eye[c[:, :seq].T], xp.ascontiguousarray(c[:, 1:].T).reshape(-1)
+
+
+# --------------------------------------------------------------------------- head
+
+def init_head(rng, hidden: int, vocab: int, dtype) -> dict:
+    """The output projection, torch.nn.Linear's initialisation: weight [V, H] and bias [V]
+    uniform in [-1/sqrt(H), 1/sqrt(H)] (NumPy arrays)."""
+    bound = 1.0 / math.sqrt(hidden)
+    return {"weight": rng.uniform(-bound, bound, (vocab, hidden)).astype(dtype),
+            "bias": rng.uniform(-bound, bound, (vocab,)).astype(dtype)}
+
+
+def log_softmax(xp, y, head):
+    """y [T, B, H] -> log-probabilities [T*B, V] (rows in y's time-major order)."""
+    T, B, H = y.shape
+    logits = y.reshape(T * B, H) @ head["weight"].T + head["bias"]
+    logits -= logits.max(axis=1, keepdims=True)
+    return logits - xp.log(xp.exp(logits).sum(axis=1, keepdims=True))
+
+
+def head_loss(xp, y, head, targets):
+    """Mean cross-entropy (nats/char, a 0-d array) of the head on y [T, B, H]."""
+    logp = log_softmax(xp, y, head)
+    return -logp[xp.arange(logp.shape[0]), targets].mean()
+
+
+def head_loss_grads(xp, y, head, targets):
+    """Mean cross-entropy of the head and its gradients.
+
+    y: [T, B, H] the LSTM's output; head: {'weight' [V, H], 'bias' [V]}; targets: [T*B] ids
+    -> (loss 0-d, dy [T, B, H], {'weight': dW [V, H], 'bias': db [V]}), all in y's dtype.
+    d loss / d logits = (softmax - onehot(target)) / (T*B).
+    """
+    T, B, H = y.shape
+    n = T * B
+    yf = y.reshape(n, H)
+    logp = log_softmax(xp, y, head)
+    rows = xp.arange(n)
+    loss = -logp[rows, targets].mean()
+    dlogits = xp.exp(logp)
+    dlogits[rows, targets] -= 1
+    dlogits *= 1.0 / n
+    grads = {"weight": dlogits.T @ yf, "bias": dlogits.sum(axis=0)}
+    dy = (dlogits @ head["weight"]).reshape(T, B, H)
+    return loss, dy, grads
+
+
+def loss_and_grads(backend, head, x, targets, hx):
+    """One chunk of truncated BPTT: training forward from hx, head, backward with no
+    gradient into the final state (the next chunk's hx is a constant to it).
+
+    -> (loss 0-d, flat gradient [layout.size], head gradients, (h_n, c_n))
+    """
+    y, (h_n, c_n), tape = backend.forward(x, hx, train=True)
+    loss, dy, dhead = head_loss_grads(backend.xp, y, head, targets)
+    g = backend.backward(tape, dy)
+    return loss, g.flat, dhead, (h_n, c_n)
+
+
+# --------------------------------------------------------------------------- optimiser
+
+def clip_global_norm(xp, grads, max_norm: float):
+    """Scale ``grads`` in place so their joint L2 norm is at most ``max_norm`` (0: leave
+    them). -> the norm before clipping (0-d; no host synchronisation)."""
+    norm = xp.sqrt(sum(xp.sum(g * g) for g in grads))
+    if max_norm > 0:
+        scale = xp.minimum(1.0, max_norm / (norm + 1e-6))
+        for g in grads:
+            g *= scale.astype(g.dtype)
+    return norm
+
+
+class Adam:
+    """Adam (torch.optim.Adam's formula, no weight decay) on a list of arrays, in place.
+
+    Zero-gradient elements never move (m = v = 0 there), so the flat buffer's padding stays
+    zero."""
+
+    def __init__(self, xp, params, lr, beta1, beta2, eps):
+        self.xp, self.params, self.lr = xp, params, lr
+        self.b1, self.b2, self.eps = beta1, beta2, eps
+        self.m = [xp.zeros_like(p) for p in params]
+        self.v = [xp.zeros_like(p) for p in params]
+        self.t = 0
+
+    def step(self, grads):
+        self.t += 1
+        bc1 = 1.0 - self.b1 ** self.t
+        bc2 = 1.0 - self.b2 ** self.t
+        for p, g, m, v in zip(self.params, grads, self.m, self.v):
+            m *= self.b1
+            m += (1.0 - self.b1) * g
+            v *= self.b2
+            v += (1.0 - self.b2) * (g * g)
+            p -= (self.lr / bc1) * m / (self.xp.sqrt(v) * (1.0 / math.sqrt(bc2)) + self.eps)
+
+
+class SGD:
+    """Plain SGD, in place."""
+
+    def __init__(self, xp, params, lr):
+        self.params, self.lr = params, lr
+
+    def step(self, grads):
+        for p, g in zip(self.params, grads):
+            p -= self.lr * g
+
+
+# --------------------------------------------------------------------------- backends
+
+class CpuBackend:
+    """The model's NumPy reference forward/backward; parameters: ``model.flat``."""
+
+    def __init__(self, model):
+        self.xp = np
+        self.model = model
+        self.params = model.flat
+
+    def forward(self, x, hx, train):
+        return self.model.forward(x, hx, train=train)
+
+    def backward(self, tape, dy):
+        return self.model.backward(tape, dy)
+
+    @staticmethod
+    def host(a):
+        return a
+
+    def info(self) -> dict:
+        return {"device": f"CPU ({platform.machine()}), NumPy reference",
+                "numpy": np.__version__, "python": platform.python_version()}
+
+    def label(self) -> str:
+        return "CPU, NumPy reference"
+
+
+class GpuBackend:
+    """``rnnrt.gpu.GpuRunner``; parameters: ``runner.params`` (updated in place)."""
+
+    def __init__(self, model, rung: str, executor: str):
+        from rnnrt.device import require_gpu
+        from rnnrt.gpu import GpuRunner
+
+        self.xp = require_gpu()
+        rungs = {r.name: r for r in ladder()}
+        if rung not in rungs:
+            raise ValueError(f"rung: expected one of {list(rungs)}, got {rung!r}")
+        self.model, self.rung, self.executor = model, rung, executor
+        self.runner = GpuRunner(model, switches=rungs[rung].switches, executor=executor)
+        self.params = self.runner.params
+
+    def forward(self, x, hx, train):
+        if train:
+            return self.runner.forward(x, hx, train=True)
+        return self.runner.forward(x, hx)
+
+    def backward(self, tape, dy):
+        return self.runner.backward(tape, dy)
+
+    def host(self, a):
+        return self.xp.asnumpy(a)
+
+    def info(self) -> dict:
+        from rnnrt.session import device_info
+        return {**device_info(), "rung": self.rung, "executor": self.executor}
+
+    def label(self) -> str:
+        from rnnrt.device import gpu_status
+        return f"{gpu_status()[1]}, {self.rung} ({self.executor})"
+
+
+def make_backend(cfg: Config, model):
+    if cfg.device == "cpu":
+        return CpuBackend(model)
+    if cfg.device == "gpu":
+        return GpuBackend(model, cfg.rung, cfg.executor)
+    raise ValueError(f"device: expected 'cpu' or 'gpu', got {cfg.device!r}")
+
+
+def _rel(a, b) -> float:
+    """||a - b|| / ||b|| in float64 (host arrays)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+VERIFY_RTOL = 1e-3
+"""fp32 against fp32 in a different order: observed errors are ~1e-6; a wrong gradient is O(1)."""
+
+
+def verify_step(backend, head, x, targets, hx, got, step: int) -> dict:
+    """Recompute one step (before any update) with the NumPy reference from host copies of
+    the same parameters and inputs; raise if the loss, h_n, c_n or a gradient disagrees."""
+    h = backend.host
+    m = backend.model
+    ref_model = rnnrt.LSTM(m.input_size, m.hidden_size, m.num_layers, seed=0)
+    ref_model.flat[...] = h(backend.params)
+    ref_head = {k: h(v) for k, v in head.items()}
+    ref_hx = None if hx is None else tuple(h(a) for a in hx)
+    loss, gflat, dhead, (h_n, c_n) = loss_and_grads(CpuBackend(ref_model), ref_head, h(x),
+                                                    h(targets), ref_hx)
+    g_loss, g_flat, g_head, (g_h, g_c) = got
+    errs = {"loss_abs": abs(float(g_loss) - float(loss)), "h_n": _rel(h(g_h), h_n),
+            "c_n": _rel(h(g_c), c_n), "grad_flat": _rel(h(g_flat), gflat),
+            "grad_head_weight": _rel(h(g_head["weight"]), dhead["weight"]),
+            "grad_head_bias": _rel(h(g_head["bias"]), dhead["bias"])}
+    bad = {k: v for k, v in errs.items() if not v <= VERIFY_RTOL}
+    if bad:
+        raise RuntimeError(f"step {step}: the {backend.label()} result disagrees with the "
+                           f"NumPy reference (tolerance {VERIFY_RTOL}): {bad}; all: {errs}")
+    return {"step": step, **errs}
+
+
+# --------------------------------------------------------------------------- training
+
+def evaluate(backend, head, eye, streams, seq: int, max_chunks: int) -> float:
+    """Mean validation loss (nats/char) over consecutive chunks, state carried from zeros."""
+    xp = backend.xp
+    n = (streams.shape[1] - 1) // seq
+    if max_chunks:
+        n = min(n, max_chunks)
+    total = 0.0
+    hx = None
+    for k in range(n):
+        x, targets = chunk(xp, streams, k, seq, eye)
+        y, (h_n, c_n) = backend.forward(x, hx, train=False)
+        total = total + head_loss(xp, y, head, targets)
+        hx = (h_n.copy(), c_n.copy())
+    return float(total) / n
+
+
+def _progress(msg: str):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def train(cfg: Config, progress=_progress) -> dict:
+    """Run ``cfg``; -> the record (the dict at the end: config, device, data, per-step
+    train_loss / grad_norm / step_ms, val [{step, loss}], verify, final, wall_s), with the
+    trained parameters (host arrays) and vocabulary under '_state' / '_vocab' for main."""
+    t0 = time.perf_counter()
+    corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
+    V = len(corpus.vocab)
+    model = rnnrt.LSTM(V, cfg.hidden, cfg.layers, seed=cfg.seed)
+    backend = make_backend(cfg, model)
+    xp = backend.xp
+    head = {k: xp.asarray(v) for k, v in
+            init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, V, np.float32).items()}
+    eye = xp.eye(V, dtype=xp.float32)
+    train_s = xp.asarray(stream_matrix(corpus.train, cfg.batch, cfg.seq, "training text"))
+    val_s = xp.asarray(stream_matrix(corpus.val, cfg.batch, cfg.seq, "validation text"))
+    per_pass = (train_s.shape[1] - 1) // cfg.seq
+    params = [backend.params, head["weight"], head["bias"]]
+    if cfg.optim == "adam":
+        opt = Adam(xp, params, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps)
+    elif cfg.optim == "sgd":
+        opt = SGD(xp, params, cfg.lr)
+    else:
+        raise ValueError(f"optim: expected 'adam' or 'sgd', got {cfg.optim!r}")
+    data = {"files": list(corpus.files), "chars": corpus.chars, "sha256": corpus.sha256,
+            "vocab_size": V, "train_chars": len(corpus.train), "val_chars": len(corpus.val),
+            "chunks_per_pass": per_pass, "uniform_nats": math.log(V),
+            "unigram_nats": unigram_entropy(corpus.train, V)}
+    progress(f"charlm: {cfg.layers}-layer LSTM H{cfg.hidden} on {backend.label()}; "
+             f"{corpus.chars} chars from {len(corpus.files)} files, vocab {V}, "
+             f"train {len(corpus.train)} / val {len(corpus.val)}, {per_pass} chunks of "
+             f"B{cfg.batch} x T{cfg.seq} per pass; uniform {math.log(V):.3f} nats, "
+             f"unigram {data['unigram_nats']:.3f} nats")
+
+    losses, norms, step_ms, val, checks = [], [], [], [], []
+    hx, k, t_train = None, 0, time.perf_counter()
+    for step in range(1, cfg.steps + 1):
+        t = time.perf_counter()
+        if k == per_pass:  # a new pass over the text: the streams restart, so does the state
+            k, hx = 0, None
+        x, targets = chunk(xp, train_s, k, cfg.seq, eye)
+        k += 1
+        loss, gflat, dhead, (h_n, c_n) = loss_and_grads(backend, head, x, targets, hx)
+        if cfg.device == "gpu" and step <= cfg.verify_steps:
+            checks.append(verify_step(backend, head, x, targets, hx,
+                                      (loss, gflat, dhead, (h_n, c_n)), step))
+            progress(f"step {step}: matches the NumPy reference: {checks[-1]}")
+        grads = [gflat, dhead["weight"], dhead["bias"]]
+        norm = clip_global_norm(xp, grads, cfg.clip)
+        opt.step(grads)
+        hx = (h_n.copy(), c_n.copy())
+        loss_f, norm_f = float(loss), float(norm)  # synchronises: the step's time is whole
+        step_ms.append((time.perf_counter() - t) * 1e3)
+        if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
+            raise FloatingPointError(f"step {step}: loss {loss_f}, gradient norm {norm_f}: "
+                                     f"the run diverged; lower --lr or --clip")
+        losses.append(loss_f)
+        norms.append(norm_f)
+        line = None
+        if step % cfg.log_every == 0 or step == 1:
+            line = (f"step {step:5d}/{cfg.steps}  loss {loss_f:.3f} nats "
+                    f"({loss_f / LN2:.3f} bits)  |g| {norm_f:6.2f}  "
+                    f"{np.median(step_ms[-cfg.log_every:]):6.1f} ms/step")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            v = evaluate(backend, head, eye, val_s, cfg.seq, cfg.val_chunks)
+            val.append({"step": step, "loss": v})
+            line = (line or f"step {step:5d}/{cfg.steps}  loss {loss_f:.3f} nats") + \
+                f"  | val {v:.3f} nats ({v / LN2:.3f} bits)"
+        if line:
+            progress(line)
+    train_wall = time.perf_counter() - t_train
+
+    state = {"flat": backend.host(backend.params).copy(),
+             "head": {k_: backend.host(v).copy() for k_, v in head.items()}}
+    tail = max(1, min(50, cfg.steps // 10))
+    best = min(val, key=lambda r: r["loss"])
+    record = {
+        "kind": "charlm-train",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": dataclasses.asdict(cfg),
+        "device": backend.info(),
+        "device_label": backend.label(),
+        "data": data,
+        "model": {"cell": "lstm", "input": "one-hot", "lstm_params": sum(
+            e.numel for e in model.layout.entries), "head_params": V * cfg.hidden + V},
+        "train_loss": losses,
+        "grad_norm": norms,
+        "step_ms": step_ms,
+        "val": val,
+        "verify": checks,
+        "final": {"train_loss_tail": float(np.mean(losses[-tail:])), "tail_steps": tail,
+                  "val_loss": val[-1]["loss"], "val_bits": val[-1]["loss"] / LN2,
+                  "best_val_loss": best["loss"], "best_val_step": best["step"]},
+        "wall_s": {"setup": t_train - t0, "train": train_wall,
+                   "total": time.perf_counter() - t0},
+        "ms_per_step_median": float(np.median(step_ms)),
+        "_state": state,
+        "_vocab": corpus.vocab,
+    }
+    return record
+
+
+# --------------------------------------------------------------------------- sampling
+
+def sample(flat, head, vocab, cfg: Config, n: int, temperature: float, seed: int,
+           prime: str) -> str:
+    """``n`` characters after ``prime``, one step at a time through the NumPy reference
+    (host parameters ``flat`` / ``head``). temperature 0: greedy."""
+    V = len(vocab)
+    index = {c: i for i, c in enumerate(vocab)}
+    prime = "".join(c for c in prime if c in index) or vocab[0]
+    model = rnnrt.LSTM(V, cfg.hidden, cfg.layers, seed=0)
+    model.flat[...] = flat
+    eye = np.eye(V, dtype=np.float32)
+    rng = np.random.default_rng(seed)
+    ids = [index[c] for c in prime]
+    y, hx = model.forward(eye[np.array(ids)][:, None, :], None)
+    out = []
+    for _ in range(n):
+        logits = (y[-1, 0] @ head["weight"].T + head["bias"]).astype(np.float64)
+        if temperature > 0:
+            p = np.exp((logits - logits.max()) / temperature)
+            nxt = int(rng.choice(V, p=p / p.sum()))
+        else:
+            nxt = int(np.argmax(logits))
+        out.append(vocab[nxt])
+        y, hx = model.forward(eye[[nxt]][:, None, :], hx)
+    return prime + "".join(out)
+
+
+# --------------------------------------------------------------------------- record, figure
+
+def stem(record: dict) -> str:
+    """The record's and the figure's name (rnnrt.bench.records' scheme: what, device, stamp)."""
+    c = record["config"]
+    slug = "cpu" if c["device"] == "cpu" else device_slug(record["device"].get("device", "gpu"))
+    return (f"charlm-lstm-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['seq']}-"
+            f"S{c['steps']}-{slug}-{stamp(record['created'])}")
+
+
+def plot_record(record: dict, path: Path) -> Path:
+    """The loss curve of a record: per-step training loss (and its running mean), the
+    validation losses, the uniform and unigram baselines; nats/char left, bits/char right."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c, d = record["config"], record["data"]
+    tr = np.asarray(record["train_loss"])
+    steps = np.arange(1, len(tr) + 1)
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
+    ax.plot(steps, tr, color="tab:blue", alpha=0.3, lw=0.8, label="train (per step)")
+    w = max(1, min(25, len(tr) // 10))
+    if w > 1:
+        run = np.convolve(tr, np.ones(w) / w, mode="valid")
+        ax.plot(steps[w - 1:], run, color="tab:blue", lw=1.6, label=f"train ({w}-step mean)")
+    vs = [r["step"] for r in record["val"]]
+    vl = [r["loss"] for r in record["val"]]
+    ax.plot(vs, vl, "o-", color="tab:orange", lw=1.6, ms=4, label="validation")
+    ax.axhline(d["uniform_nats"], color="gray", ls=":", lw=1,
+               label=f"uniform guess ln V = {d['uniform_nats']:.2f}")
+    ax.axhline(d["unigram_nats"], color="gray", ls="--", lw=1,
+               label=f"unigram entropy {d['unigram_nats']:.2f}")
+    ax.set_xlabel("training step (one chunk of B x T characters)")
+    ax.set_ylabel("cross-entropy (nats/char)")
+    sec = ax.secondary_yaxis("right", functions=(lambda n: n / LN2, lambda b: b * LN2))
+    sec.set_ylabel("bits/char")
+    ax.set_ylim(0, d["uniform_nats"] * 1.35)  # room for the legend above ln V
+    ax.set_xlim(0, len(tr))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8, ncol=2)
+    f = record["final"]
+    ax.set_title(f"{c['layers']}-layer LSTM char model on rnnrt's source: H{c['hidden']} "
+                 f"B{c['batch']} T{c['seq']}, {c['optim']} lr {c['lr']:g}, clip {c['clip']:g}\n"
+                 f"{record['device_label']}: val {f['val_loss']:.3f} nats "
+                 f"({f['val_bits']:.2f} bits)/char after {len(tr)} steps, "
+                 f"{record['wall_s']['train']:.0f} s", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- main
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--tiny", action="store_true", help="the CI test's small preset")
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    for f in dataclasses.fields(Config):
+        if f.name in ("device", "text"):
+            continue
+        t = {"int": int, "float": float, "str": str}[types[f.name]]
+        p.add_argument("--" + f.name.replace("_", "-"), type=t, default=None,
+                       help=f"default {f.default!r}")
+    p.add_argument("--text", nargs="+", default=None,
+                   help=f"globs under the repo root (default {' '.join(DEFAULT_TEXT)})")
+    p.add_argument("--figures-dir", type=Path, default=ROOT / "experiments" / "figures")
+    p.add_argument("--results-dir", type=Path,
+                   default=ROOT / "experiments" / "results" / "training")
+    return p.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    kw = dict(TINY) if args.tiny else {}
+    for f in dataclasses.fields(Config):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            kw[f.name] = tuple(v) if f.name == "text" else v
+    return Config(**kw)
+
+
+def main(argv=None, progress=_progress) -> dict:
+    """Train, sample, write the figure and the record. -> the record (with 'figure' and
+    'record' paths)."""
+    args = parse_args(argv)
+    cfg = config_from_args(args)
+    record = train(cfg, progress)
+    state, vocab = record.pop("_state"), record.pop("_vocab")
+    text = sample(state["flat"], state["head"], vocab, cfg, cfg.sample_chars,
+                  cfg.temperature, cfg.seed, cfg.prime)
+    record["sample"] = {"prime": cfg.prime, "temperature": cfg.temperature, "text": text}
+    name = stem(record)
+    record["figure"] = str(plot_record(record, Path(args.figures_dir) / f"{name}.png"))
+    rec_path = Path(args.results_dir) / f"{name}.json"
+    record["record"] = str(rec_path)
+    write_json(record, rec_path)
+    f = record["final"]
+    progress(f"done: train {f['train_loss_tail']:.3f} nats (mean of the last "
+             f"{f['tail_steps']} steps), val {f['val_loss']:.3f} nats = {f['val_bits']:.3f} "
+             f"bits/char (best {f['best_val_loss']:.3f} at step {f['best_val_step']}); "
+             f"{record['wall_s']['train']:.1f} s training, "
+             f"{record['ms_per_step_median']:.1f} ms/step median\n"
+             f"figure: {record['figure']}\nrecord: {record['record']}")
+    print(f"--- sample (temperature {cfg.temperature}) ---\n{text}\n---")
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""cuDNN through torch.nn, timed in the same process as rnnrt's rungs: the reference the
+ladder and the sweep compare with (fp32 with TF32 off)."""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from ..cells import tflops
+from ..params import to_flat
+from .timing import time_torch
+
+
+class CudnnBench:
+    """cuDNN through torch.nn holding the same weights (rnnrt's torch-compatible state_dict),
+    TF32 off. ``time()`` can be called several times in a run (before and after the rungs):
+    cuDNN's time moves between calls far more than ours (on the H100 its paper-shape forward
+    took 5.6 to 11.8 ms across processes), so the row pools every sample."""
+
+    def __init__(self, cfg, model, x, h0, c0, dy):
+        import torch
+        self.torch, self.cfg, self.layout = torch, cfg, model.layout
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
+        kw = dict(num_layers=cfg.layers, bias=model.bias)
+        if cls is None:
+            cls = torch.nn.RNN
+            kw["nonlinearity"] = cfg.cell.split("_")[1]
+        self.module = cls(cfg.inp, cfg.hidden, **kw).cuda().float()
+        self.module.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+                                     for k, v in model.state_dict().items()})
+        self.x = torch.from_numpy(x).cuda()
+        hx = torch.from_numpy(h0).cuda()
+        self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda())
+        self.dy = torch.from_numpy(dy).cuda()
+        self.names = [n for n, _ in self.module.named_parameters()]
+        self.x.requires_grad_(cfg.backward)
+        self.medians, self.samples = [], []
+
+    def run(self):
+        """Forward (no autograd), or forward + backward through autograd (dx and every
+        parameter's gradient for the seed dy), as a training step would."""
+        torch = self.torch
+        if not self.cfg.backward:
+            with torch.no_grad():
+                return self.module(self.x, self.hx)
+        y, _ = self.module(self.x, self.hx)
+        grads = torch.autograd.grad(y, [self.x] + list(self.module.parameters()), self.dy)
+        return y, grads
+
+    def outputs(self) -> dict:
+        """The arrays the ladder checks: {'y'} (+ {'dx', 'grads'} flat in rnnrt's layout)."""
+        y, extra = self.run()
+        self.torch.cuda.synchronize()
+        out = {"y": y.detach().cpu().numpy()}
+        if self.cfg.backward:
+            out["dx"] = extra[0].cpu().numpy()
+            out["grads"] = to_flat({n: g.cpu().numpy() for n, g in
+                                    zip(self.names, extra[1:])}, self.layout)
+        return out
+
+    def time(self):
+        """A timing of its own (warm-up, then the median of cfg.repeats runs), pooled."""
+        t = time_torch(self.torch, self.run, self.cfg.repeats, self.cfg.warmup)
+        self.medians.append(t.ms_median)
+        self.samples += [t.ms_min, t.ms_median, t.ms_max]
+        return t
+
+    def time_once(self) -> float:
+        """One run, timed with events (ms): for timings interleaved with rnnrt's."""
+        return time_torch(self.torch, self.run, 1, 0).ms_median
+
+    def add_samples(self, samples) -> None:
+        """Runs timed elsewhere (interleaved) pooled as one more timing."""
+        self.medians.append(statistics.median(samples))
+        self.samples += [min(samples), statistics.median(samples), max(samples)]
+
+    def row(self, flops, ceiling_tflops, check):
+        ms = statistics.median(self.medians)
+        tf = tflops(flops, ms)
+        torch = self.torch
+        return {"rung": "cudnn", "executor": "torch.nn", "ms_median": ms,
+                "ms_min": min(self.samples), "ms_max": max(self.samples),
+                "runs": self.cfg.repeats * len(self.medians),
+                "ms_median_per_timing": self.medians, "tflops": tf,
+                "speedup_vs_naive": None, "ratio_vs_cudnn": 1.0,
+                "share_of_ceiling": tf / ceiling_tflops, "check": check.as_dict(),
+                "torch": torch.__version__, "cudnn_version": torch.backends.cudnn.version(),
+                "tf32": False}
+
+    def close(self):
+        del self.module, self.x, self.hx, self.dy
+        self.torch.cuda.empty_cache()
+
+
+def cudnn_bench(cfg, model, x, h0, c0, dy):
+    """CudnnBench, or the reason there is none (a string)."""
+    if not cfg.cudnn:
+        return "disabled (--no-cudnn)"
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        return f"torch not importable ({e})"
+    if not torch.cuda.is_available():
+        return "torch has no CUDA"
+    return CudnnBench(cfg, model, x, h0, c0, dy)

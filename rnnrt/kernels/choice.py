@@ -1,0 +1,392 @@
+"""Which kernel and which schedule run for a shape: the one place that decides.
+
+Two decisions live here.
+
+``choose_persistent(key)``: given a plan key whose switches ask for persistent kernels, which
+family runs — the stack kernel (every layer of an LSTM stack in one launch, ``stack.py``),
+the cluster kernel or the grid kernel (one launch a layer, ``persistent.py``) — whether
+cluster launches are cut into input chunks that overlap along the wavefront, and, where
+nothing fits, why the plan falls back to the schedule without the switch. A key may name the
+family (``PlanKey.family``); else the rules below pick one. The plan builders follow the
+answer; they decide nothing about kernels themselves.
+
+``Selector``: the schedule ``switches='auto'`` runs for a shape. Its candidates
+(``candidates``) are the best paper rung, input-batching variants and every persistent family
+that fits; on first use of a key it times them through a timer the caller gives (the GPU
+runner builds and times the plans; tests pass a fake), keeps the fastest, and remembers the
+choice in memory and in a ``tuning.ScheduleCache`` on disk. With timing off
+(``RNNRT_AUTOTUNE=0``) it takes ``heuristic``'s deterministic choice instead.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+from ..plan.switches import Switches
+from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
+from .stack import PS_BMAX, StackFit, stack_fit
+
+# --------------------------------------------------------------------------------------------
+# The persistent family of a plan key
+
+
+@dataclass(frozen=True)
+class PersistentChoice:
+    """What the persistent switch runs for one plan key.
+
+    family: 'stack', 'grid' or 'cluster' — what runs — or None: nothing persistent fits and
+    the plan is the schedule without the switch (``fallback`` says why).
+    fit: the per-layer fit (grid or cluster kernel; for the stack, the per-layer fit the
+    rules looked at, if any). stack: the stack kernel's fit when it runs (then no per-layer
+    launches and no input GEMMs); ``stack_note`` says why it was not taken where it was
+    considered. chunked: cluster launches one per input chunk of ``steps_per_launch`` steps,
+    layer l+1's chunk after layer l's (they wait on nothing outside their clusters, so layers
+    overlap); otherwise one launch a layer over all T steps.
+    steps_per_launch: the steps one input GEMM and one per-layer launch cover (k).
+    """
+
+    family: str | None
+    fit: Fit | None
+    stack: StackFit | None
+    chunked: bool
+    steps_per_launch: int
+    stack_note: str = ""
+    fallback: str | None = None
+
+    @property
+    def runs(self) -> bool:
+        """Whether a persistent kernel runs (else the plan falls back)."""
+        return self.family is not None
+
+    def describe(self) -> str:
+        """The plan's ``fit`` string: the kernel that runs and why, or what was declined."""
+        if self.stack is not None:
+            return f"{self.stack.describe()}; {self.stack.reason}"
+        if self.fit is None:
+            return self.fallback or ""
+        s = self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
+        if self.chunked:
+            s += (f"; layers overlap along the wavefront, launches of {self.steps_per_launch} "
+                  f"steps")
+        return s + self.stack_note
+
+
+def choose_persistent(key) -> PersistentChoice:
+    """The persistent choice for ``key`` (a plan.PlanKey with ``switches.persistent`` and a
+    ``device``). With ``key.family`` named, that family if it fits (for the stack: any batch
+    it can hold), else a fallback saying why. Otherwise the rules, in order:
+      1. The per-layer fit (``persistent_fit``: the cluster kernel where it fits and pays,
+         else the grid kernel). Nothing fits: fall back, saying why.
+      2. Where the per-layer fit is the grid kernel (one layer at a time on every SM), the
+         wavefront is on and there are several layers: the stack kernel, if it fits and the
+         batch fills more than a quarter of its lanes (``stack_choice``).
+      3. Cluster kernels with the wavefront, several layers and input chunks shorter than T
+         run chunked, each layer on its 1/L share of the SMs where that still fits and pays.
+    """
+    sw, T, B, H, L = key.switches, key.steps, key.batch, key.hidden_size, key.num_layers
+    props = key.device.props()
+    k = sw.steps_per_input_gemm(T)
+    family = getattr(key, "family", None)
+
+    def declined(why, fit=None):
+        return PersistentChoice(None, fit, None, False, k, fallback=(
+            f"persistent declined on {key.device.name}: {why}; ran the schedule without it"))
+
+    if family == "stack":
+        st = _stack_fit(key)
+        return (PersistentChoice("stack", None, st, False, T) if st.ok
+                else declined(st.reason))
+    kind = family if family in ("grid", "cluster") else None
+    fit = persistent_fit(key.cell, H, B, props, kind=kind)
+    if not fit.ok:
+        return declined(fit.reason, fit)
+    stack, note = None, ""
+    if family is None and not fit.cluster and sw.wavefront and L > 1:
+        stack, note = stack_choice(key)
+    if stack is not None:
+        return PersistentChoice("stack", fit, stack, False, T, note)
+    # A grid kernel needs every SM, so two never run at once: one launch per layer over all
+    # T steps after one input GEMM (chunks would only add launches). Cluster kernels wait on
+    # nothing outside their cluster, so layers can overlap: with the wavefront and several
+    # layers, each layer runs as one launch per input_batch chunk, layer l+1's after layer l's.
+    name = "cluster" if fit.cluster else "grid"
+    chunked = bool(fit.cluster) and sw.wavefront and L > 1 and k < T
+    if not chunked:
+        return PersistentChoice(name, fit, None, False, T, note)
+    # every layer's launch resident at once: each gets 1/L of the SMs (other cluster counts
+    # than one launch's), where that still fits and pays
+    n = cluster_count(B, props["multiProcessorCount"], L)
+    if n != fit.clusters:
+        share = persistent_fit(key.cell, H, B, props, clusters=n)
+        if share.ok and share.fmas_per_thread <= CLUSTER_MAX_FMAS:
+            fit = share
+    return PersistentChoice(name, fit, None, True, k, note)
+
+
+def _stack_fit(key) -> StackFit:
+    return stack_fit(key.cell, key.hidden_size, key.batch, key.num_layers, key.input_size,
+                     key.device.props(), steps=key.steps)
+
+
+def stack_choice(key) -> tuple[StackFit | None, str]:
+    """(StackFit or None, a note for the plan's fit string): the stack kernel where it fits
+    and the batch fills more than a quarter of its lanes (its FMAs are sized for PS_BMAX
+    batches whatever B is: LSTM four layers, H100, stack vs per-layer grid kernels: H 512 B
+    32 3.08 vs 3.81 ms, B 16 3.03 vs 2.94, B 8 3.04 vs 2.63; H 256 the stack was faster at
+    B 8-32 too)."""
+    st = _stack_fit(key)
+    if not st.ok:
+        return None, f"; stack kernel not used: {st.reason}"
+    if 4 * key.batch <= PS_BMAX:
+        return None, (f"; stack kernel not used: batch {key.batch} <= {PS_BMAX // 4} "
+                      f"(its lanes cover {PS_BMAX} batches)")
+    return st, ""
+
+
+# --------------------------------------------------------------------------------------------
+# Schedules and their candidates
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One way to run a shape: the switches, and with the persistent switch the family it
+    names (None: choose_persistent's rules). ``name`` is what records and tables show."""
+
+    name: str
+    switches: Switches
+    family: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "switches": self.switches.as_dict(), "family": self.family}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Schedule":
+        """The inverse of ``as_dict`` (raises ValueError / TypeError on a damaged entry)."""
+        if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+            raise ValueError(f"schedule: expected a dict with a name, got {d!r}")
+        sw = d.get("switches")
+        if not isinstance(sw, dict):
+            raise ValueError(f"schedule {d['name']!r}: switches missing")
+        return cls(d["name"], Switches(**sw), d.get("family"))
+
+
+_PAPER = dict(grouped=True, streams=True, fused=True, wavefront=True)
+
+
+def paper_schedules() -> tuple[Schedule, ...]:
+    """The cuBLAS schedules every shape can run: the ladder's best paper rung (every switch
+    of the paper, input chunks of 10 steps) and input-batching variants without the
+    pre-transposition (which loses under graphs on Hopper): chunks of 10, of 2 (layers start
+    sooner), and one W.x GEMM a layer ('all': fewest launches, no overlap of layers)."""
+    return (Schedule("paper", Switches(**_PAPER, pretranspose=True, input_batch=10)),
+            Schedule("ib10", Switches(**_PAPER, input_batch=10)),
+            Schedule("ib2", Switches(**_PAPER, input_batch=2)),
+            Schedule("iball", Switches(**_PAPER, input_batch="all")))
+
+
+def persistent_schedule(family: str) -> Schedule:
+    """The schedule that runs ``family``'s persistent kernel (falls back to ib10)."""
+    return Schedule(family, Switches(**_PAPER, input_batch=10, persistent=True), family)
+
+
+def fitting_families(shape: "Shape", device) -> dict[str, str]:
+    """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
+    (a kernels.limits.DeviceLimits)."""
+    props = device.props()
+    out = {}
+    st = stack_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
+                   props, steps=shape.steps)
+    if st.ok:
+        out["stack"] = st.reason
+    for kind in ("cluster", "grid"):
+        f = persistent_fit(shape.cell, shape.hidden, shape.batch, props, kind=kind)
+        if f.ok:
+            out[kind] = f.reason
+    return out
+
+
+def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
+    """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
+    cluster, grid: each runs the recurrence with R on chip), then the paper schedules. The
+    order is the order of timing (the likeliest winners first, so a spent budget cuts the
+    least likely)."""
+    fams = fitting_families(shape, device)
+    return (tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid") if f in fams)
+            + paper_schedules())
+
+
+def heuristic(shape: "Shape", device) -> Schedule:
+    """The deterministic choice without timing (``RNNRT_AUTOTUNE=0``): the stack kernel where
+    it fits and the batch fills more than a quarter of its lanes, else the cluster kernel
+    where it fits, else the grid kernel up to hidden 512 (above it, more h tiles a step make
+    it slower than cuBLAS: LSTM L4 H1024 B64 forward 32.0 ms against cuDNN's 14.5 on the
+    H100), else the paper rung without pre-transposition, chunks of 10."""
+    fams = fitting_families(shape, device)
+    if "stack" in fams and 4 * shape.batch > PS_BMAX:
+        return persistent_schedule("stack")
+    if "cluster" in fams:
+        return persistent_schedule("cluster")
+    if "grid" in fams and shape.hidden <= 512:
+        return persistent_schedule("grid")
+    return paper_schedules()[1]
+
+
+# --------------------------------------------------------------------------------------------
+# The selector
+
+
+def bucket_steps(steps: int) -> int:
+    """The steps bucket a length belongs to: the next power of two (at least 16), so that
+    variable-length data tunes once per bucket, not once per length."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: expected a positive int, got {steps!r}")
+    b = 16
+    while b < steps:
+        b *= 2
+    return b
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a schedule is chosen for: the model's shape and the pass (lengths bucketed)."""
+
+    cell: str
+    layers: int
+    input_size: int
+    hidden: int
+    batch: int
+    steps: int            # the steps of the call; ``key()`` keys on its bucket
+    train: bool = False   # forward + backward (a training step) rather than inference
+    bias: bool = True
+    dtype: str = "float32"
+    executor: str = "graph"
+
+    def key(self) -> str:
+        """The cache key: every field but the exact length (its bucket instead)."""
+        return (f"{self.cell}|L{self.layers}|I{self.input_size}|H{self.hidden}|B{self.batch}"
+                f"|T{bucket_steps(self.steps)}|{'fwd+bwd' if self.train else 'fwd'}"
+                f"|{'bias' if self.bias else 'nobias'}|{self.dtype}|{self.executor}")
+
+
+@dataclass
+class Selection:
+    """What the selector chose for a shape and why: the schedule, where the choice came from
+    ('tuned', 'cache' or 'heuristic'), each candidate's median ms (or why it has none), the
+    seconds tuning took, and the reason when it did not time."""
+
+    schedule: Schedule
+    source: str
+    candidates: list = field(default_factory=list)   # [{name, ms | None, status}]
+    tune_s: float = 0.0
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {"schedule": self.schedule.name, "family": self.schedule.family,
+                "switches": self.schedule.switches.as_dict(), "source": self.source,
+                "candidates": self.candidates, "tune_s": self.tune_s, "note": self.note}
+
+
+TUNE_BUDGET_S = 2.0
+"""Seconds of timing a new key may take (compiling kernels and capturing graphs excepted:
+the timer reports those apart)."""
+CLEARLY_SLOWER = 1.3
+"""A candidate whose first timed run is this many times the best so far is not run again."""
+TUNE_REPEATS = 3
+MEMORY_ENTRIES = 1024
+"""Choices a selector keeps in memory (the disk cache keeps its own bound)."""
+
+
+def autotune_enabled(env=None) -> bool:
+    """False when RNNRT_AUTOTUNE is '0', 'false', 'no' or 'off' (heuristic choice only)."""
+    v = (os.environ if env is None else env).get("RNNRT_AUTOTUNE", "1")
+    return v.strip().lower() not in ("0", "false", "no", "off")
+
+
+class Selector:
+    """Chooses and remembers the schedule of each shape.
+
+    timer: ``timer(schedule, shape, repeats) -> list of ms`` (one per timed run, after the
+    timer's own warm-up; it raises to say a candidate cannot run). device: the
+    DeviceLimits the fits read. cache: a tuning.ScheduleCache (or None: memory only).
+    autotune: None reads RNNRT_AUTOTUNE. clock: seconds (tests pass a fake).
+    """
+
+    def __init__(self, timer, device, cache=None, autotune: bool | None = None,
+                 budget_s: float = TUNE_BUDGET_S, clock=time.perf_counter, log=None):
+        self.timer, self.device, self.cache = timer, device, cache
+        self.autotune = autotune_enabled() if autotune is None else bool(autotune)
+        self.budget_s, self.clock = float(budget_s), clock
+        self.log = log or (lambda msg: None)
+        self._memory: OrderedDict[str, Selection] = OrderedDict()
+
+    def select(self, shape: Shape) -> Selection:
+        """The schedule for ``shape``: from memory, else the disk cache, else tuned (or the
+        heuristic with timing off), remembered in both."""
+        k = shape.key()
+        if k in self._memory:
+            self._memory.move_to_end(k)
+            return self._memory[k]
+        sel = None
+        if self.autotune and self.cache is not None:
+            entry = self.cache.get(k)
+            if entry is not None:
+                try:
+                    sel = Selection(Schedule.from_dict(entry["schedule"]), "cache",
+                                    entry.get("candidates", []), entry.get("tune_s", 0.0))
+                except (KeyError, TypeError, ValueError) as e:
+                    self.cache.warn(f"entry {k!r} is damaged ({e}); tuning it again")
+        if sel is None:
+            sel = self.tune(shape) if self.autotune else Selection(
+                heuristic(shape, self.device), "heuristic", note="RNNRT_AUTOTUNE=0")
+            if sel.source == "tuned" and self.cache is not None:
+                self.cache.put(k, {"schedule": sel.schedule.as_dict(),
+                                   "candidates": sel.candidates, "tune_s": sel.tune_s})
+        self._memory[k] = sel
+        while len(self._memory) > MEMORY_ENTRIES:   # bounded: least recently used go first
+            self._memory.popitem(last=False)
+        return sel
+
+    def tune(self, shape: Shape) -> Selection:
+        """Time every candidate (most promising first) within the budget; the fastest."""
+        t0 = self.clock()
+        best, best_ms, rows = None, float("inf"), []
+        for sched in candidates(shape, self.device):
+            spent = self.clock() - t0
+            if best is not None and spent > self.budget_s:
+                rows.append({"name": sched.name, "ms": None,
+                             "status": f"skipped: tuning budget {self.budget_s:g} s spent"})
+                continue
+            try:
+                first = self.timer(sched, shape, 1)
+                ms = first[0]
+                status = "timed"
+                if ms > CLEARLY_SLOWER * best_ms:
+                    status = f"stopped early: {ms / best_ms:.2f}x the best"
+                else:
+                    ms = _median(first + self.timer(sched, shape, TUNE_REPEATS - 1))
+            except Exception as e:  # noqa: BLE001 - a candidate that cannot run loses
+                rows.append({"name": sched.name, "ms": None, "status": f"failed: {e}"})
+                continue
+            rows.append({"name": sched.name, "ms": ms, "status": status})
+            if ms < best_ms:
+                best, best_ms = sched, ms
+        tune_s = self.clock() - t0
+        if best is None:   # nothing ran: the heuristic, and say so
+            return Selection(heuristic(shape, self.device), "heuristic", rows, tune_s,
+                             note="no candidate could be timed")
+        self.log(f"tuned {shape.key()}: {best.name} {best_ms:.3f} ms of "
+                 f"{', '.join(r['name'] for r in rows)} in {tune_s:.2f} s")
+        return Selection(best, "tuned", rows, tune_s)
+
+
+def _median(xs):
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def with_family(key, schedule: Schedule):
+    """``key`` (a PlanKey) running ``schedule``: its switches and family."""
+    return replace(key, switches=schedule.switches, family=schedule.family)

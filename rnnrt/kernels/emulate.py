@@ -1,0 +1,229 @@
+"""A NumPy emulation of the per-layer persistent kernels' decomposition (persistent.py's fit),
+and the registry's NumPy twins of those kernels.
+
+``emulate`` runs a layer block by block and step by step exactly as the kernel cuts it: each
+block reads only h_t and its own rows of R, sums its k-groups' partial products in the
+kernel's order, and each (b, j) is written by the one thread that owns it; the end of a step
+is the barrier, where every element of h_{t+1} must have been written exactly once. So the
+partition and the indexing are tested without a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..cells import get_cell
+from .budget import ceil_div
+from .persistent import CLUSTER_BATCH, Fit, geometry, kernel_name
+from .twins import relu, sigmoid
+
+
+# --- the decomposition, as the kernel indexes it --------------------------------------------
+
+def thread_roles(fit: Fit) -> dict[str, np.ndarray]:
+    """Per thread of a block (index tid): its warp, lane, and the lane's row group lr,
+    batch group lb, k-group lk within the warp and k-group kg = warp * LK + lk in the
+    block. As the kernel: lr = lane % LR, lb = (lane / LR) % LB, lk = lane / (LR * LB)."""
+    lr_n, lb_n, lk_n = fit.lanes
+    tid = np.arange(fit.threads)
+    warp, lane = tid // 32, tid % 32
+    lk = lane // (lr_n * lb_n)
+    return {"tid": tid, "warp": warp, "lane": lane, "lr": lane % lr_n,
+            "lb": (lane // lr_n) % lb_n, "lk": lk, "kg": warp * lk_n + lk}
+
+
+def owned(fit: Fit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tid, b, jj) of every (b, j) cell block ``block`` updates: cells e = tid + i*threads,
+    i < PK_CPT, jj = e % U, b = e // U (within the block's batches), for jj < the block's
+    units and b < its batches; b is returned as the batch row (its slice's start added)."""
+    U, BG = fit.units_per_block, fit.batch_per_block
+    batches = fit.batches(block)
+    e = np.arange(U * BG)
+    jj, b = e % U, e // U
+    keep = (jj < len(fit.units(block))) & (b < len(batches))
+    return e[keep] % fit.threads, b[keep] + batches.start, jj[keep]
+
+
+def k_columns(fit: Fit, group: int) -> np.ndarray:
+    """The columns k of h_t (and of R) k-group ``group`` (kg = warp * LK + lk) multiplies,
+    in its order: tile by tile (k_tile columns), its warp's chunks [w*CPW, (w+1)*CPW)
+    clipped to the tile, first half then second, chunks lk, lk + LK, ... of each half,
+    skipping k >= H (R's padding there is zero)."""
+    H, kt = fit.hidden, fit.k_tile
+    lk_n = fit.lanes[2]
+    w, lk = divmod(group, lk_n)
+    cpw = fit.chunks_per_warp
+    cols = []
+    for k0 in range(0, H, kt):
+        ch = min(kt // 4, ceil_div(H - k0, 4))
+        ca = min(ch, w * cpw)
+        cb = min(ch, ca + cpw)
+        cm = ca + ceil_div(cb - ca, 2)
+        for lo, hi in ((ca, cm), (cm, cb)):
+            for cc in range(lo + lk, hi, lk_n):
+                cols.extend(k for k in range(k0 + 4 * cc, k0 + 4 * cc + 4) if k < H)
+    return np.array(cols, dtype=np.int64)
+
+
+def ownership(fit: Fit) -> np.ndarray:
+    """[B, H] count of the threads (over all blocks) that write each element of h_{t+1}."""
+    count = np.zeros((fit.batch, fit.hidden), np.int64)
+    for x in range(fit.blocks):
+        _, b, jj = owned(fit, x)
+        np.add.at(count, (b, fit.units(x).start + jj), 1)
+    return count
+
+
+# --- the emulation ----------------------------------------------------------------------
+
+def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True):
+    """Run the persistent kernel's decomposition with NumPy. -> (h, c, act)
+
+    gx [T, B, G*H] (W x_t, no bias); R = weight_hh [G*H, H]; bw, br: b_ih, b_hh, each
+    [G*H], [B, G*H] or None (zeros); h0 [B, H]; c0 [B, H] (LSTM only). Works in gx's dtype.
+    Returns h [T+1, B, H] (h[0] = h0), c [T+1, B, H] (LSTM, else None) and act [T, B, 4H]
+    (LSTM i,f,g,o; GRU r,z,n,hn; None for RNN or when not ``train``).
+
+    Block by block, step by step: before the first step each block takes its G*U rows of R
+    (its shared-memory copy); at step t it reads only h_t, sums its k-groups' partial dot
+    products in the kernel's order (k-group 0, 1, ...), and each (b, j) is written by the one
+    thread that owns it. The
+    end of a step is the barrier: there every element of h_{t+1} must have been written by
+    exactly one thread (checked), and only then does step t+1 read it.
+    """
+    spec = get_cell(cell)
+    G = spec.gates
+    gx = np.asarray(gx)
+    if gx.ndim != 3:
+        raise ValueError(f"emulate: gx must be [T, B, G*H], got shape {gx.shape}")
+    T, B, GH = gx.shape
+    H = GH // G
+    dtype = gx.dtype
+    if fit.cell != spec.name or fit.hidden != H or fit.batch != B or GH != G * H:
+        raise ValueError(f"emulate: fit is for {fit.cell} H {fit.hidden} B {fit.batch}, "
+                         f"gx {gx.shape} is {spec.name} H {H} B {B}")
+    R = np.asarray(R, dtype)
+    if R.shape != (GH, H):
+        raise ValueError(f"emulate: R has shape {R.shape}, expected {(GH, H)}")
+    bias = [np.zeros((B, GH), dtype) if v is None else np.broadcast_to(np.asarray(v, dtype),
+                                                                        (B, GH))
+            for v in (bw, br)]
+    bw, br = bias
+    h = np.full((T + 1, B, H), np.nan, dtype)
+    h[0] = h0
+    c = None
+    if spec.has_cell_state:
+        if c0 is None:
+            raise ValueError("emulate: lstm needs c0")
+        c = np.full((T + 1, B, H), np.nan, dtype)
+        c[0] = c0
+    elif c0 is not None:
+        raise ValueError(f"emulate: c0 given, but {cell} has no cell state")
+    act = np.full((T, B, 4 * H), np.nan, dtype) if spec.saved_gates else None
+
+    groups = [k_columns(fit, g) for g in range(fit.k_split)]
+    blocks = []
+    for x in range(fit.blocks):
+        units = fit.units(x)
+        rows = (np.arange(G)[:, None] * H + np.asarray(units, np.int64)[None, :])   # [G, Ub]
+        _, b_own, jj_own = owned(fit, x)
+        blocks.append((R[rows], b_own, units.start + jj_own, jj_own))   # R slice [G, Ub, H]
+
+    for t in range(T):
+        written = np.zeros((B, H), np.int64)
+        ht = h[t]
+        for rs, b, j, jj in blocks:
+            gh = None
+            for cols in groups:                     # k-group 0, 1, ... in the kernel's order
+                part = rs[:, :, cols] @ ht[:, cols].T   # [G, Ub, B]
+                gh = part if gh is None else gh + part
+            gh = gh[:, jj, b]                       # [G, n]: this block's (b, j) elements
+
+            def pre(q):   # ((gx + bw) + gh) + br, the fused kernels' order
+                k = q * H + j
+                return ((gx[t, b, k] + bw[b, k]) + gh[q]) + br[b, k]
+
+            if spec.name == "lstm":
+                i_, f_, o_ = sigmoid(pre(0)), sigmoid(pre(1)), sigmoid(pre(3))
+                g_ = np.tanh(pre(2))
+                cn = f_ * c[t, b, j] + i_ * g_
+                c[t + 1, b, j] = cn
+                h[t + 1, b, j] = o_ * np.tanh(cn)
+                saved = (i_, f_, g_, o_)
+            elif spec.name == "gru":
+                r_, z_ = sigmoid(pre(0)), sigmoid(pre(1))
+                kn = 2 * H + j
+                hn = gh[2] + br[b, kn]
+                n_ = np.tanh((gx[t, b, kn] + bw[b, kn]) + r_ * hn)
+                h[t + 1, b, j] = n_ + z_ * (h[t, b, j] - n_)
+                saved = (r_, z_, n_, hn)
+            elif spec.name == "rnn_tanh":
+                h[t + 1, b, j] = np.tanh(pre(0))
+                saved = ()
+            else:
+                h[t + 1, b, j] = relu(pre(0))
+                saved = ()
+            for q, v in enumerate(saved):
+                act[t, b, q * H + j] = v
+            np.add.at(written, (b, j), 1)
+        # the grid barrier: h_{t+1} is complete, every element written exactly once
+        if not (written == 1).all():
+            bad = np.argwhere(written != 1)[0]
+            raise AssertionError(f"emulate: step {t}: h[{t + 1}][{bad[0]}, {bad[1]}] written "
+                                 f"{written[tuple(bad)]} times by the blocks, not once")
+    return h, c, (act if train else None)
+
+
+# --- NumPy twins of the registry's kernels ------------------------------------------------
+# fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile, cluster=False), the views as
+# the registry hands them: h [(T+1)*B, H] (slot 0 = h0 read), c likewise (LSTM), act [T*B, 4H], sync
+# [1, 2]; gx [T*B, G*H], w_hh [G*H, H], bw and br [B, G*H] (ld 0 broadcasts). The block size
+# is the default for (B, U, k_tile): it only changes the order in which partial sums are
+# added.
+
+def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
+          cluster=False):
+    gx, w_hh, bw, br = ins
+    B, H, G = rows, cols, get_cell(cell).gates
+    name = kernel_name(cell, cluster)
+    if np.any(np.asarray(sync) != 0):
+        raise ValueError(f"{name}: the sync counters must be zero on entry, "
+                         f"got {np.asarray(sync).ravel().tolist()}")
+    # the cluster twin assumes one cluster per CLUSTER_BATCH batches, the default without
+    # an SM cap (the launch's own count only changes the order of the partial sums)
+    fit = geometry(cell, H, B, units_per_block, k_tile=k_tile,
+                   clusters=ceil_div(B, CLUSTER_BATCH) if cluster else 0)
+    if not fit.ok:
+        raise ValueError(f"{name}: {fit.reason}")
+    gx3 = np.asarray(gx).reshape(T, B, G * H)
+    h_all, c_all, act_all = emulate(cell, fit, gx3, np.asarray(w_hh), bw, br,
+                                    np.array(h[:B]), None if c is None else np.array(c[:B]))
+    # Every input is read: now write slots 1..T (slot 0, h0 and c0, is left as it was).
+    h[B:] = h_all[1:].reshape(T * B, H)
+    if c is not None:
+        c[B:] = c_all[1:].reshape(T * B, H)
+    if act is not None:
+        act[...] = act_all.reshape(T * B, 4 * H)
+
+
+def _twin_of(cell: str):
+    """The registry's NumPy twin of ``cell``'s persistent kernel: its outs are h, then c
+    (LSTM), act (LSTM, GRU), sync, as the registry lists them."""
+    spec = get_cell(cell)
+
+    def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False):
+        outs = list(outs)
+        h = outs.pop(0)
+        c = outs.pop(0) if spec.has_cell_state else None
+        act = outs.pop(0) if spec.saved_gates else None
+        (sync,) = outs
+        _twin(spec.name, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
+              cluster)
+
+    twin.__name__ = twin.__qualname__ = kernel_name(cell)
+    return twin
+
+
+lstm_persistent_fwd = _twin_of("lstm")
+gru_persistent_fwd = _twin_of("gru")
+rnn_tanh_persistent_fwd = _twin_of("rnn_tanh")
+rnn_relu_persistent_fwd = _twin_of("rnn_relu")

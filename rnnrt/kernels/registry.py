@@ -1,0 +1,353 @@
+"""The CUDA kernels: one registry, their launch geometry and arguments, and the loader.
+
+``REGISTRY`` is the one list of kernels; ``KERNELS`` (by name) and everything else derive
+from it. Each kernel lives in a file of cuda_src/ whose header lists it with its arguments
+(a test holds registry, headers and code to each other), and has a NumPy twin
+(``twins.py``; the persistent kernels' in ``emulate.py`` and ``stack.py``).
+
+Calling convention, uniform for every kernel (fp32 only)::
+
+    kernel(int rows, int cols, float* out0, int ld_out0, ..., const float* in0, int ld_in0, ...,
+           int scalar0, ...)
+
+outputs first, then inputs, each a row-major view passed as a (pointer, ld) pair: element
+(r, c) at p[r*ld + c]; ld = 0 broadcasts one row (bias vectors handed to [B, G*H] problems);
+then the kernel's int scalars, if it has any (``KernelInfo.scalars``: the persistent kernels'
+T and units_per_block). Argument shapes are written in terms of the problem: 'R,4C' is
+[rows, 4*cols]; a factor may name a scalar: 'T*R,4C' is [T*rows, 4*cols], '(T+1)*R,C' is
+[(T+1)*rows, cols]; a bare number is a fixed extent ('1,2').
+
+The persistent kernels (``persistent=True``) run T steps of a layer (all of them, or one
+input-batching chunk in a chunked plan) or of a whole stack in one launch whose grid, block
+and dynamic shared memory come from a fit (``persistent.Fit``, ``stack.StackFit``):
+``launch_persistent(fit)``, not ``launch(rows, cols)``. Their barrier counters ``sync`` are
+the one pointer that is not float* (``uint_args``).
+
+Nothing here needs CuPy: ``sources.py`` reads the CUDA files, ``library.py`` compiles them.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from . import emulate
+from . import persistent as pk
+from . import stack
+from . import twins as knp
+
+POINTWISE_BLOCK = 256
+"""Threads per block of the grid-stride kernels (all but transpose)."""
+MAX_POINTWISE_BLOCKS = 4096
+"""Grid cap of the grid-stride kernels: ~4 waves of 256-thread blocks on an H100 (132 SMs x 8
+resident); larger problems loop, so the grid never depends on the time-batched sizes."""
+TILE = 32
+"""Transpose tile edge (must match TILE in transpose.cu); block (TILE, 8)."""
+_MAX_GRID_X, _MAX_GRID_Y = 2**31 - 1, 65535
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One CUDA kernel: where it lives, its arguments, its NumPy twin and its launch geometry.
+
+    outs, ins: ((argument name, shape), ...) in call order; the names are the kernel's pointer
+    parameters, the shapes are in terms of the problem ('R,C', 'R,4C', 'C,R' ...).
+    tiled: launched as 32x32 tiles with block (32, 8) (transpose), else as a 1-D grid-stride
+    loop over rows*cols with 256-thread blocks.
+    scalars: names of the int arguments after the pairs, in call order (shapes may use them).
+    uint_args: pointer arguments that are unsigned int*, not float* (barrier counters).
+    persistent: launched from a persistent.Fit (``launch_persistent``).
+    """
+
+    name: str
+    file: str
+    outs: tuple[tuple[str, str], ...]
+    ins: tuple[tuple[str, str], ...]
+    numpy_fn: Callable
+    tiled: bool = False
+    scalars: tuple[str, ...] = ()
+    uint_args: tuple[str, ...] = ()
+    persistent: bool = False
+    # the shapes parsed once: per argument, its rows' and its cols' terms
+    # (multiple, scalar name or None, added to the scalar, 'R' / 'C' / None)
+    _dims: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        dims = tuple(tuple(_parse_term(t) for t in spec.split(","))
+                     for _, spec in self.outs + self.ins)
+        for (arg, spec), d in zip(self.outs + self.ins, dims):
+            if len(d) != 2:
+                raise ValueError(f"{self.name}: {arg} shape {spec!r} is not 'rows,cols'")
+            for _, named, _ in d:
+                for scalar, _ in named:
+                    if scalar not in self.scalars:
+                        raise ValueError(f"{self.name}: {arg} shape {spec!r} names "
+                                         f"{scalar!r}, not one of its scalars {self.scalars}")
+        names = [a for a, _ in self.outs + self.ins]
+        for u in self.uint_args:
+            if u not in names:
+                raise ValueError(f"{self.name}: uint_args names {u!r}, not an argument")
+        object.__setattr__(self, "_dims", dims)
+
+    @property
+    def n_outs(self) -> int:
+        return len(self.outs)
+
+    @property
+    def n_ins(self) -> int:
+        return len(self.ins)
+
+    def arg_shapes(self, rows: int, cols: int, **scalars):
+        """([(view rows, view cols) per output], [... per input]) of a [rows, cols] problem
+        (and the kernel's scalars by name, e.g. T=7, where its shapes use them)."""
+        size = {"R": rows, "C": cols}
+
+        def extent(k, named, dims):
+            for scalar, add in named:
+                if scalar not in scalars:
+                    raise ValueError(f"{self.name}: its shapes need the scalar {scalar}")
+                k *= int(scalars[scalar]) + add
+            for d in dims:
+                k *= size[d]
+            return k
+
+        shapes = [tuple(extent(*term) for term in dims) for dims in self._dims]
+        return shapes[:self.n_outs], shapes[self.n_outs:]
+
+    def launch(self, rows: int, cols: int) -> tuple[tuple, tuple]:
+        """(grid, block) of a [rows, cols] problem; kernels loop over what the grid leaves."""
+        if self.persistent:
+            raise ValueError(f"{self.name}: a persistent kernel; its grid, block and shared "
+                             f"memory come from persistent.persistent_fit(): use "
+                             f"launch_persistent(fit)")
+        _check_problem(self.name, rows, cols)
+        if self.tiled:
+            tiles_r, tiles_c = -(-rows // TILE), -(-cols // TILE)
+            return (min(tiles_c, _MAX_GRID_X), min(tiles_r, _MAX_GRID_Y), 1), (TILE, 8, 1)
+        blocks = -(-(rows * cols) // POINTWISE_BLOCK)
+        return (min(blocks, MAX_POINTWISE_BLOCKS), 1, 1), (POINTWISE_BLOCK, 1, 1)
+
+    def launch_persistent(self, fit) -> tuple[tuple, tuple, int]:
+        """(grid, block, dynamic shared memory bytes) of a persistent kernel from its
+        ``persistent.Fit``; refuses a fit that does not fit (with its reason) or is for
+        another kernel."""
+        if not self.persistent:
+            raise ValueError(f"{self.name}: not a persistent kernel; use launch(rows, cols)")
+        if fit.kernel != self.name:
+            raise ValueError(f"{self.name}: the fit is for {fit.kernel}")
+        if not fit.ok:
+            raise ValueError(f"{self.name}: refused, does not fit: {fit.reason}")
+        return fit.grid, fit.block, fit.smem_bytes
+
+
+_FACTOR = re.compile(r"\s*(?:(\d+)?\s*([RC])|(\d+)|\(\s*([A-Za-z_]\w*)\s*\+\s*(\d+)\s*\)"
+                     r"|([A-Za-z_]\w*))\s*")
+
+
+def _parse_term(term: str) -> tuple[int, tuple[tuple[str, int], ...], tuple[str, ...]]:
+    """One extent of an argument's shape, a product of factors ('*'), each an integer, R or
+    C (optionally with a leading integer: '4C'), a scalar name or (scalar + integer) ->
+    (k, ((scalar, add), ...), ('R' | 'C', ...)), the extent being k * prod(scalar + add) *
+    prod(rows-or-cols): '4C' -> (4, (), ('C',)), '(T+1)*R' -> (1, (('T', 1),), ('R',)),
+    'L*(T+1)*R' -> (1, (('L', 0), ('T', 1)), ('R',)), '4*C*C' -> (4, (), ('C', 'C'))."""
+    k, scalars, dims = 1, [], []
+    for factor in term.split("*"):
+        m = _FACTOR.fullmatch(factor)
+        if not m:
+            raise ValueError(f"shape term {term!r}: expected factors joined by '*', each "
+                             f"k, [k]R, [k]C, S or (S+m)")
+        if m[2]:
+            k *= int(m[1] or 1)
+            dims.append(m[2])
+        elif m[3]:
+            k *= int(m[3])
+        elif m[4]:
+            scalars.append((m[4], int(m[5])))
+        else:
+            scalars.append((m[6], 0))
+    return k, tuple(scalars), tuple(dims)
+
+
+_BINARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"), ("b", "R,C")))
+_UNARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"),))
+_RNN = dict(outs=(("h", "R,C"),), ins=(("gx", "R,C"), ("gh", "R,C"), ("bw", "R,C"), ("br", "R,C")))
+_DACT = dict(outs=(("out", "R,C"),), ins=(("dy", "R,C"), ("y", "R,C")))
+_RNN_BWD = dict(outs=(("dg", "R,C"),), ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("h", "R,C")))
+# persistent kernels: one layer's whole sequence (rows = B, cols = H; scalars T, U, k_tile)
+_PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block", "k_tile"),
+                   uint_args=("sync",), persistent=True)
+_H_SEQ = ("h", "(T+1)*R,C")       # h [T+1, B, H]: slot 0 (h0) read, slots 1..T written
+_SYNC = ("sync", f"1,{pk.SYNC_WORDS}")   # the barrier counters (unsigned ints)
+
+
+def _pins(gates):
+    g = f"{gates}C" if gates > 1 else "C"
+    return (("gx", f"T*R,{g}"), ("w_hh", f"{g},C"), ("bw", f"R,{g}"), ("br", f"R,{g}"))
+
+
+REGISTRY: tuple[KernelInfo, ...] = (
+    KernelInfo("ew_add", "elementwise.cu", numpy_fn=knp.ew_add, **_BINARY),
+    KernelInfo("ew_sub", "elementwise.cu", numpy_fn=knp.ew_sub, **_BINARY),
+    KernelInfo("ew_mul", "elementwise.cu", numpy_fn=knp.ew_mul, **_BINARY),
+    KernelInfo("ew_sigmoid", "elementwise.cu", numpy_fn=knp.ew_sigmoid, **_UNARY),
+    KernelInfo("ew_tanh", "elementwise.cu", numpy_fn=knp.ew_tanh, **_UNARY),
+    KernelInfo("ew_relu", "elementwise.cu", numpy_fn=knp.ew_relu, **_UNARY),
+    KernelInfo("ew_dsigmoid", "elementwise.cu", numpy_fn=knp.ew_dsigmoid, **_DACT),
+    KernelInfo("ew_dtanh", "elementwise.cu", numpy_fn=knp.ew_dtanh, **_DACT),
+    KernelInfo("ew_drelu", "elementwise.cu", numpy_fn=knp.ew_drelu, **_DACT),
+    KernelInfo("transpose", "transpose.cu", outs=(("out", "C,R"),), ins=(("in", "R,C"),),
+               numpy_fn=knp.transpose, tiled=True),
+    KernelInfo("lstm_fwd", "lstm.cu", numpy_fn=knp.lstm_fwd,
+               outs=(("h", "R,C"), ("c", "R,C"), ("act", "R,4C")),
+               ins=(("gx", "R,4C"), ("gh", "R,4C"), ("bw", "R,4C"), ("br", "R,4C"),
+                    ("c_prev", "R,C"))),
+    KernelInfo("gru_fwd", "gru.cu", numpy_fn=knp.gru_fwd,
+               outs=(("h", "R,C"), ("act", "R,4C")),
+               ins=(("gx", "R,3C"), ("gh", "R,3C"), ("bw", "R,3C"), ("br", "R,3C"),
+                    ("h_prev", "R,C"))),
+    KernelInfo("rnn_tanh_fwd", "rnn.cu", numpy_fn=knp.rnn_tanh_fwd, **_RNN),
+    KernelInfo("rnn_relu_fwd", "rnn.cu", numpy_fn=knp.rnn_relu_fwd, **_RNN),
+    KernelInfo("lstm_bwd", "lstm.cu", numpy_fn=knp.lstm_bwd,
+               outs=(("dgx", "R,4C"), ("dc_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("dc_next", "R,C"),
+                    ("act", "R,4C"), ("c", "R,C"), ("c_prev", "R,C"))),
+    KernelInfo("gru_bwd", "gru.cu", numpy_fn=knp.gru_bwd,
+               outs=(("dgx", "R,3C"), ("dgh", "R,3C"), ("dh_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("act", "R,4C"),
+                    ("h_prev", "R,C"))),
+    KernelInfo("rnn_tanh_bwd", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd, **_RNN_BWD),
+    KernelInfo("rnn_relu_bwd", "rnn.cu", numpy_fn=knp.rnn_relu_bwd, **_RNN_BWD),
+    KernelInfo("lstm_persistent_fwd", numpy_fn=emulate.lstm_persistent_fwd, **_PERSISTENT,
+               outs=(_H_SEQ, ("c", "(T+1)*R,C"), ("act", "T*R,4C"), _SYNC), ins=_pins(4)),
+    KernelInfo("gru_persistent_fwd", numpy_fn=emulate.gru_persistent_fwd, **_PERSISTENT,
+               outs=(_H_SEQ, ("act", "T*R,4C"), _SYNC), ins=_pins(3)),
+    KernelInfo("rnn_tanh_persistent_fwd", numpy_fn=emulate.rnn_tanh_persistent_fwd, **_PERSISTENT,
+               outs=(_H_SEQ, _SYNC), ins=_pins(1)),
+    KernelInfo("rnn_relu_persistent_fwd", numpy_fn=emulate.rnn_relu_persistent_fwd, **_PERSISTENT,
+               outs=(_H_SEQ, _SYNC), ins=_pins(1)),
+)
+# the cluster kernels: the grid kernels' arguments (sync is not used), their twins with
+# cluster=True (pk.kernel_name(cell, cluster=True) names them)
+REGISTRY += tuple(
+    replace(k, name=k.name.replace("_persistent_fwd", "_persistent_cluster_fwd"),
+            numpy_fn=functools.partial(k.numpy_fn, cluster=True))
+    for k in REGISTRY if k.persistent)
+
+# the stack kernel: every layer of an LSTM stack in one launch (stack.py)
+REGISTRY += (
+    KernelInfo(stack.STACK_KERNEL, "persistent_stack.cu",
+               numpy_fn=stack.lstm_persistent_stack_fwd,
+               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               outs=(("h", "L*(T+1)*R,C"), ("c", "L*(T+1)*R,C"), ("act", "L*T*R,4C"),
+                     ("sync", f"1,{pk.SYNC_WORDS}*L"),
+                     # scratch the kernel writes: W^T of every layer, the k-major inputs
+                     ("wt", "L*C,4C"), ("ht", f"(L+1)*(T+1)*C,{stack.PS_BMAX}")),
+               ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
+                    ("br", "L,4C"))),
+)
+
+KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}
+
+
+def get_kernel(name: str) -> KernelInfo:
+    """The KernelInfo of ``name``, with a clear error for an unknown one."""
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"kernel: expected one of {sorted(KERNELS)}, got {name!r}") from None
+
+
+def kernel_files() -> list[str]:
+    """The cuda_src files that hold registered kernels, in registry order."""
+    return list(dict.fromkeys(k.file for k in REGISTRY))
+
+
+# --- argument checks ----------------------------------------------------------------------
+
+def _check_problem(name, rows, cols):
+    for what, v in (("rows", rows), ("cols", cols)):
+        if not 1 <= v <= _INT32_MAX:
+            raise ValueError(f"{name}: {what} = {v} outside [1, 2^31-1] (passed as int32)")
+
+
+def _check_ld(kinfo, arg, ld, shape, is_out):
+    """ld of argument ``arg`` (an output when is_out) against its view shape (rows, cols)."""
+    rows, cols = shape
+    if not 0 <= ld <= _INT32_MAX:
+        raise ValueError(f"{kinfo.name}: {arg} ld {ld} outside [0, 2^31-1] (passed as int32)")
+    if ld == 0:
+        if is_out and rows > 1:
+            raise ValueError(f"{kinfo.name}: output {arg} with ld 0 would have {rows} rows "
+                             f"written to one (a race); only inputs broadcast")
+    elif ld < cols:
+        raise ValueError(f"{kinfo.name}: {arg} ld {ld} < its {cols} columns (rows would overlap)")
+
+
+def _check_scalars(kinfo, scalars) -> dict:
+    """The kernel's scalars as {name: int}, each in [1, 2^31-1]; exactly its names."""
+    scalars = dict(scalars or {})
+    if set(scalars) != set(kinfo.scalars):
+        raise ValueError(f"{kinfo.name}: takes scalars {list(kinfo.scalars)}, "
+                         f"got {sorted(scalars)}")
+    for name, v in scalars.items():
+        if not 1 <= int(v) <= _INT32_MAX:
+            raise ValueError(f"{kinfo.name}: {name} = {v} outside [1, 2^31-1] (passed as int32)")
+    return {name: int(v) for name, v in scalars.items()}
+
+
+def check_views(kinfo: KernelInfo, rows: int, cols: int, outs, ins, scalars=None) -> None:
+    """Check views (anything with .rows, .cols, .ld, e.g. ops.View) against the kernel.
+
+    Each must have the shape the kernel addresses (see its header); an ld = 0 input may have
+    one row or the problem's rows. ``scalars``: {name: value} of a kernel with scalars (its
+    shapes may use them). Called once per plan, not per launch.
+    """
+    _check_counts(kinfo, outs, ins)
+    _check_problem(kinfo.name, rows, cols)
+    scalars = _check_scalars(kinfo, scalars)
+    want_outs, want_ins = kinfo.arg_shapes(rows, cols, **scalars)
+    for views, specs, wants, is_out in ((outs, kinfo.outs, want_outs, True),
+                                        (ins, kinfo.ins, want_ins, False)):
+        for v, (arg, spec), want in zip(views, specs, wants):
+            got = (v.rows, v.cols)
+            ok = got == want or (not is_out and v.ld == 0 and got == (1, want[1]))
+            if not ok:
+                extra = "".join(f", {k}={v}" for k, v in scalars.items())
+                raise ValueError(f"{kinfo.name}: {arg} is [{v.rows}, {v.cols}], expected "
+                                 f"[{want[0]}, {want[1]}] ({spec} with R={rows}, C={cols}"
+                                 f"{extra})")
+            _check_ld(kinfo, arg, v.ld, want, is_out)
+
+
+def _check_counts(kinfo, outs, ins):
+    if len(outs) != kinfo.n_outs or len(ins) != kinfo.n_ins:
+        raise ValueError(
+            f"{kinfo.name}: takes {kinfo.n_outs} outputs ({', '.join(a for a, _ in kinfo.outs)}) "
+            f"and {kinfo.n_ins} inputs ({', '.join(a for a, _ in kinfo.ins)}), "
+            f"got {len(outs)} and {len(ins)}")
+
+
+def kernel_args(kinfo: KernelInfo, rows: int, cols: int, out_ptrs_lds, in_ptrs_lds,
+                scalars=None) -> tuple:
+    """The argument tuple of a launch: (int32 rows, int32 cols, uint64 ptr, int32 ld, ...,
+    int32 scalar, ...), outputs first, then the kernel's scalars (``scalars``: {name: value},
+    for kernels that have them). Pointers go as np.uint64 so CuPy passes them by value as
+    8-byte pointers."""
+    _check_counts(kinfo, out_ptrs_lds, in_ptrs_lds)
+    _check_problem(kinfo.name, rows, cols)
+    scalars = _check_scalars(kinfo, scalars)
+    want_outs, want_ins = kinfo.arg_shapes(rows, cols, **scalars)
+    args = [np.int32(rows), np.int32(cols)]
+    for pairs, specs, wants, is_out in ((out_ptrs_lds, kinfo.outs, want_outs, True),
+                                        (in_ptrs_lds, kinfo.ins, want_ins, False)):
+        for (ptr, ld), (arg, _), want in zip(pairs, specs, wants):
+            if not 0 < int(ptr) < 2**64:
+                raise ValueError(f"{kinfo.name}: {arg} pointer {ptr!r} is not a device address")
+            _check_ld(kinfo, arg, int(ld), want, is_out)
+            args += [np.uint64(ptr), np.int32(ld)]
+    args += [np.int32(scalars[name]) for name in kinfo.scalars]
+    return tuple(args)

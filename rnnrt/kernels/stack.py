@@ -1,0 +1,184 @@
+"""The stack kernel (cuda_src/persistent_stack.cu, ``lstm_persistent_stack_fwd``): every layer of
+an LSTM stack in ONE persistent launch, along the wavefront, with W.x inside the kernel.
+
+Why a second persistent kernel: the per-layer grid kernel needs every SM, so the layers of a
+stack run one after another, each behind its own input GEMM (docs/journal.md, fifth session: at the
+paper size 4 x (0.25 ms GEMM + 100 x 11.6 us) ~ 5.6 ms). Here the SMs are cut into L groups
+of NB = H / U blocks, one group a layer, all resident at once. Block (l, rank) owns units
+[rank*U, rank*U + U) of layer l with their G gate rows (M = G*U = PS_M rows) and each step
+multiplies [W_l | R_l] rows by [in_t ; h_t] for every batch: W tiles and the input stream
+from L2 (cp.async, PS_NS stages), R stays in shared memory. Every operand is k-major (a
+k's 64 rows or 64 batches contiguous: one outer product a k from six 16-byte loads); the
+kernel writes those copies itself into two scratch outputs, W^T of every layer (``wt``) and
+the transposed inputs (``ht``: x_t^T, h0^T in a prologue, each step's h^T beside h). Layer l's step t waits for
+layer l-1's step t (its input) before the W half and for its own layer's step t-1 before
+the R half, on one progress counter per layer; layer 0 waits on nobody but itself, so the
+stack cannot deadlock once all blocks are resident (induction on the layer).
+
+``stack_fit(cell, hidden, batch, layers, input_size, props)`` says whether a shape runs
+(and why not); ``lstm_persistent_stack_fwd`` is the registry's NumPy twin (the same
+function, for the CPU plan executors). The kernel's constants are mirrored below; a test
+holds them equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .budget import DeviceBudget, Launch1D, ceil_div
+from .persistent import PK_MAX_THREADS
+from .twins import lstm_fwd
+
+# The kernel's compile-time constants (cuda_src/persistent_stack.cu, PS_*).
+PS_M = 64             # rows of a block: G * U
+PS_BMAX = 64          # most batches
+PS_KT = 64            # k rows of a staged tile
+PS_NS = 3             # pipeline stages
+PS_RP = 68            # row stride (floats) of a batch's partial sums (they reuse the stages)
+# registers a thread at most (nvcc 13.0 -arch=sm_90: 255; the fit and a GPU test hold
+# NVRTC's build to it); blocks of PK_MAX_THREADS threads (its __launch_bounds__)
+PS_REGS = 255
+
+STACK_KERNEL = "lstm_persistent_stack_fwd"
+
+
+@dataclass(frozen=True)
+class StackFit(Launch1D):
+    """How a stack of ``layers`` layers (hidden H, batch B) runs as one stack launch.
+
+    ok / reason: whether it fits (reason says why not, or what was chosen).
+    units_per_block U (G*U = PS_M rows a block), blocks_per_layer NB = H / U, blocks = L*NB
+    (the grid: one block a SM, all resident), smem_bytes: the R slice k-major (H x PS_M
+    floats) + PS_NS stages of 2 x PS_KT x 64 floats (the partial sums reuse them) + the
+    bias rows. sms: the device's SM count.
+    """
+
+    cell: str
+    hidden: int
+    batch: int
+    layers: int
+    ok: bool
+    reason: str
+    units_per_block: int
+    blocks_per_layer: int
+    smem_bytes: int
+    sms: int
+    threads: int = PK_MAX_THREADS
+
+    @property
+    def blocks(self) -> int:
+        return self.layers * self.blocks_per_layer
+
+    @property
+    def kernel(self) -> str:
+        return STACK_KERNEL
+
+    def scalars(self, steps: int) -> dict:
+        """The kernel's int scalars by name (order: the registry's)."""
+        return {"T": int(steps), "L": self.layers, "units_per_block": self.units_per_block}
+
+    def describe(self) -> str:
+        head = (f"stack {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "
+                f"{self.units_per_block}, {self.layers} x {self.blocks_per_layer} blocks x "
+                f"{self.threads} threads, shared {self.smem_bytes} B")
+        return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
+
+
+def stack_smem_bytes(hidden: int) -> int:
+    """Dynamic shared memory of one block (bytes): the R slice k-major + pipeline stages
+    (A^T and X^T tiles; the partial sums reuse them) + the block's two bias rows."""
+    assert 4 * PS_BMAX * PS_RP <= PS_NS * 2 * PS_KT * PS_M   # as the kernel's static_assert
+    return 4 * (int(hidden) * PS_M + PS_NS * 2 * PS_KT * PS_M + 2 * PS_M)
+
+
+def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
+              props: dict, steps: int = 1) -> StackFit:
+    """Fit a whole stack onto the device described by ``props`` (CuPy's
+    getDeviceProperties, the keys persistent_fit reads; budget.DeviceBudget reads them).
+
+    Rules in order (the first that fails is the reason):
+      1. cell 'lstm' (the kernel is built for LSTM; U = PS_M / 4 = 16 units a block) and
+         at least 2 layers (the kernel's prologue counter is layer 1's spare sync word);
+      2. input_size == hidden (every layer's W has the same shape, so the kernel reads
+         layer l's matrices at row l of one view);
+      3. hidden a multiple of PS_KT (whole tiles) and batch <= PS_BMAX;
+      4. layers * hidden / U blocks <= SMs (one a SM, all resident at once: the waits spin);
+      5. shared memory <= what a block can have; registers of 256 threads <= one SM's;
+      6. steps * blocks_per_layer < 2^32 (the 32-bit progress counters).
+    """
+    H, B, L = int(hidden), int(batch), int(layers)
+    dev = DeviceBudget(props, PS_REGS, PK_MAX_THREADS, threads=PK_MAX_THREADS)
+    sms = dev.sms
+    U = PS_M // 4
+    nb = ceil_div(H, U)
+    smem = stack_smem_bytes(H)
+    where = f"stack {cell} hidden {H}, batch {B}, {L} layers on {sms} SMs"
+
+    def no(reason):
+        return StackFit(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms)
+
+    if cell != "lstm":
+        return no("the stack kernel is built for LSTM only")
+    if L < 2:
+        return no("one layer (the stack kernel is for 2 or more; one layer runs the per-layer "
+                  "kernels)")
+    if int(input_size) != H:
+        return no(f"input size {input_size} != hidden {H} (the kernel reads every layer's "
+                  f"W as one [4H, H] matrix)")
+    if H % PS_KT:
+        return no(f"hidden not a multiple of {PS_KT} (the kernel's tile width)")
+    if not 1 <= B <= PS_BMAX:
+        return no(f"batch outside [1, {PS_BMAX}] (8 lane groups x 8 batches)")
+    if L * nb > sms:
+        return no(f"{L} layers x {nb} blocks of {U} units = {L * nb} > {sms} SMs (one block "
+                  f"a SM, all resident at once)")
+    if smem > dev.limit:
+        r_bytes = 4 * H * PS_M
+        return no(f"{smem} bytes of shared memory (R slice {r_bytes} + stages) > "
+                  f"{dev.limit} a block can have")
+    if not dev.regs_ok(PK_MAX_THREADS):
+        return no(f"{PK_MAX_THREADS} threads x {PS_REGS} registers > {dev.regs_sm} a SM")
+    if int(steps) * nb >= 2**32:
+        return no(f"{steps} steps x {nb} blocks overflow the 32-bit progress counters")
+    return StackFit(cell, H, B, L, True,
+                    f"fits: {L * nb} of {sms} SMs ({L} layers x {nb} blocks), all layers "
+                    f"in one launch", U, nb, smem, sms)
+
+
+def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block):
+    """NumPy twin of the stack kernel (the registry's numpy_fn): rows = B, cols = H; outs
+    h [L*(T+1)*B, H], c [L*(T+1)*B, H], act [L*T*B, 4H], sync [1, 2L], wt [L*H, 4H] (each
+    layer's W^T), ht [(L+1)*(T+1)*H, 64] (k-major inputs: block m, slot s holds x_{s-1}^T
+    for m = 0, layer m-1's h_s^T else, in its first B columns); ins x [T*B, H], w_ih
+    [L, 4*H*H], w_hh [L, 4*H*H], bw [L, 4H] (or one broadcast row), br. Slot 0 of each
+    layer's h and c is read, slots 1..T written. Each step is the fused kernel's twin
+    (kernels_np.lstm_fwd) on W.in and R.h, in the arrays' dtype: the same function as the
+    kernel, whose sums run in another order (checked against the reference, not this)."""
+    B, H = int(rows), int(cols)
+    h, c, act, sync, wt, ht = outs
+    x, w_ih, w_hh, bw, br = ins
+    if np.any(np.asarray(sync) != 0):
+        raise ValueError(f"{STACK_KERNEL}: the sync counters must be zero on entry, got "
+                         f"{np.asarray(sync).ravel().tolist()}")
+    if int(units_per_block) * 4 != PS_M:
+        raise ValueError(f"{STACK_KERNEL}: units_per_block {units_per_block} != {PS_M // 4}")
+    S1 = (T + 1) * B
+    bw = np.broadcast_to(bw, (L, 4 * H))
+    br = np.broadcast_to(br, (L, 4 * H))
+    inp = np.asarray(x).reshape(T, B, H)
+    hts = ht.reshape(L + 1, T + 1, H, ht.shape[-1])
+    hts[0, 1:, :, :B] = inp.transpose(0, 2, 1)
+    for layer in range(L):
+        W = np.asarray(w_ih[layer]).reshape(4 * H, H)
+        R = np.asarray(w_hh[layer]).reshape(4 * H, H)
+        wt[layer * H:(layer + 1) * H] = W.T
+        hs = h[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
+        cs = c[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
+        acts = act[layer * T * B:(layer + 1) * T * B].reshape(T, B, 4 * H)
+        for t in range(T):
+            lstm_fwd(B, H, (hs[t + 1], cs[t + 1], acts[t]),
+                     (inp[t] @ W.T, hs[t] @ R.T, bw[layer:layer + 1], br[layer:layer + 1],
+                      cs[t]))
+        hts[layer + 1, :, :, :B] = hs.transpose(0, 2, 1)
+        inp = hs[1:]

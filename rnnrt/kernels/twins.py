@@ -1,0 +1,217 @@
+"""NumPy twins of the pointwise CUDA kernels in cuda_src/, for the CPU plan executor and its
+race checker.
+
+One function per kernel, ``fn(rows, cols, outs, ins) -> None``, with the kernel's name and
+argument order (see each .cu file's header; ``rnnrt.kernels.registry.KERNELS`` lists them). Each
+argument is the already-made 2-D view of that (pointer, ld) pair, shape [view rows, view
+cols]; an ld = 0 input is a broadcast view (row stride 0), so twins never write to inputs.
+They write into ``outs`` in place, only after every input has been read (so an output may
+alias an input exactly, as on the GPU), and follow the kernels' order of arithmetic; they
+work in the arrays' own dtype (float32 as on the GPU, or float64).
+
+``view`` makes those 2-D views over a flat buffer, the way a kernel addresses memory.
+
+The persistent kernels' twins (one launch, a layer's or a stack's whole sequence) take the
+kernels' int scalars after ``ins`` (``fn(rows, cols, outs, ins, T, units_per_block,
+k_tile)``) and live beside their emulation: ``emulate.py`` and ``stack.py``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+
+def view(buf: np.ndarray, offset: int, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The [rows, cols] row-major view of flat ``buf`` with element (r, c) at offset + r*ld + c.
+
+    ld = 0 gives a broadcast view (row stride 0), read-only when it has more than one row:
+    writing through it would be a race on the GPU.
+    """
+    if buf.ndim != 1 or (buf.size > 1 and buf.strides[0] != buf.itemsize):
+        raise ValueError(f"view: buf must be a contiguous 1-D array, got shape {buf.shape} "
+                         f"strides {buf.strides}")
+    if rows < 1 or cols < 1:
+        raise ValueError(f"view: empty shape [{rows}, {cols}]")
+    if ld != 0 and ld < cols:
+        raise ValueError(f"view: ld {ld} < cols {cols} (rows would overlap)")
+    if offset < 0:
+        raise ValueError(f"view: negative offset {offset}")
+    end = offset + (rows - 1) * ld + cols
+    if end > buf.size:
+        raise ValueError(f"view: [{rows}, {cols}] ld {ld} at offset {offset} ends at {end}, "
+                         f"past the buffer's {buf.size} elements")
+    return as_strided(buf[offset:], shape=(rows, cols), strides=(ld * buf.itemsize, buf.itemsize),
+                      writeable=not (ld == 0 and rows > 1))
+
+
+def sigmoid(x):
+    """The kernels' sigmoid, elementwise."""
+    # As the kernels: exp of a non-positive number only (no overflow, no warnings).
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def relu(x):
+    """The kernels' ReLU, elementwise (NaN stays NaN)."""
+    return np.where(x < 0, 0, x).astype(x.dtype, copy=False)  # NaN stays NaN, as the kernels
+
+
+def _gate(a, q, cols):
+    """Gate block q (columns q*cols .. (q+1)*cols) of a [B, G*H] view, H = cols."""
+    return a[:, q * cols:(q + 1) * cols]
+
+
+# --- elementwise.cu -----------------------------------------------------------------------
+
+def ew_add(rows, cols, outs, ins):
+    (out,), (a, b) = outs, ins
+    out[...] = a + b
+
+
+def ew_sub(rows, cols, outs, ins):
+    (out,), (a, b) = outs, ins
+    out[...] = a - b
+
+
+def ew_mul(rows, cols, outs, ins):
+    (out,), (a, b) = outs, ins
+    out[...] = a * b
+
+
+def ew_sigmoid(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = sigmoid(a)
+
+
+def ew_tanh(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = np.tanh(a)
+
+
+def ew_relu(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = relu(a)
+
+
+def ew_dsigmoid(rows, cols, outs, ins):
+    (out,), (dy, y) = outs, ins
+    out[...] = dy * (y * (1 - y))
+
+
+def ew_dtanh(rows, cols, outs, ins):
+    (out,), (dy, y) = outs, ins
+    out[...] = dy * (1 - y * y)
+
+
+def ew_drelu(rows, cols, outs, ins):
+    (out,), (dy, y) = outs, ins
+    out[...] = _drelu(dy, y)
+
+
+def _drelu(dy, y):
+    # y > 0 ? dy : 0, as the kernels: 0 where y <= 0 (or NaN) even if dy is NaN or Inf
+    return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
+
+
+# --- transpose.cu -------------------------------------------------------------------------
+
+def transpose(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = a.T
+
+
+# --- lstm.cu, gru.cu, rnn.cu (rows = B, cols = H) -----------------------------------------
+# Forward and backward; the backward twins follow the kernels' order of operations, which is
+# the naive rung's sequence of ew_* kernels.
+
+def _pre(gx, gh, bw, br, q, cols):
+    """((gx + bw) + gh) + br of gate block q, in the kernels' order of additions."""
+    return ((_gate(gx, q, cols) + _gate(bw, q, cols)) + _gate(gh, q, cols)) + _gate(br, q, cols)
+
+
+def lstm_fwd(rows, cols, outs, ins):
+    h, c, act = outs
+    gx, gh, bw, br, c_prev = ins
+    i, f, o = (sigmoid(_pre(gx, gh, bw, br, q, cols)) for q in (0, 1, 3))
+    g = np.tanh(_pre(gx, gh, bw, br, 2, cols))
+    c_new = f * c_prev + i * g
+    h_new = o * np.tanh(c_new)
+    # Every input is read: now write.
+    c[...] = c_new
+    h[...] = h_new
+    for q, v in enumerate((i, f, g, o)):
+        _gate(act, q, cols)[...] = v
+
+
+def gru_fwd(rows, cols, outs, ins):
+    h, act = outs
+    gx, gh, bw, br, h_prev = ins
+    r = sigmoid(_pre(gx, gh, bw, br, 0, cols))
+    z = sigmoid(_pre(gx, gh, bw, br, 1, cols))
+    hn = _gate(gh, 2, cols) + _gate(br, 2, cols)
+    n = np.tanh((_gate(gx, 2, cols) + _gate(bw, 2, cols)) + r * hn)
+    h_new = n + z * (h_prev - n)
+    # Every input is read: now write.
+    h[...] = h_new
+    for q, v in enumerate((r, z, n, hn)):
+        _gate(act, q, cols)[...] = v
+
+
+def rnn_tanh_fwd(rows, cols, outs, ins):
+    (h,), (gx, gh, bw, br) = outs, ins
+    h[...] = np.tanh(_pre(gx, gh, bw, br, 0, cols))
+
+
+def rnn_relu_fwd(rows, cols, outs, ins):
+    (h,), (gx, gh, bw, br) = outs, ins
+    h[...] = relu(_pre(gx, gh, bw, br, 0, cols))
+
+
+def lstm_bwd(rows, cols, outs, ins):
+    dgx, dc_prev = outs
+    dh_above, dh_rec, dc_next, act, c, c_prev = ins
+    i, f, g, o = (_gate(act, q, cols) for q in range(4))
+    dh = dh_above + dh_rec
+    tc = np.tanh(c)
+    dho = dh * o
+    t = dho * (1 - tc * tc)
+    dcc = dc_next + t
+    do_ = dh * tc
+    di, df, dg = dcc * g, dcc * c_prev, dcc * i
+    grads = (di * (i * (1 - i)), df * (f * (1 - f)), dg * (1 - g * g), do_ * (o * (1 - o)))
+    dcp = dcc * f
+    # Every input is read: now write.
+    for q, v in enumerate(grads):
+        _gate(dgx, q, cols)[...] = v
+    dc_prev[...] = dcp
+
+
+def gru_bwd(rows, cols, outs, ins):
+    dgx, dgh, dh_prev = outs
+    dh_above, dh_rec, act, h_prev = ins
+    r, z, n, hn = (_gate(act, q, cols) for q in range(4))
+    dh = dh_above + dh_rec
+    dhz = dh * z
+    dn = dh - dhz
+    dn_p = dn * (1 - n * n)
+    d = h_prev - n
+    dz = dh * d
+    dz_p = dz * (z * (1 - z))
+    dhn = dn_p * r
+    dr = dn_p * hn
+    dr_p = dr * (r * (1 - r))
+    # Every input is read: now write.
+    for q, (vx, vh) in enumerate(((dr_p, dr_p), (dz_p, dz_p), (dn_p, dhn))):
+        _gate(dgx, q, cols)[...] = vx
+        _gate(dgh, q, cols)[...] = vh
+    dh_prev[...] = dhz
+
+
+def rnn_tanh_bwd(rows, cols, outs, ins):
+    (dg,), (dh_above, dh_rec, h) = outs, ins
+    dg[...] = (dh_above + dh_rec) * (1 - h * h)
+
+
+def rnn_relu_bwd(rows, cols, outs, ins):
+    (dg,), (dh_above, dh_rec, h) = outs, ins
+    dg[...] = _drelu(dh_above + dh_rec, h)

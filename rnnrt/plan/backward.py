@@ -1,0 +1,295 @@
+"""The backward plan (backpropagation through time) with the same switches as the forward.
+
+``backward_plan(key, accumulate)`` runs after ``forward_plan(key)`` (key.train must be True)
+on the same workspace: it reads what the forward saved (h{l}, c{l}, act{l}, x, and wT{l} /
+rT{l} when pre-transposed — transposed once per training step, by the forward) and writes
+the gradients. Its buffer list is the forward's plus its own, so one workspace serves both.
+
+Data pass, per layer l from the top, steps t = T-1 .. 0 (the forward's grid run backwards):
+  ('cellb', l, t)  pointwise backward of step t (fused: one kernel; naive: one per op), then
+                   dh_rec[t] (+)= dG_h[t] @ R  (grouped: one GEMM; else one per gate)
+                   — recurrence stream
+  ('dxb', l, t0)   the gradient into layer l's input for steps [t0, t0+k): dG_x[t0:t1] @ W,
+                   written into dhin{l-1} (or dx for layer 0) — input stream; input batching
+                   applies (k steps per GEMM)
+Wavefront (reverse): layer l's step t needs layer l+1's step t (through dhin{l}) and its own
+step t+1; priority by anti-diagonal from the top-right corner. Without it layer l starts when
+layer l+1 has finished.
+Weight gradients after the data pass of each layer (paper section 8): ('wgrad', l) = one
+GEMM per weight matrix over all T*B rows, dW = dG_x^T X, dR = dG_h^T H[0:T], and each bias a
+reduction (a GEMM with a ones vector; kind 'db', not counted in FLOPs). With accumulate=True
+they add into the 'grads' buffer (beta = 1), so a caller can sum over minibatches.
+
+Buffers added to the forward's (sizes in elements):
+  dhin{l}  [T, B, H]   gradient arriving at h{l}[t+1] from above (top layer: dy)
+  dhr{l}   [T+1, B, H] gradient into h{l}[t] from step t (dhr[T] = dh_n, dhr[0] = dh0)
+  dc{l}    [T+1, B, H] LSTM: gradient into c{l}[t] (dc[T] = dc_n, dc[0] = dc0)
+  dgx{l}   [T, B, G*H] gradient of the W-side pre-activations (incl. bias_ih)
+  dgh{l}   [T, B, G*H] GRU only: of the R-side pre-activations (others share dgx)
+  dtmp{l}  [4, B, H]   naive pointwise temporaries
+  dx       [T, B, I]   gradient of the input sequence
+  grads    [layout.size] parameter gradients in the model's flat layout (role 'grad')
+  ones     [T*B]       ones, for the bias reductions
+"""
+from __future__ import annotations
+
+import functools
+
+from ..cells import backward_flops
+from .forward import ForwardBuilder, forward_plan
+from .model import Binding, Buffer, Plan, PlanKey, validate
+from .ops import Gemm, Kernel, View
+from .schedule import Task, schedule
+
+
+@functools.lru_cache(maxsize=128)
+def backward_plan(key: PlanKey, accumulate: bool = False) -> Plan:
+    """The backward pass of ``key`` (key.train must be True) as a Plan, cached."""
+    if not key.train:
+        raise ValueError("backward_plan: key.train must be True (the forward must save "
+                         "what the backward reads)")
+    plan = BackwardBuilder(key, accumulate).build()
+    validate(plan)
+    expect = backward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
+                            key.batch, key.steps)
+    if plan.gemm_flops() != expect:
+        raise AssertionError(f"backward plan GEMM FLOPs {plan.gemm_flops()} != {expect}")
+    return plan
+
+
+class BackwardBuilder(ForwardBuilder):
+    """Builds the backward plan of a training key on top of the forward builder's views,
+    buffers and streams (one workspace serves both passes)."""
+
+    def __init__(self, key: PlanKey, accumulate: bool):
+        super().__init__(key)
+        # the persistent switch may make the FORWARD one input GEMM per layer (k = T, the
+        # grid kernel); the
+        # backward has no persistent kernel, so it keeps the switches' own chunking: with
+        # k = T, layer l-1's backward could not start before all of layer l's dx GEMM
+        # (no wavefront across layers; measured 16.1 against 11.6 ms fwd+bwd on the H100)
+        self.k = self.sw.steps_per_input_gemm(self.T)
+        self.accumulate = accumulate
+        self.gru = self.cell.name == "gru"
+
+    # -- buffers -----------------------------------------------------------------------------
+    def buffers(self):
+        T, B, H, GH = self.T, self.B, self.H, self.GH
+        bufs = list(forward_plan(self.key).buffers)
+        for layer in range(self.L):
+            bufs += [Buffer(f"dhin{layer}", T * B * H, "io"),
+                     Buffer(f"dhr{layer}", (T + 1) * B * H, "io"),
+                     Buffer(f"dgx{layer}", T * B * GH, "scratch")]
+            if self.cell.has_cell_state:
+                bufs.append(Buffer(f"dc{layer}", (T + 1) * B * H, "io"))
+            if self.gru:
+                bufs.append(Buffer(f"dgh{layer}", T * B * GH, "scratch"))
+            if not self.sw.fused:
+                bufs.append(Buffer(f"dtmp{layer}", 4 * B * H, "scratch"))
+        bufs += [Buffer("dx", T * B * self.key.input_size, "io"),
+                 Buffer("grads", self.layout.size, "grad"),
+                 Buffer("ones", T * B, "ones")]
+        return tuple(bufs)
+
+    # -- views -----------------------------------------------------------------------------
+    def step(self, buf, layer, index, width=None):
+        """[B, width] slice ``index`` of a [*, B, width] per-layer buffer."""
+        w = self.H if width is None else width
+        return View(f"{buf}{layer}", index * self.B * w, self.B, w, w)
+
+    def dgh_name(self, layer):
+        return f"dgh{layer}" if self.gru else f"dgx{layer}"
+
+    def data_weight_blocks(self, layer, which):
+        """(view, trans_b, first gate column) per GEMM for out = dG @ W (or R): plain
+        [G*H, K] used as is; pre-transposed [K, G*H] used transposed."""
+        K = self.I(layer) if which == "ih" else self.H
+        GH, H = self.GH, self.H
+        blocks = [(0, GH)] if self.sw.grouped else [(q * H, H) for q in range(self.G)]
+        if self.sw.pretranspose:
+            buf = f"{'w' if which == 'ih' else 'r'}T{layer}"
+            return [(View(buf, c0, K, w, GH), True, c0) for c0, w in blocks]
+        e = self.param(layer, f"weight_{which}")
+        return [(View("params", e.offset + r0 * K, w, K, K), False, r0) for r0, w in blocks]
+
+    # -- tasks -------------------------------------------------------------------------------
+    def prio(self, layer, t, kind):
+        rl, rt = self.L - 1 - layer, self.T - 1 - t
+        return (rl + rt, rl, kind) if self.sw.wavefront else (rl, rt, kind)
+
+    def cellb_task(self, layer, t):
+        B, GH = self.B, self.GH
+        s = self.rec(layer)
+        ops = self.pointwise_bwd(layer, t, s)
+        dgh_t = View(self.dgh_name(layer), t * B * GH, B, GH, GH)
+        out = self.step("dhr", layer, t)
+        # the GRU's pointwise kernel wrote the direct part dh*z into dhr[t]: add to it
+        first_beta = 1.0 if self.gru else 0.0
+        for i, (w, trans_b, c0) in enumerate(self.data_weight_blocks(layer, "hh")):
+            width = w.rows if not trans_b else w.cols
+            a = View(dgh_t.buf, dgh_t.offset + c0, B, width, GH)
+            ops.append(Gemm(s, out, a, w, trans_b=trans_b, beta=first_beta if i == 0 else 1.0,
+                            kind="dh", layer=layer, steps=(t, t + 1)))
+        deps = []
+        if t < self.T - 1:
+            deps.append(("cellb", layer, t + 1))
+        if layer < self.L - 1:
+            deps.append(("dxb", layer + 1, (t // self.k) * self.k))
+        return Task(("cellb", layer, t), s, deps, self.prio(layer, t, 1), ops)
+
+    def dxb_task(self, layer, t0, t1):
+        B, GH = self.B, self.GH
+        n = (t1 - t0) * B
+        s = self.inp(layer)
+        if layer == 0:
+            I = self.key.input_size
+            out = View("dx", t0 * B * I, n, I, I)
+        else:
+            out = View(f"dhin{layer - 1}", t0 * B * self.H, n, self.H, self.H)
+        ops = []
+        for i, (w, trans_b, c0) in enumerate(self.data_weight_blocks(layer, "ih")):
+            width = w.rows if not trans_b else w.cols
+            a = View(f"dgx{layer}", t0 * B * GH + c0, n, width, GH)
+            ops.append(Gemm(s, out, a, w, trans_b=trans_b, beta=0.0 if i == 0 else 1.0,
+                            kind="dx", layer=layer, steps=(t0, t1)))
+        # the chunk's earliest step is computed last; without the wavefront the whole layer
+        last = t0 if self.sw.wavefront else 0
+        deps = [("cellb", layer, last)]
+        return Task(("dxb", layer, t0), s, deps, self.prio(layer, t1 - 1, 0), ops)
+
+    def wgrad_task(self, layer):
+        T, B, H, GH = self.T, self.B, self.H, self.GH
+        s = self.inp(layer)
+        beta = 1.0 if self.accumulate else 0.0
+        n = T * B
+        if layer == 0:
+            I = self.key.input_size
+            X = View("x", 0, n, I, I)
+        else:
+            I = H
+            X = self.seq("h", layer - 1, B, n, H)
+        Hprev = self.seq("h", layer, 0, n, H)
+        dgx = View(f"dgx{layer}", 0, n, GH, GH)
+        dgh = View(self.dgh_name(layer), 0, n, GH, GH)
+        ones = View("ones", 0, 1, n, n)
+
+        def entry(kind):
+            return self.param(layer, kind)
+
+        meta = dict(layer=layer, steps=(0, T))
+        e = entry("weight_ih")
+        ops = [Gemm(s, View("grads", e.offset, GH, I, I), dgx, X, trans_a=True, beta=beta,
+                    kind="dw", **meta)]
+        e = entry("weight_hh")
+        ops.append(Gemm(s, View("grads", e.offset, GH, H, H), dgh, Hprev, trans_a=True,
+                        beta=beta, kind="dw", **meta))
+        if self.key.bias:
+            for kind, src in (("bias_ih", dgx), ("bias_hh", dgh)):
+                e = entry(kind)
+                ops.append(Gemm(s, View("grads", e.offset, 1, GH, GH), ones, src, beta=beta,
+                                kind="db", **meta))
+        return Task(("wgrad", layer), s, [("cellb", layer, 0)], (10**9, layer, 0), ops)
+
+    # -- pointwise -----------------------------------------------------------------------------
+    def pointwise_bwd(self, layer, t, s):
+        B, H, GH = self.B, self.H, self.GH
+        nsave = self.cell.saved_gates
+        dhin = self.step("dhin", layer, t)
+        dhr_next = self.step("dhr", layer, t + 1)
+        dgx = View(f"dgx{layer}", t * B * GH, B, GH, GH)
+        act = (self.seq("act", layer, t * B, B, nsave * H)
+               if nsave else None)
+        meta = dict(layer=layer, steps=(t, t + 1))
+        name = self.cell.name
+        if self.sw.fused:
+            if name == "lstm":
+                outs = (dgx, self.step("dc", layer, t))
+                ins = (dhin, dhr_next, self.step("dc", layer, t + 1), act, self.c(layer, t + 1),
+                       self.c(layer, t))
+                return [Kernel(s, "lstm_bwd", B, H, outs, ins, **meta)]
+            if name == "gru":
+                dgh = View(f"dgh{layer}", t * B * GH, B, GH, GH)
+                outs = (dgx, dgh, self.step("dhr", layer, t))
+                return [Kernel(s, "gru_bwd", B, H, outs, (dhin, dhr_next, act, self.h(layer, t)),
+                               **meta)]
+            return [Kernel(s, f"{name}_bwd", B, H, (dgx,), (dhin, dhr_next, self.h(layer, t + 1)),
+                           **meta)]
+        return self.naive_pointwise_bwd(layer, t, s, dhin, dhr_next, dgx, act, meta)
+
+    def naive_pointwise_bwd(self, layer, t, s, dhin, dhr_next, dgx, act, meta):
+        """One kernel per elementary operation, in the order the fused kernels compute."""
+        B, H = self.B, self.H
+
+        def col(v, q):
+            return View(v.buf, v.offset + q * H, v.rows, H, v.ld)
+
+        tmp = [View(f"dtmp{layer}", i * B * H, B, H, H) for i in range(4)]
+
+        def k(name, out, *ins):
+            return Kernel(s, name, B, H, (out,), tuple(ins), **meta)
+
+        name = self.cell.name
+        if name == "lstm":
+            i, f, g, o = (col(act, q) for q in range(4))
+            dh, tc, dcc, d = tmp
+            return [
+                k("ew_add", dh, dhin, dhr_next),
+                k("ew_tanh", tc, self.c(layer, t + 1)),
+                k("ew_mul", dcc, dh, o),
+                k("ew_dtanh", dcc, dcc, tc),
+                k("ew_add", dcc, self.step("dc", layer, t + 1), dcc),
+                k("ew_mul", d, dh, tc), k("ew_dsigmoid", col(dgx, 3), d, o),
+                k("ew_mul", d, dcc, g), k("ew_dsigmoid", col(dgx, 0), d, i),
+                k("ew_mul", d, dcc, self.c(layer, t)), k("ew_dsigmoid", col(dgx, 1), d, f),
+                k("ew_mul", d, dcc, i), k("ew_dtanh", col(dgx, 2), d, g),
+                k("ew_mul", self.step("dc", layer, t), dcc, f),
+            ]
+        if name == "gru":
+            r, z, n, hn = (col(act, q) for q in range(4))
+            dgh = View(f"dgh{layer}", dgx.offset, dgx.rows, dgx.cols, dgx.ld)
+            dh, dn, dz, dr = tmp
+            dhz = self.step("dhr", layer, t)
+            return [
+                k("ew_add", dh, dhin, dhr_next),
+                k("ew_mul", dhz, dh, z),
+                k("ew_sub", dn, dh, dhz),
+                k("ew_dtanh", col(dgx, 2), dn, n),
+                k("ew_mul", col(dgh, 2), col(dgx, 2), r),
+                k("ew_sub", dz, self.h(layer, t), n),
+                k("ew_mul", dz, dh, dz),
+                k("ew_dsigmoid", col(dgx, 1), dz, z), k("ew_dsigmoid", col(dgh, 1), dz, z),
+                k("ew_mul", dr, col(dgx, 2), hn),
+                k("ew_dsigmoid", col(dgx, 0), dr, r), k("ew_dsigmoid", col(dgh, 0), dr, r),
+            ]
+        dnl = "ew_dtanh" if name == "rnn_tanh" else "ew_drelu"
+        return [k("ew_add", tmp[0], dhin, dhr_next), k(dnl, dgx, tmp[0], self.h(layer, t + 1))]
+
+    # -- assembly ----------------------------------------------------------------------------
+    def build(self) -> Plan:
+        tasks = []
+        for layer in range(self.L):
+            for t0 in range(0, self.T, self.k):
+                tasks.append(self.dxb_task(layer, t0, min(t0 + self.k, self.T)))
+            for t in range(self.T):
+                tasks.append(self.cellb_task(layer, t))
+            tasks.append(self.wgrad_task(layer))
+        ops, nev = schedule(tasks)
+        names, prio = self.streams()
+        T, B, H, L = self.T, self.B, self.H, self.L
+        state = (L, B, H)
+        inputs = {"dy": Binding((T, B, H), (View(f"dhin{L - 1}", 0, T * B, H, H),)),
+                  "dh_n": Binding(state, tuple(self.step("dhr", lyr, T) for lyr in range(L)))}
+        I = self.key.input_size
+        outputs = {"dx": Binding((T, B, I), (View("dx", 0, T * B, I, I),)),
+                   "dh0": Binding(state, tuple(self.step("dhr", lyr, 0) for lyr in range(L))),
+                   "grads": Binding((self.layout.size,),
+                                    (View("grads", 0, 1, self.layout.size, self.layout.size),))}
+        if self.cell.has_cell_state:
+            inputs["dc_n"] = Binding(state, tuple(self.step("dc", lyr, T) for lyr in range(L)))
+            outputs["dc0"] = Binding(state, tuple(self.step("dc", lyr, 0) for lyr in range(L)))
+        # the forward's bindings too: one workspace (built from this plan's buffers, a
+        # superset of the forward's) serves both passes
+        fwd = forward_plan(self.key)
+        inputs = {**fwd.inputs, **inputs}
+        outputs = {**fwd.outputs, **outputs}
+        return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs)

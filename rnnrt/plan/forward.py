@@ -1,0 +1,470 @@
+"""The forward plan: ``forward_plan(key)`` turns (cell, shapes, switches) into a ``Plan``
+(model.py): named buffers, the ops in host issue order (each on a stream), event records and
+waits. The plan is what the switches change; the math of every op is fixed by its kernel
+(cuda_src/ and its NumPy twin, kernels/), so every plan of a key computes the same function.
+Which persistent kernel runs is not decided here: kernels/choice.py says, the builder follows.
+
+How a forward plan is made: the (layer, step) grid is cut into *tasks* —
+  ('xpose', l, 'W'|'R')  transpose W or R once per pass            (pretranspose)
+  ('wx', l, t0)          W.x for steps [t0, t0 + k) of layer l     (input stream)
+  ('cell', l, t)         R.h_{t-1} and the pointwise update of step t   (recurrence stream)
+  ('pcell', l, t0)       persistent: steps [t0, t0 + k) of layer l in one kernel launch
+                         (recurrence stream; k = T unless chunked, below)
+— each with the tasks it depends on and a priority. A list scheduler issues ready tasks in
+priority order; a dependency that crosses streams becomes a Record on the producer's stream
+and a Wait on the consumer's. Priorities: layer by layer (wavefront off) or by anti-diagonal
+l + t (wavefront on: "next is the work with the fewest edges to the first cell").
+
+Buffers of a forward plan (sizes in elements; G gates, H hidden, B batch, T steps, k chunk):
+  params      the model's flat parameter buffer (rnnrt.params layout), read only
+  zeros       [G*H] zeros, the bias of a model without bias (x + 0 == x exactly)
+  x           [T, B, I]        the input sequence
+  h{l}        [T+1, B, H]      h{l}[0] = h0 of layer l, h{l}[t+1] = h after step t
+  c{l}        [S', B, H]       LSTM cell state, same indexing; S' = T+1 when training, 3 for
+                               inference (c0 in slot 0, then slots 1 and 2 alternate)
+  gx{l}       [T, B, G*H]      W.x (no bias) for every step
+  gh{l}       [B, G*H]         R.h_{t-1} (no bias), reused each step
+  act{l}      [S, B, 4*H]      gates kept for backward (LSTM: i,f,g,o; GRU: r,z,n,W_hn h+b_hn);
+                               S = T when training, 1 for inference (then reused each step)
+
+What a training forward keeps beyond inference, per layer per step: act (4*B*H floats for
+LSTM and GRU, none for RNN) and LSTM's c (B*H). h{l} and gx{l} are kept in both modes (the
+next layer's input GEMM reads h over k steps; input batching writes gx ahead). fp32, so for
+the paper's LSTM (B 64, H 512) training adds 640 KiB per layer per step.
+  pre{l}      [B, G*H]         naive pointwise only: pre-activations
+  tmp{l}      [2, B, H]        naive pointwise only: temporaries
+  wT{l}, rT{l} [I, G*H], [H, G*H]  pre-transposed W and R
+  sync        [2*L] unsigned   persistent only: a layer's SYNC_WORDS barrier counters (zero
+                               between launches; cluster kernels leave them untouched)
+
+Persistent plans (switch 'persistent', when the device fit accepts the layer shape): with
+the grid kernel, per layer one W.x GEMM over all T steps (the kernel needs all of them before
+its first step, so input_batch chunks would only add launches), then one ('pcell', l, 0) task
+over all T steps; layer l+1's W.x waits for the whole of layer l, so two grid kernels never
+run at the same time (they could deadlock: each needs every SM to be resident). With the
+cluster kernel (no grid-wide barrier: a launch waits on nothing outside its clusters), the
+wavefront switch and several layers, each layer is cut into input_batch chunks of k steps:
+('pcell', l, t0) after ('wx', l, t0) and the layer's previous chunk, and ('wx', l+1, t0)
+after ('pcell', l, t0), so the layers' launches overlap along the anti-diagonals; each layer
+then runs on at most 1/L of the SMs' worth of clusters (``cluster_count(B, SMs, L)``, where
+that fit holds), so that all L layers' launches can be resident together.
+c{l} keeps T+1 slots and act{l} T slots even for inference: the kernel writes every step.
+With the stack kernel (kernels/stack.py: every layer in one launch) h, c and act are one
+buffer each for all layers, and the kernel's scratch: wt [L*H, G*H] (each layer's W^T) and
+ht [(L+1)*(T+1)*H, 64] (the k-major inputs: x^T, each layer's h^T).
+When the fit declines the shape, the plan is the schedule without 'persistent' and
+``Plan.fallback`` says why (the ladder and the sweep copy it into their records).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from ..cells import forward_flops, get_cell, layer_input_size
+from ..kernels.choice import choose_persistent
+from ..kernels.persistent import SYNC_WORDS
+from ..kernels.registry import get_kernel
+from ..params import make_layout
+from .model import Binding, Buffer, Plan, PlanKey, validate
+from .ops import Gemm, Kernel, View
+from .schedule import Task, schedule
+
+
+@functools.lru_cache(maxsize=128)
+def forward_plan(key: PlanKey) -> Plan:
+    """The forward pass of ``key`` as a Plan (cached per key; plans are immutable)."""
+    plan = ForwardBuilder(key).build()
+    validate(plan)
+    expect = forward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
+                           key.batch, key.steps)
+    if plan.gemm_flops() != expect:  # the plan does exactly the paper's GEMM work
+        raise AssertionError(f"plan GEMM FLOPs {plan.gemm_flops()} != {expect}")
+    return plan
+
+
+class ForwardBuilder:
+    """Builds the forward plan of one key: its tasks (``build``), buffers, streams and the
+    views every op addresses. ``backward.BackwardBuilder`` extends it, so both passes agree
+    on where each array lives."""
+
+    def __init__(self, key: PlanKey):
+        self.key = key
+        self.cell = get_cell(key.cell)
+        self.sw = key.switches
+        self.T, self.B, self.H, self.L = key.steps, key.batch, key.hidden_size, key.num_layers
+        self.G = self.cell.gates
+        self.GH = self.G * self.H
+        self.k = self.sw.steps_per_input_gemm(self.T)
+        self.layout = make_layout(key.cell, key.input_size, key.hidden_size, key.num_layers,
+                                  key.bias)
+        # the persistent switch: kernels/choice.py says which kernel runs (or why none does)
+        self.choice = choose_persistent(key) if self.sw.persistent else None
+        self.fit = self.choice.fit if self.choice else None
+        self.stack = self.choice.stack if self.choice else None
+        self.persist = bool(self.choice and self.choice.runs)
+        self.chunked = bool(self.choice and self.choice.chunked)
+        self.fallback = self.choice.fallback if self.choice else None
+        if self.persist:
+            self.k = self.choice.steps_per_launch
+        # slots of c and act: every step's when training or when a persistent kernel writes
+        # them all; else c has 3 (c0 kept, then two alternating) and act 1
+        self.all_slots = key.train or self.persist
+
+    # -- streams ---------------------------------------------------------------------------
+    def streams(self):
+        if not self.sw.streams:
+            return ("main",), (0,)
+        if not self.sw.wavefront:
+            return ("rec", "inp"), (-1, 0)
+        names, prio = [], []
+        for layer in range(self.L):
+            names += [f"rec{layer}", f"inp{layer}"]
+            prio += [-1, 0]   # the recurrence is the critical path: higher priority
+        return tuple(names), tuple(prio)
+
+    def rec(self, layer):
+        if not self.sw.streams:
+            return 0
+        return 2 * layer if self.sw.wavefront else 0
+
+    def inp(self, layer):
+        if not self.sw.streams:
+            return 0
+        return 2 * layer + 1 if self.sw.wavefront else 1
+
+    # -- buffers ---------------------------------------------------------------------------
+    def I(self, layer):
+        return layer_input_size(layer, self.key.input_size, self.H)
+
+    def buffers(self):
+        T, B, H, GH = self.T, self.B, self.H, self.GH
+        bufs = [Buffer("params", self.layout.size, "param"), Buffer("zeros", GH, "const"),
+                Buffer("x", T * B * self.key.input_size, "io")]
+        slots = T if self.all_slots else 1
+        if self.persist:
+            bufs.append(Buffer("sync", SYNC_WORDS * self.L, "sync", "uint32"))   # a layer's
+        if self.stack is not None:
+            # every layer's h, c and act in one buffer each, as the stack kernel reads them;
+            # no gx or gh (W.x and R.h are inside the kernel)
+            n = self.L * B * H
+            bufs += [Buffer("h", (T + 1) * n, "io"), Buffer("c", (T + 1) * n, "io"),
+                     Buffer("act", T * n * self.cell.saved_gates, "scratch")]
+            bufs += [Buffer(name, r * c, "scratch")   # the kernel's W^T and k-major inputs
+                     for name, (r, c) in self.stack_scratch().items()]
+        for layer in range(self.L):
+            if self.xposed():
+                bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
+                         Buffer(f"rT{layer}", H * GH, "scratch")]
+            if self.stack is not None:
+                continue
+            bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
+            if self.cell.has_cell_state:
+                bufs.append(Buffer(f"c{layer}", ((T + 1) if self.all_slots else 3) * B * H,
+                                   "io"))
+            bufs += [Buffer(f"gx{layer}", T * B * GH, "scratch"),
+                     Buffer(f"gh{layer}", B * GH, "scratch")]
+            if self.cell.saved_gates:
+                bufs.append(Buffer(f"act{layer}", slots * B * self.cell.saved_gates * H,
+                                   "scratch"))
+            if not self.sw.fused:
+                bufs += [Buffer(f"pre{layer}", B * GH, "scratch"),
+                         Buffer(f"tmp{layer}", 2 * B * H, "scratch")]
+        return tuple(bufs)
+
+    # -- views -----------------------------------------------------------------------------
+    def param(self, layer, kind):
+        return self.layout.layer(layer).get(kind)
+
+    def bias(self, layer, kind):
+        """[B, G*H] broadcast view (ld 0) of a bias, or of the zeros buffer without bias."""
+        e = self.param(layer, kind)
+        if e is None:
+            return View("zeros", 0, self.B, self.GH, 0)
+        return View("params", e.offset, self.B, self.GH, 0)
+
+    def seq(self, kind, layer, row, rows, width):
+        """Rows [row, row + rows) of layer ``layer``'s 'h', 'c' or 'act' sequence (rows of
+        ``width``): the buffer h{layer} (c{layer}, act{layer}), or with the stack kernel
+        layer ``layer``'s part of one buffer 'h' ('c', 'act') that holds every layer's, as
+        the kernel addresses them (T+1 slots of B rows a layer for h and c, T for act)."""
+        if self.stack is None:
+            return View(f"{kind}{layer}", row * width, rows, width, width)
+        per = (self.T if kind == "act" else self.T + 1) * self.B
+        return View(kind, (layer * per + row) * width, rows, width, width)
+
+    def h(self, layer, index):
+        """h{layer}[index] as [B, H] (index 0 = h0, index t+1 = after step t)."""
+        return self.seq("h", layer, index * self.B, self.B, self.H)
+
+    def c(self, layer, index):
+        """c{layer}[index] as [B, H]. Inference keeps three slots: c0 in slot 0 (never
+        overwritten, so a plan can be re-run without reloading its inputs) and the states
+        after each step alternating in slots 1 and 2 (nothing older is read again)."""
+        slot = index if (self.all_slots or index == 0) else 1 + (index - 1) % 2
+        return self.seq("c", layer, slot * self.B, self.B, self.H)
+
+    def weight_blocks(self, layer, which):
+        """The GEMM right-hand operand(s) for W ('ih') or R ('hh'): a list of
+        (view, trans_b, first gate column), one per GEMM (G blocks of H rows, or one block
+        of G*H with grouped GEMMs).
+
+        Plain layout: the torch matrix [G*H, K] used transposed (out = in @ W^T, cuBLAS 'T').
+        Pre-transposed: [K, G*H] used as is (cuBLAS 'N'), a gate block being a column slice.
+        """
+        K = self.I(layer) if which == "ih" else self.H
+        GH, H = self.GH, self.H
+        blocks = [(0, GH)] if self.sw.grouped else [(q * H, H) for q in range(self.G)]
+        if self.sw.pretranspose:
+            buf = f"{'w' if which == 'ih' else 'r'}T{layer}"
+            return [(View(buf, c0, K, w, GH), False, c0) for c0, w in blocks]
+        e = self.param(layer, f"weight_{which}")
+        return [(View("params", e.offset + r0 * K, w, K, K), True, r0) for r0, w in blocks]
+
+    # -- tasks -----------------------------------------------------------------------------
+    def xpose_task(self, layer, which):
+        K = self.I(layer) if which == "ih" else self.H
+        e = self.param(layer, f"weight_{which}")
+        src = View("params", e.offset, self.GH, K, K)
+        dst = View(f"{'w' if which == 'ih' else 'r'}T{layer}", 0, K, self.GH, self.GH)
+        stream = self.inp(layer) if which == "ih" else self.rec(layer)
+        op = Kernel(stream, "transpose", self.GH, K, (dst,), (src,), kind="transpose",
+                    layer=layer)
+        return Task(("xpose", layer, which), stream, [], (-1, layer, which), [op])
+
+    def wx_task(self, layer, t0, t1):
+        B, GH = self.B, self.GH
+        n = (t1 - t0) * B
+        if layer == 0:
+            I = self.key.input_size
+            src = View("x", t0 * B * I, n, I, I)
+        else:
+            src = self.seq("h", layer - 1, (t0 + 1) * B, n, self.H)
+        stream = self.inp(layer)
+        ops = []
+        for w, trans_b, col0 in self.weight_blocks(layer, "ih"):
+            width = w.cols if not trans_b else w.rows
+            out = View(f"gx{layer}", t0 * B * GH + col0, n, width, GH)
+            ops.append(Gemm(stream, out, src, w, trans_b=trans_b, kind="wx", layer=layer,
+                            steps=(t0, t1)))
+        deps = []
+        if self.sw.pretranspose:
+            deps.append(("xpose", layer, "ih"))
+        if layer > 0 and self.persist:
+            # the lower layer's launch that made these steps (all T of them unless chunked)
+            deps.append(("pcell", layer - 1, t0 if self.chunked else 0))
+        elif layer > 0:
+            # the lower layer must have produced h for every step this GEMM reads; without
+            # the wavefront, the whole lower layer must be finished first
+            last = (t1 - 1) if self.sw.wavefront else (self.T - 1)
+            deps.append(("cell", layer - 1, last))
+        prio = (layer + t0, layer, 0) if self.sw.wavefront else (layer, t0, 0)
+        return Task(("wx", layer, t0), stream, deps, prio, ops)
+
+    def cell_task(self, layer, t):
+        B, GH = self.B, self.GH
+        stream = self.rec(layer)
+        ops = []
+        hprev = self.h(layer, t)
+        for w, trans_b, col0 in self.weight_blocks(layer, "hh"):
+            width = w.cols if not trans_b else w.rows
+            out = View(f"gh{layer}", col0, B, width, GH)
+            ops.append(Gemm(stream, out, hprev, w, trans_b=trans_b, kind="rh", layer=layer,
+                            steps=(t, t + 1)))
+        ops += self.pointwise(layer, t, stream)
+        deps = [("wx", layer, (t // self.k) * self.k)]
+        if t > 0:
+            deps.append(("cell", layer, t - 1))
+        if self.sw.pretranspose:
+            deps.append(("xpose", layer, "hh"))
+        prio = (layer + t, layer, 1) if self.sw.wavefront else (layer, t, 1)
+        return Task(("cell", layer, t), stream, deps, prio, ops)
+
+    def pcell_task(self, layer, t0, t1):
+        """Steps [t0, t1) of layer ``layer`` as one persistent-kernel launch, after their
+        W.x and the launch before it; all T steps in one launch unless ``chunked``."""
+        B, H, GH, fit = self.B, self.H, self.GH, self.fit
+        n = t1 - t0
+        name = fit.kernel   # the grid or the cluster kernel of the cell
+        # the kernel's slot 0 of h and c is the state it starts from (h{l}[t0], read)
+        outs = [View(f"h{layer}", t0 * B * H, (n + 1) * B, H, H)]
+        if self.cell.has_cell_state:
+            outs.append(View(f"c{layer}", t0 * B * H, (n + 1) * B, H, H))
+        if self.cell.saved_gates:
+            m = self.cell.saved_gates * H
+            outs.append(View(f"act{layer}", t0 * B * m, n * B, m, m))
+        # each layer its own counters: concurrent cluster launches never share a buffer
+        outs.append(View("sync", SYNC_WORDS * layer, 1, SYNC_WORDS, SYNC_WORDS))
+        r = self.param(layer, "weight_hh")
+        ins = (View(f"gx{layer}", t0 * B * GH, n * B, GH, GH),
+               View("params", r.offset, GH, H, H),
+               self.bias(layer, "bias_ih"), self.bias(layer, "bias_hh"))
+        known = fit.scalars(n)
+        scalars = tuple((k, known[k]) for k in get_kernel(name).scalars)
+        stream = self.rec(layer)
+        # slot 0 of h (and c) is read, not written: the previous launch's last state, which
+        # the next layer's W.x may be reading at the same time
+        nstate = 2 if self.cell.has_cell_state else 1
+        start = tuple(dataclasses.replace(v, rows=B) for v in outs[:nstate])
+        after = tuple(dataclasses.replace(v, offset=v.offset + B * H, rows=n * B)
+                      for v in outs[:nstate])
+        op = Kernel(stream, name, B, H, tuple(outs), ins, kind="persistent", layer=layer,
+                    steps=(t0, t1), scalars=scalars,
+                    launch=(fit.grid, fit.block, fit.smem_bytes),
+                    flops=2 * GH * H * B * n,
+                    footprint=(ins + start, after + tuple(outs[nstate:])))
+        if self.chunked:
+            deps = [("wx", layer, t0)] + ([("pcell", layer, t0 - self.k)] if t0 else [])
+            prio = (layer + t0, layer, 1)
+        else:
+            deps = [("wx", layer, s) for s in range(0, self.T, self.k)]
+            prio = (layer, self.T, 1)
+        return Task(("pcell", layer, t0), stream, deps, prio, [op])
+
+    # -- pointwise ---------------------------------------------------------------------------
+    def pointwise(self, layer, t, s):
+        B, H, GH = self.B, self.H, self.GH
+        gx = View(f"gx{layer}", t * B * GH, B, GH, GH)
+        gh = View(f"gh{layer}", 0, B, GH, GH)
+        bw, br = self.bias(layer, "bias_ih"), self.bias(layer, "bias_hh")
+        hprev, hnew = self.h(layer, t), self.h(layer, t + 1)
+        slot = t if self.all_slots else 0
+        nsave = self.cell.saved_gates
+        act = self.seq("act", layer, slot * B, B, nsave * H) if nsave else None
+        meta = dict(layer=layer, steps=(t, t + 1))
+        name = self.cell.name
+        if self.sw.fused:
+            if name == "lstm":
+                outs = (hnew, self.c(layer, t + 1), act)
+                ins = (gx, gh, bw, br, self.c(layer, t))
+                return [Kernel(s, "lstm_fwd", B, H, outs, ins, **meta)]
+            if name == "gru":
+                return [Kernel(s, "gru_fwd", B, H, (hnew, act), (gx, gh, bw, br, hprev), **meta)]
+            return [Kernel(s, f"{name}_fwd", B, H, (hnew,), (gx, gh, bw, br), **meta)]
+        return self.naive_pointwise(layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta)
+
+    def naive_pointwise(self, layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta):
+        """One kernel per elementary operation, in the order the fused kernels compute."""
+        B, H, GH = self.B, self.H, self.GH
+        pre = View(f"pre{layer}", 0, B, GH, GH)
+
+        def col(v, q, width=H):   # gate block q of a [B, *] view
+            return View(v.buf, v.offset + q * H, v.rows, width, v.ld)
+
+        tmp0 = View(f"tmp{layer}", 0, B, H, H)
+        tmp1 = View(f"tmp{layer}", B * H, B, H, H)
+
+        def k(name, out, *ins):
+            return Kernel(s, name, B, out.cols, (out,), tuple(ins), **meta)
+
+        name = self.cell.name
+        if name == "lstm":
+            i, f, g, o = (col(act, q) for q in range(4))
+            cprev, cnew = self.c(layer, t), self.c(layer, t + 1)
+            return [
+                k("ew_add", pre, gx, bw), k("ew_add", pre, pre, gh), k("ew_add", pre, pre, br),
+                k("ew_sigmoid", i, col(pre, 0)), k("ew_sigmoid", f, col(pre, 1)),
+                k("ew_tanh", g, col(pre, 2)), k("ew_sigmoid", o, col(pre, 3)),
+                k("ew_mul", tmp0, f, cprev), k("ew_mul", tmp1, i, g),
+                k("ew_add", cnew, tmp0, tmp1), k("ew_tanh", tmp0, cnew),
+                k("ew_mul", hnew, o, tmp0),
+            ]
+        if name == "gru":
+            rz = col(pre, 0, 2 * H)
+            r, z, n, hn = (col(act, q) for q in range(4))
+            return [
+                k("ew_add", pre, gx, bw),                       # gx + b_i (all three gates)
+                k("ew_add", hn, col(gh, 2), col(br, 2)),        # hn = W_hn h + b_hn (saved)
+                k("ew_add", rz, rz, col(gh, 0, 2 * H)),
+                k("ew_add", rz, rz, col(br, 0, 2 * H)),
+                k("ew_sigmoid", r, col(pre, 0)), k("ew_sigmoid", z, col(pre, 1)),
+                k("ew_mul", tmp0, r, hn), k("ew_add", tmp0, col(pre, 2), tmp0),
+                k("ew_tanh", n, tmp0),
+                k("ew_sub", tmp1, hprev, n), k("ew_mul", tmp1, z, tmp1),
+                k("ew_add", hnew, n, tmp1),
+            ]
+        nonlin = "ew_tanh" if name == "rnn_tanh" else "ew_relu"
+        return [k("ew_add", pre, gx, bw), k("ew_add", pre, pre, gh), k("ew_add", pre, pre, br),
+                k(nonlin, hnew, pre)]
+
+    # -- assembly --------------------------------------------------------------------------
+    def xposed(self):
+        """Whether the forward transposes W and R once (pretranspose switch): for its own
+        GEMMs, or with the stack kernel (no GEMMs) only for a training pass's backward,
+        which reads wT / rT."""
+        return self.sw.pretranspose and (self.stack is None or self.key.train)
+
+    def stack_scratch(self):
+        """{name: (rows, cols)} of the stack kernel's scratch outputs (wt, ht), from its
+        registry shapes."""
+        info = get_kernel(self.stack.kernel)
+        outs, _ = info.arg_shapes(self.B, self.H, **self.stack.scalars(self.T))
+        return {name: shape for (name, _), shape in zip(info.outs, outs)
+                if name in ("wt", "ht")}
+
+    def stack_task(self):
+        """Every layer and step as one launch of the stack kernel (kernels/stack.py)."""
+        T, B, H, L, GH, st = self.T, self.B, self.H, self.L, self.GH, self.stack
+        # each parameter kind of layer l at (layer 0's offset + l * stride): the kernel reads
+        # layer l's matrix at row l of one view (every layer's entries have one size: I = H;
+        # L > 1, kernels/choice.py's condition)
+        stride = self.param(1, "weight_ih").offset - self.param(0, "weight_ih").offset
+
+        def rows_of(kind, cols):
+            e0 = self.param(0, kind)
+            if e0 is None:
+                return View("zeros", 0, L, cols, 0)
+            for layer in range(L):
+                if self.param(layer, kind).offset != e0.offset + layer * stride:
+                    raise AssertionError(f"stack plan: {kind} of layer {layer} is not at "
+                                         f"a uniform stride")
+            return View("params", e0.offset, L, cols, stride)
+
+        ins = (View("x", 0, T * B, H, H), rows_of("weight_ih", GH * H),
+               rows_of("weight_hh", GH * H), rows_of("bias_ih", GH), rows_of("bias_hh", GH))
+        outs = (View("h", 0, L * (T + 1) * B, H, H), View("c", 0, L * (T + 1) * B, H, H),
+                View("act", 0, L * T * B, GH, GH),
+                View("sync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L),
+                *(View(name, 0, r, c, c) for name, (r, c) in self.stack_scratch().items()))
+        # slot 0 of each layer's h and c is read (h0, c0), the rest written
+        start = tuple(self.seq(k, layer, 0, B, H) for k in ("h", "c") for layer in range(L))
+        after = tuple(self.seq(k, layer, B, T * B, H) for k in ("h", "c")
+                      for layer in range(L))
+        known = st.scalars(T)
+        name = st.kernel
+        scalars = tuple((k, known[k]) for k in get_kernel(name).scalars)
+        flops = forward_flops(self.key.cell, self.key.input_size, H, L, B, T)
+        op = Kernel(self.rec(0), name, B, H, outs, ins, kind="persistent", layer=0,
+                    steps=(0, T), scalars=scalars, launch=(st.grid, st.block, st.smem_bytes),
+                    flops=flops, footprint=(ins + start, after + outs[2:]))
+        return Task(("pstack",), self.rec(0), [], (0, 0, 1), [op])
+
+    def build(self) -> Plan:
+        tasks = [self.stack_task()] if self.stack is not None else []
+        for layer in range(self.L):
+            if self.xposed():
+                tasks += [self.xpose_task(layer, "ih"), self.xpose_task(layer, "hh")]
+            if self.stack is not None:
+                continue
+            for t0 in range(0, self.T, self.k):
+                tasks.append(self.wx_task(layer, t0, min(t0 + self.k, self.T)))
+            if self.persist:
+                for t0 in range(0, self.T, self.k):
+                    tasks.append(self.pcell_task(layer, t0, min(t0 + self.k, self.T)))
+                continue
+            for t in range(self.T):
+                tasks.append(self.cell_task(layer, t))
+        ops, nev = schedule(tasks)
+        names, prio = self.streams()
+        T, B, H, L = self.T, self.B, self.H, self.L
+        I = self.key.input_size
+        state = (L, B, H)
+        inputs = {"x": Binding((T, B, I), (View("x", 0, T * B, I, I),)),
+                  "h0": Binding(state, tuple(self.h(layer, 0) for layer in range(L)))}
+        outputs = {"y": Binding((T, B, H), (self.seq("h", L - 1, B, T * B, H),)),
+                   "h_n": Binding(state, tuple(self.h(layer, T) for layer in range(L)))}
+        if self.cell.has_cell_state:
+            inputs["c0"] = Binding(state, tuple(self.c(layer, 0) for layer in range(L)))
+            outputs["c_n"] = Binding(state, tuple(self.c(layer, T) for layer in range(L)))
+        return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs,
+                    fallback=self.fallback,
+                    fit=None if self.choice is None else self.choice.describe())

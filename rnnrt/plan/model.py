@@ -1,0 +1,249 @@
+"""The plan's data model: what a pass is, as plain data, and the checks every plan passes.
+
+A ``Plan`` is the schedule of one pass (forward or backward) for one ``PlanKey``: named flat
+buffers, the ops in host issue order (each on a stream; ``ops.py`` is the vocabulary), event
+records and waits, and the bindings of the user-facing arrays (x, h0, y, ...) to views of
+the buffers. Builders (``forward.py``, ``backward.py``) make plans; executors (``exec/``)
+run them and decide nothing. ``validate`` checks a plan's invariants (views in bounds,
+events recorded once and before their waits, kernel views of the shapes the kernel
+addresses).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from ..cells import get_cell
+from ..kernels.limits import DeviceLimits
+from ..kernels.registry import check_views, get_kernel
+from .ops import Gemm, Kernel, Op, Record, Wait
+from .switches import Switches
+
+PERSISTENT_FAMILIES = ("stack", "grid", "cluster")
+"""The persistent kernel families a PlanKey may name (kernels/choice.py)."""
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """Everything a plan depends on. Hashable: plans are cached per key.
+
+    family: with the persistent switch, which persistent kernel family the plan must use —
+    'stack', 'grid' or 'cluster' (the schedule selector names one per candidate), or None:
+    kernels/choice.py picks one by its rules. Where the named family does not fit, the plan
+    falls back to the schedule without the switch and says why, as for None.
+    """
+
+    cell: str
+    steps: int
+    batch: int
+    input_size: int
+    hidden_size: int
+    num_layers: int
+    bias: bool
+    switches: Switches
+    train: bool = False
+    device: DeviceLimits | None = None   # the persistent switch's fit reads it; else unused
+    family: str | None = None
+
+    def __post_init__(self):
+        get_cell(self.cell)
+        for name in ("steps", "batch", "input_size", "hidden_size", "num_layers"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"PlanKey.{name}: expected a positive int, got {v!r}")
+        if not isinstance(self.switches, Switches):
+            raise TypeError(f"PlanKey.switches: expected Switches, got {type(self.switches)}")
+        if self.device is not None and not isinstance(self.device, DeviceLimits):
+            raise TypeError(f"PlanKey.device: expected DeviceLimits or None, got "
+                            f"{type(self.device)}")
+        if self.family is not None:
+            if self.family not in PERSISTENT_FAMILIES:
+                raise ValueError(f"PlanKey.family: expected one of {PERSISTENT_FAMILIES} or "
+                                 f"None, got {self.family!r}")
+            if not self.switches.persistent:
+                raise ValueError(f"PlanKey.family: {self.family!r} names a persistent kernel "
+                                 f"family, but the persistent switch is off")
+        if self.switches.persistent and self.device is None:
+            raise ValueError("PlanKey.device: the persistent switch needs the device's limits "
+                             "(rnnrt.kernels.limits.DeviceLimits.from_device(cupy), or a "
+                             "named device such as rnnrt.kernels.limits.H100_SXM for CPU runs)")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A named flat buffer. role: 'param' (the model's weights), 'const' (filled once),
+    'io' (inputs and outputs live here), 'scratch' (only the pass reads it), 'sync'
+    (barrier counters: zeroed once, reset by the kernels themselves, never poisoned).
+    dtype: 'float' (the workspace's float type) or 'uint32'."""
+
+    name: str
+    size: int
+    role: str
+    dtype: str = "float"
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where a user-facing array of ``shape`` lives in a plan's buffers: one view holding all
+    of it (reshaped to [rows, cols]), or one view per leading index (e.g. per layer)."""
+
+    shape: tuple
+    views: tuple
+
+    def __post_init__(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        if sum(v.rows * v.cols for v in self.views) != n:
+            raise ValueError(f"Binding {self.shape}: views hold a different number of elements")
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One pass as data. ``ops`` are in host issue order; executors must issue in that order.
+
+    inputs / outputs map a name to a Binding (shape + the views where the array lives):
+      forward  inputs  'x' [T, B, I], 'h0' [L, B, H], 'c0' [L, B, H] (LSTM)
+               outputs 'y' [T, B, H], 'h_n' [L, B, H], 'c_n' [L, B, H] (LSTM)
+      backward inputs  'dy' [T, B, H], 'dh_n' [L, B, H], 'dc_n' [L, B, H] (LSTM)
+               outputs 'dx' [T, B, I], 'dh0' [L, B, H], 'dc0' (LSTM), 'grads' [layout.size]
+    """
+
+    key: PlanKey
+    buffers: tuple[Buffer, ...]
+    ops: tuple[Op, ...]
+    streams: tuple[str, ...]
+    stream_priority: tuple[int, ...]   # CUDA convention: lower number = higher priority
+    num_events: int
+    inputs: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+    fallback: str | None = None   # persistent switch declined: why (None: not asked, or ran)
+    fit: str | None = None        # persistent switch: the fit it used or declined
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def counts(self) -> Counter:
+        """Op counts by kind: 'gemm:wx', 'gemm:rh', 'kernel:pointwise', 'kernel:transpose',
+        'record', 'wait'."""
+        c = Counter()
+        for op in self.ops:
+            if isinstance(op, Gemm):
+                c[f"gemm:{op.kind}"] += 1
+            elif isinstance(op, Kernel):
+                c[f"kernel:{op.kind}"] += 1
+            else:
+                c[op.kind] += 1
+        return c
+
+    def gemm_flops(self) -> int:
+        """2*M*N*K summed over the plan's GEMMs (equals the paper's count for the pass).
+        Bias-gradient reductions (kind 'db', GEMMs with a ones vector) are not counted: the
+        paper calls them a cheap reduction and its FLOP convention leaves them out."""
+        total = 0
+        for op in self.ops:
+            if isinstance(op, Gemm) and op.kind != "db":
+                m, n, k = op.mnk()
+                total += 2 * m * n * k
+            elif isinstance(op, Kernel):
+                total += op.flops          # R.h inside a persistent kernel
+        return total
+
+    def ops_on(self, stream: int) -> list:
+        return [op for op in self.ops if op.stream == stream]
+
+    def describe(self, max_ops: int = 40) -> str:
+        """A printable summary: key, streams, counts, and the first ``max_ops`` ops."""
+        k = self.key
+        lines = [
+            f"plan {k.cell} T={k.steps} B={k.batch} I={k.input_size} H={k.hidden_size} "
+            f"L={k.num_layers} bias={k.bias} train={k.train} switches={k.switches.label()}",
+            f"  streams: {', '.join(f'{i}:{n}' for i, n in enumerate(self.streams))}",
+            f"  events: {self.num_events}",
+            "  ops: " + ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts().items())),
+            f"  GEMM FLOPs: {self.gemm_flops():,}",
+        ]
+        for i, op in enumerate(self.ops[:max_ops]):
+            lines.append(f"  {i:5d} s{op.stream} {op_str(op)}")
+        if len(self.ops) > max_ops:
+            lines.append(f"  ... {len(self.ops) - max_ops} more")
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.describe()
+
+
+def op_str(op) -> str:
+    def vs(v):
+        return f"{v.buf}[{v.offset}:{v.rows}x{v.cols}/{v.ld}]"
+    if isinstance(op, Gemm):
+        return (f"gemm:{op.kind} L{op.layer} t{op.steps} {vs(op.out)} = "
+                f"{vs(op.a)}{'^T' if op.trans_a else ''} @ {vs(op.b)}{'^T' if op.trans_b else ''}"
+                + (f" + {op.beta}*out" if op.beta else ""))
+    if isinstance(op, Kernel):
+        return (f"{op.name} L{op.layer} t{op.steps} [{op.rows}x{op.cols}] "
+                f"out({', '.join(map(vs, op.outs))}) in({', '.join(map(vs, op.ins))})")
+    return f"{op.kind} e{op.event}"
+
+
+def cover(views) -> dict:
+    """The elements ``views`` touch: buffer -> merged [start, stop) intervals."""
+    spans = defaultdict(list)
+    for v in views:
+        spans[v.buf] += v.row_intervals()
+    out = {}
+    for buf, iv in spans.items():
+        merged = []
+        for a, b in sorted(iv):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        out[buf] = merged
+    return out
+
+
+def validate(plan: Plan) -> None:
+    """Check a plan's invariants; raise ValueError naming the first broken one.
+
+    Every view lies inside its buffer; every stream index exists; every event is recorded
+    exactly once and before (in issue order) every wait on it.
+    """
+    sizes = {b.name: b.size for b in plan.buffers}
+    recorded = set()
+    for i, op in enumerate(plan.ops):
+        if not 0 <= op.stream < len(plan.streams):
+            raise ValueError(f"op {i}: stream {op.stream} not in plan ({len(plan.streams)})")
+        if isinstance(op, Record):
+            if op.event in recorded:
+                raise ValueError(f"op {i}: event {op.event} recorded twice")
+            recorded.add(op.event)
+        elif isinstance(op, Wait):
+            if op.event not in recorded:
+                raise ValueError(f"op {i}: wait on event {op.event} before its record")
+        if isinstance(op, Kernel):
+            # every launch's views have the shapes its kernel addresses (see cuda_src/)
+            try:
+                check_views(get_kernel(op.name), op.rows, op.cols, op.outs, op.ins,
+                            dict(op.scalars))
+            except ValueError as e:
+                raise ValueError(f"op {i}: {e}") from None
+            # a footprint may say which parts are read and which written, never hide any
+            if op.footprint is not None and (cover(op.footprint[0] + op.footprint[1])
+                                             != cover(op.ins + op.outs)):
+                raise ValueError(f"op {i}: {op.name}: footprint does not cover exactly "
+                                 f"the views it is handed")
+        for v in tuple(op.reads) + tuple(op.writes):
+            if v.buf not in sizes:
+                raise ValueError(f"op {i}: unknown buffer {v.buf!r}")
+            if v.end > sizes[v.buf]:
+                raise ValueError(f"op {i}: view {v} ends at {v.end} > size {sizes[v.buf]}")
+    for name, binding in list(plan.inputs.items()) + list(plan.outputs.items()):
+        for v in binding.views:
+            if v.end > sizes[v.buf]:
+                raise ValueError(f"binding {name}: view {v} out of bounds")
+
+

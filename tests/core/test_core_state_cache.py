@@ -1,0 +1,53 @@
+"""GpuRunner's workspace cache (rnnrt/gpu.py StateCache) without a GPU: a byte budget with
+least-recently-used eviction, the newest state never evicted, memory handed back on eviction."""
+from __future__ import annotations
+
+from rnnrt.gpu import StateCache
+
+
+class FakeState:
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+def test_eviction_keeps_the_budget_least_recently_used_first():
+    freed = []
+    c = StateCache(100, free=lambda: freed.append(1))
+    for k in "abc":
+        c.add(k, FakeState(40))          # a, b fit; c pushes a out
+    assert list(c._states) == ["b", "c"] and c.evictions == 1 and freed == [1]
+    assert c.get("b") is not None        # b used: now c is the oldest
+    c.add("d", FakeState(40))
+    assert list(c._states) == ["b", "d"] and c.nbytes == 80
+    assert "c" not in c and c.get("c") is None
+
+
+def test_the_newest_state_stays_even_over_budget():
+    c = StateCache(10)
+    c.add("big", FakeState(50))
+    assert "big" in c and len(c) == 1 and c.evictions == 0
+    c.add("bigger", FakeState(60))
+    assert list(c._states) == ["bigger"] and c.evictions == 1
+
+
+def test_a_zero_budget_keeps_only_the_last():
+    c = StateCache(0)
+    for i in range(5):
+        c.add(i, FakeState(1))
+    assert list(c._states) == [4] and c.evictions == 4
+    c.clear()
+    assert len(c) == 0
+
+
+def test_a_busy_state_is_never_evicted():
+    c = StateCache(50)
+    busy = FakeState(40)
+    busy.busy = True                     # a live tape still needs its activations
+    c.add("held", busy)
+    c.add("a", FakeState(40))            # over budget: but "held" is busy, "a" the newest
+    assert set(c._states) == {"held", "a"} and c.evictions == 0
+    c.add("b", FakeState(40))            # "a" goes; "held" stays
+    assert set(c._states) == {"held", "b"} and c.evictions == 1
+    busy.busy = False
+    c.add("c", FakeState(40))
+    assert set(c._states) == {"c"}

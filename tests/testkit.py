@@ -1,0 +1,335 @@
+"""Helpers shared by the test modules (no fixtures: those are in conftest.py). Test modules
+import from here, never from each other: ``from testkit import FakeCupy, layer_case``
+(tests/ is on sys.path through conftest.py).
+
+- CUDA toolchain: ``find_nvrtc``, ``nvrtc_compile``; a stand-in for CuPy (``FakeCupy``,
+  ``FakeKernel``) that records compilations and launches;
+- persistent kernels: the cells, kernel lists, made-up device properties (``H100``,
+  ``SMALL``), one layer's data and reference (``layer_case``), the cancelling k-group case;
+- CPU plans: keys for the example H100, a case with its reference, the NumPy executor;
+- GPU plans: keys for the GPU the tests run on, random fp32 layer stacks, the forward case
+  and its run on an executor (the GPU test modules share them);
+- bench: a tiny sweep configuration.
+
+Nothing here imports CuPy at import time.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import glob
+import os
+import re
+import sys
+import types
+
+import numpy as np
+
+from rnnrt import reference
+from rnnrt.cells import get_cell
+from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.kernels.registry import REGISTRY
+from rnnrt.kernels.stack import STACK_KERNEL
+from rnnrt.params import make_layout, per_layer
+from rnnrt.plan import PlanKey
+
+CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+
+# --- the CUDA toolchain ------------------------------------------------------------------------
+
+def find_nvrtc():
+    """libnvrtc through ctypes: the system's, CUDA_HOME's or a pip wheel's (nvidia-cuda-nvrtc)."""
+    candidates = [ctypes.util.find_library("nvrtc")]
+    for root in [os.environ.get("CUDA_HOME", "/usr/local/cuda")]:
+        candidates += sorted(glob.glob(os.path.join(root, "lib*", "libnvrtc.so*")))
+    for d in sys.path:
+        candidates += sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", "libnvrtc.so*")))
+    for c in candidates:
+        if c:
+            try:
+                # libnvrtc dlopens its builtins by name: load them first, from beside it.
+                for b in glob.glob(os.path.join(os.path.dirname(c), "libnvrtc-builtins.so*")):
+                    if ".alt." not in b:
+                        ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+                return ctypes.CDLL(c)
+            except OSError:
+                continue
+    return None
+
+
+def nvrtc_compile(lib, text, name, options):
+    """(ok, log) of compiling ``text`` with NVRTC."""
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), name.encode(), 0, None, None)
+    assert rc == 0, f"nvrtcCreateProgram: {rc}"
+    opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+    try:
+        rc = lib.nvrtcCompileProgram(prog, len(options), opts)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        return rc == 0, log.value.decode(errors="replace")
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+class FakeKernel:
+    """Stands in for a cupy.RawKernel: records launches (with their shared memory) and the
+    dynamic shared memory limit set on it."""
+
+    def __init__(self, fake, name):
+        self.fake, self.name = fake, name
+        self.max_dynamic_shared_size_bytes = 0
+
+    def __call__(self, grid, block, args, *, shared_mem=0):
+        self.fake.launches.append((self.name, grid, block, args))
+        self.fake.shared_mem.append((self.name, shared_mem, self.max_dynamic_shared_size_bytes))
+
+
+class FakeCupy(types.ModuleType):
+    """Stands in for cupy: RawModule records each compilation, kernels record launches."""
+
+    def __init__(self):
+        super().__init__("cupy")
+        self.compiled, self.launches, self.shared_mem = [], [], []
+        fake = self
+
+        class RawModule:
+            def __init__(self, code, options):
+                fake.compiled.append((code, options))
+                self.code = code
+
+            def get_function(self, name):
+                assert re.search(rf'__global__\s+void\s+(__launch_bounds__\([^)]*\)\s+)?'
+                                 rf'(__cluster_dims__\([^)]*\)\s+)?{name}\s*\(',
+                                 self.code), name
+                return FakeKernel(fake, name)
+
+        self.RawModule = RawModule
+
+
+# --- the persistent kernels -----------------------------------------------------------------
+
+# the per-layer persistent kernels (the stack kernel, all layers in one launch, has its own
+# arguments and tests: tests/kernels/test_kernels_stack.py)
+PERSISTENT = [k.name for k in REGISTRY if k.persistent and k.name != STACK_KERNEL]
+GRID_KERNELS = [n for n in PERSISTENT if "_cluster" not in n]      # the grid barrier kernels
+CLUSTER_KERNELS = [n for n in PERSISTENT if "_cluster" in n]
+
+# cupy.cuda.runtime.getDeviceProperties of an H100 80GB HBM3 (the keys the fit reads)
+H100 = dict(multiProcessorCount=132, sharedMemPerBlockOptin=232448,
+            sharedMemPerMultiprocessor=233472, reservedSharedMemPerBlock=1024,
+            maxThreadsPerBlock=1024, maxThreadsPerMultiProcessor=2048,
+            regsPerMultiprocessor=65536, regsPerBlock=65536)
+# a small made-up GPU: 6 SMs, 48 KB of shared memory a block, half the registers
+SMALL = dict(multiProcessorCount=6, sharedMemPerBlockOptin=49152,
+             sharedMemPerMultiprocessor=65536, reservedSharedMemPerBlock=1024,
+             maxThreadsPerBlock=512, maxThreadsPerMultiProcessor=1024,
+             regsPerMultiprocessor=32768, regsPerBlock=32768)
+
+
+def ceil(a, b):
+    """ceil(a / b) for positive ints (written here, not imported from the code under test)."""
+    return -(-a // b)
+
+
+def layer_case(cell, T, B, H, I=5, bias=True, seed=0, dtype=np.float64):
+    """One layer's inputs as the kernel takes them (gx = W x without bias) and the
+    reference's h [T+1, B, H], c, act."""
+    rng = np.random.default_rng(seed)
+    spec = get_cell(cell)
+    G = spec.gates
+    u = lambda *shape: rng.uniform(-0.6, 0.6, shape)   # noqa: E731 - out of the linear range
+    p = {"weight_ih": u(G * H, I), "weight_hh": u(G * H, H),
+         "bias_ih": u(G * H) if bias else None, "bias_hh": u(G * H) if bias else None}
+    x = rng.standard_normal((T, B, I))
+    h0 = 0.5 * rng.standard_normal((B, H))
+    c0 = 0.5 * rng.standard_normal((B, H)) if spec.has_cell_state else None
+    _, _, _, cache = reference.forward(cell, [p], x, h0[None],
+                                       None if c0 is None else c0[None])
+    lc = cache.layers[0]
+    ref = {"h": lc.h, "c": lc.c, "act": lc.gates}
+    gx = x @ p["weight_ih"].T
+    cast = lambda a: None if a is None else np.asarray(a, dtype)   # noqa: E731
+    return dict(gx=cast(gx), R=cast(p["weight_hh"]), bw=cast(p["bias_ih"]),
+                br=cast(p["bias_hh"]), h0=cast(h0), c0=cast(c0)), ref
+
+
+def chunk_cols(*chunks):
+    """The columns of float4 chunks (absolute: chunk c is columns 4c .. 4c+3)."""
+    return [k for c in chunks for k in range(4 * c, 4 * c + 4)]
+
+
+def cancelling_case():
+    """rnn_tanh H 37, B 2, U 5, 64 threads, one tile of 40: lanes 2 x 1 x 16, 32 k-groups;
+    warp 0 owns chunks 0..4, halves 0..2 and 3..4, so k-group 0 sums chunks 0 and 3 and
+    k-group 1 chunks 1 and 4. Every row of R has 1e8, -1e8, 1 in columns 0, 4, 12 (chunks 0,
+    1, 3) and 1e8, 1, -1e8 in columns 1, 5, 13 (the same chunks); h0 is 1 in the first three
+    for batch 0 and in the second three for batch 1, 0 elsewhere. Batch 0: k-group 0 rounds
+    1e8 + 1 to 1e8 in float32, k-group 1 cancels it: h_1 = tanh(0) = 0. Batch 1: k-group 0
+    cancels exactly, k-group 1 adds 1: h_1 = tanh(1). Had chunk 3 been k-group 3's (lane
+    groups running on through both halves), the two batches would swap; had R been
+    ignored, both would be 0."""
+    from rnnrt.kernels.persistent import geometry
+    fit = geometry("rnn_tanh", 37, 2, 5, threads=64)
+    R = np.zeros((37, 37), np.float32)
+    R[:, [0, 4, 12]] = [1e8, -1e8, 1]
+    R[:, [1, 5, 13]] = [1e8, 1, -1e8]
+    h0 = np.zeros((2, 37), np.float32)
+    h0[0, [0, 4, 12]] = 1
+    h0[1, [1, 5, 13]] = 1
+    data = dict(gx=np.zeros((1, 2, 37), np.float32), R=R, bw=None, br=None, h0=h0, c0=None)
+    return fit, data
+
+
+# --- plans on the CPU -------------------------------------------------------------------------
+
+# rnnrt.plan.PlanKey for the example H100's limits (what the persistent switch's fit reads):
+# CPU plans are built for the lent H100
+cpu_plan_key = functools.partial(PlanKey, device=H100_SXM)
+
+
+# tiny odd shapes: T not a multiple of the input-batch chunk 2, I != H, B > 1
+PLAN_SHAPE = (5, 3, 4, 6)   # T, B, I, H
+
+
+def plan_case(cell, layers, bias=True, seed=0, dtype=np.float64, steps=PLAN_SHAPE[0],
+              batch=PLAN_SHAPE[1]):
+    """Random weights, inputs and states at PLAN_SHAPE's sizes and the reference outputs:
+    -> (flat, x, h0, c0, {"y", "h_n", "c_n"})."""
+    _, _, I, H = PLAN_SHAPE
+    rng = np.random.default_rng(seed)
+    layout = make_layout(cell, I, H, layers, bias)
+    flat = np.zeros(layout.size, dtype)
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        flat[e.offset:e.offset + n] = rng.uniform(-0.6, 0.6, n)
+    x = rng.standard_normal((steps, batch, I)).astype(dtype)
+    h0 = rng.standard_normal((layers, batch, H)).astype(dtype) * 0.5
+    c0 = rng.standard_normal((layers, batch, H)).astype(dtype) * 0.5 if cell == "lstm" else None
+    y, hn, cn, _ = reference.forward(cell, per_layer(flat, layout), x, h0, c0)
+    return flat, x, h0, c0, {"y": y, "h_n": hn, "c_n": cn}
+
+
+def run_numpy(plan, flat, x, h0, c0, order="program", seed=None):
+    """The plan on the NumPy executor (a fresh workspace) -> its outputs."""
+    from rnnrt.exec import numpy_exec
+    from rnnrt.exec.workspace import Workspace
+    ws = Workspace(plan, np, flat.dtype, flat)
+    ws.load_inputs(x, h0, c0)
+    numpy_exec.run(plan, ws, order=order, seed=seed)
+    return ws.outputs()
+
+
+def check_outputs(out, ref, what):
+    for name in ("y", "h_n", "c_n"):
+        if ref.get(name) is not None:
+            assert_close(out[name], ref[name], atol=1e-12, rtol=1e-10, name=f"{what} {name}")
+
+
+# --- plans on the GPU ---------------------------------------------------------------------------
+
+def gpu_plan_key(*args, **kw):
+    """rnnrt.plan.PlanKey for the GPU the tests run on (its limits, which the persistent
+    switch's fit reads)."""
+    import cupy
+
+    from rnnrt.kernels.limits import DeviceLimits
+    from rnnrt.plan import PlanKey
+    return PlanKey(*args, device=DeviceLimits.from_device(cupy), **kw)
+
+
+def random_layer_stack(cell, layers, steps, batch, hidden, inp, bias=True, seed=0):
+    """Random fp32 weights (uniform in +-1/sqrt(hidden), the flat torch layout) and inputs
+    (x [steps, batch, inp], h0 [layers, batch, hidden], c0 likewise for LSTM, else None),
+    never zero. -> (layout, flat, x, h0, c0, rng): rng continues the same stream, for
+    whatever else a test draws (the backward's dy, dh_n, dc_n)."""
+    rng = np.random.default_rng(seed)
+    layout = make_layout(cell, inp, hidden, layers, bias)
+    flat = np.zeros(layout.size, np.float32)
+    bound = 1 / np.sqrt(hidden)
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        flat[e.offset:e.offset + n] = rng.uniform(-bound, bound, n)
+    f32 = np.float32
+    x = rng.standard_normal((steps, batch, inp)).astype(f32)
+    h0 = (0.5 * rng.standard_normal((layers, batch, hidden))).astype(f32)
+    c0 = (0.5 * rng.standard_normal((layers, batch, hidden))).astype(f32) \
+        if cell == "lstm" else None
+    return layout, flat, x, h0, c0, rng
+
+
+GPU_SHAPE = (6, 4, 24, 40)   # T, B, I, H: I != H; T not a multiple of the chunk 4
+
+_GPU_CASES = {}
+
+
+def gpu_forward_case(cell, layers, steps=GPU_SHAPE[0], batch=GPU_SHAPE[1], hidden=GPU_SHAPE[3],
+                     inp=GPU_SHAPE[2], bias=True, seed=0):
+    """fp32 weights and inputs (random, never zero) and the float64 reference outputs:
+    -> (flat, x, h0, c0, {"y", "h_n", "c_n"}), made once per process for each arguments."""
+    k = (cell, layers, steps, batch, hidden, inp, bias, seed)
+    if k not in _GPU_CASES:
+        layout, flat, x, h0, c0, _ = random_layer_stack(cell, layers, steps, batch, hidden,
+                                                         inp, bias, seed)
+        p64 = per_layer(flat.astype(np.float64), layout)
+        y, hn, cn, _ = reference.forward(cell, p64, x.astype(np.float64), h0.astype(np.float64),
+                                         None if c0 is None else c0.astype(np.float64))
+        _GPU_CASES[k] = (flat, x, h0, c0, {"y": y, "h_n": hn, "c_n": cn})
+    return _GPU_CASES[k]
+
+
+def run_gpu_forward_case(cp, ctx, key, executor, data, prove_capture=True):
+    """The forward plan of ``key`` on the GPU executor ``executor`` ('eager' or 'graph'),
+    outputs poisoned with NaN first, against the reference of ``data``
+    (``gpu_forward_case``); a graph's capture must run nothing; a second run on re-poisoned
+    buffers must be right too. -> the executor."""
+    from rnnrt.exec.cuda_exec import EXECUTORS as EX
+    from rnnrt.exec.workspace import Workspace
+    from rnnrt.plan import forward_plan
+    flat, x, h0, c0, ref = data
+    plan = forward_plan(key)
+    ws = Workspace(plan, cp, np.float32, cp.asarray(flat))
+    ws.poison()
+    ws.load_inputs(x, h0, c0)
+    cp.cuda.Device().synchronize()
+    if executor == "graph":
+        ex = EX["graph"](plan, ws, ctx, capture=False)
+        ex.capture()
+        cp.cuda.Device().synchronize()
+        if prove_capture:   # the capture must not have run anything
+            out = ws.outputs()
+            for name, arr in out.items():
+                assert bool(cp.isnan(arr).all()), \
+                    f"graph capture ran work eagerly: {name} was written during capture"
+    else:
+        ex = EX["eager"](plan, ws, ctx)
+    ex.run()
+    cp.cuda.Device().synchronize()
+    out = ws.outputs()
+    for name in ("y", "h_n", "c_n"):
+        if ref[name] is not None:
+            assert_close(out[name], ref[name], FP32_ATOL, FP32_RTOL,
+                         name=f"{key.switches.label()} {executor} {name}")
+    # replay again on re-poisoned buffers: the second run must not depend on the first
+    ws.poison()
+    ws.load_inputs(x, h0, c0)
+    ex.run()
+    cp.cuda.Device().synchronize()
+    assert_close(ws.outputs()["y"], ref["y"], FP32_ATOL, FP32_RTOL, name="second run y")
+    return ex
+
+
+# --- bench ------------------------------------------------------------------------------------
+
+def tiny_sweep(**kw):
+    """A 2 x 2 grid (hidden x minibatch) that the NumPy executor runs in a second."""
+    from rnnrt.bench import sweep as sw
+    base = dict(hidden=(6, 8), batch=(2, 3), layers=(2,), cells=("lstm",), steps=3,
+                repeats=1, warmup=0, cpu=True)
+    base.update(kw)
+    return sw.SweepConfig(**base)
