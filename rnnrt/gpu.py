@@ -211,8 +211,9 @@ class GpuRunner:
             if cache is None:
                 from . import __version__
                 cache = ScheduleCache(device_key({**self.session.info, "rnnrt": __version__}))
-            self._selector = Selector(self._time_schedule, self.limits, cache or None,
-                                      log=_log)
+            elif cache is False:   # memory only (not `or None`: an empty cache is falsy)
+                cache = None
+            self._selector = Selector(self._time_schedule, self.limits, cache, log=_log)
         return self._selector
 
     def schedule(self, steps: int, batch: int, train: bool = False):
