@@ -16,6 +16,17 @@ FP32_ATOL = 1e-4
 FP32_RTOL = 1e-3
 
 
+def reduction_atol(terms: int, atol: float = FP32_ATOL, base: int = 64) -> float:
+    """The absolute tolerance of a value that is a sum of ``terms`` fp32 products (a weight
+    gradient sums over all T*B rows): ``atol`` for up to ``base`` terms, growing with the
+    square root beyond (rounding errors of a long fp32 sum add like a random walk). At
+    T*B = 25,600 that is 20 x atol; a missing or doubled term of the size of the terms is
+    still far outside it."""
+    if terms < 1:
+        raise ValueError(f"terms: expected >= 1, got {terms!r}")
+    return atol * max(1.0, (terms / base) ** 0.5)
+
+
 @dataclass(frozen=True)
 class Comparison:
     name: str

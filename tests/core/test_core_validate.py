@@ -227,3 +227,20 @@ def test_split_hx_structure():
         split_hx(lstm, h, "dhx")
     with pytest.raises(TypeError, match="hx: a GRU takes one"):
         split_hx(gru, (h, c))
+
+
+def test_reduction_atol_grows_with_the_square_root_of_the_terms():
+    from rnnrt.check import FP32_ATOL, compare, reduction_atol
+    assert reduction_atol(1) == reduction_atol(64) == FP32_ATOL
+    assert reduction_atol(25600) == pytest.approx(20 * FP32_ATOL)
+    with pytest.raises(ValueError, match="terms"):
+        reduction_atol(0)
+    # a weight gradient of 25,600 terms of size ~0.1 that lost one of them is still caught
+    rng = np.random.default_rng(0)
+    terms = 0.1 * rng.standard_normal((25600, 8))
+    ref = terms.sum(axis=0)
+    lost = ref - terms[123]
+    assert not compare(lost, ref, reduction_atol(25600), 1e-3).ok
+    # while fp32 rounding of the same sum passes
+    fp32 = terms.astype(np.float32).sum(axis=0, dtype=np.float32)
+    assert compare(fp32, ref, reduction_atol(25600), 1e-3).ok
