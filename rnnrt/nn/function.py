@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from .backend import group_layers
 
@@ -63,6 +64,7 @@ class RNNFunction(torch.autograd.Function):
         return (y, h_n, c_n) if call.has_cell_state else (y, h_n)
 
     @staticmethod
+    @once_differentiable  # rnnrt's backward is not itself differentiable: say so, loudly
     def backward(ctx, dy, dh_n, dc_n=None):
         ctx.saved_tensors  # noqa: B018 -- reading them is torch's in-place-modification check
         need = ctx.needs_input_grad  # (call, x, h0, c0, *weights)
