@@ -111,7 +111,8 @@ def _check_packed(data, batch_sizes, sorted_indices, unsorted_indices) -> np.nda
                                      torch.arange(batch, device=data.device)):
             raise RuntimeError("sorted_indices / unsorted_indices: expected a permutation of "
                                "the batch and its inverse")
-    return bs.astype(np.int64, copy=False)
+    # A copy ([T] integers): the schedule a backward replays must not alias the caller's.
+    return np.array(bs, dtype=np.int64)
 
 
 def prepare(module, input, hx) -> Prepared:
@@ -123,13 +124,14 @@ def prepare(module, input, hx) -> Prepared:
     hx:    LSTM (h_0, c_0), GRU / RNN h_0: [L*D, B, H] ([L*D, H] for unbatched input), or None
     """
     name = type(module).__name__
-    weights = module._flat_weights()
+    weights = module._flat_weights
     wdtype, wdevice = weights[0].dtype, weights[0].device
     for n, w in zip(module._flat_weights_names, weights):
         if w.dtype != wdtype or w.device != wdevice:
-            raise RuntimeError(f"{n}: {w.dtype} on {w.device}, but {module._flat_weights_names[0]}"
-                               f" is {wdtype} on {wdevice}; every parameter must share one "
-                               f"dtype and device (module.to(...) converts them together)")
+            raise RuntimeError(f"{n}: {w.dtype} on {w.device}, but "
+                               f"{module._flat_weights_names[0]} is {wdtype} on {wdevice}; "
+                               f"every parameter must share one dtype and device "
+                               f"(module.to(...) converts them together)")
     h0, c0 = _split_hx(module, hx)
     states = [t for t in (h0, c0) if t is not None]
 

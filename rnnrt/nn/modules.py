@@ -133,9 +133,11 @@ class RNNBase(torch.nn.Module):
         for weight in self.parameters():
             init.uniform_(weight, -stdv, stdv)
 
+    @property
     def _flat_weights(self) -> list:
-        """The parameters in torch's flat order (looked up each call: they may be replaced,
-        e.g. by torch.func.functional_call or load_state_dict(assign=True))."""
+        """The parameters in torch's flat order, as torch.nn's attribute of that name holds
+        them; looked up on each access, since they may be replaced (torch.func.functional_call,
+        load_state_dict(assign=True), weight_norm)."""
         return [getattr(self, n) for n in self._flat_weights_names]
 
     @property

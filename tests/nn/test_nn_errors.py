@@ -154,6 +154,14 @@ def test_packed_checks_torch_nn_does_not_make(backend_calls):
     assert backend_calls == []
 
 
+def test_parameters_of_mixed_dtypes_are_refused(backend_calls):
+    _, mine = make("GRU")
+    mine.weight_hh_l1 = torch.nn.Parameter(mine.weight_hh_l1.detach().double())
+    with pytest.raises(RuntimeError, match="weight_hh_l1: torch.float64"):
+        mine(rand(T, B, I))
+    assert backend_calls == []
+
+
 def test_lengths_out_of_range_and_unsorted():
     """Lengths are packed by pack_padded_sequence (the module sees batch_sizes). torch's
     refuses length 0 and unsorted lengths under enforce_sorted=True; rnnrt.nn's wrapper

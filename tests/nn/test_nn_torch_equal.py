@@ -34,11 +34,11 @@ def close(name, got, want):
     check.assert_close(got.detach().numpy(), want.detach().numpy(), ATOL, RTOL, name=name)
 
 
-def make_pair(cell, layers, bidirectional, batch_first):
+def make_pair(cell, layers, bidirectional, batch_first, bias=True):
     """(torch.nn module, rnnrt.nn module) with identical float64 weights."""
     cls, kw = CELLS[cell]
     args = dict(input_size=I, hidden_size=H, num_layers=layers, bidirectional=bidirectional,
-                batch_first=batch_first, dtype=torch.float64, **kw)
+                batch_first=batch_first, bias=bias, dtype=torch.float64, **kw)
     torch.manual_seed(0)
     ref = getattr(torch.nn, cls)(**args)
     torch.manual_seed(0)
@@ -74,8 +74,9 @@ def run(module, kind, x, lengths, hx, batch_first):
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("layers", [1, 2, 3], ids=["L1", "L2", "L3"])
 @pytest.mark.parametrize("cell", sorted(CELLS))
-def test_matches_torch_nn_float64(cell, layers, bidirectional, batch_first, kind, h0):
-    ref, mine = make_pair(cell, layers, bidirectional, batch_first)
+def test_matches_torch_nn_float64(cell, layers, bidirectional, batch_first, kind, h0,
+                                  bias=True):
+    ref, mine = make_pair(cell, layers, bidirectional, batch_first, bias)
     D = 2 if bidirectional else 1
     lengths = LENGTHS["sorted" if kind == "packed_sorted" else "unsorted"]
     seed = zlib.crc32(f"{cell}{layers}{bidirectional}{kind}".encode())  # stable across runs
@@ -126,3 +127,9 @@ def test_matches_torch_nn_float64(cell, layers, bidirectional, batch_first, kind
         # be legitimately zero at these tiny sizes: every unit of h_{t-1} can be dead.
         if not (cell == "rnn_relu" and "weight_hh" in name):
             assert torch.count_nonzero(r) > 0, f"{name}: torch's gradient is all zero"
+
+
+@pytest.mark.parametrize("kind", ["plain", "packed_unsorted"])
+@pytest.mark.parametrize("cell", sorted(CELLS))
+def test_matches_torch_nn_float64_without_bias(cell, kind):
+    test_matches_torch_nn_float64(cell, 2, True, False, kind, True, bias=False)
