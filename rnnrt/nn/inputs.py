@@ -117,7 +117,7 @@ def _check_packed(data, batch_sizes, sorted_indices, unsorted_indices) -> np.nda
 
 def prepare(module, input, hx) -> Prepared:
     """Check ``module(input, hx)``'s arguments (module docstring) and bring them to the
-    packed form. Nothing is computed or copied before every check has passed.
+    packed form. Nothing is computed before every check has passed.
 
     input: [T, B, I] ([B, T, I] with batch_first), [T, I] unbatched, or a PackedSequence
            whose data is [N, I]
