@@ -121,8 +121,9 @@ def backend_for(device: torch.device, dtype: torch.dtype):
 
 
 def group_layers(weights, num_layers: int, bias: bool) -> list[tuple]:
-    """The flat parameter list of a call, torch's order (per layer weight_ih, weight_hh and,
-    with bias, bias_ih, bias_hh), as [num_layers] (w_ih, w_hh, b_ih | None, b_hh | None)."""
+    """The flat parameter list of a call, torch's order (per layer weight_ih [G*H, I_l],
+    weight_hh [G*H, H] and, with bias, bias_ih [G*H], bias_hh [G*H]), as [num_layers] tuples
+    (w_ih, w_hh, b_ih | None, b_hh | None)."""
     per = 4 if bias else 2
     if len(weights) != per * num_layers:
         raise ValueError(f"weights: expected {per * num_layers} tensors for {num_layers} "

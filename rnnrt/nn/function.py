@@ -57,7 +57,8 @@ class RNNFunction(torch.autograd.Function):
         ctx.has_h0, ctx.has_c0 = h0 is not None, c0 is not None
         # The backend's saved state holds x, the weights and y by reference (no copies);
         # saving them here too makes torch's version counters refuse a backward after any of
-        # them was modified in place, exactly as for torch.nn's own RNNs.
+        # them was modified in place (torch.nn refuses it for its inputs and weights too),
+        # instead of a silently wrong gradient.
         ctx.save_for_backward(x, h0, c0, y, *weights)
         # An unused output (h_n, say) then reaches backward as None, not a zero tensor.
         ctx.set_materialize_grads(False)

@@ -57,7 +57,9 @@ class Prepared:
 
 
 def _split_hx(module, hx):
-    """hx -> (h0, c0): LSTM a (h0, c0) tuple, GRU / RNN one tensor; None for zeros."""
+    """hx -> (h0, c0): LSTM a (h0, c0) tuple, GRU / RNN one tensor, each [L*D, B, H]
+    ([L*D, H] unbatched; shapes are checked by ``prepare``); None for zeros. TypeError for
+    any other structure."""
     name = type(module).__name__
     if hx is None:
         return None, None
@@ -78,7 +80,10 @@ def _split_hx(module, hx):
 
 
 def _check_packed(data, batch_sizes, sorted_indices, unsorted_indices) -> np.ndarray:
-    """Raise RuntimeError unless the PackedSequence is consistent; -> batch_sizes [T] int64."""
+    """Raise RuntimeError unless the PackedSequence is consistent: data [N, I], batch_sizes
+    [T] (int64, CPU, non-increasing, >= 1, summing to N), sorted_indices / unsorted_indices
+    [B] (int64 on data's device, inverse permutations) or both None. -> batch_sizes [T]
+    int64 NumPy (a copy)."""
     if (not isinstance(batch_sizes, torch.Tensor) or batch_sizes.dim() != 1
             or batch_sizes.dtype != torch.int64 or batch_sizes.device.type != "cpu"):
         raise RuntimeError("batch_sizes: expected a 1-D int64 CPU tensor, as "
