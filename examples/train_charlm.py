@@ -1,6 +1,7 @@
-"""Train a 2-layer LSTM character model on rnnrt's own source text, with no framework.
+"""Train a 2-layer LSTM character model on rnnrt's own source text, with no framework
+(``--framework rnnrt``, the default) or through PyTorch (``--framework torch``).
 
-Everything outside the LSTM is written here on rnnrt's arrays, in one array module ``xp``
+rnnrt: everything outside the LSTM is written here on rnnrt's arrays, in one array module ``xp``
 (NumPy on the CPU, CuPy on the GPU): one-hot input, the output projection H -> V, softmax
 cross-entropy and its gradient, clipping by global norm, Adam (or SGD) on the model's one
 flat parameter buffer plus the head's two arrays, truncated backprop through time over
@@ -12,6 +13,13 @@ consecutive chunks (each chunk's final h_n / c_n is the next chunk's hx).
                   place: every plan's workspace shares that buffer). Before training on,
                   the first ``--verify-steps`` steps are recomputed by the NumPy reference
                   and the run stops if loss, h_n or any gradient disagrees.
+
+torch (``--framework torch``, CPU): the LSTM is ``rnnrt.nn.LSTM`` (torch.nn.LSTM's drop-in,
+autograd through rnnrt's backward), the head ``torch.nn.Linear``, the loss
+``torch.nn.functional.cross_entropy``, clipping ``torch.nn.utils.clip_grad_norm_`` and the
+optimiser ``torch.optim.Adam`` (or SGD). The LSTM and the head start from the same values as
+the rnnrt run of the same seed, so the two paths can be compared step for step. CPU only
+until rnnrt.nn's CUDA backend exists (``--device gpu`` is refused with that reason).
 
 Data: README.md and rnnrt's Python source, read from this checkout at run time (nothing is
 downloaded), concatenated in sorted order; the last 10% is the validation text; the
@@ -25,9 +33,10 @@ record in experiments/results/training/ (``--figures-dir`` / ``--results-dir``).
     python examples/train_charlm.py --device gpu           # the default run (GPU)
     python examples/train_charlm.py --device cpu --tiny    # the CI test's run (seconds)
     python examples/train_charlm.py --device cpu --steps 300 --hidden 128
+    python examples/train_charlm.py --framework torch --tiny  # rnnrt.nn + torch.optim
 
 Sections: configuration, data, head (softmax cross-entropy), optimiser, backends,
-training, sampling, record and figure, main.
+training, torch path, sampling, record and figure, main.
 """
 from __future__ import annotations
 
@@ -74,9 +83,12 @@ class Config:
     val_chunks:       at most this many validation chunks per evaluation (0: all)
     verify_steps:     GPU only: steps also computed by the NumPy reference and compared
     rung, executor:   GPU only: the ladder rung whose switches run, 'graph' or 'eager'
+    framework:        'rnnrt' (rnnrt's arrays, the head, Adam and clipping written here) or
+                      'torch' (rnnrt.nn.LSTM, torch.nn.Linear, torch.optim; CPU only)
     """
 
     device: str = "cpu"
+    framework: str = "rnnrt"
     hidden: int = 256
     layers: int = 2
     batch: int = 32
@@ -402,10 +414,87 @@ def _progress(msg: str):
     print(msg, file=sys.stderr, flush=True)
 
 
+def _data_summary(corpus: Corpus, per_pass: int) -> dict:
+    """The record's 'data' entry: where the text came from, its sizes and the baselines."""
+    V = len(corpus.vocab)
+    return {"files": list(corpus.files), "chars": corpus.chars, "sha256": corpus.sha256,
+            "vocab_size": V, "train_chars": len(corpus.train), "val_chars": len(corpus.val),
+            "chunks_per_pass": per_pass, "uniform_nats": math.log(V),
+            "unigram_nats": unigram_entropy(corpus.train, V)}
+
+
+def _announce(cfg: Config, corpus: Corpus, data: dict, label: str, progress):
+    progress(f"charlm: {cfg.layers}-layer LSTM H{cfg.hidden} on {label}; "
+             f"{corpus.chars} chars from {len(corpus.files)} files, vocab {data['vocab_size']}, "
+             f"train {len(corpus.train)} / val {len(corpus.val)}, {data['chunks_per_pass']} "
+             f"chunks of B{cfg.batch} x T{cfg.seq} per pass; uniform "
+             f"{data['uniform_nats']:.3f} nats, unigram {data['unigram_nats']:.3f} nats")
+
+
+def _after_step(cfg: Config, step: int, loss_f: float, norm_f: float, log: dict,
+                evaluate_fn, progress):
+    """Book one finished step into ``log`` (lists train_loss, grad_norm, step_ms -- the
+    step's time already appended -- and val), refusing a diverged run; print a line every
+    log_every steps; validate (``evaluate_fn() -> nats``) every eval_every and at the end."""
+    if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
+        raise FloatingPointError(f"step {step}: loss {loss_f}, gradient norm {norm_f}: "
+                                 f"the run diverged; lower --lr or --clip")
+    log["train_loss"].append(loss_f)
+    log["grad_norm"].append(norm_f)
+    line = None
+    if step % cfg.log_every == 0 or step == 1:
+        line = (f"step {step:5d}/{cfg.steps}  loss {loss_f:.3f} nats "
+                f"({loss_f / LN2:.3f} bits)  |g| {norm_f:6.2f}  "
+                f"{np.median(log['step_ms'][-cfg.log_every:]):6.1f} ms/step")
+    if step % cfg.eval_every == 0 or step == cfg.steps:
+        v = evaluate_fn()
+        log["val"].append({"step": step, "loss": v})
+        line = (line or f"step {step:5d}/{cfg.steps}  loss {loss_f:.3f} nats") + \
+            f"  | val {v:.3f} nats ({v / LN2:.3f} bits)"
+    if line:
+        progress(line)
+
+
+def _record(cfg: Config, log: dict, *, device: dict, device_label: str, data: dict,
+            lstm_params: int, checks: list, times: tuple, state: dict, vocab) -> dict:
+    """The run's record (see ``train``). times: (t0, t_train, train_wall) from perf_counter."""
+    t0, t_train, train_wall = times
+    losses, val, V = log["train_loss"], log["val"], data["vocab_size"]
+    tail = max(1, min(50, cfg.steps // 10))
+    best = min(val, key=lambda r: r["loss"])
+    return {
+        "kind": "charlm-train",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": dataclasses.asdict(cfg),
+        "device": device,
+        "device_label": device_label,
+        "data": data,
+        "model": {"cell": "lstm", "input": "one-hot", "lstm_params": lstm_params,
+                  "head_params": V * cfg.hidden + V},
+        "train_loss": losses,
+        "grad_norm": log["grad_norm"],
+        "step_ms": log["step_ms"],
+        "val": val,
+        "verify": checks,
+        "final": {"train_loss_tail": float(np.mean(losses[-tail:])), "tail_steps": tail,
+                  "val_loss": val[-1]["loss"], "val_bits": val[-1]["loss"] / LN2,
+                  "best_val_loss": best["loss"], "best_val_step": best["step"]},
+        "wall_s": {"setup": t_train - t0, "train": train_wall,
+                   "total": time.perf_counter() - t0},
+        "ms_per_step_median": float(np.median(log["step_ms"])),
+        "_state": state,
+        "_vocab": vocab,
+    }
+
+
 def train(cfg: Config, progress=_progress) -> dict:
     """Run ``cfg``; -> the record (the dict at the end: config, device, data, per-step
     train_loss / grad_norm / step_ms, val [{step, loss}], verify, final, wall_s), with the
     trained parameters (host arrays) and vocabulary under '_state' / '_vocab' for main."""
+    if cfg.framework == "torch":
+        return train_torch(cfg, progress)
+    if cfg.framework != "rnnrt":
+        raise ValueError(f"framework: expected 'rnnrt' or 'torch', got {cfg.framework!r}")
     t0 = time.perf_counter()
     corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
     V = len(corpus.vocab)
@@ -425,17 +514,11 @@ def train(cfg: Config, progress=_progress) -> dict:
         opt = SGD(xp, params, cfg.lr)
     else:
         raise ValueError(f"optim: expected 'adam' or 'sgd', got {cfg.optim!r}")
-    data = {"files": list(corpus.files), "chars": corpus.chars, "sha256": corpus.sha256,
-            "vocab_size": V, "train_chars": len(corpus.train), "val_chars": len(corpus.val),
-            "chunks_per_pass": per_pass, "uniform_nats": math.log(V),
-            "unigram_nats": unigram_entropy(corpus.train, V)}
-    progress(f"charlm: {cfg.layers}-layer LSTM H{cfg.hidden} on {backend.label()}; "
-             f"{corpus.chars} chars from {len(corpus.files)} files, vocab {V}, "
-             f"train {len(corpus.train)} / val {len(corpus.val)}, {per_pass} chunks of "
-             f"B{cfg.batch} x T{cfg.seq} per pass; uniform {math.log(V):.3f} nats, "
-             f"unigram {data['unigram_nats']:.3f} nats")
+    data = _data_summary(corpus, per_pass)
+    _announce(cfg, corpus, data, backend.label(), progress)
 
-    losses, norms, step_ms, val, checks = [], [], [], [], []
+    log = {"train_loss": [], "grad_norm": [], "step_ms": [], "val": []}
+    checks = []
     hx, k, t_train = None, 0, time.perf_counter()
     for step in range(1, cfg.steps + 1):
         t = time.perf_counter()
@@ -453,54 +536,109 @@ def train(cfg: Config, progress=_progress) -> dict:
         opt.step(grads)
         hx = (h_n.copy(), c_n.copy())
         loss_f, norm_f = float(loss), float(norm)  # synchronises: the step's time is whole
-        step_ms.append((time.perf_counter() - t) * 1e3)
-        if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
-            raise FloatingPointError(f"step {step}: loss {loss_f}, gradient norm {norm_f}: "
-                                     f"the run diverged; lower --lr or --clip")
-        losses.append(loss_f)
-        norms.append(norm_f)
-        line = None
-        if step % cfg.log_every == 0 or step == 1:
-            line = (f"step {step:5d}/{cfg.steps}  loss {loss_f:.3f} nats "
-                    f"({loss_f / LN2:.3f} bits)  |g| {norm_f:6.2f}  "
-                    f"{np.median(step_ms[-cfg.log_every:]):6.1f} ms/step")
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            v = evaluate(backend, head, eye, val_s, cfg.seq, cfg.val_chunks)
-            val.append({"step": step, "loss": v})
-            line = (line or f"step {step:5d}/{cfg.steps}  loss {loss_f:.3f} nats") + \
-                f"  | val {v:.3f} nats ({v / LN2:.3f} bits)"
-        if line:
-            progress(line)
+        log["step_ms"].append((time.perf_counter() - t) * 1e3)
+        _after_step(cfg, step, loss_f, norm_f, log,
+                    lambda: evaluate(backend, head, eye, val_s, cfg.seq, cfg.val_chunks),
+                    progress)
     train_wall = time.perf_counter() - t_train
 
     state = {"flat": backend.host(backend.params).copy(),
              "head": {k_: backend.host(v).copy() for k_, v in head.items()}}
-    tail = max(1, min(50, cfg.steps // 10))
-    best = min(val, key=lambda r: r["loss"])
-    record = {
-        "kind": "charlm-train",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "config": dataclasses.asdict(cfg),
-        "device": backend.info(),
-        "device_label": backend.label(),
-        "data": data,
-        "model": {"cell": "lstm", "input": "one-hot", "lstm_params": sum(
-            e.numel for e in model.layout.entries), "head_params": V * cfg.hidden + V},
-        "train_loss": losses,
-        "grad_norm": norms,
-        "step_ms": step_ms,
-        "val": val,
-        "verify": checks,
-        "final": {"train_loss_tail": float(np.mean(losses[-tail:])), "tail_steps": tail,
-                  "val_loss": val[-1]["loss"], "val_bits": val[-1]["loss"] / LN2,
-                  "best_val_loss": best["loss"], "best_val_step": best["step"]},
-        "wall_s": {"setup": t_train - t0, "train": train_wall,
-                   "total": time.perf_counter() - t0},
-        "ms_per_step_median": float(np.median(step_ms)),
-        "_state": state,
-        "_vocab": corpus.vocab,
-    }
-    return record
+    return _record(cfg, log, device=backend.info(), device_label=backend.label(), data=data,
+                   lstm_params=sum(e.numel for e in model.layout.entries), checks=checks,
+                   times=(t0, t_train, train_wall), state=state, vocab=corpus.vocab)
+
+
+# --------------------------------------------------------------------------- torch path
+
+def train_torch(cfg: Config, progress=_progress) -> dict:
+    """``--framework torch``: the same run through rnnrt.nn.LSTM and torch (module
+    docstring); -> the same record as ``train``. The LSTM and head start from the values
+    the rnnrt path starts from for this seed; Adam, clipping and the loss are torch's own
+    (their formulas are the ones this file writes out for the rnnrt path)."""
+    import torch
+    import torch.nn.functional as F
+
+    import rnnrt.nn
+    from rnnrt.params import to_flat
+
+    if cfg.device != "cpu":
+        raise NotImplementedError(f"--framework torch runs rnnrt.nn on CPU tensors only: its "
+                                  f"CUDA backend is not written yet; got --device "
+                                  f"{cfg.device}, use --device cpu")
+    # The LSTM's work is NumPy's (OpenBLAS threads); torch's own here is the head and the
+    # optimiser. Two thread pools spinning on the same cores made a tiny step ~7x slower
+    # (2 cores: 16 ms vs 2.3 ms), so torch gets one thread.
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
+    V = len(corpus.vocab)
+    start = rnnrt.LSTM(V, cfg.hidden, cfg.layers, seed=cfg.seed)  # the rnnrt path's init
+    lstm = rnnrt.nn.LSTM(V, cfg.hidden, cfg.layers)
+    lstm.load_state_dict({k: torch.from_numpy(v) for k, v in start.state_dict().items()})
+    head = torch.nn.Linear(cfg.hidden, V)
+    init = init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, V, np.float32)
+    head.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()})
+    params = [*lstm.parameters(), *head.parameters()]
+    if cfg.optim == "adam":
+        opt = torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    elif cfg.optim == "sgd":
+        opt = torch.optim.SGD(params, lr=cfg.lr)
+    else:
+        raise ValueError(f"optim: expected 'adam' or 'sgd', got {cfg.optim!r}")
+    eye = np.eye(V, dtype=np.float32)
+    train_s = stream_matrix(corpus.train, cfg.batch, cfg.seq, "training text")
+    val_s = stream_matrix(corpus.val, cfg.batch, cfg.seq, "validation text")
+    per_pass = (train_s.shape[1] - 1) // cfg.seq
+    data = _data_summary(corpus, per_pass)
+    label = "CPU, rnnrt.nn.LSTM + torch.optim"
+    _announce(cfg, corpus, data, label, progress)
+
+    def loss_of(streams, k, hx):
+        """Chunk k's mean cross-entropy from state hx -> (loss, (h_n, c_n))."""
+        x, targets = chunk(np, streams, k, cfg.seq, eye)  # [T, B, V] one-hot, [T*B] ids
+        y, hx = lstm(torch.from_numpy(x), hx)
+        logits = head(y.reshape(-1, cfg.hidden))  # rows in time-major order, as targets
+        return F.cross_entropy(logits, torch.from_numpy(targets).long()), hx
+
+    def evaluate_fn() -> float:
+        n = (val_s.shape[1] - 1) // cfg.seq
+        n = min(n, cfg.val_chunks) if cfg.val_chunks else n
+        total, hx = 0.0, None
+        with torch.no_grad():  # rnnrt.nn's inference path: nothing kept for a backward
+            for k in range(n):
+                loss, hx = loss_of(val_s, k, hx)
+                total += float(loss)
+        return total / n
+
+    log = {"train_loss": [], "grad_norm": [], "step_ms": [], "val": []}
+    hx, k, t_train = None, 0, time.perf_counter()
+    for step in range(1, cfg.steps + 1):
+        t = time.perf_counter()
+        if k == per_pass:
+            k, hx = 0, None
+        loss, (h_n, c_n) = loss_of(train_s, k, hx)
+        k += 1
+        opt.zero_grad()
+        loss.backward()
+        # max_norm inf: the norm without clipping (this file's clip 0)
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip if cfg.clip > 0 else math.inf)
+        opt.step()
+        hx = (h_n.detach(), c_n.detach())  # truncated BPTT: the next chunk starts here
+        loss_f, norm_f = float(loss.detach()), float(norm)
+        log["step_ms"].append((time.perf_counter() - t) * 1e3)
+        _after_step(cfg, step, loss_f, norm_f, log, evaluate_fn, progress)
+    train_wall = time.perf_counter() - t_train
+
+    sd = {k_: v.detach().numpy() for k_, v in lstm.state_dict().items()}
+    state = {"flat": to_flat(sd, start.layout, np.float32),
+             "head": {k_: v.detach().numpy().copy() for k_, v in head.state_dict().items()}}
+    info = {"device": f"CPU ({platform.machine()}), rnnrt.nn.LSTM (NumPy reference) + "
+                      f"torch.optim", "numpy": np.__version__, "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+    return _record(cfg, log, device=info, device_label=label, data=data,
+                   lstm_params=sum(p.numel() for p in lstm.parameters()), checks=[],
+                   times=(t0, t_train, train_wall), state=state, vocab=corpus.vocab)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -537,6 +675,8 @@ def stem(record: dict) -> str:
     """The record's and the figure's name (rnnrt.bench.records' scheme: what, device, stamp)."""
     c = record["config"]
     slug = "cpu" if c["device"] == "cpu" else device_slug(record["device"].get("device", "gpu"))
+    if c.get("framework", "rnnrt") != "rnnrt":
+        slug += "-" + c["framework"]
     return (f"charlm-lstm-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['seq']}-"
             f"S{c['steps']}-{slug}-{stamp(record['created'])}")
 
@@ -591,9 +731,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--tiny", action="store_true", help="the CI test's small preset")
+    p.add_argument("--framework", choices=("rnnrt", "torch"), default=None,
+                   help="rnnrt (default): rnnrt's arrays, no framework; torch: rnnrt.nn.LSTM "
+                        "with torch.optim (CPU)")
     types = {f.name: f.type for f in dataclasses.fields(Config)}
     for f in dataclasses.fields(Config):
-        if f.name in ("device", "text"):
+        if f.name in ("device", "text", "framework"):
             continue
         t = {"int": int, "float": float, "str": str}[types[f.name]]
         p.add_argument("--" + f.name.replace("_", "-"), type=t, default=None,

@@ -1,0 +1,30 @@
+"""rnnrt.nn: drop-ins for torch.nn.LSTM, torch.nn.GRU and torch.nn.RNN.
+
+    import rnnrt.nn
+    lstm = rnnrt.nn.LSTM(input_size, hidden_size, num_layers=2, batch_first=True)
+    output, (h_n, c_n) = lstm(x, (h0, c0))       # exactly as torch.nn.LSTM
+
+torch.nn's constructor arguments, parameter names and initialisation (load_state_dict works
+both ways), forward signature and return, PackedSequence in and out, bidirectional layers and
+inter-layer dropout; autograd through rnnrt's own backward. CPU tensors run on the NumPy
+reference in float32 / float64 (``rnnrt.varlen``: a per-step active batch, so packed
+sequences cost their real steps); CUDA tensors raise NotImplementedError until the CUDA
+backend lands (``rnnrt.nn.backend``). Not implemented: LSTM projections (proj_size > 0).
+
+This is the only part of rnnrt that needs PyTorch; ``import rnnrt`` works without it.
+Modules: ``modules`` (the nn.Modules), ``inputs`` (argument checks, packed form),
+``function`` (the autograd Function), ``backend`` (the seam and its CPU implementation),
+``packing`` (a checked pack_padded_sequence).
+"""
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "rnnrt.nn needs PyTorch, which is not installed; install it with "
+        "`pip install torch` (the CPU build is enough: `pip install torch --index-url "
+        "https://download.pytorch.org/whl/cpu`). The rest of rnnrt works without it.") from exc
+
+from .modules import GRU, LSTM, RNN, RNNBase  # noqa: E402
+from .packing import pack_padded_sequence  # noqa: E402
+
+__all__ = ["GRU", "LSTM", "RNN", "RNNBase", "pack_padded_sequence"]

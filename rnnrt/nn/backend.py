@@ -1,0 +1,136 @@
+"""The backend seam: the one small interface through which rnnrt.nn's modules run a stack of
+recurrent layers, and its implementations.
+
+A *call* is one direction of one or more stacked layers over packed sequences (torch's
+PackedSequence layout, see ``rnnrt.varlen``): the module makes one call for a whole
+unidirectional stack without active dropout (the GPU runs it as one plan), and one call per
+layer and direction otherwise (dropout and the [forward, reverse] concatenation sit between
+layers, in torch ops).
+
+    backend = backend_for(device)            # raises before any work for devices not done
+    y, h_n, c_n, saved = backend.run_forward(cell, layers, x, batch_sizes, h0, c0,
+                                             reverse=..., train=...)
+    dx, dh0, dc0, dlayers = backend.run_backward(saved, dy, dh_n, dc_n,
+                                                 need_dx=..., need_weights=...)
+
+Arguments (torch tensors, all on one device, one dtype; ``L`` = len(layers), B =
+batch_sizes[0], N = sum(batch_sizes)):
+
+  cell         'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'
+  layers       [L] tuples (weight_ih [G*H, I_l], weight_hh [G*H, H], bias_ih [G*H] | None,
+               bias_hh [G*H] | None) -- the module's parameters themselves, torch's gate order
+  x            [N, I] packed input, rows of step t at sum(batch_sizes[:t]) + 0..bs[t]-1
+  batch_sizes  [T] int64 NumPy array on the host, non-increasing, entries >= 1 (B = 0 is
+               allowed for a plain empty batch: then every entry is 0)
+  h0, c0       [L, B, H] or None (zeros); c0 only for 'lstm'
+  reverse      run each sequence from its own end to its start
+  train        keep what run_backward needs (saved); False: keep nothing, saved is None
+
+  -> y [N, H] packed like x; h_n, c_n [L, B, H] (c_n None unless 'lstm'); saved (opaque)
+
+  run_backward(saved, dy [N, H] | None, dh_n [L, B, H] | None, dc_n [L, B, H] | None,
+               need_dx, need_weights)
+  -> dx [N, I] | None (None unless need_dx), dh0 [L, B, H], dc0 [L, B, H] | None,
+     dlayers: [L] tuples of gradients shaped like ``layers`` (None for absent biases) | None
+     (None unless need_weights). None for dy / dh_n / dc_n means zeros.
+
+Implementations:
+
+  CPU     ``NumpyBackend``: rnnrt.varlen on ``t.detach().numpy()`` views (no copies of the
+          inputs or parameters), in the tensors' dtype (float32 or float64); results are
+          ``torch.from_numpy`` views of the arrays it computed.
+  CUDA    not implemented yet: ``backend_for`` raises NotImplementedError for a CUDA device.
+          It is to be a ``CudaBackend`` here with the same two methods, running rnnrt's
+          ``GpuRunner`` plans (a bounded plan cache keyed by shape) on the tensors' memory
+          through DLPack (``cupy.from_dlpack``, zero-copy) on PyTorch's current stream
+          (``torch.cuda.current_stream()``), its ``saved`` the plan's workspace reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import varlen
+
+_CPU_DTYPES = (torch.float32, torch.float64)
+
+
+class NumpyBackend:
+    """The seam (module docstring) on the CPU: rnnrt.varlen's NumPy forward/backward."""
+
+    name = "numpy"
+
+    @staticmethod
+    def _np(t):
+        """A NumPy view of CPU tensor ``t`` (any shape), or None."""
+        return None if t is None else t.detach().numpy()
+
+    def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train):
+        """See the module docstring. x [N, I]; h0, c0 [L, B, H] | None -> (y [N, H],
+        h_n [L, B, H], c_n [L, B, H] | None, saved varlen.Cache | None)."""
+        params = [{"weight_ih": self._np(w_ih), "weight_hh": self._np(w_hh),
+                   "bias_ih": self._np(b_ih), "bias_hh": self._np(b_hh)}
+                  for w_ih, w_hh, b_ih, b_hh in layers]
+        y, h_n, c_n, cache = varlen.forward(cell, params, self._np(x), batch_sizes,
+                                            self._np(h0), self._np(c0), reverse=reverse,
+                                            train=train)
+        return (torch.from_numpy(y), torch.from_numpy(h_n),
+                None if c_n is None else torch.from_numpy(c_n), cache)
+
+    def run_backward(self, saved, dy, dh_n, dc_n, *, need_dx, need_weights):
+        """See the module docstring. dy [N, H] | None; dh_n, dc_n [L, B, H] | None ->
+        (dx [N, I] | None, dh0 [L, B, H], dc0 | None, [L] gradient tuples | None)."""
+        g = varlen.backward(saved, self._np(dy), self._np(dh_n), self._np(dc_n),
+                            need_dx=need_dx, need_params=need_weights)
+
+        def t(a):
+            return None if a is None else torch.from_numpy(a)
+
+        dlayers = None
+        if g["params"] is not None:
+            dlayers = [tuple(t(p[k]) for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+                       for p in g["params"]]
+        return t(g["dx"]), t(g["dh0"]), t(g["dc0"]), dlayers
+
+
+_NUMPY = NumpyBackend()
+
+
+def backend_for(device: torch.device, dtype: torch.dtype):
+    """The backend that runs tensors of ``device`` and ``dtype``; raises (before any work)
+    where there is none:
+
+      NotImplementedError  a CUDA device (the CudaBackend -- GpuRunner through DLPack on
+                           torch's current stream -- is not written yet), any other non-CPU
+                           device, or a CPU dtype other than float32 / float64
+    """
+    if device.type == "cpu":
+        if dtype not in _CPU_DTYPES:
+            raise NotImplementedError(
+                f"rnnrt.nn: on the CPU the recurrent layers compute in float32 or float64 "
+                f"(the NumPy reference), got {dtype}; convert the module and its inputs "
+                f"with .float() or .double()")
+        return _NUMPY
+    if device.type == "cuda":
+        raise NotImplementedError(
+            "rnnrt.nn: CUDA tensors are not supported yet -- the CUDA backend (rnnrt's "
+            "GpuRunner on the tensors through DLPack, on PyTorch's current stream; "
+            "rnnrt.nn.backend.CudaBackend) is still to be written. Run the module on CPU "
+            "tensors (.cpu()), or use torch.nn for CUDA until then")
+    raise NotImplementedError(f"rnnrt.nn: tensors on device {device} are not supported; "
+                              f"rnnrt.nn runs CPU tensors (CUDA to follow)")
+
+
+def group_layers(weights, num_layers: int, bias: bool) -> list[tuple]:
+    """The flat parameter list of a call, torch's order (per layer weight_ih [G*H, I_l],
+    weight_hh [G*H, H] and, with bias, bias_ih [G*H], bias_hh [G*H]), as [num_layers] tuples
+    (w_ih, w_hh, b_ih | None, b_hh | None)."""
+    per = 4 if bias else 2
+    if len(weights) != per * num_layers:
+        raise ValueError(f"weights: expected {per * num_layers} tensors for {num_layers} "
+                         f"layer(s) with bias={bias}, got {len(weights)}")
+    out = []
+    for layer in range(num_layers):
+        w = weights[layer * per:(layer + 1) * per]
+        out.append((w[0], w[1], w[2], w[3]) if bias else (w[0], w[1], None, None))
+    return out
+

@@ -1,0 +1,271 @@
+"""``rnnrt.nn.LSTM``, ``GRU`` and ``RNN``: torch.nn.Module drop-ins for torch.nn's.
+
+Same constructor arguments, parameter names, shapes, registration order and initialisation
+as torch.nn (so ``torch.manual_seed(s)`` gives the same initial weights as torch.nn's module
+and ``load_state_dict`` works both ways); same forward signature and return. The recurrence
+itself runs through rnnrt's backend seam (``backend.py``), with rnnrt's backward
+(``function.py``).
+
+How a forward runs (``RNNBase.forward``): the arguments are checked and brought to torch's
+packed layout (``inputs.prepare``; a plain [T, B, I] batch is packed data with batch_sizes
+[B]*T), then
+
+  - a unidirectional stack with no active dropout is ONE backend call for all layers;
+  - otherwise each layer is one call per direction; a bidirectional layer's outputs are
+    concatenated [forward, reverse] (torch's order) and, in training mode, torch's dropout
+    (``torch.nn.functional.dropout``, torch's RNG on the module's device) is applied to every
+    layer's output except the last one's;
+
+and the packed output goes back to the caller's form (PackedSequence, padded [T, B, D*H],
+batch_first, unbatched), h_n / c_n back to the caller's batch order.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import torch
+from torch.nn import Parameter, init
+from torch.nn.utils.rnn import PackedSequence
+
+from .function import Call, run_call
+from .inputs import prepare
+
+_CELLS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
+_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+class RNNBase(torch.nn.Module):
+    """Shared by LSTM, GRU and RNN (torch.nn.RNNBase's arguments and attributes).
+
+    mode: 'LSTM', 'GRU', 'RNN_TANH' or 'RNN_RELU'. The other arguments are torch.nn's:
+    input_size I, hidden_size H, num_layers L, bias, batch_first, dropout (between layers,
+    training mode only), bidirectional (D = 2 directions), proj_size (LSTM; only 0 --
+    projections are not implemented), device, dtype.
+
+    Parameters, per layer l and direction (suffix '' or '_reverse'), registered in torch's
+    order: weight_ih_l{l} [G*H, I_l] (I_l = I for l = 0, else D*H), weight_hh_l{l} [G*H, H],
+    bias_ih_l{l} [G*H], bias_hh_l{l} [G*H] (with bias); all uniform(-1/sqrt(H), 1/sqrt(H)).
+    """
+
+    def __init__(self, mode, input_size, hidden_size, num_layers=1, bias=True,
+                 batch_first=False, dropout=0.0, bidirectional=False, proj_size=0,
+                 device=None, dtype=None):
+        super().__init__()
+        if mode not in _CELLS:
+            raise ValueError(f"Unrecognized RNN mode: {mode}")
+        # torch.nn.RNNBase's checks, in its order and with its exception types.
+        if (not isinstance(dropout, numbers.Number) or isinstance(dropout, bool)
+                or not 0 <= dropout <= 1):
+            raise ValueError("dropout should be a number in range [0, 1] representing the "
+                             "probability of an element being zeroed")
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(f"dropout option adds dropout after all but last recurrent layer, "
+                          f"so non-zero dropout expects num_layers greater than 1, but got "
+                          f"dropout={dropout} and num_layers={num_layers}", stacklevel=3)
+        for what, v in (("bias", bias), ("batch_first", batch_first)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{what} should be of type bool, got: {type(v).__name__}")
+        for what, v in (("input_size", input_size), ("hidden_size", hidden_size)):
+            if not isinstance(v, int):
+                raise TypeError(f"{what} should be of type int, got: {type(v).__name__}")
+            if v <= 0:
+                raise ValueError(f"{what} must be greater than zero")
+        if num_layers <= 0:
+            raise ValueError("num_layers must be greater than zero")
+        if proj_size < 0:
+            raise ValueError("proj_size should be a positive integer or zero to disable "
+                             "projections")
+        if proj_size >= hidden_size:
+            raise ValueError("proj_size has to be smaller than hidden_size")
+        if proj_size > 0:
+            raise NotImplementedError(
+                f"proj_size: rnnrt.nn.LSTM does not implement projections (proj_size > 0, "
+                f"got proj_size={proj_size}); use proj_size=0, or torch.nn.LSTM for an LSTM "
+                f"with projections")
+
+        self.mode = mode
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.bias = bias
+        self.batch_first = batch_first
+        self.dropout = float(dropout)
+        self.bidirectional = bidirectional
+        self.proj_size = proj_size
+        factory = {"device": device, "dtype": dtype}
+        gate_size = _GATES[mode] * hidden_size
+        self._flat_weights_names = []
+        self._all_weights = []
+        for layer in range(num_layers):
+            for direction in range(self.num_directions):
+                in_size = input_size if layer == 0 else hidden_size * self.num_directions
+                suffix = "_reverse" if direction == 1 else ""
+                shapes = [("weight_ih", (gate_size, in_size)),
+                          ("weight_hh", (gate_size, hidden_size))]
+                if bias:
+                    shapes += [("bias_ih", (gate_size,)), ("bias_hh", (gate_size,))]
+                names = []
+                for kind, shape in shapes:
+                    n = f"{kind}_l{layer}{suffix}"
+                    setattr(self, n, Parameter(torch.empty(shape, **factory)))
+                    names.append(n)
+                self._flat_weights_names.extend(names)
+                self._all_weights.append(names)
+        self.reset_parameters()
+
+    # ----------------------------------------------------------------- parameters
+
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def cell(self) -> str:
+        """rnnrt's cell name: 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'."""
+        return _CELLS[self.mode]
+
+    def reset_parameters(self) -> None:
+        """Every parameter uniform(-1/sqrt(H), 1/sqrt(H)), drawn in registration order from
+        torch's RNG -- torch.nn's procedure, so one seed gives torch.nn's initial values."""
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for weight in self.parameters():
+            init.uniform_(weight, -stdv, stdv)
+
+    @property
+    def _flat_weights(self) -> list:
+        """The parameters in torch's flat order, as torch.nn's attribute of that name holds
+        them; looked up on each access, since they may be replaced (torch.func.functional_call,
+        load_state_dict(assign=True), weight_norm)."""
+        return [getattr(self, n) for n in self._flat_weights_names]
+
+    @property
+    def all_weights(self) -> list:
+        """[L*D] lists of the parameters of each layer and direction (torch.nn's attribute)."""
+        return [[getattr(self, n) for n in names] for names in self._all_weights]
+
+    def flatten_parameters(self) -> None:
+        """A no-op kept for drop-in compatibility (torch.nn compacts cuDNN weights here);
+        rnnrt.nn reads the parameters in place."""
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if self.bias is not True:
+            s += f", bias={self.bias}"
+        if self.batch_first is not False:
+            s += f", batch_first={self.batch_first}"
+        if self.dropout != 0:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional is not False:
+            s += f", bidirectional={self.bidirectional}"
+        return s
+
+    # ----------------------------------------------------------------- forward
+
+    def _call(self, p, layers, direction, x, h0, c0):
+        """One backend call over ``layers`` (consecutive) in ``direction`` (0 forward, 1
+        reverse): x [N, I_l]; h0, c0 [len(layers), B, H] | None -> (y [N, H], h_n, c_n)."""
+        names = [n for layer in layers for n in self._all_weights[layer * self.num_directions
+                                                                 + direction]]
+        call = Call(p.backend, self.cell, len(layers), self.bias, p.batch_sizes,
+                    direction == 1)
+        return run_call(call, x, h0, c0, [getattr(self, n) for n in names])
+
+    def _run_layers(self, p):
+        """All layers over the packed data. -> (y [N, D*H], h_n [L*D, B, H], c_n or None)"""
+        L, D = self.num_layers, self.num_directions
+        dropout = self.dropout if self.training else 0.0
+        if D == 1 and (dropout == 0 or L == 1):
+            return self._call(p, range(L), 0, p.data, p.h0, p.c0)  # the GPU's one plan
+
+        def state(t, i):
+            return None if t is None else t[i:i + 1]
+
+        x, hs, cs = p.data, [], []
+        for layer in range(L):
+            ys = []
+            for d in range(D):
+                i = layer * D + d  # torch's h0 / h_n index of (layer, direction)
+                y, h_n, c_n = self._call(p, [layer], d, x, state(p.h0, i), state(p.c0, i))
+                ys.append(y)
+                hs.append(h_n)
+                cs.append(c_n)
+            x = ys[0] if D == 1 else torch.cat(ys, dim=1)
+            if dropout > 0 and layer < L - 1:
+                x = torch.nn.functional.dropout(x, p=dropout, training=True)
+        return x, torch.cat(hs, 0), (torch.cat(cs, 0) if self.mode == "LSTM" else None)
+
+    def forward(self, input, hx=None):
+        """torch.nn's forward.
+
+        input: [T, B, I] ([B, T, I] with batch_first), [T, I] unbatched, or a PackedSequence
+               (data [N, I], e.g. from torch.nn.utils.rnn.pack_padded_sequence)
+        hx:    LSTM (h_0, c_0), GRU / RNN h_0; each [L*D, B, H] ([L*D, H] unbatched) in the
+               caller's batch order, or None for zeros
+        -> (output, h_n) for GRU / RNN, (output, (h_n, c_n)) for LSTM. output is
+           [T, B, D*H] ([B, T, D*H] with batch_first, [T, D*H] unbatched, zero past each
+           sequence's end when padded back) or a PackedSequence like the input; h_n, c_n
+           [L*D, B, H] ([L*D, H] unbatched), each sequence's state after its own last step.
+        """
+        p = prepare(self, input, hx)  # raises, before any work, on bad arguments
+        y, h_n, c_n = self._run_layers(p)
+        if p.packed:
+            output = PackedSequence(y, p.batch_sizes_tensor, p.sorted_indices,
+                                    p.unsorted_indices)
+            if p.unsorted_indices is not None:  # back to the caller's batch order
+                h_n = h_n.index_select(1, p.unsorted_indices)
+                c_n = None if c_n is None else c_n.index_select(1, p.unsorted_indices)
+        else:
+            output = y.view(p.steps, p.batch, y.shape[-1])
+            if not p.batched:
+                output, h_n = output.squeeze(1), h_n.squeeze(1)
+                c_n = None if c_n is None else c_n.squeeze(1)
+            elif self.batch_first:
+                output = output.transpose(0, 1).contiguous()  # contiguous, like torch.nn's
+        return (output, (h_n, c_n)) if self.mode == "LSTM" else (output, h_n)
+
+
+class LSTM(RNNBase):
+    """torch.nn.LSTM's drop-in (gates i, f, g, o). Arguments as torch.nn.LSTM's:
+    (input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, proj_size=0, device=None, dtype=None); proj_size > 0 raises
+    NotImplementedError. forward(input, (h_0, c_0)) -> output, (h_n, c_n)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__("LSTM", *args, **kwargs)
+
+
+class GRU(RNNBase):
+    """torch.nn.GRU's drop-in (gates r, z, n). Arguments as torch.nn.GRU's: (input_size,
+    hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, device=None, dtype=None). forward(input, h_0) -> output, h_n."""
+
+    def __init__(self, *args, **kwargs):
+        if "proj_size" in kwargs:
+            raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
+        super().__init__("GRU", *args, **kwargs)
+
+
+class RNN(RNNBase):
+    """torch.nn.RNN's drop-in (Elman RNN, tanh or relu). Arguments as torch.nn.RNN's:
+    (input_size, hidden_size, num_layers=1, nonlinearity='tanh', bias=True,
+    batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None).
+    forward(input, h_0) -> output, h_n."""
+
+    def __init__(self, *args, **kwargs):
+        if "proj_size" in kwargs:
+            raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
+        # torch.nn.RNN takes nonlinearity as the fourth positional argument.
+        if len(args) > 3:
+            nonlinearity, args = args[3], args[:3] + args[4:]
+        else:
+            nonlinearity = kwargs.pop("nonlinearity", "tanh")
+        modes = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}
+        if nonlinearity not in modes:
+            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' "
+                             f"or 'relu'.")
+        super().__init__(modes[nonlinearity], *args, **kwargs)
+        self.nonlinearity = nonlinearity

@@ -1,0 +1,93 @@
+"""examples/train_charlm.py --framework torch: the character model trained through
+rnnrt.nn.LSTM with torch.optim.Adam on the CPU. Its tiny run learns and writes its figure and
+record; it trains the same model as the framework-free rnnrt path (same initial values, same
+data, the same Adam and clipping formulas), so the two runs' per-step losses agree to fp32
+rounding; validation runs on rnnrt.nn's inference path; --device gpu is refused by name."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="rnnrt.nn needs torch (pip install torch)")
+
+import rnnrt.nn.inputs  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_charlm.py"
+
+
+@pytest.fixture(scope="module")
+def tc():
+    spec = importlib.util.spec_from_file_location("train_charlm_nn", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def seam_trains(monkeypatch):
+    """The train flag of every rnnrt.nn backend call."""
+    flags = []
+    real = rnnrt.nn.inputs.backend_for
+
+    def recording(device, dtype):
+        backend = real(device, dtype)
+
+        class Recording:
+            def run_forward(self, *a, train, **k):
+                flags.append(train)
+                return backend.run_forward(*a, train=train, **k)
+
+            def run_backward(self, *a, **k):
+                return backend.run_backward(*a, **k)
+        return Recording()
+
+    monkeypatch.setattr(rnnrt.nn.inputs, "backend_for", recording)
+    return flags
+
+
+def test_tiny_torch_run_learns_and_equals_the_rnnrt_path(tc, tmp_path, seam_trains):
+    threads = torch.get_num_threads()
+    try:
+        rec = tc.main(["--framework", "torch", "--tiny", "--figures-dir", str(tmp_path / "f"),
+                       "--results-dir", str(tmp_path / "r")], progress=lambda m: None)
+    finally:
+        torch.set_num_threads(threads)  # the script sets 1 for itself; leave others alone
+    losses = np.array(rec["train_loss"])
+    V = rec["data"]["vocab_size"]
+    assert len(losses) == tc.TINY["steps"] and np.all(np.isfinite(losses))
+    assert abs(losses[0] - math.log(V)) < 0.2, (losses[0], math.log(V))
+    assert losses[-30:].mean() < losses[:3].mean() - 0.8
+    assert rec["final"]["val_loss"] < math.log(V) - 0.7, rec["val"]
+    # training through autograd (train=True), validation under no_grad (train=False)
+    assert seam_trains.count(True) == tc.TINY["steps"] and False in seam_trains
+
+    saved = json.loads(Path(rec["record"]).read_text())
+    assert saved["config"]["framework"] == "torch" and saved["verify"] == []
+    assert "-cpu-torch-" in Path(rec["record"]).name
+    assert "torch.optim" in saved["device_label"] and saved["device"]["torch"]
+    assert Path(rec["figure"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert saved["sample"]["text"].startswith("def ")
+
+    # The framework-free path of the same seed: the same training, step for step.
+    ref = tc.main(["--tiny", "--figures-dir", str(tmp_path / "f"),
+                   "--results-dir", str(tmp_path / "r")], progress=lambda m: None)
+    assert ref["config"]["framework"] == "rnnrt"
+    for key in ("train_loss", "grad_norm"):
+        a, b = np.array(rec[key]), np.array(ref[key])
+        worst = int(np.argmax(np.abs(a - b)))
+        assert np.all(np.abs(a - b) <= 1e-4 + 1e-4 * np.abs(b)), (
+            f"{key}: step {worst + 1}: torch path {a[worst]}, rnnrt path {b[worst]}")
+    assert abs(rec["final"]["val_loss"] - ref["final"]["val_loss"]) < 1e-4
+
+
+def test_torch_path_refuses_the_gpu(tc, tmp_path):
+    with pytest.raises(NotImplementedError, match="CUDA backend"):
+        tc.main(["--framework", "torch", "--device", "gpu", "--tiny", "--figures-dir",
+                 str(tmp_path), "--results-dir", str(tmp_path)], progress=lambda m: None)
