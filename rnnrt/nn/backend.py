@@ -39,11 +39,11 @@ Implementations:
   CPU     ``NumpyBackend``: rnnrt.varlen on ``t.detach().numpy()`` views (no copies of the
           inputs or parameters), in the tensors' dtype (float32 or float64); results are
           ``torch.from_numpy`` views of the arrays it computed.
-  CUDA    not implemented yet: ``backend_for`` raises NotImplementedError for a CUDA device.
-          It is to be a ``CudaBackend`` here with the same two methods, running rnnrt's
-          ``GpuRunner`` plans (a bounded plan cache keyed by shape) on the tensors' memory
-          through DLPack (``cupy.from_dlpack``, zero-copy) on PyTorch's current stream
-          (``torch.cuda.current_stream()``), its ``saved`` the plan's workspace reference.
+  CUDA    ``cuda.CudaBackend``: rnnrt's GpuRunner (fp32, the schedule selector's choice per
+          shape, a bounded cache of plans and workspaces) on the tensors' memory through
+          DLPack on PyTorch's current stream; ``saved`` is the runner's tape (its own
+          workspace). Variable lengths and dtypes other than float32 raise
+          NotImplementedError there, before any work.
 """
 from __future__ import annotations
 
@@ -93,15 +93,15 @@ class NumpyBackend:
 
 
 _NUMPY = NumpyBackend()
+_CUDA = None   # built on first use: cuda.CudaBackend
 
 
 def backend_for(device: torch.device, dtype: torch.dtype):
     """The backend that runs tensors of ``device`` and ``dtype``; raises (before any work)
     where there is none:
 
-      NotImplementedError  a CUDA device (the CudaBackend -- GpuRunner through DLPack on
-                           torch's current stream -- is not written yet), any other non-CPU
-                           device, or a CPU dtype other than float32 / float64
+      NotImplementedError  a device other than CPU and CUDA, or a CPU dtype other than
+                           float32 / float64 (the CUDA backend checks its own limits)
     """
     if device.type == "cpu":
         if dtype not in _CPU_DTYPES:
@@ -111,11 +111,11 @@ def backend_for(device: torch.device, dtype: torch.dtype):
                 f"with .float() or .double()")
         return _NUMPY
     if device.type == "cuda":
-        raise NotImplementedError(
-            "rnnrt.nn: CUDA tensors are not supported yet -- the CUDA backend (rnnrt's "
-            "GpuRunner on the tensors through DLPack, on PyTorch's current stream; "
-            "rnnrt.nn.backend.CudaBackend) is still to be written. Run the module on CPU "
-            "tensors (.cpu()), or use torch.nn for CUDA until then")
+        global _CUDA
+        if _CUDA is None:
+            from .cuda import CudaBackend   # CuPy is imported only when CUDA tensors come
+            _CUDA = CudaBackend()
+        return _CUDA
     raise NotImplementedError(f"rnnrt.nn: tensors on device {device} are not supported; "
                               f"rnnrt.nn runs CPU tensors (CUDA to follow)")
 

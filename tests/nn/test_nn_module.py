@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="rnnrt.nn needs torch (pip install torch)")
@@ -169,8 +170,15 @@ def test_float32_computes_in_float32(kind, kw):
 
 
 def test_devices_and_dtypes_without_a_backend_raise_not_implemented():
-    with pytest.raises(NotImplementedError, match="CUDA"):
-        backend_for(torch.device("cuda", 0), torch.float32)
+    from rnnrt.nn.cuda import CudaBackend
+    cuda = backend_for(torch.device("cuda", 0), torch.float32)   # built without CuPy
+    assert isinstance(cuda, CudaBackend)
+    # what the CUDA backend does not run yet is refused before any work, naming it
+    with pytest.raises(NotImplementedError, match="bfloat16"):
+        CudaBackend._check(torch.zeros(6, 3, dtype=torch.bfloat16), np.array([2, 2, 2]))
+    with pytest.raises(NotImplementedError, match="different lengths"):
+        CudaBackend._check(torch.zeros(5, 3), np.array([2, 2, 1]))
+    CudaBackend._check(torch.zeros(6, 3), np.array([2, 2, 2]))   # one length: runs
     with pytest.raises(NotImplementedError, match="meta"):
         rnnrt.nn.GRU(3, 4, device="meta")(torch.randn(2, 1, 3, device="meta"))
     m = rnnrt.nn.LSTM(3, 4, dtype=torch.bfloat16)

@@ -1,0 +1,176 @@
+"""rnnrt.nn against torch.nn on the GPU: one training step, and memory over varied lengths.
+
+Usage (GPU, from the repo root):
+    python experiments/scripts/nn_bench.py train-step [--repeats 30] [--out DIR]
+    python experiments/scripts/nn_bench.py memory-varlen [--steps 1000] [--out DIR]
+
+train-step: one training step (forward, a loss, backward, SGD step, zero_grad) of an LSTM
+(2 layers, hidden 512, input 512, batch 64), through rnnrt.nn and through torch.nn (cuDNN,
+fp32 with TF32 off), on (a) a fixed batch of 100 steps and (b) a packed batch of lengths
+uniform in 20-200; CUDA events around each step, median of --repeats after warm-up, the two
+modules timed in turn. Both start from the same weights; the first step's parameters after
+the update are compared (fp32 tolerance). A case rnnrt.nn declines is recorded with the reason.
+Record: kind 'train-step', rows {case, impl, ms_median, ms_min, ms_max, runs | declined}.
+
+memory-varlen: --steps training steps of rnnrt.nn's LSTM (2 x 256, batch 32) on batches of a
+random length in 1-500 (the same length for every sequence of a batch), recording GPU memory
+in use after each step (CuPy's pool plus torch's allocator) and its peak; fields
+distinct_lengths, peak_bytes_first_100, peak_bytes_last_100. Record: kind 'memory-varlen'.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import rnnrt.nn  # noqa: E402
+from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
+from rnnrt.check import FP32_RTOL, compare, reduction_atol  # noqa: E402
+from rnnrt.session import device_info  # noqa: E402
+
+
+def _no_tf32():
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def _pair(inp, hidden, layers, seed=0):
+    """(torch.nn.LSTM, rnnrt.nn.LSTM) on the GPU with the same weights."""
+    torch.manual_seed(seed)
+    ref = torch.nn.LSTM(inp, hidden, num_layers=layers).cuda()
+    ours = rnnrt.nn.LSTM(inp, hidden, num_layers=layers).cuda()
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _step_fn(module, make_input, lr=1e-3):
+    opt = torch.optim.SGD(module.parameters(), lr=lr)
+
+    def step():
+        out, _ = module(make_input())
+        data = out.data if isinstance(out, torch.nn.utils.rnn.PackedSequence) else out
+        loss = (data * data).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _time_in_turn(fns: dict, repeats: int, warmup: int = 3) -> dict:
+    """{name: [ms, ...]}: each fn timed with CUDA events, the fns run in turn each round."""
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    torch.cuda.synchronize()
+    out = {n: [] for n in fns}
+    for _ in range(repeats):
+        for n, f in fns.items():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            f()
+            e.record()
+            e.synchronize()
+            out[n].append(s.elapsed_time(e))
+    return out
+
+
+def train_step(repeats: int) -> dict:
+    _no_tf32()
+    T, B, H, L = 100, 64, 512, 2
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(T, B, H, device="cuda", generator=g)
+    lengths = torch.randint(20, 201, (B,), generator=torch.Generator().manual_seed(2))
+    xp = torch.randn(int(lengths.max()), B, H, device="cuda", generator=g)
+    cases = {
+        "fixed-T100": lambda: x,
+        "packed-lengths-20-200": lambda: torch.nn.utils.rnn.pack_padded_sequence(
+            xp, lengths, enforce_sorted=False),
+    }
+    rows, checks = [], {}
+    for case, make in cases.items():
+        ref, ours = _pair(H, H, L)
+        fns = {"torch.nn": _step_fn(ref, make)}
+        try:   # one step first: does rnnrt.nn run this case, and update like torch.nn?
+            r2, o2 = _pair(H, H, L)
+            _step_fn(r2, make)()
+            _step_fn(o2, make)()
+            worst = None
+            for (n, a), (_, b) in zip(o2.named_parameters(), r2.named_parameters()):
+                c = compare(a.detach().cpu().numpy(), b.detach().cpu().numpy(),
+                            reduction_atol(T * B), FP32_RTOL, name=f"{case} {n} after a step")
+                worst = c if worst is None or c.max_excess > worst.max_excess else worst
+            checks[case] = worst.as_dict()
+            fns["rnnrt.nn"] = _step_fn(ours, make)
+        except NotImplementedError as e:
+            rows.append({"case": case, "impl": "rnnrt.nn", "declined": str(e)})
+        times = _time_in_turn(fns, repeats)
+        for impl, ms in times.items():
+            rows.append({"case": case, "impl": impl, "ms_median": statistics.median(ms),
+                         "ms_min": min(ms), "ms_max": max(ms), "runs": len(ms),
+                         **({"check": checks[case]} if impl == "rnnrt.nn" else {})})
+        for r in rows[-len(times):]:
+            print(f"{case:24s} {r['impl']:9s} {r['ms_median']:8.3f} ms", flush=True)
+    return {"kind": "train-step", "shape": dict(cell="lstm", layers=L, input_size=H,
+                                                hidden=H, batch=B, steps=T),
+            "rows": rows, "note": "SGD step; loss mean(y^2); torch.nn fp32 with TF32 off; "
+                                  "timed in turn with CUDA events"}
+
+
+def memory_varlen(steps: int) -> dict:
+    import cupy as cp
+    _no_tf32()
+    B, H, L = 32, 256, 2
+    torch.manual_seed(0)
+    m = rnnrt.nn.LSTM(H, H, num_layers=L).cuda()
+    rng = np.random.default_rng(0)
+    pool = cp.get_default_memory_pool()
+    used, lengths = [], []
+    for i in range(steps):
+        T = int(rng.integers(1, 501))
+        lengths.append(T)
+        x = torch.randn(T, B, H, device="cuda")
+        out, _ = m(x)
+        (out * out).mean().backward()
+        for p in m.parameters():
+            p.grad = None
+        torch.cuda.synchronize()
+        used.append(pool.used_bytes() + torch.cuda.memory_allocated())
+        if (i + 1) % 100 == 0:
+            print(f"step {i + 1}: {used[-1] / 2**20:.0f} MiB in use, {len(set(lengths))} "
+                  f"lengths so far", flush=True)
+    return {"kind": "memory-varlen", "shape": dict(cell="lstm", layers=L, input_size=H,
+                                                   hidden=H, batch=B),
+            "steps": steps, "distinct_lengths": len(set(lengths)),
+            "peak_bytes_first_100": max(used[:100]), "peak_bytes_last_100": max(used[-100:]),
+            "bytes_in_use_every_10": used[::10],
+            "note": "GPU memory in use after each training step: CuPy's pool (used) plus "
+                    "torch's allocator (allocated)"}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["train-step", "memory-varlen"])
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--out", default=None, help="folder (default experiments/results/training)")
+    a = ap.parse_args(argv)
+    rec = train_step(a.repeats) if a.what == "train-step" else memory_varlen(a.steps)
+    rec.update(created=now_iso(), command=" ".join(sys.argv), device=device_info(),
+               versions=versions())
+    path = record_path("training", a.what, rec["device"]["device"], rec["created"],
+                       root=None if a.out is None else Path(a.out).parent)
+    if a.out is not None:
+        path = Path(a.out) / path.name
+    print(f"record: {write_json(rec, path)}")
+
+
+if __name__ == "__main__":
+    main()
