@@ -261,11 +261,13 @@ class GpuRunner:
 
     def _time_schedule(self, sched, shape, repeats: int) -> list:
         """The selector's timer: ``repeats`` timed runs (ms, CUDA events) of ``sched`` on
-        random inputs of ``shape`` (at most TUNE_MAX_STEPS steps), after one warm-up run;
-        forward, or forward + backward for a training shape. Nothing is cached."""
+        random inputs of ``shape`` (the first ``choice.tuning_steps(shape)`` steps), after
+        one warm-up run; forward, or forward + backward for a training shape. Nothing is
+        cached."""
+        from .kernels.choice import tuning_steps
         from .session import time_events
         m = self.model
-        steps = min(shape.steps, TUNE_MAX_STEPS)
+        steps = tuning_steps(shape)
         key = PlanKey(m.cell_name, steps, shape.batch, m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
                       family=sched.family)
@@ -403,11 +405,6 @@ class GpuRunner:
         self._states.clear()
         self._timing = None
         self.session.close()
-
-
-TUNE_MAX_STEPS = 200
-"""Steps the selector times a candidate over: a longer sequence ranks them the same (each
-step costs the same), so tuning a 10,000-step shape costs what a 200-step one does."""
 
 
 def _log(msg: str) -> None:

@@ -118,10 +118,33 @@ def train_step(repeats: int) -> dict:
                          **({"check": checks[case]} if impl == "rnnrt.nn" else {})})
         for r in rows[-len(times):]:
             print(f"{case:24s} {r['impl']:9s} {r['ms_median']:8.3f} ms", flush=True)
+    rows.append(_runner_only(T, B, H, L, repeats))
+    print(f"{'fixed-T100':24s} GpuRunner {rows[-1]['ms_median']:8.3f} ms (fwd+bwd alone)")
     return {"kind": "train-step", "shape": dict(cell="lstm", layers=L, input_size=H,
                                                 hidden=H, batch=B, steps=T),
             "rows": rows, "note": "SGD step; loss mean(y^2); torch.nn fp32 with TF32 off; "
                                   "timed in turn with CUDA events"}
+
+
+def _runner_only(T, B, H, L, repeats) -> dict:
+    """The same shape's forward + backward through GpuRunner alone (CuPy arrays, no torch):
+    what rnnrt.nn's step costs beyond it is the module's own overhead."""
+    import cupy as cp
+
+    import rnnrt
+    from rnnrt.gpu import GpuRunner
+    r = GpuRunner(rnnrt.LSTM(H, H, num_layers=L, seed=0))
+    x = cp.random.default_rng(0).standard_normal((T, B, H), dtype=cp.float32)
+    dy = cp.ones((T, B, H), cp.float32)
+
+    def run():
+        _, _, tape = r.forward(x, train=True)
+        r.backward(tape, dy)
+
+    ms = _time_in_turn({"runner": run}, repeats)["runner"]
+    return {"case": "fixed-T100", "impl": "GpuRunner (fwd+bwd alone)",
+            "ms_median": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms),
+            "runs": len(ms), "schedule": r.schedule(T, B, True).schedule.name}
 
 
 def memory_varlen(steps: int) -> dict:

@@ -300,23 +300,31 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
 def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn, progress):
     """The schedule selector's choice for the ladder's shape (timed here, on this run's
     inputs; memory only: a record measures a fresh choice)."""
-    from ..kernels.choice import Selector, Shape
+    from dataclasses import replace
+
+    from ..kernels.choice import Selector, Shape, tuning_steps
     last = {}
+    shape = Shape(cfg.cell, cfg.layers, cfg.inp, cfg.hidden, cfg.batch, cfg.steps,
+                  cfg.backward, True, "float32", executor)
+    steps = tuning_steps(shape)   # a prefix of the sequence where one run would be long
+    cfg_t = replace(cfg, steps=steps)
+    x, h0, c0, dy = inputs
+    inputs_t = (x[:steps], h0, c0, dy[:steps])
 
     def timer(sched, shape, repeats):
         if last.get("name") != sched.name:
             last.clear()
             last["name"] = sched.name
-            last["rr"] = RungRun(cfg, Rung(sched.name, sched.switches), xp,
+            last["rr"] = RungRun(cfg_t, Rung(sched.name, sched.switches), xp,
                                  lambda plan, ws: make_executor(executor, plan, ws), params,
-                                 inputs, device, family=sched.family)
+                                 inputs_t, device, family=sched.family)
             return samples_fn(last["rr"], repeats, warmup=1)
         return samples_fn(last["rr"], repeats, warmup=0)
 
-    shape = Shape(cfg.cell, cfg.layers, cfg.inp, cfg.hidden, cfg.batch, cfg.steps,
-                  cfg.backward, True, "float32", executor)
     sel = Selector(timer, device, cache=None, autotune=True).select(shape)
     last.clear()
+    if steps != cfg.steps:
+        sel.note = f"tuned on the first {steps} of {cfg.steps} steps"
     progress(f"auto {executor}: {sel.schedule.name} of "
              + ", ".join(f"{r['name']} {r['ms']:.3f}" if r["ms"] is not None else
                          f"{r['name']} ({r['status']})" for r in sel.candidates)

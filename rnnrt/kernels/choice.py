@@ -294,8 +294,29 @@ the timer reports those apart)."""
 CLEARLY_SLOWER = 1.3
 """A candidate whose first timed run is this many times the best so far is not run again."""
 TUNE_REPEATS = 3
+TUNE_RUN_MS = 60.0
+"""About how long one timed run of a candidate may take: longer sequences are tuned on a
+shorter prefix (``tuning_steps``), so a new key costs about the budget whatever its size."""
+TUNE_MIN_STEPS = 32
+TUNE_ASSUMED_TFLOPS = 30.0
+"""The rate ``tuning_steps`` assumes to estimate a run's time from its FLOPs (fp32, H100)."""
 MEMORY_ENTRIES = 1024
 """Choices a selector keeps in memory (the disk cache keeps its own bound)."""
+
+
+def tuning_steps(shape: "Shape") -> int:
+    """The steps a candidate is timed over: the shape's own, cut so that one run takes about
+    TUNE_RUN_MS at TUNE_ASSUMED_TFLOPS (never below TUNE_MIN_STEPS): every step costs the
+    same, so a prefix ranks the schedules as the whole sequence does, and seven candidates
+    of a 400 ms training step no longer take 15 s to tune (the wide sweep's largest point
+    did before this rule)."""
+    from ..cells import forward_flops
+    flops = forward_flops(shape.cell, shape.input_size, shape.hidden, shape.layers,
+                          shape.batch, shape.steps) * (3 if shape.train else 1)
+    est_ms = flops / (TUNE_ASSUMED_TFLOPS * 1e9)
+    if est_ms <= TUNE_RUN_MS:
+        return shape.steps
+    return max(min(TUNE_MIN_STEPS, shape.steps), int(shape.steps * TUNE_RUN_MS / est_ms))
 
 
 def autotune_enabled(env=None) -> bool:
@@ -362,8 +383,11 @@ class Selector:
                 first = self.timer(sched, shape, 1)
                 ms = first[0]
                 status = "timed"
+                left = self.budget_s - (self.clock() - t0)
                 if ms > CLEARLY_SLOWER * best_ms:
                     status = f"stopped early: {ms / best_ms:.2f}x the best"
+                elif (TUNE_REPEATS - 1) * ms / 1e3 > left:
+                    status = "timed once: the budget leaves no time for more runs"
                 else:
                     ms = _median(first + self.timer(sched, shape, TUNE_REPEATS - 1))
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run loses

@@ -317,3 +317,20 @@ def test_a_named_family_computes_the_reference(family):
     out = ws.outputs()
     for name, ref in (("y", y), ("h_n", hn), ("c_n", cn)):
         assert_close(out[name], ref, 1e-10, 1e-9, name=f"{family} {name}")
+
+
+def test_long_runs_are_tuned_on_a_prefix_and_short_ones_whole():
+    assert C.tuning_steps(PAPER) == 100                     # 107 GFLOP: ~4 ms, all of it
+    big = C.Shape("lstm", 4, 2048, 2048, 256, 100, train=True)   # ~20 TFLOP a run
+    n = C.tuning_steps(big)
+    assert C.TUNE_MIN_STEPS <= n < 100
+    long = C.Shape("lstm", 2, 256, 256, 32, 100000)
+    assert C.tuning_steps(long) < 100000
+
+
+def test_a_long_first_run_is_not_repeated_past_the_budget():
+    slow = {k: 1500.0 for k in MS}                          # 1.5 s a run
+    timer = FakeTimer(slow)
+    sel = C.Selector(timer, H100_SXM, autotune=True, budget_s=2.0).select(PAPER)
+    assert all(r == 1 for _, r in timer.calls)              # nobody ran twice
+    assert any("timed once" in c["status"] for c in sel.candidates)
