@@ -5,7 +5,7 @@ own ``rnnrt.gpu.GpuRunner`` (its own flat parameter buffer, plans, workspaces an
 and the schedule selector's choice per shape: ``switches='auto'``). A call:
 
   1. runs on PyTorch's current stream of the tensors' device: CuPy is pointed at it
-     (``cupy.cuda.ExternalStream``), and the runner orders its own streams after that
+     (a CuPy view of it), and the runner orders its own streams after that
      stream's earlier work and before its later work with events — no host synchronisation;
   2. copies the module's parameters into the runner's flat buffer (a few device-to-device
      copies; torch's version counters refuse a backward after an in-place change, so what the
@@ -33,6 +33,15 @@ MAX_RUNNERS = 64
 """Call sites a backend keeps runners for (least recently used go first)."""
 RUNNER_CACHE_BYTES = int(os.environ.get("RNNRT_NN_CACHE_BYTES", 1 << 30))
 """Workspace bytes each runner keeps for the shapes it saw (GpuRunner's cache_bytes)."""
+
+
+def _current_stream(cp, device):
+    """PyTorch's current stream of ``device`` as a CuPy stream (a view of it, not a new one):
+    through the CUDA stream protocol where CuPy and torch have it, else by its handle."""
+    ts = torch.cuda.current_stream(device)
+    if hasattr(cp.cuda.Stream, "from_external") and hasattr(ts, "__cuda_stream__"):
+        return cp.cuda.Stream.from_external(ts)
+    return cp.cuda.ExternalStream(ts.cuda_stream, device.index)
 
 
 def _model_for(cell: str, input_size: int, hidden: int, layers: int, bias: bool):
@@ -117,8 +126,7 @@ class CudaBackend:
         runner = self._runner(cell, layers, device)
         I = int(x.shape[1])
         with torch.cuda.device(device), cp.cuda.Device(device.index), \
-                cp.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream,
-                                       device.index):
+                _current_stream(cp, device):
             self._load_params(runner, layers)
             xc = cp.from_dlpack(x.detach().contiguous()).reshape(T, B, I)
             if reverse:
@@ -143,8 +151,7 @@ class CudaBackend:
         runner, tape, reverse, T, B, I, device = saved
         cell = runner.model.cell_name
         with torch.cuda.device(device), cp.cuda.Device(device.index), \
-                cp.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream,
-                                       device.index):
+                _current_stream(cp, device):
             dyc = None
             if dy is not None:
                 dyc = cp.from_dlpack(dy.detach().contiguous()).reshape(T, B, -1)
