@@ -217,20 +217,31 @@ def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
             + paper_schedules())
 
 
+GRID_MAX_WORK = 16384
+"""hidden x batch up to which the heuristic takes the grid kernel: past it (more h tiles a
+step, more cells a thread) cuBLAS wins (LSTM L4 H1024 B64 forward: grid 31.7 ms, the paper
+rung 12.5)."""
+
+
 def heuristic(shape: "Shape", device) -> Schedule:
-    """The deterministic choice without timing (``RNNRT_AUTOTUNE=0``): the stack kernel where
-    it fits and the batch fills more than a quarter of its lanes, else the cluster kernel
-    where it fits, else the grid kernel up to hidden 512 (above it, more h tiles a step make
-    it slower than cuBLAS: LSTM L4 H1024 B64 forward 32.0 ms against cuDNN's 14.5 on the
-    H100), else the paper rung without pre-transposition, chunks of 10."""
+    """The deterministic choice without timing (``RNNRT_AUTOTUNE=0``), a decision table fitted
+    to the wide sweep's timings of every candidate (H100, 200 points; taking it instead of the
+    timed choice costs 5% in geometric mean there):
+      1. the stack kernel where it fits, the batch fills more than a quarter of its lanes and
+         hidden >= 256 (LSTM, several layers);
+      2. the cluster kernel where it fits and hidden <= 128;
+      3. the grid kernel where it fits and hidden x batch <= GRID_MAX_WORK;
+      4. cuBLAS: the paper rung (pre-transposed weights) at batch >= 128, else chunks of 10
+         without the transposition (at batch 8 cuBLAS's kernel for the transposed product of
+         so few rows is slow: 3.4 against 0.8 ms at LSTM L1 H128 B8)."""
     fams = fitting_families(shape, device)
-    if "stack" in fams and 4 * shape.batch > PS_BMAX:
+    if "stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256:
         return persistent_schedule("stack")
-    if "cluster" in fams:
+    if "cluster" in fams and shape.hidden <= 128:
         return persistent_schedule("cluster")
-    if "grid" in fams and shape.hidden <= 512:
+    if "grid" in fams and shape.hidden * shape.batch <= GRID_MAX_WORK:
         return persistent_schedule("grid")
-    return paper_schedules()[1]
+    return paper_schedules()[0 if shape.batch >= 128 else 1]
 
 
 # --------------------------------------------------------------------------------------------
