@@ -1,5 +1,5 @@
 /*
- * persistent_common.cuh: what the persistent kernels share. #included by persistent.cu (the
+ * persistent_common.cuh: what the persistent kernels share. #included by persistent_layer.cuh (the
  * per-layer grid and cluster kernels) and persistent_stack.cu (the stack kernel); rnnrt's
  * loader (rnnrt/kernels/sources.py) inlines it when it reads either file. No kernels.
  *   PK_TIMING             timing variants, for the benchmarks only (below)

@@ -83,45 +83,45 @@ def _sigmoid(a):
     return 0.5 * (1.0 + np.tanh(0.5 * a))
 
 
-def _check(cond: bool, msg: str):
+def require(cond: bool, msg: str):
     """Cheap precondition check; a ValueError (not assert) so ``python -O`` keeps it."""
     if not cond:
         raise ValueError(msg)
 
 
-def _check_shape(name: str, arr, shape: tuple):
+def require_shape(name: str, arr, shape: tuple):
     """Raise a ValueError naming ``name`` unless arr (any array) has exactly ``shape``."""
-    _check(tuple(arr.shape) == tuple(shape),
+    require(tuple(arr.shape) == tuple(shape),
            f"reference: {name} has shape {tuple(arr.shape)}, expected {tuple(shape)}")
 
 
-def _layer_params(cell: str, params: list[dict], layer: int, in_size: int, hidden: int, dtype):
+def layer_params(cell: str, params: list[dict], layer: int, in_size: int, hidden: int, dtype):
     """Layer ``layer``'s (W [G*H, I_l], R [G*H, H], b_ih [G*H] | None, b_hh [G*H] | None),
     shape-checked and cast to ``dtype`` (no copy when it already matches)."""
     g = get_cell(cell).gates
     p = params[layer]
-    _check(set(p) == set(PARAM_KEYS),
+    require(set(p) == set(PARAM_KEYS),
            f"reference: params[{layer}] keys {sorted(p)}, expected {sorted(PARAM_KEYS)}")
-    _check((p["bias_ih"] is None) == (p["bias_hh"] is None),
+    require((p["bias_ih"] is None) == (p["bias_hh"] is None),
            f"reference: params[{layer}]: bias_ih and bias_hh must both be arrays or both None")
     w = np.asarray(p["weight_ih"], dtype=dtype)
     r = np.asarray(p["weight_hh"], dtype=dtype)
-    _check_shape(f"params[{layer}]['weight_ih']", w, (g * hidden, in_size))
-    _check_shape(f"params[{layer}]['weight_hh']", r, (g * hidden, hidden))
+    require_shape(f"params[{layer}]['weight_ih']", w, (g * hidden, in_size))
+    require_shape(f"params[{layer}]['weight_hh']", r, (g * hidden, hidden))
     if p["bias_ih"] is None:
         return w, r, None, None
     b_ih = np.asarray(p["bias_ih"], dtype=dtype)
     b_hh = np.asarray(p["bias_hh"], dtype=dtype)
-    _check_shape(f"params[{layer}]['bias_ih']", b_ih, (g * hidden,))
-    _check_shape(f"params[{layer}]['bias_hh']", b_hh, (g * hidden,))
+    require_shape(f"params[{layer}]['bias_ih']", b_ih, (g * hidden,))
+    require_shape(f"params[{layer}]['bias_hh']", b_hh, (g * hidden,))
     return w, r, b_ih, b_hh
 
 
 def _sizes(params: list[dict], x):
     """(L, T, B, I, H) from params and x [T, B, I]; H is read off layer 0's weight_hh."""
-    _check(x.ndim == 3, f"reference: x must be [T, B, I] (time-major), got shape {x.shape}")
-    _check(np.issubdtype(x.dtype, np.floating), f"reference: x must be floating, got {x.dtype}")
-    _check(len(params) >= 1, "reference: params must hold one dict per layer, got none")
+    require(x.ndim == 3, f"reference: x must be [T, B, I] (time-major), got shape {x.shape}")
+    require(np.issubdtype(x.dtype, np.floating), f"reference: x must be floating, got {x.dtype}")
+    require(len(params) >= 1, "reference: params must hold one dict per layer, got none")
     t, b, i = x.shape
     hidden = np.shape(params[0]["weight_hh"])[1]
     return len(params), t, b, i, hidden
@@ -239,18 +239,18 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None):
     dtype = x.dtype
 
     h0 = np.zeros((num_layers, batch, hidden), dtype) if h0 is None else np.asarray(h0, dtype)
-    _check_shape("h0", h0, (num_layers, batch, hidden))
+    require_shape("h0", h0, (num_layers, batch, hidden))
     if spec.has_cell_state:
         c0 = np.zeros((num_layers, batch, hidden), dtype) if c0 is None else np.asarray(c0, dtype)
-        _check_shape("c0", c0, (num_layers, batch, hidden))
+        require_shape("c0", c0, (num_layers, batch, hidden))
     else:
-        _check(c0 is None, f"reference: c0 given, but {cell} has no cell state")
+        require(c0 is None, f"reference: c0 given, but {cell} has no cell state")
 
     layers = []
     inp = x
     for layer in range(num_layers):
         i_l = layer_input_size(layer, in_size, hidden)
-        w, r, b_ih, b_hh = _layer_params(cell, params, layer, i_l, hidden, dtype)
+        w, r, b_ih, b_hh = layer_params(cell, params, layer, i_l, hidden, dtype)
         h = np.empty((steps + 1, batch, hidden), dtype)
         h[0] = h0[layer]
         c = None
@@ -299,25 +299,25 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
     """
     spec = get_cell(cell)
     _, step_backward = STEPS[spec.name]
-    _check(cache.cell == spec.name,
+    require(cache.cell == spec.name,
            f"reference: cache is from a {cache.cell} forward, backward asked for {spec.name}")
     num_layers = len(cache.layers)
-    _check(len(params) == num_layers,
+    require(len(params) == num_layers,
            f"reference: {len(params)} param dicts, but the cache has {num_layers} layers")
     top = cache.layers[-1]
     steps, batch, hidden = top.h.shape[0] - 1, top.h.shape[1], top.h.shape[2]
     dtype = top.h.dtype
 
     dy = np.asarray(dy, dtype)
-    _check_shape("dy", dy, (steps, batch, hidden))
+    require_shape("dy", dy, (steps, batch, hidden))
     state_shape = (num_layers, batch, hidden)
     dh_n = np.zeros(state_shape, dtype) if dh_n is None else np.asarray(dh_n, dtype)
-    _check_shape("dh_n", dh_n, state_shape)
+    require_shape("dh_n", dh_n, state_shape)
     if spec.has_cell_state:
         dc_n = np.zeros(state_shape, dtype) if dc_n is None else np.asarray(dc_n, dtype)
-        _check_shape("dc_n", dc_n, state_shape)
+        require_shape("dc_n", dc_n, state_shape)
     else:
-        _check(dc_n is None, f"reference: dc_n given, but {cell} has no cell state")
+        require(dc_n is None, f"reference: dc_n given, but {cell} has no cell state")
 
     dh0 = np.empty(state_shape, dtype)
     dc0 = np.empty(state_shape, dtype) if spec.has_cell_state else None
@@ -326,7 +326,7 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
     for layer in reversed(range(num_layers)):
         lc = cache.layers[layer]
         in_size = lc.x.shape[2]
-        w, r, b_ih, b_hh = _layer_params(cell, params, layer, in_size, hidden, dtype)
+        w, r, b_ih, b_hh = layer_params(cell, params, layer, in_size, hidden, dtype)
         dw, dr = np.zeros_like(w), np.zeros_like(r)
         db_ih = None if b_ih is None else np.zeros_like(b_ih)
         db_hh = None if b_hh is None else np.zeros_like(b_hh)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cells import get_cell, layer_input_size
-from .reference import STEPS, _check, _check_shape, _layer_params
+from .reference import STEPS, require, require_shape, layer_params
 
 
 # --------------------------------------------------------------------------- schedule
@@ -55,16 +55,16 @@ def check_batch_sizes(batch_sizes, rows: int | None = None) -> np.ndarray:
     rows:        the packed arrays' first dimension N, or None to skip that check
     """
     bs = np.asarray(batch_sizes)
-    _check(bs.ndim == 1 and bs.shape[0] >= 1,
+    require(bs.ndim == 1 and bs.shape[0] >= 1,
            f"batch_sizes: expected a 1-D array of at least one step, got shape {bs.shape}")
-    _check(bs.dtype.kind in "iu", f"batch_sizes: expected integers, got dtype {bs.dtype}")
+    require(bs.dtype.kind in "iu", f"batch_sizes: expected integers, got dtype {bs.dtype}")
     bs = bs.astype(np.int64, copy=False)
-    _check(bool(np.all(bs >= 0)), f"batch_sizes: negative entry in {bs.tolist()}")
-    _check(bool(np.all(bs[1:] <= bs[:-1])),
+    require(bool(np.all(bs >= 0)), f"batch_sizes: negative entry in {bs.tolist()}")
+    require(bool(np.all(bs[1:] <= bs[:-1])),
            f"batch_sizes: expected non-increasing entries (sequences sorted by length, "
            f"longest first), got {bs.tolist()}")
     if rows is not None:
-        _check(int(bs.sum()) == rows,
+        require(int(bs.sum()) == rows,
                f"batch_sizes: they sum to {int(bs.sum())}, but the packed input has {rows} rows")
     return bs
 
@@ -147,9 +147,9 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
     spec = get_cell(cell)
     step, _ = STEPS[spec.name]
     x = np.asarray(x)
-    _check(x.ndim == 2, f"varlen: x must be packed [N, I], got shape {x.shape}")
-    _check(x.dtype.kind == "f", f"varlen: x must be floating, got {x.dtype}")
-    _check(len(params) >= 1, "varlen: params must hold one dict per layer, got none")
+    require(x.ndim == 2, f"varlen: x must be packed [N, I], got shape {x.shape}")
+    require(x.dtype.kind == "f", f"varlen: x must be floating, got {x.dtype}")
+    require(len(params) >= 1, "varlen: params must hold one dict per layer, got none")
     bs = check_batch_sizes(batch_sizes, x.shape[0])
     off = offsets(bs)
     num_layers, batch, in_size = len(params), int(bs[0]), x.shape[1]
@@ -158,23 +158,23 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
     state_shape = (num_layers, batch, hidden)
 
     h0 = np.zeros(state_shape, dtype) if h0 is None else np.asarray(h0, dtype)
-    _check_shape("h0", h0, state_shape)
+    require_shape("h0", h0, state_shape)
     if spec.has_cell_state:
         c0 = np.zeros(state_shape, dtype) if c0 is None else np.asarray(c0, dtype)
-        _check_shape("c0", c0, state_shape)
+        require_shape("c0", c0, state_shape)
     else:
-        _check(c0 is None, f"varlen: c0 given, but {cell} has no cell state")
+        require(c0 is None, f"varlen: c0 given, but {cell} has no cell state")
 
     n = x.shape[0]
     h_n = np.empty(state_shape, dtype)
     c_n = np.empty(state_shape, dtype) if spec.has_cell_state else None
-    layer_params, layers = [], []
+    cast_params, layers = [], []
     inp = x
     for layer in range(num_layers):
-        w, r, b_ih, b_hh = _layer_params(cell, params, layer,
+        w, r, b_ih, b_hh = layer_params(cell, params, layer,
                                          layer_input_size(layer, in_size, hidden), hidden,
                                          dtype)
-        layer_params.append({"weight_ih": w, "weight_hh": r, "bias_ih": b_ih, "bias_hh": b_hh})
+        cast_params.append({"weight_ih": w, "weight_hh": r, "bias_ih": b_ih, "bias_hh": b_hh})
         # W x for every real row of the layer at once: padding never exists to be multiplied.
         gi_all = inp @ w.T
         if b_ih is not None:
@@ -212,7 +212,7 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
         if train:
             layers.append(LayerCache(x=inp, y=y, hprev=hprev, c=cs, cprev=cprev, gates=gates))
         inp = y
-    cache = Cache(spec.name, bs, bool(reverse), layer_params, layers) if train else None
+    cache = Cache(spec.name, bs, bool(reverse), cast_params, layers) if train else None
     return inp, h_n, c_n, cache
 
 
@@ -234,7 +234,7 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
     LSTM) and params: one dict per layer with reference's keys, gradients of the same shapes
     (None where the parameter is None) | None.
     """
-    _check(isinstance(cache, Cache), f"varlen: cache must be the Cache of forward(train=True), "
+    require(isinstance(cache, Cache), f"varlen: cache must be the Cache of forward(train=True), "
                                      f"got {type(cache).__name__}")
     spec = get_cell(cache.cell)
     _, step_backward = STEPS[spec.name]
@@ -246,14 +246,14 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
     state_shape = (num_layers, batch, hidden)
 
     dy = np.zeros((n, hidden), dtype) if dy is None else np.asarray(dy, dtype)
-    _check_shape("dy", dy, (n, hidden))
+    require_shape("dy", dy, (n, hidden))
     dh_n = np.zeros(state_shape, dtype) if dh_n is None else np.asarray(dh_n, dtype)
-    _check_shape("dh_n", dh_n, state_shape)
+    require_shape("dh_n", dh_n, state_shape)
     if spec.has_cell_state:
         dc_n = np.zeros(state_shape, dtype) if dc_n is None else np.asarray(dc_n, dtype)
-        _check_shape("dc_n", dc_n, state_shape)
+        require_shape("dc_n", dc_n, state_shape)
     else:
-        _check(dc_n is None, f"varlen: dc_n given, but {spec.name} has no cell state")
+        require(dc_n is None, f"varlen: dc_n given, but {spec.name} has no cell state")
 
     dh0 = np.empty(state_shape, dtype)
     dc0 = np.empty(state_shape, dtype) if spec.has_cell_state else None

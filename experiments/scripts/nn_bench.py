@@ -188,7 +188,10 @@ def main(argv=None):
     rec = train_step(a.repeats) if a.what == "train-step" else memory_varlen(a.steps)
     rec.update(created=now_iso(), command=" ".join(sys.argv), device=device_info(),
                versions=versions())
-    path = record_path("training", a.what, rec["device"]["device"], rec["created"],
+    sh = rec["shape"]   # the stem names the shape, as every record's does
+    stem = f"{a.what}-{sh['cell']}-L{sh['layers']}-H{sh['hidden']}-B{sh['batch']}" + (
+        f"-T{sh['steps']}" if "steps" in sh else "")
+    path = record_path("training", stem, rec["device"]["device"], rec["created"],
                        root=None if a.out is None else Path(a.out).parent)
     if a.out is not None:
         path = Path(a.out) / path.name
