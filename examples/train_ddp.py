@@ -83,6 +83,9 @@ class Config:
     shuffle:     the sampler reshuffles the streams each pass (set_epoch)
     skip_allreduce: train every process on its own shard WITHOUT DDP's all-reduce
                  (``no_sync``): a planted fault the equality checks must catch
+    sync_debug:  CUDA: torch.cuda.set_sync_debug_mode('warn') over the timed steps, so any
+                 torch operation there that synchronises with the host is recorded as a
+                 warning (rnnrt's own CuPy calls are not seen by it)
     """
 
     device: str = "cpu"
@@ -102,6 +105,7 @@ class Config:
     log_every: int = 50
     shuffle: bool = True
     skip_allreduce: bool = False
+    sync_debug: bool = False
     timeout_s: int = 600
     text: tuple[str, ...] = CHARLM.text
 
@@ -217,8 +221,10 @@ def setup(cfg: Config, init_method: str = "env://", env=None) -> Dist:
     backend = "nccl" if cfg.device == "cuda" else "gloo"
     if backend == "nccl":
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (read at init)
+    # device_id binds NCCL's communicator to this GPU (no guessing it from the rank)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=_dt.timedelta(seconds=cfg.timeout_s))
+                            timeout=_dt.timedelta(seconds=cfg.timeout_s),
+                            **({"device_id": device} if backend == "nccl" else {}))
     return Dist(rank, world, device, backend)
 
 
@@ -231,6 +237,15 @@ def teardown(d: Dist) -> None:
 
 def _dtype(cfg: Config):
     return {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
+
+
+def _distinct(caught) -> list[str]:
+    """The warnings caught, each distinct one once, with how often it came."""
+    counts: dict[str, int] = {}
+    for w in caught:
+        text = f"{w.category.__name__}: {w.message}"
+        counts[text] = counts.get(text, 0) + 1
+    return [t if n == 1 else f"{t} (x{n})" for t, n in counts.items()]
 
 
 def evaluate(model: CharLM, streams, cfg: Config, eye) -> float:
@@ -246,6 +261,24 @@ def evaluate(model: CharLM, streams, cfg: Config, eye) -> float:
     return total / n
 
 
+def train_step(net, opt, params, x, targets, hx, clip: float, skip_allreduce: bool):
+    """One optimiser step on chunk x [T, b, V] (targets [T*b] ids) from state hx: forward,
+    cross-entropy, backward (DDP all-reduces the gradients unless ``skip_allreduce``),
+    clipping to ``clip`` (0: none), the update. Nothing is read back to the host.
+    -> (loss, (h_n, c_n)), detached: the step's graph dies on return, and with it rnnrt's
+    tape (its saved activations), so the next forward reuses the same workspace."""
+    sync = net.no_sync() if skip_allreduce else contextlib.nullcontext()
+    with sync:
+        logits, (h_n, c_n) = net(x, hx)
+        loss = F.cross_entropy(logits, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    return loss.detach(), (h_n.detach(), c_n.detach())  # truncated BPTT: hx for the next
+
+
 def train(cfg: Config, d: Dist, corpus=None, progress=None, snapshot_step: int = 0) -> dict:
     """Train on this process's shard; -> {steps_per_s, train_loss [steps] (the global
     batch's), val_loss, warnings, state (the final parameters, CPU copies), snapshot (the
@@ -256,10 +289,18 @@ def train(cfg: Config, d: Dist, corpus=None, progress=None, snapshot_step: int =
     if not 0 <= snapshot_step <= cfg.warmup:
         raise ValueError(f"snapshot_step: expected 0..warmup ({cfg.warmup}), got "
                          f"{snapshot_step}")
-    say = progress if progress is not None else (lambda m: None)
-    dtype = _dtype(cfg)
+    threads = torch.get_num_threads()
     if cfg.device == "cpu":
         torch.set_num_threads(1)  # the LSTM is NumPy's; two thread pools on few cores thrash
+    try:
+        return _train(cfg, d, corpus, progress, snapshot_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: Config, d: Dist, corpus, progress, snapshot_step: int) -> dict:
+    say = progress if progress is not None else (lambda m: None)
+    dtype = _dtype(cfg)
     torch.manual_seed(cfg.seed)
     if corpus is None:
         corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
@@ -271,6 +312,13 @@ def train(cfg: Config, d: Dist, corpus=None, progress=None, snapshot_step: int =
     sampler = torch.utils.data.DistributedSampler(range(cfg.batch), num_replicas=d.world,
                                                   rank=d.rank, shuffle=cfg.shuffle,
                                                   seed=cfg.seed, drop_last=True)
+    order = []  # [passes, batch/world]: this process's streams in each pass over the text
+    for epoch in range(math.ceil(cfg.steps / per_pass)):
+        sampler.set_epoch(epoch)
+        order.append(list(sampler))
+    # One copy to the device before the steps (a copy from pageable host memory in the loop
+    # would wait for the device's queue: a host synchronisation every pass).
+    order = torch.tensor(order, dtype=torch.long).to(d.device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = build_model(cfg, V, d.device, dtype)
@@ -282,38 +330,32 @@ def train(cfg: Config, d: Dist, corpus=None, progress=None, snapshot_step: int =
         params = list(model.parameters())
         opt = make_optimizer(cfg, params)
         losses, hx, k, epoch, t0, snapshot = [], None, per_pass, -1, None, None
+        debug_syncs = cfg.sync_debug and d.device.type == "cuda"
         barrier(d)
         t_start = time.perf_counter()
-        for step in range(1, cfg.steps + 1):
-            if step == cfg.warmup + 1:
-                barrier(d)
-                t0 = time.perf_counter()
-            if k == per_pass:  # a new pass: the sampler reshuffles, the state restarts
-                epoch += 1
-                sampler.set_epoch(epoch)
-                rows = torch.tensor(list(sampler), dtype=torch.long, device=d.device)
-                local, k, hx = streams.index_select(0, rows), 0, None
-            x, targets = chunk(TORCH_XP, local, k, cfg.seq, eye)  # [T, b, V], [T*b]
-            k += 1
-            sync = net.no_sync() if (d.ddp and cfg.skip_allreduce) else contextlib.nullcontext()
-            with sync:
-                logits, (h_n, c_n) = net(x, hx)
-                loss = F.cross_entropy(logits, targets)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-            if cfg.clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-            opt.step()
-            hx = (h_n.detach(), c_n.detach())  # truncated BPTT: the next chunk starts here
-            losses.append(loss.detach())
-            if step == snapshot_step:  # device copies, before the timed steps
-                snapshot = {n: t.detach().clone() for n, t in model.state_dict().items()}
-            if progress is not None and cfg.log_every and step % cfg.log_every == 0:
-                say(f"step {step}: loss {loss.item():.4f} nats/char (this process's "
-                    f"streams)")  # the one host sync
-            # Drop the step's graph now: rnnrt's saved activations (its tape) are freed
-            # before the next forward, which then reuses the same workspace.
-            del logits, loss, h_n, c_n
+        try:
+            for step in range(1, cfg.steps + 1):
+                if step == cfg.warmup + 1:
+                    barrier(d)
+                    t0 = time.perf_counter()
+                    if debug_syncs:  # from here, a torch op that waits for the device warns
+                        torch.cuda.set_sync_debug_mode("warn")
+                if k == per_pass:  # a new pass: the sampler's next order, the state restarts
+                    epoch += 1
+                    local, k, hx = streams.index_select(0, order[epoch]), 0, None
+                x, targets = chunk(TORCH_XP, local, k, cfg.seq, eye)  # [T, b, V], [T*b]
+                k += 1
+                loss, hx = train_step(net, opt, params, x, targets, hx, cfg.clip,
+                                      d.ddp and cfg.skip_allreduce)
+                losses.append(loss)
+                if step == snapshot_step:  # device copies, before the timed steps
+                    snapshot = {n: t.detach().clone() for n, t in model.state_dict().items()}
+                if progress is not None and cfg.log_every and step % cfg.log_every == 0:
+                    say(f"step {step}: loss {loss.item():.4f} nats/char (this process's "
+                        f"streams)")  # the one host sync
+        finally:
+            if debug_syncs:
+                torch.cuda.set_sync_debug_mode(0)
         barrier(d)
         t_end = time.perf_counter()
         # The global batch's loss of each step: the mean of the processes' (equal shares).
@@ -336,7 +378,7 @@ def train(cfg: Config, d: Dist, corpus=None, progress=None, snapshot_step: int =
         "steps_per_s": timed / (t_end - t0), "wall_s": t_end - t_start,
         "train_loss": loss_curve.cpu().tolist(),  # one copy, at the end
         "val_loss": val,
-        "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+        "warnings": _distinct(caught),
         "lstm_params": sum(p.numel() for p in model.lstm.parameters()),
         "state": {n: t.detach().cpu().clone() for n, t in model.state_dict().items()},
         "snapshot": None if snapshot is None else {n: t.cpu() for n, t in snapshot.items()},
@@ -388,7 +430,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help=f"a few CPU seconds: {TINY}")
     for f in dataclasses.fields(Config):
-        if f.name in ("text", "shuffle", "skip_allreduce"):
+        if f.name in ("text", "shuffle", "skip_allreduce", "sync_debug"):
             continue
         kind = type(f.default)
         extra = {"choices": {"device": ("cpu", "cuda"), "dtype": ("float32", "float64"),
@@ -399,6 +441,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-shuffle", action="store_true", help="same streams every pass")
     p.add_argument("--skip-allreduce", action="store_true",
                    help="planted fault: no gradient all-reduce (the equality checks fail)")
+    p.add_argument("--sync-debug", action="store_true",
+                   help="CUDA: report torch ops that synchronise with the host in timed steps")
     p.add_argument("--text", nargs="+", default=None,
                    help=f"globs under the repo root (default {' '.join(DEFAULT_TEXT)})")
     p.add_argument("--init-method", default="env://",
@@ -416,9 +460,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
         kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     for f in dataclasses.fields(Config):
         v = getattr(args, f.name, None)
-        if v is not None and f.name not in ("shuffle", "skip_allreduce"):
+        if v is not None and f.name not in ("shuffle", "skip_allreduce", "sync_debug"):
             kw[f.name] = tuple(v) if f.name == "text" else v
-    return Config(**kw, shuffle=not args.no_shuffle, skip_allreduce=args.skip_allreduce)
+    return Config(**kw, shuffle=not args.no_shuffle, skip_allreduce=args.skip_allreduce,
+                  sync_debug=args.sync_debug)
 
 
 def main(argv=None, env=None) -> dict | None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import gc
 import hashlib
 import json
 import os
@@ -205,7 +206,10 @@ def device_record(d: td.Dist) -> dict:
 
 def _free(d: td.Dist) -> None:
     """Give the two allocators' cached blocks back between phases (CuPy's pool holds
-    rnnrt's workspaces, torch's the rest): each phase starts from the same free memory."""
+    rnnrt's workspaces, torch's the rest): each phase starts from the same free memory.
+    The last phase's modules first: DDP's hooks make reference cycles, and rnnrt.nn drops
+    a module's runner (and its workspaces) only when its weights die."""
+    gc.collect()
     if d.device.type == "cuda":
         import cupy as cp
         with cp.cuda.Device(d.device.index):
@@ -231,7 +235,8 @@ def schedules(cfg: td.Config, vocab: int, d: td.Dist) -> dict:
     return out
 
 
-def run_shape(base: td.Config, shape: dict, d2: td.Dist, host, corpus, say) -> dict | None:
+def run_shape(base: td.Config, shape: dict, d2: td.Dist, host, corpus, say,
+              device: dict | None) -> dict | None:
     """The three phases of one shape on this rank; -> rank 0's record, None elsewhere."""
     cfg = dataclasses.replace(base, layers=shape["layers"], hidden=shape["hidden"],
                               batch=shape["batch"], steps=shape["steps"])
@@ -291,7 +296,7 @@ def run_shape(base: td.Config, shape: dict, d2: td.Dist, host, corpus, say) -> d
         "ok": check["ok"] and digests[0] == digests[1],
         "schedules": schedules(cfg, one["vocab_size"], d2),
         "lstm_params": one["lstm_params"],
-        "device": device_record(d2), "versions": versions(),
+        "device": device, "versions": versions(),
         "ddp": {"backend": d2.backend, "gradient_as_bucket_view": True,
                 "bucket_cap_mb": 25, "find_unused_parameters": False},
         "loss": {"one_gpu": one["train_loss"], "two_gpus": two["train_loss"]},
@@ -315,11 +320,12 @@ def _worker(rank: int, world: int, opts: dict, tmp: str) -> None:
                 print(msg, file=sys.stderr, flush=True)
 
         corpus = load_corpus(ROOT, base.text, base.val_frac)
+        device = device_record(d2) if rank == 0 else None
         written = []
         for shape in opts["shapes"]:
             say(f"L{shape['layers']} H{shape['hidden']} B{shape['batch']} "
                 f"({shape['steps']} steps, {base.warmup} warm-up):")
-            rec = run_shape(base, shape, d2, host, corpus, say)
+            rec = run_shape(base, shape, d2, host, corpus, say, device)
             if rec is not None:
                 stem = (f"ddp-scaling-lstm-L{shape['layers']}-H{shape['hidden']}-"
                         f"B{shape['batch']}-T{base.seq}")
@@ -330,7 +336,7 @@ def _worker(rank: int, world: int, opts: dict, tmp: str) -> None:
         if rank == 0:
             if link is not None:
                 rec = {"kind": "ddp-link", "created": now_iso(), **link,
-                       "device": device_record(d2), "versions": versions()}
+                       "device": device, "versions": versions()}
                 written.append(_write(rec, "ddp-link", opts["out"]))
             Path(tmp, "result.json").write_text(json.dumps(written))
     finally:
@@ -380,7 +386,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1.0, help="SGD's learning rate")
     p.add_argument("--text", nargs="+", default=None, help="corpus globs (train_ddp's)")
     p.add_argument("--no-link", action="store_true", help="skip the link probe")
-    p.add_argument("--deadline", type=float, default=540,
+    p.add_argument("--deadline", type=float, default=300,
                    help="seconds before the workers are terminated")
     p.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "training")
     return p.parse_args(argv)
@@ -392,7 +398,7 @@ def main(argv=None) -> tuple[int, list]:
     shapes = parse_shapes(args.shapes, args.steps)
     config = dict(device=args.device, dtype=args.dtype, seq=args.seq, warmup=args.warmup,
                   optim="sgd", lr=args.lr, clip=5.0, val_chunks=0, log_every=0,
-                  timeout_s=int(args.deadline))
+                  sync_debug=True, timeout_s=int(args.deadline))
     if args.text:
         config["text"] = tuple(args.text)
     for s in shapes:  # every argument error before anything starts
@@ -417,24 +423,30 @@ def main(argv=None) -> tuple[int, list]:
 
 
 def print_table(records: list) -> int:
-    """The short table (last on stdout); -> 1 when a check failed."""
-    status = 0
-    print(f"{'shape':22s} {'1 GPU/s':>9s} {'2 GPU/s':>9s} {'speedup':>8s} {'thruput':>8s} "
-          f"{'rel diff':>9s} check")
+    """The short table (last on stdout; per-process on the CPU); -> 1 when a check failed."""
+    status, unit = 0, "GPU" if any(r.get("gpus") for r in records) else "proc"
+    print(f"{'shape':22s} {'1 ' + unit + '/s':>9s} {'2 ' + unit + '/s':>9s} {'speedup':>8s} "
+          f"{'thruput':>8s} {'rel diff':>9s} check")
     for r in records:
         if r["kind"] == "ddp-link":
             for row in r["collectives"]:
                 print(f"  link {row['op']:18s} {row['bytes']:>10d} B {row['us']:9.1f} us "
                       f"{row['GB_s']:7.2f} GB/s")
+            for row in (r["peer_copy"] or {}).get("rows", []):
+                print(f"  link {'peer copy 0->1':18s} {row['bytes']:>10d} B {row['us']:9.1f} us "
+                      f"{row['GB_s']:7.2f} GB/s")
             continue
         s = r["shape"]
-        ok = r["ok"]
-        status |= 0 if ok else 1
+        status |= 0 if r["ok"] else 1
+        notes = ["ok" if r["ok"] else "FAILED"]
+        if not r["goal"]["met"]:
+            notes.append(f"(below {GOAL}x)")
+        if r["warnings"]:
+            notes.append(f"WARNINGS: {len(r['warnings'])}")
         print(f"L{s['layers']}-H{s['hidden']}-B{s['batch']}-T{s['steps']:<7d} "
               f"{r['steps_per_s'][0]:9.2f} {r['steps_per_s'][1]:9.2f} {r['speedup']:7.2f}x "
               f"{r['throughput_speedup']:7.2f}x {r['max_param_rel_diff']:9.2e} "
-              f"{'ok' if ok else 'FAILED'}{'' if r['goal']['met'] else ' (below ' + str(GOAL) + 'x)'}"
-              f"{'' if not r['warnings'] else ' WARNINGS: ' + str(len(r['warnings']))}")
+              + " ".join(notes))
     return status
 
 
