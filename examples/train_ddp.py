@@ -408,8 +408,7 @@ def make_record(cfg: Config, d: Dist, res: dict, command: str) -> dict:
                    for k, v in dataclasses.asdict(cfg).items()},
         "world": d.world, "backend": d.backend, "batch_per_process": res["batch_per_process"],
         "device": {"device": device_name(d), "type": d.device.type,
-                   "nccl": (".".join(map(str, torch.cuda.nccl.version()))
-                            if d.backend == "nccl" else None),
+                   "nccl": str(torch.cuda.nccl.version()) if d.backend == "nccl" else None,
                    "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")},
         "versions": versions(),
         "ddp": ({"gradient_as_bucket_view": True, "find_unused_parameters": False}

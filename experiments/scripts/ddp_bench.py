@@ -200,7 +200,7 @@ def device_record(d: td.Dist) -> dict:
         topo = f"unavailable: {type(e).__name__}: {e}"
     return {**info, "gpus_visible": [torch.cuda.get_device_name(i)
                                      for i in range(torch.cuda.device_count())],
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "nccl": str(torch.cuda.nccl.version()),
             "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"), "topology": topo}
 
 
@@ -218,8 +218,10 @@ def _free(d: td.Dist) -> None:
 
 
 def schedules(cfg: td.Config, vocab: int, d: td.Dist) -> dict:
-    """What rnnrt's selector runs for the training shapes of the phases (its cache on disk
-    answers: the phases tuned them)."""
+    """The schedules rnnrt's selector cache on disk holds for the phases' training shapes
+    (the phases tuned them; both ranks write one file, so for a shape both tuned this is
+    the last writer's choice: each rank runs its own, and steps_per_s_by_rank shows when
+    they differ)."""
     if d.device.type != "cuda":
         return {}
     import cupy as cp
@@ -294,7 +296,7 @@ def run_shape(base: td.Config, shape: dict, d2: td.Dist, host, corpus, say,
         "replicas_identical": digests[0] == digests[1],
         "warnings": warns,
         "ok": check["ok"] and digests[0] == digests[1],
-        "schedules": schedules(cfg, one["vocab_size"], d2),
+        "schedules_on_disk": schedules(cfg, one["vocab_size"], d2),
         "lstm_params": one["lstm_params"],
         "device": device, "versions": versions(),
         "ddp": {"backend": d2.backend, "gradient_as_bucket_view": True,
