@@ -21,8 +21,8 @@ KINDS = {  # kind: (stem, extension)
     "sweep": (rf"sweep{WORDS}+", "jsonl"),
     "kernels": (rf"(?:persistent|stack-bench){WORDS}+|gemm-layouts|pretranspose-probe", "json"),
     "trace": (rf"trace(?:-[a-z0-9_]+)*-{SHAPE}", "json"),
-    "training": (rf"charlm-{SHAPE}-S\d+|train-step-{SHAPE}|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+",
-                 "json"),
+    "training": ((rf"charlm-{SHAPE}-S\d+|train-step-{SHAPE}|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
+                  rf"|ddp-charlm-{SHAPE}-S\d+-W\d+|ddp-scaling-{SHAPE}|ddp-link"), "json"),
     "profiles": (rf"ncu{WORDS}+", "txt"),
     "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){WORDS}*", "log|txt|json"),
 }
