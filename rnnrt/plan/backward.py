@@ -37,7 +37,7 @@ import functools
 
 from ..cells import backward_flops
 from .forward import ForwardBuilder, forward_plan
-from .model import Binding, Buffer, Plan, PlanKey, validate
+from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
 
@@ -48,8 +48,9 @@ def backward_plan(key: PlanKey, accumulate: bool = False) -> Plan:
     if not key.train:
         raise ValueError("backward_plan: key.train must be True (the forward must save "
                          "what the backward reads)")
-    plan = BackwardBuilder(key, accumulate).build()
-    validate(plan)
+    with building():
+        plan = BackwardBuilder(key, accumulate).build()
+        validate(plan)
     expect = backward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
                             key.batch, key.steps)
     if plan.gemm_flops() != expect:
