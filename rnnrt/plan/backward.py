@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 
 from ..cells import backward_flops
+from ..sizes import check_plan
 from .forward import ForwardBuilder, forward_plan
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
@@ -48,6 +49,7 @@ def backward_plan(key: PlanKey, accumulate: bool = False) -> Plan:
     if not key.train:
         raise ValueError("backward_plan: key.train must be True (the forward must save "
                          "what the backward reads)")
+    check_plan(key, backward=True)
     with building():
         plan = BackwardBuilder(key, accumulate).build()
         validate(plan)

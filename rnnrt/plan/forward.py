@@ -65,6 +65,7 @@ from ..kernels.choice import choose_persistent
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from ..params import make_layout
+from ..sizes import check_plan
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
@@ -72,7 +73,10 @@ from .schedule import Task, schedule
 
 @functools.lru_cache(maxsize=128)
 def forward_plan(key: PlanKey) -> Plan:
-    """The forward pass of ``key`` as a Plan (cached per key; plans are immutable)."""
+    """The forward pass of ``key`` as a Plan (cached per key; plans are immutable). A key
+    whose plan cannot fit the host's memory or the kernels' index range is refused first
+    (sizes.SizeError, before any op is made)."""
+    check_plan(key)
     with building():
         plan = ForwardBuilder(key).build()
         validate(plan)
