@@ -258,19 +258,13 @@ class GpuRunner:
                        m.bias, sw, train, device=self.limits, family=family)
 
     def _precompile(self):
-        """Compile every kernel file once, before any timing, saying so (the first use on a
-        machine takes a while; CuPy keeps the result on disk for the next process)."""
+        """Compile every kernel file once, before any timing (a first use on a machine takes
+        a while: kernels/library.py says so per file; CuPy keeps the result on disk)."""
         if getattr(self, "_compiled", False):
             return
-        import time
-
         from .kernels.registry import REGISTRY
-        t0 = time.perf_counter()
         for k in REGISTRY:
             self.session.ctx.kernels.get(k.name)
-        dt = time.perf_counter() - t0
-        if dt > 2.0:
-            _log(f"compiled rnnrt's CUDA kernels in {dt:.1f} s (first use; cached on disk)")
         self._compiled = True
 
     def _build_state(self, key: PlanKey) -> _State:
