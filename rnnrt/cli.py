@@ -185,9 +185,9 @@ def _cmd_ladder(a) -> int:
                            cudnn=not a.no_cudnn, backward=a.backward, rungs=a.rungs, **size)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
+    _require_gpu("ladder", a.cpu)
     check_sizes(cfg)
     out = _record_out(a, "ladder")
-    _require_gpu("ladder", a.cpu)
     record = run_ladder(cfg)
     path = _write(write_record, default_path, record, out, a.overwrite)
     print(markdown_table(record))
@@ -326,10 +326,10 @@ def _cmd_sweep(a) -> int:
         raise UsageError(f"--out: {path} already has results; pass --resume to continue it "
                          f"(skipping the points it has) or --overwrite to start again")
     check_file(path, "--out", overwrite=a.overwrite, existing_ok=a.resume)
-    for point in sw.grid(cfg):   # every point's sizes, before the first one runs
-        from .bench.ladder import check_sizes
-        check_sizes(point.ladder_config(cfg))
     _require_gpu("sweep", a.cpu)
+    from .bench.ladder import check_sizes
+    for point in sw.grid(cfg):   # every point's sizes, before the first one runs
+        check_sizes(point.ladder_config(cfg))
     res = sw.run_sweep(cfg, path, resume=a.resume, overwrite=a.overwrite)
     print(f"{res.path}: {res.done} points done, {res.errors} raised, {res.skipped} were "
           f"already there, {res.remaining} left, of {res.total} ({res.seconds:.0f} s)")
@@ -451,10 +451,10 @@ def _cmd_trace(a) -> int:
                              cpu=a.cpu, hold=not a.no_hold, **size)
     except (ValueError, TypeError) as e:
         raise UsageError(f"--{e}" if str(e).startswith("rungs") else str(e)) from None
+    _require_gpu("trace", a.cpu)
     tr.check_sizes(cfg, rungs)
     out = _record_out(a, "trace")
     fig_dir = check_dir(a.out_dir if a.out_dir is not None else figures_root(), "--out-dir")
-    _require_gpu("trace", a.cpu)
     fig = fig_dir / (tr.figure_stem(cfg, tr.device_name(a.cpu)) + ".png")
     figs = [fig, fig.with_suffix(".svg")]
     clashes(figs, a.overwrite, "--out-dir")
@@ -503,7 +503,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rnnrt", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"rnnrt {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    _ladder_parser(sub)
     d = sub.add_parser("demo", help="a small CPU forward/backward; prints output and "
                        "gradient norms")
     d.add_argument("--layers", type=_positive, default=2)
@@ -511,10 +510,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--input-size", type=_positive, default=8)
     d.add_argument("--batch", type=_positive, default=4)
     d.add_argument("--steps", type=_positive, default=10)
-    _sweep_parser(sub)
-    _plot_parser(sub)
-    _trace_parser(sub)
+    # each command's parser, so that a flag it does not know is reported by it
+    parser.commands = {"ladder": _ladder_parser(sub), "demo": d, "sweep": _sweep_parser(sub),
+                       "plot": _plot_parser(sub), "trace": _trace_parser(sub)}
     return parser
+
+
+def parse(argv=None) -> argparse.Namespace:
+    """The parsed arguments; usage errors exit 2 with one line naming the command."""
+    parser = build_parser()
+    a, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands[a.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
+    return a
 
 
 COMMANDS = {"ladder": _cmd_ladder, "demo": _cmd_demo, "sweep": _cmd_sweep, "plot": _cmd_plot,
@@ -532,7 +540,7 @@ def main(argv=None) -> int:
     from .bench.outputs import OutputError
     from .device import GpuUnavailable
     from .sizes import SizeError
-    a = build_parser().parse_args(argv)
+    a = parse(argv)
     try:
         return COMMANDS[a.cmd](a)
     except KeyboardInterrupt:

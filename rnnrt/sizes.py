@@ -50,7 +50,7 @@ class SizeError(ValueError):
 def gib(nbytes: float) -> str:
     """``nbytes`` in GiB for messages: '447.0 GiB' (small ones with more digits)."""
     g = nbytes / 2**30
-    return f"{g:.1f} GiB" if g >= 10 else f"{g:.3g} GiB"
+    return f"{g:.1f} GiB" if g >= 10 else f"{g:.2f} GiB" if g >= 0.1 else f"{g:.2g} GiB"
 
 
 def host_available() -> int | None:
@@ -147,7 +147,8 @@ def reference_bytes(cell: str, input_size: int, hidden: int, layers: int, batch:
                  + 4 * layers * bh)
         return elems * itemsize
     per_layer = (steps + 1) * bh * (2 if c.has_cell_state else 1) + steps * bh * c.saved_gates
-    elems = layers * per_layer + steps * bh + 4 * layers * bh + 2 * c.gates * bh
+    # + y, the states, and one step's temporaries (gi, gh, their sum, the gates' halves)
+    elems = layers * per_layer + steps * bh + 4 * layers * bh + 8 * c.gates * bh
     if pass_ == "train":
         elems += steps * batch * input_size + params
     return elems * itemsize

@@ -36,12 +36,13 @@ def _announce(msg: str) -> None:
     print(f"[rnnrt] {msg}", file=sys.stderr, flush=True)
 
 
-def announced(file: str, text: str, compile_fn, say=_announce, after_s: float = None):
+def announced(file: str, text: str, compile_fn, say=None, after_s: float | None = None):
     """Run ``compile_fn()``; if it is still running after ``after_s`` seconds (default
     ANNOUNCE_AFTER_S), one line through ``say`` names ``file`` and the estimated time (from a
     timer thread; where the compile holds the interpreter, the line comes when it ends,
     with the time it took). -> what compile_fn returned."""
     after_s = ANNOUNCE_AFTER_S if after_s is None else after_s
+    say = _announce if say is None else say
     said = threading.Event()
     line = (f"compiling {file} ({len(text) // 1000} kB of CUDA, NVRTC): first use on this "
             f"machine, about {compile_estimate_s(text):.0f} s; cached on disk for later runs")
