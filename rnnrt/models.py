@@ -258,6 +258,8 @@ class RNNBase:
         (a ValueError) lists every offending key and what was expected, and the model is
         unchanged. -> LoadResult(missing_keys, unexpected_keys).
         """
+        strict = check_flag("strict", strict)
+        allow_nonfinite = check_flag("allow_nonfinite", allow_nonfinite)
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of parameter name -> array, got "
                             f"{type(state_dict).__name__}")
@@ -391,7 +393,7 @@ class RNNBase:
         """GEMM FLOPs of one forward pass (or, with backward=True, of one backward pass
         alone: 2x the forward) over ``steps`` steps of ``batch`` sequences; the paper's
         convention (``cells.forward_flops``)."""
-        f = backward_flops if backward else forward_flops
+        f = backward_flops if check_flag("backward", backward) else forward_flops
         return f(self.cell_name, self.input_size, self.hidden_size, self.num_layers,
                  batch, steps)
 

@@ -249,8 +249,7 @@ def validate(plan: Plan) -> None:
         if isinstance(op, Kernel):
             # every launch's views have the shapes its kernel addresses (see cuda_src/)
             sig = (op.name, op.rows, op.cols, op.scalars,
-                   tuple((v.rows, v.cols, v.ld) for v in op.outs),
-                   tuple((v.rows, v.cols, v.ld) for v in op.ins))
+                   *[(v.rows, v.cols, v.ld) for v in op.outs + op.ins])
             if sig not in shapes_ok:
                 try:
                     check_views(get_kernel(op.name), op.rows, op.cols, op.outs, op.ins,
