@@ -27,8 +27,9 @@ vocabulary is the text's characters. The text changes as the repository does, so
 record carries the text's size and SHA-256.
 
 Outputs: per-step training loss and periodic validation loss (nats/char and bits/char) on
-stderr, a generated sample on stdout, a loss-curve PNG in experiments/figures/ and a JSON
-record in experiments/results/training/ (``--figures-dir`` / ``--results-dir``).
+stderr, a generated sample on stdout, a loss-curve PNG in <out>/figures/ and a JSON record in
+<out>/results/training/ (``--figures-dir`` / ``--results-dir``); <out> is rnnrt's output
+folder, ./rnnrt-out unless RNNRT_OUT names another (bench/records.py).
 
     python examples/train_charlm.py --device gpu           # the default run (GPU)
     python examples/train_charlm.py --device cpu --tiny    # the CI test's run (seconds)
@@ -58,7 +59,8 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # a checkout without install
         sys.path.insert(0, str(_p))
 
 import rnnrt  # noqa: E402
-from rnnrt.bench.records import device_slug, stamp, write_json  # noqa: E402
+from rnnrt.bench.records import (  # noqa: E402
+    device_slug, figures_root, results_root, stamp, write_json)
 from rnnrt.plan.switches import ladder, rung_names  # noqa: E402
 from charlm_parts import (  # noqa: E402, F401  (the corpus, head, optimisers; tests use all)
     SGD, Adam, Corpus, chunk, clip_global_norm, head_loss, head_loss_grads, init_head,
@@ -578,9 +580,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help=f"default {f.default!r}")
     p.add_argument("--text", nargs="+", default=None,
                    help=f"globs under the repo root (default {' '.join(DEFAULT_TEXT)})")
-    p.add_argument("--figures-dir", type=Path, default=ROOT / "experiments" / "figures")
-    p.add_argument("--results-dir", type=Path,
-                   default=ROOT / "experiments" / "results" / "training")
+    p.add_argument("--figures-dir", type=Path, default=None,
+                   help="default <out>/figures (<out>: ./rnnrt-out, or $RNNRT_OUT)")
+    p.add_argument("--results-dir", type=Path, default=None,
+                   help="default <out>/results/training")
     return p.parse_args(argv)
 
 
@@ -604,8 +607,10 @@ def main(argv=None, progress=_progress) -> dict:
                   cfg.temperature, cfg.seed, cfg.prime)
     record["sample"] = {"prime": cfg.prime, "temperature": cfg.temperature, "text": text}
     name = stem(record)
-    record["figure"] = str(plot_record(record, Path(args.figures_dir) / f"{name}.png"))
-    rec_path = Path(args.results_dir) / f"{name}.json"
+    figures = args.figures_dir if args.figures_dir is not None else figures_root()
+    results = args.results_dir if args.results_dir is not None else results_root() / "training"
+    record["figure"] = str(plot_record(record, Path(figures) / f"{name}.png"))
+    rec_path = Path(results) / f"{name}.json"
     record["record"] = str(rec_path)
     write_json(record, rec_path)
     f = record["final"]

@@ -15,6 +15,8 @@ backward = 2x forward (data gradients + weight gradients); pointwise work is not
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 
@@ -61,19 +63,31 @@ def layer_input_size(layer: int, input_size: int, hidden_size: int) -> int:
     return input_size if layer == 0 else hidden_size
 
 
+def _count(name: str, value) -> int:
+    """``value`` as a positive int (not a bool), or an error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected a positive integer, got {value!r} of type "
+                        f"{type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value}")
+    return int(value)
+
+
 def forward_flops(cell: str, input_size: int, hidden_size: int, num_layers: int,
                   batch: int, steps: int) -> int:
     """GEMM FLOPs of one forward pass, by the paper's convention.
 
     Sum over layers and steps of 2*M*N*K with M = G*hidden, N = batch,
-    K = (layer input size) + hidden. Pointwise work is not counted.
+    K = (layer input size) + hidden. Pointwise work is not counted. The sizes are positive
+    integers (TypeError / ValueError naming the argument otherwise).
     """
     g = get_cell(cell).gates
-    total = 0
-    for layer in range(num_layers):
-        k = layer_input_size(layer, input_size, hidden_size) + hidden_size
-        total += 2 * g * hidden_size * batch * k * steps
-    return total
+    i, h, n_layers, b, t = (_count(n, v) for n, v in (
+        ("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
+        ("batch", batch), ("steps", steps)))
+    # layer 0 reads the input, the layers above it read h: a closed form, no loop over layers
+    k_total = (i + h) + (n_layers - 1) * (h + h)
+    return 2 * g * h * b * t * k_total
 
 
 def backward_flops(cell: str, input_size: int, hidden_size: int, num_layers: int,
@@ -83,5 +97,13 @@ def backward_flops(cell: str, input_size: int, hidden_size: int, num_layers: int
 
 
 def tflops(flops: int, ms: float) -> float:
-    """Rate in TFLOPS of ``flops`` done in ``ms`` milliseconds."""
+    """Rate in TFLOPS of ``flops`` (a count >= 0) done in ``ms`` milliseconds (a finite
+    time > 0); TypeError / ValueError naming the argument otherwise."""
+    for name, v in (("flops", flops), ("ms", ms)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name}: expected a number, got {v!r} of type {type(v).__name__}")
+    if not math.isfinite(flops) or flops < 0:
+        raise ValueError(f"flops: expected a finite count >= 0, got {flops!r}")
+    if not math.isfinite(ms) or ms <= 0:
+        raise ValueError(f"ms: expected a finite time > 0 in milliseconds, got {ms!r}")
     return flops / (ms * 1e-3) / 1e12

@@ -1,99 +1,67 @@
 """Command line: `rnnrt ladder` (the paper's Table 1 on this GPU), `rnnrt sweep` (the ladder
 over a grid of sizes, resumable JSON lines), `rnnrt plot` (figures from those results),
-`rnnrt trace` (per-op timelines of one pass) and `rnnrt demo`."""
+`rnnrt trace` (per-op timelines of one pass), `rnnrt demo` and `rnnrt --version`.
+
+Outputs go to ./rnnrt-out (results/<kind>/ and figures/) unless RNNRT_OUT names another
+folder or --out / --out-dir say where; every output is checked before any work, and an
+existing file is replaced only with --overwrite.
+
+Errors are one line, `rnnrt <command>: error: ...`: exit status 2 for a wrong invocation (a
+bad flag, conflicting flags, an output that cannot be written, sizes that cannot fit, no GPU
+without --cpu), 1 for a failure while running. RNNRT_DEBUG=1 shows the traceback instead.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
 
 
-def _input_batch(s: str):
-    if s == "all":
-        return "all"
-    try:
-        k = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive int or 'all', got {s!r}") from None
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int or 'all', got {s!r}")
-    return k
+class UsageError(ValueError):
+    """The invocation cannot run as asked (exit status 2); the message names the flag."""
 
 
-def _positive(s: str) -> int:
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (`rnnrt ladder: error: ...`, exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# -------------------------------------------------------------------------------- flag types
+
+def _int(s: str, least: int, what: str) -> int:
     try:
         v = int(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {s!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    if v < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return v
 
 
-def _ladder_parser(sub):
-    from .bench.ladder import CPU_SIZE
-    from .plan.switches import DEFAULT_INPUT_BATCH
-    p = sub.add_parser("ladder", help="verify and time every rung of the paper's ladder "
-                       "beside cuDNN and the fp32 GEMM ceiling (the paper's Table 1)")
-    p.add_argument("--cell", default="lstm", choices=["lstm", "gru", "rnn_tanh", "rnn_relu"])
-    p.add_argument("--layers", type=_positive, default=None, help="default 4")
-    p.add_argument("--hidden", type=_positive, default=None, help="default 512")
-    p.add_argument("--input-size", type=_positive, default=None, help="default = hidden")
-    p.add_argument("--batch", type=_positive, default=None, help="minibatch, default 64")
-    p.add_argument("--steps", type=_positive, default=None, help="timesteps, default 100")
-    p.add_argument("--repeats", type=_positive, default=20, help="timed runs (median taken)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--input-batch", type=_input_batch, default=DEFAULT_INPUT_BATCH,
-                   help=f"steps per W.x GEMM on the input-batching rung: k or 'all' "
-                        f"(default {DEFAULT_INPUT_BATCH})")
-    p.add_argument("--executor", choices=["eager", "graph", "both"], default="both")
-    p.add_argument("--rungs", type=_list_of(str, "rung names"), default=None,
-                   help="rows to run: rungs of the ladder and/or 'auto' (the schedule "
-                        "selector's choice, what GpuRunner runs by default); default all")
-    p.add_argument("--out", default=None, help="JSON record path (default: "
-                   "experiments/results/ladder/ladder-...json)")
-    p.add_argument("--no-cudnn", action="store_true", help="skip the cuDNN row")
-    p.add_argument("--backward", action="store_true",
-                   help="time forward+backward (a training step's RNN work; FLOPs = 3x the "
-                        "forward's); cuDNN through torch autograd")
-    p.add_argument("--cpu", action="store_true",
-                   help=f"no GPU: run the ladder on the NumPy executor at a small size "
-                        f"({CPU_SIZE}); figures are labelled CPU figures")
-    return p
+def _positive(s: str) -> int:
+    return _int(s, 1, "a positive int")
 
 
-def _cmd_ladder(a) -> int:
-    from .bench.ladder import CPU_SIZE, LadderConfig, markdown_table, run_ladder, write_record
-    from .device import gpu_status
-    if not a.cpu:
-        ok, why = gpu_status()
-        if not ok:
-            from .device import INSTALL_HINT
-            print(f"rnnrt ladder: no usable GPU ({why}).\n  Either {INSTALL_HINT},\n  or run "
-                  f"`rnnrt ladder --cpu` for the same ladder on the NumPy executor at a small "
-                  f"size (CPU figures).", file=sys.stderr)
-            return 2
-    size = dict(CPU_SIZE) if a.cpu else dict(layers=4, hidden=512, batch=64, steps=100)
-    for name in ("layers", "hidden", "batch", "steps"):
-        if getattr(a, name) is not None:
-            size[name] = getattr(a, name)
-    if a.input_size is not None:
-        size["input_size"] = a.input_size
-    executors = ("eager", "graph") if a.executor == "both" else (a.executor,)
+def _nonneg(s: str) -> int:
+    return _int(s, 0, "an int >= 0")
+
+
+def _input_batch(s: str):
+    return "all" if s == "all" else _int(s, 1, "a positive int or 'all'")
+
+
+def _seconds(s: str) -> float:
     try:
-        cfg = LadderConfig(cell=a.cell, repeats=a.repeats, warmup=a.warmup,
-                           input_batch=a.input_batch, executors=executors, cpu=a.cpu,
-                           cudnn=not a.no_cudnn, backward=a.backward, rungs=a.rungs, **size)
-    except ValueError as e:
-        print(f"rnnrt ladder: error: {e}", file=sys.stderr)
-        return 2
-    record = run_ladder(cfg)
-    path = write_record(record, a.out)
-    print(markdown_table(record))
-    print(f"\nrecord: {path}")
-    refused = [r for r in record["rows"] if "refused" in r]
-    return 1 if refused else 0
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {s!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {s!r}")
+    return v
 
 
 def _list_of(conv, what):
@@ -114,25 +82,121 @@ def _cell_name(s: str) -> str:
     return s
 
 
-def _seconds(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {s!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {s!r}")
-    return v
+def _path(s: str) -> str:
+    if not s.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty name")
+    return s
 
 
-def _no_gpu(cmd: str) -> int:
-    """The no-GPU message (and exit status 2) of the commands that have a --cpu mode."""
+def _no_gpu(cmd: str):
+    """UsageError saying why there is no GPU and what to do (exit 2)."""
     from .device import INSTALL_HINT, gpu_status
     _, why = gpu_status()
-    print(f"rnnrt {cmd}: no usable GPU ({why}).\n  Either {INSTALL_HINT},\n  or run "
-          f"`rnnrt {cmd} --cpu` for the same pipeline on the NumPy executor at small sizes "
-          f"(CPU figures).", file=sys.stderr)
-    return 2
+    return UsageError(f"no usable GPU ({why}); either {INSTALL_HINT}, or run `rnnrt {cmd} "
+                      f"--cpu` for the same pipeline on the NumPy executor at small sizes "
+                      f"(CPU figures)")
 
+
+def _require_gpu(cmd: str, cpu: bool) -> None:
+    from .device import gpu_status
+    if not cpu and not gpu_status()[0]:
+        raise _no_gpu(cmd)
+
+
+def _record_out(a, kind: str):
+    """The checked --out file of a command that writes one record, or None for its default
+    name (a new, time-stamped file in <out>/results/<kind>/, whose folder is checked now)."""
+    from .bench.outputs import check_dir, check_file
+    from .bench.records import results_root
+    if a.out is not None:
+        return check_file(a.out, "--out", overwrite=a.overwrite)
+    check_dir(results_root() / kind, "RNNRT_OUT (the output folder)")
+    return None
+
+
+def _write(write, default_path, record, out, overwrite: bool) -> str:
+    """Write ``record`` to ``out`` (checked at the start) or its default path. A file that
+    appeared there meanwhile (another run) is kept: this record goes beside it, and a line
+    says where — a long run's record is never lost at its end."""
+    from .bench.records import now_iso, stamp
+    target = out if out is not None else default_path(record)
+    try:
+        return str(write(record, target, overwrite=overwrite))
+    except FileExistsError:
+        alt = target.with_name(f"{target.stem}-{stamp(now_iso())}-2{target.suffix}")
+        print(f"rnnrt: {target} was written meanwhile by another run; this record goes to "
+              f"{alt}", file=sys.stderr)
+        return str(write(record, alt, overwrite=False))
+
+
+# -------------------------------------------------------------------------------- ladder
+
+def _ladder_parser(sub):
+    from .bench.ladder import CPU_SIZE
+    from .plan.switches import DEFAULT_INPUT_BATCH
+    p = sub.add_parser("ladder", help="verify and time every rung of the paper's ladder "
+                       "beside cuDNN and the fp32 GEMM ceiling (the paper's Table 1)")
+    p.add_argument("--cell", default="lstm", choices=["lstm", "gru", "rnn_tanh", "rnn_relu"])
+    p.add_argument("--layers", type=_positive, default=None, help="default 4")
+    p.add_argument("--hidden", type=_positive, default=None, help="default 512")
+    p.add_argument("--input-size", type=_positive, default=None, help="default = hidden")
+    p.add_argument("--batch", type=_positive, default=None, help="minibatch, default 64")
+    p.add_argument("--steps", type=_positive, default=None, help="timesteps, default 100")
+    p.add_argument("--repeats", type=_positive, default=20, help="timed runs (median taken)")
+    p.add_argument("--warmup", type=_nonneg, default=3, help="untimed runs first (default 3)")
+    p.add_argument("--input-batch", type=_input_batch, default=DEFAULT_INPUT_BATCH,
+                   help=f"steps per W.x GEMM on the input-batching rung: k or 'all' "
+                        f"(default {DEFAULT_INPUT_BATCH})")
+    p.add_argument("--executor", choices=["eager", "graph", "both"], default=None,
+                   help="GPU executors to time (default both; not with --cpu)")
+    p.add_argument("--rungs", type=_list_of(str, "rung names"), default=None,
+                   help="rows to run: rungs of the ladder and/or 'auto' (the schedule "
+                        "selector's choice, what GpuRunner runs by default); default all")
+    p.add_argument("--out", type=_path, default=None, help="JSON record path (default: "
+                   "<out>/results/ladder/ladder-...json; <out> = ./rnnrt-out or $RNNRT_OUT)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--no-cudnn", action="store_true", help="skip the cuDNN row")
+    p.add_argument("--backward", action="store_true",
+                   help="time forward+backward (a training step's RNN work; FLOPs = 3x the "
+                        "forward's); cuDNN through torch autograd")
+    p.add_argument("--cpu", action="store_true",
+                   help=f"no GPU: run the ladder on the NumPy executor at a small size "
+                        f"({CPU_SIZE}); figures are labelled CPU figures")
+    return p
+
+
+def _cmd_ladder(a) -> int:
+    from .bench.ladder import CPU_SIZE, LadderConfig, check_sizes, default_path
+    from .bench.ladder import markdown_table, run_ladder, write_record
+    if a.cpu and a.executor is not None:
+        raise UsageError(f"--executor {a.executor}: with --cpu the NumPy executor runs; drop "
+                         f"--executor or --cpu")
+    size = dict(CPU_SIZE) if a.cpu else dict(layers=4, hidden=512, batch=64, steps=100)
+    for name in ("layers", "hidden", "batch", "steps"):
+        if getattr(a, name) is not None:
+            size[name] = getattr(a, name)
+    if a.input_size is not None:
+        size["input_size"] = a.input_size
+    executor = a.executor or "both"
+    executors = ("eager", "graph") if executor == "both" else (executor,)
+    try:
+        cfg = LadderConfig(cell=a.cell, repeats=a.repeats, warmup=a.warmup,
+                           input_batch=a.input_batch, executors=executors, cpu=a.cpu,
+                           cudnn=not a.no_cudnn, backward=a.backward, rungs=a.rungs, **size)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
+    _require_gpu("ladder", a.cpu)
+    check_sizes(cfg)
+    out = _record_out(a, "ladder")
+    record = run_ladder(cfg)
+    path = _write(write_record, default_path, record, out, a.overwrite)
+    print(markdown_table(record))
+    print(f"\nrecord: {path}")
+    refused = [r for r in record["rows"] if "refused" in r]
+    return 1 if refused else 0
+
+
+# -------------------------------------------------------------------------------- sweep
 
 def _sweep_parser(sub):
     from .bench import sweep as sw
@@ -156,12 +220,12 @@ def _sweep_parser(sub):
     p.add_argument("--input-batch", type=_list_of(_input_batch, "ints or 'all'"),
                    default=None, help="k of the input-batching rung, a list sweeps it "
                    f"(default {DEFAULT_INPUT_BATCH})")
-    p.add_argument("--executor", choices=["graph", "eager", "both"], default="graph",
+    p.add_argument("--executor", choices=["graph", "eager", "both"], default=None,
                    help="default graph (eager is host-bound: slow, and not what the rungs "
-                        "can do)")
+                        "can do); not with --cpu")
     p.add_argument("--repeats", type=_positive, default=None, help="timed runs per rung "
                    "(median taken; default 10, --quick 5)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 2)")
+    p.add_argument("--warmup", type=_nonneg, default=None, help="untimed runs first (default 2)")
     p.add_argument("--quick", action="store_true",
                    help="a small preset: hidden 256,512,1024 x minibatch 32,64 x layers 1,4, "
                         "LSTM, 5 repeats (a few minutes on an H100); flags given win")
@@ -179,8 +243,8 @@ def _sweep_parser(sub):
     p.add_argument("--backward", action="store_true",
                    help="time forward+backward at every point (as `rnnrt ladder --backward`;"
                         " pass 'fwd+bwd', FLOPs 3x the forward's)")
-    p.add_argument("--out", default=None,
-                   help="JSON-lines results file (default: a new experiments/results/sweep/"
+    p.add_argument("--out", type=_path, default=None,
+                   help="JSON-lines results file (default: a new <out>/results/sweep/"
                         "sweep[-quick][-bwd]-<cells>-<device>-<stamp>.jsonl; with --resume the "
                         "newest such file)")
     g = p.add_mutually_exclusive_group()
@@ -203,6 +267,16 @@ def _sweep_parser(sub):
 
 def _sweep_config(a):
     from .bench import sweep as sw
+    if a.cpu and a.executor is not None:
+        raise UsageError(f"--executor {a.executor}: with --cpu the NumPy executor runs; drop "
+                         f"--executor or --cpu")
+    if a.quick and a.preset not in (None, "quick"):
+        raise UsageError(f"--quick and --preset {a.preset} name two grids; pick one")
+    if a.backward and a.passes is not None and "fwd+bwd" not in a.passes:
+        raise UsageError(f"--backward and --pass {','.join(a.passes)} contradict each other; "
+                         f"use --pass fwd+bwd (or drop --backward)")
+    if a.retry_errors and not a.resume:
+        raise UsageError("--retry-errors goes with --resume")
     kw = {}
     if a.preset:
         kw.update(sw.PRESETS[a.preset])
@@ -217,27 +291,22 @@ def _sweep_config(a):
                        ("rungs", "rungs"), ("passes", "passes")):
         if getattr(a, attr) is not None:
             kw[name] = getattr(a, attr)
-    kw["executors"] = ("eager", "graph") if a.executor == "both" else (a.executor,)
-    return sw.SweepConfig(cudnn=not a.no_cudnn, cpu=a.cpu, retry_errors=a.retry_errors,
-                          verbose=a.verbose, backward=a.backward, **kw)
+    executor = a.executor or "graph"
+    kw["executors"] = ("eager", "graph") if executor == "both" else (executor,)
+    try:
+        return sw.SweepConfig(cudnn=not a.no_cudnn, cpu=a.cpu, retry_errors=a.retry_errors,
+                              verbose=a.verbose, backward=a.backward, **kw)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
 
 
 def _cmd_sweep(a) -> int:
     from pathlib import Path
 
     from .bench import sweep as sw
-    if a.warmup is not None and a.warmup < 0:
-        print("rnnrt sweep: --warmup must be >= 0", file=sys.stderr)
-        return 2
-    if a.retry_errors and not a.resume:
-        print("rnnrt sweep: --retry-errors goes with --resume", file=sys.stderr)
-        return 2
-    try:
-        cfg = _sweep_config(a)
-    except ValueError as e:
-        print(f"rnnrt sweep: {e}", file=sys.stderr)
-        return 2
-    if a.out:
+    from .bench.outputs import check_file
+    cfg = _sweep_config(a)
+    if a.out is not None:
         path = Path(a.out)
     else:
         from .device import gpu_status
@@ -246,26 +315,22 @@ def _cmd_sweep(a) -> int:
         path = (latest if (a.resume or a.dry_run) and latest else
                 sw.default_path(cfg, device, a.quick, preset=a.preset))
     if a.dry_run:
-        done = sw.done_keys(sw.read_lines(path), cfg.retry_errors) if path.exists() else set()
+        done = sw.done_keys(sw.read_lines(path), cfg.retry_errors) if path.is_file() else set()
         pts = sw.grid(cfg)
         for p in pts:
             print(f"{'done' if p.key() in done else 'todo'}  {p.label():40s} "
                   f"{p.flops:.3g} FLOPs")
         print(f"{len(pts)} points, {sum(p.key() in done for p in pts)} done in {path}")
         return 0
-    if path.exists() and path.stat().st_size > 0 and not (a.resume or a.overwrite):
-        print(f"rnnrt sweep: {path} already has results; pass --resume to continue it "
-              f"(skipping the points it has) or --overwrite to start again", file=sys.stderr)
-        return 2
-    if not a.cpu:
-        from .device import gpu_status
-        if not gpu_status()[0]:
-            return _no_gpu("sweep")
-    try:
-        res = sw.run_sweep(cfg, path, resume=a.resume, overwrite=a.overwrite)
-    except FileExistsError as e:
-        print(f"rnnrt sweep: {e}", file=sys.stderr)
-        return 2
+    if path.is_file() and path.stat().st_size > 0 and not (a.resume or a.overwrite):
+        raise UsageError(f"--out: {path} already has results; pass --resume to continue it "
+                         f"(skipping the points it has) or --overwrite to start again")
+    check_file(path, "--out", overwrite=a.overwrite, existing_ok=a.resume)
+    _require_gpu("sweep", a.cpu)
+    from .bench.ladder import check_sizes
+    for point in sw.grid(cfg):   # every point's sizes, before the first one runs
+        check_sizes(point.ladder_config(cfg))
+    res = sw.run_sweep(cfg, path, resume=a.resume, overwrite=a.overwrite)
     print(f"{res.path}: {res.done} points done, {res.errors} raised, {res.skipped} were "
           f"already there, {res.remaining} left, of {res.total} ({res.seconds:.0f} s)")
     if res.stopped:
@@ -276,14 +341,19 @@ def _cmd_sweep(a) -> int:
     return 1 if res.errors else 0
 
 
+# -------------------------------------------------------------------------------- plot
+
 def _plot_parser(sub):
     p = sub.add_parser("plot", help="figures (PNG + SVG) from sweep results and ladder "
                        "records: TFLOPS vs hidden, 4- over 1-layer throughput, best rung vs "
                        "cuDNN")
     p.add_argument("results", nargs="+", metavar="RESULTS",
                    help="sweep .jsonl files, ladder .json records, or directories of them")
-    p.add_argument("--out-dir", default="experiments/figures",
-                   help="where the figures go (default experiments/figures)")
+    p.add_argument("--out-dir", type=_path, default=None,
+                   help="where the figures go, and nowhere else (default <out>/figures; "
+                        "<out> = ./rnnrt-out or $RNNRT_OUT)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace figures of the same name in --out-dir")
     p.add_argument("--cell", type=_cell_name, default="lstm", help="default lstm")
     p.add_argument("--layers", type=_positive, default=4,
                    help="layer count of figure 1 and the upper one of figure 2 (default 4)")
@@ -301,14 +371,25 @@ def _plot_parser(sub):
 
 
 def _cmd_plot(a) -> int:
+    from pathlib import Path
+
+    from .bench.outputs import StagedDir, check_dir
     from .bench.plots import plot_all
-    try:
-        paths = plot_all(a.results, a.out_dir, cell=a.cell, layers=a.layers,
-                         executor=a.executor, formats=a.formats, steps=a.steps,
-                         input_batch=a.input_batch, pass_=a.pass_)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"rnnrt plot: {e}", file=sys.stderr)
-        return 2
+    from .bench.records import figures_root
+    bad = [f for f in a.formats if f not in ("png", "svg", "pdf")]
+    if bad:
+        raise UsageError(f"--formats: {bad} not out of png, svg, pdf")
+    missing = [p for p in a.results if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"RESULTS: {missing[0]}: no such file or directory")
+    out_dir = check_dir(a.out_dir if a.out_dir is not None else figures_root(), "--out-dir")
+    staged = StagedDir(out_dir, a.overwrite)
+    with staged as tmp:   # drawn aside, then moved in together: all or nothing
+        written = plot_all(a.results, tmp, cell=a.cell, layers=a.layers, executor=a.executor,
+                           formats=a.formats, steps=a.steps, input_batch=a.input_batch,
+                           pass_=a.pass_,
+                           note=lambda m: print(f"[plot] {m}", file=sys.stderr))
+        paths = staged.commit(written)
     for p in paths:
         print(p)
     if not paths:
@@ -316,6 +397,8 @@ def _cmd_plot(a) -> int:
         return 1
     return 0
 
+
+# -------------------------------------------------------------------------------- trace
 
 def _trace_parser(sub):
     from .bench.trace import CPU_DEFAULT, GPU_DEFAULT
@@ -334,16 +417,18 @@ def _trace_parser(sub):
                    help=f"timesteps, default {GPU_DEFAULT['steps']} (short: readable ops)")
     p.add_argument("--input-batch", type=_input_batch, default=DEFAULT_INPUT_BATCH,
                    help=f"k of the input-batching rung (default {DEFAULT_INPUT_BATCH})")
-    p.add_argument("--rungs", default=None,
+    p.add_argument("--rungs", type=_list_of(str, "rung names"), default=None,
                    help="comma-separated ladder rungs to trace (default: naive and the "
                         "last rung), e.g. +fused,+pretranspose")
     p.add_argument("--no-hold", action="store_true",
                    help="GPU: do not hold the GPU while the host queues the traced pass "
-                        "(the timeline then shows Python's issue rate)")
-    p.add_argument("--out", default=None, help="trace JSON path (default "
-                   "experiments/results/trace/trace-...json)")
-    p.add_argument("--fig-dir", default="experiments/figures",
-                   help="where the PNG and SVG go (default experiments/figures)")
+                        "(the timeline then shows Python's issue rate); not with --cpu")
+    p.add_argument("--out", type=_path, default=None, help="trace JSON path (default "
+                   "<out>/results/trace/trace-...json; <out> = ./rnnrt-out or $RNNRT_OUT)")
+    p.add_argument("--out-dir", "--fig-dir", dest="out_dir", type=_path, default=None,
+                   help="where the PNG and SVG go, and nowhere else (default <out>/figures)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out and a figure of the same shape and device")
     p.add_argument("--cpu", action="store_true",
                    help=f"no GPU: the NumPy executor in program order at a small size "
                         f"({CPU_DEFAULT}); CPU timings")
@@ -351,28 +436,31 @@ def _trace_parser(sub):
 
 
 def _cmd_trace(a) -> int:
-    from pathlib import Path
-
     from .bench import trace as tr
+    from .bench.outputs import check_dir, clashes
+    from .bench.records import figures_root
+    if a.cpu and a.no_hold:
+        raise UsageError("--no-hold: holds the GPU; with --cpu nothing is held (drop it)")
     try:
-        rungs = (None if a.rungs is None else
-                 tr.traced_rungs(a.input_batch, [n.strip() for n in a.rungs.split(",")]))
-    except ValueError as e:
-        print(f"rnnrt trace: --{e}", file=sys.stderr)
-        return 2
-    if not a.cpu:
-        from .device import gpu_status
-        if not gpu_status()[0]:
-            return _no_gpu("trace")
-    size = dict(tr.CPU_DEFAULT if a.cpu else tr.GPU_DEFAULT)
-    for name in ("layers", "hidden", "batch", "steps"):
-        if getattr(a, name) is not None:
-            size[name] = getattr(a, name)
-    cfg = tr.TraceConfig(cell=a.cell, input_size=a.input_size, input_batch=a.input_batch,
-                         cpu=a.cpu, hold=not a.no_hold, **size)
+        rungs = None if a.rungs is None else tr.traced_rungs(a.input_batch, list(a.rungs))
+        size = dict(tr.CPU_DEFAULT if a.cpu else tr.GPU_DEFAULT)
+        for name in ("layers", "hidden", "batch", "steps"):
+            if getattr(a, name) is not None:
+                size[name] = getattr(a, name)
+        cfg = tr.TraceConfig(cell=a.cell, input_size=a.input_size, input_batch=a.input_batch,
+                             cpu=a.cpu, hold=not a.no_hold, **size)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--{e}" if str(e).startswith("rungs") else str(e)) from None
+    _require_gpu("trace", a.cpu)
+    tr.check_sizes(cfg, rungs)
+    out = _record_out(a, "trace")
+    fig_dir = check_dir(a.out_dir if a.out_dir is not None else figures_root(), "--out-dir")
+    fig = fig_dir / (tr.figure_stem(cfg, tr.device_name(a.cpu)) + ".png")
+    figs = [fig, fig.with_suffix(".svg")]
+    clashes(figs, a.overwrite, "--out-dir")
     record = tr.run_trace(cfg, rungs=rungs)
-    path = tr.write_record(record, a.out)
-    figs = tr.draw_trace(record, Path(a.fig_dir) / (tr.default_stem(record) + ".png"))
+    path = _write(tr.write_record, tr.default_path, record, out, a.overwrite)
+    figs = tr.draw_trace(record, fig)
     for e in record["rungs"]:
         print(f"{e['rung']:14s} {len(e['ops']):5d} ops on {len(e['streams'])} stream(s) "
               f"{e['total_ms']:9.3f} ms  check: {'ok' if e['check']['ok'] else 'MISMATCH'}"
@@ -383,10 +471,15 @@ def _cmd_trace(a) -> int:
     return 0 if all(e["check"]["ok"] for e in record["rungs"]) else 1
 
 
+# -------------------------------------------------------------------------------- demo
+
 def _cmd_demo(a) -> int:
     """A small forward + backward through the NumPy reference: output and gradient norms."""
     import rnnrt
     m = rnnrt.LSTM(a.input_size, a.hidden, num_layers=a.layers, seed=0)
+    from .sizes import check_reference
+    for pass_ in ("train", "backward"):   # before x is made: a batch too large fails now
+        check_reference("lstm", a.input_size, a.hidden, a.layers, a.batch, a.steps, 4, pass_)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((a.steps, a.batch, a.input_size)).astype(np.float32)
     y, (h_n, c_n), tape = m.forward(x, train=True)
@@ -403,10 +496,13 @@ def _cmd_demo(a) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="rnnrt", description=__doc__)
+# -------------------------------------------------------------------------------- main
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    parser = _Parser(prog="rnnrt", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"rnnrt {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    _ladder_parser(sub)
     d = sub.add_parser("demo", help="a small CPU forward/backward; prints output and "
                        "gradient norms")
     d.add_argument("--layers", type=_positive, default=2)
@@ -414,12 +510,49 @@ def main(argv=None) -> int:
     d.add_argument("--input-size", type=_positive, default=8)
     d.add_argument("--batch", type=_positive, default=4)
     d.add_argument("--steps", type=_positive, default=10)
-    _sweep_parser(sub)
-    _plot_parser(sub)
-    _trace_parser(sub)
-    a = parser.parse_args(argv)
-    return {"ladder": _cmd_ladder, "demo": _cmd_demo, "sweep": _cmd_sweep, "plot": _cmd_plot,
-            "trace": _cmd_trace}[a.cmd](a)
+    # each command's parser, so that a flag it does not know is reported by it
+    parser.commands = {"ladder": _ladder_parser(sub), "demo": d, "sweep": _sweep_parser(sub),
+                       "plot": _plot_parser(sub), "trace": _trace_parser(sub)}
+    return parser
+
+
+def parse(argv=None) -> argparse.Namespace:
+    """The parsed arguments; usage errors exit 2 with one line naming the command."""
+    parser = build_parser()
+    a, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands[a.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
+    return a
+
+
+COMMANDS = {"ladder": _cmd_ladder, "demo": _cmd_demo, "sweep": _cmd_sweep, "plot": _cmd_plot,
+            "trace": _cmd_trace}
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if isinstance(e, (UsageError, OSError, ValueError, TypeError)) \
+        else f"{type(e).__name__}: {text}"
+
+
+def main(argv=None) -> int:
+    """Run one command; -> the exit status (see the module docstring)."""
+    from .bench.outputs import OutputError
+    from .device import GpuUnavailable
+    from .sizes import SizeError
+    a = parse(argv)
+    try:
+        return COMMANDS[a.cmd](a)
+    except KeyboardInterrupt:
+        print(f"rnnrt {a.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:   # noqa: BLE001 - every failure becomes one line (or a traceback)
+        if os.environ.get("RNNRT_DEBUG", "") not in ("", "0"):
+            raise
+        usage = isinstance(e, (UsageError, OutputError, SizeError, GpuUnavailable))
+        hint = "" if usage else " (RNNRT_DEBUG=1 shows the traceback)"
+        print(f"rnnrt {a.cmd}: error: {_one_line(e)}{hint}", file=sys.stderr)
+        return 2 if usage else 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 from .plan.forward import forward_plan
 from .plan.model import PlanKey
 from .plan.switches import Switches
-from .validate import check_backward_inputs, check_forward_inputs, split_hx
+from .validate import check_backward_inputs, check_flag, check_forward_inputs, split_hx
 
 
 @dataclass(eq=False)
@@ -33,6 +33,8 @@ class GpuTape:
     generation: int
     batch_first: bool
     state: object = None
+    device: int = -1       # the CUDA device its activations live on
+    dtype: str = "float32"
 
 
 @dataclass
@@ -120,6 +122,20 @@ class StateCache:
     def __contains__(self, key) -> bool:
         return key in self._states
 
+    def holds(self, st) -> bool:
+        """Whether ``st`` (a state, not a key) is one of this cache's."""
+        return any(s is st for s in self._states.values())
+
+    def drop_idle(self) -> int:
+        """Evict every state no live tape needs (to make room for a large one); -> how many."""
+        idle = [k for k, st in self._states.items() if not getattr(st, "busy", False)]
+        for k in idle:
+            del self._states[k]
+        self.evictions += len(idle)
+        if idle and self.free is not None:
+            self.free()
+        return len(idle)
+
     def __len__(self) -> int:
         return len(self._states)
 
@@ -169,12 +185,17 @@ class GpuRunner:
         session = GpuSession()
         cp = session.cp
         size = model.layout.size
+        from .sizes import gpu_available, refuse_if
+        refuse_if(size * 4 * (2 if grads is None else 1), gpu_available(cp),
+                  f"the parameters{' and gradients' if grads is None else ''} of {model!r}",
+                  "GPU memory")
         if grads is None:
             grads = cp.zeros(size, dtype=cp.float32)
         elif not (isinstance(grads, cp.ndarray) and grads.dtype == cp.float32
                   and grads.shape == (size,) and grads.flags.c_contiguous):
             raise ValueError(f"grads: expected a contiguous CuPy float32 array of shape ({size},)")
         self.cp = cp
+        self.device_id = cp.cuda.Device().id
         self.model = model
         self.switches = switches
         self.executor_name = executor
@@ -237,23 +258,26 @@ class GpuRunner:
                        m.bias, sw, train, device=self.limits, family=family)
 
     def _precompile(self):
-        """Compile every kernel file once, before any timing, saying so (the first use on a
-        machine takes a while; CuPy keeps the result on disk for the next process)."""
+        """Compile every kernel file once, before any timing (a first use on a machine takes
+        a while: kernels/library.py says so per file; CuPy keeps the result on disk)."""
         if getattr(self, "_compiled", False):
             return
-        import time
-
         from .kernels.registry import REGISTRY
-        t0 = time.perf_counter()
         for k in REGISTRY:
             self.session.ctx.kernels.get(k.name)
-        dt = time.perf_counter() - t0
-        if dt > 2.0:
-            _log(f"compiled rnnrt's CUDA kernels in {dt:.1f} s (first use; cached on disk)")
         self._compiled = True
 
     def _build_state(self, key: PlanKey) -> _State:
         from .plan.backward import backward_plan
+        from .sizes import SizeError, check_workspace, gpu_available
+        # the workspace must fit before any plan is built or buffer allocated; where it does
+        # not, the idle workspaces of other shapes go first
+        try:
+            check_workspace(key, gpu_available(self.cp))
+        except SizeError:
+            if not self._states.drop_idle():
+                raise
+            check_workspace(key, gpu_available(self.cp))
         fplan = forward_plan(key)
         wplan = backward_plan(key) if key.train else fplan
         ws = self.session.workspace(wplan, self.params, grads=self.grads)
@@ -344,6 +368,7 @@ class GpuRunner:
         (y, h_n); with train=True also a GpuTape for ``backward``.
         """
         m = self.model
+        train = check_flag("train", train)
         h0, c0 = split_hx(m, hx)
         check_forward_inputs(m, x, h0, c0)
         if m.batch_first:
@@ -362,7 +387,7 @@ class GpuRunner:
         if not train:
             return y, hx_n
         st.generation += 1
-        tape = GpuTape(key, st.generation, m.batch_first, st)
+        tape = GpuTape(key, st.generation, m.batch_first, st, self.device_id)
         st.hold(tape)
         return y, hx_n, tape
 
@@ -377,8 +402,16 @@ class GpuRunner:
         if not isinstance(tape, GpuTape):
             raise TypeError(f"tape: expected the GpuTape of runner.forward(train=True), "
                             f"got {type(tape).__name__}")
+        accumulate = check_flag("accumulate", accumulate)
         st = tape.state
-        if st is None or st.generation != tape.generation:
+        if tape.device != self.device_id or tape.dtype != "float32":
+            raise ValueError(f"tape: recorded on CUDA device {tape.device} in {tape.dtype}; "
+                             f"this runner is on device {self.device_id} in float32")
+        if st is None or not self._states.holds(st):
+            raise ValueError("tape: it is not one of this runner's (a tape of another runner, "
+                             "or one copied by hand); run backward on the runner whose "
+                             "forward made it")
+        if st.generation != tape.generation:
             raise ValueError("tape: stale — its activations were overwritten (a tape of "
                              "another runner, or one copied by hand); run forward again")
         dh_n, dc_n = split_hx(m, dhx, "dhx")

@@ -28,7 +28,8 @@ import numpy as np
 
 from .cells import Cell, backward_flops, forward_flops, get_cell
 from .params import ParamLayout, positive_int, make_layout, per_layer, to_flat, views
-from .validate import check_backward_inputs, check_forward_inputs, split_hx
+from .sizes import check_model, check_reference
+from .validate import check_backward_inputs, check_flag, check_forward_inputs, split_hx
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -65,6 +66,8 @@ class Tape:
     params:     the parameters used: per-layer dicts (reference's format) of views into
                 ``flat``, a [layout.size] copy of the model's buffer
     cache:      reference.Cache (holds x [T, B, I] time-major and the per-step activations)
+    dtype:      the dtype it was computed in (backward refuses a tape of another dtype)
+    device:     where its arrays live: 'cpu' (backward refuses a tape of another device)
     """
 
     cell_name: str
@@ -75,6 +78,8 @@ class Tape:
     flat: np.ndarray
     params: list
     cache: Any
+    dtype: np.dtype = np.dtype(np.float32)
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -93,13 +98,6 @@ class Grads:
     dc0: np.ndarray | None
     flat: np.ndarray
     params: dict[str, np.ndarray]
-
-
-def _flag(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {value!r} "
-                        f"of type {type(value).__name__}")
-    return bool(value)
 
 
 def _numpy_only(**arrays):
@@ -175,9 +173,12 @@ class RNNBase:
         input_size = positive_int("input_size", input_size)
         hidden_size = positive_int("hidden_size", hidden_size)
         num_layers = positive_int("num_layers", num_layers)
-        bias = _flag("bias", bias)
-        batch_first = _flag("batch_first", batch_first)
+        bias = check_flag("bias", bias)
+        batch_first = check_flag("batch_first", batch_first)
         dtype = _model_dtype(dtype)
+        # before the layout (a loop over layers) and the buffer: a size that cannot fit is
+        # refused at once, naming the need and the host's memory (sizes.py)
+        check_model(cell, input_size, hidden_size, num_layers, bias, dtype.itemsize)
         rng = np.random.default_rng(seed)
 
         d = self.__dict__  # plain dict writes: __setattr__ refuses public names (see below)
@@ -257,6 +258,8 @@ class RNNBase:
         (a ValueError) lists every offending key and what was expected, and the model is
         unchanged. -> LoadResult(missing_keys, unexpected_keys).
         """
+        strict = check_flag("strict", strict)
+        allow_nonfinite = check_flag("allow_nonfinite", allow_nonfinite)
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of parameter name -> array, got "
                             f"{type(state_dict).__name__}")
@@ -318,9 +321,12 @@ class RNNBase:
         """
         from . import reference  # lazily: models and layouts are usable without it
 
+        train = check_flag("train", train)
         h0, c0 = split_hx(self, hx, "hx")
         steps, batch = check_forward_inputs(self, x, h0, c0)
         _numpy_only(x=x, h0=h0, c0=c0)
+        check_reference(self.cell_name, self.input_size, self.hidden_size, self.num_layers,
+                        batch, steps, self.dtype.itemsize, "train" if train else "forward")
         x_tm = x.transpose(1, 0, 2) if self.batch_first else x
         if train:
             # Snapshots, so the tape's gradients belong to this forward even if the caller
@@ -337,7 +343,7 @@ class RNNBase:
         if not train:
             return out
         return out + (Tape(self.cell_name, self.layout, self.batch_first, steps, batch,
-                           flat, params, cache),)
+                           flat, params, cache, self.dtype, "cpu"),)
 
     __call__ = forward
 
@@ -357,9 +363,17 @@ class RNNBase:
         if tape.layout != self.layout or tape.batch_first != self.batch_first:
             raise ValueError("tape: it comes from a model with a different configuration "
                              "(layout or batch_first) than this one")
+        if tape.device != "cpu":
+            raise ValueError(f"tape: it holds arrays on {tape.device!r}; this model's backward "
+                             f"is the NumPy reference (cpu)")
+        if np.dtype(tape.dtype) != self.dtype or np.dtype(tape.flat.dtype) != self.dtype:
+            raise TypeError(f"tape: it was recorded by a {np.dtype(tape.dtype)} model, this "
+                            f"model is {self.dtype}; run backward on the model that made it")
         dh_n, dc_n = split_hx(self, dhx, "dhx")
         check_backward_inputs(self, tape.steps, tape.batch, dy, dh_n, dc_n)
         _numpy_only(dy=dy, dh_n=dh_n, dc_n=dc_n)
+        check_reference(self.cell_name, self.input_size, self.hidden_size, self.num_layers,
+                        tape.batch, tape.steps, self.dtype.itemsize, "backward")
         if dy is None:
             dy_tm = np.zeros((tape.steps, tape.batch, self.hidden_size), self.dtype)
         else:
@@ -379,7 +393,7 @@ class RNNBase:
         """GEMM FLOPs of one forward pass (or, with backward=True, of one backward pass
         alone: 2x the forward) over ``steps`` steps of ``batch`` sequences; the paper's
         convention (``cells.forward_flops``)."""
-        f = backward_flops if backward else forward_flops
+        f = backward_flops if check_flag("backward", backward) else forward_flops
         return f(self.cell_name, self.input_size, self.hidden_size, self.num_layers,
                  batch, steps)
 

@@ -43,6 +43,15 @@ def _kind_word(cell: str) -> str:
     return get_cell(cell).mode.split("_")[0]
 
 
+def check_flag(name: str, value) -> bool:
+    """``value`` as a bool when it is one (Python's or NumPy's); TypeError naming ``name``
+    otherwise: a string such as 'no' is truthy and would silently mean True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {value!r} "
+                        f"of type {type(value).__name__}")
+    return bool(value)
+
+
 def array_dtype(name: str, a) -> np.dtype:
     """The NumPy dtype of array ``a`` (NumPy or CuPy), or TypeError naming ``name`` when ``a``
     is not an array: a list, a scalar, or an array type whose dtype NumPy cannot read

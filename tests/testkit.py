@@ -333,3 +333,52 @@ def tiny_sweep(**kw):
                 repeats=1, warmup=0, cpu=True)
     base.update(kw)
     return sw.SweepConfig(**base)
+
+
+# --- bad input: refused before any work, nothing changed ----------------------------------------
+
+class Spy:
+    """Stands in for a function that does the work (a reference pass, a plan build, a run):
+    records calls and fails loudly, so a refusal that came after the work started shows."""
+
+    def __init__(self, name="the work"):
+        self.name, self.calls = name, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        raise AssertionError(f"{self.name} started before the refusal")
+
+
+def tree_state(folder):
+    """{relative path: bytes} of every file under ``folder`` (to show nothing was written)."""
+    from pathlib import Path
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def assert_refused(call, exc, words, arrays=(), folders=(), spies=(), within_s=2.0):
+    """``call()`` raises ``exc`` (exactly that type or a subclass) whose message contains
+    every string of ``words`` (the argument's name first), within ``within_s`` seconds; every
+    array of ``arrays`` is byte-for-byte unchanged, every folder of ``folders`` holds exactly
+    the files it held, unchanged; no ``spies`` (Spy) was called. -> the exception."""
+    import time
+
+    import pytest
+    arrays_before = [a.tobytes() for a in arrays]
+    folders_before = [tree_state(f) for f in folders]
+    t0 = time.perf_counter()
+    with pytest.raises(exc) as info:
+        call()
+    took = time.perf_counter() - t0
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, f"{w!r} not in the message {msg!r}"
+    assert took < within_s, f"refused after {took:.2f} s: work was done first"
+    for a, before in zip(arrays, arrays_before):
+        assert a.tobytes() == before, "an input array was changed"
+    for f, before in zip(folders, folders_before):
+        assert tree_state(f) == before, f"files under {f} changed"
+    for s in spies:
+        assert s.calls == 0, f"{s.name} ran"
+    return info.value

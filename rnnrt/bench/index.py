@@ -3,21 +3,23 @@
     python -m rnnrt.bench.index            rewrite experiments/results/INDEX.md
     python -m rnnrt.bench.index --check    exit 1, and show what differs, when it is out of date
 
-Standard library only and no other rnnrt module on purpose: the index must keep working while
-the package around it moves, and listing results must never need NumPy, CuPy or a GPU.
-A damaged file (JSON that does not parse, a torn JSON-lines file, a record that is a list or
-a number, a record missing a field) becomes a row saying ``unreadable: <reason>``; rendering
-never raises because of what is in a file.
+Standard library and recordio (the one loader of records, itself standard library only) on
+purpose: the index must keep working while the package around it moves, and listing results
+must never need NumPy, CuPy or a GPU. A damaged file (JSON that does not parse, a record that
+is a list or a number, a record missing a field) becomes a row saying ``unreadable:
+<reason>``; a sweep file's damaged lines are skipped and counted in its row (the first named),
+a last line cut short is noted; rendering never raises because of what is in a file.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import difflib
-import json
 import re
 import sys
 from pathlib import Path
+
+from .recordio import RecordError, read_json, read_jsonl, write_text_atomic
 
 RESULTS = Path("experiments") / "results"
 KINDS = ("ladder", "sweep", "kernels", "trace", "training", "profiles", "logs")
@@ -63,37 +65,30 @@ def _kind_of(obj) -> str:
 
 def read_record(path: Path) -> tuple[dict | None, str | None]:
     """Returns (record, None) for a readable .json object or .jsonl file, (None, reason) for a
-    damaged one, (None, None) for a file that is not JSON (logs, profiles). A JSON-lines
-    record is its first session line plus '_lines': every line, parsed."""
+    damaged one, (None, None) for a file that is not JSON (logs, profiles). Read through
+    recordio, the one loader of records. A JSON-lines record is its first session line plus
+    '_lines': every valid line, '_problems': the damaged lines skipped ('line N: what is
+    wrong') and '_torn': whether the last line was cut short."""
     if path.suffix not in (".json", ".jsonl"):
         return None, None
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        return None, f"{type(e).__name__}: {e}"
-    if path.suffix == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            return None, f"does not parse ({e})"
-        return (obj, None) if isinstance(obj, dict) else (None, f"{_kind_of(obj)}, not an object")
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return None, "empty file"
-    parsed = []
-    for i, ln in enumerate(lines, 1):
-        # A sweep ignores a line cut short by a kill; the index flags it so someone looks.
-        try:
-            obj = json.loads(ln)
-        except json.JSONDecodeError as e:
-            return None, f"line {i} of {len(lines)} does not parse ({e})"
-        if not isinstance(obj, dict):
-            return None, f"line {i} is {_kind_of(obj)}, not an object"
-        parsed.append(obj)
+        if path.suffix == ".json":
+            obj, why = read_json(path)
+            if why:
+                return None, why.replace(f"{path}", "", 1).lstrip(":").strip()
+            return (obj, None) if isinstance(obj, dict) else (None, f"{_kind_of(obj)}, not "
+                                                                    f"an object")
+        loaded = read_jsonl(path)   # JSON lines are sweep results: each line checked
+    except (OSError, RecordError) as e:
+        return None, str(e).replace(f"{path}: ", "", 1)
+    if not loaded.lines and not loaded.problems:
+        return None, "empty file" if not loaded.torn else "only a line cut short"
+    parsed = loaded.objects()
     head = next((o for o in parsed if o.get("type") == "session"), None)
     if head is None:
         return None, "no session line"
-    return {**head, "_lines": parsed}, None
+    problems = [m.replace(f"{path}:", "line ", 1) for m in loaded.problems]
+    return {**head, "_lines": parsed, "_problems": problems, "_torn": bool(loaded.torn)}, None
 
 
 def _device(obj) -> str | None:
@@ -133,6 +128,11 @@ def _what(kind: str, stem: str, rec: dict | None) -> str:
             what += f", {errors} errors"
         if sessions > 1:  # a resumed sweep
             what += f", {sessions} sessions"
+        damaged = rec.get("_problems") or []
+        if damaged:
+            what += f", {len(damaged)} damaged line(s) skipped ({damaged[0]})"
+        if rec.get("_torn"):
+            what += ", last line cut short"
         return what
     return stem
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = render_index(args.root)
     if not args.check:
-        path.write_text(text, encoding="utf-8")
+        write_text_atomic(path, text)
         print(f"wrote {path}")
         return 0
     old = path.read_text(encoding="utf-8") if path.exists() else ""

@@ -29,7 +29,7 @@ from .. import reference
 from ..cells import forward_flops, get_cell, tflops
 from ..check import FP32_ATOL, FP32_RTOL, compare, reduction_atol
 from ..kernels.limits import H100_SXM, DeviceLimits
-from ..params import to_flat
+from ..params import positive_int, to_flat
 from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, Rung, ladder, rung_names
@@ -67,6 +67,21 @@ class LadderConfig:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        get_cell(self.cell)
+        for name in ("layers", "hidden", "batch", "steps", "repeats"):
+            positive_int(f"LadderConfig.{name}", getattr(self, name))
+        if self.input_size is not None:
+            positive_int("LadderConfig.input_size", self.input_size)
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"LadderConfig.warmup: expected an int >= 0, got {self.warmup!r}")
+        k = self.input_batch
+        if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"LadderConfig.input_batch: expected a positive int or 'all', "
+                             f"got {k!r}")
+        self.executors = tuple(self.executors)
+        if not self.executors or any(e not in ("eager", "graph") for e in self.executors):
+            raise ValueError(f"LadderConfig.executors: expected some of ('eager', 'graph'), "
+                             f"got {self.executors!r}")
         if self.rungs is not None:
             known = set(rung_names()) | {AUTO}
             bad = [r for r in self.rungs if r not in known]
@@ -78,6 +93,39 @@ class LadderConfig:
     @property
     def inp(self) -> int:
         return self.hidden if self.input_size is None else self.input_size
+
+
+def check_sizes(cfg: LadderConfig, gpu_free: int | None = None,
+                device: DeviceLimits = H100_SXM) -> None:
+    """sizes.SizeError unless the ladder of ``cfg`` fits: on the host its model, inputs (and
+    their float64 copies), the float64 reference where it runs and, with --cpu, the largest
+    rung's workspace; on the GPU (``gpu_free`` bytes, when given) the largest workspace; and
+    every rung's plan. Called before anything is allocated."""
+    from .. import sizes
+    c, T, B, I, H, L = cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers
+    io = T * B * I + 2 * L * B * H + T * B * H             # x, h0, c0, dy
+    host = sizes.model_bytes(c, I, H, L, True, 4) + 4 * io
+    if cfg.cpu or not cfg.cudnn or _flops(cfg) <= REFERENCE_FLOP_LIMIT:   # as _run_gpu decides
+        host += 8 * io + sizes.reference_bytes(c, I, H, L, B, T, 8,
+                                               "train" if cfg.backward else "forward")
+        if cfg.backward:
+            host += sizes.reference_bytes(c, I, H, L, B, T, 8, "backward")
+    work = 0
+    for rung in ladder(cfg.input_batch):
+        if cfg.rungs is not None and rung.name not in cfg.rungs:
+            continue
+        key = PlanKey(c, T, B, I, H, L, True, rung.switches, train=cfg.backward,
+                      device=device)
+        sizes.check_plan(key)
+        if cfg.backward:
+            sizes.check_plan(key, backward=True)
+        work = max(work, sizes.workspace_elements(key) * 4)
+    what = f"the ladder of {sizes.describe_shape(c, I, H, L, B, T)}"
+    sizes.refuse_if(host + (work if cfg.cpu else 0), sizes.host_available(), what,
+                    "host memory")
+    if gpu_free is not None and not cfg.cpu:
+        sizes.refuse_if(work + 4 * io + sizes.model_bytes(c, I, H, L, True, 4), gpu_free,
+                        f"{what} (its largest workspace)", "GPU memory")
 
 
 def model_for(cfg: LadderConfig, dtype):
@@ -142,10 +190,13 @@ def run_ladder(cfg: LadderConfig, progress=_progress, session: BenchSession | No
     """
     get_cell(cfg.cell)
     if cfg.cpu:
+        check_sizes(cfg)
         return _run_cpu(cfg, progress)
     own = session is None
     session = BenchSession(progress) if own else session
     try:
+        from ..sizes import gpu_available
+        check_sizes(cfg, gpu_available(session.cp), session.limits)
         return _run_gpu(cfg, progress, session)
     finally:
         if own:
@@ -536,6 +587,7 @@ def default_path(record: dict, root: Path | None = None) -> Path:
                        root=root)
 
 
-def write_record(record: dict, path: Path | None = None) -> Path:
-    """Write the record (atomically) to ``path`` or its default path; the path written."""
-    return write_json(record, Path(path) if path else default_path(record))
+def write_record(record: dict, path: Path | None = None, overwrite: bool = True) -> Path:
+    """Write the record (atomically) to ``path`` or its default path; the path written.
+    ``overwrite=False``: FileExistsError where the file exists."""
+    return write_json(record, Path(path) if path else default_path(record), overwrite=overwrite)

@@ -21,7 +21,6 @@ executor), the last row read wins.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections import defaultdict
@@ -31,6 +30,8 @@ import numpy as np
 
 from ..plan.switches import DEFAULT_INPUT_BATCH, rung_names
 from .ladder import AUTO
+from .recordio import check_ladder_record, read_json, read_jsonl
+from .records import figures_root
 
 CUDNN = "cudnn"
 CONFIG_FIELDS = ("cell", "layers", "hidden", "input_size", "batch", "steps", "input_batch",
@@ -70,27 +71,34 @@ def _expand(paths):
 
 def load_rows(paths, note=None) -> list[dict]:
     """Flat rows from sweep .jsonl files, ladder .json records and directories of them (a
-    directory: its *.jsonl and ladder-*.json, subfolders included). Other JSON (a trace, test results) is
-    skipped with a note. Raises FileNotFoundError for a path that does not exist."""
+    directory: its *.jsonl and ladder-*.json, subfolders included), read through
+    recordio (the one loader of records). A damaged line or record is skipped with a warning
+    through ``note`` naming its file and line; other JSON (a trace, test results) is skipped
+    with a note. Raises FileNotFoundError for a path that does not exist, RecordError for
+    one that cannot be read."""
     note = note or (lambda m: print(f"[plot] {m}", file=sys.stderr))
     rows = []
     for p in _expand(paths):
-        if not p.exists():
-            raise FileNotFoundError(f"{p}: no such file or directory")
         if p.suffix == ".jsonl":
-            from .sweep import read_lines
-            rows += [ln for ln in read_lines(p) if ln.get("type") == "row"]
+            loaded = read_jsonl(p)
+            for msg in loaded.problems:
+                note(f"warning: {msg}; skipped")
+            if loaded.torn:
+                note(loaded.torn)
+            rows += [ln for ln in loaded.objects() if ln.get("type") == "row"]
             continue
-        try:
-            rec = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}: not JSON ({e})") from None
-        if isinstance(rec, dict) and str(rec.get("schema", "")).startswith("rnnrt.ladder/"):
-            rows += ladder_record_rows(rec)
-        else:
+        rec, why = read_json(p)
+        if why is None and not (isinstance(rec, dict)
+                                and str(rec.get("schema", "")).startswith("rnnrt.ladder/")):
             note(f"{p}: not a ladder record or sweep results (schema "
                  f"{rec.get('schema') if isinstance(rec, dict) else type(rec).__name__!r}); "
                  f"skipped")
+            continue
+        why = why or check_ladder_record(rec)
+        if why:
+            note(f"warning: {why if why.startswith(str(p)) else f'{p}: {why}'}; skipped")
+            continue
+        rows += ladder_record_rows(rec)
     return rows
 
 
@@ -503,11 +511,13 @@ def fig_best_heatmap(rows, out_dir, cell="lstm", layers=None, executor=None,
     return _save(fig, Path(out_dir), stem, formats)
 
 
-def plot_all(paths_or_rows, out_dir="experiments/figures", cell="lstm", layers=4,
+def plot_all(paths_or_rows, out_dir=None, cell="lstm", layers=4,
              executor=None, formats=("png", "svg"), steps=None, input_batch=None,
              pass_="fwd", note=None) -> list[Path]:
-    """The three figures for every device in the inputs (paths, or already-loaded rows).
-    Returns the paths written; what could not be drawn is reported through ``note``."""
+    """The three figures for every device in the inputs (paths, or already-loaded rows), in
+    ``out_dir`` (default records.figures_root(): rnnrt-out/figures). Returns the paths
+    written; what could not be drawn is reported through ``note``."""
+    out_dir = figures_root() if out_dir is None else out_dir
     _pyplot()
     note = note or (lambda m: print(f"[plot] {m}", file=sys.stderr))
     rows = (paths_or_rows if paths_or_rows and isinstance(paths_or_rows[0], dict)

@@ -1,11 +1,15 @@
 """Where records go and how they are named: one scheme for every command that writes one.
 
-    experiments/results/<kind>/<stem>-<device slug>-<stamp>.<ext>
+    <out>/results/<kind>/<stem>-<device slug>-<stamp>.<ext>       records
+    <out>/figures/                                                figures
 
-kind: one of KINDS (the folder); stem: what was measured (e.g. 'ladder-lstm-L4-H512-B64-
-T100-fwd'); device slug: the device's name in lower case, each run of other characters a '-'
-('NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'); stamp: the record's 'created' time in
-UTC, 'YYYYMMDDTHHMMSS'. ``python -m rnnrt.bench.index`` lists them in INDEX.md.
+<out>: the output folder, ``rnnrt-out`` in the current directory unless the RNNRT_OUT
+environment variable names another (the repository's own records are written with
+RNNRT_OUT=experiments: experiments/results/ and experiments/figures/). kind: one of KINDS (the
+folder); stem: what was measured (e.g. 'ladder-lstm-L4-H512-B64-T100-fwd'); device slug: the
+device's name in lower case, each run of other characters a '-' ('NVIDIA H100 80GB HBM3' ->
+'nvidia-h100-80gb-hbm3'); stamp: the record's 'created' time in UTC, 'YYYYMMDDTHHMMSS'.
+``python -m rnnrt.bench.index`` lists the repository's in experiments/results/INDEX.md.
 """
 from __future__ import annotations
 
@@ -14,13 +18,30 @@ import json
 import os
 import platform
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path("experiments") / "results"
-"""The results folder, relative to the working directory (the repository root)."""
+from .recordio import write_text_atomic
+
+DEFAULT_OUT = "rnnrt-out"
+"""The output folder when RNNRT_OUT is not set, relative to the working directory."""
+
+
+def out_root(env=None) -> Path:
+    """The output folder: $RNNRT_OUT, else ``rnnrt-out`` (relative to the working directory)."""
+    env = os.environ if env is None else env
+    return Path(env.get("RNNRT_OUT") or DEFAULT_OUT)
+
+
+def results_root(env=None) -> Path:
+    """Where records go by default: <out>/results (its kind folders below)."""
+    return out_root(env) / "results"
+
+
+def figures_root(env=None) -> Path:
+    """Where figures go by default: <out>/figures."""
+    return out_root(env) / "figures"
 
 KINDS = ("ladder", "sweep", "kernels", "trace", "training", "profiles", "logs")
 
@@ -49,24 +70,16 @@ def record_path(kind: str, stem: str, device, created: str, ext: str = ".json",
     """The path of a record: ``root``/``kind``/``stem``-<device slug>-<stamp>``ext``."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
-    base = Path(root) if root is not None else RESULTS
+    base = Path(root) if root is not None else results_root()
     return base / kind / f"{stem}-{device_slug(device)}-{stamp(created)}{ext}"
 
 
-def write_json(record, path) -> Path:
-    """Write ``record`` as indented JSON to ``path`` atomically (a temporary file in the same
-    folder, then a rename), creating the folder; a crash never leaves half a record."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(record, indent=1, default=str) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def write_json(record, path, overwrite: bool = True) -> Path:
+    """Write ``record`` as indented JSON to ``path`` atomically (recordio.write_text_atomic:
+    a temporary file in the same folder, then a rename), creating the folder; a crash never
+    leaves half a record. ``overwrite=False``: FileExistsError if ``path`` exists."""
+    return write_text_atomic(path, json.dumps(record, indent=1, default=str) + "\n",
+                             overwrite=overwrite)
 
 
 def versions(cp=None) -> dict:

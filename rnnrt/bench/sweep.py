@@ -25,7 +25,9 @@ The JSON-lines file (schema 'rnnrt.sweep/1'), one object a line, three types:
   {"type": "error", ...}    a point that raised: its configuration, device, error (type and
         message), traceback (last lines), point_seconds
 A point is done when the file has a row or an error line for it (``--retry-errors`` redoes
-the errors). A line cut short by a kill is ignored on reading.
+the errors). Reading goes through recordio (the one loader of records): a damaged line is
+skipped with a warning naming its file and line (its point runs again); a last line cut short
+by a kill is skipped with a note.
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ from pathlib import Path
 from ..cells import forward_flops, get_cell
 from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
 from . import ladder as ladder_mod
-from .records import RESULTS, device_slug, now_iso, record_path
+from .recordio import read_jsonl
+from .records import device_slug, now_iso, record_path, results_root
 
 SCHEMA = "rnnrt.sweep/1"
 DEFAULT_HIDDEN = (128, 256, 512, 1024, 2048, 4096)
@@ -207,24 +210,20 @@ def grid(cfg: SweepConfig) -> list[Point]:
 # --------------------------------------------------------------------------------------------
 # The results file
 
-def read_lines(path) -> list[dict]:
-    """Every JSON object of a JSON-lines file; a malformed line (a write cut short by a
-    kill) is skipped with a note on stderr."""
-    out = []
+def read_lines(path, warn=None) -> list[dict]:
+    """Every valid line of a results file (recordio.read_jsonl: parsed, checked); each
+    damaged line is skipped with a warning naming it (``warn``, default stderr), so its point
+    runs again; a last line cut short by a kill is skipped with a note."""
     path = Path(path)
     if not path.exists():
-        return out
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                print(f"[sweep] {path}:{n}: skipping a malformed line (cut short?)",
-                      file=sys.stderr)
-    return out
+        return []
+    warn = warn or (lambda m: print(f"[sweep] warning: {m}", file=sys.stderr))
+    loaded = read_jsonl(path)
+    for msg in loaded.problems:
+        warn(msg)
+    if loaded.torn:
+        warn(loaded.torn)
+    return loaded.objects()
 
 
 def done_keys(lines, retry_errors: bool = False) -> set:
@@ -617,7 +616,7 @@ def latest_path(cfg: SweepConfig, device: str, quick: bool = False,
                 root: Path | None = None, preset: str | None = None) -> Path | None:
     """The newest existing results file of this grid and device (what --resume continues),
     or None."""
-    folder = (Path(root) if root is not None else RESULTS) / "sweep"
+    folder = (Path(root) if root is not None else results_root()) / "sweep"
     prefix = f"{default_stem(cfg, quick, preset)}-{device_slug(device)}-"
     found = sorted(p for p in folder.glob(prefix + "*.jsonl")
                    if p.name[len(prefix):-len(".jsonl")].replace("T", "").isdigit())

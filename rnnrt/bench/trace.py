@@ -25,7 +25,8 @@ import numpy as np
 
 from ..cells import get_cell
 from ..check import FP32_ATOL, FP32_RTOL, compare
-from ..kernels.limits import H100_SXM
+from ..kernels.limits import H100_SXM, DeviceLimits
+from ..params import positive_int
 from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder
@@ -57,9 +58,46 @@ class TraceConfig:
     hold: bool = True                    # GPU: let the host queue the pass before it runs
     seed: int = 0
 
+    def __post_init__(self):
+        get_cell(self.cell)
+        for name in ("layers", "hidden", "batch", "steps"):
+            positive_int(f"TraceConfig.{name}", getattr(self, name))
+        if self.input_size is not None:
+            positive_int("TraceConfig.input_size", self.input_size)
+        k = self.input_batch
+        if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"TraceConfig.input_batch: expected a positive int or 'all', "
+                             f"got {k!r}")
+
     @property
     def inp(self) -> int:
         return self.hidden if self.input_size is None else self.input_size
+
+
+def check_sizes(cfg: TraceConfig, rungs=None, device: DeviceLimits = H100_SXM) -> None:
+    """sizes.SizeError unless the trace fits: the model, inputs and float64 reference on the
+    host, each traced rung's plan, and with --cpu its workspace. Before any allocation."""
+    from .. import sizes
+    c, T, B, I, H, L = cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers
+    io = T * B * I + 2 * L * B * H
+    host = (sizes.model_bytes(c, I, H, L, True, 4) + 12 * io
+            + sizes.reference_bytes(c, I, H, L, B, T, 8))
+    work = 0
+    for rung in traced_rungs(cfg.input_batch) if rungs is None else rungs:
+        key = PlanKey(c, T, B, I, H, L, True, rung.switches, device=device)
+        sizes.check_plan(key)
+        work = max(work, sizes.workspace_elements(key) * 4)
+    sizes.refuse_if(host + (work if cfg.cpu else 0), sizes.host_available(),
+                    f"the trace of {sizes.describe_shape(c, I, H, L, B, T)}", "host memory")
+
+
+def device_name(cpu: bool) -> str:
+    """The device a trace runs on, as its record names it."""
+    if cpu:
+        import platform
+        return f"CPU ({platform.processor() or platform.machine()}), NumPy executor"
+    from ..device import gpu_status
+    return gpu_status()[1]
 
 
 def _progress(msg):
@@ -113,11 +151,11 @@ def run_trace(cfg: TraceConfig, progress=_progress, rungs=None) -> dict:
     """Trace one forward pass of each rung (default: naive and the last rung); the record."""
     get_cell(cfg.cell)
     rungs = traced_rungs(cfg.input_batch) if rungs is None else tuple(rungs)
+    check_sizes(cfg, rungs)
     model, x, h0, c0 = _model_inputs(cfg)
     y_ref = _reference_y(cfg, model, x, h0, c0)
     if cfg.cpu:
-        import platform
-        info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy executor",
+        info = {"device": device_name(True),
                 "note": "CPU trace: the NumPy executor in program order; not GPU timing"}
         vers = versions()
         entries = _trace_cpu(cfg, rungs, model, x, h0, c0, y_ref, progress)
@@ -209,22 +247,33 @@ def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, session):
 # --------------------------------------------------------------------------------------------
 # Files and the figure
 
+def figure_stem(cfg: TraceConfig, device: str) -> str:
+    """The figure's name (no stamp: a newer trace of a shape and device replaces it, with
+    --overwrite); known before the run, so the command can check it first."""
+    return (f"trace-{cfg.cell}-L{cfg.layers}-H{cfg.hidden}-B{cfg.batch}-T{cfg.steps}-"
+            f"{device_slug(device)}")
+
+
 def default_stem(record: dict) -> str:
-    """The figure's name (no stamp: the newest trace of a shape and device replaces it)."""
+    """The figure's name of a record (``figure_stem`` of its configuration and device)."""
     c = record["config"]
     return (f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}-"
             f"{device_slug(record['device'].get('device', 'device'))}")
 
 
-def write_record(record: dict, path: Path | None = None) -> Path:
-    """Write the record (atomically) to ``path``, by default results/trace/trace-<shape>-
-    <device>-<stamp>.json (bench/records.py's scheme); the path written."""
-    if path is None:
-        c = record["config"]
-        stem = f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}"
-        path = record_path("trace", stem, record["device"].get("device", "device"),
-                           record["created"])
-    return write_json(record, path)
+def default_path(record: dict) -> Path:
+    """<out>/results/trace/trace-<shape>-<device>-<stamp>.json (bench/records.py's scheme)."""
+    c = record["config"]
+    stem = f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}"
+    return record_path("trace", stem, record["device"].get("device", "device"),
+                       record["created"])
+
+
+def write_record(record: dict, path: Path | None = None, overwrite: bool = True) -> Path:
+    """Write the record (atomically) to ``path``, by default ``default_path(record)``; the
+    path written. ``overwrite=False``: FileExistsError where the file exists."""
+    return write_json(record, default_path(record) if path is None else path,
+                      overwrite=overwrite)
 
 
 def kind_label(kind: str) -> str:

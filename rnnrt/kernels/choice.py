@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
+from ..plan.model import PERSISTENT_FAMILIES
 from ..plan.switches import Switches
 from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
 from .stack import PS_BMAX, StackFit, stack_fit
@@ -169,7 +170,12 @@ class Schedule:
         sw = d.get("switches")
         if not isinstance(sw, dict):
             raise ValueError(f"schedule {d['name']!r}: switches missing")
-        return cls(d["name"], Switches(**sw), d.get("family"))
+        switches = Switches(**sw)
+        family = d.get("family")
+        if family is not None and (family not in PERSISTENT_FAMILIES or not switches.persistent):
+            raise ValueError(f"schedule {d['name']!r}: family {family!r} is not a persistent "
+                             f"family of its switches ({list(PERSISTENT_FAMILIES)})")
+        return cls(d["name"], switches, family)
 
 
 _PAPER = dict(grouped=True, streams=True, fused=True, wavefront=True)
@@ -281,6 +287,25 @@ class Shape:
                 f"|{'bias' if self.bias else 'nobias'}|{self.dtype}|{self.executor}")
 
 
+def _cached_candidates(rows) -> list:
+    """A cache entry's candidate rows, checked: [{name: str, ms: number >= 0 | None, ...}]."""
+    if not isinstance(rows, list):
+        raise ValueError(f"candidates: expected a list, got {type(rows).__name__}")
+    for r in rows:
+        ms = r.get("ms") if isinstance(r, dict) else None
+        if (not isinstance(r, dict) or not isinstance(r.get("name"), str)
+                or not (ms is None or (isinstance(ms, (int, float)) and not isinstance(ms, bool)
+                                       and ms >= 0))):
+            raise ValueError(f"candidates: a damaged row {r!r}")
+    return rows
+
+
+def _cached_seconds(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+        raise ValueError(f"tune_s: expected seconds >= 0, got {v!r}")
+    return float(v)
+
+
 @dataclass
 class Selection:
     """What the selector chose for a shape and why: the schedule, where the choice came from
@@ -366,7 +391,8 @@ class Selector:
             if entry is not None:
                 try:
                     sel = Selection(Schedule.from_dict(entry["schedule"]), "cache",
-                                    entry.get("candidates", []), entry.get("tune_s", 0.0))
+                                    _cached_candidates(entry.get("candidates", [])),
+                                    _cached_seconds(entry.get("tune_s", 0.0)))
                 except (KeyError, TypeError, ValueError) as e:
                     self.cache.warn(f"entry {k!r} is damaged ({e}); tuning it again")
         if sel is None:

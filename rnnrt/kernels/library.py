@@ -1,21 +1,87 @@
 """Compiled kernels (CuPy): each cuda_src file compiled once per process, kernels loaded by
 name, launched on CuPy's current stream. Importing this module needs no CuPy; the first
 compile imports it.
+
+A file's first compile on a machine takes seconds (NVRTC; all seven files about 19 s on the
+H100 host); CuPy keeps the result on disk (keyed by the source text, the options, the GPU
+architecture and the CUDA version), so later processes load it in milliseconds. A compile
+that is still running after ANNOUNCE_AFTER_S says so, once, on stderr: which file, and about
+how long it takes (an estimate from the source's size); a fast load from CuPy's cache says
+nothing.
 """
 from __future__ import annotations
 
 import functools
+import sys
+import threading
+import time
 
 from . import persistent as pk
 from .registry import get_kernel, kernel_args
 from .sources import source
 
+COMPILE_BYTES_PER_S = 5000
+"""Rough NVRTC rate on these sources (the estimate a first compile announces; calibrated so
+that all seven files come to about the 19 s measured on the H100 host)."""
+ANNOUNCE_AFTER_S = 1.0
+"""A compile running this long is a real one (not a load from CuPy's disk cache): say so."""
+
+
+def compile_estimate_s(text: str) -> float:
+    """Rough seconds NVRTC takes for ``text`` (at least one)."""
+    return max(1.0, len(text) / COMPILE_BYTES_PER_S)
+
+
+def _announce(msg: str) -> None:
+    print(f"[rnnrt] {msg}", file=sys.stderr, flush=True)
+
+
+def announced(file: str, text: str, compile_fn, say=None, after_s: float | None = None):
+    """Run ``compile_fn()``; if it is still running after ``after_s`` seconds (default
+    ANNOUNCE_AFTER_S), one line through ``say`` names ``file`` and the estimated time (from a
+    timer thread; where the compile holds the interpreter, the line comes when it ends,
+    with the time it took). -> what compile_fn returned."""
+    after_s = ANNOUNCE_AFTER_S if after_s is None else after_s
+    say = _announce if say is None else say
+    said = threading.Event()
+    line = (f"compiling {file} ({len(text) // 1000} kB of CUDA, NVRTC): first use on this "
+            f"machine, about {compile_estimate_s(text):.0f} s; cached on disk for later runs")
+
+    def tell():
+        if not said.is_set():
+            said.set()
+            say(line)
+
+    timer = threading.Timer(after_s, tell)
+    timer.daemon = True
+    t0 = time.perf_counter()
+    timer.start()
+    try:
+        return compile_fn()
+    finally:
+        timer.cancel()
+        dt = time.perf_counter() - t0
+        if dt >= after_s and not said.is_set():   # the timer could not run meanwhile
+            said.set()
+            say(line.replace("compiling", "compiled", 1).replace(
+                f"about {compile_estimate_s(text):.0f} s", f"took {dt:.1f} s"))
+
+
 @functools.lru_cache(maxsize=None)
 def compile_module(file: str, text: str, options: tuple[str, ...]):
-    """One cupy.RawModule per (file, source text, options): each file compiles once a process."""
+    """One cupy.RawModule per (file, source text, options), compiled here: each file once a
+    process, a slow (first-use) compile announced (``announced``)."""
     import cupy  # here, not at the top: importing rnnrt.kernels must work without CuPy
 
-    return cupy.RawModule(code=text, options=options)
+    def build():
+        module = cupy.RawModule(code=text, options=options)
+        # CuPy compiles lazily, on the first get_function: compile now, under the announcer
+        compile_now = getattr(module, "compile", None)
+        if compile_now is not None:
+            compile_now()
+        return module
+
+    return announced(file, text, build)
 
 
 class KernelLibrary:

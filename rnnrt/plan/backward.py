@@ -36,8 +36,9 @@ from __future__ import annotations
 import functools
 
 from ..cells import backward_flops
+from ..sizes import check_plan
 from .forward import ForwardBuilder, forward_plan
-from .model import Binding, Buffer, Plan, PlanKey, validate
+from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
 
@@ -48,8 +49,10 @@ def backward_plan(key: PlanKey, accumulate: bool = False) -> Plan:
     if not key.train:
         raise ValueError("backward_plan: key.train must be True (the forward must save "
                          "what the backward reads)")
-    plan = BackwardBuilder(key, accumulate).build()
-    validate(plan)
+    check_plan(key, backward=True)
+    with building():
+        plan = BackwardBuilder(key, accumulate).build()
+        validate(plan)
     expect = backward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
                             key.batch, key.steps)
     if plan.gemm_flops() != expect:
@@ -93,16 +96,27 @@ class BackwardBuilder(ForwardBuilder):
 
     # -- views -----------------------------------------------------------------------------
     def step(self, buf, layer, index, width=None):
-        """[B, width] slice ``index`` of a [*, B, width] per-layer buffer."""
+        """[B, width] slice ``index`` of a [*, B, width] per-layer buffer (made once: steps t
+        and t+1 ask for the same slices)."""
         w = self.H if width is None else width
-        return View(f"{buf}{layer}", index * self.B * w, self.B, w, w)
+        memo = ("step", buf, layer, index, w)
+        v = self._views.get(memo)
+        if v is None:
+            v = self._views[memo] = View(f"{buf}{layer}", index * self.B * w, self.B, w, w)
+        return v
 
     def dgh_name(self, layer):
         return f"dgh{layer}" if self.gru else f"dgx{layer}"
 
     def data_weight_blocks(self, layer, which):
         """(view, trans_b, first gate column) per GEMM for out = dG @ W (or R): plain
-        [G*H, K] used as is; pre-transposed [K, G*H] used transposed."""
+        [G*H, K] used as is; pre-transposed [K, G*H] used transposed. Made once a layer."""
+        memo = ("dw", layer, which)
+        if memo not in self._views:
+            self._views[memo] = self._data_weight_blocks(layer, which)
+        return self._views[memo]
+
+    def _data_weight_blocks(self, layer, which):
         K = self.I(layer) if which == "ih" else self.H
         GH, H = self.GH, self.H
         blocks = [(0, GH)] if self.sw.grouped else [(q * H, H) for q in range(self.G)]

@@ -65,16 +65,21 @@ from ..kernels.choice import choose_persistent
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from ..params import make_layout
-from .model import Binding, Buffer, Plan, PlanKey, validate
+from ..sizes import check_plan
+from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
 
 
 @functools.lru_cache(maxsize=128)
 def forward_plan(key: PlanKey) -> Plan:
-    """The forward pass of ``key`` as a Plan (cached per key; plans are immutable)."""
-    plan = ForwardBuilder(key).build()
-    validate(plan)
+    """The forward pass of ``key`` as a Plan (cached per key; plans are immutable). A key
+    whose plan cannot fit the host's memory or the kernels' index range is refused first
+    (sizes.SizeError, before any op is made)."""
+    check_plan(key)
+    with building():
+        plan = ForwardBuilder(key).build()
+        validate(plan)
     expect = forward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
                            key.batch, key.steps)
     if plan.gemm_flops() != expect:  # the plan does exactly the paper's GEMM work
@@ -97,6 +102,11 @@ class ForwardBuilder:
         self.k = self.sw.steps_per_input_gemm(self.T)
         self.layout = make_layout(key.cell, key.input_size, key.hidden_size, key.num_layers,
                                   key.bias)
+        # kind -> entry per layer, looked up once: every op's view asks for one
+        self._params = [self.layout.layer(layer) for layer in range(self.L)]
+        # views are immutable: the ones every step asks for again (biases, weight blocks, h
+        # of step t, read by steps t and t+1) are made once and shared
+        self._views = {}
         # the persistent switch: kernels/choice.py says which kernel runs (or why none does)
         self.choice = choose_persistent(key) if self.sw.persistent else None
         self.fit = self.choice.fit if self.choice else None
@@ -173,24 +183,33 @@ class ForwardBuilder:
 
     # -- views -----------------------------------------------------------------------------
     def param(self, layer, kind):
-        return self.layout.layer(layer).get(kind)
+        return self._params[layer].get(kind)
 
     def bias(self, layer, kind):
         """[B, G*H] broadcast view (ld 0) of a bias, or of the zeros buffer without bias."""
-        e = self.param(layer, kind)
-        if e is None:
-            return View("zeros", 0, self.B, self.GH, 0)
-        return View("params", e.offset, self.B, self.GH, 0)
+        v = self._views.get(("bias", layer, kind))
+        if v is None:
+            e = self.param(layer, kind)
+            v = (View("zeros", 0, self.B, self.GH, 0) if e is None else
+                 View("params", e.offset, self.B, self.GH, 0))
+            self._views[("bias", layer, kind)] = v
+        return v
 
     def seq(self, kind, layer, row, rows, width):
         """Rows [row, row + rows) of layer ``layer``'s 'h', 'c' or 'act' sequence (rows of
         ``width``): the buffer h{layer} (c{layer}, act{layer}), or with the stack kernel
         layer ``layer``'s part of one buffer 'h' ('c', 'act') that holds every layer's, as
         the kernel addresses them (T+1 slots of B rows a layer for h and c, T for act)."""
-        if self.stack is None:
-            return View(f"{kind}{layer}", row * width, rows, width, width)
-        per = (self.T if kind == "act" else self.T + 1) * self.B
-        return View(kind, (layer * per + row) * width, rows, width, width)
+        memo = (kind, layer, row, rows, width)
+        v = self._views.get(memo)
+        if v is None:
+            if self.stack is None:
+                v = View(f"{kind}{layer}", row * width, rows, width, width)
+            else:
+                per = (self.T if kind == "act" else self.T + 1) * self.B
+                v = View(kind, (layer * per + row) * width, rows, width, width)
+            self._views[memo] = v
+        return v
 
     def h(self, layer, index):
         """h{layer}[index] as [B, H] (index 0 = h0, index t+1 = after step t)."""
@@ -211,14 +230,20 @@ class ForwardBuilder:
         Plain layout: the torch matrix [G*H, K] used transposed (out = in @ W^T, cuBLAS 'T').
         Pre-transposed: [K, G*H] used as is (cuBLAS 'N'), a gate block being a column slice.
         """
+        memo = ("w", layer, which)
+        if memo in self._views:
+            return self._views[memo]
         K = self.I(layer) if which == "ih" else self.H
         GH, H = self.GH, self.H
         blocks = [(0, GH)] if self.sw.grouped else [(q * H, H) for q in range(self.G)]
         if self.sw.pretranspose:
             buf = f"{'w' if which == 'ih' else 'r'}T{layer}"
-            return [(View(buf, c0, K, w, GH), False, c0) for c0, w in blocks]
-        e = self.param(layer, f"weight_{which}")
-        return [(View("params", e.offset + r0 * K, w, K, K), True, r0) for r0, w in blocks]
+            out = [(View(buf, c0, K, w, GH), False, c0) for c0, w in blocks]
+        else:
+            e = self.param(layer, f"weight_{which}")
+            out = [(View("params", e.offset + r0 * K, w, K, K), True, r0) for r0, w in blocks]
+        self._views[memo] = out
+        return out
 
     # -- tasks -----------------------------------------------------------------------------
     def xpose_task(self, layer, which):

@@ -10,6 +10,8 @@ addresses).
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -206,6 +208,23 @@ def cover(views) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def building():
+    """Pause Python's cyclic garbage collector while a plan is built and checked.
+
+    A plan is hundreds of thousands of small acyclic objects (views, ops, tasks) that all
+    stay alive; each full collection walks every one of them, so with the collector on, the
+    build of a T-step plan costs O(T^2) (T = 10,000: 3.6 s instead of 1.3 s). Nothing built
+    here is cyclic garbage, so pausing loses nothing; the previous state is restored."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def validate(plan: Plan) -> None:
     """Check a plan's invariants; raise ValueError naming the first broken one.
 
@@ -214,6 +233,9 @@ def validate(plan: Plan) -> None:
     """
     sizes = {b.name: b.size for b in plan.buffers}
     recorded = set()
+    # a kernel launch's shape check depends on its kernel, problem, views' shapes and
+    # scalars, not on where the views are: a T-step plan has a handful of distinct ones
+    shapes_ok = set()
     for i, op in enumerate(plan.ops):
         if not 0 <= op.stream < len(plan.streams):
             raise ValueError(f"op {i}: stream {op.stream} not in plan ({len(plan.streams)})")
@@ -226,11 +248,15 @@ def validate(plan: Plan) -> None:
                 raise ValueError(f"op {i}: wait on event {op.event} before its record")
         if isinstance(op, Kernel):
             # every launch's views have the shapes its kernel addresses (see cuda_src/)
-            try:
-                check_views(get_kernel(op.name), op.rows, op.cols, op.outs, op.ins,
-                            dict(op.scalars))
-            except ValueError as e:
-                raise ValueError(f"op {i}: {e}") from None
+            sig = (op.name, op.rows, op.cols, op.scalars,
+                   *[(v.rows, v.cols, v.ld) for v in op.outs + op.ins])
+            if sig not in shapes_ok:
+                try:
+                    check_views(get_kernel(op.name), op.rows, op.cols, op.outs, op.ins,
+                                dict(op.scalars))
+                except ValueError as e:
+                    raise ValueError(f"op {i}: {e}") from None
+                shapes_ok.add(sig)
             # a footprint may say which parts are read and which written, never hide any
             if op.footprint is not None and (cover(op.footprint[0] + op.footprint[1])
                                              != cover(op.ins + op.outs)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class View:
     """A [rows, cols] row-major window of buffer ``buf``: element (r, c) at offset + r*ld + c."""
 
@@ -48,7 +48,7 @@ class View:
                 for r in range(self.rows)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gemm:
     """out[N, M] = alpha * op(a) @ op(b) + beta * out, all row-major views.
 
@@ -83,7 +83,7 @@ class Gemm:
         return self.out.cols, self.out.rows, k
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Kernel:
     """A launch of one pointwise (or transpose) kernel over a [rows, cols] problem.
 
@@ -124,7 +124,7 @@ class Kernel:
         return self.outs if self.footprint is None else self.footprint[1]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
     """Record event ``event`` on ``stream``. Every event of a plan is recorded exactly once."""
 
@@ -135,7 +135,7 @@ class Record:
     writes: tuple = field(default=(), repr=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wait:
     """Make ``stream`` wait for event ``event`` (whose Record is issued earlier)."""
 

@@ -34,7 +34,7 @@ def test_cli_cpu_sweep_resume_plot_and_trace(tmp_path, capsys):
     assert len(list(figs.glob("trace-*.png"))) == 1 and len(list(figs.glob("trace-*.svg"))) == 1
     assert cli.main(["trace", "--cpu", "--layers", "2", "--hidden", "8", "--batch", "2",
                      "--steps", "4", "--rungs", "+pretranspose, +fused", "--out",
-                     str(tmp_path / "t2.json"), "--fig-dir", str(figs)]) == 0
+                     str(tmp_path / "t2.json"), "--fig-dir", str(figs), "--overwrite"]) == 0
     o = capsys.readouterr().out
     assert [ln.split()[0] for ln in o.splitlines()[:2]] == ["+fused", "+pretranspose"]
     assert cli.main(["trace", "--cpu", "--rungs", "+fused,+fast"]) == 2

@@ -104,9 +104,14 @@ def _tree(tmp_path: Path) -> Path:
     (res / "ladder" / "hand-named.json").write_text(json.dumps(cet))
     session = {"type": "session", "created": "2026-11-21T12:00:00+00:00",
                "device": {"device": "NVIDIA H200"}, "command": "rnnrt sweep"}
-    row = {"type": "row", "cell": "lstm", "layers": 1, "hidden": 128, "batch": 32}
+    row = {"type": "row", "cell": "lstm", "layers": 1, "hidden": 128, "input_size": 128,
+           "batch": 32, "steps": 100, "input_batch": 10, "rung": "naive", "executor": "graph"}
     (res / "sweep" / "sweep-lstm-nvidia-h200-20261121T120000.jsonl").write_text(
         json.dumps(session) + "\n" + json.dumps(row) + "\n" + '{"type": "row", "cel')
+    damaged = {**row, "batch": -4}
+    (res / "sweep" / "sweep-gru-nvidia-h200-20261121T120500.jsonl").write_text(
+        json.dumps(session) + "\n" + json.dumps(damaged) + "\n" + json.dumps(row) + "\n"
+        + "7\n")
     (res / "kernels" / "gemm-layouts-nvidia-h200-20261121T130000.json").write_text("[1, 2]")
     (res / "kernels" / "pretranspose-probe-nvidia-h200-20261121T140000.json").write_text("42")
     (tmp_path / "README.md").write_text(f"see `{SHAPE_H100}-20261121T100000.json`\n")
@@ -120,11 +125,16 @@ def _line(text: str, name: str) -> str:
 
 def test_damaged_records_become_unreadable_rows(tmp_path):
     text = render_index(_tree(tmp_path))
-    for name, reason in [(BROKEN, "does not parse"),
-                         ("sweep-lstm-nvidia-h200-20261121T120000.jsonl", "line 3 of 3"),
+    for name, reason in [(BROKEN, "not JSON"),
                          ("gemm-layouts-nvidia-h200-20261121T130000.json", "a list"),
                          ("pretranspose-probe-nvidia-h200-20261121T140000.json", "a number")]:
         assert "| unreadable: " in _line(text, name) and reason in _line(text, name), name
+    # a sweep cut short by a kill is readable; its damaged lines are skipped and named
+    torn = _line(text, "sweep-lstm-nvidia-h200-20261121T120000.jsonl")
+    assert "| 1 points, lstm L1, last line cut short |" in torn, torn
+    hurt = _line(text, "sweep-gru-nvidia-h200-20261121T120500.jsonl")
+    assert ("| 1 points, lstm L1, 2 damaged line(s) skipped (line 2: 'batch' is -4, expected "
+            "a positive integer) |") in hurt, hurt
     good = _line(text, f"{SHAPE_H100}-20261121T100000.json")
     assert "unreadable" not in good
     assert "| lstm L4 H512 B64 T100, fwd |" in good and "`rnnrt ladder`" in good

@@ -51,3 +51,18 @@ def test_a_busy_state_is_never_evicted():
     busy.busy = False
     c.add("c", FakeState(40))
     assert set(c._states) == {"c"}
+
+
+def test_drop_idle_makes_room_but_keeps_busy_states():
+    """What GpuRunner does before refusing a workspace that does not fit: the idle
+    workspaces of other shapes go (memory handed back), the ones a live tape needs stay."""
+    freed = []
+    c = StateCache(1000, free=lambda: freed.append(1))
+    busy = FakeState(40)
+    busy.busy = True
+    c.add("held", busy)
+    c.add("a", FakeState(40))
+    c.add("b", FakeState(40))
+    assert c.drop_idle() == 2 and list(c._states) == ["held"] and freed == [1]
+    assert c.holds(busy) and not c.holds(FakeState(40))
+    assert c.drop_idle() == 0 and freed == [1]      # nothing idle: nothing freed
