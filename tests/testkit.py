@@ -32,7 +32,7 @@ from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.registry import REGISTRY
 from rnnrt.kernels.stack import STACK_KERNEL
-from rnnrt.params import make_layout, per_layer
+from rnnrt.params import make_layout, per_layer, to_flat
 from rnnrt.plan import PlanKey
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
@@ -317,6 +317,72 @@ def check_outputs(out, ref, what):
     for name in ("y", "h_n", "c_n"):
         if ref.get(name) is not None:
             assert_close(out[name], ref[name], atol=1e-12, rtol=1e-10, name=f"{what} {name}")
+
+
+# backward plans at odd tiny sizes: T, B, I, H
+BWD_PLAN_SHAPE = (5, 3, 4, 6)
+
+
+def bwd_plan_case(cell, layers, bias=True, seed=0):
+    """Random weights (never zero), inputs, output gradients at BWD_PLAN_SHAPE and the
+    float64 reference gradients: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref) with
+    ref {"dx", "dh0", "dc0", "grads" (the flat layout)}."""
+    T, B, I, H = BWD_PLAN_SHAPE
+    rng = np.random.default_rng(seed)
+    layout = make_layout(cell, I, H, layers, bias)
+    flat = np.zeros(layout.size)
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        flat[e.offset:e.offset + n] = rng.uniform(-0.6, 0.6, n)
+    x = rng.standard_normal((T, B, I))
+    h0 = 0.5 * rng.standard_normal((layers, B, H))
+    c0 = 0.5 * rng.standard_normal((layers, B, H)) if cell == "lstm" else None
+    dy = rng.standard_normal((T, B, H))
+    dhn = rng.standard_normal((layers, B, H))
+    dcn = rng.standard_normal((layers, B, H)) if cell == "lstm" else None
+    p = per_layer(flat, layout)
+    _, _, _, cache = reference.forward(cell, p, x, h0, c0)
+    g = reference.backward(cell, p, cache, dy, dhn, dcn)
+    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout)}
+    return layout, flat, (x, h0, c0), (dy, dhn, dcn), ref
+
+
+def run_bwd_plan(key, flat, fwd_in, bwd_in, order="program", seed=None, accumulate=False,
+                 ws=None, fwd=None, bwd=None, dtype=np.float64):
+    """The forward then the backward plan of ``key`` on the NumPy executor, every io and
+    scratch buffer poisoned (NaN) first unless ``ws`` is given. -> the workspace."""
+    from rnnrt.exec import numpy_exec
+    from rnnrt.exec.workspace import Workspace
+    from rnnrt.plan import forward_plan
+    from rnnrt.plan.backward import backward_plan
+    fwd = fwd or forward_plan(key)
+    bwd = bwd or backward_plan(key, accumulate)
+    if ws is None:
+        ws = Workspace(bwd, np, dtype, flat)
+        ws.poison(roles=("io", "scratch"))
+    x, h0, c0 = fwd_in
+    ws.load_inputs(x, h0, c0)
+    numpy_exec.run(fwd, ws, order=order, seed=seed)
+    dy, dhn, dcn = bwd_in
+    arrays = {"dy": dy, "dh_n": dhn}
+    if "dc_n" in bwd.inputs:
+        arrays["dc_n"] = dcn
+    ws.load(**arrays)
+    numpy_exec.run(bwd, ws, order=order, seed=seed)
+    return ws
+
+
+def check_bwd_plan(ws, layout, ref, what, scale=1.0, atol=1e-12, rtol=1e-10):
+    """dx, dh0, dc0 and every parameter's gradient of ``ws`` against ``ref`` (scaled), the
+    worst element named on failure."""
+    for name in ("dx", "dh0", "dc0"):
+        if ref[name] is not None:
+            assert_close(ws.read(name), ref[name], atol, rtol, name=f"{what} {name}")
+    got = ws.read("grads")
+    for e in layout.entries:   # padding is not a gradient
+        n = int(np.prod(e.shape))
+        assert_close(got[e.offset:e.offset + n], scale * ref["grads"][e.offset:e.offset + n],
+                     atol, rtol, name=f"{what} {e.name}")
 
 
 # --- plans on the GPU ---------------------------------------------------------------------------

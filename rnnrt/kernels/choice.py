@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from ..plan.switches import Switches
 from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
+from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .stack import PS_BMAX, StackFit, stack_fit
 
 # --------------------------------------------------------------------------------------------
@@ -143,6 +144,46 @@ def stack_choice(key) -> tuple[StackFit | None, str]:
         return None, (f"; stack kernel not used: batch {key.batch} <= {PS_BMAX // 4} "
                       f"(its lanes cover {PS_BMAX} batches)")
     return st, ""
+
+
+# --------------------------------------------------------------------------------------------
+# The persistent backward of a training plan key
+
+
+@dataclass(frozen=True)
+class BackwardChoice:
+    """What ``PlanKey.backward`` runs: the persistent backward kernel's ``fit`` where it
+    runs, else ``fallback`` (why the plan keeps the per-step backward)."""
+
+    fit: BwdFit | None
+    fallback: str | None = None
+
+    @property
+    def runs(self) -> bool:
+        return self.fallback is None
+
+    def describe(self) -> str:
+        """The backward plan's ``fit`` string."""
+        if self.fit is None:
+            return self.fallback or ""
+        return self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
+
+
+def choose_persistent_backward(key) -> BackwardChoice:
+    """The persistent backward for ``key`` (a training plan.PlanKey with ``backward`` set):
+    the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit) where it fits and
+    the sequence fits its barrier counter, else a fallback saying why."""
+    fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props())
+    why = None if fit.ok else fit.reason
+    if why is None:
+        try:
+            fit.check_steps(key.steps)
+        except ValueError as e:
+            why = str(e)
+    if why is not None:
+        return BackwardChoice(fit, f"persistent backward declined on {key.device.name}: {why}; "
+                                   f"ran the per-step backward")
+    return BackwardChoice(fit)
 
 
 # --------------------------------------------------------------------------------------------
