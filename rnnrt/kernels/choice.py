@@ -1,6 +1,6 @@
 """Which kernel and which schedule run for a shape: the one place that decides.
 
-Two decisions live here.
+Three decisions live here.
 
 ``choose_persistent(key)``: given a plan key whose switches ask for persistent kernels, which
 family runs — the stack kernel (every layer of an LSTM stack in one launch, ``stack.py``),
@@ -10,9 +10,12 @@ nothing fits, why the plan falls back to the schedule without the switch. A key 
 family (``PlanKey.family``); else the rules below pick one. The plan builders follow the
 answer; they decide nothing about kernels themselves.
 
+``choose_persistent_backward(key)``: for a training key that names the persistent backward
+(``PlanKey.backward``), the kernel's fit, or why the plan keeps the per-step backward.
+
 ``Selector``: the schedule ``switches='auto'`` runs for a shape. Its candidates
 (``candidates``) are the best paper rung, input-batching variants and every persistent family
-that fits; on first use of a key it times them through a timer the caller gives (the GPU
+that fits, and for training shapes those with the persistent backward kernel; on first use of a key it times them through a timer the caller gives (the GPU
 runner builds and times the plans; tests pass a fake), keeps the fastest, and remembers the
 choice in memory and in a ``tuning.ScheduleCache`` on disk. With timing off
 (``RNNRT_AUTOTUNE=0``) it takes ``heuristic``'s deterministic choice instead.
@@ -193,14 +196,18 @@ def choose_persistent_backward(key) -> BackwardChoice:
 @dataclass(frozen=True)
 class Schedule:
     """One way to run a shape: the switches, and with the persistent switch the family it
-    names (None: choose_persistent's rules). ``name`` is what records and tables show."""
+    names (None: choose_persistent's rules); for a training shape the backward it runs
+    (``backward``: None, the switches' per-step backward; 'grid', the persistent backward
+    kernel, PlanKey.backward). ``name`` is what records and tables show."""
 
     name: str
     switches: Switches
     family: str | None = None
+    backward: str | None = None
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "switches": self.switches.as_dict(), "family": self.family}
+        return {"name": self.name, "switches": self.switches.as_dict(), "family": self.family,
+                "backward": self.backward}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
@@ -210,7 +217,7 @@ class Schedule:
         sw = d.get("switches")
         if not isinstance(sw, dict):
             raise ValueError(f"schedule {d['name']!r}: switches missing")
-        return cls(d["name"], Switches(**sw), d.get("family"))
+        return cls(d["name"], Switches(**sw), d.get("family"), d.get("backward"))
 
 
 _PAPER = dict(grouped=True, streams=True, fused=True, wavefront=True)
@@ -248,14 +255,66 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     return out
 
 
+def with_persistent_backward(schedule: Schedule) -> Schedule:
+    """``schedule`` with the persistent backward kernel (a training shape's candidate)."""
+    return replace(schedule, name=f"{schedule.name}+pbwd", backward="grid")
+
+
 def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
-    cluster, grid: each runs the recurrence with R on chip), then the paper schedules. The
-    order is the order of timing (the likeliest winners first, so a spent budget cuts the
-    least likely)."""
+    cluster, grid: each runs the recurrence with R on chip), then the paper schedules. For
+    a training shape where the persistent backward fits, also each persistent family with
+    it (or, where none fits, ib10 with it): first where its cost model expects it to win
+    (``prefers_persistent_backward``), else after the persistent families. The order is
+    the order of timing (the likeliest winners first, so a spent budget cuts the least
+    likely)."""
     fams = fitting_families(shape, device)
-    return (tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid") if f in fams)
-            + paper_schedules())
+    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
+                       if f in fams)
+    if not shape.train or not backward_fit(shape, device).ok:
+        return persistent + paper_schedules()
+    pbwd = tuple(with_persistent_backward(s) for s in persistent or paper_schedules()[1:2])
+    if prefers_persistent_backward(shape, device):
+        return pbwd + persistent + paper_schedules()
+    return persistent + pbwd + paper_schedules()
+
+
+def backward_fit(shape: "Shape", device) -> BwdFit:
+    """The persistent backward kernel's fit for ``shape`` on ``device`` (DeviceLimits)."""
+    return persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props())
+
+
+CUBLAS_BWD_STEP_US = 9.2
+"""The per-step backward (cuBLAS GEMM + fused pointwise kernel a step, graph-replayed) of one
+layer never went below ~9.2 us a step in the wide sweep (LSTM and GRU L1 at H 128-256 B 8-64:
+0.92-0.97 ms for 100 steps)."""
+CUBLAS_BWD_LAYER_STEP_US = 3.7
+"""With several layers the reverse wavefront overlaps them: ~3.7 us a layer-step at the
+small shapes of the wide sweep (LSTM L4 H 128 B 32: 1.49 ms for 4 x 100)."""
+CUBLAS_SLOW_ROWS = (8, 128, 6.0)
+"""(batch, hidden, factor): at batch <= 8 and hidden <= 128 cuBLAS's kernels for the
+per-step products of so few rows are slow in both layouts: ~55 us a step (LSTM and GRU L1
+H 128 B 8: 5.4-5.9 ms for 100 steps of backward, L4 8.2-8.6 ms): 6 x the floor."""
+
+
+def prefers_persistent_backward(shape: "Shape", device) -> bool:
+    """The cost models' verdict for a training shape: the persistent backward kernel when it
+    fits and its modelled recurrent chain (layers x steps x ``BwdFit.step_us``: the kernel's
+    layers run one after another) is shorter than the per-step backward's (steps x the larger
+    of CUBLAS_BWD_STEP_US and layers x CUBLAS_BWD_LAYER_STEP_US, times CUBLAS_SLOW_ROWS'
+    factor at small batch and hidden). The GEMMs for dx and the weights are alike in both
+    and left out. From the models: L1 H 128 B 8 0.47 against 5.5 ms (taken), L4 H 128 B 32
+    2.2 against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: staging dg_t [64, 2048] for
+    64 blocks a step outweighs it)."""
+    fit = backward_fit(shape, device)
+    if not shape.train or not fit.ok:
+        return False
+    kernel_us = shape.layers * shape.steps * fit.step_us()
+    cublas_us = shape.steps * max(CUBLAS_BWD_STEP_US, shape.layers * CUBLAS_BWD_LAYER_STEP_US)
+    rows, hidden, factor = CUBLAS_SLOW_ROWS
+    if shape.batch <= rows and shape.hidden <= hidden:
+        cublas_us *= factor
+    return kernel_us < cublas_us
 
 
 GRID_MAX_WORK = 16384
@@ -265,7 +324,17 @@ rung 12.5)."""
 
 
 def heuristic(shape: "Shape", device) -> Schedule:
-    """The deterministic choice without timing (``RNNRT_AUTOTUNE=0``), a decision table fitted
+    """The deterministic choice without timing (``RNNRT_AUTOTUNE=0``): the forward's
+    (``forward_heuristic``), with the persistent backward kernel for a training shape where
+    the cost models prefer it (``prefers_persistent_backward``)."""
+    sched = forward_heuristic(shape, device)
+    if prefers_persistent_backward(shape, device):
+        return with_persistent_backward(sched)
+    return sched
+
+
+def forward_heuristic(shape: "Shape", device) -> Schedule:
+    """The forward's deterministic choice, a decision table fitted
     to the wide sweep's timings of every candidate (H100, 200 points; taking it instead of the
     timed choice costs 5% in geometric mean there):
       1. the stack kernel where it fits, the batch fills more than a quarter of its lanes and
@@ -464,5 +533,7 @@ def _median(xs):
 
 
 def with_family(key, schedule: Schedule):
-    """``key`` (a PlanKey) running ``schedule``: its switches and family."""
-    return replace(key, switches=schedule.switches, family=schedule.family)
+    """``key`` (a PlanKey) running ``schedule``: its switches and family, and for a training
+    key the backward it names."""
+    return replace(key, switches=schedule.switches, family=schedule.family,
+                   backward=schedule.backward if key.train else None)
