@@ -453,11 +453,15 @@ class Selector:
     timer's own warm-up; it raises to say a candidate cannot run). device: the
     DeviceLimits the fits read. cache: a tuning.ScheduleCache (or None: memory only).
     autotune: None reads RNNRT_AUTOTUNE. clock: seconds (tests pass a fake).
+    candidates_fn: ``candidates_fn(shape, device) -> schedules`` to time (default: this
+    module's ``candidates``; a benchmark passes fewer to measure a choice without some).
     """
 
     def __init__(self, timer, device, cache=None, autotune: bool | None = None,
-                 budget_s: float = TUNE_BUDGET_S, clock=time.perf_counter, log=None):
+                 budget_s: float = TUNE_BUDGET_S, clock=time.perf_counter, log=None,
+                 candidates_fn=None):
         self.timer, self.device, self.cache = timer, device, cache
+        self.candidates_fn = candidates if candidates_fn is None else candidates_fn
         self.autotune = autotune_enabled() if autotune is None else bool(autotune)
         self.budget_s, self.clock = float(budget_s), clock
         self.log = log or (lambda msg: None)
@@ -494,7 +498,7 @@ class Selector:
         """Time every candidate (most promising first) within the budget; the fastest."""
         t0 = self.clock()
         best, best_ms, rows = None, float("inf"), []
-        for sched in candidates(shape, self.device):
+        for sched in self.candidates_fn(shape, self.device):
             spent = self.clock() - t0
             if best is not None and spent > self.budget_s:
                 rows.append({"name": sched.name, "ms": None,

@@ -29,8 +29,19 @@ import numpy as np
 
 from ..cells import get_cell
 from .budget import DeviceBudget, ceil_div
-from .persistent import (BLOCK_SIZES, KG_MAX, PK_CPT, PK_MAX_THREADS, Fit, fewest_tiles,
-                         full_tile, lane_grid, partial_stride, stride_r, tile_stride)
+from .persistent import (
+    BLOCK_SIZES,
+    KG_MAX,
+    PK_CPT,
+    PK_MAX_THREADS,
+    Fit,
+    fewest_tiles,
+    full_tile,
+    lane_grid,
+    partial_stride,
+    stride_r,
+    tile_stride,
+)
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes (the most __launch_bounds__(256, 1) allows; nvcc
@@ -196,7 +207,7 @@ def _fit_units(dev: DeviceBudget, name: str, H: int, B: int, U: int, k_tile) -> 
     K, sms, limit = get_cell(name).gates * H, dev.sms, dev.limit
     scored = []
     for t in dev.candidates:
-        kt = k_tile if k_tile is not None else (fewest_tiles(K, lambda k: bwd_geometry(
+        kt = k_tile if k_tile is not None else (fewest_tiles(K, lambda k, t=t: bwd_geometry(
             name, H, B, U, t, dev.max_threads, k_tile=k).smem_bytes, limit) or 4)
         f = bwd_geometry(name, H, B, U, t, dev.max_threads, k_tile=kt)
         fits = f.ok and f.smem_bytes <= limit
