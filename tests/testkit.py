@@ -417,6 +417,31 @@ def random_layer_stack(cell, layers, steps, batch, hidden, inp, bias=True, seed=
     return layout, flat, x, h0, c0, rng
 
 
+_GPU_BWD_CASES = {}
+
+
+def gpu_backward_case(cell, layers, steps, batch, hidden, inp, bias=True, seed=0):
+    """fp32 weights and inputs (``random_layer_stack``), output gradients dy, dh_n, dc_n
+    (LSTM) from the same stream, and the float64 reference gradients: -> (layout, flat,
+    (x, h0, c0), (dy, dh_n, dc_n), {"dx", "dh0", "dc0", "grads"}), made once per arguments."""
+    k = (cell, layers, steps, batch, hidden, inp, bias, seed)
+    if k not in _GPU_BWD_CASES:
+        layout, flat, x, h0, c0, rng = random_layer_stack(cell, layers, steps, batch, hidden,
+                                                           inp, bias, seed)
+        f32 = np.float32
+        dy = rng.standard_normal((steps, batch, hidden)).astype(f32)
+        dhn = rng.standard_normal((layers, batch, hidden)).astype(f32)
+        dcn = rng.standard_normal((layers, batch, hidden)).astype(f32) if cell == "lstm" else None
+        d64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+        p64 = per_layer(flat.astype(np.float64), layout)
+        _, _, _, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0))
+        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn))
+        _GPU_BWD_CASES[k] = (layout, flat, (x, h0, c0), (dy, dhn, dcn),
+                             {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
+                              "grads": to_flat(g["params"], layout)})
+    return _GPU_BWD_CASES[k]
+
+
 GPU_SHAPE = (6, 4, 24, 40)   # T, B, I, H: I != H; T not a multiple of the chunk 4
 
 _GPU_CASES = {}
