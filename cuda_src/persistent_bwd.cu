@@ -9,9 +9,15 @@
  * barrier contract: docs/kernels.md ("The persistent backward kernels"); the host side (fit,
  * NumPy emulation): rnnrt/kernels/persistent_bwd.py, emulate_bwd.py.
  *
- * Variants: one template persistent_bwd<G, CELL>, one grid kernel a cell (`*_persistent_bwd`:
- *   one block per SM over the whole GPU, dg_t staged from L2 every step, the flag barrier in
- *   global memory). Compile-time: PK_SPIN_LIMIT (persistent_common.cuh).
+ * Variants: one template persistent_bwd<G, CELL, CL>, two kernels a cell:
+ *   grid kernels `*_persistent_bwd` (CL = 0): one block per SM over the whole GPU, dg_t
+ *     staged from L2 every step, the flag barrier in global memory;
+ *   cluster kernels `*_persistent_cluster_bwd` (CL = PK_CLUSTER, sm_90+): clusters of 8
+ *     blocks, each cluster holding all of R^T and running its own slice of the batch; each
+ *     block pushes its cells' dg_t into every block's shared memory (distributed shared
+ *     memory) and the cluster meets at the hardware cluster barrier (small H: R / 8 must
+ *     fit one block; no grid-wide co-residency needed).
+ *   Compile-time: PK_SPIN_LIMIT (persistent_common.cuh).
  *
  * The chain, per step t = T-1 .. 0 for every (b, j) (dh_rec of step T-1 is dh_n):
  *   pointwise: the fused backward kernel of the cell (lstm_bwd, gru_bwd, rnn_*_bwd, in their
@@ -80,6 +86,57 @@
  *     int T
  *     int units_per_block
  *     int k_tile
+ *   The cluster kernels: the same arithmetic and arguments as the grid kernel of their cell
+ *   (sync is not touched; units_per_block U >= ceil(H / PK_CLUSTER); k_tile >= G*H: one tile).
+ *   kernel lstm_persistent_cluster_bwd(rows = B, cols = H)
+ *     out dgx    [T*B, 4H]
+ *     out dh0    [B, H]
+ *     out dc0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  dc_n   [B, H]
+ *     in  act    [T*B, 4H]
+ *     in  c      [(T+1)*B, H]
+ *     in  w_hh   [4H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel gru_persistent_cluster_bwd(rows = B, cols = H)
+ *     out dgx    [T*B, 3H]
+ *     out dgh    [T*B, 3H]
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  act    [T*B, 4H]
+ *     in  h      [(T+1)*B, H]
+ *     in  w_hh   [3H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_tanh_persistent_cluster_bwd(rows = B, cols = H)
+ *     out dgx    [T*B, H]
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  h      [(T+1)*B, H]
+ *     in  w_hh   [H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_relu_persistent_cluster_bwd(rows = B, cols = H)
+ *     out dgx    [T*B, H]
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  h      [(T+1)*B, H]
+ *     in  w_hh   [H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
  *
  * Resources (sm_90, nvcc 13.0 --resource-usage): __launch_bounds__(PK_MAX_THREADS = 256, 1);
  *   rnnrt.kernels.persistent_bwd.NVCC_REGS holds the registers the fit assumes (a test holds
@@ -91,42 +148,69 @@
 
 // One block of the backward: it owns hidden units [j0, j0 + U) and holds the U rows of R^T
 // (columns j0.. of R, all G*H gate rows: M = U rows of length K = G*H) in shared memory. A
-// step multiplies that slice by dg_{t+1} [B, K] (staged from L2 in tiles of KT columns,
-// warp w staging and multiplying its own chunks of every tile, two halves ping-ponged
-// across the tiles, as the forward grid kernel stages h_t) into the k-groups' partial sums;
-// after one __syncthreads each thread sums its cells' partials in k-group order (dh_rec),
-// runs the cell's pointwise backward on them and writes dg_t at its cells; then the grid
-// barrier, so that every block's dg_t is visible before any block stages it.
-// The product phase below is the forward grid kernel's (persistent_layer.cuh) written out
-// again for one "gate" and no cluster branches: moving the forward's into a shared helper
-// changed its PTX (tried: nvcc 13.0 reorders and renumbers it), and the forward kernels'
-// code stays as measured.
-template <int G, int CELL>
+// step multiplies that slice by dg_{t+1} [B, K] into the k-groups' partial sums; after one
+// __syncthreads each thread sums its cells' partials in k-group order (dh_rec), runs the
+// cell's pointwise backward on them and writes dg_t at its cells.
+// CL = 0, the grid kernel: dg_{t+1} is staged from L2 in tiles of KT columns (warp w staging
+// and multiplying its own chunks of every tile, two halves ping-ponged across the tiles, as
+// the forward grid kernel stages h_t), and the grid barrier after each step makes every
+// block's dg_t visible before any block stages it.
+// CL = PK_CLUSTER, the cluster kernel: cluster n owns batches [n*BG, n*BG + BG) and its 8
+// blocks all of R; each block pushes its cells' dg_t into buffer s & 1 of every block of the
+// cluster (distributed shared memory), the cluster barrier ends the step, and the next step
+// multiplies that buffer (all K columns: one tile, nothing staged).
+// The product phase is the forward kernels' (persistent_layer.cuh) written out again for one
+// "gate": moving the forward's into a shared helper changed its PTX (tried: nvcc 13.0
+// reorders and renumbers it), and the forward kernels' code stays as measured.
+template <int G, int CELL, int CL>
 __device__ __forceinline__ void persistent_bwd(
-        int B, int H, float* dgx, long long lddgx, float* dgh, long long lddgh, float* dh0,
+        int Bfull, int H, float* dgx, long long lddgx, float* dgh, long long lddgh, float* dh0,
         long long lddh0, float* dc0, long long lddc0, unsigned int* sync, const float* dhin,
         long long lddhin, const float* dhn, long long lddhn, const float* dcn,
         long long lddcn, const float* act, long long ldact, const float* st, long long ldst,
         const float* w, long long ldw, int T, int U, int KT) {
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
-    if (U < 1 || B < 1 || H < 1 || T < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0) __trap();
+    if (U < 1 || Bfull < 1 || H < 1 || T < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0)
+        __trap();
     const int K = G * H;   // the product's depth: dg_t has G*H columns
+    // This block's units (rank) and batch slice [b_off, b_off + B) of Bfull; BG (the batch
+    // the layout is sized for) is the same in every block.
+    const int S = Bfull;   // rows of a step in every time-major array
+    int rank = blockIdx.x, ranks = gridDim.x, BG = Bfull, b_off = 0, B = Bfull;
+    if (CL) {
+        rank = (int)pk_cluster_rank();
+        ranks = CL;
+        BG = (Bfull + (int)pk_clusters() - 1) / (int)pk_clusters();
+        b_off = (int)pk_cluster_id() * BG;
+        B = min(BG, Bfull - b_off);
+        if (B < 1 || KT < K) __trap();   // an empty cluster; the cluster kernel's one tile
+    }
     // the forward's geometry with one "gate" and hidden K: M = U rows of K columns
-    const PkGeom g = pk_geometry(1, U, B, K, KT, nt);
-    const long long need = 4LL * ((long long)g.M * g.SR + (long long)B * g.SH
+    const PkGeom g = pk_geometry(1, U, BG, K, KT, nt);
+    const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH
                                   + (long long)g.NKG * g.M * g.BP);
-    if ((long long)gridDim.x * U < H || (long long)U * B > (long long)PK_CPT * nt ||
+    if ((long long)ranks * U < H || (long long)U * BG > (long long)PK_CPT * nt ||
         (long long)dynamic_smem_bytes() < need)
         __trap();
-    const int j0 = blockIdx.x * U;
+    // row b of step t of every time-major array is now row t*S + b (the slice's b)
+    dgx += b_off * lddgx;
+    if (dgh) dgh += b_off * lddgh;
+    dh0 += b_off * lddh0;
+    if (dc0) dc0 += b_off * lddc0;
+    dhin += b_off * lddhin;
+    dhn += b_off * lddhn;
+    if (dcn) dcn += b_off * lddcn;
+    if (act) act += b_off * ldact;
+    st += b_off * ldst;
+    const int j0 = rank * U;
     const int Ub = max(0, min(U, H - j0));   // units this block owns
     float* const Rs = smem;                   // [U][SR]: row ju = column j0 + ju of R
-    float* const hs = Rs + g.M * g.SR;        // [B][SH]: a tile of dg
-    float* const red = hs + B * g.SH;         // [NKG][U][BP]
+    float* const hs = Rs + g.M * g.SR;        // [B][SH]: a tile of dg ([2][BG][SH] clusters)
+    float* const red = hs + (CL ? 2 : 1) * BG * g.SH;   // [NKG][U][BP]
     const int lr = lane % g.LR, lb = (lane / g.LR) % g.LB, lk = lane / (g.LR * g.LB);
     const int kg = warp * g.LK + lk;
-    // what multiplies R (staged every step): dgh for the GRU, dgx for the others
+    // what multiplies R (staged or pushed every step): dgh for the GRU, dgx for the others
     float* const dgs = CELL == CELL_GRU ? dgh : dgx;
     const long long lds = CELL == CELL_GRU ? lddgh : lddgx;
     const bool vec = K % 4 == 0 && lds % 4 == 0 &&
@@ -153,14 +237,14 @@ __device__ __forceinline__ void persistent_bwd(
         for (int i = 0; i < PK_CPT; ++i) {
             const int b = cell_b[i], j = cell_j[i];
             const bool live = cell_live[i];
-            const long long row = (long long)t * B + b;
+            const long long row = (long long)t * S + b;
             pdh[i] = live ? __ldcs(dhin + row * lddhin + j) : 0.f;
 #pragma unroll
             for (int q = 0; q < 4; ++q)
                 pa[q][i] = (live && G > 1) ? __ldcs(act + row * ldact + q * (long long)H + j)
                                            : 0.f;
             // LSTM: c[t+1], c[t]; GRU: h[t]; RNN: h[t+1]
-            const long long r1 = CELL == CELL_GRU ? row : row + B;
+            const long long r1 = CELL == CELL_GRU ? row : row + S;
             ps1[i] = live ? __ldcs(st + r1 * ldst + j) : 0.f;
             ps0[i] = (live && CELL == CELL_LSTM) ? __ldcs(st + row * ldst + j) : 0.f;
         }
@@ -184,15 +268,26 @@ __device__ __forceinline__ void persistent_bwd(
         const int r = e / g.M, ju = e - r * g.M;
         Rs[ju * g.SR + r] = (ju < Ub && r < K) ? w[(long long)r * ldw + j0 + ju] : 0.f;
     }
-    __syncthreads();   // the R^T slice is read by every warp
+    if (CL) {
+        // zeros in both buffers' columns past K (the last float4 chunk reads them; the
+        // pushes write columns < K of rows < B only, and no row >= B is read)
+        for (int e = tid; e < 2 * BG * g.SH; e += nt)
+            if (e % g.SH >= K) hs[e] = 0.f;
+        pk_cluster_sync();   // every block of the cluster runs before any block pushes to it
+    } else {
+        __syncthreads();   // the R^T slice is read by every warp
+    }
 
     // s = 0 .. T: the product of dg_{t+1} (s > 0), then the pointwise of step t = T-1-s
     // (s < T); s = T ends with dh0.
     for (int s = 0; s <= T; ++s) {
         const int t = T - 1 - s;
         if (s > 0) {
-            grid_barrier(sync, (unsigned int)s * gridDim.x);   // dg_{t+1} complete
-            const float* const src = dgs + (long long)(t + 1) * B * lds;   // dg_{t+1}
+            // dg_{t+1}: the cluster kernel's buffer (s - 1) & 1, pushed last step; the grid
+            // kernel stages it from L2 after the barrier
+            const float* const hcur = CL ? hs + ((s - 1) & 1) * BG * g.SH : hs;
+            if (!CL) grid_barrier(sync, (unsigned int)s * gridDim.x);   // dg_{t+1} complete
+            const float* const src = dgs + (long long)(t + 1) * S * lds;
             // Warp w's chunks of the tile at column k0: [ca, cb), in halves [ca, cm), [cm, cb)
             auto range = [&](int k0, int& ca, int& cm, int& cb) {
                 const int CH = min(KT / 4, (K - k0 + 3) / 4);   // float4 chunks of this tile
@@ -202,52 +297,65 @@ __device__ __forceinline__ void persistent_bwd(
             };
             int ca, cm, cb;
             range(0, ca, cm, cb);
-            pk_stage(hs, g.SH, src, lds, B, K, 0, ca, cm, vec, lane);
-            pk_cp_commit();
-            pk_stage(hs, g.SH, src, lds, B, K, 0, cm, cb, vec, lane);
-            pk_cp_commit();
-            // as the forward grid kernel: each half of tile k+1 is staged as soon as the
-            // same half of tile k is multiplied; one output tile keeps its sums in
-            // registers over all tiles, several add each half's sums into red
+            if (!CL) {
+                pk_stage(hs, g.SH, src, lds, B, K, 0, ca, cm, vec, lane);
+                pk_cp_commit();
+                pk_stage(hs, g.SH, src, lds, B, K, 0, cm, cb, vec, lane);
+                pk_cp_commit();
+            }
+            // as the forward kernels: one output tile keeps its sums in registers over all
+            // tiles, several add each half's sums into red (the cluster kernel's one tile:
+            // both halves into registers, stored once)
             const bool one_tile = g.RT * g.BT == 1;
             float acc1[PK_TM][PK_TB];
 #pragma unroll
             for (int i = 0; i < PK_TM; ++i)
 #pragma unroll
                 for (int jb = 0; jb < PK_TB; ++jb) acc1[i][jb] = 0.f;
-            auto half = [&](int k0, int c0, int c1, bool first) {
-                pk_cp_wait<1>();   // this half has landed (this lane's part of it) ...
-                __syncwarp();      // ... and every lane's
-                if (one_tile) {
-                    pk_fma_span(acc1, g, Rs, hs, B, k0, c0, c1, lr, lb, lk);
-                } else {
-                    for (int rt = 0; rt < g.RT; ++rt)
-                        for (int bt = 0; bt < g.BT; ++bt) {
-                            const int r0 = rt * PK_TM * g.LR + lr, b0 = bt * PK_TB * g.LB + lb;
-                            float acc[PK_TM][PK_TB];
+            auto tile_sums = [&](int k0, int c0, int c1, int c2, int c3, bool first) {
+                for (int rt = 0; rt < g.RT; ++rt)
+                    for (int bt = 0; bt < g.BT; ++bt) {
+                        const int r0 = rt * PK_TM * g.LR + lr, b0 = bt * PK_TB * g.LB + lb;
+                        float acc[PK_TM][PK_TB];
 #pragma unroll
-                            for (int i = 0; i < PK_TM; ++i)
+                        for (int i = 0; i < PK_TM; ++i)
 #pragma unroll
-                                for (int jb = 0; jb < PK_TB; ++jb) acc[i][jb] = 0.f;
-                            pk_fma_span(acc, g, Rs, hs, B, k0, c0, c1, r0, b0, lk);
-                            pk_flush(acc, g, red, B, r0, b0, kg, first);
-                        }
-                }
-                __syncwarp();   // the half is read: the next tile's may land there
+                            for (int jb = 0; jb < PK_TB; ++jb) acc[i][jb] = 0.f;
+                        pk_fma_span(acc, g, Rs, hcur, B, k0, c0, c1, r0, b0, lk);
+                        if (c2 < c3) pk_fma_span(acc, g, Rs, hcur, B, k0, c2, c3, r0, b0, lk);
+                        pk_flush(acc, g, red, B, r0, b0, kg, first);
+                    }
             };
-            for (int k0 = 0; k0 < K; k0 += KT) {
-                const int kn = k0 + KT;
-                int na = 0, nm = 0, nb = 0;
-                if (kn < K) range(kn, na, nm, nb);
-                half(k0, ca, cm, k0 == 0);
-                pk_stage(hs, g.SH, src, lds, B, K, kn, na, nm, vec, lane);
-                pk_cp_commit();
-                half(k0, cm, cb, false);
-                pk_stage(hs, g.SH, src, lds, B, K, kn, nm, nb, vec, lane);
-                pk_cp_commit();
-                ca = na;
-                cm = nm;
-                cb = nb;
+            auto half = [&](int k0, int c0, int c1, bool first) {
+                if (!CL) {
+                    pk_cp_wait<1>();   // this half has landed (this lane's part of it) ...
+                    __syncwarp();      // ... and every lane's
+                }
+                if (one_tile) pk_fma_span(acc1, g, Rs, hcur, B, k0, c0, c1, lr, lb, lk);
+                else tile_sums(k0, c0, c1, c1, c1, first);
+                if (!CL) __syncwarp();   // the half is read: the next tile's may land there
+            };
+            if (CL && !one_tile) {
+                tile_sums(0, ca, cm, cm, cb, true);
+            } else {
+                for (int k0 = 0; k0 < K; k0 += KT) {
+                    const int kn = k0 + KT;
+                    int na = 0, nm = 0, nb = 0;
+                    if (kn < K) range(kn, na, nm, nb);
+                    half(k0, ca, cm, k0 == 0);
+                    if (!CL) {
+                        pk_stage(hs, g.SH, src, lds, B, K, kn, na, nm, vec, lane);
+                        pk_cp_commit();
+                    }
+                    half(k0, cm, cb, false);
+                    if (!CL) {
+                        pk_stage(hs, g.SH, src, lds, B, K, kn, nm, nb, vec, lane);
+                        pk_cp_commit();
+                    }
+                    ca = na;
+                    cm = nm;
+                    cb = nb;
+                }
             }
             if (one_tile) pk_flush(acc1, g, red, B, lr, lb, kg, true);
             __syncthreads();   // every k-group's partial sums are in red
@@ -264,12 +372,14 @@ __device__ __forceinline__ void persistent_bwd(
         if (s == T) break;
 
         // The pointwise backward of step t at this thread's cells, in the fused kernels'
-        // order of arithmetic (lstm.cu, gru.cu, rnn.cu).
+        // order of arithmetic (lstm.cu, gru.cu, rnn.cu): vr, what multiplies R (dgx; the
+        // GRU's dgh), and the GRU's dgx as vx. The grid kernel stores them at once; the
+        // cluster kernel pushes vr into every block's buffer s & 1, then stores both
+        // between its barrier's arrive and wait (nothing in the launch reads them).
+        float vr[G][PK_CPT] = {}, vx[3][PK_CPT] = {};
 #pragma unroll
         for (int i = 0; i < PK_CPT; ++i) {
             if (!cell_live[i]) continue;
-            const int b = cell_b[i], j = cell_j[i];
-            const long long row = (long long)t * B + b;
             const float dh = pdh[i] + dhrec[i];   // dh_above + dh_rec
             if constexpr (CELL == CELL_LSTM) {
                 const float ig = pa[0][i], fg = pa[1][i], gg = pa[2][i], og = pa[3][i];
@@ -280,11 +390,10 @@ __device__ __forceinline__ void persistent_bwd(
                 const float dcc = __fadd_rn(dcarry[i], tt);   // never an FMA, as lstm_bwd
                 const float do_ = dh * tc;
                 const float di = dcc * gg, df = dcc * cp, dg = dcc * ig;
-                float* const d = dgx + row * lddgx + j;
-                __stcg(d, di * (ig * (1.0f - ig)));
-                __stcg(d + H, df * (fg * (1.0f - fg)));
-                __stcg(d + 2 * (long long)H, dg * (1.0f - gg * gg));
-                __stcg(d + 3 * (long long)H, do_ * (og * (1.0f - og)));
+                vr[0][i] = di * (ig * (1.0f - ig));
+                vr[1 % G][i] = df * (fg * (1.0f - fg));
+                vr[2 % G][i] = dg * (1.0f - gg * gg);
+                vr[3 % G][i] = do_ * (og * (1.0f - og));
                 dcarry[i] = dcc * fg;
             } else if constexpr (CELL == CELL_GRU) {
                 const float r = pa[0][i], z = pa[1][i], n = pa[2][i], hn = pa[3][i];
@@ -298,24 +407,61 @@ __device__ __forceinline__ void persistent_bwd(
                 const float dhn = dn_p * r;
                 const float dr = dn_p * hn;
                 const float dr_p = dr * (r * (1.0f - r));
-                float* const x = dgx + row * lddgx + j;
-                x[0] = dr_p;
-                x[H] = dz_p;
-                x[2 * (long long)H] = dn_p;
-                float* const y = dgh + row * lddgh + j;
-                __stcg(y, dr_p);
-                __stcg(y + H, dz_p);
-                __stcg(y + 2 * (long long)H, dhn);
+                vx[0][i] = dr_p;
+                vx[1][i] = dz_p;
+                vx[2][i] = dn_p;
+                vr[0][i] = dr_p;
+                vr[1 % G][i] = dz_p;
+                vr[2 % G][i] = dhn;
                 direct[i] = dhz;
             } else if constexpr (CELL == CELL_RNN_TANH) {
                 const float hv = ps1[i];
-                __stcg(dgx + row * lddgx + j, dh * (1.0f - hv * hv));
+                vr[0][i] = dh * (1.0f - hv * hv);
             } else {
                 const float hv = ps1[i];   // h > 0 ? dh : 0 (0 where h is NaN), as rnn_relu_bwd
-                __stcg(dgx + row * lddgx + j, hv > 0.f ? dh : 0.f);
+                vr[0][i] = hv > 0.f ? dh : 0.f;
+            }
+            if (CL) {   // dg_t[b, q*H + j] into every block's buffer s & 1
+                const pk_saddr a = pk_smem_addr(hs + (s & 1) * BG * g.SH + cell_b[i] * g.SH
+                                                + cell_j[i]);
+#pragma unroll
+                for (int q = 0; q < G; ++q)
+#pragma unroll
+                    for (int rr = 0; rr < CL; ++rr)
+                        pk_st_cluster(a + 4u * q * H, (unsigned int)rr, vr[q][i]);
             }
         }
-        if (t > 0) prefetch(t - 1);   // step t-1's inputs: in flight across the barrier
+        // this step's dg to global memory (the GEMMs after the launch read them; the grid
+        // kernel's next step stages the R side from L2)
+        auto store = [&]() {
+#pragma unroll
+            for (int i = 0; i < PK_CPT; ++i) {
+                if (!cell_live[i]) continue;
+                const long long row = (long long)t * S + cell_b[i];
+                float* const y = dgs + row * lds + cell_j[i];
+#pragma unroll
+                for (int q = 0; q < G; ++q) __stcg(y + q * (long long)H, vr[q][i]);
+                if constexpr (CELL == CELL_GRU) {
+                    float* const x = dgx + row * lddgx + cell_j[i];
+#pragma unroll
+                    for (int q = 0; q < 3; ++q) x[q * (long long)H] = vx[q][i];
+                }
+            }
+        };
+        if (CL) {
+            // After every step: dg_t is in every buffer before any block reads it (next
+            // step), every block has read buffer (s - 1) & 1 and red before they are
+            // rewritten, and no block exits while another may still push into it (the
+            // last pushes are step 0's, before this barrier). The global stores and the
+            // next step's loads go between the arrive and the wait (as the forward).
+            pk_cluster_arrive();
+            store();
+            if (t > 0) prefetch(t - 1);
+            pk_cluster_wait();
+        } else {
+            store();
+            if (t > 0) prefetch(t - 1);   // step t-1's inputs: in flight across the barrier
+        }
     }
 #pragma unroll
     for (int i = 0; i < PK_CPT; ++i) {
@@ -324,7 +470,7 @@ __device__ __forceinline__ void persistent_bwd(
         dh0[b * lddh0 + j] = dhrec[i];
         if constexpr (CELL == CELL_LSTM) dc0[b * lddc0 + j] = dcarry[i];
     }
-    grid_exit(sync);
+    if (!CL) grid_exit(sync);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_bwd(
@@ -332,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_
         unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
         int lddh_n, const float* dc_n, int lddc_n, const float* act, int ldact, const float* c,
         int ldc, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
-    persistent_bwd<4, CELL_LSTM>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, dc0, lddc0,
+    persistent_bwd<4, CELL_LSTM, 0>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, dc0, lddc0,
                                  sync, dhin, lddhin, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c,
                                  ldc, w_hh, ldw_hh, T, units_per_block, k_tile);
 }
@@ -342,7 +488,7 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_b
         unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
         int lddh_n, const float* act, int ldact, const float* h, int ldh, const float* w_hh,
         int ldw_hh, int T, int units_per_block, int k_tile) {
-    persistent_bwd<3, CELL_GRU>(rows, cols, dgx, lddgx, dgh, lddgh, dh0, lddh0, nullptr, 0,
+    persistent_bwd<3, CELL_GRU, 0>(rows, cols, dgx, lddgx, dgh, lddgh, dh0, lddh0, nullptr, 0,
                                 sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, act, ldact, h, ldh,
                                 w_hh, ldw_hh, T, units_per_block, k_tile);
 }
@@ -351,7 +497,7 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_tanh_persist
         int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
         int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
         int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
-    persistent_bwd<1, CELL_RNN_TANH>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, nullptr, 0,
+    persistent_bwd<1, CELL_RNN_TANH, 0>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, nullptr, 0,
                                      sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, nullptr, 0, h,
                                      ldh, w_hh, ldw_hh, T, units_per_block, k_tile);
 }
@@ -360,7 +506,52 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_relu_persist
         int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
         int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
         int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
-    persistent_bwd<1, CELL_RNN_RELU>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, nullptr, 0,
+    persistent_bwd<1, CELL_RNN_RELU, 0>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, nullptr, 0,
                                      sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, nullptr, 0, h,
                                      ldh, w_hh, ldw_hh, T, units_per_block, k_tile);
 }
+
+// The cluster kernels: clusters of PK_CLUSTER blocks, fixed at compile time (sm_90 and later).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) lstm_persistent_cluster_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, float* dc0, int lddc0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* dc_n, int lddc_n, const float* act, int ldact, const float* c,
+        int ldc, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<4, CELL_LSTM, PK_CLUSTER>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, dc0,
+                                             lddc0, sync, dhin, lddhin, dh_n, lddh_n, dc_n,
+                                             lddc_n, act, ldact, c, ldc, w_hh, ldw_hh, T,
+                                             units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) gru_persistent_cluster_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dgh, int lddgh, float* dh0, int lddh0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* act, int ldact, const float* h, int ldh, const float* w_hh,
+        int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<3, CELL_GRU, PK_CLUSTER>(rows, cols, dgx, lddgx, dgh, lddgh, dh0, lddh0,
+                                            nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                            nullptr, 0, act, ldact, h, ldh, w_hh, ldw_hh, T,
+                                            units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_tanh_persistent_cluster_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_TANH, PK_CLUSTER>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0,
+                                                 nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                                 nullptr, 0, nullptr, 0, h, ldh, w_hh, ldw_hh,
+                                                 T, units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_relu_persistent_cluster_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_RELU, PK_CLUSTER>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0,
+                                                 nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                                 nullptr, 0, nullptr, 0, h, ldh, w_hh, ldw_hh,
+                                                 T, units_per_block, k_tile);
+}
+#endif

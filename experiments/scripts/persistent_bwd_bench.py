@@ -10,7 +10,9 @@ For each shape (LSTM L4 H512 B64 T100; LSTM and GRU L1 H128 B8/B64/B256; LSTM L4
 LSTM L2 H640 B100): the schedule selector (kernels/choice.py, memory only) times its
 candidates for the training shape twice over: all of them ("auto": the persistent backward
 '+pbwd' candidates included), and without the persistent backward ("auto w/o pbwd": what auto
-ran before it existed); each choice's fwd+bwd is then checked against the float64 NumPy
+ran before it existed); beside them that forward with each persistent backward kernel that
+fits ("pbwd_grid", "pbwd_cluster": what calibrates the cost model choosing between them, with
+its modelled us a step in the record); each is then checked against the float64 NumPy
 reference (dx, dh0, dc0 and every weight and bias gradient; fp32 tolerance, the weight
 gradients' growing with their T*B terms) and timed (CUDA graph executor, CUDA events, median
 of --repeats) in turn with cuDNN (torch.nn with autograd: forward + dx and every parameter
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +40,7 @@ from rnnrt.bench.records import now_iso, record_path, versions, write_json  # no
 from rnnrt.cells import backward_flops, forward_flops  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
 from rnnrt.kernels import choice as C  # noqa: E402
+from rnnrt.kernels.persistent_bwd import persistent_bwd_fit  # noqa: E402
 from rnnrt.params import per_layer, to_flat  # noqa: E402
 from rnnrt.plan import PlanKey, forward_plan  # noqa: E402
 from rnnrt.plan.backward import backward_plan  # noqa: E402
@@ -176,8 +180,18 @@ def bench_shape(session, spec, repeats, torch, log):
     sel_wo = C.Selector(case.timer, session.limits, cache=None, autotune=True,
                         candidates_fn=without).select(shape)
     row["auto"], row["auto_wo_pbwd"] = sel.as_dict(), sel_wo.as_dict()
+    # each persistent backward kernel that fits, with the forward auto chose without it: what
+    # calibrates the cost model that picks between them
+    variants = [("auto", sel.schedule), ("auto_wo_pbwd", sel_wo.schedule)]
+    for kind in ("grid", "cluster"):
+        vfit = persistent_bwd_fit(cell, H, B, session.limits.props(), kind=kind)
+        row[f"pbwd_{kind}_fit"] = vfit.describe() if vfit.ok else vfit.reason
+        row[f"pbwd_{kind}_model_us"] = vfit.step_us() if vfit.ok else None
+        if vfit.ok:
+            variants.append((f"pbwd_{kind}", replace(
+                sel_wo.schedule, name=f"{sel_wo.schedule.name}+pbwd-{kind}", backward=kind)))
     fns = {}
-    for label, s in (("auto", sel.schedule), ("auto_wo_pbwd", sel_wo.schedule)):
+    for label, s in variants:
         row[f"{label}_check"] = case.check(s)
         if not row[f"{label}_check"]["ok"]:
             log(f"  {label} {s.name}: REFUSED, gradients disagree: "
@@ -209,7 +223,8 @@ def table(rows) -> str:
     """The short table: per shape auto and auto without the persistent backward (each with
     its schedule), cuDNN, the speed-ups over cuDNN, which checks passed."""
     lines = ["", "| shape | auto (schedule) ms | auto w/o pbwd (schedule) ms | cuDNN ms | "
-             "auto / cuDNN | w/o / cuDNN | checks |", "|---|---|---|---|---|---|---|"]
+             "auto / cuDNN | w/o / cuDNN | pbwd variants ms | checks |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cud = r.get("cudnn_ms")
         cells = []
@@ -218,11 +233,14 @@ def table(rows) -> str:
             cells.append(f"{ms:.3f} ({r[label]['schedule']})" if ms else "refused")
         ratios = [f"{cud / r[f'{k}_ms']:.2f}x" if r.get(f"{k}_ms") and cud else "-"
                   for k in ("auto", "auto_wo_pbwd")]
-        checks = ",".join(k for k in ("auto", "auto_wo_pbwd")
+        checks = ",".join(k for k in ("auto", "auto_wo_pbwd", "pbwd_grid", "pbwd_cluster")
                           if r.get(f"{k}_check", {}).get("ok")) or "none"
+        variants = " ".join(f"{k[5:]} {r[f'{k}_ms']:.3f}" for k in ("pbwd_grid", "pbwd_cluster")
+                            if r.get(f"{k}_ms"))
         lines.append(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} "
                      f"T{r['steps']} | {cells[0]} | {cells[1]} | "
                      f"{f'{cud:.3f}' if cud else '-'} | {ratios[0]} | {ratios[1]} | "
+                     f"{variants or '-'} | "
                      f"{checks} ok{'' if r.get('cudnn_check_ok', True) else ', cuDNN off'} |")
     return "\n".join(lines)
 

@@ -174,9 +174,13 @@ class BackwardChoice:
 
 def choose_persistent_backward(key) -> BackwardChoice:
     """The persistent backward for ``key`` (a training plan.PlanKey with ``backward`` set):
-    the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit) where it fits and
-    the sequence fits its barrier counter, else a fallback saying why."""
-    fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props())
+    the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit: the grid or the
+    cluster kernel as ``key.backward`` names it, or for 'persistent' the one whose step its
+    cost model makes shorter) where it fits and the sequence fits its barrier counter, else
+    a fallback saying why."""
+    kind = None if key.backward == "persistent" else key.backward
+    fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
+                             kind=kind)
     why = None if fit.ok else fit.reason
     if why is None:
         try:
@@ -197,8 +201,8 @@ def choose_persistent_backward(key) -> BackwardChoice:
 class Schedule:
     """One way to run a shape: the switches, and with the persistent switch the family it
     names (None: choose_persistent's rules); for a training shape the backward it runs
-    (``backward``: None, the switches' per-step backward; 'grid', the persistent backward
-    kernel, PlanKey.backward). ``name`` is what records and tables show."""
+    (``backward``: None, the switches' per-step backward; else the persistent backward
+    kernel, as PlanKey.backward names it). ``name`` is what records and tables show."""
 
     name: str
     switches: Switches
@@ -256,8 +260,9 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
 
 
 def with_persistent_backward(schedule: Schedule) -> Schedule:
-    """``schedule`` with the persistent backward kernel (a training shape's candidate)."""
-    return replace(schedule, name=f"{schedule.name}+pbwd", backward="grid")
+    """``schedule`` with the persistent backward kernel its cost model prefers (a training
+    shape's candidate; PlanKey.backward 'persistent')."""
+    return replace(schedule, name=f"{schedule.name}+pbwd", backward="persistent")
 
 
 def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
@@ -303,9 +308,10 @@ def prefers_persistent_backward(shape: "Shape", device) -> bool:
     layers run one after another) is shorter than the per-step backward's (steps x the larger
     of CUBLAS_BWD_STEP_US and layers x CUBLAS_BWD_LAYER_STEP_US, times CUBLAS_SLOW_ROWS'
     factor at small batch and hidden). The GEMMs for dx and the weights are alike in both
-    and left out. From the models: L1 H 128 B 8 0.47 against 5.5 ms (taken), L4 H 128 B 32
-    2.2 against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: staging dg_t [64, 2048] for
-    64 blocks a step outweighs it)."""
+    and left out. From the models (LSTM, 100 steps): L1 H 128 B 8 0.32 against 5.5 ms
+    (taken: the cluster kernel), L4 H 128 B 32 1.3 against 1.5 (taken), L4 H 128 B 256 3.3
+    against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: the grid kernel, staging dg_t
+    [64, 2048] for 64 blocks a step)."""
     fit = backward_fit(shape, device)
     if not shape.train or not fit.ok:
         return False

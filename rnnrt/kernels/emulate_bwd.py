@@ -2,7 +2,8 @@
 fit), and the registry's NumPy twins of those kernels.
 
 ``emulate_bwd`` runs a layer's backward block by block and step by step as the kernel cuts
-it: at each step every block reads only dg_{t+1} and its own U columns of R, sums its
+it (the grid kernel, or the cluster kernel: each block then reads only its cluster's batches
+of dg_{t+1}): at each step every block reads only dg_{t+1} and its own U columns of R, sums its
 k-groups' partial products in the kernel's order (k-group 0, 1, ...: ``emulate.k_columns``
 over the K = G*H columns), and each (b, j) of dh_rec is written by the one thread that owns
 it (checked: exactly once, at the barrier); the pointwise backward is the fused kernels' own
@@ -16,7 +17,9 @@ import numpy as np
 
 from ..cells import get_cell
 from . import twins as knp
+from .budget import ceil_div
 from .emulate import k_columns, owned
+from .persistent import CLUSTER_BATCH
 from .persistent_bwd import BwdFit, bwd_geometry, bwd_kernel_name
 
 
@@ -67,7 +70,8 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
     for x in range(fit.blocks):
         units = fit.units(x)
         _, b_own, jj_own = owned(fit, x)
-        blocks.append((R[:, units.start:units.stop].T, b_own, units.start + jj_own, jj_own))
+        blocks.append((R[:, units.start:units.stop].T, fit.batches(x), b_own,
+                       units.start + jj_own, jj_own))
     order = range(fit.blocks) if block_order is None else block_order
     if sorted(order) != list(range(fit.blocks)):
         raise ValueError(f"emulate_bwd: block_order must order the {fit.blocks} blocks")
@@ -79,12 +83,13 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
             new = np.full((B, H), np.nan, dtype)
             written = np.zeros((B, H), np.int64)
             for x in order:
-                rs, b, j, jj = blocks[x]        # rs [Ub, K]: the block's rows of R^T
+                rs, rows, b, j, jj = blocks[x]  # rs [Ub, K]: the block's rows of R^T
+                mine = dg[rows.start:rows.stop]   # its (cluster's) batches of dg_{t+1}
                 acc = None
                 for cols in groups:             # k-group 0, 1, ... in the kernel's order
-                    part = rs[:, cols] @ dg[:, cols].T    # [Ub, B]
+                    part = rs[:, cols] @ mine[:, cols].T    # [Ub, batches]
                     acc = part if acc is None else acc + part
-                v = acc[jj, b]
+                v = acc[jj, b - rows.start]
                 new[b, j] = v + direct[b, j] if gru else v   # the GEMM, then + dh*z
                 np.add.at(written, (b, j), 1)
             if not (written == 1).all():
@@ -110,14 +115,14 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
 # fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile), the views as the registry
 # hands them (persistent_bwd.cu's header): outs dgx [T*B, G*H], dgh (GRU), dh0 [B, H], dc0
 # (LSTM), sync [1, 2]; ins dhin [T*B, H], dh_n [B, H], dc_n (LSTM), act [T*B, 4H] (LSTM,
-# GRU), c or h [(T+1)*B, H], w_hh [G*H, H]. The block size is the default for (B, U,
-# k_tile): it only changes the order in which partial sums are added.
+# GRU), c or h [(T+1)*B, H], w_hh [G*H, H]; cluster=True for the cluster kernels. The block
+# size is the default for (B, U, k_tile): it only changes the order of the partial sums.
 
 def _twin_of(cell: str):
     spec = get_cell(cell)
-    name = bwd_kernel_name(cell)
 
-    def twin(rows, cols, outs, ins, T, units_per_block, k_tile):
+    def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False):
+        name = bwd_kernel_name(cell, cluster)
         outs, ins = list(outs), list(ins)
         B, H, G = rows, cols, spec.gates
         dgx = outs.pop(0)
@@ -132,7 +137,10 @@ def _twin_of(cell: str):
         dc_n = ins.pop(0) if spec.has_cell_state else None
         act = ins.pop(0) if spec.saved_gates else None
         st, w_hh = ins
-        fit = bwd_geometry(cell, H, B, units_per_block, k_tile=k_tile)
+        # the cluster twin: one cluster per CLUSTER_BATCH batches, the default without an SM
+        # cap (the launch's own count only changes the order of the partial sums)
+        fit = bwd_geometry(cell, H, B, units_per_block, k_tile=k_tile,
+                           clusters=ceil_div(B, CLUSTER_BATCH) if cluster else 0)
         if not fit.ok:
             raise ValueError(f"{name}: {fit.reason}")
         out = emulate_bwd(cell, fit, np.asarray(dhin).reshape(T, B, H), np.array(dh_n),
@@ -148,7 +156,7 @@ def _twin_of(cell: str):
         if dc0 is not None:
             dc0[...] = out["dc0"]
 
-    twin.__name__ = twin.__qualname__ = name
+    twin.__name__ = twin.__qualname__ = bwd_kernel_name(cell)
     return twin
 
 

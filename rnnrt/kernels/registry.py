@@ -273,6 +273,12 @@ REGISTRY += (
                ins=(("dhin", "T*R,C"), _STATE, ("h", "(T+1)*R,C"), ("w_hh", "C,C"))),
 )
 
+# the backward cluster kernels: the grid kernels' arguments, their twins with cluster=True
+REGISTRY += tuple(
+    replace(k, name=k.name.replace("_persistent_bwd", "_persistent_cluster_bwd"),
+            numpy_fn=functools.partial(k.numpy_fn, cluster=True))
+    for k in REGISTRY if k.file == "persistent_bwd.cu")
+
 KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}
 
 

@@ -20,7 +20,7 @@ GEMM per weight matrix over all T*B rows, dW = dG_x^T X, dR = dG_h^T H[0:T], and
 reduction (a GEMM with a ones vector; kind 'db', not counted in FLOPs). With accumulate=True
 they add into the 'grads' buffer (beta = 1), so a caller can sum over minibatches.
 
-A key with ``backward='grid'`` gets the persistent backward instead (backward_persistent.py:
+A key with ``backward`` set gets the persistent backward instead (backward_persistent.py:
 per layer one kernel launch for the recurrent chain, then one GEMM each for dx and the
 weight and bias gradients), or this schedule with the reason where its kernel does not fit.
 

@@ -1,10 +1,11 @@
-"""The persistent backward plan: ``PlanKey.backward == 'grid'`` (a schedule the selector
-offers for training shapes; no switch turns it on, so the rungs' backward is unchanged).
+"""The persistent backward plan: ``PlanKey.backward`` 'grid', 'cluster' or 'persistent' (the
+one the cost model prefers; a schedule the selector offers for training shapes, no switch
+turns it on, so the rungs' backward is unchanged).
 
 Per layer, from the top (kernels/choice.py's ``choose_persistent_backward`` says whether the
 kernel fits; where it does not, the plan is backward.py's per-step schedule with the reason
 in ``Plan.fallback``):
-  ('pbwd', l)   one launch of the cell's persistent backward kernel
+  ('pbwd', l)   one launch of the cell's persistent backward kernel, grid or cluster
                 (cuda_src/persistent_bwd.cu) on the recurrence stream: the whole recurrent
                 chain of layer l, t = T-1 .. 0, reading dhin{l} (every step's gradient from
                 above), dh_n (dhr{l}[T]), dc_n (dc{l}[T]), the forward's act, c or h and R;
@@ -15,8 +16,9 @@ in ``Plan.fallback``):
   ('wgrad', l)  backward.py's: one GEMM a weight matrix and one reduction a bias over all
                 T*B rows (fp32 accumulation in a fixed order: the same bits every run), on
                 the input stream after ('pbwd', l), overlapping layer l-1's kernel.
-Two persistent backward launches never run at once (each needs its blocks resident on
-their own SMs): layer l-1's waits for layer l's dx GEMM, which waits for layer l's launch.
+Two persistent backward launches never run at once (a grid kernel needs its blocks resident
+on their own SMs): layer l-1's waits for layer l's dx GEMM, which waits for layer l's launch.
+(The cluster kernels do not touch bsync.)
 Buffers: backward.py's, plus
   bsync  [2*L] unsigned  a layer's barrier counters (zero between launches)
 (dhr{l}[1..T-1] are not written: nothing reads them in this plan).

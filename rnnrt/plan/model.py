@@ -21,8 +21,9 @@ from .switches import Switches
 
 PERSISTENT_FAMILIES = ("stack", "grid", "cluster")
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
-BACKWARD_FAMILIES = ("grid",)
-"""The persistent backward kernels a training PlanKey may name (``PlanKey.backward``)."""
+BACKWARD_FAMILIES = ("persistent", "grid", "cluster")
+"""The persistent backward kernels a training PlanKey may name (``PlanKey.backward``):
+'grid' or 'cluster', or 'persistent' for the one kernels/choice.py's cost model prefers."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,11 @@ class PlanKey:
     falls back to the schedule without the switch and says why, as for None.
 
     backward: a training key's backward schedule: None, the switches' per-step schedule
-    (cuBLAS GEMMs and fused pointwise kernels a step); 'grid', the persistent backward
-    kernel (one launch a layer for the recurrent chain, then one GEMM a layer for each of
-    dx, dW, dR and the biases; plan/backward_persistent.py), where its fit accepts the shape,
-    else the per-step schedule with the reason (Plan.fallback). A schedule of its own, not a
+    (cuBLAS GEMMs and fused pointwise kernels a step); 'grid' or 'cluster', that persistent
+    backward kernel, or 'persistent', the one of them the cost model prefers (one launch a
+    layer for the recurrent chain, then one GEMM a layer for each of dx, dW, dR and the
+    biases; plan/backward_persistent.py), where its fit accepts the shape, else the
+    per-step schedule with the reason (Plan.fallback). A schedule of its own, not a
     switch: the rungs' backward is unchanged; the selector offers it as a candidate.
     """
 

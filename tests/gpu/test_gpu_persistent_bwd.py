@@ -1,9 +1,9 @@
 """GPU tests of the persistent backward (marker gpu; skipped without a GPU): the plan with
-PlanKey.backward = 'grid' (the kernel for each layer's recurrent chain, then one GEMM each
-for dx and every weight and bias gradient) on the GPU executors gives the float64
+PlanKey.backward 'grid' or 'cluster' (that kernel for each layer's recurrent chain, then one
+GEMM each for dx and every weight and bias gradient) on the GPU executors gives the float64
 reference's dx, dh0, dc0 and every weight and bias gradient in fp32 tolerance for every cell
-at H 128 B 8, H 512 B 64 and an H that is no multiple of the tiles (333, B 17), one and three
-layers; every backward buffer is poisoned with NaN before each run; the graph's capture runs
+at H 128 B 8, H 512 B 64 (grid only: R / 8 does not fit a block) and an H that is no
+multiple of the tiles (333, B 17; grid only), H 128 B 64 (cluster), one and three layers; every backward buffer is poisoned with NaN before each run; the graph's capture runs
 nothing; two runs give bitwise-equal gradients (no atomics in any sum); GpuRunner's automatic
 choice for a training shape trains right whichever schedule it takes.
 
@@ -27,13 +27,16 @@ from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
 from testkit import gpu_backward_case  # noqa: E402
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
-# (T, B, H, I): the wide grid's worst point, the paper's layer, an odd H and B
-SHAPES = [(24, 8, 128, 128), (10, 64, 512, 512), (9, 17, 333, 40)]
+# (T, B, H, I, variants): the wide grid's worst point, the paper's layer, an odd H and B, H 128
+# B 64 (eight clusters of 8 batches)
+SHAPES = [(24, 8, 128, 128, ("grid", "cluster")), (10, 64, 512, 512, ("grid",)),
+          (9, 17, 333, 40, ("grid",)), (12, 64, 128, 40, ("cluster",))]
+CASES = [(shape[:4], v) for shape in SHAPES for v in shape[4]]
 def case(cell, layers, T, B, H, I, seed=0):
     return gpu_backward_case(cell, layers, T, B, H, I, seed=seed)
 
 
-def key_of(cell, layers, T, B, H, I, backward="grid"):
+def key_of(cell, layers, T, B, H, I, backward):
     sched = persistent_schedule("grid")   # the selector's candidate: grid forward + ...
     return PlanKey(cell, T, B, I, H, layers, True, sched.switches, train=True,
                    family="grid", backward=backward)
@@ -49,6 +52,8 @@ def run_twice(cp, ctx, key, executor, data):
     fplan, bplan = forward_plan(key), backward_plan(key)
     assert bplan.fallback is None, bplan.fallback
     assert bplan.counts()["kernel:persistent"] == key.num_layers
+    names = {op.name for op in bplan.ops if getattr(op, "kind", "") == "persistent"}
+    assert all(("_cluster_" in n) == (key.backward == "cluster") for n in names), names
     ws = Workspace(bplan, cp, np.float32, cp.asarray(flat))
     bwd_bufs = {b.name for b in bplan.buffers} - {b.name for b in fplan.buffers}
     ws.poison()
@@ -89,24 +94,26 @@ def check(got, layout, ref, rows, what):
 
 
 @pytest.mark.parametrize("executor", ["eager", "graph"])
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{t}B{b}H{h}" for t, b, h, _ in SHAPES])
+@pytest.mark.parametrize("shape, variant", CASES,
+                         ids=[f"T{s[0]}B{s[1]}H{s[2]}-{v}" for s, v in CASES])
 @pytest.mark.parametrize("cell", CELLS)
 def test_persistent_backward_gives_reference_gradients_bitwise_repeatable(cp, ctx, cell, shape,
-                                                                          executor):
+                                                                          variant, executor):
     T, B, H, I = shape
     data = case(cell, 1, T, B, H, I)
-    first, second = run_twice(cp, ctx, key_of(cell, 1, T, B, H, I), executor, data)
-    check(first, data[0], data[4], T * B, f"{cell} H{H} B{B} {executor}")
+    first, second = run_twice(cp, ctx, key_of(cell, 1, T, B, H, I, variant), executor, data)
+    check(first, data[0], data[4], T * B, f"{cell} H{H} B{B} {variant} {executor}")
     for name, a in first.items():   # deterministic: the same bits
         np.testing.assert_array_equal(second[name], a, err_msg=f"{name} differs between runs")
 
 
+@pytest.mark.parametrize("variant", ["grid", "cluster"])
 @pytest.mark.parametrize("cell", CELLS)
-def test_three_layers(cp, ctx, cell):
+def test_three_layers(cp, ctx, cell, variant):
     T, B, H, I = 16, 8, 128, 64
     data = case(cell, 3, T, B, H, I, seed=1)
-    first, second = run_twice(cp, ctx, key_of(cell, 3, T, B, H, I), "graph", data)
-    check(first, data[0], data[4], T * B, f"{cell} L3")
+    first, second = run_twice(cp, ctx, key_of(cell, 3, T, B, H, I, variant), "graph", data)
+    check(first, data[0], data[4], T * B, f"{cell} L3 {variant}")
     for name, a in first.items():
         np.testing.assert_array_equal(second[name], a, err_msg=name)
 

@@ -286,16 +286,16 @@ int main(int argc, char** argv) {
 #elif defined(PK_SIM_BWD)
 // The per-layer backward kernels (persistent_bwd.cu), one layer:
 //   persistent_host_sim_bwd CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR LDG LDH LDA
-//                           LDW K_TILE DG_OFFSET
+//                           LDW K_TILE DG_OFFSET CLUSTER
 // reads DIR/{dgx,dgh,dh0,dc0,dhin,dhn,dcn,act,st,w}.f32 (flat float32 with those lds: LDG for
 // dgx and dgh, LDH for the [*, H] arrays, LDA for act, LDW for w; the outputs poisoned, the
 // arrays a cell does not use empty), places dgx and dgh DG_OFFSET floats past a 16-byte
 // boundary (1: misaligned, the kernel must stage dg with 4-byte loads), launches the kernel
 // LAUNCHES times with one sync buffer (re-poisoning the outputs in between, checking the
 // counters are back to zero after each), writes DIR/{dgx,dgh,dh0,dc0}.out and prints the
-// staging loads ("ldcg128 N ldcg32 M").
+// staging loads ("ldcg128 N ldcg32 M"). CLUSTER > 0: the cluster kernels (blocks a cluster).
 int main(int argc, char** argv) {
-    if (argc != 17) {
+    if (argc != 18) {
         std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_BWD)\n");
         return 2;
     }
@@ -307,6 +307,8 @@ int main(int argc, char** argv) {
     const int ldg = std::atoi(argv[11]), ldh = std::atoi(argv[12]), lda = std::atoi(argv[13]);
     const int ldw = std::atoi(argv[14]), k_tile = std::atoi(argv[15]);
     const int dg_offset = std::atoi(argv[16]);
+    sim_cluster = std::atoi(argv[17]);
+    const bool cl = sim_cluster > 0;
     auto load = [&](const char* name) { return read_f32(dir + "/" + name + ".f32"); };
     // dgx and dgh at dg_offset floats past a 16-byte boundary (float4 storage is aligned)
     const std::vector<float> dgx_in = load("dgx"), dgh_in = load("dgh");
@@ -327,20 +329,23 @@ int main(int argc, char** argv) {
         std::function<void()> k;
         if (cell == "lstm")
             k = [&] {
-                lstm_persistent_bwd(B, H, dgx, ldg, dh0.data(), ldh, dc0.data(), ldh, sync, 2,
-                                    dhin.data(), ldh, dhn.data(), ldh, dcn.data(), ldh,
-                                    act.data(), lda, st.data(), ldh, w.data(), ldw, T, U,
-                                    k_tile);
+                (cl ? lstm_persistent_cluster_bwd : lstm_persistent_bwd)(
+                    B, H, dgx, ldg, dh0.data(), ldh, dc0.data(), ldh, sync, 2, dhin.data(), ldh,
+                    dhn.data(), ldh, dcn.data(), ldh, act.data(), lda, st.data(), ldh, w.data(),
+                    ldw, T, U, k_tile);
             };
         else if (cell == "gru")
             k = [&] {
-                gru_persistent_bwd(B, H, dgx, ldg, dgh, ldg, dh0.data(), ldh, sync, 2,
-                                   dhin.data(), ldh, dhn.data(), ldh, act.data(), lda,
-                                   st.data(), ldh, w.data(), ldw, T, U, k_tile);
+                (cl ? gru_persistent_cluster_bwd : gru_persistent_bwd)(
+                    B, H, dgx, ldg, dgh, ldg, dh0.data(), ldh, sync, 2, dhin.data(), ldh,
+                    dhn.data(), ldh, act.data(), lda, st.data(), ldh, w.data(), ldw, T, U,
+                    k_tile);
             };
         else
             k = [&] {
-                (cell == "rnn_tanh" ? rnn_tanh_persistent_bwd : rnn_relu_persistent_bwd)(
+                auto* tanh_k = cl ? rnn_tanh_persistent_cluster_bwd : rnn_tanh_persistent_bwd;
+                auto* relu_k = cl ? rnn_relu_persistent_cluster_bwd : rnn_relu_persistent_bwd;
+                (cell == "rnn_tanh" ? tanh_k : relu_k)(
                     B, H, dgx, ldg, dh0.data(), ldh, sync, 2, dhin.data(), ldh, dhn.data(), ldh,
                     st.data(), ldh, w.data(), ldw, T, U, k_tile);
             };

@@ -51,7 +51,7 @@ def test_every_backward_candidate_is_a_plan_that_runs_the_kernel(shape):
         forward_plan(key)
         plan = backward_plan(key)
         assert plan.fallback is None, (s.name, plan.fallback)
-        assert (plan.counts()["kernel:persistent"] == shape.layers) == (s.backward == "grid")
+        assert (plan.counts()["kernel:persistent"] == shape.layers) == (s.backward is not None)
         assert C.Schedule.from_dict(json.loads(json.dumps(s.as_dict()))) == s
 
 
@@ -68,7 +68,7 @@ def test_the_selector_picks_it_where_it_is_fastest_and_the_cache_keeps_it(tmp_pa
     timer = FakeTimer({"cluster+pbwd": 0.8, "grid+pbwd": 1.0, "cluster": 5.8})
     cache = ScheduleCache("dev", path=tmp_path / "s.json")
     sel = C.Selector(timer, H100_SXM, cache=cache, autotune=True).select(SMALL)
-    assert sel.schedule.name == "cluster+pbwd" and sel.schedule.backward == "grid"
+    assert sel.schedule.name == "cluster+pbwd" and sel.schedule.backward == "persistent"
     assert sel.source == "tuned" and timer.calls[0] == "cluster+pbwd"
     again = C.Selector(FakeTimer({}), H100_SXM, autotune=True,
                        cache=ScheduleCache("dev", path=tmp_path / "s.json")).select(SMALL)
@@ -87,11 +87,13 @@ def test_the_heuristic_follows_the_cost_models():
     backward's model."""
     for shape, want in ((SMALL, True), (dataclasses.replace(SMALL, layers=4), True),
                         (dataclasses.replace(SMALL, batch=32), True),
-                        (dataclasses.replace(SMALL, layers=4, batch=32), False),
-                        (dataclasses.replace(SMALL, batch=256), False), (PAPER, False),
+                        (dataclasses.replace(SMALL, layers=4, batch=32), True),
+                        (dataclasses.replace(SMALL, batch=256), True),
+                        (dataclasses.replace(SMALL, layers=4, batch=256), False), (PAPER, False),
                         (dataclasses.replace(SMALL, train=False), False)):
         h = C.heuristic(shape, H100_SXM)
-        assert (h.backward == "grid") == want == C.prefers_persistent_backward(shape, H100_SXM)
+        assert (h.backward == "persistent") == want == C.prefers_persistent_backward(shape,
+                                                                                     H100_SXM)
         assert h.switches == C.forward_heuristic(shape, H100_SXM).switches
         fit = C.backward_fit(shape, H100_SXM)
         kernel = shape.layers * shape.steps * fit.step_us()

@@ -20,6 +20,7 @@ from rnnrt.kernels.emulate_bwd import emulate_bwd
 from testkit import BWD_KERNELS, CELLS, H100, bwd_layer_case, check_bwd_against_reference
 
 SRC = S.source("persistent_bwd.cu")
+H9 = dict(H100, major=9)
 
 
 def emulated(cell, fit, data, **kw):
@@ -32,7 +33,7 @@ def emulated(cell, fit, data, **kw):
 @pytest.mark.parametrize("cell, H, B", [("lstm", 128, 8), ("gru", 128, 64), ("lstm", 512, 64),
                                         ("rnn_relu", 1024, 32), ("lstm", 640, 100)])
 def test_fit_on_the_h100(cell, H, B):
-    fit = PB.persistent_bwd_fit(cell, H, B, H100)
+    fit = PB.persistent_bwd_fit(cell, H, B, H100, kind="grid")
     assert fit.ok, fit.reason
     assert fit.kernel == f"{cell}_persistent_bwd" and fit.blocks <= 132
     assert fit.units_per_block * fit.blocks >= H and fit.smem_bytes <= 232448
@@ -45,6 +46,31 @@ def test_fit_on_the_h100(cell, H, B):
     best = min(f.step_us() for f in others if f.ok)
     assert fit.step_us() == pytest.approx(best, abs=1e-3)
     assert "by the cost model" in fit.reason and "backward" in fit.describe()
+
+
+def test_the_fit_takes_the_variant_the_cost_model_prefers():
+    """kind None: of the grid and the cluster kernel that fit, the shorter modelled step;
+    the reason names the other; kind and the knobs force one (H9: the H100's properties
+    with compute capability 9, which clusters need)."""
+    small = PB.persistent_bwd_fit("lstm", 128, 8, H9)
+    grid = PB.persistent_bwd_fit("lstm", 128, 8, H9, kind="grid")
+    cl = PB.persistent_bwd_fit("lstm", 128, 8, H9, kind="cluster")
+    assert grid.ok and cl.ok and cl.cluster == 8 and cl.clusters == 2
+    assert small.kernel == ("lstm_persistent_cluster_bwd" if cl.step_us() < grid.step_us()
+                            else "lstm_persistent_bwd")
+    assert "the grid kernel" in small.reason or "the cluster kernel" in small.reason
+    big = PB.persistent_bwd_fit("lstm", 512, 64, H9)   # R / 8 does not fit a block
+    assert big.ok and not big.cluster and "the cluster kernel does not fit" in big.reason
+    assert PB.persistent_bwd_fit("lstm", 128, 8, H9, units_per_block=2).cluster == 0
+    assert PB.persistent_bwd_fit("lstm", 128, 8, H9, clusters=1).clusters == 1
+    sm80 = dict(H100, major=8)
+    assert not PB.persistent_bwd_fit("gru", 128, 8, sm80, kind="cluster").ok
+    assert "compute capability" in PB.persistent_bwd_fit("gru", 128, 8, sm80,
+                                                         kind="cluster").reason
+    assert PB.persistent_bwd_fit("gru", 128, 8, sm80).cluster == 0
+    with pytest.raises(ValueError, match="kind must be"):
+        PB.persistent_bwd_fit("gru", 128, 8, H9, kind="stack")
+    assert cl.step_us() == pytest.approx(PB.cluster_step_us(16, 4, 512, 4))
 
 
 def test_cost_model_terms():
@@ -79,33 +105,45 @@ def test_fit_refuses_and_says_why():
 
 def test_the_kernel_computes_the_fits_formulas():
     """The .cu's layout, refusals and shared memory are bwd_geometry's: the forward's
-    pk_geometry with one gate and depth K = G*H, the R^T slice [U][SR(K)], the dg tile
-    [B][SH], the partial sums [NKG][U][BP]; blocks x U >= H; cells <= PK_CPT a thread."""
+    pk_geometry with one gate and depth K = G*H for BG batches, the R^T slice [U][SR(K)],
+    the dg tile [BG][SH] (two of them in the cluster kernel), the partial sums
+    [NKG][U][BP]; ranks x U >= H; cells <= PK_CPT a thread; the cluster's batch slice."""
     for line in ("const int K = G * H;",
-                 "const PkGeom g = pk_geometry(1, U, B, K, KT, nt);",
-                 "const long long need = 4LL * ((long long)g.M * g.SR + (long long)B * g.SH\n"
+                 "const PkGeom g = pk_geometry(1, U, BG, K, KT, nt);",
+                 "const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH\n"
                  "                                  + (long long)g.NKG * g.M * g.BP);",
-                 "if ((long long)gridDim.x * U < H || (long long)U * B > (long long)PK_CPT * nt ||",
+                 "if ((long long)ranks * U < H || (long long)U * BG > (long long)PK_CPT * nt ||",
+                 "BG = (Bfull + (int)pk_clusters() - 1) / (int)pk_clusters();",
+                 "b_off = (int)pk_cluster_id() * BG;", "B = min(BG, Bfull - b_off);",
+                 "if (B < 1 || KT < K) __trap();",
                  "Rs[ju * g.SR + r] = (ju < Ub && r < K) ? w[(long long)r * ldw + j0 + ju] : 0.f;",
                  "const int e = tid + i * nt;", "const int jj = e % U;", "cell_b[i] = e / U;",
-                 "grid_barrier(sync, (unsigned int)s * gridDim.x);", "grid_exit(sync);"):
+                 "grid_barrier(sync, (unsigned int)s * gridDim.x);", "if (!CL) grid_exit(sync);"):
         assert line in SRC, line
     f = PB.bwd_geometry("gru", 37, 5, 4, 64, k_tile=20)
     lr, lb, lk = f.lanes
     bp = 32 * -(-(5 - lb) // 32) + lb
     assert f.smem_r == 4 * 4 * PB.stride_r(111) and f.smem_tile == 4 * 5 * PB.tile_stride(20)
     assert f.smem_partials == 4 * f.k_groups * 4 * bp and f.k_groups == 2 * lk
-    assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == len(BWD_KERNELS) == 4
+    assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == len(BWD_KERNELS) == 8
+    c = PB.bwd_geometry("lstm", 37, 19, 5, 64, clusters=3)   # 7, 7 and 5 batches
+    assert c.ok and c.batch_per_block == 7 and c.blocks == 24 and c.kernel.endswith("cluster_bwd")
+    assert c.smem_tile == 4 * 2 * 7 * PB.tile_stride(c.k_tile) and c.k_tile >= 148
+    for bad, why in ((dict(units_per_block=4), "do not cover hidden 37"),
+                     (dict(k_tile=16), "one tile"), (dict(clusters=12), "leave the last empty")):
+        kw = dict(units_per_block=5, threads=64, clusters=3) | bad
+        assert why in PB.bwd_geometry("lstm", 37, 19, **kw).reason, bad
 
 
 # --- the emulation -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("H, B, T, U, threads, k_tile", [(37, 3, 5, 5, 32, None),
-                                                         (40, 5, 4, 6, 64, 12),
-                                                         (20, 33, 1, 7, 128, None)])
-def test_emulation_equals_the_reference(cell, H, B, T, U, threads, k_tile):
-    fit = PB.bwd_geometry(cell, H, B, U, threads, k_tile=k_tile)
+@pytest.mark.parametrize("H, B, T, U, threads, k_tile, clusters",
+                         [(37, 3, 5, 5, 32, None, 0), (40, 5, 4, 6, 64, 12, 0),
+                          (20, 33, 1, 7, 128, None, 0), (37, 19, 3, 5, 64, None, 3),
+                          (20, 3, 2, 3, 32, None, 2)])
+def test_emulation_equals_the_reference(cell, H, B, T, U, threads, k_tile, clusters):
+    fit = PB.bwd_geometry(cell, H, B, U, threads, k_tile=k_tile, clusters=clusters)
     assert fit.ok
     data, ref = bwd_layer_case(cell, T, B, H, dtype=np.float64)
     out = emulated(cell, fit, data)
@@ -116,12 +154,14 @@ def test_emulation_equals_the_reference(cell, H, B, T, U, threads, k_tile):
     check_bwd_against_reference(out32, data32, ref, f"{cell} emulation float32")
 
 
+@pytest.mark.parametrize("clusters", [0, 2], ids=["grid", "cluster"])
 @pytest.mark.parametrize("cell", CELLS)
-def test_the_same_bits_whatever_order_the_blocks_run(cell):
+def test_the_same_bits_whatever_order_the_blocks_run(cell, clusters):
     """Determinism: every element of dh_rec has one writer and every sum (a k-group's
     columns, the k-groups in order) a fixed order, so any order of the blocks gives the
     same bits; so does a second run."""
-    fit = PB.bwd_geometry(cell, 37, 6, 5, 64, k_tile=16)
+    fit = PB.bwd_geometry(cell, 37, 6, 5, 64, k_tile=None if clusters else 16,
+                          clusters=clusters)
     data, _ = bwd_layer_case(cell, 6, 6, 37)
     first = emulated(cell, fit, data)
     rng = np.random.default_rng(0)
@@ -185,14 +225,19 @@ def _lay_out(kinfo, T, B, H, data, ld_pad=3, gap=5):
 @pytest.mark.parametrize("name", BWD_KERNELS)
 def test_twin_on_poisoned_padded_views(name):
     kinfo = K.KERNELS[name]
-    cell = name.split("_persistent")[0]
-    T, B, H, U = 5, 3, 37, 5
+    cell, cluster = name.split("_persistent")[0], "_cluster" in name
+    T, B, H, U = 5, (10 if cluster else 3), 37, 5   # the cluster twin: 3 clusters of 4, 4, 2
     data, ref = bwd_layer_case(cell, T, B, H)
     buf, place = _lay_out(kinfo, T, B, H, data)
     before = buf.copy()
     outs = [knp.view(buf, *place[a]) for a, _ in kinfo.outs]
     ins = [knp.view(buf, *place[a]) for a, _ in kinfo.ins]
-    kinfo.numpy_fn(B, H, outs, ins, T, U, 12)
+    if cluster:   # the cluster kernel keeps all of dg_t: it traps on a narrower tile
+        with pytest.raises(ValueError, match="one tile"):
+            kinfo.numpy_fn(B, H, outs, ins, T, U, 12)
+        np.testing.assert_array_equal(buf, before, err_msg="wrote before refusing")
+    kinfo.numpy_fn(B, H, outs, ins, T, U, PB.full_tile(get_cell(cell).gates * H)
+                   if cluster else 12)
     written = np.zeros(buf.size, bool)
     for arg, _ in kinfo.outs:
         if arg == "sync":

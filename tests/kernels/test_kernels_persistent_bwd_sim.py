@@ -6,8 +6,10 @@ emulation, writes no padding, stages dg with 16-byte loads exactly where it can,
 the counters zero; the cases cover one tile and several, several output tiles a lane, two
 cells a thread, one k-group a warp and an idle warp. Planted faults show the checks fail:
 a dropped k-group (wrong sums, caught against the reference), and a grid barrier replaced by
-a block barrier (caught by ThreadSanitizer as a data race, while the kernel as written runs
-race-free under it).
+a block barrier, or the cluster kernel's barrier removed (each caught by ThreadSanitizer as a
+data race, while the kernels as written run race-free under it). The cluster kernels
+likewise: one and several clusters, a short last cluster, a rank with no unit, several
+output tiles a lane.
 """
 from __future__ import annotations
 
@@ -67,7 +69,8 @@ def run_bwd_sim(exe, tmp_path, cell, fit, data, launches=2, pad=3, dg_offset=0):
     for name, a in arrays.items():
         np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.f32")
     args = [exe, cell, B, H, T, fit.units_per_block, fit.blocks, fit.threads, fit.smem_bytes,
-            launches, tmp_path, ld["g"], ld["h"], ld["a"], ld["w"], fit.k_tile, dg_offset]
+            launches, tmp_path, ld["g"], ld["h"], ld["a"], ld["w"], fit.k_tile, dg_offset,
+            fit.cluster]
     r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"host simulation failed ({r.returncode}):\n{r.stderr}"
     loads = dict(zip(r.stdout.split()[::2], map(int, r.stdout.split()[1::2])))
@@ -148,6 +151,43 @@ def test_bwd_kernel_source_on_cpu_threads(bwd_sim, tmp_path, cell, H, B, T, U, t
         assert loads["ldcg128"] == 0 and loads["ldcg32"] > 0, loads
 
 
+# the cluster kernels: (H, B, T, threads, clusters, pad): 3 clusters of 7, 7 and 5 batches;
+# one cluster of 8; 2 clusters of 2 and 1 with rank 7 owning no unit (U 3, H 20); H 520
+# (U 65: two output tiles of rows a lane, LR 16) in one cluster
+CLUSTER_SIM_CASES = [(37, 19, 3, 64, 3, 3), (40, 8, 4, 128, 1, 4), (20, 3, 2, 32, 2, 3),
+                     (520, 3, 2, 128, 1, 4)]
+
+
+def test_cluster_sim_cases_cover_the_variants():
+    seen = {k: set() for k in ("clusters", "short_last", "idle_rank", "out_tiles")}
+    for H, B, T, threads, clusters, pad in CLUSTER_SIM_CASES:
+        for cell in CELLS:
+            f = PB.bwd_geometry(cell, H, B, ceil(H, 8), threads, clusters=clusters)
+            assert f.ok, f.reason
+            lr, lb, _ = f.lanes
+            seen["clusters"].add(clusters > 1)
+            seen["short_last"].add(len(f.batches(f.blocks - 1)) < f.batch_per_block)
+            seen["idle_rank"].add(any(len(f.units(x)) == 0 for x in range(f.blocks)))
+            seen["out_tiles"].add(ceil(f.rows, 4 * lr) * ceil(f.batch_per_block, 8 * lb) > 1)
+    assert all(v == {False, True} for v in seen.values()), seen
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("H, B, T, threads, clusters, pad", CLUSTER_SIM_CASES)
+def test_cluster_kernel_source_on_cpu_threads(bwd_sim, tmp_path, cell, H, B, T, threads,
+                                              clusters, pad):
+    """The cluster kernels, every block at once on CPU threads (the cluster barrier a
+    std::barrier over each cluster's threads, the pushes into the other blocks' shared
+    memory real stores there), launched twice: the reference's gradients, the emulation's
+    dg, no padding written, nothing staged from L2, the (unused) counters zero."""
+    fit = PB.bwd_geometry(cell, H, B, ceil(H, 8), threads, clusters=clusters)
+    assert fit.kernel.endswith("_persistent_cluster_bwd")
+    data, ref = bwd_layer_case(cell, T, B, H)
+    out, raw, loads = run_bwd_sim(bwd_sim, tmp_path, cell, fit, data, pad=pad)
+    check_sim(cell, fit, data, ref, out, raw, f"{cell} H{H} B{B} {clusters} clusters")
+    assert loads == {"ldcg128": 0, "ldcg32": 0}, loads
+
+
 def test_misaligned_dg_is_staged_with_4_byte_loads(bwd_sim, tmp_path):
     """Rows of whole float4s, but dg not 16-byte aligned: 4-byte loads (the simulator
     aborts on a misaligned 16-byte one), the same results."""
@@ -197,9 +237,9 @@ def test_a_dropped_k_group_is_caught(tmp_path):
 def test_barrier_protocol_has_no_data_race(tmp_path):
     """ThreadSanitizer over the backward kernels on CPU threads: the writes of dg_t and the
     next step's staged reads of them are ordered by the grid barrier (no report), with
-    either staging path, one tile or several, one warp or several; and with the grid
-    barrier replaced by a block barrier it reports a data race (the checker is not
-    vacuous)."""
+    either staging path, one tile or several, one warp or several, and the cluster kernel's
+    pushes by its cluster barrier; with the grid barrier replaced by a block barrier, or
+    the cluster barrier removed, it reports a data race (the checker is not vacuous)."""
     src = S.cuda_src_dir() / "persistent_bwd.cu"
     exe = build_host_sim(tmp_path / "sim_tsan", src, tsan=True, define="PK_SIM_BWD")
     for cell, H, B, U, threads, k_tile, pad in (("lstm", 37, 3, 5, 32, None, 3),
@@ -211,7 +251,13 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
         work.mkdir()
         out, raw, _ = run_bwd_sim(exe, work, cell, fit, data, launches=1, pad=pad)
         check_sim(cell, fit, data, ref, out, raw, f"{cell} under TSan")
-    src = _broken(tmp_path, "grid_barrier(sync, (unsigned int)s * gridDim.x);",
+    cfit = PB.bwd_geometry("gru", 20, 5, 3, 32, clusters=2)
+    cdata, cref = bwd_layer_case("gru", 3, 5, 20)
+    work = tmp_path / "cluster"
+    work.mkdir()
+    out, raw, _ = run_bwd_sim(exe, work, "gru", cfit, cdata, launches=1)
+    check_sim("gru", cfit, cdata, cref, out, raw, "gru cluster kernel under TSan")
+    src = _broken(tmp_path, "if (!CL) grid_barrier(sync, (unsigned int)s * gridDim.x);",
                   "__syncthreads();")
     exe = build_host_sim(tmp_path / "sim_tsan_broken", src, tsan=True, define="PK_SIM_BWD")
     fit = PB.bwd_geometry("lstm", 37, 3, 5, 32)
@@ -220,3 +266,19 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
     work.mkdir()
     with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
         run_bwd_sim(exe, work, "lstm", fit, data, launches=1)
+    # the cluster kernel without its barrier at the end of each step (arrive and wait)
+    text = S.source("persistent_bwd.cu")
+    for a, b in (("            pk_cluster_arrive();\n            store();\n",
+                  "            store();\n"),
+                 ("            if (t > 0) prefetch(t - 1);\n            pk_cluster_wait();\n",
+                  "            if (t > 0) prefetch(t - 1);\n")):
+        assert text.count(a) == 1, a
+        text = text.replace(a, b, 1)
+    broken = tmp_path / "persistent_bwd_no_cluster_sync.cu"
+    broken.write_text(text)
+    exe = build_host_sim(tmp_path / "sim_tsan_cluster_broken", broken, tsan=True,
+                         define="PK_SIM_BWD")
+    work = tmp_path / "broken_cluster"
+    work.mkdir()
+    with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
+        run_bwd_sim(exe, work, "gru", cfit, cdata, launches=1)

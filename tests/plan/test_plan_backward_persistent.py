@@ -1,5 +1,6 @@
-"""The persistent backward plan (PlanKey.backward = 'grid', plan/backward_persistent.py) on the
-CPU: every fused switch combination x cell x {1, 3} layers gives the float64 reference
+"""The persistent backward plan (PlanKey.backward, plan/backward_persistent.py) on the CPU:
+the grid kernel with every fused switch combination x cell x {1, 3} layers, the cluster
+kernel and the cost model's pick with the fused rungs, give the float64 reference
 gradients (dx, dh0, dc0, every weight and bias; outputs poisoned first) in program order and
 random interleavings and is statically race-free; a float32 workspace is within fp32
 tolerance of the reference; the schedule is one launch and one dx GEMM a layer, the launches
@@ -45,6 +46,28 @@ def test_every_fused_combination_gives_reference_gradients(cell, layers):
         if len(plan.streams) > 1:
             check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in, "random", 1), layout, ref,
                            f"{sw.label()} random")
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("cell", CELLS)
+def test_the_cluster_kernel_and_the_cost_models_pick(cell, layers):
+    """backward='cluster' (the cluster kernels' twins: one cluster per 4 batches) and
+    'persistent' (the kernel the cost model prefers) likewise give the reference gradients,
+    race-free, in program order and random interleavings, for the fused rungs."""
+    layout, flat, fwd_in, bwd_in, ref = bwd_plan_case(cell, layers, seed=7)
+    for rung in ladder(input_batch=2)[3:]:
+        for backward in ("cluster", "persistent"):
+            key = key_of(cell, layers, rung.switches, backward=backward)
+            plan = backward_plan(key)
+            assert plan.fallback is None, plan.fallback
+            kernels = {op.name for op in plan.ops if isinstance(op, Kernel)}
+            if backward == "cluster":
+                assert kernels == {f"{cell}_persistent_cluster_bwd"}, kernels
+            assert not find_races(plan)
+            what = f"{rung.name} {backward}"
+            check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in), layout, ref, what)
+            check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in, "random", 2), layout, ref,
+                           f"{what} random")
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -126,7 +149,7 @@ def test_a_shape_it_cannot_take_falls_back_and_says_why():
 def test_bad_keys_refused():
     sw = ladder()[PAPER_RUNGS - 1].switches
     with pytest.raises(ValueError, match="expected one of"):
-        key_of("lstm", 1, sw, backward="cluster")
+        key_of("lstm", 1, sw, backward="stack")
     with pytest.raises(ValueError, match="train is False"):
         PlanKey("lstm", T, B, I, H, 1, True, sw, train=False, backward="grid")
     with pytest.raises(ValueError, match="needs switches.fused"):
