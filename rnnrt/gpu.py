@@ -251,11 +251,12 @@ class GpuRunner:
         m = self.model
         if self.switches == "auto":
             sched = self.schedule(steps, batch, train).schedule
-            sw, family = sched.switches, sched.family
+            sw, family, backward = sched.switches, sched.family, sched.backward
         else:
-            sw, family = self.switches, None
+            sw, family, backward = self.switches, None, None
         return PlanKey(m.cell_name, steps, batch, m.input_size, m.hidden_size, m.num_layers,
-                       m.bias, sw, train, device=self.limits, family=family)
+                       m.bias, sw, train, device=self.limits, family=family,
+                       backward=backward if train else None)
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes
@@ -294,7 +295,7 @@ class GpuRunner:
         steps = tuning_steps(shape)
         key = PlanKey(m.cell_name, steps, shape.batch, m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
-                      family=sched.family)
+                      family=sched.family, backward=sched.backward if shape.train else None)
         tkey = (sched.name, shape.key(), steps)
         if getattr(self, "_timing_key", None) != tkey:
             self._timing = None   # free the last candidate's workspace first

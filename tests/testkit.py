@@ -32,7 +32,7 @@ from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.registry import REGISTRY
 from rnnrt.kernels.stack import STACK_KERNEL
-from rnnrt.params import make_layout, per_layer
+from rnnrt.params import make_layout, per_layer, to_flat
 from rnnrt.plan import PlanKey
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
@@ -114,9 +114,12 @@ class FakeCupy(types.ModuleType):
 
 # --- the persistent kernels -----------------------------------------------------------------
 
-# the per-layer persistent kernels (the stack kernel, all layers in one launch, has its own
-# arguments and tests: tests/kernels/test_kernels_stack.py)
-PERSISTENT = [k.name for k in REGISTRY if k.persistent and k.name != STACK_KERNEL]
+# the per-layer persistent forward kernels (the stack kernel, all layers in one launch, has
+# its own arguments and tests: tests/kernels/test_kernels_stack.py)
+PERSISTENT = [k.name for k in REGISTRY if k.persistent and k.name != STACK_KERNEL
+              and k.file == "persistent.cu"]
+# the persistent backward kernels (persistent_bwd.cu: their own tests, *_persistent_bwd*)
+BWD_KERNELS = [k.name for k in REGISTRY if k.file == "persistent_bwd.cu"]
 GRID_KERNELS = [n for n in PERSISTENT if "_cluster" not in n]      # the grid barrier kernels
 CLUSTER_KERNELS = [n for n in PERSISTENT if "_cluster" in n]
 
@@ -159,6 +162,65 @@ def layer_case(cell, T, B, H, I=5, bias=True, seed=0, dtype=np.float64):
                 br=cast(p["bias_hh"]), h0=cast(h0), c0=cast(c0)), ref
 
 
+def bwd_layer_case(cell, T, B, H, I=5, seed=0, dtype=np.float32):
+    """One layer's backward as the persistent backward kernel takes it, and the float64
+    reference. -> (data, ref): data has dhin [T, B, H] (dy), dh_n, dc_n (LSTM) [B, H], act
+    [T, B, 4H] (LSTM, GRU), st (c for LSTM, else h) [T+1, B, H], R [G*H, H] in ``dtype``,
+    and x [T, B, I], W [G*H, I], h [T+1, B, H] in float64 (to turn the kernel's dg into the
+    weight gradients); ref has dx, dh0, dc0 and the four parameter gradients (float64)."""
+    rng = np.random.default_rng(seed)
+    spec = get_cell(cell)
+    G = spec.gates
+    u = lambda *shape: rng.uniform(-0.6, 0.6, shape)   # noqa: E731 - out of the linear range
+    p = {"weight_ih": u(G * H, I), "weight_hh": u(G * H, H), "bias_ih": u(G * H),
+         "bias_hh": u(G * H)}
+    x = rng.standard_normal((T, B, I))
+    h0 = 0.5 * rng.standard_normal((1, B, H))
+    c0 = 0.5 * rng.standard_normal((1, B, H)) if spec.has_cell_state else None
+    _, _, _, cache = reference.forward(cell, [p], x, h0, c0)
+    dy = rng.standard_normal((T, B, H))
+    dhn = rng.standard_normal((1, B, H))
+    dcn = rng.standard_normal((1, B, H)) if spec.has_cell_state else None
+    g = reference.backward(cell, [p], cache, dy, dhn, dcn)
+    lc = cache.layers[0]
+    cast = lambda a: None if a is None else np.asarray(a, dtype)   # noqa: E731
+    data = dict(dhin=cast(dy), dh_n=cast(dhn[0]), dc_n=None if dcn is None else cast(dcn[0]),
+                act=cast(lc.gates), st=cast(lc.c if spec.has_cell_state else lc.h),
+                R=cast(p["weight_hh"]), x=x, W=p["weight_ih"], h=lc.h)
+    ref = dict(dx=g["dx"], dh0=g["dh0"][0], dc0=None if g["dc0"] is None else g["dc0"][0],
+               **g["params"][0])
+    return data, ref
+
+
+def bwd_gradients(data, dgx, dgh):
+    """The gradients a layer's dg gives (float64): dx = dgx W, weight_ih = sum_t dgx_t^T
+    x_t, weight_hh = sum_t dgh_t^T h_t, bias_ih / bias_hh the sums of dgx / dgh (dgh is dgx
+    for the cells without a separate R side); data from ``bwd_layer_case``."""
+    dgx = np.asarray(dgx, np.float64)
+    dgh = dgx if dgh is None else np.asarray(dgh, np.float64)
+    return {"dx": dgx @ data["W"], "weight_ih": np.einsum("tbr,tbi->ri", dgx, data["x"]),
+            "weight_hh": np.einsum("tbr,tbk->rk", dgh, data["h"][:-1]),
+            "bias_ih": dgx.sum(axis=(0, 1)), "bias_hh": dgh.sum(axis=(0, 1))}
+
+
+def check_bwd_against_reference(out, data, ref, what):
+    """``out`` ({"dgx", "dgh", "dh0", "dc0"}, fp32: a backward kernel's or its emulation's)
+    against the float64 reference: dh0, dc0 and every gradient the dg give, fp32 tolerance
+    (the weight gradients' absolute part grows with the T*B terms they sum)."""
+    from rnnrt.check import reduction_atol
+    T, B, _ = data["dhin"].shape
+    assert_close(out["dh0"], ref["dh0"], FP32_ATOL, FP32_RTOL, name=f"{what} dh0")
+    if ref["dc0"] is not None:
+        assert_close(out["dc0"], ref["dc0"], FP32_ATOL, FP32_RTOL, name=f"{what} dc0")
+    else:
+        assert out["dc0"] is None
+    got = bwd_gradients(data, out["dgx"], out["dgh"])
+    assert_close(got["dx"], ref["dx"], FP32_ATOL, FP32_RTOL, name=f"{what} dx")
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        assert_close(got[name], ref[name], reduction_atol(T * B), FP32_RTOL,
+                     name=f"{what} {name}")
+
+
 def chunk_cols(*chunks):
     """The columns of float4 chunks (absolute: chunk c is columns 4c .. 4c+3)."""
     return [k for c in chunks for k in range(4 * c, 4 * c + 4)]
@@ -184,6 +246,32 @@ def cancelling_case():
     h0[1, [1, 5, 13]] = 1
     data = dict(gx=np.zeros((1, 2, 37), np.float32), R=R, bw=None, br=None, h0=h0, c0=None)
     return fit, data
+
+
+def build_host_sim(exe, src, tsan=False, define=None):
+    """Compile tests/kernels/persistent_host_sim.cpp with the kernel source ``src``
+    (g++ -std=c++20; ``define``: the main to build, e.g. 'PK_SIM_BWD'), with
+    ThreadSanitizer when ``tsan``; skips where the toolchain cannot."""
+    import shutil
+    import subprocess
+
+    import pytest
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on PATH")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+    cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-Wall", "-Werror",
+           "-Wno-unknown-pragmas", "-DPK_HOST_SIM", f'-DPK_SOURCE="{src}"', "-o", str(exe),
+           os.path.join(here, "persistent_host_sim.cpp")]
+    if define:
+        cmd.insert(-3, f"-D{define}")
+    if tsan:   # TSan does not model fences: the seq_cst atomicAdd carries the release
+        cmd[1:1] = ["-fsanitize=thread", "-g", "-Wno-tsan"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and ("No such file" in r.stderr or "cannot find" in r.stderr):
+        pytest.skip(f"toolchain lacks what the simulator needs: {r.stderr[-300:]}")
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
+    return exe
 
 
 # --- plans on the CPU -------------------------------------------------------------------------
@@ -231,6 +319,72 @@ def check_outputs(out, ref, what):
             assert_close(out[name], ref[name], atol=1e-12, rtol=1e-10, name=f"{what} {name}")
 
 
+# backward plans at odd tiny sizes: T, B, I, H
+BWD_PLAN_SHAPE = (5, 3, 4, 6)
+
+
+def bwd_plan_case(cell, layers, bias=True, seed=0):
+    """Random weights (never zero), inputs, output gradients at BWD_PLAN_SHAPE and the
+    float64 reference gradients: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref) with
+    ref {"dx", "dh0", "dc0", "grads" (the flat layout)}."""
+    T, B, I, H = BWD_PLAN_SHAPE
+    rng = np.random.default_rng(seed)
+    layout = make_layout(cell, I, H, layers, bias)
+    flat = np.zeros(layout.size)
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        flat[e.offset:e.offset + n] = rng.uniform(-0.6, 0.6, n)
+    x = rng.standard_normal((T, B, I))
+    h0 = 0.5 * rng.standard_normal((layers, B, H))
+    c0 = 0.5 * rng.standard_normal((layers, B, H)) if cell == "lstm" else None
+    dy = rng.standard_normal((T, B, H))
+    dhn = rng.standard_normal((layers, B, H))
+    dcn = rng.standard_normal((layers, B, H)) if cell == "lstm" else None
+    p = per_layer(flat, layout)
+    _, _, _, cache = reference.forward(cell, p, x, h0, c0)
+    g = reference.backward(cell, p, cache, dy, dhn, dcn)
+    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout)}
+    return layout, flat, (x, h0, c0), (dy, dhn, dcn), ref
+
+
+def run_bwd_plan(key, flat, fwd_in, bwd_in, order="program", seed=None, accumulate=False,
+                 ws=None, fwd=None, bwd=None, dtype=np.float64):
+    """The forward then the backward plan of ``key`` on the NumPy executor, every io and
+    scratch buffer poisoned (NaN) first unless ``ws`` is given. -> the workspace."""
+    from rnnrt.exec import numpy_exec
+    from rnnrt.exec.workspace import Workspace
+    from rnnrt.plan import forward_plan
+    from rnnrt.plan.backward import backward_plan
+    fwd = fwd or forward_plan(key)
+    bwd = bwd or backward_plan(key, accumulate)
+    if ws is None:
+        ws = Workspace(bwd, np, dtype, flat)
+        ws.poison(roles=("io", "scratch"))
+    x, h0, c0 = fwd_in
+    ws.load_inputs(x, h0, c0)
+    numpy_exec.run(fwd, ws, order=order, seed=seed)
+    dy, dhn, dcn = bwd_in
+    arrays = {"dy": dy, "dh_n": dhn}
+    if "dc_n" in bwd.inputs:
+        arrays["dc_n"] = dcn
+    ws.load(**arrays)
+    numpy_exec.run(bwd, ws, order=order, seed=seed)
+    return ws
+
+
+def check_bwd_plan(ws, layout, ref, what, scale=1.0, atol=1e-12, rtol=1e-10):
+    """dx, dh0, dc0 and every parameter's gradient of ``ws`` against ``ref`` (scaled), the
+    worst element named on failure."""
+    for name in ("dx", "dh0", "dc0"):
+        if ref[name] is not None:
+            assert_close(ws.read(name), ref[name], atol, rtol, name=f"{what} {name}")
+    got = ws.read("grads")
+    for e in layout.entries:   # padding is not a gradient
+        n = int(np.prod(e.shape))
+        assert_close(got[e.offset:e.offset + n], scale * ref["grads"][e.offset:e.offset + n],
+                     atol, rtol, name=f"{what} {e.name}")
+
+
 # --- plans on the GPU ---------------------------------------------------------------------------
 
 def gpu_plan_key(*args, **kw):
@@ -261,6 +415,31 @@ def random_layer_stack(cell, layers, steps, batch, hidden, inp, bias=True, seed=
     c0 = (0.5 * rng.standard_normal((layers, batch, hidden))).astype(f32) \
         if cell == "lstm" else None
     return layout, flat, x, h0, c0, rng
+
+
+_GPU_BWD_CASES = {}
+
+
+def gpu_backward_case(cell, layers, steps, batch, hidden, inp, bias=True, seed=0):
+    """fp32 weights and inputs (``random_layer_stack``), output gradients dy, dh_n, dc_n
+    (LSTM) from the same stream, and the float64 reference gradients: -> (layout, flat,
+    (x, h0, c0), (dy, dh_n, dc_n), {"dx", "dh0", "dc0", "grads"}), made once per arguments."""
+    k = (cell, layers, steps, batch, hidden, inp, bias, seed)
+    if k not in _GPU_BWD_CASES:
+        layout, flat, x, h0, c0, rng = random_layer_stack(cell, layers, steps, batch, hidden,
+                                                           inp, bias, seed)
+        f32 = np.float32
+        dy = rng.standard_normal((steps, batch, hidden)).astype(f32)
+        dhn = rng.standard_normal((layers, batch, hidden)).astype(f32)
+        dcn = rng.standard_normal((layers, batch, hidden)).astype(f32) if cell == "lstm" else None
+        d64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+        p64 = per_layer(flat.astype(np.float64), layout)
+        _, _, _, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0))
+        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn))
+        _GPU_BWD_CASES[k] = (layout, flat, (x, h0, c0), (dy, dhn, dcn),
+                             {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
+                              "grads": to_flat(g["params"], layout)})
+    return _GPU_BWD_CASES[k]
 
 
 GPU_SHAPE = (6, 4, 24, 40)   # T, B, I, H: I != H; T not a multiple of the chunk 4

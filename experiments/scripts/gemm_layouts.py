@@ -23,6 +23,15 @@ SHAPES = [  # (what, N rows, K, M): out [N, M]
     ("W.x 10 steps (B 64)", 640, 512, 2048),
     ("W.x 100 steps (B 64)", 6400, 512, 2048),
     ("R.h one step (B 256, H 1024)", 256, 1024, 4096),
+    # the small-batch points of the wide grid: the forward's R.h, and the backward's
+    # dh = dG.R, whose weight as stored ([4H, H] = [K, M]) is the N,N column and a
+    # pre-transposed copy ([H, 4H]) the T,N one (backward.py reads the copy under the
+    # pretranspose switch)
+    ("R.h one step (LSTM H 128, B 8)", 8, 128, 512),
+    ("dG.R one step (LSTM H 128, B 8)", 8, 512, 128),
+    ("dG.R one step (GRU H 128, B 8)", 8, 384, 128),
+    ("dG.R one step (LSTM H 128, B 32)", 32, 512, 128),
+    ("dG.R one step (GRU H 256, B 8)", 8, 768, 256),
 ]
 
 

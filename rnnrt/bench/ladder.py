@@ -222,7 +222,8 @@ def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan):
     """One (rung, executor) row; ``plan`` is the RungRun's plan_summary(). ratio_vs_cudnn
     is filled in after the rungs, once cuDNN's pooled time is known."""
     tf = tflops(flops, timing.ms_median)
-    extra = {k: plan[k] for k in ("fallback", "fit", "backward_note") if plan.get(k)}
+    extra = {k: plan[k] for k in ("fallback", "fit", "backward_note", "backward_fit",
+                                  "backward_fallback") if plan.get(k)}
     return {
         **extra,
         "rung": rung.name, "executor": executor, "switches": rung.switches.as_dict(),
@@ -240,11 +241,12 @@ class RungRun:
     forward then the backward), ``outputs()`` the arrays every rung is checked on."""
 
     def __init__(self, cfg, rung, xp, make_executor, params, inputs, device: DeviceLimits,
-                 family: str | None = None):
+                 family: str | None = None, backward: str | None = None):
         from ..exec.workspace import Workspace
         from ..plan.backward import backward_plan
         key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
-                      rung.switches, train=cfg.backward, device=device, family=family)
+                      rung.switches, train=cfg.backward, device=device, family=family,
+                      backward=backward if cfg.backward else None)
         self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
         self.ws = Workspace(self.plans[-1], xp, np.float32, params)
         self.ws.poison()
@@ -282,10 +284,14 @@ class RungRun:
         out = {"ops": sum(len(p.ops) for p in self.plans), "streams": len(fwd.streams),
                "events": sum(p.num_events for p in self.plans), "counts": counts,
                "fallback": fwd.fallback, "fit": fwd.fit}
-        if fwd.key.switches.persistent and len(self.plans) > 1:
+        if len(self.plans) > 1 and self.plans[1].key.backward is not None:
+            # the persistent backward kernel (the selector's candidate), or why it fell back
+            out["backward_fit"] = self.plans[1].fit
+            out["backward_fallback"] = self.plans[1].fallback
+        elif fwd.key.switches.persistent and len(self.plans) > 1:
             out["backward_note"] = ("backward: the schedule of the other switches (the rung "
-                                    "below's, reverse wavefront included; no persistent "
-                                    "backward kernel yet)")
+                                    "below's, reverse wavefront included; the persistent "
+                                    "backward kernel is a schedule of its own)")
         return out
 
 
@@ -306,13 +312,15 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
             entries.append((None, None, None))   # selected after the rungs (it times its own)
         for rung, family, selection in entries:
             n += 1
+            backward = None
             if rung is None:
                 selection = _select(cfg, executor, make_executor, xp, params, inputs, device,
                                     samples_fn, progress)
                 sched = selection.schedule
                 rung, family = Rung(AUTO, sched.switches), sched.family
+                backward = sched.backward
             rr = RungRun(cfg, rung, xp, lambda plan, ws: make_executor(executor, plan, ws),
-                         params, inputs, device, family=family)
+                         params, inputs, device, family=family, backward=backward)
             if rr.plans[0].fallback:
                 progress(f"{n}/{total} {rung.name} {executor}: {rr.plans[0].fallback}")
             rr.run()
@@ -368,7 +376,8 @@ def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn
             last["name"] = sched.name
             last["rr"] = RungRun(cfg_t, Rung(sched.name, sched.switches), xp,
                                  lambda plan, ws: make_executor(executor, plan, ws), params,
-                                 inputs_t, device, family=sched.family)
+                                 inputs_t, device, family=sched.family,
+                                 backward=sched.backward)
             return samples_fn(last["rr"], repeats, warmup=1)
         return samples_fn(last["rr"], repeats, warmup=0)
 

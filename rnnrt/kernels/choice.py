@@ -1,6 +1,6 @@
 """Which kernel and which schedule run for a shape: the one place that decides.
 
-Two decisions live here.
+Three decisions live here.
 
 ``choose_persistent(key)``: given a plan key whose switches ask for persistent kernels, which
 family runs — the stack kernel (every layer of an LSTM stack in one launch, ``stack.py``),
@@ -10,9 +10,12 @@ nothing fits, why the plan falls back to the schedule without the switch. A key 
 family (``PlanKey.family``); else the rules below pick one. The plan builders follow the
 answer; they decide nothing about kernels themselves.
 
+``choose_persistent_backward(key)``: for a training key that names the persistent backward
+(``PlanKey.backward``), the kernel's fit, or why the plan keeps the per-step backward.
+
 ``Selector``: the schedule ``switches='auto'`` runs for a shape. Its candidates
 (``candidates``) are the best paper rung, input-batching variants and every persistent family
-that fits; on first use of a key it times them through a timer the caller gives (the GPU
+that fits, and for training shapes those with the persistent backward kernel; on first use of a key it times them through a timer the caller gives (the GPU
 runner builds and times the plans; tests pass a fake), keeps the fastest, and remembers the
 choice in memory and in a ``tuning.ScheduleCache`` on disk. With timing off
 (``RNNRT_AUTOTUNE=0``) it takes ``heuristic``'s deterministic choice instead.
@@ -24,9 +27,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from ..plan.model import PERSISTENT_FAMILIES
+from ..plan.model import BACKWARD_FAMILIES, PERSISTENT_FAMILIES
 from ..plan.switches import Switches
 from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
+from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .stack import PS_BMAX, StackFit, stack_fit
 
 # --------------------------------------------------------------------------------------------
@@ -147,20 +151,68 @@ def stack_choice(key) -> tuple[StackFit | None, str]:
 
 
 # --------------------------------------------------------------------------------------------
+# The persistent backward of a training plan key
+
+
+@dataclass(frozen=True)
+class BackwardChoice:
+    """What ``PlanKey.backward`` runs: the persistent backward kernel's ``fit`` where it
+    runs, else ``fallback`` (why the plan keeps the per-step backward)."""
+
+    fit: BwdFit | None
+    fallback: str | None = None
+
+    @property
+    def runs(self) -> bool:
+        return self.fallback is None
+
+    def describe(self) -> str:
+        """The backward plan's ``fit`` string."""
+        if self.fit is None:
+            return self.fallback or ""
+        return self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
+
+
+def choose_persistent_backward(key) -> BackwardChoice:
+    """The persistent backward for ``key`` (a training plan.PlanKey with ``backward`` set):
+    the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit: the grid or the
+    cluster kernel as ``key.backward`` names it, or for 'persistent' the one whose step its
+    cost model makes shorter) where it fits and the sequence fits its barrier counter, else
+    a fallback saying why."""
+    kind = None if key.backward == "persistent" else key.backward
+    fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
+                             kind=kind)
+    why = None if fit.ok else fit.reason
+    if why is None:
+        try:
+            fit.check_steps(key.steps)
+        except ValueError as e:
+            why = str(e)
+    if why is not None:
+        return BackwardChoice(fit, f"persistent backward declined on {key.device.name}: {why}; "
+                                   f"ran the per-step backward")
+    return BackwardChoice(fit)
+
+
+# --------------------------------------------------------------------------------------------
 # Schedules and their candidates
 
 
 @dataclass(frozen=True)
 class Schedule:
     """One way to run a shape: the switches, and with the persistent switch the family it
-    names (None: choose_persistent's rules). ``name`` is what records and tables show."""
+    names (None: choose_persistent's rules); for a training shape the backward it runs
+    (``backward``: None, the switches' per-step backward; else the persistent backward
+    kernel, as PlanKey.backward names it). ``name`` is what records and tables show."""
 
     name: str
     switches: Switches
     family: str | None = None
+    backward: str | None = None
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "switches": self.switches.as_dict(), "family": self.family}
+        return {"name": self.name, "switches": self.switches.as_dict(), "family": self.family,
+                "backward": self.backward}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
@@ -175,7 +227,11 @@ class Schedule:
         if family is not None and (family not in PERSISTENT_FAMILIES or not switches.persistent):
             raise ValueError(f"schedule {d['name']!r}: family {family!r} is not a persistent "
                              f"family of its switches ({list(PERSISTENT_FAMILIES)})")
-        return cls(d["name"], switches, family)
+        backward = d.get("backward")
+        if backward is not None and backward not in BACKWARD_FAMILIES:
+            raise ValueError(f"schedule {d['name']!r}: backward {backward!r} is not one of "
+                             f"{list(BACKWARD_FAMILIES)}")
+        return cls(d["name"], switches, family, backward)
 
 
 _PAPER = dict(grouped=True, streams=True, fused=True, wavefront=True)
@@ -213,14 +269,68 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     return out
 
 
+def with_persistent_backward(schedule: Schedule) -> Schedule:
+    """``schedule`` with the persistent backward kernel its cost model prefers (a training
+    shape's candidate; PlanKey.backward 'persistent')."""
+    return replace(schedule, name=f"{schedule.name}+pbwd", backward="persistent")
+
+
 def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
-    cluster, grid: each runs the recurrence with R on chip), then the paper schedules. The
-    order is the order of timing (the likeliest winners first, so a spent budget cuts the
-    least likely)."""
+    cluster, grid: each runs the recurrence with R on chip), then the paper schedules. For
+    a training shape where the persistent backward fits, also each persistent family with
+    it (or, where none fits, ib10 with it): first where its cost model expects it to win
+    (``prefers_persistent_backward``), else after the persistent families. The order is
+    the order of timing (the likeliest winners first, so a spent budget cuts the least
+    likely)."""
     fams = fitting_families(shape, device)
-    return (tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid") if f in fams)
-            + paper_schedules())
+    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
+                       if f in fams)
+    if not shape.train or not backward_fit(shape, device).ok:
+        return persistent + paper_schedules()
+    pbwd = tuple(with_persistent_backward(s) for s in persistent or paper_schedules()[1:2])
+    if prefers_persistent_backward(shape, device):
+        return pbwd + persistent + paper_schedules()
+    return persistent + pbwd + paper_schedules()
+
+
+def backward_fit(shape: "Shape", device) -> BwdFit:
+    """The persistent backward kernel's fit for ``shape`` on ``device`` (DeviceLimits)."""
+    return persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props())
+
+
+CUBLAS_BWD_STEP_US = 9.2
+"""The per-step backward (cuBLAS GEMM + fused pointwise kernel a step, graph-replayed) of one
+layer never went below ~9.2 us a step in the wide sweep (LSTM and GRU L1 at H 128-256 B 8-64:
+0.92-0.97 ms for 100 steps)."""
+CUBLAS_BWD_LAYER_STEP_US = 3.7
+"""With several layers the reverse wavefront overlaps them: ~3.7 us a layer-step at the
+small shapes of the wide sweep (LSTM L4 H 128 B 32: 1.49 ms for 4 x 100)."""
+CUBLAS_SLOW_ROWS = (8, 128, 6.0)
+"""(batch, hidden, factor): at batch <= 8 and hidden <= 128 cuBLAS's kernels for the
+per-step products of so few rows are slow in both layouts: ~55 us a step (LSTM and GRU L1
+H 128 B 8: 5.4-5.9 ms for 100 steps of backward, L4 8.2-8.6 ms): 6 x the floor."""
+
+
+def prefers_persistent_backward(shape: "Shape", device) -> bool:
+    """The cost models' verdict for a training shape: the persistent backward kernel when it
+    fits and its modelled recurrent chain (layers x steps x ``BwdFit.step_us``: the kernel's
+    layers run one after another) is shorter than the per-step backward's (steps x the larger
+    of CUBLAS_BWD_STEP_US and layers x CUBLAS_BWD_LAYER_STEP_US, times CUBLAS_SLOW_ROWS'
+    factor at small batch and hidden). The GEMMs for dx and the weights are alike in both
+    and left out. From the models (LSTM, 100 steps): L1 H 128 B 8 0.32 against 5.5 ms
+    (taken: the cluster kernel), L4 H 128 B 32 1.3 against 1.5 (taken), L4 H 128 B 256 3.3
+    against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: the grid kernel, staging dg_t
+    [64, 2048] for 64 blocks a step)."""
+    fit = backward_fit(shape, device)
+    if not shape.train or not fit.ok:
+        return False
+    kernel_us = shape.layers * shape.steps * fit.step_us()
+    cublas_us = shape.steps * max(CUBLAS_BWD_STEP_US, shape.layers * CUBLAS_BWD_LAYER_STEP_US)
+    rows, hidden, factor = CUBLAS_SLOW_ROWS
+    if shape.batch <= rows and shape.hidden <= hidden:
+        cublas_us *= factor
+    return kernel_us < cublas_us
 
 
 GRID_MAX_WORK = 16384
@@ -230,7 +340,17 @@ rung 12.5)."""
 
 
 def heuristic(shape: "Shape", device) -> Schedule:
-    """The deterministic choice without timing (``RNNRT_AUTOTUNE=0``), a decision table fitted
+    """The deterministic choice without timing (``RNNRT_AUTOTUNE=0``): the forward's
+    (``forward_heuristic``), with the persistent backward kernel for a training shape where
+    the cost models prefer it (``prefers_persistent_backward``)."""
+    sched = forward_heuristic(shape, device)
+    if prefers_persistent_backward(shape, device):
+        return with_persistent_backward(sched)
+    return sched
+
+
+def forward_heuristic(shape: "Shape", device) -> Schedule:
+    """The forward's deterministic choice, a decision table fitted
     to the wide sweep's timings of every candidate (H100, 200 points; taking it instead of the
     timed choice costs 5% in geometric mean there):
       1. the stack kernel where it fits, the batch fills more than a quarter of its lanes and
@@ -368,11 +488,15 @@ class Selector:
     timer's own warm-up; it raises to say a candidate cannot run). device: the
     DeviceLimits the fits read. cache: a tuning.ScheduleCache (or None: memory only).
     autotune: None reads RNNRT_AUTOTUNE. clock: seconds (tests pass a fake).
+    candidates_fn: ``candidates_fn(shape, device) -> schedules`` to time (default: this
+    module's ``candidates``; a benchmark passes fewer to measure a choice without some).
     """
 
     def __init__(self, timer, device, cache=None, autotune: bool | None = None,
-                 budget_s: float = TUNE_BUDGET_S, clock=time.perf_counter, log=None):
+                 budget_s: float = TUNE_BUDGET_S, clock=time.perf_counter, log=None,
+                 candidates_fn=None):
         self.timer, self.device, self.cache = timer, device, cache
+        self.candidates_fn = candidates if candidates_fn is None else candidates_fn
         self.autotune = autotune_enabled() if autotune is None else bool(autotune)
         self.budget_s, self.clock = float(budget_s), clock
         self.log = log or (lambda msg: None)
@@ -410,7 +534,7 @@ class Selector:
         """Time every candidate (most promising first) within the budget; the fastest."""
         t0 = self.clock()
         best, best_ms, rows = None, float("inf"), []
-        for sched in candidates(shape, self.device):
+        for sched in self.candidates_fn(shape, self.device):
             spent = self.clock() - t0
             if best is not None and spent > self.budget_s:
                 rows.append({"name": sched.name, "ms": None,
@@ -449,5 +573,7 @@ def _median(xs):
 
 
 def with_family(key, schedule: Schedule):
-    """``key`` (a PlanKey) running ``schedule``: its switches and family."""
-    return replace(key, switches=schedule.switches, family=schedule.family)
+    """``key`` (a PlanKey) running ``schedule``: its switches and family, and for a training
+    key the backward it names."""
+    return replace(key, switches=schedule.switches, family=schedule.family,
+                   backward=schedule.backward if key.train else None)

@@ -47,8 +47,9 @@ def k_columns(fit: Fit, group: int) -> np.ndarray:
     """The columns k of h_t (and of R) k-group ``group`` (kg = warp * LK + lk) multiplies,
     in its order: tile by tile (k_tile columns), its warp's chunks [w*CPW, (w+1)*CPW)
     clipped to the tile, first half then second, chunks lk, lk + LK, ... of each half,
-    skipping k >= H (R's padding there is zero)."""
-    H, kt = fit.hidden, fit.k_tile
+    skipping k >= H (R's padding there is zero). H is ``fit.depth``: the backward kernel
+    cuts the G*H columns of dg_t the same way."""
+    H, kt = fit.depth, fit.k_tile
     lk_n = fit.lanes[2]
     w, lk = divmod(group, lk_n)
     cpw = fit.chunks_per_warp

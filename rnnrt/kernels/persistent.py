@@ -195,12 +195,18 @@ class Fit(Launch1D):
     def fmas_per_thread(self) -> int:
         """FMAs a thread a step, G*U*H*BG / threads (rows, columns and batches a block
         multiplies, rounded up over its threads)."""
-        return ceil_div(self.rows * self.hidden * self.batch_per_block, self.threads)
+        return ceil_div(self.rows * self.depth * self.batch_per_block, self.threads)
 
     @property
     def rows(self) -> int:
         """M = G * U: rows of R a block holds."""
         return self.gates * self.units_per_block
+
+    @property
+    def depth(self) -> int:
+        """K: the columns of the staged operand (h_t: H) a step's product sums over, in
+        tiles of k_tile (the backward fit's is G*H)."""
+        return self.hidden
 
     @property
     def k_split(self) -> int:
@@ -224,7 +230,7 @@ class Fit(Launch1D):
     @property
     def tiles(self) -> int:
         """Tiles of h_t a step (each staged and multiplied by every warp in two halves)."""
-        return ceil_div(self.hidden, self.k_tile)
+        return ceil_div(self.depth, self.k_tile)
 
     @property
     def kernel(self) -> str:
@@ -338,20 +344,24 @@ def widest_tile(cell: str, hidden: int, batch: int, units_per_block: int, thread
     narrowest k_tile (a multiple of 4) that still needs no more tiles: ceil(H / n) rounded
     up to 4 for n tiles, so the tiles come out even (H 1024 in 4 tiles: 4 x 256, not 3 x 292
     + 148). None when even k_tile 4 does not fit."""
-    H = int(hidden)
+    return fewest_tiles(int(hidden), lambda kt: geometry(
+        cell, hidden, batch, units_per_block, threads, k_tile=kt).smem_bytes, limit)
 
-    def smem(kt):   # the layout's bytes at this tile width (geometry's sum)
-        return geometry(cell, H, batch, units_per_block, threads, k_tile=kt).smem_bytes
 
-    if smem(4) > limit:
+def fewest_tiles(depth: int, smem_of, limit: int) -> int | None:
+    """The k_tile of the fewest tiles over ``depth`` columns whose shared memory
+    ``smem_of(k_tile)`` (bytes) is <= ``limit``, and of those the narrowest (ceil(depth / n)
+    rounded up to 4 for n tiles, so the tiles come out even); None when even k_tile 4 does
+    not fit. The forward fit tiles h_t (depth H), the backward fit dg_t (depth G*H)."""
+    if smem_of(4) > limit:
         return None
     n = 1
     while True:
-        kt = full_tile(ceil_div(H, n))
-        if smem(kt) <= limit:
+        kt = full_tile(ceil_div(depth, n))
+        if smem_of(kt) <= limit:
             return kt
         # the next tile count that makes k_tile narrower
-        n = max(n + 1, ceil_div(H, kt - 4) if kt > 4 else n + 1)
+        n = max(n + 1, ceil_div(depth, kt - 4) if kt > 4 else n + 1)
 
 
 def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,

@@ -18,8 +18,9 @@ T and units_per_block). Argument shapes are written in terms of the problem: 'R,
 [(T+1)*rows, cols]; a bare number is a fixed extent ('1,2').
 
 The persistent kernels (``persistent=True``) run T steps of a layer (all of them, or one
-input-batching chunk in a chunked plan) or of a whole stack in one launch whose grid, block
-and dynamic shared memory come from a fit (``persistent.Fit``, ``stack.StackFit``):
+input-batching chunk in a chunked plan), of a whole stack, or of one layer's backward in one
+launch whose grid, block and dynamic shared memory come from a fit (``persistent.Fit``,
+``stack.StackFit``, ``persistent_bwd.BwdFit``):
 ``launch_persistent(fit)``, not ``launch(rows, cols)``. Their barrier counters ``sync`` are
 the one pointer that is not float* (``uint_args``).
 
@@ -34,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import emulate
+from . import emulate, emulate_bwd
 from . import persistent as pk
 from . import stack
 from . import twins as knp
@@ -249,6 +250,34 @@ REGISTRY += (
                ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
                     ("br", "L,4C"))),
 )
+
+# the persistent backward kernels: one layer's recurrent chain, all T steps, last first
+# (persistent_bwd.cu; twins in emulate_bwd.py); the st input is c (LSTM) or h (the others)
+_BWD = dict(file="persistent_bwd.cu", scalars=("T", "units_per_block", "k_tile"),
+            uint_args=("sync",), persistent=True)
+_STATE = ("dh_n", "R,C")
+REGISTRY += (
+    KernelInfo("lstm_persistent_bwd", numpy_fn=emulate_bwd.lstm_persistent_bwd, **_BWD,
+               outs=(("dgx", "T*R,4C"), ("dh0", "R,C"), ("dc0", "R,C"), _SYNC),
+               ins=(("dhin", "T*R,C"), _STATE, ("dc_n", "R,C"), ("act", "T*R,4C"),
+                    ("c", "(T+1)*R,C"), ("w_hh", "4C,C"))),
+    KernelInfo("gru_persistent_bwd", numpy_fn=emulate_bwd.gru_persistent_bwd, **_BWD,
+               outs=(("dgx", "T*R,3C"), ("dgh", "T*R,3C"), ("dh0", "R,C"), _SYNC),
+               ins=(("dhin", "T*R,C"), _STATE, ("act", "T*R,4C"), ("h", "(T+1)*R,C"),
+                    ("w_hh", "3C,C"))),
+    KernelInfo("rnn_tanh_persistent_bwd", numpy_fn=emulate_bwd.rnn_tanh_persistent_bwd, **_BWD,
+               outs=(("dgx", "T*R,C"), ("dh0", "R,C"), _SYNC),
+               ins=(("dhin", "T*R,C"), _STATE, ("h", "(T+1)*R,C"), ("w_hh", "C,C"))),
+    KernelInfo("rnn_relu_persistent_bwd", numpy_fn=emulate_bwd.rnn_relu_persistent_bwd, **_BWD,
+               outs=(("dgx", "T*R,C"), ("dh0", "R,C"), _SYNC),
+               ins=(("dhin", "T*R,C"), _STATE, ("h", "(T+1)*R,C"), ("w_hh", "C,C"))),
+)
+
+# the backward cluster kernels: the grid kernels' arguments, their twins with cluster=True
+REGISTRY += tuple(
+    replace(k, name=k.name.replace("_persistent_bwd", "_persistent_cluster_bwd"),
+            numpy_fn=functools.partial(k.numpy_fn, cluster=True))
+    for k in REGISTRY if k.file == "persistent_bwd.cu")
 
 KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}
 

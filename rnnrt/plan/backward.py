@@ -20,6 +20,10 @@ GEMM per weight matrix over all T*B rows, dW = dG_x^T X, dR = dG_h^T H[0:T], and
 reduction (a GEMM with a ones vector; kind 'db', not counted in FLOPs). With accumulate=True
 they add into the 'grads' buffer (beta = 1), so a caller can sum over minibatches.
 
+A key with ``backward`` set gets the persistent backward instead (backward_persistent.py:
+per layer one kernel launch for the recurrent chain, then one GEMM each for dx and the
+weight and bias gradients), or this schedule with the reason where its kernel does not fit.
+
 Buffers added to the forward's (sizes in elements):
   dhin{l}  [T, B, H]   gradient arriving at h{l}[t+1] from above (top layer: dy)
   dhr{l}   [T+1, B, H] gradient into h{l}[t] from step t (dhr[T] = dh_n, dhr[0] = dh0)
@@ -51,7 +55,11 @@ def backward_plan(key: PlanKey, accumulate: bool = False) -> Plan:
                          "what the backward reads)")
     check_plan(key, backward=True)
     with building():
-        plan = BackwardBuilder(key, accumulate).build()
+        if key.backward is not None:   # the persistent backward kernel (or why not)
+            from .backward_persistent import persistent_backward
+            plan = persistent_backward(key, accumulate)
+        else:
+            plan = BackwardBuilder(key, accumulate).build()
         validate(plan)
     expect = backward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
                             key.batch, key.steps)
@@ -279,7 +287,8 @@ class BackwardBuilder(ForwardBuilder):
         return [k("ew_add", tmp[0], dhin, dhr_next), k(dnl, dgx, tmp[0], self.h(layer, t + 1))]
 
     # -- assembly ----------------------------------------------------------------------------
-    def build(self) -> Plan:
+    def tasks(self) -> list[Task]:
+        """Every task of the pass (backward_persistent.py's builder has its own)."""
         tasks = []
         for layer in range(self.L):
             for t0 in range(0, self.T, self.k):
@@ -287,7 +296,10 @@ class BackwardBuilder(ForwardBuilder):
             for t in range(self.T):
                 tasks.append(self.cellb_task(layer, t))
             tasks.append(self.wgrad_task(layer))
-        ops, nev = schedule(tasks)
+        return tasks
+
+    def build(self) -> Plan:
+        ops, nev = schedule(self.tasks())
         names, prio = self.streams()
         T, B, H, L = self.T, self.B, self.H, self.L
         state = (L, B, H)

@@ -23,6 +23,9 @@ from .switches import Switches
 
 PERSISTENT_FAMILIES = ("stack", "grid", "cluster")
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
+BACKWARD_FAMILIES = ("persistent", "grid", "cluster")
+"""The persistent backward kernels a training PlanKey may name (``PlanKey.backward``):
+'grid' or 'cluster', or 'persistent' for the one kernels/choice.py's cost model prefers."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,14 @@ class PlanKey:
     'stack', 'grid' or 'cluster' (the schedule selector names one per candidate), or None:
     kernels/choice.py picks one by its rules. Where the named family does not fit, the plan
     falls back to the schedule without the switch and says why, as for None.
+
+    backward: a training key's backward schedule: None, the switches' per-step schedule
+    (cuBLAS GEMMs and fused pointwise kernels a step); 'grid' or 'cluster', that persistent
+    backward kernel, or 'persistent', the one of them the cost model prefers (one launch a
+    layer for the recurrent chain, then one GEMM a layer for each of dx, dW, dR and the
+    biases; plan/backward_persistent.py), where its fit accepts the shape, else the
+    per-step schedule with the reason (Plan.fallback). A schedule of its own, not a
+    switch: the rungs' backward is unchanged; the selector offers it as a candidate.
     """
 
     cell: str
@@ -46,6 +57,7 @@ class PlanKey:
     train: bool = False
     device: DeviceLimits | None = None   # the persistent switch's fit reads it; else unused
     family: str | None = None
+    backward: str | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -65,6 +77,20 @@ class PlanKey:
             if not self.switches.persistent:
                 raise ValueError(f"PlanKey.family: {self.family!r} names a persistent kernel "
                                  f"family, but the persistent switch is off")
+        if self.backward is not None:
+            if self.backward not in BACKWARD_FAMILIES:
+                raise ValueError(f"PlanKey.backward: expected one of {BACKWARD_FAMILIES} or "
+                                 f"None, got {self.backward!r}")
+            if not self.train:
+                raise ValueError("PlanKey.backward: names a backward schedule, but train is "
+                                 "False (there is no backward)")
+            if not self.switches.fused:
+                raise ValueError("PlanKey.backward: the persistent backward kernel does the "
+                                 "fused kernels' pointwise math and falls back to the fused "
+                                 "schedule: it needs switches.fused")
+            if self.device is None:
+                raise ValueError("PlanKey.device: the persistent backward needs the device's "
+                                 "limits (rnnrt.kernels.limits.DeviceLimits)")
         if self.switches.persistent and self.device is None:
             raise ValueError("PlanKey.device: the persistent switch needs the device's limits "
                              "(rnnrt.kernels.limits.DeviceLimits.from_device(cupy), or a "
@@ -119,8 +145,9 @@ class Plan:
     num_events: int
     inputs: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
-    fallback: str | None = None   # persistent switch declined: why (None: not asked, or ran)
-    fit: str | None = None        # persistent switch: the fit it used or declined
+    fallback: str | None = None   # persistent switch declined: why (None: not asked, or ran);
+    #                               a backward plan: its persistent kernel declined (key.backward)
+    fit: str | None = None        # the persistent fit it used or declined
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:

@@ -15,40 +15,20 @@ from rnnrt.device import gpu_available
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
 
-from rnnrt import reference  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close  # noqa: E402
-from rnnrt.params import per_layer, to_flat  # noqa: E402
 from rnnrt.plan import forward_plan  # noqa: E402
 from rnnrt.plan.backward import backward_plan  # noqa: E402
 from rnnrt.plan.switches import ALL, all_combinations, ladder  # noqa: E402
 from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
-from testkit import random_layer_stack  # noqa: E402
+from testkit import gpu_backward_case  # noqa: E402
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 EXECUTORS = ("eager", "graph")
 T, B, I, H = 6, 4, 24, 40
 
 
-_CASES = {}
-
-
 def case(cell, layers, steps=T, batch=B, hidden=H, inp=I, bias=True, seed=0):
-    k = (cell, layers, steps, batch, hidden, inp, bias, seed)
-    if k not in _CASES:
-        layout, flat, x, h0, c0, rng = random_layer_stack(cell, layers, steps, batch, hidden,
-                                                           inp, bias, seed)
-        f32 = np.float32
-        dy = rng.standard_normal((steps, batch, hidden)).astype(f32)
-        dhn = rng.standard_normal((layers, batch, hidden)).astype(f32)
-        dcn = rng.standard_normal((layers, batch, hidden)).astype(f32) if cell == "lstm" else None
-        d64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
-        p64 = per_layer(flat.astype(np.float64), layout)
-        _, _, _, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0))
-        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn))
-        _CASES[k] = (layout, flat, (x, h0, c0), (dy, dhn, dcn),
-                     {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
-                      "grads": to_flat(g["params"], layout)})
-    return _CASES[k]
+    return gpu_backward_case(cell, layers, steps, batch, hidden, inp, bias, seed)
 
 
 def check(ws, layout, ref, what):

@@ -1,11 +1,13 @@
-// Runs cuda_src/persistent.cu's and persistent_stack.cu's kernels on the CPU: one std::thread per CUDA thread, every
-// block of the grid at once (co-resident, as the kernel requires), __syncthreads as a
-// std::barrier per block, __syncwarp as one per 32 threads, cp.async as an immediate copy
-// (its commit / wait as no-ops: a copy that has already landed satisfies every wait), the
-// grid barrier's atomics and acquire loads as std::atomic_ref.
+// Runs cuda_src/persistent.cu's, persistent_bwd.cu's and persistent_stack.cu's kernels on the
+// CPU: one std::thread per CUDA thread, every block of the grid at once (co-resident, as the
+// kernel requires), __syncthreads as a std::barrier per block, __syncwarp as one per 32
+// threads, cp.async as an immediate copy (its commit / wait as no-ops: a copy that has
+// already landed satisfies every wait), the grid barrier's atomics and acquire loads as
+// std::atomic_ref.
 // The kernel source is compiled as is (PK_HOST_SIM swaps in the primitives below), so
 // its indexing, shared-memory layout, h staging, k-split reduction and barrier protocol run
-// for real. Used by tests/kernels/test_kernels_persistent_sim.py and test_kernels_stack.py
+// for real. Used by tests/kernels/test_kernels_persistent_sim.py, test_kernels_stack.py and
+// test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below)
 // (g++ -std=c++20 -pthread); not part of rnnrt.
 // The cluster kernels (CLUSTER > 0: blocks x of one cluster are x / CLUSTER alike): their
 // barrier is a std::barrier over the cluster's threads, and a store into another block's
@@ -90,6 +92,9 @@ static void __stcg(float* p, float v) { *p = v; }
 [[maybe_unused]] static float sim_fdividef(float x, float y) { return std::isinf(y) ? 0.f : x / y; }
 #define __expf(x) std::exp(x)
 #define __fdividef(x, y) sim_fdividef(x, y)
+// the rounded add / subtract the backward kernels keep out of FMAs (no FMAs on the host)
+[[maybe_unused]] static float __fadd_rn(float a, float b) { return a + b; }
+[[maybe_unused]] static float __fsub_rn(float a, float b) { return a - b; }
 
 // the primitives persistent.cu leaves to PK_HOST_SIM
 // the spin's relaxed load is an acquire load here (stronger; ThreadSanitizer does not model
@@ -276,6 +281,86 @@ int main(int argc, char** argv) {
     write_f32(dir + "/act.out", act);
     write_f32(dir + "/wt.out", std::vector<float>(wt, wt + nwt));
     write_f32(dir + "/ht.out", std::vector<float>(ht, ht + nht));
+    return 0;
+}
+#elif defined(PK_SIM_BWD)
+// The per-layer backward kernels (persistent_bwd.cu), one layer:
+//   persistent_host_sim_bwd CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR LDG LDH LDA
+//                           LDW K_TILE DG_OFFSET CLUSTER
+// reads DIR/{dgx,dgh,dh0,dc0,dhin,dhn,dcn,act,st,w}.f32 (flat float32 with those lds: LDG for
+// dgx and dgh, LDH for the [*, H] arrays, LDA for act, LDW for w; the outputs poisoned, the
+// arrays a cell does not use empty), places dgx and dgh DG_OFFSET floats past a 16-byte
+// boundary (1: misaligned, the kernel must stage dg with 4-byte loads), launches the kernel
+// LAUNCHES times with one sync buffer (re-poisoning the outputs in between, checking the
+// counters are back to zero after each), writes DIR/{dgx,dgh,dh0,dc0}.out and prints the
+// staging loads ("ldcg128 N ldcg32 M"). CLUSTER > 0: the cluster kernels (blocks a cluster).
+int main(int argc, char** argv) {
+    if (argc != 18) {
+        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_BWD)\n");
+        return 2;
+    }
+    const std::string cell = argv[1], dir = argv[10];
+    const int B = std::atoi(argv[2]), H = std::atoi(argv[3]), T = std::atoi(argv[4]);
+    const int U = std::atoi(argv[5]), blocks = std::atoi(argv[6]), threads = std::atoi(argv[7]);
+    const unsigned smem = (unsigned)std::atol(argv[8]);
+    const int launches = std::atoi(argv[9]);
+    const int ldg = std::atoi(argv[11]), ldh = std::atoi(argv[12]), lda = std::atoi(argv[13]);
+    const int ldw = std::atoi(argv[14]), k_tile = std::atoi(argv[15]);
+    const int dg_offset = std::atoi(argv[16]);
+    sim_cluster = std::atoi(argv[17]);
+    const bool cl = sim_cluster > 0;
+    auto load = [&](const char* name) { return read_f32(dir + "/" + name + ".f32"); };
+    // dgx and dgh at dg_offset floats past a 16-byte boundary (float4 storage is aligned)
+    const std::vector<float> dgx_in = load("dgx"), dgh_in = load("dgh");
+    std::vector<float4> dgx_store((dg_offset + dgx_in.size()) / 4 + 1);
+    std::vector<float4> dgh_store((dg_offset + dgh_in.size()) / 4 + 1);
+    float* const dgx = reinterpret_cast<float*>(dgx_store.data()) + dg_offset;
+    float* const dgh = reinterpret_cast<float*>(dgh_store.data()) + dg_offset;
+    std::vector<float> dh0 = load("dh0"), dc0 = load("dc0"), dhin = load("dhin");
+    std::vector<float> dhn = load("dhn"), dcn = load("dcn"), act = load("act");
+    std::vector<float> st = load("st"), w = load("w");
+    alignas(8) unsigned int sync[2] = {0, 0};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int l = 0; l < launches; ++l) {   // every output element poisoned: this launch writes it
+        std::fill(dgx, dgx + dgx_in.size(), nan);
+        std::fill(dgh, dgh + dgh_in.size(), nan);
+        std::fill(dh0.begin(), dh0.end(), nan);
+        std::fill(dc0.begin(), dc0.end(), nan);
+        std::function<void()> k;
+        if (cell == "lstm")
+            k = [&] {
+                (cl ? lstm_persistent_cluster_bwd : lstm_persistent_bwd)(
+                    B, H, dgx, ldg, dh0.data(), ldh, dc0.data(), ldh, sync, 2, dhin.data(), ldh,
+                    dhn.data(), ldh, dcn.data(), ldh, act.data(), lda, st.data(), ldh, w.data(),
+                    ldw, T, U, k_tile);
+            };
+        else if (cell == "gru")
+            k = [&] {
+                (cl ? gru_persistent_cluster_bwd : gru_persistent_bwd)(
+                    B, H, dgx, ldg, dgh, ldg, dh0.data(), ldh, sync, 2, dhin.data(), ldh,
+                    dhn.data(), ldh, act.data(), lda, st.data(), ldh, w.data(), ldw, T, U,
+                    k_tile);
+            };
+        else
+            k = [&] {
+                auto* tanh_k = cl ? rnn_tanh_persistent_cluster_bwd : rnn_tanh_persistent_bwd;
+                auto* relu_k = cl ? rnn_relu_persistent_cluster_bwd : rnn_relu_persistent_bwd;
+                (cell == "rnn_tanh" ? tanh_k : relu_k)(
+                    B, H, dgx, ldg, dh0.data(), ldh, sync, 2, dhin.data(), ldh, dhn.data(), ldh,
+                    st.data(), ldh, w.data(), ldw, T, U, k_tile);
+            };
+        launch(blocks, threads, smem, k);
+        if (sync[0] != 0 || sync[1] != 0) {
+            std::fprintf(stderr, "launch %d left sync = {%u, %u}, not zero\n", l, sync[0],
+                         sync[1]);
+            return 3;
+        }
+    }
+    write_f32(dir + "/dgx.out", std::vector<float>(dgx, dgx + dgx_in.size()));
+    write_f32(dir + "/dgh.out", std::vector<float>(dgh, dgh + dgh_in.size()));
+    write_f32(dir + "/dh0.out", dh0);
+    write_f32(dir + "/dc0.out", dc0);
+    std::printf("ldcg128 %lld ldcg32 %lld\n", sim_ldcg128.load(), sim_ldcg32.load());
     return 0;
 }
 #else

@@ -9,9 +9,7 @@ traps.
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,32 +19,14 @@ from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.kernels import emulate as E
 from rnnrt.kernels import persistent as P
 from rnnrt.kernels import sources as S
-from testkit import CELLS, cancelling_case, ceil, chunk_cols, layer_case
-
-
-def _build_sim(exe, src, tsan=False):
-    """Compile tests/kernels/persistent_host_sim.cpp with the kernel source ``src`` (g++ -std=c++20),
-    with ThreadSanitizer when ``tsan``; skips where the toolchain cannot."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ is not on PATH")
-    cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-Wall", "-Werror",
-           "-Wno-unknown-pragmas", "-DPK_HOST_SIM", f'-DPK_SOURCE="{src}"', "-o", str(exe),
-           str(Path(__file__).with_name("persistent_host_sim.cpp"))]
-    if tsan:   # TSan does not model fences: the seq_cst atomicAdd carries the release
-        cmd[1:1] = ["-fsanitize=thread", "-g", "-Wno-tsan"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if r.returncode != 0 and ("No such file" in r.stderr or "cannot find" in r.stderr):
-        pytest.skip(f"toolchain lacks what the simulator needs: {r.stderr[-300:]}")
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
-    return exe
+from testkit import CELLS, build_host_sim, cancelling_case, ceil, chunk_cols, layer_case
 
 
 @pytest.fixture(scope="module")
 def host_sim(tmp_path_factory):
     """tests/kernels/persistent_host_sim.cpp compiled with cuda_src/persistent.cu."""
     exe = tmp_path_factory.mktemp("sim") / "persistent_host_sim"
-    return _build_sim(exe, S.cuda_src_dir() / "persistent.cu")
+    return build_host_sim(exe, S.cuda_src_dir() / "persistent.cu")
 
 
 def run_host_sim(exe, tmp_path, cell, fit, data, T, launches=2, pad=3, h_offset=0):
@@ -181,7 +161,7 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
     without the __syncwarp after a half is multiplied (the next tile's half would land on
     columns other lanes still read), it reports a data race."""
     src = S.cuda_src_dir() / "persistent.cu"
-    exe = _build_sim(tmp_path / "sim_tsan", src, tsan=True)
+    exe = build_host_sim(tmp_path / "sim_tsan", src, tsan=True)
     T, B, U = 4, 3, 5
     for cell, H, pad, k_tile, nt in (("lstm", 37, 3, None, 32), ("gru", 37, 3, 12, 32),
                                      ("rnn_tanh", 40, 4, None, 32), ("rnn_relu", 40, 4, 12, 32),
@@ -205,7 +185,7 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
         assert line in text, line
         broken = tmp_path / f"persistent_{name}.cu"
         broken.write_text(text.replace(line, "", 1))
-        exe = _build_sim(tmp_path / f"sim_tsan_{name}", broken, tsan=True)
+        exe = build_host_sim(tmp_path / f"sim_tsan_{name}", broken, tsan=True)
         fit = P.geometry("lstm", H, B, U, nt, k_tile=k_tile)
         data, _ = layer_case("lstm", T, B, H, dtype=np.float32)
         work = tmp_path / name
@@ -266,7 +246,7 @@ def test_cluster_protocol_has_no_data_race(tmp_path):
     (no report); without the barrier at the end of each step (its arrive and its wait), it
     reports a data race."""
     src = S.cuda_src_dir() / "persistent.cu"
-    exe = _build_sim(tmp_path / "sim_tsan", src, tsan=True)
+    exe = build_host_sim(tmp_path / "sim_tsan", src, tsan=True)
     T, B, H = 3, 5, 20
     fit = P.geometry("lstm", H, B, ceil(H, P.PK_CLUSTER), 32, k_tile=P.full_tile(H),
                      clusters=2)
@@ -281,7 +261,7 @@ def test_cluster_protocol_has_no_data_race(tmp_path):
         text = text.replace(line, "", 1)
     broken = tmp_path / "persistent_no_cluster_sync.cu"
     broken.write_text(text)
-    exe = _build_sim(tmp_path / "sim_tsan_broken", broken, tsan=True)
+    exe = build_host_sim(tmp_path / "sim_tsan_broken", broken, tsan=True)
     work = tmp_path / "broken"
     work.mkdir()
     with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):

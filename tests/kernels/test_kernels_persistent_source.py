@@ -18,9 +18,11 @@ import pytest
 
 from rnnrt.cells import get_cell
 from rnnrt.kernels import persistent as P
+from rnnrt.kernels import persistent_bwd as PB
 from rnnrt.kernels import sources as S
 from rnnrt.kernels.stack import PS_REGS, STACK_KERNEL
-from testkit import CELLS, CLUSTER_KERNELS, GRID_KERNELS, PERSISTENT, find_nvrtc, nvrtc_compile
+from testkit import (BWD_KERNELS, CELLS, CLUSTER_KERNELS, GRID_KERNELS, PERSISTENT, find_nvrtc,
+                     nvrtc_compile)
 
 SRC = S.source("persistent.cu")
 
@@ -113,53 +115,59 @@ def test_nvcc_resource_usage_no_spills_within_the_launch_bounds(tmp_path):
     1) allows a thread: 255 (256 threads x 255 registers fit one SM's 64 K)."""
     nvcc = _nvcc()
     usage = {}
-    for file in ("persistent.cu", "persistent_stack.cu"):
+    for file in ("persistent.cu", "persistent_stack.cu", "persistent_bwd.cu"):
         cmd = [nvcc, "-arch=sm_90", "--cubin", "-std=c++17", "--resource-usage",
                "-o", str(tmp_path / "k.cubin"), str(S.cuda_src_dir() / file)]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         usage.update(_resource_usage(r.stdout + r.stderr))
-    assert set(usage) == set(PERSISTENT) | {STACK_KERNEL}, usage
+    assert set(usage) == set(PERSISTENT) | {STACK_KERNEL} | set(BWD_KERNELS), usage
     assert "__launch_bounds__(PK_MAX_THREADS = 256, 1)" in SRC, "the header's Resources"
     assert P.PK_MAX_THREADS * 255 <= 65536 and set(P.NVCC_REGS) == set(CELLS)
     for name, (regs, stack, st, ld) in usage.items():
-        cell = name.split("_persistent")[0]
-        limit = PS_REGS if name == STACK_KERNEL else P.NVCC_REGS[cell]
+        limit = _regs_limit(name)
         assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
         assert regs <= limit <= 255, f"{name}: {regs} registers > the fit's {limit}"
 
 
-def test_nvrtc_ptx_resource_usage_no_spills(tmp_path):
+def _regs_limit(name):
+    """The registers the fit of kernel ``name`` assumes a thread."""
+    if name == STACK_KERNEL:
+        return PS_REGS
+    regs = PB.NVCC_REGS if name.endswith("_persistent_bwd") else P.NVCC_REGS
+    return regs[name.split("_persistent")[0]]
+
+
+@pytest.mark.parametrize("file, kernels", [
+    ("persistent.cu", PERSISTENT), ("persistent_stack.cu", [STACK_KERNEL]),
+    ("persistent_bwd.cu", BWD_KERNELS)])
+def test_nvrtc_ptx_resource_usage_no_spills(tmp_path, file, kernels):
     """CuPy compiles with NVRTC: its PTX, through ptxas, must not spill either."""
     lib, ptxas = find_nvrtc(), shutil.which("ptxas")
     if lib is None or ptxas is None:
         pytest.skip("needs libnvrtc and ptxas")
     import ctypes
-    usage = {}
-    for i, file in enumerate(("persistent.cu", "persistent_stack.cu")):  # each its own program
-        prog = ctypes.c_void_p()
-        assert lib.nvrtcCreateProgram(ctypes.byref(prog), S.source(file).encode(),
-                                      file.encode(), 0, None, None) == 0
-        try:
-            opts = (ctypes.c_char_p * 2)(b"-std=c++17", b"--gpu-architecture=compute_90")
-            assert lib.nvrtcCompileProgram(prog, 2, opts) == 0, file
-            size = ctypes.c_size_t()
-            assert lib.nvrtcGetPTXSize(prog, ctypes.byref(size)) == 0
-            ptx = ctypes.create_string_buffer(size.value)
-            assert lib.nvrtcGetPTX(prog, ptx) == 0
-        finally:
-            lib.nvrtcDestroyProgram(ctypes.byref(prog))
-        (tmp_path / f"p{i}.ptx").write_bytes(ptx.value)
-        r = subprocess.run([ptxas, "-arch=sm_90", "-v", str(tmp_path / f"p{i}.ptx"), "-o",
-                            str(tmp_path / f"p{i}.cubin")], capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 0, r.stderr
-        usage.update(_resource_usage(r.stdout + r.stderr))
-    assert set(usage) == set(PERSISTENT) | {STACK_KERNEL}, usage
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), S.source(file).encode(), file.encode(),
+                                  0, None, None) == 0
+    try:
+        opts = (ctypes.c_char_p * 2)(b"-std=c++17", b"--gpu-architecture=compute_90")
+        assert lib.nvrtcCompileProgram(prog, 2, opts) == 0
+        size = ctypes.c_size_t()
+        assert lib.nvrtcGetPTXSize(prog, ctypes.byref(size)) == 0
+        ptx = ctypes.create_string_buffer(size.value)
+        assert lib.nvrtcGetPTX(prog, ptx) == 0
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    (tmp_path / "p.ptx").write_bytes(ptx.value)
+    r = subprocess.run([ptxas, "-arch=sm_90", "-v", str(tmp_path / "p.ptx"), "-o",
+                        str(tmp_path / "p.cubin")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    usage = _resource_usage(r.stdout + r.stderr)
+    assert set(usage) == set(kernels), usage
     for name, (regs, stack, st, ld) in usage.items():
         assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
-        limit = PS_REGS if name == STACK_KERNEL else P.NVCC_REGS[name.split("_persistent")[0]]
-        assert regs <= limit, (name, regs)
+        assert regs <= _regs_limit(name), (name, regs)
 
 
 def _nvcc_ptx(tmp_path):

@@ -8,71 +8,21 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rnnrt import reference
-from rnnrt.check import assert_close
-from rnnrt.exec import numpy_exec
 from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
 from rnnrt.kernels.limits import H100_SXM
-from rnnrt.params import make_layout, per_layer, to_flat
 from rnnrt.plan import forward_plan
 from rnnrt.plan.backward import backward_plan
 from rnnrt.plan.ops import Gemm, Wait
 from rnnrt.plan.switches import ALL, PAPER_RUNGS, all_combinations, ladder
+from testkit import BWD_PLAN_SHAPE
+from testkit import bwd_plan_case as make_case
+from testkit import check_bwd_plan as check
 from testkit import cpu_plan_key as PlanKey   # CPU plans are built for the lent H100's limits
+from testkit import run_bwd_plan as run
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
-T, B, I, H = 5, 3, 4, 6
-
-
-def make_case(cell, layers, bias=True, seed=0):
-    rng = np.random.default_rng(seed)
-    layout = make_layout(cell, I, H, layers, bias)
-    flat = np.zeros(layout.size)
-    for e in layout.entries:
-        n = int(np.prod(e.shape))
-        flat[e.offset:e.offset + n] = rng.uniform(-0.6, 0.6, n)
-    x = rng.standard_normal((T, B, I))
-    h0 = 0.5 * rng.standard_normal((layers, B, H))
-    c0 = 0.5 * rng.standard_normal((layers, B, H)) if cell == "lstm" else None
-    dy = rng.standard_normal((T, B, H))
-    dhn = rng.standard_normal((layers, B, H))
-    dcn = rng.standard_normal((layers, B, H)) if cell == "lstm" else None
-    p = per_layer(flat, layout)
-    _, _, _, cache = reference.forward(cell, p, x, h0, c0)
-    g = reference.backward(cell, p, cache, dy, dhn, dcn)
-    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout)}
-    return layout, flat, (x, h0, c0), (dy, dhn, dcn), ref
-
-
-def run(key, flat, fwd_in, bwd_in, order="program", seed=None, accumulate=False, ws=None,
-        fwd=None, bwd=None):
-    fwd = fwd or forward_plan(key)
-    bwd = bwd or backward_plan(key, accumulate)
-    if ws is None:
-        ws = Workspace(bwd, np, np.float64, flat)
-        ws.poison(roles=("io", "scratch"))
-    x, h0, c0 = fwd_in
-    ws.load_inputs(x, h0, c0)
-    numpy_exec.run(fwd, ws, order=order, seed=seed)
-    dy, dhn, dcn = bwd_in
-    arrays = {"dy": dy, "dh_n": dhn}
-    if "dc_n" in bwd.inputs:
-        arrays["dc_n"] = dcn
-    ws.load(**arrays)
-    numpy_exec.run(bwd, ws, order=order, seed=seed)
-    return ws
-
-
-def check(ws, layout, ref, what, scale=1.0):
-    for name in ("dx", "dh0", "dc0"):
-        if ref[name] is not None:
-            assert_close(ws.read(name), ref[name], 1e-12, 1e-10, name=f"{what} {name}")
-    got = ws.read("grads")
-    for e in layout.entries:   # padding is not a gradient
-        n = int(np.prod(e.shape))
-        assert_close(got[e.offset:e.offset + n], scale * ref["grads"][e.offset:e.offset + n],
-                     1e-12, 1e-10, name=f"{what} {e.name}")
+T, B, I, H = BWD_PLAN_SHAPE
 
 
 @pytest.mark.parametrize("layers", [1, 3])

@@ -1,0 +1,557 @@
+/*
+ * persistent_bwd.cu: the per-layer persistent BACKWARD kernels (backpropagation through time,
+ * fp32). ONE launch runs the recurrent chain of ONE layer over ALL T steps, last step first:
+ * R^T stays in shared memory for the whole sequence, every block works on every step, and
+ * the blocks meet at the grid barrier of the forward grid kernels (persistent_layer.cuh)
+ * between steps. What is not recurrent is left to large GEMMs after the launch (the
+ * gradients of W, R and the biases, and the gradient into the layer's input, each one GEMM
+ * over all T steps): the kernel writes the gate gradients of every step for them. Design and
+ * barrier contract: docs/kernels.md ("The persistent backward kernels"); the host side (fit,
+ * NumPy emulation): rnnrt/kernels/persistent_bwd.py, emulate_bwd.py.
+ *
+ * Variants: one template persistent_bwd<G, CELL, CL>, two kernels a cell:
+ *   grid kernels `*_persistent_bwd` (CL = 0): one block per SM over the whole GPU, dg_t
+ *     staged from L2 every step, the flag barrier in global memory;
+ *   cluster kernels `*_persistent_cluster_bwd` (CL = PK_CLUSTER, sm_90+): clusters of 8
+ *     blocks, each cluster holding all of R^T and running its own slice of the batch; each
+ *     block pushes its cells' dg_t into every block's shared memory (distributed shared
+ *     memory) and the cluster meets at the hardware cluster barrier (small H: R / 8 must
+ *     fit one block; no grid-wide co-residency needed).
+ *   Compile-time: PK_SPIN_LIMIT (persistent_common.cuh).
+ *
+ * The chain, per step t = T-1 .. 0 for every (b, j) (dh_rec of step T-1 is dh_n):
+ *   pointwise: the fused backward kernel of the cell (lstm_bwd, gru_bwd, rnn_*_bwd, in their
+ *     order of arithmetic) on dh_above = dhin[t] and dh_rec -> dg_t (and dc_{t-1} for LSTM,
+ *     the direct part dh_t * z_t for GRU), written for every t;
+ *   product: dh_rec of step t-1 = sum_r dg_t[b, r] R[r, j] (+ the GRU's direct part, added
+ *     after the sum, as the beta = 1 GEMM of the per-step schedule adds it), r over all G*H
+ *     gate rows; dg_t is what multiplies R: dgx (LSTM, RNN) or dgh (GRU).
+ *   After step 0 the product once more: dh0 = dh_rec of step -1.
+ *
+ * Calling convention (rnnrt/kernels/registry.py builds the arguments; registry entries have
+ *   persistent=True):
+ *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int units_per_block,
+ *          int k_tile)
+ *   each view a (pointer, int ld) pair, row-major: element (r, c) at p[r*ld + c]. Gate q of
+ *   hidden unit j is column q*H + j (torch order). Time-major sequences are one view of T*B
+ *   (or (T+1)*B) rows: step t, batch b is row t*B + b. No output may overlap an input.
+ *
+ * Kernels (one variant each, fp32):
+ *   kernel lstm_persistent_bwd(rows = B, cols = H)   lstm_bwd's arithmetic a step
+ *     out dgx    [T*B, 4H]     gradient of the gate pre-activations i, f, g, o, every step
+ *     out dh0    [B, H]        gradient of h0
+ *     out dc0    [B, H]        gradient of c0
+ *     out sync   [1, 2]        barrier counters (unsigned int): zero on entry, zero on exit
+ *     in  dhin   [T*B, H]      gradient of h_{t+1} from above (dy_t, or the next layer's dx)
+ *     in  dh_n   [B, H]        gradient of h_T (the last step's dh_rec)
+ *     in  dc_n   [B, H]        gradient of c_T
+ *     in  act    [T*B, 4H]     the forward's i, f, g, o after activation
+ *     in  c      [(T+1)*B, H]  the forward's cell states, c[0] = c0
+ *     in  w_hh   [4H, H]       R = weight_hh, row-major
+ *     int T                    steps (>= 1)
+ *     int units_per_block      U: block x owns hidden units [x*U, min(H, x*U + U))
+ *     int k_tile               KT: columns of dg_t a tile, a positive multiple of 4
+ *   kernel gru_persistent_bwd(rows = B, cols = H)   gru_bwd's arithmetic a step
+ *     out dgx    [T*B, 3H]     gradient of W x_t + b_ih, blocks r, z, n
+ *     out dgh    [T*B, 3H]     gradient of R h_{t-1} + b_hh (what multiplies R)
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  act    [T*B, 4H]     r, z, n, hn
+ *     in  h      [(T+1)*B, H]  the forward's hidden states, h[0] = h0
+ *     in  w_hh   [3H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_tanh_persistent_bwd(rows = B, cols = H)   dg = dh * (1 - h_{t+1}^2)
+ *     out dgx    [T*B, H]
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  h      [(T+1)*B, H]
+ *     in  w_hh   [H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_relu_persistent_bwd(rows = B, cols = H)   dg = h_{t+1} > 0 ? dh : 0
+ *     out dgx    [T*B, H]
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  h      [(T+1)*B, H]
+ *     in  w_hh   [H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   The cluster kernels: the same arithmetic and arguments as the grid kernel of their cell
+ *   (sync is not touched; units_per_block U >= ceil(H / PK_CLUSTER); k_tile >= G*H: one tile).
+ *   kernel lstm_persistent_cluster_bwd(rows = B, cols = H)
+ *     out dgx    [T*B, 4H]
+ *     out dh0    [B, H]
+ *     out dc0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  dc_n   [B, H]
+ *     in  act    [T*B, 4H]
+ *     in  c      [(T+1)*B, H]
+ *     in  w_hh   [4H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel gru_persistent_cluster_bwd(rows = B, cols = H)
+ *     out dgx    [T*B, 3H]
+ *     out dgh    [T*B, 3H]
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  act    [T*B, 4H]
+ *     in  h      [(T+1)*B, H]
+ *     in  w_hh   [3H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_tanh_persistent_cluster_bwd(rows = B, cols = H)
+ *     out dgx    [T*B, H]
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  h      [(T+1)*B, H]
+ *     in  w_hh   [H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_relu_persistent_cluster_bwd(rows = B, cols = H)
+ *     out dgx    [T*B, H]
+ *     out dh0    [B, H]
+ *     out sync   [1, 2]
+ *     in  dhin   [T*B, H]
+ *     in  dh_n   [B, H]
+ *     in  h      [(T+1)*B, H]
+ *     in  w_hh   [H, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *
+ * Resources (sm_90, nvcc 13.0 --resource-usage): __launch_bounds__(PK_MAX_THREADS = 256, 1);
+ *   rnnrt.kernels.persistent_bwd.NVCC_REGS holds the registers the fit assumes (a test holds
+ *   nvcc and NVRTC to it, no spills). Dynamic shared memory by the layout (docs/kernels.md),
+ *   e.g. LSTM B 64 H 512 on 132 SMs: U 4, R^T slice 4 x 2052 floats, k_tile 512 (4 tiles a
+ *   step), partial sums 32 k-groups x 4 x 72: 32,832 + 132,096 + 36,864 = 201,792 bytes.
+ */
+#include "persistent_layer.cuh"
+
+// One block of the backward: it owns hidden units [j0, j0 + U) and holds the U rows of R^T
+// (columns j0.. of R, all G*H gate rows: M = U rows of length K = G*H) in shared memory. A
+// step multiplies that slice by dg_{t+1} [B, K] into the k-groups' partial sums; after one
+// __syncthreads each thread sums its cells' partials in k-group order (dh_rec), runs the
+// cell's pointwise backward on them and writes dg_t at its cells.
+// CL = 0, the grid kernel: dg_{t+1} is staged from L2 in tiles of KT columns (warp w staging
+// and multiplying its own chunks of every tile, two halves ping-ponged across the tiles, as
+// the forward grid kernel stages h_t), and the grid barrier after each step makes every
+// block's dg_t visible before any block stages it.
+// CL = PK_CLUSTER, the cluster kernel: cluster n owns batches [n*BG, n*BG + BG) and its 8
+// blocks all of R; each block pushes its cells' dg_t into buffer s & 1 of every block of the
+// cluster (distributed shared memory), the cluster barrier ends the step, and the next step
+// multiplies that buffer (all K columns: one tile, nothing staged).
+// The product phase is the forward kernels' (persistent_layer.cuh) written out again for one
+// "gate": moving the forward's into a shared helper changed its PTX (tried: nvcc 13.0
+// reorders and renumbers it), and the forward kernels' code stays as measured.
+template <int G, int CELL, int CL>
+__device__ __forceinline__ void persistent_bwd(
+        int Bfull, int H, float* dgx, long long lddgx, float* dgh, long long lddgh, float* dh0,
+        long long lddh0, float* dc0, long long lddc0, unsigned int* sync, const float* dhin,
+        long long lddhin, const float* dhn, long long lddhn, const float* dcn,
+        long long lddcn, const float* act, long long ldact, const float* st, long long ldst,
+        const float* w, long long ldw, int T, int U, int KT) {
+    float* const smem = dynamic_smem();
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    if (U < 1 || Bfull < 1 || H < 1 || T < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0)
+        __trap();
+    const int K = G * H;   // the product's depth: dg_t has G*H columns
+    // This block's units (rank) and batch slice [b_off, b_off + B) of Bfull; BG (the batch
+    // the layout is sized for) is the same in every block.
+    const int S = Bfull;   // rows of a step in every time-major array
+    int rank = blockIdx.x, ranks = gridDim.x, BG = Bfull, b_off = 0, B = Bfull;
+    if (CL) {
+        rank = (int)pk_cluster_rank();
+        ranks = CL;
+        BG = (Bfull + (int)pk_clusters() - 1) / (int)pk_clusters();
+        b_off = (int)pk_cluster_id() * BG;
+        B = min(BG, Bfull - b_off);
+        if (B < 1 || KT < K) __trap();   // an empty cluster; the cluster kernel's one tile
+    }
+    // the forward's geometry with one "gate" and hidden K: M = U rows of K columns
+    const PkGeom g = pk_geometry(1, U, BG, K, KT, nt);
+    const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH
+                                  + (long long)g.NKG * g.M * g.BP);
+    if ((long long)ranks * U < H || (long long)U * BG > (long long)PK_CPT * nt ||
+        (long long)dynamic_smem_bytes() < need)
+        __trap();
+    // row b of step t of every time-major array is now row t*S + b (the slice's b)
+    dgx += b_off * lddgx;
+    if (dgh) dgh += b_off * lddgh;
+    dh0 += b_off * lddh0;
+    if (dc0) dc0 += b_off * lddc0;
+    dhin += b_off * lddhin;
+    dhn += b_off * lddhn;
+    if (dcn) dcn += b_off * lddcn;
+    if (act) act += b_off * ldact;
+    st += b_off * ldst;
+    const int j0 = rank * U;
+    const int Ub = max(0, min(U, H - j0));   // units this block owns
+    float* const Rs = smem;                   // [U][SR]: row ju = column j0 + ju of R
+    float* const hs = Rs + g.M * g.SR;        // [B][SH]: a tile of dg ([2][BG][SH] clusters)
+    float* const red = hs + (CL ? 2 : 1) * BG * g.SH;   // [NKG][U][BP]
+    const int lr = lane % g.LR, lb = (lane / g.LR) % g.LB, lk = lane / (g.LR * g.LB);
+    const int kg = warp * g.LK + lk;
+    // what multiplies R (staged or pushed every step): dgh for the GRU, dgx for the others
+    float* const dgs = CELL == CELL_GRU ? dgh : dgx;
+    const long long lds = CELL == CELL_GRU ? lddgh : lddgx;
+    const bool vec = K % 4 == 0 && lds % 4 == 0 &&
+                     (reinterpret_cast<unsigned long long>(dgs) & 15ull) == 0;
+
+    // The pointwise cells of this thread, as the forward: e = tid + i*nt, jj = e % U,
+    // b = e / U (live: jj < Ub, b < B).
+    int cell_b[PK_CPT], cell_j[PK_CPT];
+    bool cell_live[PK_CPT];
+#pragma unroll
+    for (int i = 0; i < PK_CPT; ++i) {
+        const int e = tid + i * nt;
+        const int jj = e % U;
+        cell_b[i] = e / U;
+        cell_j[i] = j0 + jj;
+        cell_live[i] = cell_b[i] < B && jj < Ub;
+    }
+    // A step's inputs of the cells, loaded before the barrier that precedes the step (the
+    // latency hides under the barrier and the product): dh_above, the saved gates, and
+    // c_t, c_{t-1} (LSTM) / h_{t-1} (GRU) / h_t (RNN) as s1, s0.
+    float pdh[PK_CPT], pa[4][PK_CPT], ps1[PK_CPT], ps0[PK_CPT];
+    auto prefetch = [&](int t) {
+#pragma unroll
+        for (int i = 0; i < PK_CPT; ++i) {
+            const int b = cell_b[i], j = cell_j[i];
+            const bool live = cell_live[i];
+            const long long row = (long long)t * S + b;
+            pdh[i] = live ? __ldcs(dhin + row * lddhin + j) : 0.f;
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                pa[q][i] = (live && G > 1) ? __ldcs(act + row * ldact + q * (long long)H + j)
+                                           : 0.f;
+            // LSTM: c[t+1], c[t]; GRU: h[t]; RNN: h[t+1]
+            const long long r1 = CELL == CELL_GRU ? row : row + S;
+            ps1[i] = live ? __ldcs(st + r1 * ldst + j) : 0.f;
+            ps0[i] = (live && CELL == CELL_LSTM) ? __ldcs(st + row * ldst + j) : 0.f;
+        }
+    };
+    // Carried from step to step in registers: dh_rec (the product's sum, then the next
+    // step's input), dc (LSTM: dc_n, then dc_{t-1}), the GRU's direct part dh_t * z_t.
+    float dhrec[PK_CPT], dcarry[PK_CPT], direct[PK_CPT];
+#pragma unroll
+    for (int i = 0; i < PK_CPT; ++i) {
+        const int b = cell_b[i], j = cell_j[i];
+        const bool live = cell_live[i];
+        dhrec[i] = live ? __ldg(dhn + b * lddhn + j) : 0.f;
+        dcarry[i] = (live && CELL == CELL_LSTM) ? __ldg(dcn + b * lddcn + j) : 0.f;
+        direct[i] = 0.f;
+    }
+    prefetch(T - 1);   // in flight during the copy of R^T
+
+    // R^T slice, once: Rs[ju][r] = R[r, j0 + ju], zeros past K and past Ub. Consecutive
+    // threads take consecutive units of one row of R (the reads are U floats contiguous).
+    for (int e = tid; e < g.M * g.SR; e += nt) {
+        const int r = e / g.M, ju = e - r * g.M;
+        Rs[ju * g.SR + r] = (ju < Ub && r < K) ? w[(long long)r * ldw + j0 + ju] : 0.f;
+    }
+    if (CL) {
+        // zeros in both buffers' columns past K (the last float4 chunk reads them; the
+        // pushes write columns < K of rows < B only, and no row >= B is read)
+        for (int e = tid; e < 2 * BG * g.SH; e += nt)
+            if (e % g.SH >= K) hs[e] = 0.f;
+        pk_cluster_sync();   // every block of the cluster runs before any block pushes to it
+    } else {
+        __syncthreads();   // the R^T slice is read by every warp
+    }
+
+    // s = 0 .. T: the product of dg_{t+1} (s > 0), then the pointwise of step t = T-1-s
+    // (s < T); s = T ends with dh0.
+    for (int s = 0; s <= T; ++s) {
+        const int t = T - 1 - s;
+        if (s > 0) {
+            // dg_{t+1}: the cluster kernel's buffer (s - 1) & 1, pushed last step; the grid
+            // kernel stages it from L2 after the barrier
+            const float* const hcur = CL ? hs + ((s - 1) & 1) * BG * g.SH : hs;
+            if (!CL) grid_barrier(sync, (unsigned int)s * gridDim.x);   // dg_{t+1} complete
+            const float* const src = dgs + (long long)(t + 1) * S * lds;
+            // Warp w's chunks of the tile at column k0: [ca, cb), in halves [ca, cm), [cm, cb)
+            auto range = [&](int k0, int& ca, int& cm, int& cb) {
+                const int CH = min(KT / 4, (K - k0 + 3) / 4);   // float4 chunks of this tile
+                ca = min(CH, warp * g.CPW);
+                cb = min(CH, ca + g.CPW);
+                cm = ca + (cb - ca + 1) / 2;
+            };
+            int ca, cm, cb;
+            range(0, ca, cm, cb);
+            if (!CL) {
+                pk_stage(hs, g.SH, src, lds, B, K, 0, ca, cm, vec, lane);
+                pk_cp_commit();
+                pk_stage(hs, g.SH, src, lds, B, K, 0, cm, cb, vec, lane);
+                pk_cp_commit();
+            }
+            // as the forward kernels: one output tile keeps its sums in registers over all
+            // tiles, several add each half's sums into red (the cluster kernel's one tile:
+            // both halves into registers, stored once)
+            const bool one_tile = g.RT * g.BT == 1;
+            float acc1[PK_TM][PK_TB];
+#pragma unroll
+            for (int i = 0; i < PK_TM; ++i)
+#pragma unroll
+                for (int jb = 0; jb < PK_TB; ++jb) acc1[i][jb] = 0.f;
+            auto tile_sums = [&](int k0, int c0, int c1, int c2, int c3, bool first) {
+                for (int rt = 0; rt < g.RT; ++rt)
+                    for (int bt = 0; bt < g.BT; ++bt) {
+                        const int r0 = rt * PK_TM * g.LR + lr, b0 = bt * PK_TB * g.LB + lb;
+                        float acc[PK_TM][PK_TB];
+#pragma unroll
+                        for (int i = 0; i < PK_TM; ++i)
+#pragma unroll
+                            for (int jb = 0; jb < PK_TB; ++jb) acc[i][jb] = 0.f;
+                        pk_fma_span(acc, g, Rs, hcur, B, k0, c0, c1, r0, b0, lk);
+                        if (c2 < c3) pk_fma_span(acc, g, Rs, hcur, B, k0, c2, c3, r0, b0, lk);
+                        pk_flush(acc, g, red, B, r0, b0, kg, first);
+                    }
+            };
+            auto half = [&](int k0, int c0, int c1, bool first) {
+                if (!CL) {
+                    pk_cp_wait<1>();   // this half has landed (this lane's part of it) ...
+                    __syncwarp();      // ... and every lane's
+                }
+                if (one_tile) pk_fma_span(acc1, g, Rs, hcur, B, k0, c0, c1, lr, lb, lk);
+                else tile_sums(k0, c0, c1, c1, c1, first);
+                if (!CL) __syncwarp();   // the half is read: the next tile's may land there
+            };
+            if (CL && !one_tile) {
+                tile_sums(0, ca, cm, cm, cb, true);
+            } else {
+                for (int k0 = 0; k0 < K; k0 += KT) {
+                    const int kn = k0 + KT;
+                    int na = 0, nm = 0, nb = 0;
+                    if (kn < K) range(kn, na, nm, nb);
+                    half(k0, ca, cm, k0 == 0);
+                    if (!CL) {
+                        pk_stage(hs, g.SH, src, lds, B, K, kn, na, nm, vec, lane);
+                        pk_cp_commit();
+                    }
+                    half(k0, cm, cb, false);
+                    if (!CL) {
+                        pk_stage(hs, g.SH, src, lds, B, K, kn, nm, nb, vec, lane);
+                        pk_cp_commit();
+                    }
+                    ca = na;
+                    cm = nm;
+                    cb = nb;
+                }
+            }
+            if (one_tile) pk_flush(acc1, g, red, B, lr, lb, kg, true);
+            __syncthreads();   // every k-group's partial sums are in red
+#pragma unroll
+            for (int i = 0; i < PK_CPT; ++i) {
+                if (!cell_live[i]) continue;
+                const float* const p = red + (cell_j[i] - j0) * g.BP + cell_b[i];
+                const int kstride = g.M * g.BP;
+                float v = p[0];
+                for (int k = 1; k < g.NKG; ++k) v += p[k * kstride];
+                dhrec[i] = CELL == CELL_GRU ? v + direct[i] : v;   // the GEMM, then + dh*z
+            }
+        }
+        if (s == T) break;
+
+        // The pointwise backward of step t at this thread's cells, in the fused kernels'
+        // order of arithmetic (lstm.cu, gru.cu, rnn.cu): vr, what multiplies R (dgx; the
+        // GRU's dgh), and the GRU's dgx as vx. The grid kernel stores them at once; the
+        // cluster kernel pushes vr into every block's buffer s & 1, then stores both
+        // between its barrier's arrive and wait (nothing in the launch reads them).
+        float vr[G][PK_CPT] = {}, vx[3][PK_CPT] = {};
+#pragma unroll
+        for (int i = 0; i < PK_CPT; ++i) {
+            if (!cell_live[i]) continue;
+            const float dh = pdh[i] + dhrec[i];   // dh_above + dh_rec
+            if constexpr (CELL == CELL_LSTM) {
+                const float ig = pa[0][i], fg = pa[1][i], gg = pa[2][i], og = pa[3][i];
+                const float cn = ps1[i], cp = ps0[i];
+                const float tc = tanhf(cn);
+                const float dho = dh * og;
+                const float tt = dho * (1.0f - tc * tc);
+                const float dcc = __fadd_rn(dcarry[i], tt);   // never an FMA, as lstm_bwd
+                const float do_ = dh * tc;
+                const float di = dcc * gg, df = dcc * cp, dg = dcc * ig;
+                vr[0][i] = di * (ig * (1.0f - ig));
+                vr[1 % G][i] = df * (fg * (1.0f - fg));
+                vr[2 % G][i] = dg * (1.0f - gg * gg);
+                vr[3 % G][i] = do_ * (og * (1.0f - og));
+                dcarry[i] = dcc * fg;
+            } else if constexpr (CELL == CELL_GRU) {
+                const float r = pa[0][i], z = pa[1][i], n = pa[2][i], hn = pa[3][i];
+                const float hp = ps1[i];
+                const float dhz = dh * z;
+                const float dn = __fsub_rn(dh, dhz);   // never an FMA, as gru_bwd
+                const float dn_p = dn * (1.0f - n * n);
+                const float dd = hp - n;
+                const float dz = dh * dd;
+                const float dz_p = dz * (z * (1.0f - z));
+                const float dhn = dn_p * r;
+                const float dr = dn_p * hn;
+                const float dr_p = dr * (r * (1.0f - r));
+                vx[0][i] = dr_p;
+                vx[1][i] = dz_p;
+                vx[2][i] = dn_p;
+                vr[0][i] = dr_p;
+                vr[1 % G][i] = dz_p;
+                vr[2 % G][i] = dhn;
+                direct[i] = dhz;
+            } else if constexpr (CELL == CELL_RNN_TANH) {
+                const float hv = ps1[i];
+                vr[0][i] = dh * (1.0f - hv * hv);
+            } else {
+                const float hv = ps1[i];   // h > 0 ? dh : 0 (0 where h is NaN), as rnn_relu_bwd
+                vr[0][i] = hv > 0.f ? dh : 0.f;
+            }
+            if (CL) {   // dg_t[b, q*H + j] into every block's buffer s & 1
+                const pk_saddr a = pk_smem_addr(hs + (s & 1) * BG * g.SH + cell_b[i] * g.SH
+                                                + cell_j[i]);
+#pragma unroll
+                for (int q = 0; q < G; ++q)
+#pragma unroll
+                    for (int rr = 0; rr < CL; ++rr)
+                        pk_st_cluster(a + 4u * q * H, (unsigned int)rr, vr[q][i]);
+            }
+        }
+        // this step's dg to global memory (the GEMMs after the launch read them; the grid
+        // kernel's next step stages the R side from L2)
+        auto store = [&]() {
+#pragma unroll
+            for (int i = 0; i < PK_CPT; ++i) {
+                if (!cell_live[i]) continue;
+                const long long row = (long long)t * S + cell_b[i];
+                float* const y = dgs + row * lds + cell_j[i];
+#pragma unroll
+                for (int q = 0; q < G; ++q) __stcg(y + q * (long long)H, vr[q][i]);
+                if constexpr (CELL == CELL_GRU) {
+                    float* const x = dgx + row * lddgx + cell_j[i];
+#pragma unroll
+                    for (int q = 0; q < 3; ++q) x[q * (long long)H] = vx[q][i];
+                }
+            }
+        };
+        if (CL) {
+            // After every step: dg_t is in every buffer before any block reads it (next
+            // step), every block has read buffer (s - 1) & 1 and red before they are
+            // rewritten, and no block exits while another may still push into it (the
+            // last pushes are step 0's, before this barrier). The global stores and the
+            // next step's loads go between the arrive and the wait (as the forward).
+            pk_cluster_arrive();
+            store();
+            if (t > 0) prefetch(t - 1);
+            pk_cluster_wait();
+        } else {
+            store();
+            if (t > 0) prefetch(t - 1);   // step t-1's inputs: in flight across the barrier
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PK_CPT; ++i) {
+        if (!cell_live[i]) continue;
+        const int b = cell_b[i], j = cell_j[i];
+        dh0[b * lddh0 + j] = dhrec[i];
+        if constexpr (CELL == CELL_LSTM) dc0[b * lddc0 + j] = dcarry[i];
+    }
+    if (!CL) grid_exit(sync);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, float* dc0, int lddc0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* dc_n, int lddc_n, const float* act, int ldact, const float* c,
+        int ldc, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<4, CELL_LSTM, 0>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, dc0, lddc0,
+                                 sync, dhin, lddhin, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c,
+                                 ldc, w_hh, ldw_hh, T, units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dgh, int lddgh, float* dh0, int lddh0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* act, int ldact, const float* h, int ldh, const float* w_hh,
+        int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<3, CELL_GRU, 0>(rows, cols, dgx, lddgx, dgh, lddgh, dh0, lddh0, nullptr, 0,
+                                sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, act, ldact, h, ldh,
+                                w_hh, ldw_hh, T, units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_tanh_persistent_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_TANH, 0>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, nullptr, 0,
+                                     sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, nullptr, 0, h,
+                                     ldh, w_hh, ldw_hh, T, units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_relu_persistent_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_RELU, 0>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, nullptr, 0,
+                                     sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, nullptr, 0, h,
+                                     ldh, w_hh, ldw_hh, T, units_per_block, k_tile);
+}
+
+// The cluster kernels: clusters of PK_CLUSTER blocks, fixed at compile time (sm_90 and later).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) lstm_persistent_cluster_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, float* dc0, int lddc0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* dc_n, int lddc_n, const float* act, int ldact, const float* c,
+        int ldc, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<4, CELL_LSTM, PK_CLUSTER>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, dc0,
+                                             lddc0, sync, dhin, lddhin, dh_n, lddh_n, dc_n,
+                                             lddc_n, act, ldact, c, ldc, w_hh, ldw_hh, T,
+                                             units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) gru_persistent_cluster_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dgh, int lddgh, float* dh0, int lddh0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* act, int ldact, const float* h, int ldh, const float* w_hh,
+        int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<3, CELL_GRU, PK_CLUSTER>(rows, cols, dgx, lddgx, dgh, lddgh, dh0, lddh0,
+                                            nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                            nullptr, 0, act, ldact, h, ldh, w_hh, ldw_hh, T,
+                                            units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_tanh_persistent_cluster_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_TANH, PK_CLUSTER>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0,
+                                                 nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                                 nullptr, 0, nullptr, 0, h, ldh, w_hh, ldw_hh,
+                                                 T, units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_relu_persistent_cluster_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_RELU, PK_CLUSTER>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0,
+                                                 nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                                 nullptr, 0, nullptr, 0, h, ldh, w_hh, ldw_hh,
+                                                 T, units_per_block, k_tile);
+}
+#endif

@@ -1,0 +1,284 @@
+"""The persistent backward kernel against the per-step backward and cuDNN: forward + backward
+(a training step's RNN work) of the automatic choice with and without the new candidates, and
+cuDNN, in one process, fp32 with TF32 OFF (rnnrt's cuBLAS in plain fp32 math mode; torch's
+cudnn.allow_tf32 and matmul.allow_tf32 False).
+
+Usage (GPU, from the repo root):
+    python experiments/scripts/persistent_bwd_bench.py [--quick] [--repeats N] [--out DIR]
+
+For each shape (LSTM L4 H512 B64 T100; LSTM and GRU L1 H128 B8/B64/B256; LSTM L4 H128 B8;
+LSTM L2 H640 B100): the schedule selector (kernels/choice.py, memory only) times its
+candidates for the training shape twice over: all of them ("auto": the persistent backward
+'+pbwd' candidates included), and without the persistent backward ("auto w/o pbwd": what auto
+ran before it existed); beside them that forward with each persistent backward kernel that
+fits ("pbwd_grid", "pbwd_cluster": what calibrates the cost model choosing between them, with
+its modelled us a step in the record); each is then checked against the float64 NumPy
+reference (dx, dh0, dc0 and every weight and bias gradient; fp32 tolerance, the weight
+gradients' growing with their T*B terms) and timed (CUDA graph executor, CUDA events, median
+of --repeats) in turn with cuDNN (torch.nn with autograd: forward + dx and every parameter
+gradient). A shape the kernel does not fit says why (the fit's reason). --quick: 3 repeats,
+T 50 for the two largest shapes (about a minute in all once the kernels are compiled).
+Prints a table last; writes the record (kind 'persistent-bwd-bench') to --out (default
+experiments/results/kernels).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import rnnrt  # noqa: E402
+from rnnrt import reference  # noqa: E402
+from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
+from rnnrt.cells import backward_flops, forward_flops  # noqa: E402
+from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
+from rnnrt.kernels import choice as C  # noqa: E402
+from rnnrt.kernels.persistent_bwd import persistent_bwd_fit  # noqa: E402
+from rnnrt.params import per_layer, to_flat  # noqa: E402
+from rnnrt.plan import PlanKey, forward_plan  # noqa: E402
+from rnnrt.plan.backward import backward_plan  # noqa: E402
+from rnnrt.session import GpuSession, time_events  # noqa: E402
+
+SHAPES = [("lstm", 4, 512, 64, 100), ("lstm", 1, 128, 8, 100), ("lstm", 1, 128, 64, 100),
+          ("lstm", 1, 128, 256, 100), ("gru", 1, 128, 8, 100), ("gru", 1, 128, 64, 100),
+          ("gru", 1, 128, 256, 100), ("lstm", 4, 128, 8, 100), ("lstm", 2, 640, 100, 100)]
+MODELS = {"lstm": rnnrt.LSTM, "gru": rnnrt.GRU}
+
+
+class Case:
+    """One shape's model (fp32, random), inputs, the float64 reference gradients, and the
+    plans of any schedule built on the GPU (kept until ``close``)."""
+
+    def __init__(self, session, cell, layers, hidden, batch, steps, seed=0):
+        self.session, self.cp = session, session.cp
+        self.cell, self.L, self.H, self.B, self.T = cell, layers, hidden, batch, steps
+        self.model = MODELS[cell](hidden, hidden, num_layers=layers, seed=seed)
+        rng = np.random.default_rng(seed)
+        self.x = rng.standard_normal((steps, batch, hidden)).astype(np.float32)
+        self.dy = rng.standard_normal((steps, batch, hidden)).astype(np.float32)
+        self.params = self.cp.asarray(self.model.flat, dtype=self.cp.float32)
+        self.built = {}
+        p64 = per_layer(self.model.flat.astype(np.float64), self.model.layout)
+        _, _, _, cache = reference.forward(cell, p64, self.x.astype(np.float64))
+        g = reference.backward(cell, p64, cache, self.dy.astype(np.float64))
+        self.ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
+                    "grads": to_flat(g["params"], self.model.layout)}
+
+    def shape(self):
+        return C.Shape(self.cell, self.L, self.H, self.H, self.B, self.T, train=True)
+
+    def state(self, sched):
+        """(run, stream, workspace, backward plan) of ``sched``, built once."""
+        if sched.name not in self.built:
+            key = PlanKey(self.cell, self.T, self.B, self.H, self.H, self.L, True,
+                          sched.switches, train=True, device=self.session.limits,
+                          family=sched.family, backward=sched.backward)
+            fplan, bplan = forward_plan(key), backward_plan(key)
+            ws = self.session.workspace(bplan, self.params)
+            ws.load_inputs(self.x)
+            arrays = {"dy": self.dy, "dh_n": None}
+            if "dc_n" in bplan.inputs:
+                arrays["dc_n"] = None
+            ws.load(**arrays)
+            self.cp.cuda.Device().synchronize()
+            fex = self.session.executor("graph", fplan, ws)
+            bex = self.session.executor("graph", bplan, ws)
+
+            def run():
+                fex.run()
+                bex.run()
+
+            self.built[sched.name] = (run, fex.stream, ws, bplan)
+        return self.built[sched.name]
+
+    def timer(self, sched, shape, repeats):
+        """The selector's timer: ``repeats`` timed runs of fwd+bwd (one warm-up the first
+        time a schedule is built)."""
+        fresh = sched.name not in self.built
+        run, stream, _, _ = self.state(sched)
+        return time_events(self.cp, run, stream, repeats, 1 if fresh else 0)
+
+    def check(self, sched) -> dict:
+        """The schedule's gradients against the float64 reference (after a run)."""
+        run, stream, ws, _ = self.state(sched)
+        run()
+        stream.synchronize()
+        worst = None
+        for name in ("dx", "dh0", "dc0", "grads"):
+            if self.ref[name] is None:
+                continue
+            atol = reduction_atol(self.T * self.B) if name == "grads" else FP32_ATOL
+            c = compare(ws.read(name), self.ref[name], atol, FP32_RTOL, name=name)
+            if worst is None or c.max_excess > worst.max_excess:
+                worst = c
+            if not c.ok:
+                return {"ok": False, "detail": str(c)}
+        return {"ok": True, "worst": str(worst)}
+
+    def close(self):
+        self.built.clear()
+        self.cp.get_default_memory_pool().free_all_blocks()
+
+
+def cudnn_runner(case, torch):
+    """(run, check) of torch.nn's module with the same weights, autograd fwd+bwd."""
+    from types import SimpleNamespace
+
+    from rnnrt.bench.cudnn import CudnnBench
+    cfg = SimpleNamespace(cell=case.cell, layers=case.L, inp=case.H, hidden=case.H,
+                          backward=True, repeats=1, warmup=0)
+    h0 = np.zeros((case.L, case.B, case.H), np.float32)
+    bench = CudnnBench(cfg, case.model, case.x, h0, h0 if case.cell == "lstm" else None,
+                       case.dy)
+    out = bench.outputs()
+    ok = all(compare(out[n], case.ref[n], reduction_atol(case.T * case.B) if n == "grads"
+                     else FP32_ATOL, FP32_RTOL, name=n).ok for n in ("dx", "grads"))
+    return bench, ok
+
+
+def in_turn(fns: dict, repeats: int, cp, torch) -> dict:
+    """{name: [ms...]}: each of ``fns`` ((fn, stream) for rnnrt, fn for torch) run once a
+    round, ``repeats`` rounds, each run timed with CUDA events."""
+    out = {n: [] for n in fns}
+    for _ in range(repeats):
+        for name, f in fns.items():
+            if isinstance(f, tuple):
+                out[name] += time_events(cp, f[0], f[1], 1, 0)
+            else:
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                f()
+                stop.record()
+                stop.synchronize()
+                out[name].append(start.elapsed_time(stop))
+    return out
+
+
+def bench_shape(session, spec, repeats, torch, log):
+    cell, L, H, B, T = spec
+    case = Case(session, cell, L, H, B, T)
+    shape = case.shape()
+    fit = C.backward_fit(shape, session.limits)
+    row = {"cell": cell, "layers": L, "hidden": H, "batch": B, "steps": T,
+           "flops": forward_flops(cell, H, H, L, B, T) + backward_flops(cell, H, H, L, B, T),
+           "pbwd_fit": fit.describe() if fit.ok else None,
+           "pbwd_declined": None if fit.ok else fit.reason,
+           "pbwd_prefers": C.prefers_persistent_backward(shape, session.limits)}
+    sel = C.Selector(case.timer, session.limits, cache=None, autotune=True).select(shape)
+
+    def without(s, d):
+        return tuple(c for c in C.candidates(s, d) if c.backward is None)
+
+    sel_wo = C.Selector(case.timer, session.limits, cache=None, autotune=True,
+                        candidates_fn=without).select(shape)
+    row["auto"], row["auto_wo_pbwd"] = sel.as_dict(), sel_wo.as_dict()
+    # each persistent backward kernel that fits, with the forward auto chose without it: what
+    # calibrates the cost model that picks between them
+    variants = [("auto", sel.schedule), ("auto_wo_pbwd", sel_wo.schedule)]
+    for kind in ("grid", "cluster"):
+        vfit = persistent_bwd_fit(cell, H, B, session.limits.props(), kind=kind)
+        row[f"pbwd_{kind}_fit"] = vfit.describe() if vfit.ok else vfit.reason
+        row[f"pbwd_{kind}_model_us"] = vfit.step_us() if vfit.ok else None
+        if vfit.ok:
+            variants.append((f"pbwd_{kind}", replace(
+                sel_wo.schedule, name=f"{sel_wo.schedule.name}+pbwd-{kind}", backward=kind)))
+    fns = {}
+    for label, s in variants:
+        row[f"{label}_check"] = case.check(s)
+        if not row[f"{label}_check"]["ok"]:
+            log(f"  {label} {s.name}: REFUSED, gradients disagree: "
+                f"{row[f'{label}_check']['detail']}")
+            continue
+        run, stream, _, bplan = case.state(s)
+        row[f"{label}_backward_fit"], row[f"{label}_backward_fallback"] = (bplan.fit,
+                                                                           bplan.fallback)
+        fns[label] = (run, stream)
+    bench = None
+    if torch is not None:
+        bench, ok = cudnn_runner(case, torch)
+        row["cudnn_check_ok"] = ok
+        fns["cudnn"] = bench.run
+    for f in fns.values():   # warm every runner once more before the rounds
+        (f[0] if isinstance(f, tuple) else f)()
+    session.cp.cuda.Device().synchronize()
+    times = in_turn(fns, repeats, session.cp, torch)
+    for name, samples in times.items():
+        row[f"{name}_ms"] = statistics.median(samples)
+        row[f"{name}_ms_min"] = min(samples)
+    if bench is not None:
+        bench.close()
+    case.close()
+    return row
+
+
+def table(rows) -> str:
+    """The short table: per shape auto and auto without the persistent backward (each with
+    its schedule), cuDNN, the speed-ups over cuDNN, which checks passed."""
+    lines = ["", "| shape | auto (schedule) ms | auto w/o pbwd (schedule) ms | cuDNN ms | "
+             "auto / cuDNN | w/o / cuDNN | pbwd variants ms | checks |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cud = r.get("cudnn_ms")
+        cells = []
+        for label in ("auto", "auto_wo_pbwd"):
+            ms = r.get(f"{label}_ms")
+            cells.append(f"{ms:.3f} ({r[label]['schedule']})" if ms else "refused")
+        ratios = [f"{cud / r[f'{k}_ms']:.2f}x" if r.get(f"{k}_ms") and cud else "-"
+                  for k in ("auto", "auto_wo_pbwd")]
+        checks = ",".join(k for k in ("auto", "auto_wo_pbwd", "pbwd_grid", "pbwd_cluster")
+                          if r.get(f"{k}_check", {}).get("ok")) or "none"
+        variants = " ".join(f"{k[5:]} {r[f'{k}_ms']:.3f}" for k in ("pbwd_grid", "pbwd_cluster")
+                            if r.get(f"{k}_ms"))
+        lines.append(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} "
+                     f"T{r['steps']} | {cells[0]} | {cells[1]} | "
+                     f"{f'{cud:.3f}' if cud else '-'} | {ratios[0]} | {ratios[1]} | "
+                     f"{variants or '-'} | "
+                     f"{checks} ok{'' if r.get('cudnn_check_ok', True) else ', cuDNN off'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="3 repeats, T 50 for the two largest shapes")
+    ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 10)")
+    ap.add_argument("--out", default=None, help="folder (default experiments/results/kernels)")
+    ap.add_argument("--no-cudnn", action="store_true")
+    a = ap.parse_args(argv)
+    repeats = a.repeats or (3 if a.quick else 10)
+    session = GpuSession()
+    torch = None
+    if not a.no_cudnn:
+        import torch
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    shapes = [(c, L, H, B, 50 if a.quick and H * B * L >= 100_000 else T)
+              for c, L, H, B, T in SHAPES]
+    print("fp32, TF32 off (rnnrt: cuBLAS default math; cuDNN: allow_tf32 False); graph "
+          f"executor; median of {repeats} rounds, rnnrt and cuDNN in turn", flush=True)
+    rows = []
+    for spec in shapes:
+        print(f"{spec[0]} L{spec[1]} H{spec[2]} B{spec[3]} T{spec[4]} ...", flush=True)
+        rows.append(bench_shape(session, spec, repeats, torch,
+                                lambda m: print(m, flush=True)))
+    rec = {"kind": "persistent-bwd-bench", "created": now_iso(), "command": " ".join(sys.argv),
+           "device": session.info, "versions": versions(session.cp), "tf32": False,
+           "repeats": repeats, "quick": a.quick, "rows": rows}
+    path = record_path("kernels", "persistent-bwd-bench", session.info["device"], rec["created"])
+    if a.out is not None:
+        path = Path(a.out) / path.name
+    print(f"record: {write_json(rec, path)}")
+    print(table(rows))
+    session.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""A NumPy emulation of the persistent backward kernels' decomposition (persistent_bwd.py's
+fit), and the registry's NumPy twins of those kernels.
+
+``emulate_bwd`` runs a layer's backward block by block and step by step as the kernel cuts
+it (the grid kernel, or the cluster kernel: each block then reads only its cluster's batches
+of dg_{t+1}): at each step every block reads only dg_{t+1} and its own U columns of R, sums its
+k-groups' partial products in the kernel's order (k-group 0, 1, ...: ``emulate.k_columns``
+over the K = G*H columns), and each (b, j) of dh_rec is written by the one thread that owns
+it (checked: exactly once, at the barrier); the pointwise backward is the fused kernels' own
+(their NumPy twins), elementwise. Every element has one writer and every sum a fixed order,
+so the result does not depend on the order the blocks run in (``block_order``): the
+determinism the GPU kernel has by construction (no atomics in any sum).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..cells import get_cell
+from . import twins as knp
+from .budget import ceil_div
+from .emulate import k_columns, owned
+from .persistent import CLUSTER_BATCH
+from .persistent_bwd import BwdFit, bwd_geometry, bwd_kernel_name
+
+
+def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=None,
+                block_order=None) -> dict:
+    """Run the backward kernel's decomposition with NumPy. -> {"dgx", "dgh", "dh0", "dc0"}
+
+    dhin [T, B, H]: the gradient of each step's output from above; dh_n [B, H]; R =
+    weight_hh [G*H, H]; act [T, B, 4H] (LSTM, GRU: the forward's saved gates); st: the
+    forward's c [T+1, B, H] (LSTM) or h [T+1, B, H] (GRU, RNN); dc_n [B, H] (LSTM only).
+    Works in dhin's dtype. Returns dgx [T, B, G*H] (every step's gate gradients), dgh (GRU:
+    the R side's; else None), dh0 [B, H], dc0 [B, H] (LSTM, else None). block_order: the
+    order of the blocks' products (default 0, 1, ...).
+    """
+    spec = get_cell(cell)
+    G = spec.gates
+    dhin = np.asarray(dhin)
+    if dhin.ndim != 3:
+        raise ValueError(f"emulate_bwd: dhin must be [T, B, H], got shape {dhin.shape}")
+    T, B, H = dhin.shape
+    dtype = dhin.dtype
+    if fit.cell != spec.name or fit.hidden != H or fit.batch != B:
+        raise ValueError(f"emulate_bwd: fit is for {fit.cell} H {fit.hidden} B {fit.batch}, "
+                         f"dhin {dhin.shape} is {spec.name} H {H} B {B}")
+    R = np.asarray(R, dtype)
+    if R.shape != (G * H, H):
+        raise ValueError(f"emulate_bwd: R has shape {R.shape}, expected {(G * H, H)}")
+    st = np.asarray(st, dtype)
+    if st.shape != (T + 1, B, H):
+        raise ValueError(f"emulate_bwd: st has shape {st.shape}, expected {(T + 1, B, H)}")
+    if spec.saved_gates:
+        act = np.asarray(act, dtype)
+        if act.shape != (T, B, 4 * H):
+            raise ValueError(f"emulate_bwd: act has shape {act.shape}, expected "
+                             f"{(T, B, 4 * H)}")
+    if spec.has_cell_state == (dc_n is None):
+        raise ValueError(f"emulate_bwd: dc_n is for lstm only (cell {spec.name})")
+    gru = spec.name == "gru"
+    dgx = np.full((T, B, G * H), np.nan, dtype)
+    dgh = np.full((T, B, G * H), np.nan, dtype) if gru else None
+    dgs = dgh if gru else dgx   # what multiplies R
+    dhrec = np.array(dh_n, dtype)
+    dc = np.array(dc_n, dtype) if spec.has_cell_state else None
+    direct = np.zeros((B, H), dtype)
+
+    groups = [k_columns(fit, g) for g in range(fit.k_split)]
+    blocks = []
+    for x in range(fit.blocks):
+        units = fit.units(x)
+        _, b_own, jj_own = owned(fit, x)
+        blocks.append((R[:, units.start:units.stop].T, fit.batches(x), b_own,
+                       units.start + jj_own, jj_own))
+    order = range(fit.blocks) if block_order is None else block_order
+    if sorted(order) != list(range(fit.blocks)):
+        raise ValueError(f"emulate_bwd: block_order must order the {fit.blocks} blocks")
+
+    for s in range(T + 1):
+        t = T - 1 - s
+        if s > 0:
+            dg = dgs[t + 1]                     # [B, K]: complete at the barrier
+            new = np.full((B, H), np.nan, dtype)
+            written = np.zeros((B, H), np.int64)
+            for x in order:
+                rs, rows, b, j, jj = blocks[x]  # rs [Ub, K]: the block's rows of R^T
+                mine = dg[rows.start:rows.stop]   # its (cluster's) batches of dg_{t+1}
+                acc = None
+                for cols in groups:             # k-group 0, 1, ... in the kernel's order
+                    part = rs[:, cols] @ mine[:, cols].T    # [Ub, batches]
+                    acc = part if acc is None else acc + part
+                v = acc[jj, b - rows.start]
+                new[b, j] = v + direct[b, j] if gru else v   # the GEMM, then + dh*z
+                np.add.at(written, (b, j), 1)
+            if not (written == 1).all():
+                bad = np.argwhere(written != 1)[0]
+                raise AssertionError(f"emulate_bwd: step {t}: dh_rec[{bad[0]}, {bad[1]}] "
+                                     f"written {written[tuple(bad)]} times, not once")
+            dhrec = new
+        if s == T:
+            break
+        a = act[t] if spec.saved_gates else None
+        if spec.name == "lstm":
+            dc_prev = np.empty_like(dc)
+            knp.lstm_bwd(B, H, (dgx[t], dc_prev), (dhin[t], dhrec, dc, a, st[t + 1], st[t]))
+            dc = dc_prev
+        elif gru:
+            knp.gru_bwd(B, H, (dgx[t], dgh[t], direct), (dhin[t], dhrec, a, st[t]))
+        else:
+            getattr(knp, f"{spec.name}_bwd")(B, H, (dgx[t],), (dhin[t], dhrec, st[t + 1]))
+    return {"dgx": dgx, "dgh": dgh, "dh0": dhrec, "dc0": dc}
+
+
+# --- NumPy twins of the registry's kernels ------------------------------------------------
+# fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile), the views as the registry
+# hands them (persistent_bwd.cu's header): outs dgx [T*B, G*H], dgh (GRU), dh0 [B, H], dc0
+# (LSTM), sync [1, 2]; ins dhin [T*B, H], dh_n [B, H], dc_n (LSTM), act [T*B, 4H] (LSTM,
+# GRU), c or h [(T+1)*B, H], w_hh [G*H, H]; cluster=True for the cluster kernels. The block
+# size is the default for (B, U, k_tile): it only changes the order of the partial sums.
+
+def _twin_of(cell: str):
+    spec = get_cell(cell)
+
+    def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False):
+        name = bwd_kernel_name(cell, cluster)
+        outs, ins = list(outs), list(ins)
+        B, H, G = rows, cols, spec.gates
+        dgx = outs.pop(0)
+        dgh = outs.pop(0) if spec.name == "gru" else None
+        dh0 = outs.pop(0)
+        dc0 = outs.pop(0) if spec.has_cell_state else None
+        (sync,) = outs
+        if np.any(np.asarray(sync) != 0):
+            raise ValueError(f"{name}: the sync counters must be zero on entry, "
+                             f"got {np.asarray(sync).ravel().tolist()}")
+        dhin, dh_n = ins.pop(0), ins.pop(0)
+        dc_n = ins.pop(0) if spec.has_cell_state else None
+        act = ins.pop(0) if spec.saved_gates else None
+        st, w_hh = ins
+        # the cluster twin: one cluster per CLUSTER_BATCH batches, the default without an SM
+        # cap (the launch's own count only changes the order of the partial sums)
+        fit = bwd_geometry(cell, H, B, units_per_block, k_tile=k_tile,
+                           clusters=ceil_div(B, CLUSTER_BATCH) if cluster else 0)
+        if not fit.ok:
+            raise ValueError(f"{name}: {fit.reason}")
+        out = emulate_bwd(cell, fit, np.asarray(dhin).reshape(T, B, H), np.array(dh_n),
+                          np.asarray(w_hh),
+                          None if act is None else np.asarray(act).reshape(T, B, 4 * H),
+                          np.asarray(st).reshape(T + 1, B, H),
+                          None if dc_n is None else np.array(dc_n))
+        # every input is read: now write
+        dgx[...] = out["dgx"].reshape(T * B, G * H)
+        if dgh is not None:
+            dgh[...] = out["dgh"].reshape(T * B, G * H)
+        dh0[...] = out["dh0"]
+        if dc0 is not None:
+            dc0[...] = out["dc0"]
+
+    twin.__name__ = twin.__qualname__ = bwd_kernel_name(cell)
+    return twin
+
+
+lstm_persistent_bwd = _twin_of("lstm")
+gru_persistent_bwd = _twin_of("gru")
+rnn_tanh_persistent_bwd = _twin_of("rnn_tanh")
+rnn_relu_persistent_bwd = _twin_of("rnn_relu")

@@ -1,0 +1,140 @@
+"""GPU tests of the persistent backward (marker gpu; skipped without a GPU): the plan with
+PlanKey.backward 'grid' or 'cluster' (that kernel for each layer's recurrent chain, then one
+GEMM each for dx and every weight and bias gradient) on the GPU executors gives the float64
+reference's dx, dh0, dc0 and every weight and bias gradient in fp32 tolerance for every cell
+at H 128 B 8, H 512 B 64 (grid only: R / 8 does not fit a block) and an H that is no
+multiple of the tiles (333, B 17; grid only), H 128 B 64 (cluster), one and three layers; every backward buffer is poisoned with NaN before each run; the graph's capture runs
+nothing; two runs give bitwise-equal gradients (no atomics in any sum); GpuRunner's automatic
+choice for a training shape trains right whichever schedule it takes.
+
+Run on the device: pytest -m gpu tests/gpu/test_gpu_persistent_bwd.py
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rnnrt.device import gpu_available
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
+
+from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, reduction_atol  # noqa: E402
+from rnnrt.kernels.choice import persistent_schedule  # noqa: E402
+from rnnrt.plan import forward_plan  # noqa: E402
+from rnnrt.plan.backward import backward_plan  # noqa: E402
+from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
+from testkit import gpu_backward_case  # noqa: E402
+
+CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+# (T, B, H, I, variants): the wide grid's worst point, the paper's layer, an odd H and B, H 128
+# B 64 (eight clusters of 8 batches)
+SHAPES = [(24, 8, 128, 128, ("grid", "cluster")), (10, 64, 512, 512, ("grid",)),
+          (9, 17, 333, 40, ("grid",)), (12, 64, 128, 40, ("cluster",))]
+CASES = [(shape[:4], v) for shape in SHAPES for v in shape[4]]
+def case(cell, layers, T, B, H, I, seed=0):
+    return gpu_backward_case(cell, layers, T, B, H, I, seed=seed)
+
+
+def key_of(cell, layers, T, B, H, I, backward):
+    sched = persistent_schedule("grid")   # the selector's candidate: grid forward + ...
+    return PlanKey(cell, T, B, I, H, layers, True, sched.switches, train=True,
+                   family="grid", backward=backward)
+
+
+def run_twice(cp, ctx, key, executor, data):
+    """Forward then backward on the GPU executor, backward buffers poisoned before each of
+    two runs (the graph captured in between, proven to run nothing). -> two dicts of the
+    outputs (NumPy): dx, dh0, dc0, grads."""
+    from rnnrt.exec.cuda_exec import EXECUTORS as EX
+    from rnnrt.exec.workspace import Workspace
+    layout, flat, (x, h0, c0), (dy, dhn, dcn), ref = data
+    fplan, bplan = forward_plan(key), backward_plan(key)
+    assert bplan.fallback is None, bplan.fallback
+    assert bplan.counts()["kernel:persistent"] == key.num_layers
+    names = {op.name for op in bplan.ops if getattr(op, "kind", "") == "persistent"}
+    assert all(("_cluster_" in n) == (key.backward == "cluster") for n in names), names
+    ws = Workspace(bplan, cp, np.float32, cp.asarray(flat))
+    bwd_bufs = {b.name for b in bplan.buffers} - {b.name for b in fplan.buffers}
+    ws.poison()
+    ws.load_inputs(x, h0, c0)
+    EX[executor](fplan, ws, ctx).run()
+    bwd = EX[executor](bplan, ws, ctx, **({"capture": False} if executor == "graph" else {}))
+    outs = []
+
+    def load_grads():
+        ws.poison(names=bwd_bufs - {"ones", "bsync"})
+        arrays = {"dy": dy, "dh_n": dhn}
+        if dcn is not None:
+            arrays["dc_n"] = dcn
+        ws.load(**arrays)
+        cp.cuda.Device().synchronize()
+
+    for i in range(2):
+        load_grads()
+        if executor == "graph" and i == 0:
+            bwd.capture()
+            cp.cuda.Device().synchronize()
+            assert bool(cp.isnan(ws.read("dx")).all()), "backward capture ran work"
+        bwd.run()
+        cp.cuda.Device().synchronize()
+        outs.append({name: ws.read(name).get() for name in ("dx", "dh0", "dc0", "grads")
+                     if name in bplan.outputs})
+    return outs
+
+
+def check(got, layout, ref, rows, what):
+    for name in ("dx", "dh0", "dc0"):
+        if ref[name] is not None:
+            assert_close(got[name], ref[name], FP32_ATOL, FP32_RTOL, name=f"{what} {name}")
+    for e in layout.entries:   # weight gradients sum over T*B rows: see check.reduction_atol
+        n = int(np.prod(e.shape))
+        assert_close(got["grads"][e.offset:e.offset + n], ref["grads"][e.offset:e.offset + n],
+                     reduction_atol(rows), FP32_RTOL, name=f"{what} {e.name}")
+
+
+@pytest.mark.parametrize("executor", ["eager", "graph"])
+@pytest.mark.parametrize("shape, variant", CASES,
+                         ids=[f"T{s[0]}B{s[1]}H{s[2]}-{v}" for s, v in CASES])
+@pytest.mark.parametrize("cell", CELLS)
+def test_persistent_backward_gives_reference_gradients_bitwise_repeatable(cp, ctx, cell, shape,
+                                                                          variant, executor):
+    T, B, H, I = shape
+    data = case(cell, 1, T, B, H, I)
+    first, second = run_twice(cp, ctx, key_of(cell, 1, T, B, H, I, variant), executor, data)
+    check(first, data[0], data[4], T * B, f"{cell} H{H} B{B} {variant} {executor}")
+    for name, a in first.items():   # deterministic: the same bits
+        np.testing.assert_array_equal(second[name], a, err_msg=f"{name} differs between runs")
+
+
+@pytest.mark.parametrize("variant", ["grid", "cluster"])
+@pytest.mark.parametrize("cell", CELLS)
+def test_three_layers(cp, ctx, cell, variant):
+    T, B, H, I = 16, 8, 128, 64
+    data = case(cell, 3, T, B, H, I, seed=1)
+    first, second = run_twice(cp, ctx, key_of(cell, 3, T, B, H, I, variant), "graph", data)
+    check(first, data[0], data[4], T * B, f"{cell} L3 {variant}")
+    for name, a in first.items():
+        np.testing.assert_array_equal(second[name], a, err_msg=name)
+
+
+def test_the_runner_trains_right_with_the_automatic_choice(cp):
+    """GpuRunner's switches='auto' for a training shape where the persistent backward is a
+    candidate: whatever it chooses, the gradients are the reference's."""
+    import rnnrt
+    from rnnrt.gpu import GpuRunner
+    m = rnnrt.LSTM(128, 128, num_layers=1, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((40, 8, 128)).astype(np.float32)
+    y_ref, _, tape_ref = m.forward(x, train=True)
+    dy = rng.standard_normal(y_ref.shape).astype(np.float32)
+    g_ref = m.backward(tape_ref, dy)
+    r = GpuRunner(m, schedule_cache=False)
+    sel = r.schedule(40, 8, train=True)
+    assert any(c["name"].endswith("+pbwd") for c in sel.candidates), sel.candidates
+    y, _, tape = r.forward(x, train=True)
+    g = r.backward(tape, cp.asarray(dy))
+    assert_close(g.dx, g_ref.dx, name=f"auto ({sel.schedule.name}) dx")
+    for name, arr in g_ref.params.items():
+        assert_close(g.params[name], arr, reduction_atol(40 * 8), FP32_RTOL, name=name)
+    r.close()

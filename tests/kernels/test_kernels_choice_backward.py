@@ -1,0 +1,106 @@
+"""The persistent backward as a selector candidate (rnnrt/kernels/choice.py), without a GPU:
+training shapes where the kernel fits get candidates with it (first where its cost model
+prefers it), forward-only shapes and shapes it cannot take do not; every such candidate is a
+valid plan pair that runs the kernel; a fake timer picks it when it is fastest and the
+choice survives the disk cache; with timing off the heuristic takes it exactly where the
+cost models say (justified in prefers_persistent_backward's docstring)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from rnnrt.kernels import choice as C
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.kernels.tuning import ScheduleCache
+from rnnrt.plan import PlanKey, forward_plan
+from rnnrt.plan.backward import backward_plan
+
+SMALL = C.Shape("lstm", 1, 128, 128, 8, 100, train=True)     # the wide grid's worst point
+PAPER = C.Shape("lstm", 4, 512, 512, 64, 100, train=True)
+
+
+def names(scheds):
+    return [s.name for s in scheds]
+
+
+def test_training_shapes_get_the_persistent_backward_candidates(monkeypatch):
+    got = names(C.candidates(SMALL, H100_SXM))
+    assert got[:2] == ["cluster+pbwd", "grid+pbwd"], got          # preferred: first
+    assert got[2:] == names(C.candidates(dataclasses.replace(SMALL, train=False), H100_SXM))
+    paper = names(C.candidates(PAPER, H100_SXM))
+    assert paper[:2] == ["stack", "grid"] and paper[2:4] == ["stack+pbwd", "grid+pbwd"]
+    assert not any("pbwd" in n for n in names(C.candidates(
+        dataclasses.replace(PAPER, train=False), H100_SXM)))
+    big = C.Shape("lstm", 1, 2048, 2048, 8, 100, train=True)   # R^T / SM does not fit
+    assert not C.backward_fit(big, H100_SXM).ok
+    assert not any("pbwd" in n for n in names(C.candidates(big, H100_SXM)))
+    # where no persistent forward fits but the backward does, ib10 carries it
+    monkeypatch.setattr(C, "fitting_families", lambda shape, device: {})
+    assert names(C.candidates(SMALL, H100_SXM))[:2] == ["ib10+pbwd", "paper"]
+
+
+@pytest.mark.parametrize("shape", [SMALL, PAPER, C.Shape("gru", 2, 96, 128, 16, 20, True)])
+def test_every_backward_candidate_is_a_plan_that_runs_the_kernel(shape):
+    for s in C.candidates(shape, H100_SXM):
+        key = C.with_family(PlanKey(shape.cell, 12, shape.batch, shape.input_size,
+                                    shape.hidden, shape.layers, True, s.switches,
+                                    train=True, device=H100_SXM), s)
+        assert key.backward == s.backward
+        forward_plan(key)
+        plan = backward_plan(key)
+        assert plan.fallback is None, (s.name, plan.fallback)
+        assert (plan.counts()["kernel:persistent"] == shape.layers) == (s.backward is not None)
+        assert C.Schedule.from_dict(json.loads(json.dumps(s.as_dict()))) == s
+
+
+class FakeTimer:
+    def __init__(self, ms):
+        self.ms, self.calls = ms, []
+
+    def __call__(self, sched, shape, repeats):
+        self.calls.append(sched.name)
+        return [self.ms.get(sched.name, 50.0)] * repeats
+
+
+def test_the_selector_picks_it_where_it_is_fastest_and_the_cache_keeps_it(tmp_path):
+    timer = FakeTimer({"cluster+pbwd": 0.8, "grid+pbwd": 1.0, "cluster": 5.8})
+    cache = ScheduleCache("dev", path=tmp_path / "s.json")
+    sel = C.Selector(timer, H100_SXM, cache=cache, autotune=True).select(SMALL)
+    assert sel.schedule.name == "cluster+pbwd" and sel.schedule.backward == "persistent"
+    assert sel.source == "tuned" and timer.calls[0] == "cluster+pbwd"
+    again = C.Selector(FakeTimer({}), H100_SXM, autotune=True,
+                       cache=ScheduleCache("dev", path=tmp_path / "s.json")).select(SMALL)
+    assert again.source == "cache" and again.schedule == sel.schedule
+    # an entry written before the backward field existed reads as the per-step backward
+    old = {k: v for k, v in sel.schedule.as_dict().items() if k != "backward"}
+    assert C.Schedule.from_dict(old).backward is None
+    # and where the per-step backward is faster, it wins
+    slow = FakeTimer({"cluster+pbwd": 9.0, "grid+pbwd": 9.0, "cluster": 5.8})
+    assert C.Selector(slow, H100_SXM, autotune=True).select(SMALL).schedule.name == "cluster"
+
+
+def test_the_heuristic_follows_the_cost_models():
+    """RNNRT_AUTOTUNE=0: the forward's choice, with the persistent backward exactly where
+    the kernel's modelled chain (layers x steps x step_us) is shorter than the per-step
+    backward's model."""
+    for shape, want in ((SMALL, True), (dataclasses.replace(SMALL, layers=4), True),
+                        (dataclasses.replace(SMALL, batch=32), True),
+                        (dataclasses.replace(SMALL, layers=4, batch=32), True),
+                        (dataclasses.replace(SMALL, batch=256), True),
+                        (dataclasses.replace(SMALL, layers=4, batch=256), False), (PAPER, False),
+                        (dataclasses.replace(SMALL, train=False), False)):
+        h = C.heuristic(shape, H100_SXM)
+        assert (h.backward == "persistent") == want == C.prefers_persistent_backward(shape,
+                                                                                     H100_SXM)
+        assert h.switches == C.forward_heuristic(shape, H100_SXM).switches
+        fit = C.backward_fit(shape, H100_SXM)
+        kernel = shape.layers * shape.steps * fit.step_us()
+        cublas = shape.steps * max(C.CUBLAS_BWD_STEP_US,
+                                   shape.layers * C.CUBLAS_BWD_LAYER_STEP_US)
+        if shape.batch <= 8:
+            cublas *= C.CUBLAS_SLOW_ROWS[2]
+        assert (kernel < cublas) == want or not shape.train
+    sel = C.Selector(FakeTimer({}), H100_SXM, autotune=False).select(SMALL)
+    assert sel.source == "heuristic" and sel.schedule.name.endswith("+pbwd")
