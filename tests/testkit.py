@@ -225,10 +225,116 @@ def run_numpy(plan, flat, x, h0, c0, order="program", seed=None):
     return ws.outputs()
 
 
+def assert_missing_wait_caught(plan, which, run_and_check, seeds=30):
+    """Remove the ``which``-th event wait of ``plan``: the static race checker must report
+    a race, and ``run_and_check(broken_plan, seed)`` (a random interleaving checked against
+    the reference; AssertionError when wrong) must fail for some seed."""
+    import dataclasses
+
+    from rnnrt.exec.racecheck import find_races
+    from rnnrt.plan.ops import Wait
+    waits = [i for i, op in enumerate(plan.ops) if isinstance(op, Wait)]
+    i = waits[which]
+    broken = dataclasses.replace(plan, ops=plan.ops[:i] + plan.ops[i + 1:])
+    assert find_races(broken), f"removing {plan.ops[i]} was not seen"
+    failures = 0
+    for seed in range(seeds):
+        try:
+            run_and_check(broken, seed)
+        except AssertionError:
+            failures += 1
+    assert failures > 0, "no random interleaving exposed the missing wait"
+
+
 def check_outputs(out, ref, what):
     for name in ("y", "h_n", "c_n"):
         if ref.get(name) is not None:
             assert_close(out[name], ref[name], atol=1e-12, rtol=1e-10, name=f"{what} {name}")
+
+
+# --- variable-length plans ----------------------------------------------------------------------
+
+def batch_sizes_of(lengths):
+    """batch_sizes [T] (a tuple) of sequences of ``lengths`` (sorted longest first)."""
+    lens = sorted((int(n) for n in lengths), reverse=True)
+    return tuple(sum(n > t for n in lens) for t in range(lens[0]))
+
+
+def varlen_case(cell, layers, lengths, inp, hidden, bias=True, seed=0, dtype=np.float64):
+    """A packed batch of sequences of ``lengths`` with random weights (never zero), states
+    and output gradients, and rnnrt.varlen's forward and backward of it in both directions:
+    -> dict(flat, layout, bs, x [N, I], h0, c0, dy [N, H], dh_n, dc_n, ref={reverse: dict(
+    y, h_n, c_n, dx, dh0, dc0, grads [layout.size])})."""
+    from rnnrt import varlen
+    from rnnrt.params import to_flat
+    rng = np.random.default_rng(seed)
+    bs = batch_sizes_of(lengths)
+    n, batch = sum(bs), bs[0]
+    layout = make_layout(cell, inp, hidden, layers, bias)
+    flat = np.zeros(layout.size, dtype)
+    for e in layout.entries:
+        k = int(np.prod(e.shape))
+        flat[e.offset:e.offset + k] = rng.uniform(-0.6, 0.6, k)
+    lstm = cell == "lstm"
+    draw = lambda *shape, s=1.0: (s * rng.standard_normal(shape)).astype(dtype)   # noqa: E731
+    case = dict(flat=flat, layout=layout, bs=bs, x=draw(n, inp),
+                h0=draw(layers, batch, hidden, s=0.5),
+                c0=draw(layers, batch, hidden, s=0.5) if lstm else None,
+                dy=draw(n, hidden), dh_n=draw(layers, batch, hidden),
+                dc_n=draw(layers, batch, hidden) if lstm else None, ref={})
+    params = per_layer(flat, layout)
+    for reverse in (False, True):
+        y, hn, cn, cache = varlen.forward(cell, params, case["x"], bs, case["h0"], case["c0"],
+                                          reverse=reverse)
+        g = varlen.backward(cache, case["dy"], case["dh_n"], case["dc_n"])
+        case["ref"][reverse] = dict(y=y, h_n=hn, c_n=cn, dx=g["dx"], dh0=g["dh0"],
+                                    dc0=g["dc0"], grads=to_flat(g["params"], layout))
+    return case
+
+
+def run_varlen_numpy(key, case, reverse=False, order="program", seed=None, fwd=None,
+                     bwd=None, ws=None):
+    """A variable-length plan pair (forward, and backward when key.train) on the NumPy
+    executor, the batch scattered into the plan's rows by plan.packing.row_map: poisoned
+    buffers, x's other rows zero. -> (outputs {y, h_n, c_n, dx, dh0, dc0, grads}, ws)."""
+    from rnnrt.exec import numpy_exec
+    from rnnrt.exec.workspace import Workspace
+    from rnnrt.plan import backward_plan, forward_plan
+    from rnnrt.plan.packing import row_map
+    fwd = fwd or forward_plan(key)
+    bwd = bwd or (backward_plan(key) if key.train else None)
+    if ws is None:
+        ws = Workspace(bwd or fwd, np, case["flat"].dtype, case["flat"])
+        ws.poison()
+    ws = ws.sharing(bwd or fwd)
+    m = row_map(case["bs"], key.batch_sizes, reverse)
+    ws.load_rows("x", m.rows, case["x"], fill=0.0)
+    ws.load(mask=m.mask)
+    ws.load(h0=case["h0"], **({"c0": case["c0"]} if "c0" in fwd.inputs else {}))
+    numpy_exec.run(fwd, ws, order=order, seed=seed)
+    out = {"y": ws.read_rows("y", m.rows), **{k: ws.read(k) for k in ("h_n", "c_n")
+                                              if k in fwd.outputs}}
+    if bwd is not None:
+        ws.load_rows("dy", m.rows, case["dy"])
+        ws.load(dh_n=case["dh_n"], **({"dc_n": case["dc_n"]} if "dc_n" in bwd.inputs else {}))
+        numpy_exec.run(bwd, ws, order=order, seed=seed)
+        out.update(dx=ws.read_rows("dx", m.rows), grads=ws.read("grads"),
+                   **{k: ws.read(k) for k in ("dh0", "dc0") if k in bwd.outputs})
+    return out, ws
+
+
+def check_varlen(out, case, reverse, what, atol=1e-12, rtol=1e-10):
+    """``run_varlen_numpy``'s outputs against the case's reference (the gradient buffer's
+    padding is not a gradient: only the layout's entries are compared)."""
+    ref = case["ref"][reverse]
+    for name in ("y", "h_n", "c_n", "dx", "dh0", "dc0"):
+        if name in out and ref[name] is not None:
+            assert_close(out[name], ref[name], atol, rtol, name=f"{what} {name}")
+    if "grads" in out:
+        for e in case["layout"].entries:
+            k = int(np.prod(e.shape))
+            assert_close(out["grads"][e.offset:e.offset + k], ref["grads"][e.offset:e.offset + k],
+                         atol, rtol, name=f"{what} {e.name}")
 
 
 # --- plans on the GPU ---------------------------------------------------------------------------

@@ -94,6 +94,10 @@ def choose_persistent(key) -> PersistentChoice:
         return PersistentChoice(None, fit, None, False, k, fallback=(
             f"persistent declined on {key.device.name}: {why}; ran the schedule without it"))
 
+    if getattr(key, "batch_sizes", None) is not None:
+        return declined("a per-step active batch (variable lengths): the persistent kernels "
+                        "run the whole batch at every step")
+
     if family == "stack":
         st = _stack_fit(key)
         return (PersistentChoice("stack", None, st, False, T) if st.ok
