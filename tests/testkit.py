@@ -337,6 +337,90 @@ def check_varlen(out, case, reverse, what, atol=1e-12, rtol=1e-10):
                          atol, rtol, name=f"{what} {e.name}")
 
 
+# --- GpuRunner's own logic on the CPU --------------------------------------------------------------
+
+class _FakeStream:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def wait_event(self, event):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _FakeEvent:
+    def __init__(self, *args, **kw):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+
+class NumpyCupy(types.ModuleType):
+    """Stands in for cupy where GpuRunner's own logic is tested on the CPU (CpuSession):
+    arrays are NumPy arrays, streams and events do nothing, the memory pool counts frees."""
+
+    def __init__(self):
+        super().__init__("cupy")
+        self.ndarray, self.float32 = np.ndarray, np.float32
+        self.asarray, self.zeros, self.random = np.asarray, np.zeros, np.random
+        self.frees = 0
+        fake = self
+
+        class Pool:
+            def free_all_blocks(self):
+                fake.frees += 1
+
+        self.get_default_memory_pool = lambda: Pool()
+        stream = _FakeStream()
+        self.cuda = types.SimpleNamespace(Event=_FakeEvent, get_current_stream=lambda: stream,
+                                          Device=lambda *a: stream)
+
+
+class NumpyPlanExecutor:
+    """A plan on the NumPy executor behind the GPU executors' interface (run, stream,
+    prepared.plan / prepared.ws)."""
+
+    def __init__(self, plan, ws):
+        self.prepared = types.SimpleNamespace(plan=plan, ws=ws)
+        self.stream = _FakeStream()
+        self.runs = 0
+
+    def run(self):
+        from rnnrt.exec import numpy_exec
+        numpy_exec.run(self.prepared.plan, self.prepared.ws)
+        self.runs += 1
+
+
+class CpuSession:
+    """rnnrt.session.GpuSession's interface on the CPU: NumPy workspaces (float32) and the
+    NumPy executor, the lent H100's limits. Monkeypatch it over GpuSession to run GpuRunner
+    (with explicit switches or RNNRT_AUTOTUNE=0: nothing to time) without a GPU."""
+
+    def __init__(self):
+        self.cp = NumpyCupy()
+        self.limits = H100_SXM
+        self.info = {"device": "cpu (CpuSession)"}
+        self.ctx = types.SimpleNamespace(kernels=types.SimpleNamespace(get=lambda name: None))
+        self.executors_made = 0
+
+    def workspace(self, plan, params, grads=None):
+        from rnnrt.exec.workspace import Workspace
+        return Workspace(plan, np, np.float32, params, grads=grads)
+
+    def executor(self, name, plan, ws):
+        self.executors_made += 1
+        return NumpyPlanExecutor(plan, ws)
+
+    def close(self):
+        pass
+
+
 # --- plans on the GPU ---------------------------------------------------------------------------
 
 def gpu_plan_key(*args, **kw):

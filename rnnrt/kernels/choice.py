@@ -197,7 +197,10 @@ def persistent_schedule(family: str) -> Schedule:
 
 def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
-    (a kernels.limits.DeviceLimits)."""
+    (a kernels.limits.DeviceLimits); none for variable lengths (the persistent kernels run
+    the whole batch every step: choose_persistent declines a pattern)."""
+    if shape.varlen:
+        return {}
     props = device.props()
     out = {}
     st = stack_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
@@ -277,12 +280,14 @@ class Shape:
     bias: bool = True
     dtype: str = "float32"
     executor: str = "graph"
+    varlen: bool = False  # a per-step active batch (packed sequences of different lengths)
 
     def key(self) -> str:
         """The cache key: every field but the exact length (its bucket instead)."""
         return (f"{self.cell}|L{self.layers}|I{self.input_size}|H{self.hidden}|B{self.batch}"
                 f"|T{bucket_steps(self.steps)}|{'fwd+bwd' if self.train else 'fwd'}"
-                f"|{'bias' if self.bias else 'nobias'}|{self.dtype}|{self.executor}")
+                f"|{'bias' if self.bias else 'nobias'}|{self.dtype}|{self.executor}"
+                + ("|varlen" if self.varlen else ""))
 
 
 @dataclass
@@ -342,6 +347,13 @@ def autotune_enabled(env=None) -> bool:
 
 class Selector:
     """Chooses and remembers the schedule of each shape.
+
+    Variable lengths (``Shape.varlen``): a key of its own (steps bucketed like any), whose
+    candidates are the cuBLAS schedules alone (no persistent kernel takes a per-step batch);
+    the timer times them on the full batch of the bucketed steps, a stand-in for every
+    pattern of the key: timing each pattern would build and capture a plan per pattern (a
+    new one most steps of a training loop), and the schedules differ in how they overlap
+    steps and layers, which a per-step batch does not change.
 
     timer: ``timer(schedule, shape, repeats) -> list of ms`` (one per timed run, after the
     timer's own warm-up; it raises to say a candidate cannot run). device: the

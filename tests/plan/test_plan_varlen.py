@@ -17,6 +17,8 @@ from testkit import (
 )
 from testkit import cpu_plan_key as PlanKey
 
+import dataclasses
+
 from rnnrt.cells import forward_flops
 from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
@@ -187,3 +189,40 @@ def test_a_removed_wait_is_caught(which):
         check_varlen(out, case, False, "broken")
 
     assert_missing_wait_caught(backward_plan(key), which, run_and_check)
+
+
+def _writes_into(plan, names):
+    """The ops of ``plan`` that write an element of the bindings ``names``."""
+    from rnnrt.plan.model import cover
+    bound = cover([v for n in names if n in plan.inputs for v in plan.inputs[n].views])
+    hits = []
+    for i, op in enumerate(plan.ops):
+        for buf, spans in cover(op.writes).items():
+            if any(a < d and c < b for a, b in spans for c, d in bound.get(buf, ())):
+                hits.append(i)
+    return hits
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_no_plan_writes_its_state_inputs(cell):
+    """h0, c0 (forward) and dh_n, dc_n (backward) are read, never written, by every plan —
+    fixed or variable-length, every switch combination, the persistent families: the GPU
+    runner relies on it to skip reloading zeros (gpu_state.RunState.zeroed)."""
+    from rnnrt.kernels.limits import H100_SXM
+    sm80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+    for sw in all_combinations():
+        for varlen in (False, True):
+            for device in ((H100_SXM, sm80) if sw.persistent else (H100_SXM,)):
+                kw = dict(batch_sizes=(4, 4, 3, 1), capacity=8) if varlen else {}
+                key = dataclasses.replace(
+                    PlanKey(cell, 4, 4, I, H, 2, True, sw, train=True, **kw), device=device)
+                assert not _writes_into(forward_plan(key), ("h0", "c0")), sw.label()
+                assert not _writes_into(backward_plan(key), ("dh_n", "dc_n")), sw.label()
+    # planted: a GEMM that writes h0's first row is seen
+    plan = forward_plan(PlanKey(cell, 4, 4, I, H, 2, True, ladder()[3].switches))
+    i, op = next((i, op) for i, op in enumerate(plan.ops) if isinstance(op, Gemm))
+    h0 = plan.inputs["h0"].views[1]
+    bad = dataclasses.replace(op, out=dataclasses.replace(op.out, buf=h0.buf, offset=h0.offset,
+                                                          rows=1))
+    broken = dataclasses.replace(plan, ops=plan.ops[:i] + (bad,) + plan.ops[i + 1:])
+    assert _writes_into(broken, ("h0",)) == [i]
