@@ -91,6 +91,9 @@ class GpuRunner:
     the RNNRT_CACHE_BYTES environment variable); least recently used shapes are evicted.
     schedule_cache: where tuned choices persist: a kernels.tuning.ScheduleCache, None for
     the default file (kernels/tuning.py), or False for memory only.
+    params: optional contiguous CuPy float32 [layout.size] buffer to run on as is (shared,
+    not copied; e.g. a view of another framework's tensor through DLPack): its values are
+    the weights, not the model's (``sync_params`` would copy the model's into it).
 
     Packed sequences of different lengths (``forward_packed``) run variable-length plans: a
     batch's pattern is bucketed (plan/packing.py), the plans of every pattern of one
@@ -99,7 +102,8 @@ class GpuRunner:
     """
 
     def __init__(self, model, switches: Switches | str = "auto", executor: str = "graph",
-                 grads=None, cache_bytes: int | None = None, schedule_cache=None):
+                 grads=None, cache_bytes: int | None = None, schedule_cache=None,
+                 params=None):
         import os
 
         from .session import GpuSession, executor_names
@@ -119,18 +123,20 @@ class GpuRunner:
         session = GpuSession()
         cp = session.cp
         size = model.layout.size
+        for name, buf in (("grads", grads), ("params", params)):
+            if buf is not None and not (isinstance(buf, cp.ndarray) and buf.dtype == cp.float32
+                                        and buf.shape == (size,) and buf.flags.c_contiguous):
+                raise ValueError(f"{name}: expected a contiguous CuPy float32 array of shape "
+                                 f"({size},)")
         if grads is None:
             grads = cp.zeros(size, dtype=cp.float32)
-        elif not (isinstance(grads, cp.ndarray) and grads.dtype == cp.float32
-                  and grads.shape == (size,) and grads.flags.c_contiguous):
-            raise ValueError(f"grads: expected a contiguous CuPy float32 array of shape ({size},)")
         self.cp = cp
         self.model = model
         self.switches = switches
         self.executor_name = executor
         self.session = session
         self.limits = session.limits   # what a persistent plan's fit reads
-        self.params = cp.asarray(model.flat, dtype=cp.float32)
+        self.params = cp.asarray(model.flat, dtype=cp.float32) if params is None else params
         self.grads = grads
         self._states = StateCache(cache_bytes, free=cp.get_default_memory_pool().free_all_blocks)
         self._schedule_cache = schedule_cache

@@ -28,7 +28,7 @@ import numpy as np
 
 from rnnrt import reference
 from rnnrt.cells import get_cell
-from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
+from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, reduction_atol
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.registry import REGISTRY
 from rnnrt.kernels.stack import STACK_KERNEL
@@ -338,6 +338,60 @@ def check_varlen(out, case, reverse, what, atol=1e-12, rtol=1e-10):
 
 
 # --- GpuRunner's own logic on the CPU --------------------------------------------------------------
+
+def _packed_reference(r, x, bs, hx, dy, dhx, reverse):
+    """rnnrt.varlen in float64 on the runner's fp32 weights: (y, h_n, c_n, grads dict)."""
+    from rnnrt import varlen
+    from rnnrt.params import to_flat
+    m = r.model
+    f64 = lambda a: None if a is None else np.asarray(a, np.float64)   # noqa: E731
+    h0, c0 = hx if isinstance(hx, tuple) else (hx, None)
+    dh, dc = dhx if isinstance(dhx, tuple) else (dhx, None)
+    params = r.params.get() if hasattr(r.params, "get") else r.params   # CuPy or NumPy
+    p = per_layer(f64(params), m.layout)
+    y, hn, cn, cache = varlen.forward(m.cell_name, p, f64(x), bs, f64(h0), f64(c0),
+                                      reverse=reverse)
+    g = varlen.backward(cache, f64(dy), f64(dh), f64(dc))
+    return y, hn, cn, dict(g, flat=to_flat(g["params"], m.layout))
+
+
+def draw32(rng, *shape):
+    """Standard normal float32 of ``shape``."""
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def check_runner_packed_step(r, lengths, rng, reverse=False, with_states=True, what=""):
+    """One training step of GpuRunner ``r`` (a real one, or one on CpuSession) on a packed
+    batch of sequences of ``lengths``: forward_packed, backward, every output against
+    rnnrt.varlen in float64 (fp32 tolerances; weight gradients by reduction_atol).
+    -> the tape."""
+    m = r.model
+    bs = batch_sizes_of(lengths)
+    n, batch, L = sum(bs), bs[0], m.num_layers
+    lstm = m.cell.has_cell_state
+    I, H = m.input_size, m.hidden_size
+    x, dy = draw32(rng, n, I), draw32(rng, n, H)
+    h0 = draw32(rng, L, batch, H) if with_states else None
+    hx = (h0, draw32(rng, L, batch, H) if with_states else None) if lstm else h0
+    dh = draw32(rng, L, batch, H) if with_states else None
+    dhx = (dh, draw32(rng, L, batch, H) if with_states else None) if lstm else dh
+    y, hx_n, tape = r.forward_packed(x, bs, hx, train=True, reverse=reverse)
+    g = r.backward(tape, dy, dhx)
+    ry, rhn, rcn, rg = _packed_reference(r, x, bs, hx, dy, dhx, reverse)
+    tag = f"{m.cell_name} {lengths} reverse={reverse} {what}"
+    assert_close(y, ry, name=f"{tag} y")
+    assert_close(hx_n[0] if lstm else hx_n, rhn, name=f"{tag} h_n")
+    if lstm:
+        assert_close(hx_n[1], rcn, name=f"{tag} c_n")
+        assert_close(g.dc0, rg["dc0"], name=f"{tag} dc0")
+    assert_close(g.dx, rg["dx"], name=f"{tag} dx")
+    assert_close(g.dh0, rg["dh0"], name=f"{tag} dh0")
+    for e in m.layout.entries:
+        assert_close(g.flat[e.offset:e.end], rg["flat"][e.offset:e.end],
+                     reduction_atol(n), FP32_RTOL, name=f"{tag} {e.name}")
+    return tape
+
+
 
 class _FakeStream:
     def __enter__(self):

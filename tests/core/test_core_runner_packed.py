@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 
 import rnnrt
-from rnnrt import varlen
-from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, reduction_atol
-from rnnrt.params import per_layer, to_flat
-from testkit import CpuSession, batch_sizes_of
+from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
+from testkit import CpuSession, batch_sizes_of, check_runner_packed_step, draw32
 
 I, H = 5, 6
 
@@ -37,50 +35,6 @@ def runner(monkeypatch):
     return make
 
 
-def _reference(r, x, bs, hx, dy, dhx, reverse):
-    """rnnrt.varlen in float64 on the runner's fp32 weights: (y, h_n, c_n, grads dict)."""
-    m = r.model
-    f64 = lambda a: None if a is None else np.asarray(a, np.float64)   # noqa: E731
-    h0, c0 = hx if isinstance(hx, tuple) else (hx, None)
-    dh, dc = dhx if isinstance(dhx, tuple) else (dhx, None)
-    p = per_layer(f64(r.params), m.layout)
-    y, hn, cn, cache = varlen.forward(m.cell_name, p, f64(x), bs, f64(h0), f64(c0),
-                                      reverse=reverse)
-    g = varlen.backward(cache, f64(dy), f64(dh), f64(dc))
-    return y, hn, cn, dict(g, flat=to_flat(g["params"], m.layout))
-
-
-def _draw(rng, *shape):
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-def _check_step(r, lengths, rng, reverse=False, with_states=True, what=""):
-    m = r.model
-    bs = batch_sizes_of(lengths)
-    n, batch, L = sum(bs), bs[0], m.num_layers
-    lstm = m.cell.has_cell_state
-    x, dy = _draw(rng, n, I), _draw(rng, n, H)
-    h0 = _draw(rng, L, batch, H) if with_states else None
-    hx = (h0, _draw(rng, L, batch, H) if with_states else None) if lstm else h0
-    dh = _draw(rng, L, batch, H) if with_states else None
-    dhx = (dh, _draw(rng, L, batch, H) if with_states else None) if lstm else dh
-    y, hx_n, tape = r.forward_packed(x, bs, hx, train=True, reverse=reverse)
-    g = r.backward(tape, dy, dhx)
-    ry, rhn, rcn, rg = _reference(r, x, bs, hx, dy, dhx, reverse)
-    tag = f"{m.cell_name} {lengths} reverse={reverse} {what}"
-    assert_close(y, ry, name=f"{tag} y")
-    assert_close(hx_n[0] if lstm else hx_n, rhn, name=f"{tag} h_n")
-    if lstm:
-        assert_close(hx_n[1], rcn, name=f"{tag} c_n")
-        assert_close(g.dc0, rg["dc0"], name=f"{tag} dc0")
-    assert_close(g.dx, rg["dx"], name=f"{tag} dx")
-    assert_close(g.dh0, rg["dh0"], name=f"{tag} dh0")
-    for e in m.layout.entries:
-        assert_close(g.flat[e.offset:e.end], rg["flat"][e.offset:e.end],
-                     reduction_atol(n), FP32_RTOL, name=f"{tag} {e.name}")
-    return tape
-
-
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
 def test_packed_forward_and_backward_equal_the_reference(runner, cell):
     r = runner(cell)
@@ -88,7 +42,7 @@ def test_packed_forward_and_backward_equal_the_reference(runner, cell):
     for lengths in ([9, 7, 7, 3, 1], [4, 4, 4], [12, 1]):
         for reverse in (False, True):
             for with_states in (True, False):
-                _check_step(r, lengths, rng, reverse, with_states)
+                check_runner_packed_step(r, lengths, rng, reverse, with_states)
 
 
 def test_patterns_of_a_capacity_share_one_workspace(runner):
@@ -98,7 +52,7 @@ def test_patterns_of_a_capacity_share_one_workspace(runner):
     rng = np.random.default_rng(1)
     batches = ([9, 7, 7, 3, 1], [10, 2, 2, 2, 2], [11, 11, 5, 5, 1], [9, 7, 7, 3, 1])
     for lengths in batches:
-        _check_step(r, lengths, rng)
+        check_runner_packed_step(r, lengths, rng)
     assert len(r._states) == 1
     st = next(iter(r._states._states.values()))
     assert len(st) == 2 * 3 and r.session.executors_made == 6   # three patterns, fwd + bwd
@@ -118,13 +72,13 @@ def test_a_repeated_batch_loads_only_its_data(runner, monkeypatch):
         calls.append(tuple(sorted(kw))), real_load(self, **kw))[1])
     rng = np.random.default_rng(2)
     bs = batch_sizes_of([7, 5, 5, 2])
-    x = _draw(rng, sum(bs), I)
+    x = draw32(rng, sum(bs), I)
     outs = []
     for other in (False, False, True, False):
         calls.clear()
         if other:
             other_bs = batch_sizes_of([6, 3, 2, 2])   # same batch and steps bucket
-            r.forward_packed(_draw(rng, sum(other_bs), I), other_bs)
+            r.forward_packed(draw32(rng, sum(other_bs), I), other_bs)
             continue
         outs.append(r.forward_packed(x, bs)[0])
         first = ("x", 0.0) in calls and ("mask",) in calls
@@ -140,9 +94,9 @@ def test_zero_states_are_skipped_only_while_zero(runner):
     r = runner("lstm")
     rng = np.random.default_rng(3)
     for with_states in (False, False, True, False, True, True, False):
-        _check_step(r, [6, 4, 4, 1], rng, with_states=with_states, what=f"h0 {with_states}")
-    x = _draw(rng, 6, 3, I)   # and the fixed-length path, which skips the same way
-    for h0 in (None, _draw(rng, 2, 3, H), None):
+        check_runner_packed_step(r, [6, 4, 4, 1], rng, with_states=with_states, what=f"h0 {with_states}")
+    x = draw32(rng, 6, 3, I)   # and the fixed-length path, which skips the same way
+    for h0 in (None, draw32(rng, 2, 3, H), None):
         y, _ = r.forward(x, (h0, None))
         want = r.model.forward(x, (h0, None))[0]
         assert_close(y, want, FP32_ATOL, FP32_RTOL, name="fixed path after h0 changes")
@@ -153,8 +107,8 @@ def test_a_live_tape_keeps_its_workspace(runner):
     gets a workspace of its own, and each backward is right."""
     r = runner("rnn_tanh")
     rng = np.random.default_rng(4)
-    t1 = _check_step(r, [5, 3, 3], rng)
-    t2 = _check_step(r, [6, 3, 1], rng)
+    t1 = check_runner_packed_step(r, [5, 3, 3], rng)
+    t2 = check_runner_packed_step(r, [6, 3, 1], rng)
     assert len(r._states) == 2 and t1.state is not t2.state
 
 
@@ -209,7 +163,7 @@ def test_the_fixed_batch_path_still_equals_the_model(runner, monkeypatch):
     m = rnnrt.GRU(I, H, num_layers=2, batch_first=True, seed=3)
     r = GpuRunner(m, schedule_cache=False)
     rng = np.random.default_rng(6)
-    x, dy = _draw(rng, 3, 7, I), _draw(rng, 3, 7, H)
+    x, dy = draw32(rng, 3, 7, I), draw32(rng, 3, 7, H)
     y, h_n, tape = r.forward(x, train=True)
     g = r.backward(tape, dy)
     g2 = r.backward(r.forward(x, train=True)[2], dy, accumulate=True)
