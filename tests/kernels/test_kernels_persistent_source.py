@@ -135,23 +135,26 @@ def test_nvrtc_ptx_resource_usage_no_spills(tmp_path):
     if lib is None or ptxas is None:
         pytest.skip("needs libnvrtc and ptxas")
     import ctypes
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), SRC.encode(), b"persistent.cu", 0,
-                                  None, None) == 0
-    try:
-        opts = (ctypes.c_char_p * 2)(b"-std=c++17", b"--gpu-architecture=compute_90")
-        assert lib.nvrtcCompileProgram(prog, 2, opts) == 0
-        size = ctypes.c_size_t()
-        assert lib.nvrtcGetPTXSize(prog, ctypes.byref(size)) == 0
-        ptx = ctypes.create_string_buffer(size.value)
-        assert lib.nvrtcGetPTX(prog, ptx) == 0
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    (tmp_path / "p.ptx").write_bytes(ptx.value)
-    r = subprocess.run([ptxas, "-arch=sm_90", "-v", str(tmp_path / "p.ptx"), "-o",
-                        str(tmp_path / "p.cubin")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    usage = _resource_usage(r.stdout + r.stderr)
+    usage = {}
+    for file in ("persistent.cu", "persistent_stack.cu"):   # as the nvcc check: both files
+        prog = ctypes.c_void_p()
+        assert lib.nvrtcCreateProgram(ctypes.byref(prog), S.source(file).encode(),
+                                      file.encode(), 0, None, None) == 0
+        try:
+            opts = (ctypes.c_char_p * 2)(b"-std=c++17", b"--gpu-architecture=compute_90")
+            assert lib.nvrtcCompileProgram(prog, 2, opts) == 0
+            size = ctypes.c_size_t()
+            assert lib.nvrtcGetPTXSize(prog, ctypes.byref(size)) == 0
+            ptx = ctypes.create_string_buffer(size.value)
+            assert lib.nvrtcGetPTX(prog, ptx) == 0
+        finally:
+            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        (tmp_path / "p.ptx").write_bytes(ptx.value)
+        r = subprocess.run([ptxas, "-arch=sm_90", "-v", str(tmp_path / "p.ptx"), "-o",
+                            str(tmp_path / "p.cubin")], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        usage.update(_resource_usage(r.stdout + r.stderr))
     assert set(usage) == set(PERSISTENT) | {STACK_KERNEL}, usage
     for name, (regs, stack, st, ld) in usage.items():
         assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"

@@ -124,3 +124,37 @@ def test_types_of_the_fake(cuda_on_cpu):
     """The stand-in is what the backend imports (guards the harness itself)."""
     import cupy
     assert isinstance(cupy, types.ModuleType) and cupy.from_dlpack is np.from_dlpack
+
+
+def test_a_training_step_moves_only_its_data(cuda_on_cpu, monkeypatch):
+    """What a steady training step (fixed batch, no h0) does besides the two graph runs,
+    counted: the workspace is loaded with x and dy only (h0, c0, dh_n, dc_n stay zero from
+    the first step), six arrays are read out (y, h_n, c_n, dx, dh0, dc0), the parameters
+    are not copied (adopted), the gradients come out in one copy."""
+    from rnnrt.exec.workspace import Workspace
+    counts = {}
+
+    def counting(name, real):
+        def fn(self, *a, **kw):
+            counts[name] = counts.get(name, 0) + 1
+            return real(self, *a, **kw)
+        return fn
+
+    for name in ("load", "read", "load_rows", "read_rows"):
+        monkeypatch.setattr(Workspace, name, counting(name, getattr(Workspace, name)))
+    _, ours = _pair("lstm", 2, False, True)
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1)
+    clones = []
+    real_clone = torch.Tensor.clone
+    for i in range(3):
+        counts.clear()
+        y, _ = ours(torch.randn(T, B, I))
+        monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: (
+            clones.append(1), real_clone(t, *a, **k))[1])
+        y.sum().backward()
+        monkeypatch.setattr(torch.Tensor, "clone", real_clone)
+        opt.step()
+        opt.zero_grad()
+    assert counts == {"load": 2, "read": 6}, counts
+    site = next(iter(cuda_on_cpu._sites.values()))
+    assert site.copies == 0 and len(clones) == 3
