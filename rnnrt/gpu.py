@@ -252,23 +252,29 @@ class GpuRunner:
         """The selector's timer: ``repeats`` timed runs (ms, CUDA events) of ``sched`` on
         random inputs of ``shape`` (the first ``choice.tuning_steps(shape)`` steps), after
         one warm-up run; forward, or forward + backward for a training shape. A variable-
-        length shape is timed on the full batch (kernels/choice.py Selector says why).
-        Nothing is cached."""
+        length shape is timed on one representative pattern (plan.packing.staircase;
+        kernels/choice.py Selector says why), its mask all ones. Nothing is cached."""
         from .kernels.choice import tuning_steps
         from .plan.backward import backward_plan
         from .session import time_events
         m = self.model
         steps = tuning_steps(shape)
+        pattern = None
+        if shape.varlen:   # one representative pattern of the key (choice.Selector says why)
+            from .plan.packing import staircase
+            pattern = staircase(steps, shape.batch)
+            steps = len(pattern)
         key = PlanKey(m.cell_name, steps, shape.batch, m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
-                      family=sched.family)
+                      family=sched.family, batch_sizes=pattern)
         tkey = (sched.name, shape.key(), steps)
         if getattr(self, "_timing_key", None) != tkey:
             self._timing = None   # free the last candidate's workspace first
             st = self._build_state(key)
             cp = self.cp
             rng = cp.random.default_rng(0)
-            arrays = {name: rng.standard_normal(b.shape, dtype=cp.float32)
+            arrays = {name: (cp.ones(b.shape, cp.float32) if name == "mask" else
+                             rng.standard_normal(b.shape, dtype=cp.float32))
                       for name, b in st.ws.plan.inputs.items()}
             st.ws.load(**arrays)
             runs = [st.executor(forward_plan(key), "fwd")]

@@ -409,9 +409,13 @@ class _FakeStream:
 
 class _FakeEvent:
     def __init__(self, *args, **kw):
-        pass
+        self.t = 0.0
 
     def record(self, stream=None):
+        import time
+        self.t = time.perf_counter()
+
+    def synchronize(self):
         pass
 
 
@@ -422,7 +426,7 @@ class NumpyCupy(types.ModuleType):
     def __init__(self):
         super().__init__("cupy")
         self.ndarray, self.float32 = np.ndarray, np.float32
-        self.asarray, self.zeros, self.random = np.asarray, np.zeros, np.random
+        self.asarray, self.zeros, self.ones, self.random = np.asarray, np.zeros, np.ones, np.random
         self.frees = 0
         fake = self
 
@@ -433,7 +437,8 @@ class NumpyCupy(types.ModuleType):
         self.get_default_memory_pool = lambda: Pool()
         stream = _FakeStream()
         self.cuda = types.SimpleNamespace(Event=_FakeEvent, get_current_stream=lambda: stream,
-                                          Device=lambda *a: stream)
+                                          Device=lambda *a: stream,
+                                          get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3)
 
 
 class NumpyPlanExecutor:

@@ -190,6 +190,16 @@ def paper_schedules() -> tuple[Schedule, ...]:
             Schedule("iball", Switches(**_PAPER, input_batch="all")))
 
 
+def varlen_schedules() -> tuple[Schedule, ...]:
+    """The candidates of a variable-length key: the cuBLAS schedules (no persistent kernel
+    takes a per-step batch), with a pre-transposed variant of chunks of 2 besides the paper
+    rung: a pattern's late steps run few rows, where cuBLAS's kernel for the product with
+    the weights used transposed is slow (journal: ~35 us a step at 8 rows against the
+    pre-transposed one's few)."""
+    return paper_schedules() + (
+        Schedule("pt-ib2", Switches(**_PAPER, pretranspose=True, input_batch=2)),)
+
+
 def persistent_schedule(family: str) -> Schedule:
     """The schedule that runs ``family``'s persistent kernel (falls back to ib10)."""
     return Schedule(family, Switches(**_PAPER, input_batch=10, persistent=True), family)
@@ -219,6 +229,8 @@ def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     cluster, grid: each runs the recurrence with R on chip), then the paper schedules. The
     order is the order of timing (the likeliest winners first, so a spent budget cuts the
     least likely)."""
+    if shape.varlen:
+        return varlen_schedules()
     fams = fitting_families(shape, device)
     return (tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid") if f in fams)
             + paper_schedules())
@@ -241,6 +253,8 @@ def heuristic(shape: "Shape", device) -> Schedule:
       4. cuBLAS: the paper rung (pre-transposed weights) at batch >= 128, else chunks of 10
          without the transposition (at batch 8 cuBLAS's kernel for the transposed product of
          so few rows is slow: 3.4 against 0.8 ms at LSTM L1 H128 B8)."""
+    if shape.varlen:   # the pre-transposed paper rung: fast at the few rows of late steps
+        return paper_schedules()[0]
     fams = fitting_families(shape, device)
     if "stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256:
         return persistent_schedule("stack")
@@ -349,11 +363,11 @@ class Selector:
     """Chooses and remembers the schedule of each shape.
 
     Variable lengths (``Shape.varlen``): a key of its own (steps bucketed like any), whose
-    candidates are the cuBLAS schedules alone (no persistent kernel takes a per-step batch);
-    the timer times them on the full batch of the bucketed steps, a stand-in for every
-    pattern of the key: timing each pattern would build and capture a plan per pattern (a
-    new one most steps of a training loop), and the schedules differ in how they overlap
-    steps and layers, which a per-step batch does not change.
+    candidates are the cuBLAS schedules alone (``varlen_schedules``: no persistent kernel
+    takes a per-step batch); the timer times them on one representative pattern of the
+    key (``plan.packing.staircase``: lengths falling evenly, as random lengths bucket), a
+    stand-in for every pattern of the key: timing each pattern would build and capture a
+    plan per pattern (a new one most steps of a training loop).
 
     timer: ``timer(schedule, shape, repeats) -> list of ms`` (one per timed run, after the
     timer's own warm-up; it raises to say a candidate cannot run). device: the

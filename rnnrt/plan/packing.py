@@ -117,6 +117,15 @@ def bucket(batch_sizes) -> tuple[int, ...]:
     return tuple(min(batch, per * sum(e > t for e in ends)) for t in range(steps))
 
 
+def staircase(steps: int, batch: int) -> tuple[int, ...]:
+    """The bucketed pattern of ``batch`` sequences whose lengths fall evenly from ``steps``
+    to steps / batch: what random lengths up to ``steps`` bucket to, for the schedule
+    selector to time a variable-length key on (its small active batches included: cuBLAS's
+    kernel choice for a few rows can differ from the full batch's)."""
+    lens = [-(-steps * (batch - b) // batch) for b in range(batch)]
+    return bucket(tuple(sum(n > t for n in lens) for t in range(steps)))
+
+
 def covers(pattern, batch_sizes) -> bool:
     """Whether a plan of ``pattern`` runs the batch ``batch_sizes`` (same batch, at least
     as many steps, at least as many rows every step)."""

@@ -176,3 +176,32 @@ def test_the_fixed_batch_path_still_equals_the_model(runner, monkeypatch):
     assert g2.flat is r.grads
     for e in m.layout.entries:   # accumulated twice
         assert_close(r.grads[e.offset:e.end], 2 * rg.flat[e.offset:e.end], name=e.name)
+
+
+def test_a_varlen_key_is_tuned_on_a_representative_pattern(monkeypatch):
+    """With timing on (the NumPy executor's times stand in for the GPU's): a packed call
+    tunes a key of its own among the cuBLAS schedules (varlen_schedules), each candidate run
+    as a variable-length plan of the key's staircase pattern, and the choice runs right."""
+    import rnnrt.session
+    from rnnrt.gpu import GpuRunner
+    from rnnrt.kernels.choice import varlen_schedules
+    from rnnrt.plan import forward_plan
+    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
+    monkeypatch.setenv("RNNRT_AUTOTUNE", "1")
+    timed = []
+    real = forward_plan
+
+    def spy(key):
+        timed.append(key)
+        return real(key)
+
+    monkeypatch.setattr(rnnrt.gpu, "forward_plan", spy)
+    r = GpuRunner(rnnrt.GRU(I, H, num_layers=2, seed=0), schedule_cache=False)
+    lengths = list(range(13, 0, -1)) + [1] * 7   # 20 sequences: three row groups
+    check_runner_packed_step(r, lengths, np.random.default_rng(8))
+    sel = r.schedule(13, 20, True, varlen=True)
+    assert sel.source == "tuned"
+    assert [c["name"] for c in sel.candidates] == [s.name for s in varlen_schedules()]
+    assert sel.schedule in varlen_schedules()
+    proxies = [k for k in timed if k.varlen and k.capacity is None]
+    assert proxies and all(len(set(k.batch_sizes)) > 1 for k in proxies)

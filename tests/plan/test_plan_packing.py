@@ -84,3 +84,15 @@ def test_bad_patterns_are_refused_by_name():
         pk.row_map((3, 3, 1), (3, 2, 2))
     assert not pk.covers((4, 4), (3, 3)) and not pk.covers((3,), (3, 3))
     assert list(pk.lengths((3, 2, 2, 1))) == [4, 3, 1]
+
+
+def test_staircase_is_what_random_lengths_bucket_to():
+    """The selector's stand-in pattern: falling lengths, bucketed; it has the row groups
+    of random lengths at the same steps and batch."""
+    for steps, batch in ((208, 64), (512, 32), (13, 20), (5, 3)):
+        p = pk.staircase(steps, batch)
+        assert len(p) == pk.step_grid(steps) and p[0] == batch
+        assert p == pk.check_pattern(p) and len(set(p)) <= pk.ROW_GROUPS
+    rng = np.random.default_rng(3)
+    common = [pk.bucket(_random_bs(rng, 1, 208, 64)) for _ in range(50)]
+    assert len(set(pk.staircase(208, 64))) == max(len(set(c)) for c in common) == 4
