@@ -70,6 +70,9 @@ MAX_KEYS = 1024
 """Plan keys a runner remembers per call shape (its selector keeps its own bound)."""
 MAX_ROW_MAPS = 64
 """Row maps of packed batches a runner keeps on the device (a repeated batch reuses its)."""
+MAX_SEEN = 256
+"""Packed batches (their batch_sizes) a runner remembers: one seen again runs its exact
+pattern (nothing frozen) instead of its bucket's."""
 
 
 class GpuRunner:
@@ -98,7 +101,10 @@ class GpuRunner:
     Packed sequences of different lengths (``forward_packed``) run variable-length plans: a
     batch's pattern is bucketed (plan/packing.py), the plans of every pattern of one
     capacity (the steps bucket) share one workspace and keep a CUDA graph each
-    (gpu_state.MAX_EXECUTORS a workspace, least recently used first out).
+    (gpu_state.MAX_EXECUTORS a workspace, least recently used first out). A batch seen
+    before (its batch_sizes among the last MAX_SEEN) runs its exact pattern instead, with no
+    frozen rows: a loop over a fixed set of batches pays for no padding after its first
+    pass; random batches never repeat and stay on their few bucketed plans.
     """
 
     def __init__(self, model, switches: Switches | str = "auto", executor: str = "graph",
@@ -143,6 +149,7 @@ class GpuRunner:
         self._selector = None
         self._keys = OrderedDict()       # (steps, batch, train, pattern) -> PlanKey
         self._row_maps = OrderedDict()   # (batch_sizes, pattern, reverse) -> device RowMap
+        self._seen = OrderedDict()       # batch_sizes of recent packed batches
         self._events = None              # the two events _on_stream records, made once
         self._grad_views = None
 
@@ -400,12 +407,12 @@ class GpuRunner:
         Returns y [N, H] packed like x and h_n / (h_n, c_n) as ``forward``; with train=True
         also a GpuTape (``backward`` takes dy [N, H] and gives dx [N, I]).
         """
-        from .plan.packing import bucket, check_pattern
+        from .plan.packing import check_pattern
         m = self.model
         h0, c0 = split_hx(m, hx)
         bs = check_pattern(batch_sizes)
         check_packed_inputs(m, x, bs, h0, c0)
-        pattern = bucket(bs)
+        pattern = self.pattern(bs)
         key = self.plan_key(len(pattern), bs[0], bool(train), pattern)
         rm = self._row_map(bs, pattern, reverse)
         st = self.state(key)
@@ -426,6 +433,18 @@ class GpuRunner:
 
         out = self._on_stream(ex, run)
         return self._forward_result(st, key, out["y"], out, train, False, rm.rows)
+
+    def pattern(self, batch_sizes: tuple) -> tuple:
+        """The pattern a packed batch runs: its bucket's (plan/packing.py), or its own if the
+        runner saw it among its last MAX_SEEN batches (a repeated batch: no frozen rows)."""
+        from .plan.packing import bucket
+        if batch_sizes in self._seen:
+            self._seen.move_to_end(batch_sizes)
+            return batch_sizes
+        self._seen[batch_sizes] = True
+        while len(self._seen) > MAX_SEEN:
+            self._seen.popitem(last=False)
+        return bucket(batch_sizes)
 
     def _forward_result(self, st, key, y, out, train, batch_first, rows):
         hx_n = (out["h_n"], out["c_n"]) if self.model.cell.has_cell_state else out["h_n"]

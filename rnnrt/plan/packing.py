@@ -29,7 +29,9 @@ bounds): lengths uniform in 20-200, batch 64: 16 patterns, 41% more rows than re
 4.7% more steps than the longest sequence; lengths 1-500, batch 32: 31 patterns. Exact
 patterns would give a plan per batch; a grid per group (instead of fractions of T) gave
 71-531 patterns for 24-37% fewer frozen rows. Padding every batch to its longest sequence
-is the one-group extreme (82% more rows on the first case).
+is the one-group extreme (82% more rows on the first case). A batch that comes again (a
+fixed set of batches looped over) pays its bucket's padding once: GpuRunner runs a batch
+it has seen before on its exact pattern (``GpuRunner.pattern``).
 
 Row map (``row_map``): the pattern row of each packed row. In reverse (a bidirectional
 layer's second direction) each sequence is read from its own end: packed row (t, b) goes

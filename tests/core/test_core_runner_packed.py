@@ -47,21 +47,27 @@ def test_packed_forward_and_backward_equal_the_reference(runner, cell):
 
 def test_patterns_of_a_capacity_share_one_workspace(runner):
     """Batches whose patterns differ but fall in one steps bucket run on one workspace, a
-    plan pair each; a repeated batch reuses its plans (no new executor) and its row map."""
+    plan pair each; a batch seen again runs its exact pattern (a plan pair more, no frozen
+    rows), and from then on reuses it (no new executor, the same row map)."""
+    from rnnrt.plan.packing import bucket
     r = runner("lstm")
     rng = np.random.default_rng(1)
-    batches = ([9, 7, 7, 3, 1], [10, 2, 2, 2, 2], [11, 11, 5, 5, 1], [9, 7, 7, 3, 1])
-    for lengths in batches:
-        check_runner_packed_step(r, lengths, rng)
+    batches = ([9, 7, 7, 3, 1], [10, 2, 2, 2, 2], [11, 11, 5, 5, 1])
+    # (keys only: a live tape would keep its workspace busy, and the next call take another)
+    keys = [check_runner_packed_step(r, lengths, rng).key for lengths in batches]
+    assert [k.batch_sizes for k in keys] == [bucket(batch_sizes_of(b)) for b in batches]
+    again = [check_runner_packed_step(r, batches[0], rng).key for _ in range(3)]
+    assert all(k.batch_sizes == batch_sizes_of(batches[0]) for k in again)
     assert len(r._states) == 1
     st = next(iter(r._states._states.values()))
-    assert len(st) == 2 * 3 and r.session.executors_made == 6   # three patterns, fwd + bwd
-    assert len(r._row_maps) == 3
+    assert len(st) == 2 * 4 and r.session.executors_made == 8   # four patterns, fwd + bwd
+    assert len(r._row_maps) == 4
 
 
 def test_a_repeated_batch_loads_only_its_data(runner, monkeypatch):
-    """The second run of one batch: x's rows scattered, no fill of x's padding, no mask
-    load (both still in the workspace); another batch in between: both again."""
+    """A batch run again on the plan it ran last: x's rows scattered, no fill of x's padding,
+    no mask load (both still in the workspace); another batch in between, or the switch to
+    the exact pattern (the second call), loads both."""
     from rnnrt.exec.workspace import Workspace
     r = runner("gru")
     calls = []
@@ -73,18 +79,19 @@ def test_a_repeated_batch_loads_only_its_data(runner, monkeypatch):
     rng = np.random.default_rng(2)
     bs = batch_sizes_of([7, 5, 5, 2])
     x = draw32(rng, sum(bs), I)
-    outs = []
-    for other in (False, False, True, False):
+    outs, loaded = [], []
+    for other in (False, False, False, True, False):
         calls.clear()
         if other:
             other_bs = batch_sizes_of([6, 3, 2, 2])   # same batch and steps bucket
             r.forward_packed(draw32(rng, sum(other_bs), I), other_bs)
             continue
         outs.append(r.forward_packed(x, bs)[0])
-        first = ("x", 0.0) in calls and ("mask",) in calls
-        assert first == (len(outs) != 2), (len(outs), calls)
-    for y in outs[1:]:
-        assert_close(y, outs[0], 0, 0, name="the same batch, the same y")
+        loaded.append(("x", 0.0) in calls and ("mask",) in calls)
+    assert loaded == [True, True, False, True], loaded
+    assert_close(outs[1], outs[0], name="bucketed and exact pattern, the same y")
+    for y in outs[2:]:
+        assert_close(y, outs[1], 0, 0, name="the same plan, the same y")
     assert len(r._states) == 1
 
 
