@@ -426,7 +426,9 @@ class NumpyCupy(types.ModuleType):
     def __init__(self):
         super().__init__("cupy")
         self.ndarray, self.float32 = np.ndarray, np.float32
-        self.asarray, self.zeros, self.ones, self.random = np.asarray, np.zeros, np.ones, np.random
+        self.zeros, self.ones, self.random = np.zeros, np.ones, np.random
+        # cupy.asarray of host data is a copy on the device: never the caller's array
+        self.asarray = lambda a, dtype=None: np.array(a, dtype=dtype, copy=True)
         self.frees = 0
         fake = self
 
