@@ -286,7 +286,7 @@ class GpuRunner:
             st.ws.load(**arrays)
             runs = [st.executor(forward_plan(key), "fwd")]
             if shape.train:
-                runs.append(st.executor(backward_plan(key), ("bwd", False)))
+                runs.append(st.executor(backward_plan(key), ("bwd", False, True)))
             cp.cuda.Device().synchronize()
             self._timing, self._timing_key = (st, runs), tkey
             warm = 1
@@ -455,13 +455,15 @@ class GpuRunner:
         st.hold(tape)
         return y, hx_n, tape
 
-    def backward(self, tape: GpuTape, dy, dhx=None, accumulate: bool = False) -> GpuGrads:
+    def backward(self, tape: GpuTape, dy, dhx=None, accumulate: bool = False,
+                 need_dx: bool = True) -> GpuGrads:
         """Backpropagation through time for the training forward that made ``tape``.
 
         dy: [T, B, H] like y (batch_first honoured; [N, H] packed after forward_packed);
         dhx: like hx (LSTM (dh_n, dc_n), either None; GRU / RNN dh_n or None). Parameter
         gradients go to ``self.grads`` (overwritten, or added to with accumulate=True);
-        returns GpuGrads.
+        need_dx=False skips the input's gradient (layer 0's dx GEMMs; GpuGrads.dx None).
+        Returns GpuGrads.
         """
         from .plan.backward import backward_plan
         m = self.model
@@ -481,7 +483,8 @@ class GpuRunner:
             check_backward_inputs(m, tape.key.steps, tape.key.batch, dy, dh_n, dc_n)
             if tape.batch_first and dy is not None:
                 dy = dy.transpose(1, 0, 2)
-        ex = st.executor(backward_plan(tape.key, bool(accumulate)), ("bwd", bool(accumulate)))
+        acc, need_dx = bool(accumulate), bool(need_dx)
+        ex = st.executor(backward_plan(tape.key, acc, need_dx), ("bwd", acc, need_dx))
         ws = ex.prepared.ws
 
         def run():
@@ -491,14 +494,16 @@ class GpuRunner:
                 ws.load(dy=dy)
             self._load_states(st, ws, dh_n=dh_n, dc_n=dc_n)
             ex.run()
-            dx = ws.read_rows("dx", tape.rows) if packed else ws.read("dx")
+            dx = None
+            if need_dx:
+                dx = ws.read_rows("dx", tape.rows) if packed else ws.read("dx")
             return dx, {name: ws.read(name) for name in ("dh0", "dc0") if name in ws.plan.outputs}
 
         dx, out = self._on_stream(ex, run)
         if self._grad_views is None:
             from .params import views
             self._grad_views = views(self.grads, m.layout)
-        if tape.batch_first:
+        if tape.batch_first and dx is not None:
             dx = dx.transpose(1, 0, 2)
         return GpuGrads(dx, out["dh0"], out.get("dc0"), self.grads, self._grad_views)
 

@@ -9,8 +9,8 @@ import weakref
 from collections import OrderedDict
 
 MAX_EXECUTORS = 64
-"""Executors (each a captured CUDA graph) one state keeps: a fixed batch needs up to three
-(forward; backward, with and without accumulation); a state of variable-length plans two a
+"""Executors (each a captured CUDA graph) one state keeps: a fixed batch needs a few
+(forward; backward with and without accumulation, with and without dx); a state of variable-length plans two a
 pattern of its capacity (plan/packing.py buckets random batches into 16-31 patterns)."""
 
 
@@ -43,7 +43,7 @@ class RunState:
 
     def executor(self, plan, what):
         """The executor of ``plan`` on this workspace (``what`` tells passes apart: 'fwd',
-        ('bwd', accumulate)), made on first use."""
+        ('bwd', accumulate, need_dx)), made on first use."""
         k = (plan.key, what)
         ex = self._executors.get(k)
         if ex is None:

@@ -318,8 +318,10 @@ def run_varlen_numpy(key, case, reverse=False, order="program", seed=None, fwd=N
         ws.load_rows("dy", m.rows, case["dy"])
         ws.load(dh_n=case["dh_n"], **({"dc_n": case["dc_n"]} if "dc_n" in bwd.inputs else {}))
         numpy_exec.run(bwd, ws, order=order, seed=seed)
-        out.update(dx=ws.read_rows("dx", m.rows), grads=ws.read("grads"),
+        out.update(grads=ws.read("grads"),
                    **{k: ws.read(k) for k in ("dh0", "dc0") if k in bwd.outputs})
+        if "dx" in bwd.outputs:
+            out["dx"] = ws.read_rows("dx", m.rows)
     return out, ws
 
 

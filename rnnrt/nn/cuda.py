@@ -206,7 +206,7 @@ class CudaBackend:
                 dyc = dyc.reshape(T, B, -1)
                 dyc = dyc[::-1] if reverse else dyc
             dhx = (c(dh_n), c(dc_n)) if cell == "lstm" else c(dh_n)
-            g = runner.backward(tape, dyc, dhx)
+            g = runner.backward(tape, dyc, dhx, need_dx=need_dx)
             dx = None
             if need_dx:
                 dxc = g.dx

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 
-from ..cells import backward_flops
+from ..cells import backward_flops, get_cell
 from .forward import ForwardBuilder, forward_plan
 from .model import Binding, Buffer, Plan, PlanKey, validate
 from .ops import Gemm, Kernel, View
@@ -53,15 +53,20 @@ from .schedule import Task, schedule
 
 
 @functools.lru_cache(maxsize=128)
-def backward_plan(key: PlanKey, accumulate: bool = False) -> Plan:
-    """The backward pass of ``key`` (key.train must be True) as a Plan, cached."""
+def backward_plan(key: PlanKey, accumulate: bool = False, need_dx: bool = True) -> Plan:
+    """The backward pass of ``key`` (key.train must be True) as a Plan, cached. need_dx
+    False: without the gradient of the input sequence (layer 0's dx GEMMs and the 'dx'
+    output: a caller whose input needs no gradient; the same buffers, so the same
+    workspace)."""
     if not key.train:
         raise ValueError("backward_plan: key.train must be True (the forward must save "
                          "what the backward reads)")
-    plan = BackwardBuilder(key, accumulate).build()
+    plan = BackwardBuilder(key, accumulate, need_dx).build()
     validate(plan)
     expect = backward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
                             1, key.rows)
+    if not need_dx:   # less layer 0's dx GEMMs: 2 x rows x (G*H) x input_size
+        expect -= 2 * key.rows * get_cell(key.cell).gates * key.hidden_size * key.input_size
     if plan.gemm_flops() != expect:
         raise AssertionError(f"backward plan GEMM FLOPs {plan.gemm_flops()} != {expect}")
     return plan
@@ -71,8 +76,9 @@ class BackwardBuilder(ForwardBuilder):
     """Builds the backward plan of a training key on top of the forward builder's views,
     buffers and streams (one workspace serves both passes)."""
 
-    def __init__(self, key: PlanKey, accumulate: bool):
+    def __init__(self, key: PlanKey, accumulate: bool, need_dx: bool = True):
         super().__init__(key)
+        self.need_dx = bool(need_dx)
         # the persistent switch may make the FORWARD one input GEMM per layer (k = T, the
         # grid kernel); the
         # backward has no persistent kernel, so it keeps the switches' own chunking: with
@@ -366,7 +372,8 @@ class BackwardBuilder(ForwardBuilder):
             if self.varlen:
                 tasks.append(self.dfinal_task(layer))
             for t0 in range(0, self.T, self.k):
-                tasks.append(self.dxb_task(layer, t0, min(t0 + self.k, self.T)))
+                if layer or self.need_dx:   # layer 0's dx GEMMs only when dx is wanted
+                    tasks.append(self.dxb_task(layer, t0, min(t0 + self.k, self.T)))
             for t in range(self.T):
                 tasks.append(self.cellb_task(layer, t))
             tasks.append(self.wgrad_task(layer))
@@ -377,8 +384,7 @@ class BackwardBuilder(ForwardBuilder):
         state = (L, B, H)
         seqs = (N,) if self.varlen else (T, B)   # a pattern's rows are packed
         inputs = {"dy": Binding(seqs + (H,), (View(f"dhin{L - 1}", 0, N, H, H),))}
-        outputs = {"dx": Binding(seqs + (I,), (View("dx", 0, N, I, I),)),
-                   "dh0": Binding(state, tuple(self.slot("dhr", lyr, 0) for lyr in range(L))),
+        outputs = {"dh0": Binding(state, tuple(self.slot("dhr", lyr, 0) for lyr in range(L))),
                    "grads": Binding((self.layout.size,),
                                     (View("grads", 0, 1, self.layout.size, self.layout.size),))}
         kinds = (("dh_n", "dhr", "dhn"),) + ((("dc_n", "dc", "dcn"),)
@@ -388,6 +394,8 @@ class BackwardBuilder(ForwardBuilder):
                             else Binding(state, tuple(self.slot(buf, lyr, T) for lyr in range(L))))
         if self.cell.has_cell_state:
             outputs["dc0"] = Binding(state, tuple(self.slot("dc", lyr, 0) for lyr in range(L)))
+        if self.need_dx:
+            outputs = {"dx": Binding(seqs + (I,), (View("dx", 0, N, I, I),)), **outputs}
         # the forward's bindings too: one workspace (built from this plan's buffers, a
         # superset of the forward's) serves both passes
         fwd = forward_plan(self.key)

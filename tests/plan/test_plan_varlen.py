@@ -226,3 +226,24 @@ def test_no_plan_writes_its_state_inputs(cell):
                                                           rows=1))
     broken = dataclasses.replace(plan, ops=plan.ops[:i] + (bad,) + plan.ops[i + 1:])
     assert _writes_into(broken, ("h0",)) == [i]
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_a_backward_without_dx(varlen):
+    """need_dx=False: the same buffers, no layer-0 dx GEMM, no 'dx' output, and every other
+    gradient as the full backward's."""
+    case = varlen_case("lstm", 2, LENGTHS if varlen else [5] * B, I, H, seed=6)
+    sw = ladder(input_batch=2)[-2].switches
+    pattern = bucket(case["bs"]) if varlen else None
+    key = (key_of("lstm", 2, pattern, sw) if varlen else
+           PlanKey("lstm", 5, B, I, H, 2, True, sw, train=True))
+    full, lean = backward_plan(key), backward_plan(key, False, False)
+    assert lean.buffers == full.buffers and "dx" not in lean.outputs
+    dx0 = [op for op in full.ops if isinstance(op, Gemm) and op.kind == "dx" and op.layer == 0]
+    assert dx0 and not [op for op in lean.ops if isinstance(op, Gemm) and op.kind == "dx"
+                        and op.layer == 0]
+    assert not find_races(lean)
+    if varlen:
+        out, _ = run_varlen_numpy(key, case, True, order="random", seed=2, bwd=lean)
+        assert "dx" not in out
+        check_varlen(out, case, True, "without dx")
