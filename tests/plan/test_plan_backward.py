@@ -17,7 +17,7 @@ from rnnrt.kernels.limits import H100_SXM
 from rnnrt.params import make_layout, per_layer, to_flat
 from rnnrt.plan import forward_plan
 from rnnrt.plan.backward import backward_plan
-from rnnrt.plan.ops import Gemm, Wait
+from rnnrt.plan.ops import Gemm
 from rnnrt.plan.switches import ALL, PAPER_RUNGS, all_combinations, ladder
 from testkit import assert_missing_wait_caught
 from testkit import cpu_plan_key as PlanKey   # CPU plans are built for the lent H100's limits
