@@ -45,6 +45,17 @@
  *     out out [rows, cols]
  *     in  dy  [rows, cols]
  *     in  y   [rows, cols]
+ *   kernel ew_copy(rows, cols)     out = a (variable-length plans: final states of the
+ *                                  sequences that end at a step, and their gradients)
+ *     out out [rows, cols]
+ *     in  a   [rows, cols]
+ *   kernel ew_select(rows, cols)   out = mask[r] != 0 ? a : b, a row mask (the naive rung's
+ *                                  frozen rows of variable-length plans); the side not
+ *                                  taken is not read, so a NaN there does not pass
+ *     out out  [rows, cols]
+ *     in  mask [rows, 1]
+ *     in  a    [rows, cols]
+ *     in  b    [rows, cols]
  */
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
@@ -131,5 +142,20 @@ extern "C" __global__ void ew_drelu(int rows, int cols, float* out, int ldout,
     for_each_element(rows, cols, [=](long long r, long long c) {
         const float g = dy[r * lddy + c];
         out[r * ldout + c] = y[r * ldy + c] > 0.f ? g : 0.f;  // not dy * (y > 0): NaN * 0 is NaN
+    });
+}
+
+extern "C" __global__ void ew_copy(int rows, int cols, float* out, int ldout,
+                                   const float* a, int lda) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = a[r * lda + c];
+    });
+}
+
+extern "C" __global__ void ew_select(int rows, int cols, float* out, int ldout,
+                                     const float* mask, int ldmask, const float* a, int lda,
+                                     const float* b, int ldb) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = mask[r * ldmask] != 0.f ? a[r * lda + c] : b[r * ldb + c];
     });
 }

@@ -12,7 +12,7 @@
  *   dh_prev over dh_rec in the backward.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
- * Kernels (one variant, fp32):
+ * Kernels (fp32; each plain kernel and, below, its masked variant):
  *   kernel gru_fwd(rows = B, cols = H)
  *       r = sigma(((gx_r + bw_r) + gh_r) + br_r);  z = sigma(((gx_z + bw_z) + gh_z) + br_z)
  *       hn = gh_n + br_n;  n = tanh((gx_n + bw_n) + r * hn);  h = n + z * (h_prev - n)
@@ -38,6 +38,32 @@
  *     in  dh_rec   [B, H]    gradient of h_t from step t+1 (dh_n at t = T-1)
  *     in  act      [B, 4H]   the forward's act: r, z, n, hn
  *     in  h_prev   [B, H]    h_{t-1}
+ *
+ * Masked variants, for variable-length plans (rnnrt/plan/packing.py): a row whose sequence
+ * has ended by this step (mask 0) is *frozen*: its state passes through unchanged, so that
+ * the row's last slot holds its final state; rows with mask != 0 compute exactly as above
+ * (the same code).
+ *   kernel gru_fwd_mask(rows = B, cols = H)   gru_fwd where mask != 0; frozen rows:
+ *       h = h_prev, act = 0 (gx, gh and the biases are not read there)
+ *     out h      [B, H]
+ *     out act    [B, 4H]
+ *     in  gx     [B, 3H]
+ *     in  gh     [B, 3H]
+ *     in  bw     [B, 3H]
+ *     in  br     [B, 3H]
+ *     in  h_prev [B, H]
+ *     in  mask   [B, 1]    1 where the row's sequence runs this step, 0 where it has ended
+ *   kernel gru_bwd_mask(rows = B, cols = H)   gru_bwd where mask != 0; frozen rows pass the
+ *       gradient through: dgx = dgh = 0, dh_prev = dh_rec (dh_above, act and h_prev are
+ *       not read there: a frozen row has no output at this step)
+ *     out dgx      [B, 3H]
+ *     out dgh      [B, 3H]
+ *     out dh_prev  [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]
+ *     in  act      [B, 4H]
+ *     in  h_prev   [B, H]
+ *     in  mask     [B, 1]
  */
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
@@ -60,29 +86,71 @@ __device__ __forceinline__ float sigmoidf(float x) {
     return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
 }
 
+// One element (b, j) of gru_fwd, shared by the plain and the masked kernel: every input of
+// the element is read before anything is written (outputs may alias inputs).
+__device__ __forceinline__ void gru_fwd_element(
+        long long b, long long j, int cols, float* h, int ldh, float* act, int ldact,
+        const float* gx, int ldgx, const float* gh, int ldgh, const float* bw, int ldbw,
+        const float* br, int ldbr, const float* h_prev, int ldh_prev) {
+    // ((gx + bw) + gh) + br at column k: the order every twin and the naive rung follow
+    auto pre = [&](long long k) {
+        return ((gx[b * ldgx + k] + bw[b * ldbw + k]) + gh[b * ldgh + k]) + br[b * ldbr + k];
+    };
+    const long long kn = 2 * (long long)cols + j;
+    const float pre_r = pre(j), pre_z = pre(cols + j);
+    const float xn = gx[b * ldgx + kn] + bw[b * ldbw + kn];
+    const float hn = gh[b * ldgh + kn] + br[b * ldbr + kn];
+    const float hp = h_prev[b * ldh_prev + j];
+    // All reads are done: from here on only writes (outputs may alias inputs).
+    const float r = sigmoidf(pre_r), z = sigmoidf(pre_z);
+    const float n = tanhf(xn + r * hn);
+    h[b * ldh + j] = n + z * (hp - n);
+    float* a = act + b * ldact + j;
+    a[0] = r;
+    a[cols] = z;
+    a[2 * (long long)cols] = n;
+    a[3 * (long long)cols] = hn;
+}
+
+// One element (b, j) of gru_bwd, shared by the plain and the masked kernel.
+__device__ __forceinline__ void gru_bwd_element(
+        long long b, long long j, int cols, float* dgx, int lddgx, float* dgh, int lddgh,
+        float* dh_prev, int lddh_prev, const float* dh_above, int lddh_above,
+        const float* dh_rec, int lddh_rec, const float* act, int ldact, const float* h_prev,
+        int ldh_prev) {
+    const float* a = act + b * ldact + j;
+    const float r = a[0], z = a[cols];
+    const float n = a[2 * (long long)cols], hn = a[3 * (long long)cols];
+    const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
+    const float hp = h_prev[b * ldh_prev + j];
+    // All reads are done: from here on only writes (outputs may alias inputs).
+    const float dhz = dh * z;
+    const float dn = __fsub_rn(dh, dhz);  // never contracted into an FMA, as in ew_sub
+    const float dn_p = dn * (1.0f - n * n);
+    const float d = hp - n;
+    const float dz = dh * d;
+    const float dz_p = dz * (z * (1.0f - z));
+    const float dhn = dn_p * r;
+    const float dr = dn_p * hn;
+    const float dr_p = dr * (r * (1.0f - r));
+    float* gx = dgx + b * lddgx + j;
+    gx[0] = dr_p;
+    gx[cols] = dz_p;
+    gx[2 * (long long)cols] = dn_p;
+    float* gh = dgh + b * lddgh + j;
+    gh[0] = dr_p;
+    gh[cols] = dz_p;
+    gh[2 * (long long)cols] = dhn;
+    dh_prev[b * lddh_prev + j] = dhz;
+}
+
 extern "C" __global__ void gru_fwd(int rows, int cols, float* h, int ldh, float* act, int ldact,
                                    const float* gx, int ldgx, const float* gh, int ldgh,
                                    const float* bw, int ldbw, const float* br, int ldbr,
                                    const float* h_prev, int ldh_prev) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        // ((gx + bw) + gh) + br at column k: the order every twin and the naive rung follow
-        auto pre = [&](long long k) {
-            return ((gx[b * ldgx + k] + bw[b * ldbw + k]) + gh[b * ldgh + k]) + br[b * ldbr + k];
-        };
-        const long long kn = 2 * (long long)cols + j;
-        const float pre_r = pre(j), pre_z = pre(cols + j);
-        const float xn = gx[b * ldgx + kn] + bw[b * ldbw + kn];
-        const float hn = gh[b * ldgh + kn] + br[b * ldbr + kn];
-        const float hp = h_prev[b * ldh_prev + j];
-        // All reads are done: from here on only writes (outputs may alias inputs).
-        const float r = sigmoidf(pre_r), z = sigmoidf(pre_z);
-        const float n = tanhf(xn + r * hn);
-        h[b * ldh + j] = n + z * (hp - n);
-        float* a = act + b * ldact + j;
-        a[0] = r;
-        a[cols] = z;
-        a[2 * (long long)cols] = n;
-        a[3 * (long long)cols] = hn;
+        gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
+                        h_prev, ldh_prev);
     });
 }
 
@@ -93,29 +161,57 @@ extern "C" __global__ void gru_bwd(int rows, int cols, float* dgx, int lddgx, fl
                                    const float* act, int ldact,
                                    const float* h_prev, int ldh_prev) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        const float* a = act + b * ldact + j;
-        const float r = a[0], z = a[cols];
-        const float n = a[2 * (long long)cols], hn = a[3 * (long long)cols];
-        const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
+        gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
+                        lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
+    });
+}
+
+extern "C" __global__ void gru_fwd_mask(int rows, int cols, float* h, int ldh,
+                                        float* act, int ldact,
+                                        const float* gx, int ldgx, const float* gh, int ldgh,
+                                        const float* bw, int ldbw, const float* br, int ldbr,
+                                        const float* h_prev, int ldh_prev,
+                                        const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        if (mask[b * ldmask] != 0.f) {
+            gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br,
+                            ldbr, h_prev, ldh_prev);
+            return;
+        }
         const float hp = h_prev[b * ldh_prev + j];
         // All reads are done: from here on only writes (outputs may alias inputs).
-        const float dhz = dh * z;
-        const float dn = __fsub_rn(dh, dhz);  // never contracted into an FMA, as in ew_sub
-        const float dn_p = dn * (1.0f - n * n);
-        const float d = hp - n;
-        const float dz = dh * d;
-        const float dz_p = dz * (z * (1.0f - z));
-        const float dhn = dn_p * r;
-        const float dr = dn_p * hn;
-        const float dr_p = dr * (r * (1.0f - r));
+        h[b * ldh + j] = hp;
+        float* a = act + b * ldact + j;
+        a[0] = 0.f;
+        a[cols] = 0.f;
+        a[2 * (long long)cols] = 0.f;
+        a[3 * (long long)cols] = 0.f;
+    });
+}
+
+extern "C" __global__ void gru_bwd_mask(int rows, int cols, float* dgx, int lddgx,
+                                        float* dgh, int lddgh, float* dh_prev, int lddh_prev,
+                                        const float* dh_above, int lddh_above,
+                                        const float* dh_rec, int lddh_rec,
+                                        const float* act, int ldact,
+                                        const float* h_prev, int ldh_prev,
+                                        const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        if (mask[b * ldmask] != 0.f) {
+            gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
+                            lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
+            return;
+        }
+        const float dhr = dh_rec[b * lddh_rec + j];
+        // All reads are done: from here on only writes (outputs may alias inputs).
         float* gx = dgx + b * lddgx + j;
-        gx[0] = dr_p;
-        gx[cols] = dz_p;
-        gx[2 * (long long)cols] = dn_p;
+        gx[0] = 0.f;
+        gx[cols] = 0.f;
+        gx[2 * (long long)cols] = 0.f;
         float* gh = dgh + b * lddgh + j;
-        gh[0] = dr_p;
-        gh[cols] = dz_p;
-        gh[2 * (long long)cols] = dhn;
-        dh_prev[b * lddh_prev + j] = dhz;
+        gh[0] = 0.f;
+        gh[cols] = 0.f;
+        gh[2 * (long long)cols] = 0.f;
+        dh_prev[b * lddh_prev + j] = dhr;
     });
 }

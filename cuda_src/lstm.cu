@@ -13,7 +13,7 @@
  *   dgx over act and dc_prev over dc_next in the backward.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
- * Kernels (one variant, fp32):
+ * Kernels (fp32; each plain kernel and, below, its masked variant):
  *   kernel lstm_fwd(rows = B, cols = H)
  *       pre_q = ((gx + bw) + gh) + br            (in that order, per gate q)
  *       i, f, g, o = sigma(pre_0), sigma(pre_1), tanh(pre_2), sigma(pre_3)
@@ -42,6 +42,38 @@
  *     in  act      [B, 4H]   the forward's act: i, f, g, o after activation
  *     in  c        [B, H]    c_t, the cell state this step produced
  *     in  c_prev   [B, H]    c_{t-1}, the cell state it started from
+ *
+ * Masked variants, for variable-length plans (rnnrt/plan/packing.py): a row whose sequence
+ * has ended by this step (mask 0) is *frozen*: its state passes through unchanged, so that
+ * the row's last slot holds its final state; rows with mask != 0 compute exactly as above
+ * (the same code).
+ *   kernel lstm_fwd_mask(rows = B, cols = H)   lstm_fwd where mask != 0; frozen rows:
+ *       h = h_prev, c = c_prev, act = 0 (gx, gh and the biases are not read there)
+ *     out h      [B, H]
+ *     out c      [B, H]
+ *     out act    [B, 4H]
+ *     in  gx     [B, 4H]
+ *     in  gh     [B, 4H]
+ *     in  bw     [B, 4H]
+ *     in  br     [B, 4H]
+ *     in  c_prev [B, H]
+ *     in  h_prev [B, H]    previous hidden state (passed through on frozen rows)
+ *     in  mask   [B, 1]    1 where the row's sequence runs this step, 0 where it has ended
+ *   kernel lstm_bwd_mask(rows = B, cols = H)   lstm_bwd where mask != 0, and dh_prev = 0
+ *       there; frozen rows pass the gradients through: dgx = 0, dc_prev = dc_next,
+ *       dh_prev = dh_rec (dh_above, act, c and c_prev are not read there: a frozen row
+ *       has no output at this step)
+ *     out dgx      [B, 4H]
+ *     out dc_prev  [B, H]
+ *     out dh_prev  [B, H]    the direct part of the gradient of h_{t-1}: the caller adds
+ *                            dgx R (a GEMM with beta = 1) to make step t-1's dh_rec
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]
+ *     in  dc_next  [B, H]
+ *     in  act      [B, 4H]
+ *     in  c        [B, H]
+ *     in  c_prev   [B, H]
+ *     in  mask     [B, 1]
  */
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
@@ -64,30 +96,67 @@ __device__ __forceinline__ float sigmoidf(float x) {
     return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
 }
 
+// One element (b, j) of lstm_fwd, shared by the plain and the masked kernel: every input of
+// the element is read before anything is written (outputs may alias inputs).
+__device__ __forceinline__ void lstm_fwd_element(
+        long long b, long long j, int cols, float* h, int ldh, float* c, int ldc, float* act,
+        int ldact, const float* gx, int ldgx, const float* gh, int ldgh, const float* bw,
+        int ldbw, const float* br, int ldbr, const float* c_prev, int ldc_prev) {
+    // ((gx + bw) + gh) + br at column k: the order every twin and the naive rung follow
+    auto pre = [&](long long k) {
+        return ((gx[b * ldgx + k] + bw[b * ldbw + k]) + gh[b * ldgh + k]) + br[b * ldbr + k];
+    };
+    const float pre_i = pre(j), pre_f = pre(cols + j);
+    const float pre_g = pre(2 * (long long)cols + j), pre_o = pre(3 * (long long)cols + j);
+    const float cp = c_prev[b * ldc_prev + j];
+    // All reads are done: from here on only writes (outputs may alias inputs).
+    const float i = sigmoidf(pre_i), f = sigmoidf(pre_f);
+    const float g = tanhf(pre_g), o = sigmoidf(pre_o);
+    const float cn = f * cp + i * g;
+    c[b * ldc + j] = cn;
+    h[b * ldh + j] = o * tanhf(cn);
+    float* a = act + b * ldact + j;
+    a[0] = i;
+    a[cols] = f;
+    a[2 * (long long)cols] = g;
+    a[3 * (long long)cols] = o;
+}
+
+// One element (b, j) of lstm_bwd, shared by the plain and the masked kernel.
+__device__ __forceinline__ void lstm_bwd_element(
+        long long b, long long j, int cols, float* dgx, int lddgx, float* dc_prev,
+        int lddc_prev, const float* dh_above, int lddh_above, const float* dh_rec,
+        int lddh_rec, const float* dc_next, int lddc_next, const float* act, int ldact,
+        const float* c, int ldc, const float* c_prev, int ldc_prev) {
+    const float* a = act + b * ldact + j;
+    const float i = a[0], f = a[cols];
+    const float g = a[2 * (long long)cols], o = a[3 * (long long)cols];
+    const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
+    const float dcn = dc_next[b * lddc_next + j];
+    const float cn = c[b * ldc + j], cp = c_prev[b * ldc_prev + j];
+    // All reads are done: from here on only writes (outputs may alias inputs).
+    const float tc = tanhf(cn);
+    const float dho = dh * o;
+    const float t = dho * (1.0f - tc * tc);
+    const float dcc = __fadd_rn(dcn, t);  // never contracted into an FMA, as in ew_add
+    const float do_ = dh * tc;
+    const float di = dcc * g, df = dcc * cp, dg = dcc * i;
+    float* d = dgx + b * lddgx + j;
+    d[0] = di * (i * (1.0f - i));
+    d[cols] = df * (f * (1.0f - f));
+    d[2 * (long long)cols] = dg * (1.0f - g * g);
+    d[3 * (long long)cols] = do_ * (o * (1.0f - o));
+    dc_prev[b * lddc_prev + j] = dcc * f;
+}
+
 extern "C" __global__ void lstm_fwd(int rows, int cols,
                                     float* h, int ldh, float* c, int ldc, float* act, int ldact,
                                     const float* gx, int ldgx, const float* gh, int ldgh,
                                     const float* bw, int ldbw, const float* br, int ldbr,
                                     const float* c_prev, int ldc_prev) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        // ((gx + bw) + gh) + br at column k: the order every twin and the naive rung follow
-        auto pre = [&](long long k) {
-            return ((gx[b * ldgx + k] + bw[b * ldbw + k]) + gh[b * ldgh + k]) + br[b * ldbr + k];
-        };
-        const float pre_i = pre(j), pre_f = pre(cols + j);
-        const float pre_g = pre(2 * (long long)cols + j), pre_o = pre(3 * (long long)cols + j);
-        const float cp = c_prev[b * ldc_prev + j];
-        // All reads are done: from here on only writes (outputs may alias inputs).
-        const float i = sigmoidf(pre_i), f = sigmoidf(pre_f);
-        const float g = tanhf(pre_g), o = sigmoidf(pre_o);
-        const float cn = f * cp + i * g;
-        c[b * ldc + j] = cn;
-        h[b * ldh + j] = o * tanhf(cn);
-        float* a = act + b * ldact + j;
-        a[0] = i;
-        a[cols] = f;
-        a[2 * (long long)cols] = g;
-        a[3 * (long long)cols] = o;
+        lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw,
+                         br, ldbr, c_prev, ldc_prev);
     });
 }
 
@@ -99,24 +168,63 @@ extern "C" __global__ void lstm_bwd(int rows, int cols, float* dgx, int lddgx,
                                     const float* act, int ldact, const float* c, int ldc,
                                     const float* c_prev, int ldc_prev) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        const float* a = act + b * ldact + j;
-        const float i = a[0], f = a[cols];
-        const float g = a[2 * (long long)cols], o = a[3 * (long long)cols];
-        const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
-        const float dcn = dc_next[b * lddc_next + j];
-        const float cn = c[b * ldc + j], cp = c_prev[b * ldc_prev + j];
+        lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
+                         dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
+                         ldc_prev);
+    });
+}
+
+extern "C" __global__ void lstm_fwd_mask(int rows, int cols,
+                                         float* h, int ldh, float* c, int ldc,
+                                         float* act, int ldact,
+                                         const float* gx, int ldgx, const float* gh, int ldgh,
+                                         const float* bw, int ldbw, const float* br, int ldbr,
+                                         const float* c_prev, int ldc_prev,
+                                         const float* h_prev, int ldh_prev,
+                                         const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        if (mask[b * ldmask] != 0.f) {
+            lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw,
+                             ldbw, br, ldbr, c_prev, ldc_prev);
+            return;
+        }
+        const float hp = h_prev[b * ldh_prev + j], cp = c_prev[b * ldc_prev + j];
         // All reads are done: from here on only writes (outputs may alias inputs).
-        const float tc = tanhf(cn);
-        const float dho = dh * o;
-        const float t = dho * (1.0f - tc * tc);
-        const float dcc = __fadd_rn(dcn, t);  // never contracted into an FMA, as in ew_add
-        const float do_ = dh * tc;
-        const float di = dcc * g, df = dcc * cp, dg = dcc * i;
+        h[b * ldh + j] = hp;
+        c[b * ldc + j] = cp;
+        float* a = act + b * ldact + j;
+        a[0] = 0.f;
+        a[cols] = 0.f;
+        a[2 * (long long)cols] = 0.f;
+        a[3 * (long long)cols] = 0.f;
+    });
+}
+
+extern "C" __global__ void lstm_bwd_mask(int rows, int cols, float* dgx, int lddgx,
+                                         float* dc_prev, int lddc_prev,
+                                         float* dh_prev, int lddh_prev,
+                                         const float* dh_above, int lddh_above,
+                                         const float* dh_rec, int lddh_rec,
+                                         const float* dc_next, int lddc_next,
+                                         const float* act, int ldact, const float* c, int ldc,
+                                         const float* c_prev, int ldc_prev,
+                                         const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        if (mask[b * ldmask] != 0.f) {
+            lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
+                             dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
+                             ldc_prev);
+            dh_prev[b * lddh_prev + j] = 0.f;
+            return;
+        }
+        const float dhr = dh_rec[b * lddh_rec + j], dcn = dc_next[b * lddc_next + j];
+        // All reads are done: from here on only writes (outputs may alias inputs).
         float* d = dgx + b * lddgx + j;
-        d[0] = di * (i * (1.0f - i));
-        d[cols] = df * (f * (1.0f - f));
-        d[2 * (long long)cols] = dg * (1.0f - g * g);
-        d[3 * (long long)cols] = do_ * (o * (1.0f - o));
-        dc_prev[b * lddc_prev + j] = dcc * f;
+        d[0] = 0.f;
+        d[cols] = 0.f;
+        d[2 * (long long)cols] = 0.f;
+        d[3 * (long long)cols] = 0.f;
+        dc_prev[b * lddc_prev + j] = dcn;
+        dh_prev[b * lddh_prev + j] = dhr;
     });
 }

@@ -12,7 +12,8 @@
  *   over dh_above.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
- * Kernels (two variants of one step, differing in the activation only; fp32):
+ * Kernels (two variants of one step, differing in the activation only, each plain and,
+ * below, masked; fp32):
  *   kernel rnn_tanh_fwd(rows = B, cols = H)   h = tanh(((gx + bw) + gh) + br)
  *     out h  [B, H]   new hidden state
  *     in  gx [B, H]   W x_t (from the input GEMM)
@@ -37,6 +38,44 @@
  *     in  dh_above [B, H]
  *     in  dh_rec   [B, H]
  *     in  h        [B, H]
+ *
+ * Masked variants, for variable-length plans (rnnrt/plan/packing.py): a row whose sequence
+ * has ended by this step (mask 0) is *frozen*: h_prev (forward) or dh_rec (backward) passes
+ * through and nothing else of the row is read; rows with mask != 0 compute exactly as
+ * above (the same code), with dh_prev = 0 in the backward.
+ *   kernel rnn_tanh_fwd_mask(rows = B, cols = H)   rnn_tanh_fwd, or h = h_prev if frozen
+ *     out h      [B, H]
+ *     in  gx     [B, H]
+ *     in  gh     [B, H]
+ *     in  bw     [B, H]
+ *     in  br     [B, H]
+ *     in  h_prev [B, H]    previous hidden state (passed through on frozen rows)
+ *     in  mask   [B, 1]    1 where the row's sequence runs this step, 0 where it has ended
+ *   kernel rnn_relu_fwd_mask(rows = B, cols = H)   rnn_relu_fwd, or h = h_prev if frozen
+ *     out h      [B, H]
+ *     in  gx     [B, H]
+ *     in  gh     [B, H]
+ *     in  bw     [B, H]
+ *     in  br     [B, H]
+ *     in  h_prev [B, H]
+ *     in  mask   [B, 1]
+ *   kernel rnn_tanh_bwd_mask(rows = B, cols = H)   rnn_tanh_bwd and dh_prev = 0; frozen
+ *       rows: dg = 0, dh_prev = dh_rec
+ *     out dg       [B, H]
+ *     out dh_prev  [B, H]    the direct part of the gradient of h_{t-1}: the caller adds
+ *                            dg R (a GEMM with beta = 1) to make step t-1's dh_rec
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]
+ *     in  h        [B, H]
+ *     in  mask     [B, 1]
+ *   kernel rnn_relu_bwd_mask(rows = B, cols = H)   rnn_relu_bwd and dh_prev = 0; frozen
+ *       rows: dg = 0, dh_prev = dh_rec
+ *     out dg       [B, H]
+ *     out dh_prev  [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]
+ *     in  h        [B, H]
+ *     in  mask     [B, 1]
  */
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
@@ -53,13 +92,40 @@ __device__ __forceinline__ void for_each_element(int rows, int cols, F f) {
     }
 }
 
+// One element (b, j) of rnn_{tanh,relu}_fwd (RELU picks the activation), shared by the plain
+// and the masked kernels.
+template <bool RELU>
+__device__ __forceinline__ void rnn_fwd_element(
+        long long b, long long j, float* h, int ldh, const float* gx, int ldgx,
+        const float* gh, int ldgh, const float* bw, int ldbw, const float* br, int ldbr) {
+    const float pre = ((gx[b * ldgx + j] + bw[b * ldbw + j]) + gh[b * ldgh + j])
+                      + br[b * ldbr + j];
+    if (RELU) {
+        h[b * ldh + j] = pre < 0.f ? 0.f : pre;  // not fmaxf: fmaxf(NaN, 0) is 0
+    } else {
+        h[b * ldh + j] = tanhf(pre);
+    }
+}
+
+// One element (b, j) of rnn_{tanh,relu}_bwd, shared by the plain and the masked kernels.
+template <bool RELU>
+__device__ __forceinline__ void rnn_bwd_element(
+        long long b, long long j, float* dg, int lddg, const float* dh_above, int lddh_above,
+        const float* dh_rec, int lddh_rec, const float* h, int ldh) {
+    const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
+    const float y = h[b * ldh + j];
+    if (RELU) {
+        dg[b * lddg + j] = y > 0.f ? dh : 0.f;  // not dh * (y > 0): NaN * 0 is NaN
+    } else {
+        dg[b * lddg + j] = dh * (1.0f - y * y);
+    }
+}
+
 extern "C" __global__ void rnn_tanh_fwd(int rows, int cols, float* h, int ldh,
                                         const float* gx, int ldgx, const float* gh, int ldgh,
                                         const float* bw, int ldbw, const float* br, int ldbr) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        const float pre = ((gx[b * ldgx + j] + bw[b * ldbw + j]) + gh[b * ldgh + j])
-                          + br[b * ldbr + j];
-        h[b * ldh + j] = tanhf(pre);
+        rnn_fwd_element<false>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr);
     });
 }
 
@@ -67,9 +133,7 @@ extern "C" __global__ void rnn_relu_fwd(int rows, int cols, float* h, int ldh,
                                         const float* gx, int ldgx, const float* gh, int ldgh,
                                         const float* bw, int ldbw, const float* br, int ldbr) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        const float pre = ((gx[b * ldgx + j] + bw[b * ldbw + j]) + gh[b * ldgh + j])
-                          + br[b * ldbr + j];
-        h[b * ldh + j] = pre < 0.f ? 0.f : pre;  // not fmaxf: fmaxf(NaN, 0) is 0
+        rnn_fwd_element<true>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr);
     });
 }
 
@@ -78,9 +142,7 @@ extern "C" __global__ void rnn_tanh_bwd(int rows, int cols, float* dg, int lddg,
                                         const float* dh_rec, int lddh_rec,
                                         const float* h, int ldh) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
-        const float y = h[b * ldh + j];
-        dg[b * lddg + j] = dh * (1.0f - y * y);
+        rnn_bwd_element<false>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
     });
 }
 
@@ -89,8 +151,86 @@ extern "C" __global__ void rnn_relu_bwd(int rows, int cols, float* dg, int lddg,
                                         const float* dh_rec, int lddh_rec,
                                         const float* h, int ldh) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
-        const float y = h[b * ldh + j];
-        dg[b * lddg + j] = y > 0.f ? dh : 0.f;  // not dh * (y > 0): NaN * 0 is NaN
+        rnn_bwd_element<true>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
+    });
+}
+
+// The masked kernels: a frozen row (mask 0) passes h_prev (forward) or dh_rec (backward)
+// through and reads nothing else.
+template <bool RELU>
+__device__ __forceinline__ void rnn_fwd_mask_element(
+        long long b, long long j, float* h, int ldh, const float* gx, int ldgx,
+        const float* gh, int ldgh, const float* bw, int ldbw, const float* br, int ldbr,
+        const float* h_prev, int ldh_prev, const float* mask, int ldmask) {
+    if (mask[b * ldmask] != 0.f) {
+        rnn_fwd_element<RELU>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr);
+    } else {
+        h[b * ldh + j] = h_prev[b * ldh_prev + j];
+    }
+}
+
+template <bool RELU>
+__device__ __forceinline__ void rnn_bwd_mask_element(
+        long long b, long long j, float* dg, int lddg, float* dh_prev, int lddh_prev,
+        const float* dh_above, int lddh_above, const float* dh_rec, int lddh_rec,
+        const float* h, int ldh, const float* mask, int ldmask) {
+    if (mask[b * ldmask] != 0.f) {
+        rnn_bwd_element<RELU>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
+        dh_prev[b * lddh_prev + j] = 0.f;
+    } else {
+        const float dhr = dh_rec[b * lddh_rec + j];
+        // All reads are done: from here on only writes (outputs may alias inputs).
+        dg[b * lddg + j] = 0.f;
+        dh_prev[b * lddh_prev + j] = dhr;
+    }
+}
+
+extern "C" __global__ void rnn_tanh_fwd_mask(int rows, int cols, float* h, int ldh,
+                                             const float* gx, int ldgx,
+                                             const float* gh, int ldgh,
+                                             const float* bw, int ldbw,
+                                             const float* br, int ldbr,
+                                             const float* h_prev, int ldh_prev,
+                                             const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_fwd_mask_element<false>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
+                                    h_prev, ldh_prev, mask, ldmask);
+    });
+}
+
+extern "C" __global__ void rnn_relu_fwd_mask(int rows, int cols, float* h, int ldh,
+                                             const float* gx, int ldgx,
+                                             const float* gh, int ldgh,
+                                             const float* bw, int ldbw,
+                                             const float* br, int ldbr,
+                                             const float* h_prev, int ldh_prev,
+                                             const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_fwd_mask_element<true>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
+                                   h_prev, ldh_prev, mask, ldmask);
+    });
+}
+
+extern "C" __global__ void rnn_tanh_bwd_mask(int rows, int cols, float* dg, int lddg,
+                                             float* dh_prev, int lddh_prev,
+                                             const float* dh_above, int lddh_above,
+                                             const float* dh_rec, int lddh_rec,
+                                             const float* h, int ldh,
+                                             const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_mask_element<false>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
+                                    dh_rec, lddh_rec, h, ldh, mask, ldmask);
+    });
+}
+
+extern "C" __global__ void rnn_relu_bwd_mask(int rows, int cols, float* dg, int lddg,
+                                             float* dh_prev, int lddh_prev,
+                                             const float* dh_above, int lddh_above,
+                                             const float* dh_rec, int lddh_rec,
+                                             const float* h, int ldh,
+                                             const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_mask_element<true>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
+                                   dh_rec, lddh_rec, h, ldh, mask, ldmask);
     });
 }

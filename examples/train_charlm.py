@@ -14,12 +14,13 @@ consecutive chunks (each chunk's final h_n / c_n is the next chunk's hx).
                   the first ``--verify-steps`` steps are recomputed by the NumPy reference
                   and the run stops if loss, h_n or any gradient disagrees.
 
-torch (``--framework torch``, CPU): the LSTM is ``rnnrt.nn.LSTM`` (torch.nn.LSTM's drop-in,
+torch (``--framework torch``): the LSTM is ``rnnrt.nn.LSTM`` (torch.nn.LSTM's drop-in,
 autograd through rnnrt's backward), the head ``torch.nn.Linear``, the loss
 ``torch.nn.functional.cross_entropy``, clipping ``torch.nn.utils.clip_grad_norm_`` and the
 optimiser ``torch.optim.Adam`` (or SGD). The LSTM and the head start from the same values as
-the rnnrt run of the same seed, so the two paths can be compared step for step. CPU only
-until rnnrt.nn's CUDA backend exists (``--device gpu`` is refused with that reason).
+the rnnrt run of the same seed, so the two paths can be compared step for step. On the CPU
+the LSTM runs on the NumPy reference; with ``--device gpu`` every tensor is on CUDA and the
+LSTM runs on rnnrt's GPU runner (rnnrt.nn's CUDA backend).
 
 Data: README.md and rnnrt's Python source, read from this checkout at run time (nothing is
 downloaded), concatenated in sorted order; the last 10% is the validation text; the
@@ -89,7 +90,7 @@ class Config:
     verify_steps:     GPU only: steps also computed by the NumPy reference and compared
     rung, executor:   GPU only: the ladder rung whose switches run, 'graph' or 'eager'
     framework:        'rnnrt' (rnnrt's arrays, the head, Adam and clipping written here) or
-                      'torch' (rnnrt.nn.LSTM, torch.nn.Linear, torch.optim; CPU only)
+                      'torch' (rnnrt.nn.LSTM, torch.nn.Linear, torch.optim)
     """
 
     device: str = "cpu"
@@ -399,14 +400,19 @@ def train_torch(cfg: Config, progress=_progress) -> dict:
     import rnnrt.nn
     from rnnrt.params import to_flat
 
-    if cfg.device != "cpu":
-        raise NotImplementedError(f"--framework torch runs rnnrt.nn on CPU tensors only: its "
-                                  f"CUDA backend is not written yet; got --device "
-                                  f"{cfg.device}, use --device cpu")
-    # The LSTM's work is NumPy's (OpenBLAS threads); torch's own here is the head and the
-    # optimiser. Two thread pools spinning on the same cores made a tiny step ~7x slower
-    # (2 cores: 16 ms vs 2.3 ms), so torch gets one thread.
-    torch.set_num_threads(1)
+    if cfg.device not in ("cpu", "gpu"):
+        raise ValueError(f"device: expected 'cpu' or 'gpu', got {cfg.device!r}")
+    gpu = cfg.device == "gpu"
+    if gpu and not torch.cuda.is_available():
+        raise RuntimeError("--framework torch --device gpu: this torch has no CUDA device "
+                           "(a CUDA build of torch and a GPU are needed; rnnrt.nn then runs "
+                           "the LSTM on rnnrt's GPU runner)")
+    dev = torch.device("cuda" if gpu else "cpu")
+    if not gpu:
+        # The LSTM's work is NumPy's (OpenBLAS threads); torch's own here is the head and
+        # the optimiser. Two thread pools spinning on the same cores made a tiny step ~7x
+        # slower (2 cores: 16 ms vs 2.3 ms), so torch gets one thread.
+        torch.set_num_threads(1)
     t0 = time.perf_counter()
     corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
     V = len(corpus.vocab)
@@ -416,6 +422,8 @@ def train_torch(cfg: Config, progress=_progress) -> dict:
     head = torch.nn.Linear(cfg.hidden, V)
     init = init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, V, np.float32)
     head.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()})
+    lstm.to(dev)   # on CUDA this lays the LSTM's weights out as rnnrt's runner reads them
+    head.to(dev)
     params = [*lstm.parameters(), *head.parameters()]
     if cfg.optim == "adam":
         opt = torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
@@ -428,15 +436,16 @@ def train_torch(cfg: Config, progress=_progress) -> dict:
     val_s = stream_matrix(corpus.val, cfg.batch, cfg.seq, "validation text")
     per_pass = (train_s.shape[1] - 1) // cfg.seq
     data = _data_summary(corpus, per_pass)
-    label = "CPU, rnnrt.nn.LSTM + torch.optim"
+    label = ("GPU, rnnrt.nn.LSTM (CUDA) + torch.optim" if gpu
+             else "CPU, rnnrt.nn.LSTM + torch.optim")
     _announce(cfg, corpus, data, label, progress)
 
     def loss_of(streams, k, hx):
         """Chunk k's mean cross-entropy from state hx -> (loss, (h_n, c_n))."""
         x, targets = chunk(np, streams, k, cfg.seq, eye)  # [T, B, V] one-hot, [T*B] ids
-        y, hx = lstm(torch.from_numpy(x), hx)
+        y, hx = lstm(torch.from_numpy(x).to(dev), hx)
         logits = head(y.reshape(-1, cfg.hidden))  # rows in time-major order, as targets
-        return F.cross_entropy(logits, torch.from_numpy(targets).long()), hx
+        return F.cross_entropy(logits, torch.from_numpy(targets).long().to(dev)), hx
 
     def evaluate_fn() -> float:
         n = (val_s.shape[1] - 1) // cfg.seq
@@ -467,12 +476,18 @@ def train_torch(cfg: Config, progress=_progress) -> dict:
         _after_step(cfg, step, loss_f, norm_f, log, evaluate_fn, progress)
     train_wall = time.perf_counter() - t_train
 
-    sd = {k_: v.detach().numpy() for k_, v in lstm.state_dict().items()}
+    sd = {k_: v.detach().cpu().numpy() for k_, v in lstm.state_dict().items()}
     state = {"flat": to_flat(sd, start.layout, np.float32),
-             "head": {k_: v.detach().numpy().copy() for k_, v in head.state_dict().items()}}
-    info = {"device": f"CPU ({platform.machine()}), rnnrt.nn.LSTM (NumPy reference) + "
-                      f"torch.optim", "numpy": np.__version__, "torch": torch.__version__,
+             "head": {k_: v.detach().cpu().numpy().copy()
+                      for k_, v in head.state_dict().items()}}
+    info = {"numpy": np.__version__, "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+    if gpu:
+        from rnnrt.session import device_info
+        info = {**device_info(), **info, "lstm": "rnnrt.nn.LSTM (CUDA: rnnrt's GPU runner)"}
+    else:
+        info["device"] = (f"CPU ({platform.machine()}), rnnrt.nn.LSTM (NumPy reference) + "
+                          f"torch.optim")
     return _record(cfg, log, device=info, device_label=label, data=data,
                    lstm_params=sum(p.numel() for p in lstm.parameters()), checks=[],
                    times=(t0, t_train, train_wall), state=state, vocab=corpus.vocab)

@@ -12,14 +12,25 @@ explicit ``rnnrt.Switches`` run exactly that schedule.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
+from .gpu_state import RunState, StateCache
 from .plan.forward import forward_plan
 from .plan.model import PlanKey
 from .plan.switches import Switches
-from .validate import check_backward_inputs, check_flag, check_forward_inputs, split_hx
+from .validate import (
+    check_backward_inputs,
+    check_flag,
+    check_forward_inputs,
+    check_packed_backward_inputs,
+    check_packed_inputs,
+    split_hx,
+)
+
+__all__ = ["DEFAULT_CACHE_BYTES", "GpuGrads", "GpuRunner", "GpuTape", "StateCache"]
 
 
 @dataclass(eq=False)
@@ -35,13 +46,15 @@ class GpuTape:
     state: object = None
     device: int = -1       # the CUDA device its activations live on
     dtype: str = "float32"
+    rows: object = None   # packed sequences: the batch's rows in its plan (a CuPy int64 [N])
 
 
 @dataclass
 class GpuGrads:
     """Gradients on the GPU (CuPy arrays).
 
-    dx [T, B, I] (x's layout, batch_first honoured), dh0 [L, B, H], dc0 [L, B, H] or None.
+    dx [T, B, I] (x's layout, batch_first honoured; packed [N, I] after forward_packed),
+    dh0 [L, B, H], dc0 [L, B, H] or None.
     flat: the runner's gradient buffer [layout.size] in the model's flat layout (zero in the
     padding) — live, not a copy: the next backward overwrites it (or adds, accumulate=True).
     params: torch-named views into ``flat``.
@@ -54,93 +67,15 @@ class GpuGrads:
     params: dict
 
 
-class _State:
-    """Workspace and executors of one plan key (built once, reused until evicted). Busy
-    while the tape of its last training forward is alive (its activations are needed)."""
-
-    def __init__(self, ws, forward):
-        self.ws, self.forward, self.backward = ws, forward, {}
-        self.generation = 0
-        self._tape = None
-
-    @property
-    def busy(self) -> bool:
-        return self._tape is not None and self._tape() is not None
-
-    def hold(self, tape) -> None:
-        import weakref
-        self._tape = weakref.ref(tape)
-
-    @property
-    def nbytes(self) -> int:
-        """Device bytes the workspace holds (its buffers; params and grads are shared)."""
-        return sum(int(b.nbytes) for name, b in self.ws.bufs.items()
-                   if name not in ("params", "grads"))
-
-
 DEFAULT_CACHE_BYTES = 4 << 30
 """Workspace bytes a runner keeps for the shapes it saw (least recently used go first)."""
-
-
-class StateCache:
-    """The runner's workspaces and executors by plan key, bounded: at most ``budget`` bytes
-    of workspaces; adding past it evicts the least recently used states (never the newest,
-    nor a busy one: a live tape needs it) and returns their memory to CuPy's pool, so a loop
-    over many lengths does not grow."""
-
-    def __init__(self, budget: int, free=None):
-        from collections import OrderedDict
-        self.budget, self.free = int(budget), free
-        self._states = OrderedDict()
-        self.evictions = 0
-
-    def get(self, key):
-        st = self._states.get(key)
-        if st is not None:
-            self._states.move_to_end(key)
-        return st
-
-    def add(self, key, st) -> None:
-        self._states[key] = st
-        self._states.move_to_end(key)
-        evicted = False
-        for old in list(self._states):
-            if self.nbytes <= self.budget:
-                break
-            if old == key or getattr(self._states[old], "busy", False):
-                continue   # the newest, and states whose activations a tape still needs
-            del self._states[old]
-            self.evictions += 1
-            evicted = True
-        if evicted and self.free is not None:
-            self.free()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(st.nbytes for st in self._states.values())
-
-    def __contains__(self, key) -> bool:
-        return key in self._states
-
-    def holds(self, st) -> bool:
-        """Whether ``st`` (a state, not a key) is one of this cache's."""
-        return any(s is st for s in self._states.values())
-
-    def drop_idle(self) -> int:
-        """Evict every state no live tape needs (to make room for a large one); -> how many."""
-        idle = [k for k, st in self._states.items() if not getattr(st, "busy", False)]
-        for k in idle:
-            del self._states[k]
-        self.evictions += len(idle)
-        if idle and self.free is not None:
-            self.free()
-        return len(idle)
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def clear(self) -> None:
-        self._states.clear()
+MAX_KEYS = 1024
+"""Plan keys a runner remembers per call shape (its selector keeps its own bound)."""
+MAX_ROW_MAPS = 64
+"""Row maps of packed batches a runner keeps on the device (a repeated batch reuses its)."""
+MAX_SEEN = 256
+"""Packed batches (their batch_sizes) a runner remembers: one seen again runs its exact
+pattern (nothing frozen) instead of its bucket's."""
 
 
 class GpuRunner:
@@ -162,10 +97,22 @@ class GpuRunner:
     the RNNRT_CACHE_BYTES environment variable); least recently used shapes are evicted.
     schedule_cache: where tuned choices persist: a kernels.tuning.ScheduleCache, None for
     the default file (kernels/tuning.py), or False for memory only.
+    params: optional contiguous CuPy float32 [layout.size] buffer to run on as is (shared,
+    not copied; e.g. a view of another framework's tensor through DLPack): its values are
+    the weights, not the model's (``sync_params`` would copy the model's into it).
+
+    Packed sequences of different lengths (``forward_packed``) run variable-length plans: a
+    batch's pattern is bucketed (plan/packing.py), the plans of every pattern of one
+    capacity (the steps bucket) share one workspace and keep a CUDA graph each
+    (gpu_state.MAX_EXECUTORS a workspace, least recently used first out). A batch seen
+    before (its batch_sizes among the last MAX_SEEN) runs its exact pattern instead, with no
+    frozen rows: a loop over a fixed set of batches pays for no padding after its first
+    pass; random batches never repeat and stay on their few bucketed plans.
     """
 
     def __init__(self, model, switches: Switches | str = "auto", executor: str = "graph",
-                 grads=None, cache_bytes: int | None = None, schedule_cache=None):
+                 grads=None, cache_bytes: int | None = None, schedule_cache=None,
+                 params=None):
         import os
 
         from .session import GpuSession, executor_names
@@ -189,11 +136,13 @@ class GpuRunner:
         refuse_if(size * 4 * (2 if grads is None else 1), gpu_available(cp),
                   f"the parameters{' and gradients' if grads is None else ''} of {model!r}",
                   "GPU memory")
+        for name, buf in (("grads", grads), ("params", params)):
+            if buf is not None and not (isinstance(buf, cp.ndarray) and buf.dtype == cp.float32
+                                        and buf.shape == (size,) and buf.flags.c_contiguous):
+                raise ValueError(f"{name}: expected a contiguous CuPy float32 array of shape "
+                                 f"({size},)")
         if grads is None:
             grads = cp.zeros(size, dtype=cp.float32)
-        elif not (isinstance(grads, cp.ndarray) and grads.dtype == cp.float32
-                  and grads.shape == (size,) and grads.flags.c_contiguous):
-            raise ValueError(f"grads: expected a contiguous CuPy float32 array of shape ({size},)")
         self.cp = cp
         self.device_id = cp.cuda.Device().id
         self.model = model
@@ -201,11 +150,16 @@ class GpuRunner:
         self.executor_name = executor
         self.session = session
         self.limits = session.limits   # what a persistent plan's fit reads
-        self.params = cp.asarray(model.flat, dtype=cp.float32)
+        self.params = cp.asarray(model.flat, dtype=cp.float32) if params is None else params
         self.grads = grads
         self._states = StateCache(cache_bytes, free=cp.get_default_memory_pool().free_all_blocks)
         self._schedule_cache = schedule_cache
         self._selector = None
+        self._keys = OrderedDict()       # (steps, batch, train, pattern) -> PlanKey
+        self._row_maps = OrderedDict()   # (batch_sizes, pattern, reverse) -> device RowMap
+        self._seen = OrderedDict()       # batch_sizes of recent packed batches
+        self._events = None              # the two events _on_stream records, made once
+        self._grad_views = None
 
     def sync_params(self):
         """Copy the model's flat parameters to the device again. Every workspace shares
@@ -216,11 +170,12 @@ class GpuRunner:
         self.grads.fill(0)
 
     # -- the schedule --------------------------------------------------------------------------
-    def _shape(self, steps: int, batch: int, train: bool):
+    def _shape(self, steps: int, batch: int, train: bool, varlen: bool = False):
         from .kernels.choice import Shape
         m = self.model
         return Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
-                     int(steps), bool(train), m.bias, "float32", self.executor_name)
+                     int(steps), bool(train), m.bias, "float32", self.executor_name,
+                     bool(varlen))
 
     @property
     def selector(self):
@@ -237,26 +192,45 @@ class GpuRunner:
             self._selector = Selector(self._time_schedule, self.limits, cache, log=_log)
         return self._selector
 
-    def schedule(self, steps: int, batch: int, train: bool = False):
-        """What runs for (steps, batch, train): a kernels.choice.Selection (schedule, where
-        the choice came from, each candidate's time) — with explicit switches, those."""
+    def schedule(self, steps: int, batch: int, train: bool = False, varlen: bool = False):
+        """What runs for (steps, batch, train) — and with varlen, for packed sequences of
+        different lengths: a kernels.choice.Selection (schedule, where the choice came from,
+        each candidate's time) — with explicit switches, those."""
         from .kernels.choice import Schedule, Selection
         if self.switches != "auto":
             return Selection(Schedule(self.switches.label(), self.switches), "explicit")
-        shape = self._shape(steps, batch, train)
+        shape = self._shape(steps, batch, train, varlen)
         self._precompile()
         return self.selector.select(shape)
 
-    def plan_key(self, steps: int, batch: int, train: bool = False) -> PlanKey:
+    def plan_key(self, steps: int, batch: int, train: bool = False,
+                 pattern: tuple | None = None) -> PlanKey:
+        """The PlanKey a call runs: ``pattern`` (plan/packing.py) for packed sequences of
+        different lengths (steps = len(pattern); its buffers sized for the steps bucket, so
+        every pattern of the bucket shares a workspace). Remembered per call shape."""
+        k = (int(steps), int(batch), bool(train), pattern)
+        key = self._keys.get(k)
+        if key is not None:
+            self._keys.move_to_end(k)
+            return key
         m = self.model
         if self.switches == "auto":
-            sched = self.schedule(steps, batch, train).schedule
+            sched = self.schedule(steps, batch, train, pattern is not None).schedule
             sw, family, backward = sched.switches, sched.family, sched.backward
         else:
             sw, family, backward = self.switches, None, None
-        return PlanKey(m.cell_name, steps, batch, m.input_size, m.hidden_size, m.num_layers,
-                       m.bias, sw, train, device=self.limits, family=family,
-                       backward=backward if train else None)
+        capacity = None
+        if pattern is not None:
+            from .kernels.choice import bucket_steps
+            capacity = max(bucket_steps(len(pattern)), len(pattern))
+        key = PlanKey(m.cell_name, int(steps), int(batch), m.input_size, m.hidden_size,
+                      m.num_layers, m.bias, sw, bool(train), device=self.limits, family=family,
+                      backward=backward if train else None, batch_sizes=pattern,
+                      capacity=capacity)
+        self._keys[k] = key
+        while len(self._keys) > MAX_KEYS:
+            self._keys.popitem(last=False)
+        return key
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes
@@ -268,7 +242,8 @@ class GpuRunner:
             self.session.ctx.kernels.get(k.name)
         self._compiled = True
 
-    def _build_state(self, key: PlanKey) -> _State:
+    # -- states ----------------------------------------------------------------------------------
+    def _build_state(self, key: PlanKey) -> RunState:
         from .plan.backward import backward_plan
         from .sizes import SizeError, check_workspace, gpu_available
         # the workspace must fit before any plan is built or buffer allocated; where it does
@@ -279,35 +254,52 @@ class GpuRunner:
             if not self._states.drop_idle():
                 raise
             check_workspace(key, gpu_available(self.cp))
-        fplan = forward_plan(key)
-        wplan = backward_plan(key) if key.train else fplan
+        wplan = backward_plan(key) if key.train else forward_plan(key)
         ws = self.session.workspace(wplan, self.params, grads=self.grads)
-        return _State(ws, self.session.executor(self.executor_name, fplan, ws))
+        return RunState(ws, lambda plan, w: self.session.executor(self.executor_name, plan, w))
+
+    @staticmethod
+    def _workspace_key(key: PlanKey):
+        """What a state is cached by: the plan key, or for a pattern every pattern of its
+        capacity (their plans have the same buffers)."""
+        if not key.varlen:
+            return key
+        from dataclasses import replace
+        return ("varlen", replace(key, batch_sizes=None, steps=key.capacity, capacity=None))
 
     def _time_schedule(self, sched, shape, repeats: int) -> list:
         """The selector's timer: ``repeats`` timed runs (ms, CUDA events) of ``sched`` on
         random inputs of ``shape`` (the first ``choice.tuning_steps(shape)`` steps), after
-        one warm-up run; forward, or forward + backward for a training shape. Nothing is
-        cached."""
+        one warm-up run; forward, or forward + backward for a training shape. A variable-
+        length shape is timed on one representative pattern (plan.packing.staircase;
+        kernels/choice.py Selector says why), its mask all ones. Nothing is cached."""
         from .kernels.choice import tuning_steps
+        from .plan.backward import backward_plan
         from .session import time_events
         m = self.model
         steps = tuning_steps(shape)
+        pattern = None
+        if shape.varlen:   # one representative pattern of the key (choice.Selector says why)
+            from .plan.packing import staircase
+            pattern = staircase(steps, shape.batch)
+            steps = len(pattern)
         key = PlanKey(m.cell_name, steps, shape.batch, m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
-                      family=sched.family, backward=sched.backward if shape.train else None)
+                      family=sched.family, backward=sched.backward if shape.train else None,
+                      batch_sizes=pattern)
         tkey = (sched.name, shape.key(), steps)
         if getattr(self, "_timing_key", None) != tkey:
             self._timing = None   # free the last candidate's workspace first
             st = self._build_state(key)
             cp = self.cp
             rng = cp.random.default_rng(0)
-            arrays = {name: rng.standard_normal(b.shape, dtype=cp.float32)
+            arrays = {name: (cp.ones(b.shape, cp.float32) if name == "mask" else
+                             rng.standard_normal(b.shape, dtype=cp.float32))
                       for name, b in st.ws.plan.inputs.items()}
             st.ws.load(**arrays)
-            runs = [st.forward]
+            runs = [st.executor(forward_plan(key), "fwd")]
             if shape.train:
-                runs.append(self._backward_executor(st, key, False))
+                runs.append(st.executor(backward_plan(key), ("bwd", False, True)))
             cp.cuda.Device().synchronize()
             self._timing, self._timing_key = (st, runs), tkey
             warm = 1
@@ -321,45 +313,72 @@ class GpuRunner:
 
         return time_events(self.cp, run, runs[0].stream, repeats, warm)
 
-    def state(self, key: PlanKey) -> _State:
+    def state(self, key: PlanKey) -> RunState:
         """A state (workspace + executors) of ``key`` that no live tape holds, built once and
         kept in the bounded cache. A training key's workspace holds the backward plan's
         buffers too (a superset of the forward's)."""
+        skey = self._workspace_key(key)
         slot = 0
         while True:
-            st = self._states.get((key, slot))
+            st = self._states.get((skey, slot))
             if st is None:
                 self._timing, self._timing_key = None, None   # tuning is over: free it
                 st = self._build_state(key)
-                self._states.add((key, slot), st)
+                self._states.add((skey, slot), st)
                 return st
             if not st.busy:
                 return st
             slot += 1
 
-    def _backward_executor(self, st: _State, key: PlanKey, accumulate: bool):
-        if accumulate not in st.backward:
-            from .plan.backward import backward_plan
-            st.backward[accumulate] = self.session.executor(
-                self.executor_name, backward_plan(key, accumulate), st.ws)
-        return st.backward[accumulate]
+    def _row_map(self, batch_sizes: tuple, pattern: tuple, reverse: bool):
+        """The RowMap (plan/packing.py) of a packed batch in its pattern's plan, on the
+        device (rows int64, mask float32), kept for the last MAX_ROW_MAPS batches."""
+        k = (batch_sizes, pattern, bool(reverse))
+        rm = self._row_maps.get(k)
+        if rm is None:
+            from .plan.packing import RowMap, row_map
+            host = row_map(batch_sizes, pattern, reverse)
+            rm = RowMap(self.cp.asarray(host.rows), self.cp.asarray(host.mask))
+            self._row_maps[k] = rm
+            while len(self._row_maps) > MAX_ROW_MAPS:
+                self._row_maps.popitem(last=False)
+        else:
+            self._row_maps.move_to_end(k)
+        return rm
+
+    @staticmethod
+    def _load_states(st: RunState, ws, **arrays):
+        """Load state inputs (h0, c0, dh_n, dc_n; None: zeros). No plan writes them, so a
+        None after a None (the usual training loop) loads nothing."""
+        for name, a in arrays.items():
+            if name not in ws.plan.inputs:
+                continue
+            if a is None:
+                if name in st.zeroed:
+                    continue
+                st.zeroed.add(name)
+            else:
+                st.zeroed.discard(name)
+            ws.load(**{name: a})
 
     def _on_stream(self, ex, fn):
         """Run ``fn()`` on the executor's first stream, ordered after the caller's stream's
-        prior work and before its later work."""
+        prior work and before its later work (two events, made once; no host wait)."""
         cp = self.cp
+        if self._events is None:
+            self._events = (cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True))
+        start, done = self._events
         caller = cp.cuda.get_current_stream()
         s0 = ex.stream
-        start = cp.cuda.Event(disable_timing=True)
         start.record(caller)
         s0.wait_event(start)
         with s0:
             out = fn()
-        done = cp.cuda.Event(disable_timing=True)
         done.record(s0)
         caller.wait_event(done)
         return out
 
+    # -- passes ------------------------------------------------------------------------------------
     def forward(self, x, hx=None, train: bool = False):
         """Forward pass on the GPU. Shapes as the model's ``forward`` (batch_first honoured).
 
@@ -376,29 +395,91 @@ class GpuRunner:
             x = x.transpose(1, 0, 2)
         key = self.plan_key(int(x.shape[0]), int(x.shape[1]), bool(train))
         st = self.state(key)
+        ex = st.executor(forward_plan(key), "fwd")
+        ws = ex.prepared.ws
 
         def run():
-            st.ws.load_inputs(x, h0, c0)
-            st.forward.run()
-            return st.ws.outputs(copy=True)
+            ws.load(x=x)
+            self._load_states(st, ws, h0=h0, c0=c0)
+            ex.run()
+            return ws.outputs(copy=True)
 
-        out = self._on_stream(st.forward, run)
+        out = self._on_stream(ex, run)
         y = out["y"].transpose(1, 0, 2) if m.batch_first else out["y"]
-        hx_n = (out["h_n"], out["c_n"]) if m.cell.has_cell_state else out["h_n"]
+        return self._forward_result(st, key, y, out, train, m.batch_first, None)
+
+    def forward_packed(self, x, batch_sizes, hx=None, train: bool = False,
+                       reverse: bool = False):
+        """Forward pass over packed sequences of different lengths (torch's PackedSequence
+        layout), each row of a step on its own sequence's state, nothing computed past a
+        sequence's end, h_n / c_n each sequence's state after its own last step.
+
+        x: [N, I] packed (NumPy or CuPy float32), N = sum(batch_sizes); batch_sizes: [T]
+        ints (host), non-increasing, >= 1; hx: as ``forward``'s, [L, B, H] in the packed
+        (sorted) order, B = batch_sizes[0]. reverse: each sequence from its own end to its
+        start (a bidirectional layer's second direction; y stays in x's row order).
+        Returns y [N, H] packed like x and h_n / (h_n, c_n) as ``forward``; with train=True
+        also a GpuTape (``backward`` takes dy [N, H] and gives dx [N, I]).
+        """
+        from .plan.packing import check_pattern
+        m = self.model
+        h0, c0 = split_hx(m, hx)
+        bs = check_pattern(batch_sizes)
+        check_packed_inputs(m, x, bs, h0, c0)
+        pattern = self.pattern(bs)
+        key = self.plan_key(len(pattern), bs[0], bool(train), pattern)
+        rm = self._row_map(bs, pattern, reverse)
+        st = self.state(key)
+        ex = st.executor(forward_plan(key), "fwd")
+        ws = ex.prepared.ws
+
+        def run():
+            if st.rows is not rm:   # the padding of x (zero) and the mask of another batch
+                ws.load_rows("x", rm.rows, x, fill=0.0)
+                ws.load(mask=rm.mask)
+                st.rows = rm
+            else:
+                ws.load_rows("x", rm.rows, x)
+            self._load_states(st, ws, h0=h0, c0=c0)
+            ex.run()
+            return {"y": ws.read_rows("y", rm.rows),
+                    **{k: ws.read(k) for k in ("h_n", "c_n") if k in ws.plan.outputs}}
+
+        out = self._on_stream(ex, run)
+        return self._forward_result(st, key, out["y"], out, train, False, rm.rows)
+
+    def pattern(self, batch_sizes: tuple) -> tuple:
+        """The pattern a packed batch runs: its bucket's (plan/packing.py), or its own if the
+        runner saw it among its last MAX_SEEN batches (a repeated batch: no frozen rows)."""
+        from .plan.packing import bucket
+        if batch_sizes in self._seen:
+            self._seen.move_to_end(batch_sizes)
+            return batch_sizes
+        self._seen[batch_sizes] = True
+        while len(self._seen) > MAX_SEEN:
+            self._seen.popitem(last=False)
+        return bucket(batch_sizes)
+
+    def _forward_result(self, st, key, y, out, train, batch_first, rows):
+        hx_n = (out["h_n"], out["c_n"]) if self.model.cell.has_cell_state else out["h_n"]
         if not train:
             return y, hx_n
         st.generation += 1
-        tape = GpuTape(key, st.generation, m.batch_first, st, self.device_id)
+        tape = GpuTape(key, st.generation, batch_first, st, self.device_id, rows=rows)
         st.hold(tape)
         return y, hx_n, tape
 
-    def backward(self, tape: GpuTape, dy, dhx=None, accumulate: bool = False) -> GpuGrads:
+    def backward(self, tape: GpuTape, dy, dhx=None, accumulate: bool = False,
+                 need_dx: bool = True) -> GpuGrads:
         """Backpropagation through time for the training forward that made ``tape``.
 
-        dy: [T, B, H] like y (batch_first honoured); dhx: like hx (LSTM (dh_n, dc_n), either
-        None; GRU / RNN dh_n or None). Parameter gradients go to ``self.grads`` (overwritten,
-        or added to with accumulate=True); returns GpuGrads.
+        dy: [T, B, H] like y (batch_first honoured; [N, H] packed after forward_packed);
+        dhx: like hx (LSTM (dh_n, dc_n), either None; GRU / RNN dh_n or None). Parameter
+        gradients go to ``self.grads`` (overwritten, or added to with accumulate=True);
+        need_dx=False skips the input's gradient (layer 0's dx GEMMs; GpuGrads.dx None).
+        Returns GpuGrads.
         """
+        from .plan.backward import backward_plan
         m = self.model
         if not isinstance(tape, GpuTape):
             raise TypeError(f"tape: expected the GpuTape of runner.forward(train=True), "
@@ -416,24 +497,37 @@ class GpuRunner:
             raise ValueError("tape: stale — its activations were overwritten (a tape of "
                              "another runner, or one copied by hand); run forward again")
         dh_n, dc_n = split_hx(m, dhx, "dhx")
-        check_backward_inputs(m, tape.key.steps, tape.key.batch, dy, dh_n, dc_n)
-        if tape.batch_first and dy is not None:
-            dy = dy.transpose(1, 0, 2)
-        ex = self._backward_executor(st, tape.key, bool(accumulate))
+        packed = tape.rows is not None
+        if packed:
+            check_packed_backward_inputs(m, int(tape.rows.shape[0]), tape.key.batch, dy,
+                                         dh_n, dc_n)
+        else:
+            check_backward_inputs(m, tape.key.steps, tape.key.batch, dy, dh_n, dc_n)
+            if tape.batch_first and dy is not None:
+                dy = dy.transpose(1, 0, 2)
+        acc, need_dx = bool(accumulate), bool(need_dx)
+        ex = st.executor(backward_plan(tape.key, acc, need_dx), ("bwd", acc, need_dx))
+        ws = ex.prepared.ws
 
         def run():
-            arrays = {"dy": dy, "dh_n": dh_n}
-            if m.cell.has_cell_state:
-                arrays["dc_n"] = dc_n
-            st.ws.load(**arrays)
+            if packed:
+                ws.load_rows("dy", tape.rows, dy)
+            else:
+                ws.load(dy=dy)
+            self._load_states(st, ws, dh_n=dh_n, dc_n=dc_n)
             ex.run()
-            return {name: st.ws.read(name) for name in ("dx", "dh0", "dc0")
-                    if name in st.ws.plan.outputs}
+            dx = None
+            if need_dx:
+                dx = ws.read_rows("dx", tape.rows) if packed else ws.read("dx")
+            return dx, {name: ws.read(name) for name in ("dh0", "dc0") if name in ws.plan.outputs}
 
-        out = self._on_stream(ex, run)
-        from .params import views
-        dx = out["dx"].transpose(1, 0, 2) if tape.batch_first else out["dx"]
-        return GpuGrads(dx, out["dh0"], out.get("dc0"), self.grads, views(self.grads, m.layout))
+        dx, out = self._on_stream(ex, run)
+        if self._grad_views is None:
+            from .params import views
+            self._grad_views = views(self.grads, m.layout)
+        if tape.batch_first and dx is not None:
+            dx = dx.transpose(1, 0, 2)
+        return GpuGrads(dx, out["dh0"], out.get("dc0"), self.grads, self._grad_views)
 
     def close(self):
         self._states.clear()

@@ -202,3 +202,48 @@ def check_backward_inputs(config, steps: int, batch: int, dy, dh_n=None, dc_n=No
     for name, a in (("dh_n", dh_n), ("dc_n", dc_n)):
         if a is not None:
             _check_state(name, a, config.num_layers, batch, hidden, config.dtype)
+
+
+def check_packed_inputs(config, x, batch_sizes, h0=None, c0=None) -> tuple[int, int]:
+    """Check a forward call on packed sequences against ``config``; -> (N, B).
+
+    x:           [N, I] packed (torch's PackedSequence layout: step t's rows after step
+                 t-1's), N = sum(batch_sizes); the model's dtype
+    batch_sizes: [T] ints, non-increasing, >= 1 (sequences sorted longest first)
+    h0, c0:      [num_layers, B, H] or None, B = batch_sizes[0], in the packed (sorted)
+                 order; c0 for LSTM only
+
+    Raises ValueError / TypeError naming the argument (batch_first does not apply: packed
+    data has no batch dimension).
+    """
+    from .plan.packing import check_pattern
+    bs = check_pattern(batch_sizes)
+    check_dtype("x", x, config.dtype)
+    n = sum(bs)
+    if x.ndim != 2 or tuple(int(d) for d in x.shape) != (n, config.input_size):
+        raise ValueError(f"x: expected packed [N, I] = ({n}, {config.input_size}) (N = "
+                         f"sum(batch_sizes)), got shape {_shape_str(x)}")
+    _check_pair(config, bs[0], ("h0", h0), ("c0", c0))
+    return n, bs[0]
+
+
+def check_packed_backward_inputs(config, rows: int, batch: int, dy, dh_n=None,
+                                 dc_n=None) -> None:
+    """Check a backward call on packed sequences: dy [rows, H] (like the forward's packed
+    y) or None; dh_n, dc_n [num_layers, batch, H] or None (dc_n LSTM only)."""
+    if dy is not None:
+        check_dtype("dy", dy, config.dtype)
+        want = (rows, config.hidden_size)
+        if tuple(int(d) for d in dy.shape) != want:
+            raise ValueError(f"dy: expected the shape of the packed y, {want}, got "
+                             f"{_shape_str(dy)}")
+    _check_pair(config, batch, ("dh_n", dh_n), ("dc_n", dc_n))
+
+
+def _check_pair(config, batch: int, h, c) -> None:
+    """A state pair (or its gradients): h = (name, [num_layers, batch, H] or None), c likewise
+    (LSTM only: another cell must pass None)."""
+    _check_no_cell_state(c[0], _cell_name(config), c[1])
+    for name, a in (h, c):
+        if a is not None:
+            _check_state(name, a, config.num_layers, batch, config.hidden_size, config.dtype)

@@ -313,6 +313,27 @@ def run_numpy(plan, flat, x, h0, c0, order="program", seed=None):
     return ws.outputs()
 
 
+def assert_missing_wait_caught(plan, which, run_and_check, seeds=30):
+    """Remove the ``which``-th event wait of ``plan``: the static race checker must report
+    a race, and ``run_and_check(broken_plan, seed)`` (a random interleaving checked against
+    the reference; AssertionError when wrong) must fail for some seed."""
+    import dataclasses
+
+    from rnnrt.exec.racecheck import find_races
+    from rnnrt.plan.ops import Wait
+    waits = [i for i, op in enumerate(plan.ops) if isinstance(op, Wait)]
+    i = waits[which]
+    broken = dataclasses.replace(plan, ops=plan.ops[:i] + plan.ops[i + 1:])
+    assert find_races(broken), f"removing {plan.ops[i]} was not seen"
+    failures = 0
+    for seed in range(seeds):
+        try:
+            run_and_check(broken, seed)
+        except AssertionError:
+            failures += 1
+    assert failures > 0, "no random interleaving exposed the missing wait"
+
+
 def check_outputs(out, ref, what):
     for name in ("y", "h_n", "c_n"):
         if ref.get(name) is not None:
@@ -383,8 +404,6 @@ def check_bwd_plan(ws, layout, ref, what, scale=1.0, atol=1e-12, rtol=1e-10):
         n = int(np.prod(e.shape))
         assert_close(got[e.offset:e.offset + n], scale * ref["grads"][e.offset:e.offset + n],
                      atol, rtol, name=f"{what} {e.name}")
-
-
 # --- plans on the GPU ---------------------------------------------------------------------------
 
 def gpu_plan_key(*args, **kw):
@@ -561,3 +580,7 @@ def assert_refused(call, exc, words, arrays=(), folders=(), spies=(), within_s=2
     for s in spies:
         assert s.calls == 0, f"{s.name} ran"
     return info.value
+
+
+from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
+    CpuSession, NumpyCupy, NumpyPlanExecutor, batch_sizes_of, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)

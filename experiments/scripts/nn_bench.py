@@ -7,15 +7,19 @@ Usage (GPU, from the repo root):
 train-step: one training step (forward, a loss, backward, SGD step, zero_grad) of an LSTM
 (2 layers, hidden 512, input 512, batch 64), through rnnrt.nn and through torch.nn (cuDNN,
 fp32 with TF32 off), on (a) a fixed batch of 100 steps and (b) a packed batch of lengths
-uniform in 20-200; CUDA events around each step, median of --repeats after warm-up, the two
-modules timed in turn. Both start from the same weights; the first step's parameters after
-the update are compared (fp32 tolerance). A case rnnrt.nn declines is recorded with the reason.
-Record: kind 'train-step', rows {case, impl, ms_median, ms_min, ms_max, runs | declined}.
+uniform in 20-200 (rnnrt.nn: a variable-length plan, a per-step active batch); CUDA events
+around each step, median of --repeats after warm-up, the two modules timed in turn. Both
+start from the same weights; the first step's parameters after the update are compared (fp32
+tolerance). Beside them, each case's forward + backward through GpuRunner alone (CuPy arrays,
+no torch): what a step costs beyond it is the module's own. Record: kind 'train-step', rows
+{case, impl, ms_median, ms_min, ms_max, runs}.
 
-memory-varlen: --steps training steps of rnnrt.nn's LSTM (2 x 256, batch 32) on batches of a
-random length in 1-500 (the same length for every sequence of a batch), recording GPU memory
-in use after each step (CuPy's pool plus torch's allocator) and its peak; fields
-distinct_lengths, peak_bytes_first_100, peak_bytes_last_100. Record: kind 'memory-varlen'.
+memory-varlen: --steps training steps of rnnrt.nn's LSTM (2 x 256, batch 32) on packed
+batches whose every sequence has a random length in 1-500 (--lengths per-batch: one random
+length a batch), recording GPU memory in use after each step (CuPy's pool plus torch's
+allocator) and its peak; fields distinct_lengths (sequence lengths seen), patterns (distinct
+bucketed plans), peak_bytes_first_100, peak_bytes_last_100, ms per step.
+Record: kind 'memory-varlen'.
 """
 from __future__ import annotations
 
@@ -97,20 +101,17 @@ def train_step(repeats: int) -> dict:
     rows, checks = [], {}
     for case, make in cases.items():
         ref, ours = _pair(H, H, L)
-        fns = {"torch.nn": _step_fn(ref, make)}
-        try:   # one step first: does rnnrt.nn run this case, and update like torch.nn?
-            r2, o2 = _pair(H, H, L)
-            _step_fn(r2, make)()
-            _step_fn(o2, make)()
-            worst = None
-            for (n, a), (_, b) in zip(o2.named_parameters(), r2.named_parameters()):
-                c = compare(a.detach().cpu().numpy(), b.detach().cpu().numpy(),
-                            reduction_atol(T * B), FP32_RTOL, name=f"{case} {n} after a step")
-                worst = c if worst is None or c.max_excess > worst.max_excess else worst
-            checks[case] = worst.as_dict()
-            fns["rnnrt.nn"] = _step_fn(ours, make)
-        except NotImplementedError as e:
-            rows.append({"case": case, "impl": "rnnrt.nn", "declined": str(e)})
+        # one step first: rnnrt.nn updates the weights as torch.nn does
+        r2, o2 = _pair(H, H, L)
+        _step_fn(r2, make)()
+        _step_fn(o2, make)()
+        worst = None
+        for (n, a), (_, b) in zip(o2.named_parameters(), r2.named_parameters()):
+            c = compare(a.detach().cpu().numpy(), b.detach().cpu().numpy(),
+                        reduction_atol(T * B), FP32_RTOL, name=f"{case} {n} after a step")
+            worst = c if worst is None or c.max_excess > worst.max_excess else worst
+        checks[case] = worst.as_dict()
+        fns = {"torch.nn": _step_fn(ref, make), "rnnrt.nn": _step_fn(ours, make)}
         times = _time_in_turn(fns, repeats)
         for impl, ms in times.items():
             rows.append({"case": case, "impl": impl, "ms_median": statistics.median(ms),
@@ -118,64 +119,97 @@ def train_step(repeats: int) -> dict:
                          **({"check": checks[case]} if impl == "rnnrt.nn" else {})})
         for r in rows[-len(times):]:
             print(f"{case:24s} {r['impl']:9s} {r['ms_median']:8.3f} ms", flush=True)
-    rows.append(_runner_only(T, B, H, L, repeats))
-    print(f"{'fixed-T100':24s} GpuRunner {rows[-1]['ms_median']:8.3f} ms (fwd+bwd alone)")
+    for case, bs in (("fixed-T100", None), ("packed-lengths-20-200", _batch_sizes(lengths))):
+        rows.append(_runner_only(case, T, B, H, L, repeats, bs))
+        print(f"{case:24s} GpuRunner {rows[-1]['ms_median']:8.3f} ms (fwd+bwd alone)")
     return {"kind": "train-step", "shape": dict(cell="lstm", layers=L, input_size=H,
                                                 hidden=H, batch=B, steps=T),
             "rows": rows, "note": "SGD step; loss mean(y^2); torch.nn fp32 with TF32 off; "
                                   "timed in turn with CUDA events"}
 
 
-def _runner_only(T, B, H, L, repeats) -> dict:
-    """The same shape's forward + backward through GpuRunner alone (CuPy arrays, no torch):
-    what rnnrt.nn's step costs beyond it is the module's own overhead."""
+def _batch_sizes(lengths) -> tuple:
+    """batch_sizes of sequences of ``lengths`` (a CPU tensor or list): torch's packing."""
+    lens = sorted((int(n) for n in lengths), reverse=True)
+    return tuple(sum(n > t for n in lens) for t in range(lens[0]))
+
+
+def _runner_only(case, T, B, H, L, repeats, batch_sizes=None) -> dict:
+    """The case's forward + backward through GpuRunner alone (CuPy arrays, no torch; a
+    packed case through forward_packed): what rnnrt.nn's step costs beyond it is the
+    module's own overhead."""
     import cupy as cp
 
     import rnnrt
     from rnnrt.gpu import GpuRunner
     r = GpuRunner(rnnrt.LSTM(H, H, num_layers=L, seed=0))
-    x = cp.random.default_rng(0).standard_normal((T, B, H), dtype=cp.float32)
-    dy = cp.ones((T, B, H), cp.float32)
+    rng = cp.random.default_rng(0)
+    n = T * B if batch_sizes is None else sum(batch_sizes)
+    x = rng.standard_normal((n, H), dtype=cp.float32)
+    dy = cp.ones((n, H), cp.float32)
 
-    def run():
-        _, _, tape = r.forward(x, train=True)
-        r.backward(tape, dy)
+    def run():   # no dx: the modules' input needs no gradient either
+        if batch_sizes is None:
+            _, _, tape = r.forward(x.reshape(T, B, H), train=True)
+            r.backward(tape, dy.reshape(T, B, H), need_dx=False)
+        else:
+            _, _, tape = r.forward_packed(x, batch_sizes, train=True)
+            r.backward(tape, dy, need_dx=False)
 
     ms = _time_in_turn({"runner": run}, repeats)["runner"]
-    return {"case": "fixed-T100", "impl": "GpuRunner (fwd+bwd alone)",
+    steps, varlen = (T, False) if batch_sizes is None else (len(batch_sizes), True)
+    return {"case": case, "impl": "GpuRunner (fwd+bwd alone)",
             "ms_median": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms),
-            "runs": len(ms), "schedule": r.schedule(T, B, True).schedule.name}
+            "runs": len(ms), "schedule": r.schedule(steps, B, True, varlen).schedule.name}
 
 
-def memory_varlen(steps: int) -> dict:
+def memory_varlen(steps: int, per_batch: bool = False) -> dict:
+    import time
+
     import cupy as cp
+
+    from rnnrt.plan.packing import bucket
     _no_tf32()
     B, H, L = 32, 256, 2
     torch.manual_seed(0)
     m = rnnrt.nn.LSTM(H, H, num_layers=L).cuda()
     rng = np.random.default_rng(0)
     pool = cp.get_default_memory_pool()
-    used, lengths = [], []
+    used, seen, patterns, ms = [], set(), set(), []
     for i in range(steps):
-        T = int(rng.integers(1, 501))
-        lengths.append(T)
-        x = torch.randn(T, B, H, device="cuda")
-        out, _ = m(x)
-        (out * out).mean().backward()
-        for p in m.parameters():
-            p.grad = None
+        lengths = (np.full(B, rng.integers(1, 501)) if per_batch
+                   else rng.integers(1, 501, B))
+        seen.update(lengths.tolist())
+        patterns.add(bucket(_batch_sizes(lengths)))
+        t = time.perf_counter()
+        x = torch.randn(int(lengths.max()), B, H, device="cuda")
+        p = torch.nn.utils.rnn.pack_padded_sequence(x, torch.from_numpy(lengths),
+                                                    enforce_sorted=False)
+        out, _ = m(p)
+        (out.data * out.data).mean().backward()
+        for q in m.parameters():
+            q.grad = None
         torch.cuda.synchronize()
+        ms.append((time.perf_counter() - t) * 1e3)
         used.append(pool.used_bytes() + torch.cuda.memory_allocated())
         if (i + 1) % 100 == 0:
-            print(f"step {i + 1}: {used[-1] / 2**20:.0f} MiB in use, {len(set(lengths))} "
-                  f"lengths so far", flush=True)
+            print(f"step {i + 1}: {used[-1] / 2**20:.0f} MiB in use, {len(seen)} lengths, "
+                  f"{len(patterns)} patterns so far, {np.median(ms[-100:]):.1f} ms a step",
+                  flush=True)
+    first, last = max(used[:100]), max(used[-100:])
+    print(f"peak first 100 steps {first / 2**20:.0f} MiB, last 100 {last / 2**20:.0f} MiB "
+          f"({last / first:.3f}x; goal <= 1.1x)")
     return {"kind": "memory-varlen", "shape": dict(cell="lstm", layers=L, input_size=H,
                                                    hidden=H, batch=B),
-            "steps": steps, "distinct_lengths": len(set(lengths)),
-            "peak_bytes_first_100": max(used[:100]), "peak_bytes_last_100": max(used[-100:]),
+            "steps": steps, "lengths": "one per batch" if per_batch else "one per sequence",
+            "distinct_lengths": len(seen), "patterns": len(patterns),
+            "peak_bytes_first_100": first, "peak_bytes_last_100": last,
+            "ratio_last_to_first": last / first, "ms_median": float(np.median(ms)),
+            "ms_median_last_100": float(np.median(ms[-100:])),
             "bytes_in_use_every_10": used[::10],
-            "note": "GPU memory in use after each training step: CuPy's pool (used) plus "
-                    "torch's allocator (allocated)"}
+            "note": "packed batches (pack_padded_sequence, enforce_sorted=False) of lengths "
+                    "uniform in 1-500; GPU memory in use after each training step: CuPy's "
+                    "pool (used) plus torch's allocator (allocated)"}
 
 
 def main(argv=None):
@@ -183,9 +217,12 @@ def main(argv=None):
     ap.add_argument("what", choices=["train-step", "memory-varlen"])
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--lengths", choices=["per-sequence", "per-batch"], default="per-sequence",
+                    help="memory-varlen: a random length for each sequence, or one a batch")
     ap.add_argument("--out", default=None, help="folder (default experiments/results/training)")
     a = ap.parse_args(argv)
-    rec = train_step(a.repeats) if a.what == "train-step" else memory_varlen(a.steps)
+    rec = (train_step(a.repeats) if a.what == "train-step"
+           else memory_varlen(a.steps, a.lengths == "per-batch"))
     rec.update(created=now_iso(), command=" ".join(sys.argv), device=device_info(),
                versions=versions())
     sh = rec["shape"]   # the stem names the shape, as every record's does

@@ -46,6 +46,19 @@ class Workspace:
         if self.bufs["params"] is not params:
             self.set_params(params)
 
+    def sharing(self, plan) -> Workspace:
+        """A Workspace of ``plan`` over these buffers, allocating nothing: for a plan whose
+        buffers are among this one's (variable-length plans of one capacity have the same
+        buffers; a forward plan's are among its backward plan's). Its bindings are
+        ``plan``'s."""
+        missing = set(plan.buffers) - set(self.plan.buffers)
+        if missing:
+            raise ValueError(f"sharing: the plan needs buffers this workspace lacks: "
+                             f"{sorted(b.name for b in missing)}")
+        ws = object.__new__(Workspace)
+        ws.plan, ws.xp, ws.dtype, ws.bufs = plan, self.xp, self.dtype, self.bufs
+        return ws
+
     def _adoptable(self, params, size):
         return (isinstance(params, self.xp.ndarray) and params.dtype == self.dtype
                 and params.shape == (size,) and params.flags.c_contiguous)
@@ -106,6 +119,30 @@ class Workspace:
             a = self.view(b.views[0]).reshape(b.shape)
             return a.copy() if copy else a
         return xp.stack([self.view(v).reshape(b.shape[1:]) for v in b.views])
+
+    def rows_view(self, name):
+        """The [rows, cols] array of input or output ``name`` (a one-view binding: a
+        variable-length plan's x, y, dy, dx; shares memory with the buffer)."""
+        b = self.plan.inputs.get(name) or self.plan.outputs[name]
+        if len(b.views) != 1:
+            raise ValueError(f"{name}: bound to {len(b.views)} views, not one")
+        return self.view(b.views[0])
+
+    def load_rows(self, name, rows, a, fill=None):
+        """Scatter ``a`` [n, cols] into the rows ``rows`` [n] (an integer array of the
+        workspace's module) of input ``name`` (``rows_view``); with ``fill`` the other rows
+        are set to it first, else they keep what they hold. a None: zeros."""
+        v = self.rows_view(name)
+        if fill is not None:
+            v.fill(fill)
+        if a is None:
+            v[rows] = 0
+        else:
+            v[rows] = self.xp.asarray(a, dtype=self.dtype).reshape(len(rows), v.shape[1])
+
+    def read_rows(self, name, rows):
+        """The rows ``rows`` [n] of output ``name`` (``rows_view``): a [n, cols] copy."""
+        return self.rows_view(name)[rows]
 
     def load_inputs(self, x, h0=None, c0=None):
         """Forward inputs: x [T, B, I], h0 [L, B, H] (None: zeros), c0 [L, B, H] (LSTM)."""

@@ -99,6 +99,10 @@ def choose_persistent(key) -> PersistentChoice:
         return PersistentChoice(None, fit, None, False, k, fallback=(
             f"persistent declined on {key.device.name}: {why}; ran the schedule without it"))
 
+    if getattr(key, "batch_sizes", None) is not None:
+        return declined("a per-step active batch (variable lengths): the persistent kernels "
+                        "run the whole batch at every step")
+
     if family == "stack":
         st = _stack_fit(key)
         return (PersistentChoice("stack", None, st, False, T) if st.ok
@@ -183,6 +187,9 @@ def choose_persistent_backward(key) -> BackwardChoice:
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                              kind=kind)
     why = None if fit.ok else fit.reason
+    if why is None and key.batch_sizes is not None:
+        why = ("a variable-length pattern: the kernel runs the whole batch every step (no "
+               "per-step active batch)")
     if why is None:
         try:
             fit.check_steps(key.steps)
@@ -248,6 +255,16 @@ def paper_schedules() -> tuple[Schedule, ...]:
             Schedule("iball", Switches(**_PAPER, input_batch="all")))
 
 
+def varlen_schedules() -> tuple[Schedule, ...]:
+    """The candidates of a variable-length key: the cuBLAS schedules (no persistent kernel
+    takes a per-step batch), with a pre-transposed variant of chunks of 2 besides the paper
+    rung: a pattern's late steps run few rows, where cuBLAS's kernel for the product with
+    the weights used transposed is slow (journal: ~35 us a step at 8 rows against the
+    pre-transposed one's few)."""
+    return paper_schedules() + (
+        Schedule("pt-ib2", Switches(**_PAPER, pretranspose=True, input_batch=2)),)
+
+
 def persistent_schedule(family: str) -> Schedule:
     """The schedule that runs ``family``'s persistent kernel (falls back to ib10)."""
     return Schedule(family, Switches(**_PAPER, input_batch=10, persistent=True), family)
@@ -255,7 +272,10 @@ def persistent_schedule(family: str) -> Schedule:
 
 def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
-    (a kernels.limits.DeviceLimits)."""
+    (a kernels.limits.DeviceLimits); none for variable lengths (the persistent kernels run
+    the whole batch every step: choose_persistent declines a pattern)."""
+    if shape.varlen:
+        return {}
     props = device.props()
     out = {}
     st = stack_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
@@ -280,9 +300,12 @@ def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     cluster, grid: each runs the recurrence with R on chip), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
     it (or, where none fits, ib10 with it): first where its cost model expects it to win
-    (``prefers_persistent_backward``), else after the persistent families. The order is
-    the order of timing (the likeliest winners first, so a spent budget cuts the least
+    (``prefers_persistent_backward``), else after the persistent families. A variable-length
+    shape: ``varlen_schedules`` (the persistent kernels decline a per-step batch). The order
+    is the order of timing (the likeliest winners first, so a spent budget cuts the least
     likely)."""
+    if shape.varlen:
+        return varlen_schedules()
     fams = fitting_families(shape, device)
     persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
                        if f in fams)
@@ -322,8 +345,10 @@ def prefers_persistent_backward(shape: "Shape", device) -> bool:
     (taken: the cluster kernel), L4 H 128 B 32 1.3 against 1.5 (taken), L4 H 128 B 256 3.3
     against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: the grid kernel, staging dg_t
     [64, 2048] for 64 blocks a step)."""
+    if not shape.train or shape.varlen:   # the kernel runs the whole batch every step
+        return False
     fit = backward_fit(shape, device)
-    if not shape.train or not fit.ok:
+    if not fit.ok:
         return False
     kernel_us = shape.layers * shape.steps * fit.step_us()
     cublas_us = shape.steps * max(CUBLAS_BWD_STEP_US, shape.layers * CUBLAS_BWD_LAYER_STEP_US)
@@ -360,6 +385,8 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
       4. cuBLAS: the paper rung (pre-transposed weights) at batch >= 128, else chunks of 10
          without the transposition (at batch 8 cuBLAS's kernel for the transposed product of
          so few rows is slow: 3.4 against 0.8 ms at LSTM L1 H128 B8)."""
+    if shape.varlen:   # the pre-transposed paper rung: fast at the few rows of late steps
+        return paper_schedules()[0]
     fams = fitting_families(shape, device)
     if "stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256:
         return persistent_schedule("stack")
@@ -399,12 +426,14 @@ class Shape:
     bias: bool = True
     dtype: str = "float32"
     executor: str = "graph"
+    varlen: bool = False  # a per-step active batch (packed sequences of different lengths)
 
     def key(self) -> str:
         """The cache key: every field but the exact length (its bucket instead)."""
         return (f"{self.cell}|L{self.layers}|I{self.input_size}|H{self.hidden}|B{self.batch}"
                 f"|T{bucket_steps(self.steps)}|{'fwd+bwd' if self.train else 'fwd'}"
-                f"|{'bias' if self.bias else 'nobias'}|{self.dtype}|{self.executor}")
+                f"|{'bias' if self.bias else 'nobias'}|{self.dtype}|{self.executor}"
+                + ("|varlen" if self.varlen else ""))
 
 
 def _cached_candidates(rows) -> list:
@@ -483,6 +512,13 @@ def autotune_enabled(env=None) -> bool:
 
 class Selector:
     """Chooses and remembers the schedule of each shape.
+
+    Variable lengths (``Shape.varlen``): a key of its own (steps bucketed like any), whose
+    candidates are the cuBLAS schedules alone (``varlen_schedules``: no persistent kernel
+    takes a per-step batch); the timer times them on one representative pattern of the
+    key (``plan.packing.staircase``: lengths falling evenly, as random lengths bucket), a
+    stand-in for every pattern of the key: timing each pattern would build and capture a
+    plan per pattern (a new one most steps of a training loop).
 
     timer: ``timer(schedule, shape, repeats) -> list of ms`` (one per timed run, after the
     timer's own warm-up; it raises to say a candidate cannot run). device: the

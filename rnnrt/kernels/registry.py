@@ -178,6 +178,10 @@ _UNARY = dict(outs=(("out", "R,C"),), ins=(("a", "R,C"),))
 _RNN = dict(outs=(("h", "R,C"),), ins=(("gx", "R,C"), ("gh", "R,C"), ("bw", "R,C"), ("br", "R,C")))
 _DACT = dict(outs=(("out", "R,C"),), ins=(("dy", "R,C"), ("y", "R,C")))
 _RNN_BWD = dict(outs=(("dg", "R,C"),), ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("h", "R,C")))
+# the masked variants (variable-length plans) take h_prev and a row mask [B, 1] besides
+_MASK = ("mask", "R,1")
+_RNN_MASK = dict(outs=(("h", "R,C"),), ins=_RNN["ins"] + (("h_prev", "R,C"), _MASK))
+_RNN_BWD_MASK = dict(outs=(("dg", "R,C"), ("dh_prev", "R,C")), ins=_RNN_BWD["ins"] + (_MASK,))
 # persistent kernels: one layer's whole sequence (rows = B, cols = H; scalars T, U, k_tile)
 _PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block", "k_tile"),
                    uint_args=("sync",), persistent=True)
@@ -222,6 +226,29 @@ REGISTRY: tuple[KernelInfo, ...] = (
                     ("h_prev", "R,C"))),
     KernelInfo("rnn_tanh_bwd", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd, **_RNN_BWD),
     KernelInfo("rnn_relu_bwd", "rnn.cu", numpy_fn=knp.rnn_relu_bwd, **_RNN_BWD),
+    KernelInfo("ew_copy", "elementwise.cu", numpy_fn=knp.ew_copy, **_UNARY),
+    KernelInfo("ew_select", "elementwise.cu", numpy_fn=knp.ew_select, outs=(("out", "R,C"),),
+               ins=(_MASK, ("a", "R,C"), ("b", "R,C"))),
+    KernelInfo("lstm_fwd_mask", "lstm.cu", numpy_fn=knp.lstm_fwd_mask,
+               outs=(("h", "R,C"), ("c", "R,C"), ("act", "R,4C")),
+               ins=(("gx", "R,4C"), ("gh", "R,4C"), ("bw", "R,4C"), ("br", "R,4C"),
+                    ("c_prev", "R,C"), ("h_prev", "R,C"), _MASK)),
+    KernelInfo("lstm_bwd_mask", "lstm.cu", numpy_fn=knp.lstm_bwd_mask,
+               outs=(("dgx", "R,4C"), ("dc_prev", "R,C"), ("dh_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("dc_next", "R,C"),
+                    ("act", "R,4C"), ("c", "R,C"), ("c_prev", "R,C"), _MASK)),
+    KernelInfo("gru_fwd_mask", "gru.cu", numpy_fn=knp.gru_fwd_mask,
+               outs=(("h", "R,C"), ("act", "R,4C")),
+               ins=(("gx", "R,3C"), ("gh", "R,3C"), ("bw", "R,3C"), ("br", "R,3C"),
+                    ("h_prev", "R,C"), _MASK)),
+    KernelInfo("gru_bwd_mask", "gru.cu", numpy_fn=knp.gru_bwd_mask,
+               outs=(("dgx", "R,3C"), ("dgh", "R,3C"), ("dh_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("act", "R,4C"),
+                    ("h_prev", "R,C"), _MASK)),
+    KernelInfo("rnn_tanh_fwd_mask", "rnn.cu", numpy_fn=knp.rnn_tanh_fwd_mask, **_RNN_MASK),
+    KernelInfo("rnn_relu_fwd_mask", "rnn.cu", numpy_fn=knp.rnn_relu_fwd_mask, **_RNN_MASK),
+    KernelInfo("rnn_tanh_bwd_mask", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd_mask, **_RNN_BWD_MASK),
+    KernelInfo("rnn_relu_bwd_mask", "rnn.cu", numpy_fn=knp.rnn_relu_bwd_mask, **_RNN_BWD_MASK),
     KernelInfo("lstm_persistent_fwd", numpy_fn=emulate.lstm_persistent_fwd, **_PERSISTENT,
                outs=(_H_SEQ, ("c", "(T+1)*R,C"), ("act", "T*R,4C"), _SYNC), ins=_pins(4)),
     KernelInfo("gru_persistent_fwd", numpy_fn=emulate.gru_persistent_fwd, **_PERSISTENT,

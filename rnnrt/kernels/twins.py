@@ -215,3 +215,100 @@ def rnn_tanh_bwd(rows, cols, outs, ins):
 def rnn_relu_bwd(rows, cols, outs, ins):
     (dg,), (dh_above, dh_rec, h) = outs, ins
     dg[...] = _drelu(dh_above + dh_rec, h)
+
+
+# --- elementwise.cu: copies and row selects (variable-length plans) -----------------------
+
+def ew_copy(rows, cols, outs, ins):
+    (out,), (a,) = outs, ins
+    out[...] = a
+
+
+def ew_select(rows, cols, outs, ins):
+    (out,), (mask, a, b) = outs, ins
+    on = mask[:, 0] != 0
+    picked = np.where(on[:, None], a, b)   # the side not taken is discarded, NaN or not
+    out[...] = picked
+
+
+# --- the masked step kernels (lstm.cu, gru.cu, rnn.cu) --------------------------------------
+# Rows with mask != 0 run the plain twin (on those rows only); frozen rows (mask 0) pass
+# their state, or its gradient, through. Everything is read before anything is written.
+
+def _rows(views, on):
+    """The rows ``on`` of each [rows, *] view (copies; a broadcast view gives its row
+    repeated)."""
+    return [np.array(v[on]) for v in views]
+
+
+def _masked(plain, cols, outs, ins, on, frozen):
+    """Run twin ``plain`` ([rows, cols] problem) on the rows ``on`` of ``ins`` into fresh
+    arrays, then write them and the frozen rows' values (``frozen``: one array or 0 per
+    output, for the rows not on)."""
+    n = int(on.sum())
+    tmp = [np.empty((n, o.shape[1]), o.dtype) for o in outs]
+    if n:
+        plain(n, cols, tmp, _rows(ins, on))
+    for o, t, f in zip(outs, tmp, frozen):
+        o[on] = t
+        o[~on] = f
+
+
+def lstm_fwd_mask(rows, cols, outs, ins):
+    *plain_ins, h_prev, mask = ins
+    on = mask[:, 0] != 0
+    frozen = (np.array(h_prev[~on]), np.array(plain_ins[4][~on]), 0)   # h_prev, c_prev
+    _masked(lstm_fwd, cols, outs, plain_ins, on, frozen)
+
+
+def gru_fwd_mask(rows, cols, outs, ins):
+    *plain_ins, mask = ins
+    on = mask[:, 0] != 0
+    _masked(gru_fwd, cols, outs, plain_ins, on, (np.array(plain_ins[4][~on]), 0))
+
+
+def rnn_tanh_fwd_mask(rows, cols, outs, ins):
+    *plain_ins, h_prev, mask = ins
+    on = mask[:, 0] != 0
+    _masked(rnn_tanh_fwd, cols, outs, plain_ins, on, (np.array(h_prev[~on]),))
+
+
+def rnn_relu_fwd_mask(rows, cols, outs, ins):
+    *plain_ins, h_prev, mask = ins
+    on = mask[:, 0] != 0
+    _masked(rnn_relu_fwd, cols, outs, plain_ins, on, (np.array(h_prev[~on]),))
+
+
+def _with_zero_direct(plain):
+    """``plain`` (a backward twin) plus a last output, the direct part dh_prev, zero."""
+    def fn(rows, cols, outs, ins):
+        plain(rows, cols, outs[:-1], ins)
+        outs[-1][...] = 0
+    return fn
+
+
+def lstm_bwd_mask(rows, cols, outs, ins):
+    *plain_ins, mask = ins                      # dh_above, dh_rec, dc_next, act, c, c_prev
+    on = mask[:, 0] != 0
+    frozen = (0, np.array(plain_ins[2][~on]), np.array(plain_ins[1][~on]))
+    _masked(_with_zero_direct(lstm_bwd), cols, outs, plain_ins, on, frozen)
+
+
+def gru_bwd_mask(rows, cols, outs, ins):
+    *plain_ins, mask = ins                      # dh_above, dh_rec, act, h_prev
+    on = mask[:, 0] != 0
+    _masked(gru_bwd, cols, outs, plain_ins, on, (0, 0, np.array(plain_ins[1][~on])))
+
+
+def rnn_tanh_bwd_mask(rows, cols, outs, ins):
+    *plain_ins, mask = ins                      # dh_above, dh_rec, h
+    on = mask[:, 0] != 0
+    _masked(_with_zero_direct(rnn_tanh_bwd), cols, outs, plain_ins, on,
+            (0, np.array(plain_ins[1][~on])))
+
+
+def rnn_relu_bwd_mask(rows, cols, outs, ins):
+    *plain_ins, mask = ins
+    on = mask[:, 0] != 0
+    _masked(_with_zero_direct(rnn_relu_bwd), cols, outs, plain_ins, on,
+            (0, np.array(plain_ins[1][~on])))

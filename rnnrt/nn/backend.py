@@ -42,8 +42,9 @@ Implementations:
   CUDA    ``cuda.CudaBackend``: rnnrt's GpuRunner (fp32, the schedule selector's choice per
           shape, a bounded cache of plans and workspaces) on the tensors' memory through
           DLPack on PyTorch's current stream; ``saved`` is the runner's tape (its own
-          workspace). Variable lengths and dtypes other than float32 raise
-          NotImplementedError there, before any work.
+          workspace). Packed batches of different lengths run its variable-length plans (a
+          per-step active batch). Dtypes other than float32 raise NotImplementedError
+          there, before any work.
 """
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def backend_for(device: torch.device, dtype: torch.dtype):
             _CUDA = CudaBackend()
         return _CUDA
     raise NotImplementedError(f"rnnrt.nn: tensors on device {device} are not supported; "
-                              f"rnnrt.nn runs CPU tensors (CUDA to follow)")
+                              f"rnnrt.nn runs CPU and CUDA tensors")
 
 
 def group_layers(weights, num_layers: int, bias: bool) -> list[tuple]:

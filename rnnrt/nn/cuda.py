@@ -1,24 +1,27 @@
 """The backend seam (backend.py) on CUDA tensors: rnnrt's GpuRunner on the tensors' memory.
 
 Each call site — the parameter tensors of one stack, or of one layer and direction — gets its
-own ``rnnrt.gpu.GpuRunner`` (its own flat parameter buffer, plans, workspaces and CUDA graphs,
-and the schedule selector's choice per shape: ``switches='auto'``). A call:
+own ``rnnrt.gpu.GpuRunner`` (its plans, workspaces and CUDA graphs, and the schedule
+selector's choice per shape: ``switches='auto'``). A call:
 
   1. runs on PyTorch's current stream of the tensors' device: CuPy is pointed at it
      (a CuPy view of it), and the runner orders its own streams after that
      stream's earlier work and before its later work with events — no host synchronisation;
-  2. copies the module's parameters into the runner's flat buffer (a few device-to-device
-     copies; torch's version counters refuse a backward after an in-place change, so what the
-     backward reads is what the forward ran with);
+  2. reads the module's parameters in place when they lie in the module's flat buffer
+     (``flat.py``: ``.cuda()`` lays them out so, and the runner adopts the call's segment of
+     it as its parameter buffer); otherwise copies them into the runner's buffer (one
+     multi-tensor copy). Either way torch's version counters refuse a backward after an
+     in-place change, so what the backward reads is what the forward ran with;
   3. hands x, h0 and c0 over through DLPack (zero-copy views; the plan copies x into its
      workspace), runs the runner's forward (and, for a training call, keeps its tape: the
      tape holds its own workspace until autograd drops it), and returns the outputs through
-     DLPack.
-The reverse direction runs the same plans on the time-reversed sequence.
+     DLPack; the backward returns the parameter gradients as views of one copy of the
+     runner's gradient buffer (the buffer is reused by the next backward).
 
-What it does not do yet (NotImplementedError, before any work): variable lengths (a packed
-batch whose batch_sizes vary: rnnrt's GPU plans run a fixed batch every step), dtypes other
-than float32 (the GPU path computes in fp32).
+A batch whose sequences have one length runs the fixed-batch plans (the reverse direction on
+the time-reversed sequence); a packed batch of different lengths runs ``forward_packed``:
+variable-length plans with a per-step active batch, the reverse direction from each
+sequence's own end. Dtypes other than float32 raise NotImplementedError before any work.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+
+from .flat import segment
 
 MAX_RUNNERS = 64
 """Call sites a backend keeps runners for (least recently used go first)."""
@@ -46,7 +51,7 @@ def _current_stream(cp, device):
 
 def _model_for(cell: str, input_size: int, hidden: int, layers: int, bias: bool):
     """An rnnrt model of this shape (fp32): the GpuRunner's layout; its own random weights are
-    replaced by the module's on every call."""
+    never run (the runner reads the module's)."""
     import rnnrt
     kw = dict(num_layers=layers, bias=bias, seed=0)
     if cell == "lstm":
@@ -56,124 +61,159 @@ def _model_for(cell: str, input_size: int, hidden: int, layers: int, bias: bool)
     return rnnrt.RNN(input_size, hidden, nonlinearity=cell.split("_")[1], **kw)
 
 
+def _flat_params(layers) -> list:
+    """A call's parameters in torch's (and the layout's) order: [w_ih, w_hh, b_ih, b_hh] a
+    layer, without absent biases."""
+    return [t for layer in layers for t in layer if t is not None]
+
+
+def copy_all(dst: list, src: list) -> None:
+    """dst[i] <- src[i] for every i, in one multi-tensor launch where torch has it."""
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None:
+        foreach(dst, src)
+        return
+    for d, s in zip(dst, src):
+        d.copy_(s)
+
+
+class Site:
+    """One call site on the GPU: its runner and how the parameters reach it.
+
+    adopted: the runner's parameter buffer IS the module's (``flat.segment``); a call then
+    only checks that every parameter still lies where it did (data pointers) and copies
+    nothing. Otherwise (or once a parameter has moved) each call copies them in.
+    """
+
+    def __init__(self, runner, params, adopted: bool):
+        self.runner = runner
+        self.adopted_ptrs = [t.data_ptr() for t in params] if adopted else None
+        entries = runner.model.layout.entries
+        flat = torch.from_dlpack(runner.params)   # torch views of the runner's buffers
+        self.dst = [flat[e.offset:e.end].view(e.shape) for e in entries]
+        self.grads = torch.from_dlpack(runner.grads)
+        self.entries = entries
+        self.copies = 0
+
+    def load_params(self, params) -> None:
+        if self.adopted_ptrs is not None and [t.data_ptr() for t in params] == self.adopted_ptrs:
+            return   # the runner reads the module's flat buffer
+        copy_all(self.dst, [t.detach() for t in params])
+        self.copies += 1
+
+    def grads_by_layer(self, num_layers: int) -> list:
+        """[num_layers] tuples (weight_ih, weight_hh, bias_ih | None, bias_hh | None): views
+        of one copy of the runner's gradient buffer (one launch)."""
+        fresh = self.grads.clone()
+        by = {(e.layer, e.kind): fresh[e.offset:e.end].view(e.shape) for e in self.entries}
+        return [tuple(by.get((k, n)) for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+                for k in range(num_layers)]
+
+
 class CudaBackend:
     """The seam on CUDA float32 tensors (module docstring)."""
 
     name = "cuda"
 
     def __init__(self):
-        self._runners: OrderedDict = OrderedDict()
+        self._sites: OrderedDict = OrderedDict()
 
-    # -- runners --------------------------------------------------------------------------------
-    def _runner(self, cell, layers, device):
-        """The runner of this call site: keyed by the identity of its first weight (one per
-        module stack, or per layer and direction), dropped with that weight."""
+    # -- call sites ------------------------------------------------------------------------------
+    def _site(self, cell, layers, device) -> Site:
+        """The site of this call: keyed by the identity of its first weight (one per module
+        stack, or per layer and direction), dropped with that weight."""
         from ..gpu import GpuRunner
         w_ih, w_hh, b_ih, _ = layers[0]
         key = (id(w_ih), device.index, cell, len(layers), int(w_ih.shape[1]),
                int(w_hh.shape[1]), b_ih is not None)
-        runner = self._runners.get(key)
-        if runner is None:
+        site = self._sites.get(key)
+        if site is None:
             import cupy as cp
-            with cp.cuda.Device(device.index):
+            with torch.cuda.device(device), cp.cuda.Device(device.index):
                 model = _model_for(cell, key[4], key[5], key[3], key[6])
-                runner = GpuRunner(model, cache_bytes=RUNNER_CACHE_BYTES)
-            self._runners[key] = runner
-            weakref.finalize(w_ih, self._runners.pop, key, None)
-            while len(self._runners) > MAX_RUNNERS:
-                self._runners.popitem(last=False)
-        self._runners.move_to_end(key)
-        return runner
+                params = _flat_params(layers)
+                seg = segment(params, model.layout)
+                runner = GpuRunner(model, cache_bytes=RUNNER_CACHE_BYTES,
+                                   params=None if seg is None else cp.from_dlpack(seg))
+                site = Site(runner, params, seg is not None)
+            self._sites[key] = site
+            weakref.finalize(w_ih, self._sites.pop, key, None)
+            while len(self._sites) > MAX_RUNNERS:
+                self._sites.popitem(last=False)
+        self._sites.move_to_end(key)
+        return site
 
     @staticmethod
-    def _load_params(runner, layers):
-        """Copy the module's parameters into the runner's flat buffer (torch's names)."""
-        import cupy as cp
-
-        from ..params import views
-        v = views(runner.params, runner.model.layout)
-        for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
-            for name, t in (("weight_ih", w_ih), ("weight_hh", w_hh), ("bias_ih", b_ih),
-                            ("bias_hh", b_hh)):
-                if t is not None:
-                    v[f"{name}_l{k}"][...] = cp.from_dlpack(t.detach().contiguous())
-
-    @staticmethod
-    def _check(x, batch_sizes):
+    def _check(x):
         if x.dtype != torch.float32:
             raise NotImplementedError(
                 f"rnnrt.nn on CUDA: dtype {x.dtype} is not supported yet (the GPU path "
                 f"computes in float32); use .float() on the module and its inputs")
-        bs = np.asarray(batch_sizes)
-        if len(bs) and (bs != bs[0]).any():
-            raise NotImplementedError(
-                "rnnrt.nn on CUDA: a packed batch of sequences of different lengths is not "
-                "supported yet (rnnrt's GPU plans run the same batch at every step; the "
-                "per-step active batch runs on CPU tensors); pad the batch to one length, or "
-                "run on the CPU")
 
     # -- the seam -------------------------------------------------------------------------------
     def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train):
-        """See backend.py. x [N, I] packed (N = T*B here); h0, c0 [L, B, H] | None ->
-        (y [N, H], h_n [L, B, H], c_n | None, saved | None)."""
+        """See backend.py. x [N, I] packed; h0, c0 [L, B, H] | None -> (y [N, H],
+        h_n [L, B, H], c_n | None, saved | None)."""
         import cupy as cp
-        self._check(x, batch_sizes)
+        self._check(x)
         T = len(batch_sizes)
         B = int(batch_sizes[0]) if T else 0
         if T == 0 or B == 0:
             raise NotImplementedError("rnnrt.nn on CUDA: an empty batch is not supported")
+        uniform = bool((np.asarray(batch_sizes) == B).all())
         device = x.device
-        runner = self._runner(cell, layers, device)
+        site = self._site(cell, layers, device)
+        runner = site.runner
         I = int(x.shape[1])
         with torch.cuda.device(device), cp.cuda.Device(device.index), \
                 _current_stream(cp, device):
-            self._load_params(runner, layers)
-            xc = cp.from_dlpack(x.detach().contiguous()).reshape(T, B, I)
-            if reverse:
-                xc = xc[::-1]
-            h0c = None if h0 is None else cp.from_dlpack(h0.detach().contiguous())
-            c0c = None if c0 is None else cp.from_dlpack(c0.detach().contiguous())
-            hx = (h0c, c0c) if cell == "lstm" else h0c
-            out = runner.forward(xc, hx, train=train)
-            y, hx_n = out[0], out[1]
-            if reverse:
-                y = cp.ascontiguousarray(y[::-1])
-            h_n, c_n = hx_n if cell == "lstm" else (hx_n, None)
-            result = (torch.from_dlpack(y.reshape(T * B, -1)), torch.from_dlpack(h_n),
+            site.load_params(_flat_params(layers))
+            xc = cp.from_dlpack(x.detach().contiguous())
+
+            def c(t):
+                return None if t is None else cp.from_dlpack(t.detach().contiguous())
+
+            hx = (c(h0), c(c0)) if cell == "lstm" else c(h0)
+            if uniform:   # one length: the fixed-batch plans, reverse = the time-reversed run
+                xc = xc.reshape(T, B, I)
+                out = runner.forward(xc[::-1] if reverse else xc, hx, train=train)
+                y = out[0][::-1] if reverse else out[0]
+                y = cp.ascontiguousarray(y).reshape(T * B, -1)
+            else:
+                bs = tuple(np.asarray(batch_sizes).tolist())
+                out = runner.forward_packed(xc, bs, hx, train=train, reverse=reverse)
+                y = out[0]
+            h_n, c_n = out[1] if cell == "lstm" else (out[1], None)
+            result = (torch.from_dlpack(y), torch.from_dlpack(h_n),
                       None if c_n is None else torch.from_dlpack(c_n))
-        saved = (runner, out[2], reverse, T, B, I, device) if train else None
+        saved = (site, out[2], reverse, uniform, T, B, I, device) if train else None
         return (*result, saved)
 
     def run_backward(self, saved, dy, dh_n, dc_n, *, need_dx, need_weights):
         """See backend.py. dy [N, H] | None; dh_n, dc_n [L, B, H] | None -> (dx [N, I] |
         None, dh0 [L, B, H], dc0 | None, dlayers | None)."""
         import cupy as cp
-        runner, tape, reverse, T, B, I, device = saved
+        site, tape, reverse, uniform, T, B, I, device = saved
+        runner = site.runner
         cell = runner.model.cell_name
         with torch.cuda.device(device), cp.cuda.Device(device.index), \
                 _current_stream(cp, device):
-            dyc = None
-            if dy is not None:
-                dyc = cp.from_dlpack(dy.detach().contiguous()).reshape(T, B, -1)
-                if reverse:
-                    dyc = dyc[::-1]
-
             def c(t):
                 return None if t is None else cp.from_dlpack(t.detach().contiguous())
 
+            dyc = c(dy)
+            if uniform and dyc is not None:
+                dyc = dyc.reshape(T, B, -1)
+                dyc = dyc[::-1] if reverse else dyc
             dhx = (c(dh_n), c(dc_n)) if cell == "lstm" else c(dh_n)
-            g = runner.backward(tape, dyc, dhx)
+            g = runner.backward(tape, dyc, dhx, need_dx=need_dx)
             dx = None
             if need_dx:
-                dxc = cp.ascontiguousarray(g.dx[::-1] if reverse else g.dx)
-                dx = torch.from_dlpack(dxc.reshape(T * B, I))
+                dxc = g.dx
+                if uniform:
+                    dxc = cp.ascontiguousarray(dxc[::-1] if reverse else dxc).reshape(T * B, I)
+                dx = torch.from_dlpack(dxc)
             dh0 = torch.from_dlpack(g.dh0)
             dc0 = None if g.dc0 is None else torch.from_dlpack(g.dc0)
-            dlayers = None
-            if need_weights:   # copies: the runner's gradient buffer is reused next backward
-                L = runner.model.num_layers
-                dlayers = [tuple(None if f"{n}_l{k}" not in g.params else
-                                 torch.from_dlpack(g.params[f"{n}_l{k}"].copy())
-                                 for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
-                           for k in range(L)]
+            dlayers = site.grads_by_layer(runner.model.num_layers) if need_weights else None
         return dx, dh0, dc0, dlayers

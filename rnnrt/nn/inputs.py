@@ -14,7 +14,8 @@ The errors are torch.nn's kinds (and, where torch's own is clear, its wording):
 Packed sequences are checked as far as the module can see them: pack_padded_sequence already
 refused unsorted lengths (enforce_sorted=True) or lengths < 1; what reaches the module is
 batch_sizes, which must be non-increasing, >= 1 and sum to the data's rows, and the
-sorted/unsorted indices, which must be inverse permutations of the batch.
+sorted/unsorted indices, which must be inverse permutations of the batch (their values are
+checked on the CPU only: on CUDA it would cost a device synchronisation every call).
 """
 from __future__ import annotations
 
@@ -111,11 +112,13 @@ def _check_packed(data, batch_sizes, sorted_indices, unsorted_indices) -> np.nda
                     or idx.dtype != torch.int64 or idx.device != data.device):
                 raise RuntimeError(f"{what}: expected an int64 tensor of shape ({batch},) on "
                                    f"{data.device}, got {getattr(idx, 'shape', idx)}")
-        ok = torch.equal(sorted_indices.sort().values, torch.arange(batch, device=data.device))
-        if not ok or not torch.equal(sorted_indices[unsorted_indices],
-                                     torch.arange(batch, device=data.device)):
-            raise RuntimeError("sorted_indices / unsorted_indices: expected a permutation of "
-                               "the batch and its inverse")
+        # The values are checked where that costs no device synchronisation: on the CPU
+        # (torch.nn checks them nowhere; pack_padded_sequence makes them right).
+        if data.device.type == "cpu":
+            ok = torch.equal(sorted_indices.sort().values, torch.arange(batch))
+            if not ok or not torch.equal(sorted_indices[unsorted_indices], torch.arange(batch)):
+                raise RuntimeError("sorted_indices / unsorted_indices: expected a permutation "
+                                   "of the batch and its inverse")
     # A copy ([T] integers): the schedule a backward replays must not alias the caller's.
     return np.array(bs, dtype=np.int64)
 

@@ -29,6 +29,7 @@ import torch
 from torch.nn import Parameter, init
 from torch.nn.utils.rnn import PackedSequence
 
+from .flat import flatten
 from .function import Call, run_call
 from .inputs import prepare
 
@@ -146,8 +147,20 @@ class RNNBase(torch.nn.Module):
         return [[getattr(self, n) for n in names] for names in self._all_weights]
 
     def flatten_parameters(self) -> None:
-        """A no-op kept for drop-in compatibility (torch.nn compacts cuDNN weights here);
-        rnnrt.nn reads the parameters in place."""
+        """On CUDA in float32: lay the parameters out in one flat buffer as rnnrt's GPU
+        runs read them and make each a view of it (``flat.py``), so that the CUDA backend
+        reads them in place, with no copy a call — as torch.nn compacts its weights for
+        cuDNN here. Called by ``.cuda()`` / ``.to()``; after anything that replaces a
+        parameter's storage (``load_state_dict(assign=True)``, ``p.data = ...``) the backend
+        copies the parameters each call until this is called again. Elsewhere a no-op (the
+        CPU path reads the parameters in place)."""
+        flatten(self)
+
+    def _apply(self, fn, *args, **kwargs):
+        # as torch.nn.RNNBase: after .cuda() / .to() / .float(), compact the parameters
+        ret = super()._apply(fn, *args, **kwargs)
+        self.flatten_parameters()
+        return ret
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"

@@ -34,12 +34,22 @@ Buffers added to the forward's (sizes in elements):
   dx       [T, B, I]   gradient of the input sequence
   grads    [layout.size] parameter gradients in the model's flat layout (role 'grad')
   ones     [T*B]       ones, for the bias reductions
+
+Variable-length plans (key.batch_sizes, the forward's packed layout): step t works on its
+P[t] rows; dhin, dgx, dgh and dx are packed like gx, dhr and dc like h (slot 0, then the
+slot after each step). The masked backward kernels write the direct part of dh_{t-1} (0 on
+running rows, the gradient passed through on frozen ones) into dhr's slot t, and the R
+GEMMs add to it (beta = 1). A task ('dfinal', l) first copies dh_n / dc_n (inputs, in
+dhn / dcn [L, B, H]) into each row's last slot. dR = dG_h^T H_prev is one GEMM per run of
+steps with one active batch (two where the run starts after a larger batch: step t reads
+the first P[t] rows of slot t, which holds P[t-1]).
+  dhn, dcn [L, B, H]   dh_n, dc_n of a variable-length plan
 """
 from __future__ import annotations
 
 import functools
 
-from ..cells import backward_flops
+from ..cells import backward_flops, get_cell
 from ..sizes import check_plan
 from .forward import ForwardBuilder, forward_plan
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
@@ -48,8 +58,11 @@ from .schedule import Task, schedule
 
 
 @functools.lru_cache(maxsize=128)
-def backward_plan(key: PlanKey, accumulate: bool = False) -> Plan:
-    """The backward pass of ``key`` (key.train must be True) as a Plan, cached."""
+def backward_plan(key: PlanKey, accumulate: bool = False, need_dx: bool = True) -> Plan:
+    """The backward pass of ``key`` (key.train must be True) as a Plan, cached. need_dx
+    False: without the gradient of the input sequence (layer 0's dx GEMMs and the 'dx'
+    output: a caller whose input needs no gradient; the same buffers, so the same
+    workspace)."""
     if not key.train:
         raise ValueError("backward_plan: key.train must be True (the forward must save "
                          "what the backward reads)")
@@ -57,12 +70,14 @@ def backward_plan(key: PlanKey, accumulate: bool = False) -> Plan:
     with building():
         if key.backward is not None:   # the persistent backward kernel (or why not)
             from .backward_persistent import persistent_backward
-            plan = persistent_backward(key, accumulate)
+            plan = persistent_backward(key, accumulate, need_dx)
         else:
-            plan = BackwardBuilder(key, accumulate).build()
+            plan = BackwardBuilder(key, accumulate, need_dx).build()
         validate(plan)
     expect = backward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
-                            key.batch, key.steps)
+                            1, key.rows)
+    if not need_dx:   # less layer 0's dx GEMMs: 2 x rows x (G*H) x input_size
+        expect -= 2 * key.rows * get_cell(key.cell).gates * key.hidden_size * key.input_size
     if plan.gemm_flops() != expect:
         raise AssertionError(f"backward plan GEMM FLOPs {plan.gemm_flops()} != {expect}")
     return plan
@@ -72,8 +87,9 @@ class BackwardBuilder(ForwardBuilder):
     """Builds the backward plan of a training key on top of the forward builder's views,
     buffers and streams (one workspace serves both passes)."""
 
-    def __init__(self, key: PlanKey, accumulate: bool):
+    def __init__(self, key: PlanKey, accumulate: bool, need_dx: bool = True):
         super().__init__(key)
+        self.need_dx = bool(need_dx)
         # the persistent switch may make the FORWARD one input GEMM per layer (k = T, the
         # grid kernel); the
         # backward has no persistent kernel, so it keeps the switches' own chunking: with
@@ -85,8 +101,12 @@ class BackwardBuilder(ForwardBuilder):
 
     # -- buffers -----------------------------------------------------------------------------
     def buffers(self):
-        T, B, H, GH = self.T, self.B, self.H, self.GH
+        T, B, H, GH = self.Tc, self.B, self.H, self.GH
         bufs = list(forward_plan(self.key).buffers)
+        if self.varlen:
+            bufs.append(Buffer("dhn", self.L * B * H, "io"))
+            if self.cell.has_cell_state:
+                bufs.append(Buffer("dcn", self.L * B * H, "io"))
         for layer in range(self.L):
             bufs += [Buffer(f"dhin{layer}", T * B * H, "io"),
                      Buffer(f"dhr{layer}", (T + 1) * B * H, "io"),
@@ -103,14 +123,25 @@ class BackwardBuilder(ForwardBuilder):
         return tuple(bufs)
 
     # -- views -----------------------------------------------------------------------------
-    def step(self, buf, layer, index, width=None):
-        """[B, width] slice ``index`` of a [*, B, width] per-layer buffer (made once: steps t
-        and t+1 ask for the same slices)."""
+    def step(self, buf, layer, t, width=None):
+        """Step t's [bs[t], width] rows of a packed per-layer buffer (dhin, dgx, dgh; made
+        once: steps t and t+1 ask for the same views)."""
         w = self.H if width is None else width
-        memo = ("step", buf, layer, index, w)
+        memo = ("step", buf, layer, t, w)
         v = self._views.get(memo)
         if v is None:
-            v = self._views[memo] = View(f"{buf}{layer}", index * self.B * w, self.B, w, w)
+            v = self._views[memo] = View(f"{buf}{layer}", self.off[t] * w, self.bs[t], w, w)
+        return v
+
+    def slot(self, buf, layer, index, rows=None):
+        """Slot ``index`` of a per-layer buffer laid out like h (dhr, dc): [rows, H], rows
+        the slot's own or its first ``rows`` (made once)."""
+        rows = self.slot_rows(index) if rows is None else rows
+        memo = ("slot", buf, layer, index, rows)
+        v = self._views.get(memo)
+        if v is None:
+            v = self._views[memo] = View(f"{buf}{layer}", self.slot_row(index) * self.H, rows,
+                                         self.H, self.H)
         return v
 
     def dgh_name(self, layer):
@@ -140,13 +171,14 @@ class BackwardBuilder(ForwardBuilder):
         return (rl + rt, rl, kind) if self.sw.wavefront else (rl, rt, kind)
 
     def cellb_task(self, layer, t):
-        B, GH = self.B, self.GH
+        B, GH = self.bs[t], self.GH   # this step's rows
         s = self.rec(layer)
         ops = self.pointwise_bwd(layer, t, s)
-        dgh_t = View(self.dgh_name(layer), t * B * GH, B, GH, GH)
-        out = self.step("dhr", layer, t)
-        # the GRU's pointwise kernel wrote the direct part dh*z into dhr[t]: add to it
-        first_beta = 1.0 if self.gru else 0.0
+        dgh_t = View(self.dgh_name(layer), self.off[t] * GH, B, GH, GH)
+        out = self.slot("dhr", layer, t, B)
+        # the GRU's pointwise kernel (and every masked one) wrote the direct part of dh_{t-1}
+        # into dhr[t]: add to it
+        first_beta = 1.0 if (self.gru or self.varlen) else 0.0
         for i, (w, trans_b, c0) in enumerate(self.data_weight_blocks(layer, "hh")):
             width = w.rows if not trans_b else w.cols
             a = View(dgh_t.buf, dgh_t.offset + c0, B, width, GH)
@@ -155,23 +187,25 @@ class BackwardBuilder(ForwardBuilder):
         deps = []
         if t < self.T - 1:
             deps.append(("cellb", layer, t + 1))
+        elif self.varlen:
+            deps.append(("dfinal", layer))
         if layer < self.L - 1:
             deps.append(("dxb", layer + 1, (t // self.k) * self.k))
         return Task(("cellb", layer, t), s, deps, self.prio(layer, t, 1), ops)
 
     def dxb_task(self, layer, t0, t1):
-        B, GH = self.B, self.GH
-        n = (t1 - t0) * B
+        GH, r0 = self.GH, self.off[t0]
+        n = self.off[t1] - r0
         s = self.inp(layer)
         if layer == 0:
             I = self.key.input_size
-            out = View("dx", t0 * B * I, n, I, I)
+            out = View("dx", r0 * I, n, I, I)
         else:
-            out = View(f"dhin{layer - 1}", t0 * B * self.H, n, self.H, self.H)
+            out = View(f"dhin{layer - 1}", r0 * self.H, n, self.H, self.H)
         ops = []
         for i, (w, trans_b, c0) in enumerate(self.data_weight_blocks(layer, "ih")):
             width = w.rows if not trans_b else w.cols
-            a = View(f"dgx{layer}", t0 * B * GH + c0, n, width, GH)
+            a = View(f"dgx{layer}", r0 * GH + c0, n, width, GH)
             ops.append(Gemm(s, out, a, w, trans_b=trans_b, beta=0.0 if i == 0 else 1.0,
                             kind="dx", layer=layer, steps=(t0, t1)))
         # the chunk's earliest step is computed last; without the wavefront the whole layer
@@ -183,14 +217,13 @@ class BackwardBuilder(ForwardBuilder):
         T, B, H, GH = self.T, self.B, self.H, self.GH
         s = self.inp(layer)
         beta = 1.0 if self.accumulate else 0.0
-        n = T * B
+        n = self.N
         if layer == 0:
             I = self.key.input_size
             X = View("x", 0, n, I, I)
         else:
             I = H
             X = self.seq("h", layer - 1, B, n, H)
-        Hprev = self.seq("h", layer, 0, n, H)
         dgx = View(f"dgx{layer}", 0, n, GH, GH)
         dgh = View(self.dgh_name(layer), 0, n, GH, GH)
         ones = View("ones", 0, 1, n, n)
@@ -203,8 +236,12 @@ class BackwardBuilder(ForwardBuilder):
         ops = [Gemm(s, View("grads", e.offset, GH, I, I), dgx, X, trans_a=True, beta=beta,
                     kind="dw", **meta)]
         e = entry("weight_hh")
-        ops.append(Gemm(s, View("grads", e.offset, GH, H, H), dgh, Hprev, trans_a=True,
-                        beta=beta, kind="dw", **meta))
+        for i, (r0, t0, t1) in enumerate(self.hprev_blocks()):
+            rows = self.off[t1] - self.off[t0]
+            ops.append(Gemm(s, View("grads", e.offset, GH, H, H),
+                            View(dgh.buf, self.off[t0] * GH, rows, GH, GH),
+                            self.seq("h", layer, r0, rows, H), trans_a=True,
+                            beta=beta if i == 0 else 1.0, kind="dw", **meta))
         if self.key.bias:
             for kind, src in (("bias_ih", dgx), ("bias_hh", dgh)):
                 e = entry(kind)
@@ -212,40 +249,109 @@ class BackwardBuilder(ForwardBuilder):
                                 kind="db", **meta))
         return Task(("wgrad", layer), s, [("cellb", layer, 0)], (10**9, layer, 0), ops)
 
+    def hprev_blocks(self):
+        """[(first row of h, t0, t1)]: the h_{t-1} of steps [t0, t1) as one block of rows
+        of a per-layer h, aligned with those steps' rows of dG_h. A full batch every step:
+        one block (slots 0 .. T-1). A pattern: one per run of steps of one active batch,
+        and its first step alone where the slot before holds more rows."""
+        out, t = [], 0
+        while t < self.T:
+            t1 = t + 1
+            while t1 < self.T and self.bs[t1] == self.bs[t]:
+                t1 += 1
+            if self.slot_rows(t) != self.bs[t]:   # slot t holds the larger batch before
+                out.append((self.slot_row(t), t, t + 1))
+                t += 1
+            if t < t1:
+                out.append((self.slot_row(t), t, t1))
+            t = t1
+        return out
+
+    def dfinal_task(self, layer):
+        """Variable-length plans: dh_n / dc_n (dhn / dcn) into each row's last slot of dhr
+        / dc (``group_ends``), first on the layer's recurrence stream."""
+        H, s, ops = self.H, self.rec(layer), []
+        kinds = (("dhr", "dhn"), ("dc", "dcn")) if self.cell.has_cell_state else (("dhr", "dhn"),)
+        for slot, lo, n in self.group_ends():
+            for buf, src in kinds:
+                dst = View(f"{buf}{layer}", (self.slot_row(slot) + lo) * H, n, H, H)
+                ops.append(Kernel(s, "ew_copy", n, H, (dst,),
+                                  (View(src, (layer * self.B + lo) * H, n, H, H),),
+                                  layer=layer, steps=(slot - 1, slot)))
+        return Task(("dfinal", layer), s, [], self.prio(layer, self.T - 1, -1), ops)
+
     # -- pointwise -----------------------------------------------------------------------------
     def pointwise_bwd(self, layer, t, s):
-        B, H, GH = self.B, self.H, self.GH
+        B, H, GH = self.bs[t], self.H, self.GH   # this step's rows
         nsave = self.cell.saved_gates
         dhin = self.step("dhin", layer, t)
-        dhr_next = self.step("dhr", layer, t + 1)
-        dgx = View(f"dgx{layer}", t * B * GH, B, GH, GH)
-        act = (self.seq("act", layer, t * B, B, nsave * H)
+        dhr_next = self.slot("dhr", layer, t + 1)
+        dgx = View(f"dgx{layer}", self.off[t] * GH, B, GH, GH)
+        act = (self.seq("act", layer, self.off[t], B, nsave * H)
                if nsave else None)
         meta = dict(layer=layer, steps=(t, t + 1))
         name = self.cell.name
+        if self.sw.fused and self.varlen:   # masked: frozen rows pass the gradient through
+            dh_prev, m = self.slot("dhr", layer, t, B), self.mask(t)
+            if name == "lstm":
+                outs = (dgx, self.slot("dc", layer, t, B), dh_prev)
+                ins = (dhin, dhr_next, self.slot("dc", layer, t + 1), act,
+                       self.c(layer, t + 1), self.c(layer, t, B), m)
+            elif name == "gru":
+                outs = (dgx, self.step("dgh", layer, t, GH), dh_prev)
+                ins = (dhin, dhr_next, act, self.h(layer, t, B), m)
+            else:
+                outs, ins = (dgx, dh_prev), (dhin, dhr_next, self.h(layer, t + 1), m)
+            return [Kernel(s, f"{name}_bwd_mask", B, H, outs, ins, **meta)]
         if self.sw.fused:
             if name == "lstm":
-                outs = (dgx, self.step("dc", layer, t))
-                ins = (dhin, dhr_next, self.step("dc", layer, t + 1), act, self.c(layer, t + 1),
-                       self.c(layer, t))
+                outs = (dgx, self.slot("dc", layer, t, B))
+                ins = (dhin, dhr_next, self.slot("dc", layer, t + 1), act, self.c(layer, t + 1),
+                       self.c(layer, t, B))
                 return [Kernel(s, "lstm_bwd", B, H, outs, ins, **meta)]
             if name == "gru":
-                dgh = View(f"dgh{layer}", t * B * GH, B, GH, GH)
-                outs = (dgx, dgh, self.step("dhr", layer, t))
-                return [Kernel(s, "gru_bwd", B, H, outs, (dhin, dhr_next, act, self.h(layer, t)),
-                               **meta)]
+                dgh = View(f"dgh{layer}", self.off[t] * GH, B, GH, GH)
+                outs = (dgx, dgh, self.slot("dhr", layer, t, B))
+                return [Kernel(s, "gru_bwd", B, H, outs,
+                               (dhin, dhr_next, act, self.h(layer, t, B)), **meta)]
             return [Kernel(s, f"{name}_bwd", B, H, (dgx,), (dhin, dhr_next, self.h(layer, t + 1)),
                            **meta)]
-        return self.naive_pointwise_bwd(layer, t, s, dhin, dhr_next, dgx, act, meta)
+        ops = self.naive_pointwise_bwd(layer, t, s, dhin, dhr_next, dgx, act, meta)
+        if self.varlen:
+            ops += self.naive_select_bwd(layer, t, s, dhr_next, dgx, meta)
+        return ops
+
+    def naive_select_bwd(self, layer, t, s, dhr_next, dgx, meta):
+        """The naive rung's frozen rows (variable-length plans): after the per-operation
+        kernels, the gradients of a frozen row are replaced by what the masked fused
+        kernels give it: dgx (and GRU's dgh) 0, dc_prev = dc_next, the direct part of
+        dh_{t-1} = dh_rec; a running row keeps its own (direct part 0 but GRU's dh*z)."""
+        B, H, GH, m = self.bs[t], self.H, self.GH, self.mask(t)
+        zeros = View("zeros", 0, B, GH, 0)
+        dh_prev = self.slot("dhr", layer, t, B)
+
+        def sel(out, a, b):
+            return Kernel(s, "ew_select", B, out.cols, (out,), (m, a, b), **meta)
+
+        ops = [sel(dgx, dgx, zeros)]
+        if self.gru:
+            dgh = View(f"dgh{layer}", dgx.offset, B, GH, GH)
+            ops += [sel(dgh, dgh, zeros), sel(dh_prev, dh_prev, dhr_next)]
+        else:
+            ops.append(sel(dh_prev, View("zeros", 0, B, H, 0), dhr_next))
+        if self.cell.has_cell_state:
+            dc = self.slot("dc", layer, t, B)
+            ops.append(sel(dc, dc, self.slot("dc", layer, t + 1)))
+        return ops
 
     def naive_pointwise_bwd(self, layer, t, s, dhin, dhr_next, dgx, act, meta):
         """One kernel per elementary operation, in the order the fused kernels compute."""
-        B, H = self.B, self.H
+        B, H = self.bs[t], self.H
 
         def col(v, q):
             return View(v.buf, v.offset + q * H, v.rows, H, v.ld)
 
-        tmp = [View(f"dtmp{layer}", i * B * H, B, H, H) for i in range(4)]
+        tmp = [View(f"dtmp{layer}", i * self.B * H, B, H, H) for i in range(4)]
 
         def k(name, out, *ins):
             return Kernel(s, name, B, H, (out,), tuple(ins), **meta)
@@ -259,25 +365,25 @@ class BackwardBuilder(ForwardBuilder):
                 k("ew_tanh", tc, self.c(layer, t + 1)),
                 k("ew_mul", dcc, dh, o),
                 k("ew_dtanh", dcc, dcc, tc),
-                k("ew_add", dcc, self.step("dc", layer, t + 1), dcc),
+                k("ew_add", dcc, self.slot("dc", layer, t + 1), dcc),
                 k("ew_mul", d, dh, tc), k("ew_dsigmoid", col(dgx, 3), d, o),
                 k("ew_mul", d, dcc, g), k("ew_dsigmoid", col(dgx, 0), d, i),
-                k("ew_mul", d, dcc, self.c(layer, t)), k("ew_dsigmoid", col(dgx, 1), d, f),
+                k("ew_mul", d, dcc, self.c(layer, t, B)), k("ew_dsigmoid", col(dgx, 1), d, f),
                 k("ew_mul", d, dcc, i), k("ew_dtanh", col(dgx, 2), d, g),
-                k("ew_mul", self.step("dc", layer, t), dcc, f),
+                k("ew_mul", self.slot("dc", layer, t, B), dcc, f),
             ]
         if name == "gru":
             r, z, n, hn = (col(act, q) for q in range(4))
             dgh = View(f"dgh{layer}", dgx.offset, dgx.rows, dgx.cols, dgx.ld)
             dh, dn, dz, dr = tmp
-            dhz = self.step("dhr", layer, t)
+            dhz = self.slot("dhr", layer, t, B)
             return [
                 k("ew_add", dh, dhin, dhr_next),
                 k("ew_mul", dhz, dh, z),
                 k("ew_sub", dn, dh, dhz),
                 k("ew_dtanh", col(dgx, 2), dn, n),
                 k("ew_mul", col(dgh, 2), col(dgx, 2), r),
-                k("ew_sub", dz, self.h(layer, t), n),
+                k("ew_sub", dz, self.h(layer, t, B), n),
                 k("ew_mul", dz, dh, dz),
                 k("ew_dsigmoid", col(dgx, 1), dz, z), k("ew_dsigmoid", col(dgh, 1), dz, z),
                 k("ew_mul", dr, col(dgx, 2), hn),
@@ -291,8 +397,11 @@ class BackwardBuilder(ForwardBuilder):
         """Every task of the pass (backward_persistent.py's builder has its own)."""
         tasks = []
         for layer in range(self.L):
+            if self.varlen:
+                tasks.append(self.dfinal_task(layer))
             for t0 in range(0, self.T, self.k):
-                tasks.append(self.dxb_task(layer, t0, min(t0 + self.k, self.T)))
+                if layer or self.need_dx:   # layer 0's dx GEMMs only when dx is wanted
+                    tasks.append(self.dxb_task(layer, t0, min(t0 + self.k, self.T)))
             for t in range(self.T):
                 tasks.append(self.cellb_task(layer, t))
             tasks.append(self.wgrad_task(layer))
@@ -301,18 +410,23 @@ class BackwardBuilder(ForwardBuilder):
     def build(self) -> Plan:
         ops, nev = schedule(self.tasks())
         names, prio = self.streams()
-        T, B, H, L = self.T, self.B, self.H, self.L
-        state = (L, B, H)
-        inputs = {"dy": Binding((T, B, H), (View(f"dhin{L - 1}", 0, T * B, H, H),)),
-                  "dh_n": Binding(state, tuple(self.step("dhr", lyr, T) for lyr in range(L)))}
+        T, B, H, L, N = self.T, self.B, self.H, self.L, self.N
         I = self.key.input_size
-        outputs = {"dx": Binding((T, B, I), (View("dx", 0, T * B, I, I),)),
-                   "dh0": Binding(state, tuple(self.step("dhr", lyr, 0) for lyr in range(L))),
+        state = (L, B, H)
+        seqs = (N,) if self.varlen else (T, B)   # a pattern's rows are packed
+        inputs = {"dy": Binding(seqs + (H,), (View(f"dhin{L - 1}", 0, N, H, H),))}
+        outputs = {"dh0": Binding(state, tuple(self.slot("dhr", lyr, 0) for lyr in range(L))),
                    "grads": Binding((self.layout.size,),
                                     (View("grads", 0, 1, self.layout.size, self.layout.size),))}
+        kinds = (("dh_n", "dhr", "dhn"),) + ((("dc_n", "dc", "dcn"),)
+                                             if self.cell.has_cell_state else ())
+        for name, buf, final in kinds:
+            inputs[name] = (Binding(state, (View(final, 0, L * B, H, H),)) if self.varlen
+                            else Binding(state, tuple(self.slot(buf, lyr, T) for lyr in range(L))))
         if self.cell.has_cell_state:
-            inputs["dc_n"] = Binding(state, tuple(self.step("dc", lyr, T) for lyr in range(L)))
-            outputs["dc0"] = Binding(state, tuple(self.step("dc", lyr, 0) for lyr in range(L)))
+            outputs["dc0"] = Binding(state, tuple(self.slot("dc", lyr, 0) for lyr in range(L)))
+        if self.need_dx:
+            outputs = {"dx": Binding(seqs + (I,), (View("dx", 0, N, I, I),)), **outputs}
         # the forward's bindings too: one workspace (built from this plan's buffers, a
         # superset of the forward's) serves both passes
         fwd = forward_plan(self.key)

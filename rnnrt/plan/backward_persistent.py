@@ -36,14 +36,15 @@ from .ops import Kernel, View
 from .schedule import Task
 
 
-def persistent_backward(key: PlanKey, accumulate: bool) -> Plan:
+def persistent_backward(key: PlanKey, accumulate: bool, need_dx: bool = True) -> Plan:
     """The backward Plan of a training key with ``backward`` set: the persistent kernel's
-    schedule where it fits, else the per-step one with ``fallback`` saying why."""
+    schedule where it fits, else the per-step one with ``fallback`` saying why. need_dx as
+    backward.backward_plan's."""
     choice = choose_persistent_backward(key)
     if not choice.runs:
-        plan = BackwardBuilder(key, accumulate).build()
+        plan = BackwardBuilder(key, accumulate, need_dx).build()
         return dataclasses.replace(plan, fallback=choice.fallback, fit=choice.describe())
-    plan = PersistentBackwardBuilder(key, accumulate, choice.fit).build()
+    plan = PersistentBackwardBuilder(key, accumulate, choice.fit, need_dx).build()
     return dataclasses.replace(plan, fit=choice.describe())
 
 
@@ -51,8 +52,8 @@ class PersistentBackwardBuilder(BackwardBuilder):
     """backward.py's builder with the recurrent chain of each layer in one persistent launch
     (``fit``: the kernel's persistent_bwd.BwdFit) and each layer's dx in one GEMM."""
 
-    def __init__(self, key: PlanKey, accumulate: bool, fit):
-        super().__init__(key, accumulate)
+    def __init__(self, key: PlanKey, accumulate: bool, fit, need_dx: bool = True):
+        super().__init__(key, accumulate, need_dx)
         self.bfit = fit
         self.k = self.T   # one dx GEMM a layer: the kernel writes all of dg before it
 
@@ -66,13 +67,13 @@ class PersistentBackwardBuilder(BackwardBuilder):
         outs = [View(f"dgx{layer}", 0, T * B, GH, GH)]
         if self.gru:
             outs.append(View(f"dgh{layer}", 0, T * B, GH, GH))
-        outs.append(self.step("dhr", layer, 0))              # dh0
+        outs.append(self.slot("dhr", layer, 0))              # dh0
         if lstm:
-            outs.append(self.step("dc", layer, 0))           # dc0
+            outs.append(self.slot("dc", layer, 0))           # dc0
         outs.append(View("bsync", SYNC_WORDS * layer, 1, SYNC_WORDS, SYNC_WORDS))
-        ins = [View(f"dhin{layer}", 0, T * B, H, H), self.step("dhr", layer, T)]
+        ins = [View(f"dhin{layer}", 0, T * B, H, H), self.slot("dhr", layer, T)]
         if lstm:
-            ins.append(self.step("dc", layer, T))            # dc_n
+            ins.append(self.slot("dc", layer, T))            # dc_n
         nsave = self.cell.saved_gates
         if nsave:
             ins.append(self.seq("act", layer, 0, T * B, nsave * H))
@@ -92,7 +93,8 @@ class PersistentBackwardBuilder(BackwardBuilder):
         tasks = []
         for layer in range(self.L):
             tasks.append(self.pbwd_task(layer))
-            for task in (self.dxb_task(layer, 0, self.T), self.wgrad_task(layer)):
+            dx = (self.dxb_task(layer, 0, self.T),) if layer or self.need_dx else ()
+            for task in (*dx, self.wgrad_task(layer)):
                 task.deps = [("pbwd", layer)]   # both read the dg the launch wrote
                 tasks.append(task)
         return tasks

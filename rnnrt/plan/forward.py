@@ -54,6 +54,17 @@ buffer each for all layers, and the kernel's scratch: wt [L*H, G*H] (each layer'
 ht [(L+1)*(T+1)*H, 64] (the k-major inputs: x^T, each layer's h^T).
 When the fit declines the shape, the plan is the schedule without 'persistent' and
 ``Plan.fallback`` says why (the ladder and the sweep copy it into their records).
+
+Variable-length plans (``key.batch_sizes``, a pattern P of plan/packing.py): the same tasks
+and switches, with step t on its P[t] rows only. Every per-step array is packed: step t's
+rows of x, gx, act and mask start at row off[t] = P[0] + ... + P[t-1]; h{l} and c{l} hold
+slot 0 (h0, c0: B rows) then the output of step t at row B + off[t] (P[t] rows), so a chunk
+of steps is one contiguous block (one W.x GEMM) and step t's R.h reads the first P[t] rows
+of slot t. The step kernels are the masked ones (a row whose sequence has ended is frozen:
+``mask`` [N] is an input), c keeps every slot, and a task ('final', l) copies each row's
+last slot (where its group of the pattern ends) into hn / cn [L, B, H], the bindings of
+h_n / c_n. Buffers are sized for ``key.capacity`` steps, so every pattern of a capacity
+shares one workspace. The persistent kernels decline a pattern.
 """
 from __future__ import annotations
 
@@ -80,8 +91,9 @@ def forward_plan(key: PlanKey) -> Plan:
     with building():
         plan = ForwardBuilder(key).build()
         validate(plan)
+    # the paper's count: every step's rows (a pattern's: sum(batch_sizes), as one batch)
     expect = forward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
-                           key.batch, key.steps)
+                           1, key.rows)
     if plan.gemm_flops() != expect:  # the plan does exactly the paper's GEMM work
         raise AssertionError(f"plan GEMM FLOPs {plan.gemm_flops()} != {expect}")
     return plan
@@ -116,9 +128,20 @@ class ForwardBuilder:
         self.fallback = self.choice.fallback if self.choice else None
         if self.persist:
             self.k = self.choice.steps_per_launch
-        # slots of c and act: every step's when training or when a persistent kernel writes
-        # them all; else c has 3 (c0 kept, then two alternating) and act 1
-        self.all_slots = key.train or self.persist
+        # slots of c and act: every step's when training, when a persistent kernel writes
+        # them all or with a pattern (each row's last slot is its final state); else c has 3
+        # (c0 kept, then two alternating) and act 1
+        self.varlen = key.varlen
+        self.all_slots = key.train or self.persist or self.varlen
+        # the per-step geometry: step t's rows (bs[t]) and its first packed row (off[t])
+        self.bs = key.batch_sizes if self.varlen else (self.B,) * self.T
+        self.off = [0]
+        for b in self.bs:
+            self.off.append(self.off[-1] + b)
+        self.N = self.off[-1]
+        self.Tc = key.capacity or self.T   # the steps the buffers hold
+        if self.varlen and self.persist:
+            raise AssertionError("a variable-length plan with a persistent kernel")
 
     # -- streams ---------------------------------------------------------------------------
     def streams(self):
@@ -147,9 +170,13 @@ class ForwardBuilder:
         return layer_input_size(layer, self.key.input_size, self.H)
 
     def buffers(self):
-        T, B, H, GH = self.T, self.B, self.H, self.GH
+        T, B, H, GH = self.Tc, self.B, self.H, self.GH
         bufs = [Buffer("params", self.layout.size, "param"), Buffer("zeros", GH, "const"),
                 Buffer("x", T * B * self.key.input_size, "io")]
+        if self.varlen:   # the per-step row mask, and each row's final state
+            bufs += [Buffer("mask", T * B, "io"), Buffer("hn", self.L * B * H, "io")]
+            if self.cell.has_cell_state:
+                bufs.append(Buffer("cn", self.L * B * H, "io"))
         slots = T if self.all_slots else 1
         if self.persist:
             bufs.append(Buffer("sync", SYNC_WORDS * self.L, "sync", "uint32"))   # a layer's
@@ -185,15 +212,31 @@ class ForwardBuilder:
     def param(self, layer, kind):
         return self._params[layer].get(kind)
 
-    def bias(self, layer, kind):
-        """[B, G*H] broadcast view (ld 0) of a bias, or of the zeros buffer without bias."""
-        v = self._views.get(("bias", layer, kind))
+    def bias(self, layer, kind, rows=None):
+        """[rows, G*H] broadcast view (ld 0; rows default B) of a bias, or of the zeros
+        buffer without bias (made once per (layer, kind, rows))."""
+        rows = self.B if rows is None else rows
+        memo = ("bias", layer, kind, rows)
+        v = self._views.get(memo)
         if v is None:
             e = self.param(layer, kind)
-            v = (View("zeros", 0, self.B, self.GH, 0) if e is None else
-                 View("params", e.offset, self.B, self.GH, 0))
-            self._views[("bias", layer, kind)] = v
+            v = (View("zeros", 0, rows, self.GH, 0) if e is None else
+                 View("params", e.offset, rows, self.GH, 0))
+            self._views[memo] = v
         return v
+
+    def slot_row(self, index):
+        """The first row of slot ``index`` of an h / c sequence: slot 0 (h0) at row 0, the
+        output of step t (slot t+1) at row B + off[t]."""
+        return 0 if index == 0 else self.B + self.off[index - 1]
+
+    def slot_rows(self, index):
+        """The rows slot ``index`` holds: B for slot 0, bs[t] for slot t+1."""
+        return self.B if index == 0 else self.bs[index - 1]
+
+    def mask(self, t):
+        """Step t's row mask, [bs[t], 1] (variable-length plans)."""
+        return View("mask", self.off[t], self.bs[t], 1, 1)
 
     def seq(self, kind, layer, row, rows, width):
         """Rows [row, row + rows) of layer ``layer``'s 'h', 'c' or 'act' sequence (rows of
@@ -211,16 +254,21 @@ class ForwardBuilder:
             self._views[memo] = v
         return v
 
-    def h(self, layer, index):
-        """h{layer}[index] as [B, H] (index 0 = h0, index t+1 = after step t)."""
-        return self.seq("h", layer, index * self.B, self.B, self.H)
+    def h(self, layer, index, rows=None):
+        """h{layer}[index] as [rows, H] (index 0 = h0, index t+1 = after step t; rows: the
+        slot's, or its first ``rows``)."""
+        rows = self.slot_rows(index) if rows is None else rows
+        return self.seq("h", layer, self.slot_row(index), rows, self.H)
 
-    def c(self, layer, index):
-        """c{layer}[index] as [B, H]. Inference keeps three slots: c0 in slot 0 (never
-        overwritten, so a plan can be re-run without reloading its inputs) and the states
-        after each step alternating in slots 1 and 2 (nothing older is read again)."""
-        slot = index if (self.all_slots or index == 0) else 1 + (index - 1) % 2
-        return self.seq("c", layer, slot * self.B, self.B, self.H)
+    def c(self, layer, index, rows=None):
+        """c{layer}[index] as [rows, H] (as ``h``). Inference with a full batch every step
+        keeps three slots: c0 in slot 0 (never overwritten, so a plan can be re-run without
+        reloading its inputs) and the states after each step alternating in slots 1 and 2
+        (nothing older is read again)."""
+        rows = self.slot_rows(index) if rows is None else rows
+        if self.all_slots or index == 0:
+            return self.seq("c", layer, self.slot_row(index), rows, self.H)
+        return self.seq("c", layer, (1 + (index - 1) % 2) * self.B, rows, self.H)
 
     def weight_blocks(self, layer, which):
         """The GEMM right-hand operand(s) for W ('ih') or R ('hh'): a list of
@@ -257,18 +305,18 @@ class ForwardBuilder:
         return Task(("xpose", layer, which), stream, [], (-1, layer, which), [op])
 
     def wx_task(self, layer, t0, t1):
-        B, GH = self.B, self.GH
-        n = (t1 - t0) * B
+        GH, r0 = self.GH, self.off[t0]
+        n = self.off[t1] - r0   # the steps' rows, one block in the packed layout
         if layer == 0:
             I = self.key.input_size
-            src = View("x", t0 * B * I, n, I, I)
+            src = View("x", r0 * I, n, I, I)
         else:
-            src = self.seq("h", layer - 1, (t0 + 1) * B, n, self.H)
+            src = self.seq("h", layer - 1, self.slot_row(t0 + 1), n, self.H)
         stream = self.inp(layer)
         ops = []
         for w, trans_b, col0 in self.weight_blocks(layer, "ih"):
             width = w.cols if not trans_b else w.rows
-            out = View(f"gx{layer}", t0 * B * GH + col0, n, width, GH)
+            out = View(f"gx{layer}", r0 * GH + col0, n, width, GH)
             ops.append(Gemm(stream, out, src, w, trans_b=trans_b, kind="wx", layer=layer,
                             steps=(t0, t1)))
         deps = []
@@ -286,10 +334,10 @@ class ForwardBuilder:
         return Task(("wx", layer, t0), stream, deps, prio, ops)
 
     def cell_task(self, layer, t):
-        B, GH = self.B, self.GH
+        B, GH = self.bs[t], self.GH   # this step's rows
         stream = self.rec(layer)
         ops = []
-        hprev = self.h(layer, t)
+        hprev = self.h(layer, t, B)
         for w, trans_b, col0 in self.weight_blocks(layer, "hh"):
             width = w.cols if not trans_b else w.rows
             out = View(f"gh{layer}", col0, B, width, GH)
@@ -347,16 +395,22 @@ class ForwardBuilder:
 
     # -- pointwise ---------------------------------------------------------------------------
     def pointwise(self, layer, t, s):
-        B, H, GH = self.B, self.H, self.GH
-        gx = View(f"gx{layer}", t * B * GH, B, GH, GH)
+        B, H, GH = self.bs[t], self.H, self.GH   # this step's rows
+        gx = View(f"gx{layer}", self.off[t] * GH, B, GH, GH)
         gh = View(f"gh{layer}", 0, B, GH, GH)
-        bw, br = self.bias(layer, "bias_ih"), self.bias(layer, "bias_hh")
-        hprev, hnew = self.h(layer, t), self.h(layer, t + 1)
-        slot = t if self.all_slots else 0
+        bw, br = self.bias(layer, "bias_ih", B), self.bias(layer, "bias_hh", B)
+        hprev, hnew = self.h(layer, t, B), self.h(layer, t + 1)
+        row = self.off[t] if self.all_slots else 0
         nsave = self.cell.saved_gates
-        act = self.seq("act", layer, slot * B, B, nsave * H) if nsave else None
+        act = self.seq("act", layer, row, B, nsave * H) if nsave else None
         meta = dict(layer=layer, steps=(t, t + 1))
         name = self.cell.name
+        if self.sw.fused and self.varlen:   # the masked kernels: frozen rows pass through
+            cprev = (self.c(layer, t, B),) if name == "lstm" else ()
+            outs = (hnew,) + ((self.c(layer, t + 1),) if name == "lstm" else ()) + (
+                (act,) if nsave else ())
+            ins = (gx, gh, bw, br) + cprev + (hprev, self.mask(t))
+            return [Kernel(s, f"{name}_fwd_mask", B, H, outs, ins, **meta)]
         if self.sw.fused:
             if name == "lstm":
                 outs = (hnew, self.c(layer, t + 1), act)
@@ -365,11 +419,18 @@ class ForwardBuilder:
             if name == "gru":
                 return [Kernel(s, "gru_fwd", B, H, (hnew, act), (gx, gh, bw, br, hprev), **meta)]
             return [Kernel(s, f"{name}_fwd", B, H, (hnew,), (gx, gh, bw, br), **meta)]
-        return self.naive_pointwise(layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta)
+        ops = self.naive_pointwise(layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta)
+        if self.varlen:   # frozen rows: the state they had (the naive rung's select)
+            m = self.mask(t)
+            ops.append(Kernel(s, "ew_select", B, H, (hnew,), (m, hnew, hprev), **meta))
+            if name == "lstm":
+                cnew, cprev = self.c(layer, t + 1), self.c(layer, t, B)
+                ops.append(Kernel(s, "ew_select", B, H, (cnew,), (m, cnew, cprev), **meta))
+        return ops
 
     def naive_pointwise(self, layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta):
         """One kernel per elementary operation, in the order the fused kernels compute."""
-        B, H, GH = self.B, self.H, self.GH
+        B, H, GH = self.bs[t], self.H, self.GH
         pre = View(f"pre{layer}", 0, B, GH, GH)
 
         def col(v, q, width=H):   # gate block q of a [B, *] view
@@ -384,7 +445,7 @@ class ForwardBuilder:
         name = self.cell.name
         if name == "lstm":
             i, f, g, o = (col(act, q) for q in range(4))
-            cprev, cnew = self.c(layer, t), self.c(layer, t + 1)
+            cprev, cnew = self.c(layer, t, B), self.c(layer, t + 1)
             return [
                 k("ew_add", pre, gx, bw), k("ew_add", pre, pre, gh), k("ew_add", pre, pre, br),
                 k("ew_sigmoid", i, col(pre, 0)), k("ew_sigmoid", f, col(pre, 1)),
@@ -463,6 +524,30 @@ class ForwardBuilder:
                     flops=flops, footprint=(ins + start, after + outs[2:]))
         return Task(("pstack",), self.rec(0), [], (0, 0, 1), [op])
 
+    def group_ends(self):
+        """Variable-length plans: [(slot, first row, rows)] for each slot s of the pattern
+        that is the last of some rows -- rows [bs[s], bs[s-1]) of slot s (bs[T] = 0), those
+        whose group of the pattern ends with step s-1: there they hold their final state
+        (frozen after their own sequence's end)."""
+        nxt = self.bs[1:] + (0,)
+        return [(t + 1, lo, hi - lo) for t, (hi, lo) in enumerate(zip(self.bs, nxt))
+                if lo < hi]
+
+    def final_task(self, layer):
+        """Variable-length plans: copy each row's last slot (``group_ends``) of h and c
+        into hn / cn [L, B, H] (the h_n / c_n bindings), after the layer's last step, on
+        its recurrence stream."""
+        H, s, ops = self.H, self.rec(layer), []
+        kinds = ("h", "c") if self.cell.has_cell_state else ("h",)
+        for slot, lo, n in self.group_ends():
+            for kind in kinds:
+                src = self.seq(kind, layer, self.slot_row(slot) + lo, n, H)
+                dst = View(f"{kind}n", (layer * self.B + lo) * H, n, H, H)
+                ops.append(Kernel(s, "ew_copy", n, H, (dst,), (src,), layer=layer,
+                                  steps=(slot - 1, slot)))
+        prio = (layer + self.T, layer, 2) if self.sw.wavefront else (layer, self.T, 2)
+        return Task(("final", layer), s, [("cell", layer, self.T - 1)], prio, ops)
+
     def build(self) -> Plan:
         tasks = [self.stack_task()] if self.stack is not None else []
         for layer in range(self.L):
@@ -478,18 +563,31 @@ class ForwardBuilder:
                 continue
             for t in range(self.T):
                 tasks.append(self.cell_task(layer, t))
+            if self.varlen:
+                tasks.append(self.final_task(layer))
         ops, nev = schedule(tasks)
         names, prio = self.streams()
-        T, B, H, L = self.T, self.B, self.H, self.L
-        I = self.key.input_size
-        state = (L, B, H)
-        inputs = {"x": Binding((T, B, I), (View("x", 0, T * B, I, I),)),
-                  "h0": Binding(state, tuple(self.h(layer, 0) for layer in range(L)))}
-        outputs = {"y": Binding((T, B, H), (self.seq("h", L - 1, B, T * B, H),)),
-                   "h_n": Binding(state, tuple(self.h(layer, T) for layer in range(L)))}
-        if self.cell.has_cell_state:
-            inputs["c0"] = Binding(state, tuple(self.c(layer, 0) for layer in range(L)))
-            outputs["c_n"] = Binding(state, tuple(self.c(layer, T) for layer in range(L)))
+        inputs, outputs = self.bindings()
         return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs,
                     fallback=self.fallback,
                     fit=None if self.choice is None else self.choice.describe())
+
+    def bindings(self):
+        """(inputs, outputs) of the forward plan: {name: Binding} (Plan's docstring)."""
+        T, B, H, L, N = self.T, self.B, self.H, self.L, self.N
+        I = self.key.input_size
+        state = (L, B, H)
+        seqs = (N, ) if self.varlen else (T, B)   # a pattern's rows are packed
+        inputs = {"x": Binding(seqs + (I,), (View("x", 0, N, I, I),)),
+                  "h0": Binding(state, tuple(self.h(layer, 0) for layer in range(L)))}
+        outputs = {"y": Binding(seqs + (H,), (self.seq("h", L - 1, B, N, H),))}
+        if self.varlen:
+            inputs["mask"] = Binding((N,), (View("mask", 0, N, 1, 1),))
+            outputs["h_n"] = Binding(state, (View("hn", 0, L * B, H, H),))
+        else:
+            outputs["h_n"] = Binding(state, tuple(self.h(layer, T) for layer in range(L)))
+        if self.cell.has_cell_state:
+            inputs["c0"] = Binding(state, tuple(self.c(layer, 0) for layer in range(L)))
+            outputs["c_n"] = (Binding(state, (View("cn", 0, L * B, H, H),)) if self.varlen
+                              else Binding(state, tuple(self.c(layer, T) for layer in range(L))))
+        return inputs, outputs

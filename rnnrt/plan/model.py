@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -44,6 +45,13 @@ class PlanKey:
     biases; plan/backward_persistent.py), where its fit accepts the shape, else the
     per-step schedule with the reason (Plan.fallback). A schedule of its own, not a
     switch: the rungs' backward is unchanged; the selector offers it as a candidate.
+    batch_sizes: a variable-length plan's pattern (plan/packing.py), [steps] ints,
+    non-increasing, batch_sizes[0] = batch: step t runs on its batch_sizes[t] rows only,
+    packed step after step, with the masked step kernels; None: every step runs the whole
+    batch. The persistent kernels decline a pattern (kernels/choice.py says why).
+    capacity: the steps the plan's buffers are sized for (>= steps; None: steps), so that
+    plans of one capacity share a workspace: every pattern of a capacity has the same
+    buffers.
     """
 
     cell: str
@@ -58,6 +66,8 @@ class PlanKey:
     device: DeviceLimits | None = None   # the persistent switch's fit reads it; else unused
     family: str | None = None
     backward: str | None = None
+    batch_sizes: tuple[int, ...] | None = None
+    capacity: int | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -65,6 +75,19 @@ class PlanKey:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"PlanKey.{name}: expected a positive int, got {v!r}")
+        if self.batch_sizes is not None:
+            bs = self.batch_sizes
+            if (not isinstance(bs, tuple) or len(bs) != self.steps
+                    or any(isinstance(v, bool) or not isinstance(v, int) for v in bs)
+                    or bs[0] != self.batch or min(bs) < 1
+                    or any(b > a for a, b in itertools.pairwise(bs))):
+                raise ValueError(f"PlanKey.batch_sizes: expected a tuple of {self.steps} "
+                                 f"non-increasing ints >= 1 starting at batch {self.batch}, "
+                                 f"got {bs!r}")
+        c = self.capacity
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < self.steps):
+            raise ValueError(f"PlanKey.capacity: expected an int >= steps ({self.steps}) or "
+                             f"None, got {c!r}")
         if not isinstance(self.switches, Switches):
             raise TypeError(f"PlanKey.switches: expected Switches, got {type(self.switches)}")
         if self.device is not None and not isinstance(self.device, DeviceLimits):
@@ -95,6 +118,16 @@ class PlanKey:
             raise ValueError("PlanKey.device: the persistent switch needs the device's limits "
                              "(rnnrt.kernels.limits.DeviceLimits.from_device(cupy), or a "
                              "named device such as rnnrt.kernels.limits.H100_SXM for CPU runs)")
+
+    @property
+    def varlen(self) -> bool:
+        """Whether this is a variable-length plan (a per-step active batch)."""
+        return self.batch_sizes is not None
+
+    @property
+    def rows(self) -> int:
+        """Rows of one layer's packed sequence: sum(batch_sizes), or steps * batch."""
+        return sum(self.batch_sizes) if self.varlen else self.steps * self.batch
 
 
 @dataclass(frozen=True)
@@ -135,6 +168,9 @@ class Plan:
                outputs 'y' [T, B, H], 'h_n' [L, B, H], 'c_n' [L, B, H] (LSTM)
       backward inputs  'dy' [T, B, H], 'dh_n' [L, B, H], 'dc_n' [L, B, H] (LSTM)
                outputs 'dx' [T, B, I], 'dh0' [L, B, H], 'dc0' (LSTM), 'grads' [layout.size]
+    A variable-length plan (key.batch_sizes, N = sum of them) binds x [N, I], y [N, H],
+    dy [N, H] and dx [N, I] in its packed pattern rows (plan/packing.py row_map), and takes
+    'mask' [N] (1 where a row's sequence runs, 0 where it is frozen) besides.
     """
 
     key: PlanKey
@@ -190,6 +226,9 @@ class Plan:
         lines = [
             f"plan {k.cell} T={k.steps} B={k.batch} I={k.input_size} H={k.hidden_size} "
             f"L={k.num_layers} bias={k.bias} train={k.train} switches={k.switches.label()}",
+            *([(f"  per-step batch: {k.rows} rows, batches "
+                f"{sorted(set(k.batch_sizes), reverse=True)} (capacity "
+                f"{k.capacity or k.steps} steps)")] if k.varlen else []),
             f"  streams: {', '.join(f'{i}:{n}' for i, n in enumerate(self.streams))}",
             f"  events: {self.num_events}",
             "  ops: " + ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts().items())),

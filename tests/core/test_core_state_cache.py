@@ -66,3 +66,27 @@ def test_drop_idle_makes_room_but_keeps_busy_states():
     assert c.drop_idle() == 2 and list(c._states) == ["held"] and freed == [1]
     assert c.holds(busy) and not c.holds(FakeState(40))
     assert c.drop_idle() == 0 and freed == [1]      # nothing idle: nothing freed
+def test_a_state_keeps_at_most_its_executors_least_recently_used_first():
+    """RunState: one executor per (plan, pass), made on first use with the plan's own view of
+    the workspace; past max_executors the least recently used goes."""
+    from types import SimpleNamespace
+
+    from rnnrt.gpu_state import RunState
+
+    class Ws:
+        bufs = {}
+
+        def sharing(self, plan):
+            return ("bound", plan.key)
+
+    made = []
+    st = RunState(Ws(), lambda plan, ws: made.append(ws) or ws, max_executors=3)
+    plans = [SimpleNamespace(key=k) for k in "abcd"]
+    for p in plans[:3]:
+        assert st.executor(p, "fwd") == ("bound", p.key)
+    st.executor(plans[0], "fwd")                 # a used again: b is now the oldest
+    st.executor(plans[3], "fwd")                 # d pushes b out
+    assert len(st) == 3 and len(made) == 4
+    st.executor(plans[1], "fwd")                 # b is made again
+    assert len(made) == 5 and st.executor(plans[1], ("bwd", False)) and len(made) == 6
+    assert not st.busy and st.nbytes == 0

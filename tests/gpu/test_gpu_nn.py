@@ -1,8 +1,11 @@
 """rnnrt.nn on CUDA tensors (marker gpu; skipped without a GPU): against torch.nn (cuDNN, fp32
 with TF32 off) on the same weights — output, final states and every gradient — for every
 cell, 1-3 layers, bidirectional on and off, batch_first on and off, with and without h0,
-plain and padded-to-one-length packed input; the work runs on PyTorch's current stream (a
-side stream here); what the CUDA path does not run yet is refused by name.
+plain input; and packed sequences of different lengths (sorted, unsorted, padded with
+lengths: rnnrt's variable-length plans, outputs zero past each sequence's end); the work runs
+on PyTorch's current stream (a side stream here); the parameters are read in place after
+.cuda() (no copy a call) and copied once they move; the charLM example's torch path trains
+on the GPU; what the CUDA path does not run is refused by name.
 
 Run on the device: pytest -m gpu tests/gpu/test_gpu_nn.py
 """
@@ -49,6 +52,46 @@ def _close(a, b, what, atol=FP32_ATOL):
                  name=what)
 
 
+def _states(name, D, layers, g):
+    """Random h0 (and c0 for LSTM) [D*layers, B, H] on the GPU."""
+    h0 = 0.5 * torch.randn(D * layers, B, H, device="cuda", generator=g)
+    return (h0, 0.5 * torch.randn_like(h0)) if name == "LSTM" else h0
+
+
+def _both(ref, ours, x, hx, step):
+    """``step(module, x, hx) -> (out, h_n tuple, loss)`` for torch.nn's module and ours, each
+    on fresh leaves of x and hx, on a side stream (the module must run on the caller's
+    current stream) -> [(out, h_n tuple, dx, [dh0, dc0], {name: grad})] for ref, ours."""
+    outs = []
+    for m in (ref, ours):
+        xi = x.clone().requires_grad_(True)
+        hxi = None if hx is None else (tuple(t.clone().requires_grad_(True) for t in hx)
+                                       if isinstance(hx, tuple) else
+                                       hx.clone().requires_grad_(True))
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            out, hn_t, loss = step(m, xi, hxi)
+            loss.backward()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        hgrads = [] if hxi is None else [t.grad for t in
+                                         (hxi if isinstance(hxi, tuple) else (hxi,))]
+        outs.append((out, hn_t, xi.grad, hgrads, {n: q.grad for n, q in m.named_parameters()}))
+    return outs
+
+
+def _compare(outs, what=""):
+    (o0, hn0, dx0, dh0, g0), (o1, hn1, dx1, dh1, g1) = outs
+    _close(o1, o0, f"{what} output")
+    for a, b in zip(hn1, hn0):
+        _close(a, b, f"{what} h_n / c_n")
+    _close(dx1, dx0, f"{what} dx")
+    for a, b in zip(dh1, dh0):
+        _close(a, b, f"{what} dh0 / dc0")
+    for n in g0:
+        _close(g1[n], g0[n], f"{what} d {n}", atol=reduction_atol(T * B))
+
+
 @pytest.mark.parametrize("name, kw", CELLS, ids=["lstm", "gru", "rnn_tanh", "rnn_relu"])
 @pytest.mark.parametrize("layers", [1, 3])
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
@@ -59,38 +102,14 @@ def test_equals_torch_nn_on_cuda(name, kw, layers, bidirectional, batch_first, w
     g = torch.Generator(device="cuda").manual_seed(1)
     shape = (B, T, I) if batch_first else (T, B, I)
     x = torch.randn(shape, device="cuda", generator=g)
-    D = 2 if bidirectional else 1
-    hx = None
-    if with_h0:
-        h0 = 0.5 * torch.randn(D * layers, B, H, device="cuda", generator=g)
-        hx = (h0, 0.5 * torch.randn_like(h0)) if name == "LSTM" else h0
-    outs = []
-    for m in (ref, ours):
-        xi = x.clone().requires_grad_(True)
-        hxi = None if hx is None else (tuple(t.clone().requires_grad_(True) for t in hx)
-                                       if isinstance(hx, tuple) else
-                                       hx.clone().requires_grad_(True))
-        side = torch.cuda.Stream()   # the module must run on the caller's current stream
-        with torch.cuda.stream(side):
-            y, hn = m(xi, hxi)
-            hn_t = hn if isinstance(hn, tuple) else (hn,)
-            loss = (y * y).sum() + sum((h * h).sum() for h in hn_t)
-            loss.backward()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        grads = {n: p.grad for n, p in m.named_parameters()}
-        hgrads = [] if hxi is None else [t.grad for t in
-                                         (hxi if isinstance(hxi, tuple) else (hxi,))]
-        outs.append((y, hn_t, xi.grad, hgrads, grads))
-    (y0, hn0, dx0, dh0, g0), (y1, hn1, dx1, dh1, g1) = outs
-    _close(y1, y0, "y")
-    for a, b in zip(hn1, hn0):
-        _close(a, b, "h_n / c_n")
-    _close(dx1, dx0, "dx")
-    for a, b in zip(dh1, dh0):
-        _close(a, b, "dh0 / dc0")
-    for n in g0:
-        _close(g1[n], g0[n], f"d {n}", atol=reduction_atol(T * B))
+    hx = _states(name, 2 if bidirectional else 1, layers, g) if with_h0 else None
+
+    def step(m, xi, hxi):
+        y, hn = m(xi, hxi)
+        hn_t = hn if isinstance(hn, tuple) else (hn,)
+        return y, hn_t, (y * y).sum() + sum((h * h).sum() for h in hn_t)
+
+    _compare(_both(ref, ours, x, hx, step))
 
 
 def test_packed_one_length_and_no_grad(cp):
@@ -105,15 +124,102 @@ def test_packed_one_length_and_no_grad(cp):
     _close(y1.data, y0.data, "packed y")
 
 
-def test_what_cuda_does_not_run_yet_is_refused_by_name(cp):
+LENGTHS = {"packed_sorted": [6, 5, 5, 3, 2], "packed_unsorted": [3, 6, 1, 5, 6],
+           "padded": [2, 6, 6, 1, 4]}
+PACKED = [("packed_sorted", False), ("packed_unsorted", True), ("padded", True)]
+
+
+@pytest.mark.parametrize("name, kw", CELLS, ids=["lstm", "gru", "rnn_tanh", "rnn_relu"])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("kind, with_h0", PACKED, ids=[k for k, _ in PACKED])
+def test_packed_different_lengths_equal_torch_nn(name, kw, layers, bidirectional, kind,
+                                                 with_h0):
+    """A packed batch of different lengths (or a padded one with lengths): the per-step
+    active batch, the reverse direction from each sequence's own end, h_n at each
+    sequence's own last step, padded outputs zero past each end; every gradient."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    ref, ours = _pair(name, kw, layers, bidirectional, False)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    lengths = LENGTHS[kind]
+    x = torch.randn(T, B, I, device="cuda", generator=g)
+    D = 2 if bidirectional else 1
+    hx = _states(name, D, layers, g) if with_h0 else None
+
+    def step(m, xi, hxi):
+        p = pack_padded_sequence(xi, torch.tensor(lengths),
+                                 enforce_sorted=kind == "packed_sorted")
+        y, hn = m(p, hxi)
+        out = pad_packed_sequence(y, total_length=T)[0] if kind == "padded" else y.data
+        hn_t = hn if isinstance(hn, tuple) else (hn,)
+        w = torch.linspace(-1, 1, out.numel(), device="cuda").view(out.shape)
+        return out, hn_t, (out * w).sum() + sum((h * h).sum() for h in hn_t)
+
+    outs = _both(ref, ours, x, hx, step)
+    what = f"{name} L{layers} D{D} {kind}"
+    _compare(outs, what)
+    if kind == "padded":
+        for b, n in enumerate(lengths):
+            assert torch.count_nonzero(outs[1][0][n:, b]) == 0, f"{what}: output past {b}'s end"
+
+
+def _cuda_backend():
+    from rnnrt.nn.backend import backend_for
+    return backend_for(torch.device("cuda", 0), torch.float32)
+
+
+def test_parameters_are_read_in_place_until_they_move(cp):
+    """After .cuda() the module's parameters lie in one flat buffer its runners adopt: a
+    training loop copies no parameter; once one is replaced (p.data = ...), each call copies
+    them, and the result follows the new values."""
+    torch.manual_seed(0)
+    ours = rnnrt.nn.GRU(I, H, num_layers=2).cuda()
+    ref = torch.nn.GRU(I, H, num_layers=2).cuda()
+    ref.load_state_dict(ours.state_dict())
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1)
+    for _ in range(3):
+        ours(torch.randn(T, B, I, device="cuda"))[0].sum().backward()
+        opt.step()
+        opt.zero_grad()
+    first = ours.weight_ih_l0
+    sites = [s for (wid, *_), s in _cuda_backend()._sites.items() if wid == id(first)]
+    assert len(sites) == 1 and sites[0].adopted_ptrs is not None and sites[0].copies == 0
+    with torch.no_grad():
+        ours.weight_hh_l1.data = ours.weight_hh_l1.data * 0.5
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(T, B, I, device="cuda")
+    _close(ours(x)[0], ref(x)[0], "after a parameter moved")
+    assert sites[0].copies == 1
+
+
+def test_what_cuda_does_not_run_is_refused_by_name(cp):
     _, ours = _pair("GRU", {}, 1, False, False)
     x = torch.randn(T, B, I, device="cuda")
-    lengths = torch.tensor([6, 5, 5, 3, 2])
-    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths)
-    with pytest.raises(NotImplementedError, match="different lengths"):
-        ours(packed)
     with pytest.raises(NotImplementedError, match="float64"):
         ours.double()(x.double())
+
+
+def test_charlm_torch_path_trains_on_the_gpu(cp, tmp_path):
+    """examples/train_charlm.py --framework torch --device gpu --tiny: rnnrt.nn.LSTM on CUDA
+    with torch.optim.Adam learns (the CPU test holds the same run to the rnnrt path)."""
+    import importlib.util
+    import math
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_charlm.py"
+    spec = importlib.util.spec_from_file_location("train_charlm_gpu", script)
+    tc = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tc
+    spec.loader.exec_module(tc)
+    rec = tc.main(["--framework", "torch", "--device", "gpu", "--tiny", "--figures-dir",
+                   str(tmp_path / "f"), "--results-dir", str(tmp_path / "r")],
+                  progress=lambda m: None)
+    losses = np.array(rec["train_loss"])
+    V = rec["data"]["vocab_size"]
+    assert np.all(np.isfinite(losses)) and abs(losses[0] - math.log(V)) < 0.2
+    assert losses[-30:].mean() < losses[:3].mean() - 0.8
+    assert rec["final"]["val_loss"] < math.log(V) - 0.7
+    assert "GPU" in rec["device_label"]
 
 
 def test_training_loop_reuses_plans_and_memory_stays_bounded(cp):

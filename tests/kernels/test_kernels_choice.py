@@ -339,3 +339,20 @@ def test_a_long_first_run_is_not_repeated_past_the_budget():
     sel = C.Selector(timer, H100_SXM, autotune=True, budget_s=2.0).select(PAPER)
     assert all(r == 1 for _, r in timer.calls)              # nobody ran twice
     assert any("timed once" in c["status"] for c in sel.candidates)
+
+
+def test_a_variable_length_shape_has_its_own_key_and_cublas_candidates():
+    """Shape.varlen: a key of its own; candidates the cuBLAS schedules (varlen_schedules, a
+    pre-transposed chunk-2 variant among them), whatever persistent family would fit the
+    full batch; the heuristic takes the pre-transposed paper rung."""
+    from dataclasses import replace
+
+    from rnnrt.kernels.choice import Shape, candidates, heuristic, varlen_schedules
+    from rnnrt.kernels.limits import H100_SXM
+    fixed = Shape("lstm", 2, 512, 512, 64, 100, True)
+    var = replace(fixed, varlen=True)
+    assert var.key() == fixed.key() + "|varlen"
+    assert any(s.family for s in candidates(fixed, H100_SXM))
+    assert candidates(var, H100_SXM) == varlen_schedules()
+    assert not any(s.switches.persistent for s in varlen_schedules())
+    assert heuristic(var, H100_SXM).switches.pretranspose

@@ -81,6 +81,39 @@ REF = {
     "rnn_tanh_bwd": lambda x: {"dg": (x["dh_above"] + x["dh_rec"]) * (1 - x["h"] ** 2)},
     "rnn_relu_bwd": lambda x: {"dg": (x["dh_above"] + x["dh_rec"]) * (x["h"] > 0)},
 }
+
+
+def _masked_ref(plain, frozen):
+    """The reference of a masked kernel: ``plain``'s formula on rows with mask != 0; on the
+    frozen rows, frozen(x) -> {output: value} (a pass-through or 0)."""
+    def ref(x):
+        out = REF[plain](x)
+        on = x["mask"][:, 0] != 0
+        if plain.endswith("_bwd") and "dh_prev" not in out:
+            out["dh_prev"] = np.zeros_like(x["dh_rec"])      # the direct part, zero
+        for name, v in frozen(x).items():
+            out[name] = np.where(on[:, None], out[name], v)
+        return out
+    return ref
+
+
+REF.update({
+    "ew_copy": lambda x: {"out": x["a"]},
+    "ew_select": lambda x: {"out": np.where(x["mask"] != 0, x["a"], x["b"])},
+    "lstm_fwd_mask": _masked_ref("lstm_fwd", lambda x: {"h": x["h_prev"], "c": x["c_prev"],
+                                                         "act": 0}),
+    "gru_fwd_mask": _masked_ref("gru_fwd", lambda x: {"h": x["h_prev"], "act": 0}),
+    "rnn_tanh_fwd_mask": _masked_ref("rnn_tanh_fwd", lambda x: {"h": x["h_prev"]}),
+    "rnn_relu_fwd_mask": _masked_ref("rnn_relu_fwd", lambda x: {"h": x["h_prev"]}),
+    "lstm_bwd_mask": _masked_ref("lstm_bwd", lambda x: {"dgx": 0, "dc_prev": x["dc_next"],
+                                                         "dh_prev": x["dh_rec"]}),
+    "gru_bwd_mask": _masked_ref("gru_bwd", lambda x: {"dgx": 0, "dgh": 0,
+                                                       "dh_prev": x["dh_rec"]}),
+    "rnn_tanh_bwd_mask": _masked_ref("rnn_tanh_bwd", lambda x: {"dg": 0,
+                                                                 "dh_prev": x["dh_rec"]}),
+    "rnn_relu_bwd_mask": _masked_ref("rnn_relu_bwd", lambda x: {"dg": 0,
+                                                                 "dh_prev": x["dh_rec"]}),
+})
 TOL = {np.float32: (2e-6, 2e-5), np.float64: (1e-13, 1e-12)}   # (atol, rtol)
 # The fused backward kernels multiply up to four N(0, 4) inputs after sums that may cancel
 # (dh_above + dh_rec, dc_next + t, 1 - tanh(c)^2, dh - dh*z): fp32 rounding of terms near
@@ -89,12 +122,14 @@ TOL_FP32_BWD = (2e-5, 1e-4)
 
 
 def _tol(name, dtype):
-    return TOL_FP32_BWD if dtype is np.float32 and name in ("lstm_bwd", "gru_bwd") else TOL[dtype]
+    fused_bwd = ("lstm_bwd", "gru_bwd", "lstm_bwd_mask", "gru_bwd_mask")
+    return TOL_FP32_BWD if dtype is np.float32 and name in fused_bwd else TOL[dtype]
 BIAS = ("bw", "br")
 # Inputs that the "bcast" layout hands over with ld = 0: the biases, and in the backward the
 # gradients from step t+1 (a caller may pass one zero row for them at t = T-1).
 BCAST = {"lstm_bwd": ("dh_rec", "dc_next"), "gru_bwd": ("dh_rec",),
          "rnn_tanh_bwd": ("dh_rec",), "rnn_relu_bwd": ("dh_rec",)}
+BCAST.update({f"{k}_mask": v for k, v in list(BCAST.items())})
 
 
 def _bcast_args(name):
@@ -143,6 +178,8 @@ def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, se
             continue
         off, _, _, ld = place[arg]
         data = rng.standard_normal((1 if ld == 0 else r, c)) * 2.0
+        if arg == "mask":   # rows that run (1) and frozen rows (0), both present
+            data = (np.arange(r)[:, None] + seed) % 3 != 1
         knp.view(buf, off, data.shape[0], c, ld or c)[...] = data
         x[arg] = np.asarray(knp.view(buf, off, r, c, ld), np.float64).copy()
     written = np.zeros(buf.size, bool)
@@ -184,9 +221,15 @@ IN_PLACE = {"ew_add": ("out", "a"), "ew_sub": ("out", "b"), "ew_mul": ("out", "a
             "rnn_tanh_fwd": ("h", "gx"), "rnn_relu_fwd": ("h", "gx"),
             "ew_dsigmoid": ("out", "y"), "ew_dtanh": ("out", "dy"), "ew_drelu": ("out", "y"),
             "lstm_bwd": ("dgx", "act"), "gru_bwd": ("dh_prev", "dh_rec"),
-            "rnn_tanh_bwd": ("dg", "h"), "rnn_relu_bwd": ("dg", "dh_above")}
+            "rnn_tanh_bwd": ("dg", "h"), "rnn_relu_bwd": ("dg", "dh_above"),
+            "ew_copy": ("out", "a"), "ew_select": ("out", "b"),
+            "lstm_fwd_mask": ("c", "c_prev"), "gru_fwd_mask": ("h", "h_prev"),
+            "rnn_tanh_fwd_mask": ("h", "h_prev"), "rnn_relu_fwd_mask": ("h", "gx"),
+            "lstm_bwd_mask": ("dgx", "act"), "gru_bwd_mask": ("dh_prev", "dh_rec"),
+            "rnn_tanh_bwd_mask": ("dh_prev", "dh_rec"), "rnn_relu_bwd_mask": ("dg", "h")}
 # and a second output in place, for the kernels with more than one
-IN_PLACE_2 = {"lstm_bwd": ("dc_prev", "dc_next"), "gru_bwd": ("dh_prev", "dh_above")}
+IN_PLACE_2 = {"lstm_bwd": ("dc_prev", "dc_next"), "gru_bwd": ("dh_prev", "dh_above"),
+              "lstm_bwd_mask": ("dc_prev", "dc_next"), "gru_bwd_mask": ("dh_prev", "dh_above")}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

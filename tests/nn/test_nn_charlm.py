@@ -2,7 +2,8 @@
 rnnrt.nn.LSTM with torch.optim.Adam on the CPU. Its tiny run learns and writes its figure and
 record; it trains the same model as the framework-free rnnrt path (same initial values, same
 data, the same Adam and clipping formulas), so the two runs' per-step losses agree to fp32
-rounding; validation runs on rnnrt.nn's inference path; --device gpu is refused by name."""
+rounding; validation runs on rnnrt.nn's inference path; --device gpu without a CUDA torch is
+refused by name (on a GPU: tests/gpu/test_gpu_nn.py runs it)."""
 from __future__ import annotations
 
 import importlib.util
@@ -87,7 +88,8 @@ def test_tiny_torch_run_learns_and_equals_the_rnnrt_path(tc, tmp_path, seam_trai
     assert abs(rec["final"]["val_loss"] - ref["final"]["val_loss"]) < 1e-4
 
 
-def test_torch_path_refuses_the_gpu(tc, tmp_path):
-    with pytest.raises(NotImplementedError, match="CUDA backend"):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+def test_torch_path_without_a_cuda_torch_refuses_the_gpu(tc, tmp_path):
+    with pytest.raises(RuntimeError, match="no CUDA device"):
         tc.main(["--framework", "torch", "--device", "gpu", "--tiny", "--figures-dir",
                  str(tmp_path), "--results-dir", str(tmp_path)], progress=lambda m: None)

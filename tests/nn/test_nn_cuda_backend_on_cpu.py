@@ -1,0 +1,161 @@
+"""rnnrt.nn's CUDA backend (rnnrt/nn/cuda.py) end to end on the CPU: CuPy replaced by NumPy
+(DLPack both ways works on CPU tensors), GpuRunner's session by testkit.CpuSession (NumPy
+workspaces, the NumPy executor), so the backend's own logic — the fixed and the packed
+paths, the reverse direction by row maps or by time reversal, the parameters adopted from
+the module's flat buffer or copied, the gradients out — runs against torch.nn in float32
+on CPU tensors. (What this cannot see, the CUDA kernels, streams and DLPack on the device,
+tests/gpu/test_gpu_nn.py checks on a GPU.)"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from testkit import CpuSession, NumpyCupy
+
+import rnnrt.nn
+from rnnrt import check
+
+T, B, I, H = 6, 5, 4, 7
+CELLS = {"lstm": ("LSTM", {}), "gru": ("GRU", {}), "rnn_tanh": ("RNN", {"nonlinearity": "tanh"}),
+         "rnn_relu": ("RNN", {"nonlinearity": "relu"})}
+LENGTHS = {"plain": None, "packed_sorted": [6, 5, 5, 3, 2], "packed_unsorted": [3, 6, 1, 5, 6],
+           "one_length": [6, 6, 6, 6, 6]}
+
+
+@pytest.fixture
+def cuda_on_cpu(monkeypatch):
+    """-> the CudaBackend that every CPU float32 call goes through (CuPy = NumPy)."""
+    import rnnrt.nn.cuda as nn_cuda
+    import rnnrt.nn.inputs
+    import rnnrt.session
+    fake = NumpyCupy()
+    fake.from_dlpack = np.from_dlpack
+    fake.ascontiguousarray = np.ascontiguousarray
+    fake.cuda.Device = lambda *a: contextlib.nullcontext()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
+    monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
+    monkeypatch.setattr(torch.cuda, "device", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(nn_cuda, "_current_stream", lambda cp, device: contextlib.nullcontext())
+    backend = nn_cuda.CudaBackend()
+    real = rnnrt.nn.inputs.backend_for
+    monkeypatch.setattr(rnnrt.nn.inputs, "backend_for", lambda device, dtype: (
+        backend if (device.type, dtype) == ("cpu", torch.float32) else real(device, dtype)))
+    return backend
+
+
+def _pair(cell, layers, bidirectional, flat):
+    cls, kw = CELLS[cell]
+    torch.manual_seed(0)
+    ref = getattr(torch.nn, cls)(I, H, num_layers=layers, bidirectional=bidirectional, **kw)
+    ours = getattr(rnnrt.nn, cls)(I, H, num_layers=layers, bidirectional=bidirectional, **kw)
+    ours.load_state_dict(ref.state_dict())
+    if flat:   # what .cuda() does on a GPU
+        rnnrt.nn.flat.relayout(ours)
+    return ref, ours
+
+
+def _run(m, x, kind, hx):
+    from torch.nn.utils.rnn import pack_padded_sequence
+    if kind == "plain":
+        y, hn = m(x, hx)
+    else:
+        p = pack_padded_sequence(x, torch.tensor(LENGTHS[kind]),
+                                 enforce_sorted=kind != "packed_unsorted")
+        y, hn = m(p, hx)
+        y = y.data
+    return y, hn if isinstance(hn, tuple) else (hn,)
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["adopted", "copied"])
+@pytest.mark.parametrize("kind", sorted(LENGTHS))
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("cell", sorted(CELLS))
+def test_the_cuda_backend_equals_torch_nn(cuda_on_cpu, cell, bidirectional, kind, flat):
+    ref, ours = _pair(cell, 2, bidirectional, flat)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(T, B, I, generator=gen)
+    D = 2 if bidirectional else 1
+    hx = [torch.randn(2 * D, B, H, generator=gen) for _ in range(2 if cell == "lstm" else 1)]
+    results = []
+    for m in (ref, ours):
+        xs = x.clone().requires_grad_()
+        hs = [h.clone().requires_grad_() for h in hx]
+        y, hn = _run(m, xs, kind, tuple(hs) if cell == "lstm" else hs[0])
+        w = torch.randn(y.shape, generator=torch.Generator().manual_seed(2))
+        loss = (y * w).sum() + sum((h * h).sum() for h in hn)
+        grads = torch.autograd.grad(loss, [xs, *hs, *m.parameters()])
+        results.append((y, hn, grads))
+    (y0, hn0, g0), (y1, hn1, g1) = results
+    tol = dict(atol=check.FP32_ATOL, rtol=check.FP32_RTOL)
+    check.assert_close(y1.detach().numpy(), y0.detach().numpy(), name="y", **tol)
+    for a, b in zip(hn1, hn0):
+        check.assert_close(a.detach().numpy(), b.detach().numpy(), name="h_n/c_n", **tol)
+    names = ["dx"] + ["dh0", "dc0"][:len(hx)] + [n for n, _ in ref.named_parameters()]
+    for n, a, b in zip(names, g1, g0):
+        check.assert_close(a.numpy(), b.numpy(), name=n, atol=check.reduction_atol(T * B),
+                           rtol=check.FP32_RTOL)
+    sites = list(cuda_on_cpu._sites.values())
+    assert sites and all((s.adopted_ptrs is not None) == flat for s in sites)
+    assert all(s.copies == (0 if flat else 1) for s in sites), [s.copies for s in sites]
+    packed = kind.startswith("packed")
+    assert any(st.ws.plan.key.varlen for s in sites for st in s.runner._states._states.values()
+               ) == packed
+
+
+def test_no_grad_runs_the_inference_plans(cuda_on_cpu):
+    ref, ours = _pair("gru", 2, True, True)
+    x = torch.randn(T, B, I)
+    with torch.no_grad():
+        y0, _ = _run(ref, x, "packed_unsorted", None)
+        y1, _ = _run(ours, x, "packed_unsorted", None)
+    check.assert_close(y1.numpy(), y0.numpy(), name="y")
+    assert all(not st.ws.plan.key.train for s in cuda_on_cpu._sites.values()
+               for st in s.runner._states._states.values())
+
+
+def test_types_of_the_fake(cuda_on_cpu):
+    """The stand-in is what the backend imports (guards the harness itself)."""
+    import cupy
+    assert isinstance(cupy, types.ModuleType) and cupy.from_dlpack is np.from_dlpack
+
+
+def test_a_training_step_moves_only_its_data(cuda_on_cpu, monkeypatch):
+    """What a steady training step (fixed batch, no h0, an input needing no gradient)
+    does besides the two graph runs, counted: the workspace is loaded with x and dy only
+    (h0, c0, dh_n, dc_n stay zero from the first step), five arrays are read out (y, h_n,
+    c_n, dh0, dc0: no dx, whose GEMMs the backward plan leaves out), the parameters are not
+    copied (adopted), the gradients come out in one copy."""
+    from rnnrt.exec.workspace import Workspace
+    counts = {}
+
+    def counting(name, real):
+        def fn(self, *a, **kw):
+            counts[name] = counts.get(name, 0) + 1
+            return real(self, *a, **kw)
+        return fn
+
+    for name in ("load", "read", "load_rows", "read_rows"):
+        monkeypatch.setattr(Workspace, name, counting(name, getattr(Workspace, name)))
+    _, ours = _pair("lstm", 2, False, True)
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1)
+    clones = []
+    real_clone = torch.Tensor.clone
+    for i in range(3):
+        counts.clear()
+        y, _ = ours(torch.randn(T, B, I))
+        monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: (
+            clones.append(1), real_clone(t, *a, **k))[1])
+        y.sum().backward()
+        monkeypatch.setattr(torch.Tensor, "clone", real_clone)
+        opt.step()
+        opt.zero_grad()
+    assert counts == {"load": 2, "read": 5}, counts
+    site = next(iter(cuda_on_cpu._sites.values()))
+    assert site.copies == 0 and len(clones) == 3
