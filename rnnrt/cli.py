@@ -306,14 +306,19 @@ def _cmd_sweep(a) -> int:
     from .bench import sweep as sw
     from .bench.outputs import check_file
     cfg = _sweep_config(a)
+    created = None   # a new default file's stamp is its session line's 'created'
     if a.out is not None:
         path = Path(a.out)
     else:
         from .device import gpu_status
         device = sw.cpu_device_name() if a.cpu else gpu_status()[1]
         latest = sw.latest_path(cfg, device, a.quick, preset=a.preset)
-        path = (latest if (a.resume or a.dry_run) and latest else
-                sw.default_path(cfg, device, a.quick, preset=a.preset))
+        if (a.resume or a.dry_run) and latest:
+            path = latest
+        else:
+            from .bench.records import now_iso
+            created = now_iso()
+            path = sw.default_path(cfg, device, a.quick, preset=a.preset, created=created)
     if a.dry_run:
         done = sw.done_keys(sw.read_lines(path), cfg.retry_errors) if path.is_file() else set()
         pts = sw.grid(cfg)
@@ -330,7 +335,7 @@ def _cmd_sweep(a) -> int:
     from .bench.ladder import check_sizes
     for point in sw.grid(cfg):   # every point's sizes, before the first one runs
         check_sizes(point.ladder_config(cfg))
-    res = sw.run_sweep(cfg, path, resume=a.resume, overwrite=a.overwrite)
+    res = sw.run_sweep(cfg, path, resume=a.resume, overwrite=a.overwrite, created=created)
     print(f"{res.path}: {res.done} points done, {res.errors} raised, {res.skipped} were "
           f"already there, {res.remaining} left, of {res.total} ({res.seconds:.0f} s)")
     if res.stopped:

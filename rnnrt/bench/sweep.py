@@ -467,13 +467,15 @@ def _best(record) -> str:
 
 
 def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = False,
-              stream=None, session=None, clock=time.monotonic) -> SweepResult:
+              stream=None, session=None, clock=time.monotonic,
+              created: str | None = None) -> SweepResult:
     """Run every point of ``grid(cfg)`` not yet in ``path``; append its lines as it finishes.
 
     resume: skip the points the file has (else the file must be empty or absent, or
     ``overwrite`` given). session: a ladder.BenchSession to use (None: one is opened here for
     the whole sweep, and closed at the end; unused with cfg.cpu). stream: where the progress
-    bar goes (default stderr). Stops early, leaving a resumable file, when the time budget
+    bar goes (default stderr). created: the session line's time (ISO 8601; default now): the
+    stamp ``default_path`` put in a new file's name, so name and record agree. Stops early, leaving a resumable file, when the time budget
     would be exceeded, after MAX_CONSECUTIVE_ERRORS failing points in a row, or on Ctrl-C.
     """
     path = Path(path)
@@ -522,7 +524,8 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
     else:
         info = {"device": cpu_device_name(), "note": "CPU figures: not GPU performance"}
         vers, ceiling = ladder_mod.versions(), None
-    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if created is None:
+        created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     writer = JsonlWriter(path)
     in_a_row = 0
     try:
@@ -606,10 +609,12 @@ def default_stem(cfg: SweepConfig, quick: bool = False, preset: str | None = Non
 
 
 def default_path(cfg: SweepConfig, device: str, quick: bool = False,
-                 root: Path | None = None, preset: str | None = None) -> Path:
-    """A new results file: results/sweep/<stem>-<device>-<stamp now>.jsonl."""
-    return record_path("sweep", default_stem(cfg, quick, preset), device, now_iso(),
-                       ext=".jsonl", root=root)
+                 root: Path | None = None, preset: str | None = None,
+                 created: str | None = None) -> Path:
+    """A new results file: results/sweep/<stem>-<device>-<stamp>.jsonl, the stamp of
+    ``created`` (ISO 8601; default now: pass the same to run_sweep)."""
+    return record_path("sweep", default_stem(cfg, quick, preset), device,
+                       created or now_iso(), ext=".jsonl", root=root)
 
 
 def latest_path(cfg: SweepConfig, device: str, quick: bool = False,

@@ -88,6 +88,17 @@ def test_cpu_sweep_writes_a_row_per_rung_with_every_field(tmp_path):
     assert "\r" not in out
 
 
+def test_a_new_files_name_and_its_session_line_carry_one_time(tmp_path):
+    """The CLI names a new file before the GPU opens (seconds earlier): default_path and
+    run_sweep take the same 'created', so the stamp in the name is the record's own."""
+    created = "2026-01-02T03:04:05+00:00"
+    path = sw.default_path(tiny(hidden=(6,), batch=(2,)), "NVIDIA H100 80GB HBM3",
+                           root=tmp_path, created=created)
+    assert path.name.endswith("-nvidia-h100-80gb-hbm3-20260102T030405.jsonl"), path.name
+    sw.run_sweep(tiny(hidden=(6,), batch=(2,)), path, stream=io.StringIO(), created=created)
+    assert sw.read_lines(path)[0]["created"] == created
+
+
 def test_grid_defaults_order_and_steps():
     cfg = sw.SweepConfig()
     pts = sw.grid(cfg)
