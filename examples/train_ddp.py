@@ -239,10 +239,18 @@ def _dtype(cfg: Config):
     return {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
 
 
+# torch's own notice on turning its sync-debug mode on (it says the mode is a prototype), not a
+# synchronisation it found: not counted (seen on the H100 with torch 2.11)
+SYNC_DEBUG_NOTICE = "Synchronization debug mode is a prototype feature"
+
+
 def _distinct(caught) -> list[str]:
-    """The warnings caught, each distinct one once, with how often it came."""
+    """The warnings caught, each distinct one once, with how often it came (less torch's
+    notice that sync-debug mode is on)."""
     counts: dict[str, int] = {}
     for w in caught:
+        if str(w.message).startswith(SYNC_DEBUG_NOTICE):
+            continue
         text = f"{w.category.__name__}: {w.message}"
         counts[text] = counts.get(text, 0) + 1
     return [t if n == 1 else f"{t} (x{n})" for t, n in counts.items()]

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu,
 from testkit import batch_sizes_of, check_runner_packed_step
 
 import rnnrt
-from rnnrt.check import assert_close
+from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.gpu import GpuRunner
 from rnnrt.kernels.tuning import ScheduleCache
 from rnnrt.plan.packing import bucket
@@ -102,4 +102,7 @@ def test_masked_kernels_equal_their_twins_and_skip_frozen_rows(cp, name):
     cp.cuda.Device().synchronize()
     for (arg, _), got, w in zip(k.outs, d_outs, want):
         assert not bool(cp.isnan(got).any()), f"{name} {arg}: NaN reached the output"
-        assert_close(got, w, 1e-6, 1e-5, name=f"{name} {arg}")
+        # fp32 tolerance: the inputs are random, not activations (a "gate" of -3), so the
+        # backward's products amplify tanhf's ulp against NumPy's tanh up to ~5e-5 relative
+        # (seen on the H100 at lstm_bwd_mask); a wrong gate, mask or row is O(1) off
+        assert_close(got, w, FP32_ATOL, FP32_RTOL, name=f"{name} {arg}")
