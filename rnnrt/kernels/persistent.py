@@ -279,6 +279,26 @@ class Fit(Launch1D):
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
+
+def block_problem(k_tile: int, threads: int, max_threads: int, units: int,
+                  batch_per_block: int) -> str | None:
+    """Why a persistent block of this shape cannot run (the forward and the backward kernels
+    share the rules), or None: the tile is read in float4s, a block is whole warps within the
+    device's limit, and each thread updates at most PK_CPT (unit, batch) cells."""
+    if k_tile % 4:
+        return (f"k_tile {k_tile} is not a multiple of 4 (the tile is read in float4 chunks; "
+                f"the kernel traps on it)")
+    if threads % 32 or threads < 32:
+        return f"a block of {threads} threads is not whole warps"
+    if threads > max_threads:
+        return f"a block of {threads} threads > the {max_threads} a block may have"
+    cells = units * batch_per_block
+    if cells > PK_CPT * threads:
+        return (f"{units} units x batch {batch_per_block} = {cells} cells > {PK_CPT} a thread "
+                f"x {threads} threads")
+    return None
+
+
 def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
              threads: int | None = None, max_threads: int = PK_MAX_THREADS,
              k_tile: int | None = None, clusters: int = 0) -> Fit:
@@ -305,18 +325,11 @@ def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
     if threads is None:
         threads = max([t for t in BLOCK_SIZES if t <= max_threads] or [32])
     threads = int(threads)
+    problem = block_problem(kt, threads, max_threads, U, BG)
     reason, ok = "fits", True
-    if kt % 4:
-        ok, reason = False, (f"k_tile {kt} is not a multiple of 4 (the tile is read in float4 "
-                             f"chunks; the kernel traps on it)")
-    elif threads % 32 or threads < 32:
-        ok, reason = False, f"a block of {threads} threads is not whole warps"
-    elif threads > max_threads:
-        ok, reason = False, f"a block of {threads} threads > the {max_threads} a block may have"
-    elif U * BG > PK_CPT * threads:
-        ok, reason = False, (f"{U} units x batch {BG} = {U * BG} cells > {PK_CPT} a thread x "
-                             f"{threads} threads: a smaller batch, or fewer units per block "
-                             f"where there are SMs to spare")
+    if problem:
+        ok, reason = False, problem + (": a smaller batch, or fewer units per block where "
+                                       "there are SMs to spare" if "cells" in problem else "")
     elif ncl and PK_CLUSTER * U < H:
         ok, reason = False, (f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H} "
                              f"(a cluster holds all of R)")

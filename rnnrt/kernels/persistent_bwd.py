@@ -30,8 +30,8 @@ import numpy as np
 from ..cells import get_cell
 from .budget import DeviceBudget, ceil_div
 from .persistent import (BLOCK_SIZES, KG_MAX, PK_CLUSTER, PK_CPT, PK_MAX_THREADS, Fit,
-                         cluster_count, fewest_tiles, full_tile, lane_grid, partial_stride,
-                         stride_r, tile_stride)
+                         block_problem, cluster_count, fewest_tiles, full_tile, lane_grid,
+                         partial_stride, stride_r, tile_stride)
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes (the most __launch_bounds__(256, 1) allows; nvcc
@@ -162,17 +162,10 @@ def bwd_geometry(cell: str, hidden: int, batch: int, units_per_block: int,
     if threads is None:
         threads = max([t for t in BLOCK_SIZES if t <= max_threads] or [32])
     threads = int(threads)
+    problem = block_problem(kt, threads, max_threads, U, BG)
     reason, ok = "fits", True
-    if kt % 4:
-        ok, reason = False, (f"k_tile {kt} is not a multiple of 4 (the tile is read in float4 "
-                             f"chunks; the kernel traps on it)")
-    elif threads % 32 or threads < 32:
-        ok, reason = False, f"a block of {threads} threads is not whole warps"
-    elif threads > max_threads:
-        ok, reason = False, f"a block of {threads} threads > the {max_threads} a block may have"
-    elif U * BG > PK_CPT * threads:
-        ok, reason = False, (f"{U} units x batch {BG} = {U * BG} cells > {PK_CPT} a thread x "
-                             f"{threads} threads")
+    if problem:
+        ok, reason = False, problem
     elif ncl and PK_CLUSTER * U < H:
         ok, reason = False, (f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H} "
                              f"(a cluster holds all of R)")
