@@ -65,6 +65,8 @@
  *     in  h_prev   [B, H]
  *     in  mask     [B, 1]
  */
+// *_bwd_point: the backward's arithmetic, persistent_bwd.cu's too
+#include "cell_bwd.cuh"
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
 // rows*ld reaches past 2^31 for views over [T*B, G*H] buffers.
@@ -124,23 +126,16 @@ __device__ __forceinline__ void gru_bwd_element(
     const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
     const float hp = h_prev[b * ldh_prev + j];
     // All reads are done: from here on only writes (outputs may alias inputs).
-    const float dhz = dh * z;
-    const float dn = __fsub_rn(dh, dhz);  // never contracted into an FMA, as in ew_sub
-    const float dn_p = dn * (1.0f - n * n);
-    const float d = hp - n;
-    const float dz = dh * d;
-    const float dz_p = dz * (z * (1.0f - z));
-    const float dhn = dn_p * r;
-    const float dr = dn_p * hn;
-    const float dr_p = dr * (r * (1.0f - r));
+    float vx[3], vh[3], dhz;
+    gru_bwd_point(dh, r, z, n, hn, hp, vx, vh, dhz);
     float* gx = dgx + b * lddgx + j;
-    gx[0] = dr_p;
-    gx[cols] = dz_p;
-    gx[2 * (long long)cols] = dn_p;
+    gx[0] = vx[0];
+    gx[cols] = vx[1];
+    gx[2 * (long long)cols] = vx[2];
     float* gh = dgh + b * lddgh + j;
-    gh[0] = dr_p;
-    gh[cols] = dz_p;
-    gh[2 * (long long)cols] = dhn;
+    gh[0] = vh[0];
+    gh[cols] = vh[1];
+    gh[2 * (long long)cols] = vh[2];
     dh_prev[b * lddh_prev + j] = dhz;
 }
 

@@ -75,6 +75,8 @@
  *     in  c_prev   [B, H]
  *     in  mask     [B, 1]
  */
+// *_bwd_point: the backward's arithmetic, persistent_bwd.cu's too
+#include "cell_bwd.cuh"
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
 // rows*ld reaches past 2^31 for views over [T*B, G*H] buffers.
@@ -135,18 +137,10 @@ __device__ __forceinline__ void lstm_bwd_element(
     const float dcn = dc_next[b * lddc_next + j];
     const float cn = c[b * ldc + j], cp = c_prev[b * ldc_prev + j];
     // All reads are done: from here on only writes (outputs may alias inputs).
-    const float tc = tanhf(cn);
-    const float dho = dh * o;
-    const float t = dho * (1.0f - tc * tc);
-    const float dcc = __fadd_rn(dcn, t);  // never contracted into an FMA, as in ew_add
-    const float do_ = dh * tc;
-    const float di = dcc * g, df = dcc * cp, dg = dcc * i;
-    float* d = dgx + b * lddgx + j;
-    d[0] = di * (i * (1.0f - i));
-    d[cols] = df * (f * (1.0f - f));
-    d[2 * (long long)cols] = dg * (1.0f - g * g);
-    d[3 * (long long)cols] = do_ * (o * (1.0f - o));
-    dc_prev[b * lddc_prev + j] = dcc * f;
+    const float dcp = lstm_bwd_point(dh, dcn, i, f, g, o, cn, cp, [&](int q, float v) {
+        dgx[b * lddgx + j + q * (long long)cols] = v;
+    });
+    dc_prev[b * lddc_prev + j] = dcp;
 }
 
 extern "C" __global__ void lstm_fwd(int rows, int cols,

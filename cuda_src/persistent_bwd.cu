@@ -20,9 +20,9 @@
  *   Compile-time: PK_SPIN_LIMIT (persistent_common.cuh).
  *
  * The chain, per step t = T-1 .. 0 for every (b, j) (dh_rec of step T-1 is dh_n):
- *   pointwise: the fused backward kernel of the cell (lstm_bwd, gru_bwd, rnn_*_bwd, in their
- *     order of arithmetic) on dh_above = dhin[t] and dh_rec -> dg_t (and dc_{t-1} for LSTM,
- *     the direct part dh_t * z_t for GRU), written for every t;
+ *   pointwise: the fused backward kernels' arithmetic (lstm_bwd, gru_bwd, rnn_*_bwd: the
+ *     same functions of cell_bwd.cuh) on dh_above = dhin[t] and dh_rec -> dg_t (and dc_{t-1}
+ *     for LSTM, the direct part dh_t * z_t for GRU), written for every t;
  *   product: dh_rec of step t-1 = sum_r dg_t[b, r] R[r, j] (+ the GRU's direct part, added
  *     after the sum, as the beta = 1 GEMM of the per-step schedule adds it), r over all G*H
  *     gate rows; dg_t is what multiplies R: dgx (LSTM, RNN) or dgh (GRU).
@@ -145,6 +145,8 @@
  *   step), partial sums 32 k-groups x 4 x 72: 32,832 + 132,096 + 36,864 = 201,792 bytes.
  */
 #include "persistent_layer.cuh"
+// the pointwise backward: the fused kernels' (lstm.cu, gru.cu, rnn.cu) arithmetic
+#include "cell_bwd.cuh"
 
 // One block of the backward: it owns hidden units [j0, j0 + U) and holds the U rows of R^T
 // (columns j0.. of R, all G*H gate rows: M = U rows of length K = G*H) in shared memory. A
@@ -371,55 +373,30 @@ __device__ __forceinline__ void persistent_bwd(
         }
         if (s == T) break;
 
-        // The pointwise backward of step t at this thread's cells, in the fused kernels'
-        // order of arithmetic (lstm.cu, gru.cu, rnn.cu): vr, what multiplies R (dgx; the
-        // GRU's dgh), and the GRU's dgx as vx. The grid kernel stores them at once; the
-        // cluster kernel pushes vr into every block's buffer s & 1, then stores both
-        // between its barrier's arrive and wait (nothing in the launch reads them).
+        // The pointwise backward of step t at this thread's cells, the fused kernels' own
+        // functions (cell_bwd.cuh): vr, what multiplies R (dgx; the GRU's dgh), and the
+        // GRU's dgx as vx. The grid kernel stores them at once; the cluster kernel pushes vr
+        // into every block's buffer s & 1, then stores both between its barrier's arrive
+        // and wait (nothing in the launch reads them).
         float vr[G][PK_CPT] = {}, vx[3][PK_CPT] = {};
 #pragma unroll
         for (int i = 0; i < PK_CPT; ++i) {
             if (!cell_live[i]) continue;
             const float dh = pdh[i] + dhrec[i];   // dh_above + dh_rec
             if constexpr (CELL == CELL_LSTM) {
-                const float ig = pa[0][i], fg = pa[1][i], gg = pa[2][i], og = pa[3][i];
-                const float cn = ps1[i], cp = ps0[i];
-                const float tc = tanhf(cn);
-                const float dho = dh * og;
-                const float tt = dho * (1.0f - tc * tc);
-                const float dcc = __fadd_rn(dcarry[i], tt);   // never an FMA, as lstm_bwd
-                const float do_ = dh * tc;
-                const float di = dcc * gg, df = dcc * cp, dg = dcc * ig;
-                vr[0][i] = di * (ig * (1.0f - ig));
-                vr[1 % G][i] = df * (fg * (1.0f - fg));
-                vr[2 % G][i] = dg * (1.0f - gg * gg);
-                vr[3 % G][i] = do_ * (og * (1.0f - og));
-                dcarry[i] = dcc * fg;
+                dcarry[i] = lstm_bwd_point(dh, dcarry[i], pa[0][i], pa[1][i], pa[2][i], pa[3][i],
+                                           ps1[i], ps0[i], [&](int q, float v) { vr[q][i] = v; });
             } else if constexpr (CELL == CELL_GRU) {
-                const float r = pa[0][i], z = pa[1][i], n = pa[2][i], hn = pa[3][i];
-                const float hp = ps1[i];
-                const float dhz = dh * z;
-                const float dn = __fsub_rn(dh, dhz);   // never an FMA, as gru_bwd
-                const float dn_p = dn * (1.0f - n * n);
-                const float dd = hp - n;
-                const float dz = dh * dd;
-                const float dz_p = dz * (z * (1.0f - z));
-                const float dhn = dn_p * r;
-                const float dr = dn_p * hn;
-                const float dr_p = dr * (r * (1.0f - r));
-                vx[0][i] = dr_p;
-                vx[1][i] = dz_p;
-                vx[2][i] = dn_p;
-                vr[0][i] = dr_p;
-                vr[1 % G][i] = dz_p;
-                vr[2 % G][i] = dhn;
-                direct[i] = dhz;
-            } else if constexpr (CELL == CELL_RNN_TANH) {
-                const float hv = ps1[i];
-                vr[0][i] = dh * (1.0f - hv * hv);
+                float gx[3], gh[3];
+                gru_bwd_point(dh, pa[0][i], pa[1][i], pa[2][i], pa[3][i], ps1[i], gx, gh,
+                              direct[i]);
+#pragma unroll
+                for (int q = 0; q < 3; ++q) {
+                    vx[q][i] = gx[q];
+                    vr[q][i] = gh[q];
+                }
             } else {
-                const float hv = ps1[i];   // h > 0 ? dh : 0 (0 where h is NaN), as rnn_relu_bwd
-                vr[0][i] = hv > 0.f ? dh : 0.f;
+                vr[0][i] = rnn_bwd_point<CELL == CELL_RNN_RELU>(dh, ps1[i]);   // ps1 = h_{t+1}
             }
             if (CL) {   // dg_t[b, q*H + j] into every block's buffer s & 1
                 const pk_saddr a = pk_smem_addr(hs + (s & 1) * BG * g.SH + cell_b[i] * g.SH

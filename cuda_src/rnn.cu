@@ -77,6 +77,8 @@
  *     in  h        [B, H]
  *     in  mask     [B, 1]
  */
+// *_bwd_point: the backward's arithmetic, persistent_bwd.cu's too
+#include "cell_bwd.cuh"
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
 // rows*ld reaches past 2^31 for views over [T*B, G*H] buffers.
@@ -114,11 +116,7 @@ __device__ __forceinline__ void rnn_bwd_element(
         const float* dh_rec, int lddh_rec, const float* h, int ldh) {
     const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
     const float y = h[b * ldh + j];
-    if (RELU) {
-        dg[b * lddg + j] = y > 0.f ? dh : 0.f;  // not dh * (y > 0): NaN * 0 is NaN
-    } else {
-        dg[b * lddg + j] = dh * (1.0f - y * y);
-    }
+    dg[b * lddg + j] = rnn_bwd_point<RELU>(dh, y);
 }
 
 extern "C" __global__ void rnn_tanh_fwd(int rows, int cols, float* h, int ldh,

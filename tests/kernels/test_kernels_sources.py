@@ -147,6 +147,27 @@ def test_copied_device_helpers_are_identical(helper):
     assert all(c == first for c in copies.values()), f"{helper} differs between {sorted(copies)}"
 
 
+def test_pointwise_backward_is_written_once():
+    """The cells' pointwise backward arithmetic is cell_bwd.cuh's alone: the fused kernels'
+    *_bwd_element (lstm.cu, gru.cu, rnn.cu) and the persistent backward (persistent_bwd.cu)
+    include it and call its functions, and the non-contracted operations that pin its
+    rounding (__fadd_rn, __fsub_rn) appear in no other file."""
+    calls = {"lstm.cu": ["lstm_bwd_point("], "gru.cu": ["gru_bwd_point("],
+             "rnn.cu": ["rnn_bwd_point<RELU>("],
+             "persistent_bwd.cu": ["lstm_bwd_point(", "gru_bwd_point(", "rnn_bwd_point<"]}
+    folder = S.cuda_src_dir()
+    for file, names in calls.items():
+        text = (folder / file).read_text()
+        assert '#include "cell_bwd.cuh"' in text, f"{file} does not include cell_bwd.cuh"
+        for name in names:
+            assert name in text, f"{file} does not call {name}"
+        assert "cell_bwd.cuh (inlined" in S.source(file), f"{file}: the loader did not inline it"
+    for p in sorted(folder.glob("*.cu*")):
+        if p.name != "cell_bwd.cuh":
+            code = re.sub(r"//[^\n]*|/\*.*?\*/", "", p.read_text(), flags=re.S)
+            assert not re.search(r"__f(add|sub)_rn\(", code), f"{p.name}: backward arithmetic"
+
+
 # --- where the sources are -------------------------------------------------------------------
 
 def test_cuda_src_dir_is_the_checkout():
