@@ -32,6 +32,7 @@ owns it), so the partition and the indexing are tested without a GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -162,6 +163,12 @@ class Fit(Launch1D):
     buffers of all of h_t.
     """
 
+    # What a step multiplies, for the layout and its messages (persistent_bwd.BwdFit
+    # overrides them): the staged operand's name ("h": the h_t tile), and the words the
+    # fit's messages put after the cell's name ("" here, " backward" there).
+    STAGED: ClassVar[str] = "h"
+    PASS: ClassVar[str] = ""
+
     cell: str
     hidden: int
     batch: int
@@ -197,16 +204,33 @@ class Fit(Launch1D):
         multiplies, rounded up over its threads)."""
         return ceil_div(self.rows * self.depth * self.batch_per_block, self.threads)
 
+    @staticmethod
+    def product(gates: int, hidden: int) -> tuple[int, int]:
+        """(rows of R a unit brings, depth K) of a step's product: each unit's G gate rows
+        of R times h_t, K = H (the backward: one row of R^T, K = G*H)."""
+        return gates, hidden
+
     @property
     def rows(self) -> int:
-        """M = G * U: rows of R a block holds."""
-        return self.gates * self.units_per_block
+        """M: rows of R a block holds (G * U here)."""
+        return self.product(self.gates, self.hidden)[0] * self.units_per_block
 
     @property
     def depth(self) -> int:
         """K: the columns of the staged operand (h_t: H) a step's product sums over, in
         tiles of k_tile (the backward fit's is G*H)."""
-        return self.hidden
+        return self.product(self.gates, self.hidden)[1]
+
+    @property
+    def depth_words(self) -> str:
+        """K in the words of the messages."""
+        return f"hidden {self.hidden}"
+
+    def slice_words(self) -> str:
+        """The R slice a block holds, in the words of the shared-memory refusal."""
+        G = self.gates
+        return (f"R slice alone is {f'{G} gates' if G > 1 else '1 gate'} x "
+                f"{self.units_per_block} units x {self.hidden}")
 
     @property
     def k_split(self) -> int:
@@ -256,12 +280,18 @@ class Fit(Launch1D):
         return {"T": int(steps), "units_per_block": self.units_per_block,
                 "k_tile": self.k_tile}
 
+    def barrier_arrivals(self, steps: int) -> int:
+        """Arrivals at the grid barrier's counter over ``steps`` steps: one a block at each
+        of the T-1 barriers between steps; none for a cluster kernel (its barrier is the
+        hardware's)."""
+        return 0 if self.cluster else (steps - 1) * self.blocks
+
     def check_steps(self, steps: int) -> None:
         """Raise unless ``steps`` can run in one launch: T >= 1 and the barrier counter
-        ((T-1) * blocks arrivals, an unsigned int) does not wrap."""
+        (``barrier_arrivals``, an unsigned int) does not wrap."""
         if not 1 <= steps <= 2**31 - 1:
             raise ValueError(f"{self.kernel}: T = {steps} outside [1, 2^31-1]")
-        if not self.cluster and (steps - 1) * self.blocks >= 2**32:
+        if self.barrier_arrivals(steps) >= 2**32:
             raise ValueError(f"{self.kernel}: T = {steps} steps x {self.blocks} blocks overflow "
                              f"the 32-bit barrier counter; split the sequence")
 
@@ -295,7 +325,8 @@ def block_problem(k_tile: int, threads: int, max_threads: int, units: int,
     cells = units * batch_per_block
     if cells > PK_CPT * threads:
         return (f"{units} units x batch {batch_per_block} = {cells} cells > {PK_CPT} a thread "
-                f"x {threads} threads")
+                f"x {threads} threads: a smaller batch, or fewer units per block where there "
+                f"are SMs to spare")
     return None
 
 
@@ -310,62 +341,63 @@ def geometry(cell: str, hidden: int, batch: int, units_per_block: int,
     ``k_tile``: columns of h_t a tile, else all of them (``full_tile``: one tile).
     ``threads``: the block size, else BLOCK_SIZES[0] (within max_threads).
     ``clusters``: 0 for the grid kernel; n >= 1 for the cluster kernel with n clusters."""
-    spec = get_cell(cell)
+    return layout(Fit, cell, hidden, batch, units_per_block, threads, max_threads, k_tile,
+                  clusters)
+
+
+def layout(fit_class: type[Fit], cell: str, hidden: int, batch: int, units_per_block: int,
+           threads: int | None = None, max_threads: int = PK_MAX_THREADS,
+           k_tile: int | None = None, clusters: int = 0) -> Fit:
+    """The decomposition of one persistent launch of class ``fit_class`` (Fit: the forward's,
+    ``geometry``; persistent_bwd.BwdFit: the backward's, ``bwd_geometry``): the same
+    lane grid, tiles, staging and partial sums over the product that ``fit_class.product``
+    names (M = rows a unit x U rows of depth K). The arguments are ``geometry``'s; k_tile
+    defaults to all K columns."""
     for what, v in (("hidden", hidden), ("batch", batch), ("units_per_block", units_per_block),
-                    ("k_tile", full_tile(hidden) if k_tile is None else k_tile)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"persistent: {what} must be a positive int, got {v!r}")
-    G, H, B, U = spec.gates, int(hidden), int(batch), int(units_per_block)
-    kt = full_tile(H) if k_tile is None else int(k_tile)
+                    ("k_tile", 4 if k_tile is None else k_tile)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"persistent{fit_class.PASS}: {what} must be a positive int, got {v!r}")
+    spec = get_cell(cell)
+    H, B, U = int(hidden), int(batch), int(units_per_block)
+    per_unit, K = fit_class.product(spec.gates, H)
+    kt = full_tile(K) if k_tile is None else int(k_tile)
     ncl = int(clusters)
     if ncl < 0:
-        raise ValueError(f"persistent: clusters must be >= 0, got {clusters!r}")
+        raise ValueError(f"persistent{fit_class.PASS}: clusters must be >= 0, got {clusters!r}")
     BG = ceil_div(B, ncl) if ncl else B   # batches a block updates
     max_threads = min(int(max_threads), PK_MAX_THREADS)
     if threads is None:
         threads = max([t for t in BLOCK_SIZES if t <= max_threads] or [32])
     threads = int(threads)
-    problem = block_problem(kt, threads, max_threads, U, BG)
-    reason, ok = "fits", True
-    if problem:
-        ok, reason = False, problem + (": a smaller batch, or fewer units per block where "
-                                       "there are SMs to spare" if "cells" in problem else "")
-    elif ncl and PK_CLUSTER * U < H:
-        ok, reason = False, (f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H} "
-                             f"(a cluster holds all of R)")
-    elif ncl and kt < H:
-        ok, reason = False, (f"k_tile {kt} < hidden {H}: the cluster kernel keeps all of h_t "
-                             f"in one tile")
-    elif ncl and (ncl - 1) * BG >= B:
-        ok, reason = False, f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
-    lanes = lane_grid(G, U, BG)
+    lanes = lane_grid(per_unit, U, BG)
     nkg = max(1, threads // 32) * lanes[2]
-    M = G * U
-    return Fit(cell=spec.name, hidden=H, batch=B, ok=ok, reason=reason, units_per_block=U,
-               blocks=PK_CLUSTER * ncl if ncl else ceil_div(H, U), threads=threads, lanes=lanes,
-               k_groups=nkg, cells_per_thread=ceil_div(U * BG, max(threads, 1)), k_tile=kt,
-               smem_r=4 * M * stride_r(H),
+    M = per_unit * U
+    fit = fit_class(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits", units_per_block=U,
+               blocks=PK_CLUSTER * ncl if ncl else ceil_div(H, U), threads=threads,
+               lanes=lanes, k_groups=nkg, cells_per_thread=ceil_div(U * BG, max(threads, 1)),
+               k_tile=kt, smem_r=4 * M * stride_r(K),
                smem_tile=4 * (2 if ncl else 1) * BG * tile_stride(kt),
                smem_partials=4 * nkg * M * partial_stride(BG, lanes[1]),
                cluster=PK_CLUSTER if ncl else 0, clusters=max(ncl, 1))
-
-
-def widest_tile(cell: str, hidden: int, batch: int, units_per_block: int, threads: int,
-                limit: int) -> int | None:
-    """The k_tile the fit takes: the fewest tiles a step (ideally one, all of h_t) whose
-    shared memory (R slice + h tile + partial sums) is <= ``limit`` bytes, and of those the
-    narrowest k_tile (a multiple of 4) that still needs no more tiles: ceil(H / n) rounded
-    up to 4 for n tiles, so the tiles come out even (H 1024 in 4 tiles: 4 x 256, not 3 x 292
-    + 148). None when even k_tile 4 does not fit."""
-    return fewest_tiles(int(hidden), lambda kt: geometry(
-        cell, hidden, batch, units_per_block, threads, k_tile=kt).smem_bytes, limit)
+    problem = block_problem(kt, threads, max_threads, U, BG)
+    if not problem and ncl:
+        if PK_CLUSTER * U < H:
+            problem = (f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H} (a cluster "
+                       f"holds all of R)")
+        elif kt < K:
+            problem = (f"k_tile {kt} < {fit.depth_words}: the cluster kernel keeps all of "
+                       f"{fit_class.STAGED}_t in one tile")
+        elif (ncl - 1) * BG >= B:
+            problem = f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
+    return replace(fit, ok=False, reason=problem) if problem else fit
 
 
 def fewest_tiles(depth: int, smem_of, limit: int) -> int | None:
-    """The k_tile of the fewest tiles over ``depth`` columns whose shared memory
-    ``smem_of(k_tile)`` (bytes) is <= ``limit``, and of those the narrowest (ceil(depth / n)
-    rounded up to 4 for n tiles, so the tiles come out even); None when even k_tile 4 does
-    not fit. The forward fit tiles h_t (depth H), the backward fit dg_t (depth G*H)."""
+    """The k_tile the fits take: the fewest tiles over ``depth`` columns (ideally one)
+    whose shared memory ``smem_of(k_tile)`` (bytes) is <= ``limit``, and of those the
+    narrowest (ceil(depth / n) rounded up to 4 for n tiles, so the tiles come out even: H
+    1024 in 4 tiles is 4 x 256, not 3 x 292 + 148); None when even k_tile 4 does not fit.
+    The forward fit tiles h_t (depth H), the backward fit dg_t (depth G*H)."""
     if smem_of(4) > limit:
         return None
     n = 1
@@ -402,7 +434,7 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
          PK_CPT per thread.
       4. Dynamic shared memory (R slice + h tile + partial sums) <= sharedMemPerBlockOptin
          and, with reservedSharedMemPerBlock, <= sharedMemPerMultiprocessor. Unless given,
-         k_tile is the widest that fits (``widest_tile``: all of H in one tile where it
+         k_tile is the widest that fits (``fewest_tiles``: all of H in one tile where it
          can, else the fewest even tiles); without a given block size the fit takes the
          block with the fewest tiles, then the fewest k-groups past KG_MAX, then the
          largest.
@@ -432,7 +464,7 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
                        else regs_per_thread, PK_MAX_THREADS, BLOCK_SIZES, threads)
     cl = None
     if kind in (None, "cluster"):
-        cl = _cluster_fit(dev, cell, int(hidden), int(batch), clusters)
+        cl = cluster_fit(dev, Fit, cell, int(hidden), int(batch), clusters)
         if kind == "cluster":
             return cl
         if cl.ok and cl.fmas_per_thread > CLUSTER_MAX_FMAS:
@@ -447,26 +479,28 @@ def persistent_fit(cell: str, hidden: int, batch: int, props: dict, *,
     return fit
 
 
-def _finish(dev: DeviceBudget, fit: Fit, where: str, given_k_tile: bool = False) -> Fit:
-    """``fit`` with the shared-memory and register checks (rules 4 and 5) applied."""
+def finish_fit(dev: DeviceBudget, fit: Fit, where: str, given_k_tile: bool = False) -> Fit:
+    """``fit`` (a Fit or a BwdFit) with the shared-memory and register checks (rules 4 and
+    5) applied; ``where`` opens every refusal."""
     fit = replace(fit, sms=dev.sms, regs_per_thread=dev.regs)
 
     def no(reason):
         return replace(fit, ok=False, reason=reason)
 
-    if fit.k_tile % 4 or (fit.cluster and not fit.ok):   # no block size changes these
+    # no block size changes these, and a block the device cannot run (a given size) is the
+    # cause whatever its shared memory
+    bad_block = fit.threads % 32 or not 32 <= fit.threads <= dev.max_threads
+    if fit.k_tile % 4 or (not fit.ok and (fit.cluster or bad_block)):
         return no(f"{where}: {fit.reason}")
-    G, U, H = fit.gates, fit.units_per_block, fit.hidden
     if fit.smem_bytes > dev.optin or fit.smem_bytes + dev.reserved > dev.per_sm:
-        r_floats = G * U * H
-        gates = f"{G} gates" if G > 1 else "1 gate"
-        tile = (f"the h tile of {fit.k_tile} columns" if given_k_tile or fit.cluster
-                else f"even the narrowest h tile ({fit.k_tile} columns)")
-        return no(f"{where}: the R slice alone is {gates} x {U} units x {H} = {r_floats} "
-                  f"floats = {r_floats * 4 / 1024:.0f} KiB per block; with {tile} and "
-                  f"partial sums ({fit.threads} threads) {fit.smem_bytes} bytes of shared "
-                  f"memory > {dev.limit} a block can have (opt-in {dev.optin}, "
-                  f"{dev.per_sm} per SM, {dev.reserved} reserved)")
+        floats = fit.rows * fit.depth
+        tile = (f"the {fit.STAGED} tile of {fit.k_tile} columns" if given_k_tile or fit.cluster
+                else f"even the narrowest {fit.STAGED} tile ({fit.k_tile} columns)")
+        return no(f"{where}: the {fit.slice_words()} = {floats} floats = "
+                  f"{floats * 4 / 1024:.0f} KiB per block; with {tile} and partial sums "
+                  f"({fit.threads} threads) {fit.smem_bytes} bytes of shared memory > "
+                  f"{dev.limit} a block can have (opt-in {dev.optin}, {dev.per_sm} per SM, "
+                  f"{dev.reserved} reserved)")
     if not fit.ok:
         return no(f"{where}: {fit.reason}")
     if not dev.regs_ok(fit.threads):
@@ -479,42 +513,58 @@ def _finish(dev: DeviceBudget, fit: Fit, where: str, given_k_tile: bool = False)
 
 def _grid_fit(dev: DeviceBudget, cell: str, H: int, B: int, units_per_block, k_tile) -> Fit:
     """The grid kernel's fit (persistent_fit's rules 1-5)."""
+    U = int(units_per_block) if units_per_block is not None else ceil_div(H, dev.sms)
+    return grid_fit(dev, Fit, cell, H, B, U, k_tile)
+
+
+def grid_fit(dev: DeviceBudget, fit_class: type[Fit], cell: str, H: int, B: int, U: int,
+             k_tile: int | None) -> Fit:
+    """The grid kernel's fit of class ``fit_class`` (Fit, or persistent_bwd.BwdFit) at U units a
+    block: of the block sizes ``dev`` allows, the one with the fewest tiles a step (k_tile
+    given, else ``fewest_tiles`` over the depth), then the fewest k-groups past KG_MAX,
+    then the largest; then one block per SM, and ``finish_fit``."""
     name, sms, limit = get_cell(cell).name, dev.sms, dev.limit
-    U = int(units_per_block) if units_per_block is not None else ceil_div(H, sms)
+    depth = fit_class.product(get_cell(cell).gates, H)[1]
     scored = []
     for t in dev.candidates:
-        kt = k_tile if k_tile is not None else (widest_tile(name, H, B, U, t, limit) or 4)
-        f = geometry(name, H, B, U, t, dev.max_threads, k_tile=kt)
+        kt = k_tile if k_tile is not None else (fewest_tiles(depth, lambda k, t=t: layout(
+            fit_class, name, H, B, U, t, dev.max_threads, k_tile=k).smem_bytes, limit) or 4)
+        f = layout(fit_class, name, H, B, U, t, dev.max_threads, k_tile=kt)
         fits = f.ok and f.smem_bytes <= limit
         over = max(0, f.k_groups - KG_MAX)
         scored.append(((not fits, f.tiles, over, -t), f))
     fit = min(scored, key=lambda x: x[0])[1]
-    where = f"{name} hidden {H}, batch {B} on {sms} SMs"
+    where = f"{name}{fit_class.PASS} hidden {H}, batch {B} on {sms} SMs"
     if fit.blocks > sms:
         return replace(fit, sms=sms, regs_per_thread=dev.regs, ok=False,
                        reason=f"{where}: {fit.blocks} blocks of {U} units > {sms} SMs; the "
                               f"kernel needs one block per SM, all resident at once "
                               f"(U >= {ceil_div(H, sms)})")
-    fit = _finish(dev, fit, where, given_k_tile=k_tile is not None)
+    fit = finish_fit(dev, fit, where, given_k_tile=k_tile is not None)
     if not fit.ok:
         return fit
     return replace(fit, reason=f"fits: {fit.blocks} of {sms} SMs, {fit.tiles} tile"
-                               f"{'' if fit.tiles == 1 else 's'} of h_t a step")
+                               f"{'' if fit.tiles == 1 else 's'} of {fit_class.STAGED}_t a step")
 
 
-def _cluster_fit(dev: DeviceBudget, cell: str, H: int, B: int,
-                 clusters: int | None = None) -> Fit:
-    """The cluster kernel's fit (see persistent_fit)."""
+def cluster_fit(dev: DeviceBudget, fit_class: type[Fit], cell: str, H: int, B: int,
+                clusters: int | None = None) -> Fit:
+    """The cluster kernel's fit of class ``fit_class`` (Fit, or persistent_bwd.BwdFit; see
+    persistent_fit): U = ceil(H / PK_CLUSTER), ``cluster_count`` clusters unless given, all
+    of the staged operand in one tile; the block with the fewest k-groups past KG_MAX, then
+    the largest; compute capability 9.0 and a cluster's SMs; ``finish_fit``."""
     name, sms, limit = get_cell(cell).name, dev.sms, dev.limit
     U = ceil_div(H, PK_CLUSTER)
     ncl = cluster_count(B, sms) if clusters is None else int(clusters)
+    depth = fit_class.product(get_cell(cell).gates, H)[1]
     scored = []
     for t in dev.candidates:
-        f = geometry(name, H, B, U, t, dev.max_threads, k_tile=full_tile(H), clusters=ncl)
+        f = layout(fit_class, name, H, B, U, t, dev.max_threads, k_tile=full_tile(depth),
+                   clusters=ncl)
         fits = f.ok and f.smem_bytes <= limit
         scored.append(((not fits, max(0, f.k_groups - KG_MAX), -t), f))
     fit = min(scored, key=lambda x: x[0])[1]
-    where = f"{name} hidden {H}, batch {B}, clusters of {PK_CLUSTER}"
+    where = f"{name}{fit_class.PASS} hidden {H}, batch {B}, clusters of {PK_CLUSTER}"
     if dev.cc_major < 9:
         return replace(fit, sms=sms, regs_per_thread=dev.regs, ok=False,
                        reason=f"{where}: thread-block clusters need compute capability 9.0 "
@@ -522,10 +572,10 @@ def _cluster_fit(dev: DeviceBudget, cell: str, H: int, B: int,
     if sms < PK_CLUSTER:
         return replace(fit, sms=sms, regs_per_thread=dev.regs, ok=False,
                        reason=f"{where}: {sms} SMs < one cluster")
-    fit = _finish(dev, fit, where)
+    fit = finish_fit(dev, fit, where)
     if not fit.ok:
         return fit
     return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
                                f" of {PK_CLUSTER} blocks ({fit.blocks} of {sms} SMs), "
-                               f"{fit.batch_per_block} batches a cluster, all of h_t in "
-                               f"shared memory")
+                               f"{fit.batch_per_block} batches a cluster, all of "
+                               f"{fit_class.STAGED}_t in shared memory")

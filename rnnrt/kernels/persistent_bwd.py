@@ -25,13 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..cells import get_cell
 from .budget import DeviceBudget, ceil_div
-from .persistent import (BLOCK_SIZES, KG_MAX, PK_CLUSTER, PK_CPT, PK_MAX_THREADS, Fit,
-                         block_problem, cluster_count, fewest_tiles, full_tile, lane_grid,
-                         partial_stride, stride_r, tile_stride)
+from .persistent import (BLOCK_SIZES, PK_CLUSTER, PK_CPT, PK_MAX_THREADS, Fit, cluster_fit,
+                         grid_fit, layout)
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes (the most __launch_bounds__(256, 1) allows; nvcc
@@ -75,28 +72,30 @@ class BwdFit(Fit):
     [r*U, r*U + U); every layout size is for BG batches and the dg tile is two buffers of all
     K columns."""
 
+    STAGED = "dg"
+    PASS = " backward"
+
     @property
     def kernel(self) -> str:
         return bwd_kernel_name(self.cell, self.cluster > 0)
 
-    @property
-    def depth(self) -> int:
-        """K = G * H: columns of dg_t (and rows of R) a step's product sums over."""
-        return self.gates * self.hidden
+    @staticmethod
+    def product(gates: int, hidden: int) -> tuple[int, int]:
+        """(rows of R^T a unit brings, depth K): one row, K = G * H (the columns of dg_t
+        and the rows of R a step's product sums over); so ``rows`` is M = U."""
+        return 1, gates * hidden
 
     @property
-    def rows(self) -> int:
-        """M = U: rows of R^T a block holds."""
-        return self.units_per_block
+    def depth_words(self) -> str:
+        return f"{self.depth} = G*H"
 
-    def check_steps(self, steps: int) -> None:
-        """Raise unless ``steps`` can run in one launch: T >= 1 and the barrier counter
-        (T * blocks arrivals, an unsigned int) does not wrap."""
-        if not 1 <= steps <= 2**31 - 1:
-            raise ValueError(f"{self.kernel}: T = {steps} outside [1, 2^31-1]")
-        if steps * self.blocks >= 2**32:
-            raise ValueError(f"{self.kernel}: T = {steps} steps x {self.blocks} blocks overflow "
-                             f"the 32-bit barrier counter; split the sequence")
+    def slice_words(self) -> str:
+        return f"R^T slice alone is {self.units_per_block} units x {self.depth} gate rows"
+
+    def barrier_arrivals(self, steps: int) -> int:
+        """One a block at each of the T barriers (after every step's dg, and before dh0);
+        none for the cluster kernel, which never touches the counters."""
+        return 0 if self.cluster else steps * self.blocks
 
     def step_us(self) -> float:
         """The cost model's microseconds a step (see the module's constants)."""
@@ -145,44 +144,10 @@ def bwd_geometry(cell: str, hidden: int, batch: int, units_per_block: int,
     the cluster kernel also: U too small for PK_CLUSTER blocks to cover H, k_tile short of
     K, an empty cluster). ``k_tile``: columns of dg_t a tile, else all K = G*H of them;
     ``threads``: the block size, else the largest of BLOCK_SIZES within max_threads;
-    ``clusters``: 0 for the grid kernel, n >= 1 for the cluster kernel with n clusters."""
-    spec = get_cell(cell)
-    for what, v in (("hidden", hidden), ("batch", batch), ("units_per_block", units_per_block),
-                    ("k_tile", 4 if k_tile is None else k_tile)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"persistent backward: {what} must be a positive int, got {v!r}")
-    G, H, B, U = spec.gates, int(hidden), int(batch), int(units_per_block)
-    K = G * H
-    kt = full_tile(K) if k_tile is None else int(k_tile)
-    ncl = int(clusters)
-    if ncl < 0:
-        raise ValueError(f"persistent backward: clusters must be >= 0, got {clusters!r}")
-    BG = ceil_div(B, ncl) if ncl else B   # batches a block updates
-    max_threads = min(int(max_threads), PK_MAX_THREADS)
-    if threads is None:
-        threads = max([t for t in BLOCK_SIZES if t <= max_threads] or [32])
-    threads = int(threads)
-    problem = block_problem(kt, threads, max_threads, U, BG)
-    reason, ok = "fits", True
-    if problem:
-        ok, reason = False, problem
-    elif ncl and PK_CLUSTER * U < H:
-        ok, reason = False, (f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H} "
-                             f"(a cluster holds all of R)")
-    elif ncl and kt < K:
-        ok, reason = False, (f"k_tile {kt} < {K} = G*H: the cluster kernel keeps all of dg_t "
-                             f"in one tile")
-    elif ncl and (ncl - 1) * BG >= B:
-        ok, reason = False, f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
-    lanes = lane_grid(1, U, BG)
-    nkg = max(1, threads // 32) * lanes[2]
-    return BwdFit(cell=spec.name, hidden=H, batch=B, ok=ok, reason=reason, units_per_block=U,
-                  blocks=PK_CLUSTER * ncl if ncl else ceil_div(H, U), threads=threads,
-                  lanes=lanes, k_groups=nkg, cells_per_thread=ceil_div(U * BG, max(threads, 1)),
-                  k_tile=kt, smem_r=4 * U * stride_r(K),
-                  smem_tile=4 * (2 if ncl else 1) * BG * tile_stride(kt),
-                  smem_partials=4 * nkg * U * partial_stride(BG, lanes[1]),
-                  cluster=PK_CLUSTER if ncl else 0, clusters=max(ncl, 1))
+    ``clusters``: 0 for the grid kernel, n >= 1 for the cluster kernel with n clusters.
+    The forward's layout (``persistent.layout``) over BwdFit's product."""
+    return layout(BwdFit, cell, hidden, batch, units_per_block, threads, max_threads, k_tile,
+                  clusters)
 
 
 def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
@@ -227,7 +192,9 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
     if kind in (None, "grid"):
         grid = _grid_fit(dev, name, H, B, units_per_block, k_tile)
     if kind in (None, "cluster"):
-        cl = _cluster_fit(dev, name, H, B, clusters)
+        if clusters is not None and int(clusters) < 1:
+            raise ValueError(f"persistent_bwd_fit: clusters must be >= 1, got {clusters!r}")
+        cl = cluster_fit(dev, BwdFit, name, H, B, clusters)
     if kind is not None:
         return grid if kind == "grid" else cl
     if cl.ok and (not grid.ok or cl.step_us() < grid.step_us()):
@@ -242,11 +209,11 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
 def _grid_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block, k_tile) -> BwdFit:
     """The grid kernel's fit (rules 1-4)."""
     if units_per_block is not None:
-        return _fit_units(dev, name, H, B, int(units_per_block), k_tile)
+        return grid_fit(dev, BwdFit, name, H, B, int(units_per_block), k_tile)
     u0 = ceil_div(H, dev.sms)
     tried, u = [], u0
     while True:
-        tried.append(_fit_units(dev, name, H, B, u, k_tile))
+        tried.append(grid_fit(dev, BwdFit, name, H, B, u, k_tile))
         if u >= H or u * B > PK_CPT * dev.max_threads:
             break
         u *= 2
@@ -257,77 +224,3 @@ def _grid_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block, k_t
     return replace(best, reason=f"{best.reason}; U {best.units_per_block} of "
                                 f"{', '.join(str(f.units_per_block) for f in ok)} by the "
                                 f"cost model")
-
-
-def _fit_units(dev: DeviceBudget, name: str, H: int, B: int, U: int, k_tile) -> BwdFit:
-    """The grid kernel's fit at U units a block (rules 1-4 above)."""
-    K, sms, limit = get_cell(name).gates * H, dev.sms, dev.limit
-    scored = []
-    for t in dev.candidates:
-        kt = k_tile if k_tile is not None else (fewest_tiles(K, lambda k, t=t: bwd_geometry(
-            name, H, B, U, t, dev.max_threads, k_tile=k).smem_bytes, limit) or 4)
-        f = bwd_geometry(name, H, B, U, t, dev.max_threads, k_tile=kt)
-        fits = f.ok and f.smem_bytes <= limit
-        scored.append(((not fits, f.tiles, max(0, f.k_groups - KG_MAX), -t), f))
-    fit = replace(min(scored, key=lambda x: x[0])[1], sms=sms, regs_per_thread=dev.regs)
-    where = f"{name} backward hidden {H}, batch {B} on {sms} SMs"
-    if fit.blocks > sms:
-        return replace(fit, ok=False, reason=(
-            f"{where}: {fit.blocks} blocks of {U} units > {sms} SMs; the kernel needs one block "
-            f"per SM, all resident at once (U >= {ceil_div(H, sms)})"))
-    fit = _check(dev, fit, where)
-    if not fit.ok:
-        return fit
-    return replace(fit, reason=f"fits: {fit.blocks} of {sms} SMs, {fit.tiles} tile"
-                               f"{'' if fit.tiles == 1 else 's'} of dg_t a step")
-
-
-def _cluster_fit(dev: DeviceBudget, name: str, H: int, B: int, clusters) -> BwdFit:
-    """The cluster kernel's fit (see persistent_bwd_fit)."""
-    K, sms, limit = get_cell(name).gates * H, dev.sms, dev.limit
-    U = ceil_div(H, PK_CLUSTER)
-    ncl = cluster_count(B, sms) if clusters is None else int(clusters)
-    if ncl < 1:
-        raise ValueError(f"persistent_bwd_fit: clusters must be >= 1, got {clusters!r}")
-    scored = []
-    for t in dev.candidates:
-        f = bwd_geometry(name, H, B, U, t, dev.max_threads, k_tile=full_tile(K), clusters=ncl)
-        fits = f.ok and f.smem_bytes <= limit
-        scored.append(((not fits, max(0, f.k_groups - KG_MAX), -t), f))
-    fit = replace(min(scored, key=lambda x: x[0])[1], sms=sms, regs_per_thread=dev.regs)
-    where = f"{name} backward hidden {H}, batch {B}, clusters of {PK_CLUSTER}"
-    if dev.cc_major < 9:
-        return replace(fit, ok=False, reason=(
-            f"{where}: thread-block clusters need compute capability 9.0 or later (device: "
-            f"{dev.cc_major}.x)"))
-    if sms < PK_CLUSTER:
-        return replace(fit, ok=False, reason=f"{where}: {sms} SMs < one cluster")
-    fit = _check(dev, fit, where)
-    if not fit.ok:
-        return fit
-    return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
-                               f" of {PK_CLUSTER} blocks ({fit.blocks} of {sms} SMs), "
-                               f"{fit.batch_per_block} batches a cluster, all of dg_t in "
-                               f"shared memory")
-
-
-def _check(dev: DeviceBudget, fit: BwdFit, where: str) -> BwdFit:
-    """``fit`` refused where the block cannot launch as asked, its shared memory exceeds
-    what a block may have, or its registers an SM's."""
-    def no(reason):
-        return replace(fit, ok=False, reason=f"{where}: {reason}")
-
-    U, K = fit.units_per_block, fit.depth
-    if fit.k_tile % 4 or not fit.ok:
-        return no(fit.reason)
-    if fit.smem_bytes > dev.optin or fit.smem_bytes + dev.reserved > dev.per_sm:
-        return no(f"the R^T slice alone is {U} units x {K} gate rows = {U * K} floats; with "
-                  f"the dg tile of {fit.k_tile} columns and partial sums ({fit.threads} "
-                  f"threads) {fit.smem_bytes} bytes of shared memory > {dev.limit} a block "
-                  f"can have (opt-in {dev.optin}, {dev.per_sm} per SM, {dev.reserved} "
-                  f"reserved)")
-    if not dev.regs_ok(fit.threads):
-        return no(f"{fit.threads} threads x {dev.regs} registers = "
-                  f"{ceil_div(fit.threads, 32) * dev.per_warp} registers > {dev.regs_sm} per "
-                  f"SM ({dev.regs_block} per block): fewer threads a block")
-    return fit

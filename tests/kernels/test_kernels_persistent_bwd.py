@@ -17,6 +17,7 @@ from rnnrt.kernels import registry as K
 from rnnrt.kernels import sources as S
 from rnnrt.kernels import twins as knp
 from rnnrt.kernels.emulate_bwd import emulate_bwd
+from rnnrt.kernels.persistent import full_tile, stride_r, tile_stride
 from testkit import BWD_KERNELS, CELLS, H100, bwd_layer_case, check_bwd_against_reference
 
 SRC = S.source("persistent_bwd.cu")
@@ -101,6 +102,19 @@ def test_fit_refuses_and_says_why():
         PB.bwd_geometry("lstm", 0, 3, 1)
     with pytest.raises(ValueError, match="the 32-bit barrier counter"):
         PB.persistent_bwd_fit("lstm", 128, 8, H100, units_per_block=1).check_steps(2**26)
+    # T x blocks arrivals (a barrier after every step, the last before dh0): 2^25 steps of
+    # 128 blocks wrap the counter, one fewer does not; the cluster kernel never touches it
+    grid = PB.persistent_bwd_fit("lstm", 128, 8, H100, units_per_block=1)
+    assert grid.blocks == 128 and grid.barrier_arrivals(5) == 5 * 128
+    grid.check_steps(2**25 - 1)
+    with pytest.raises(ValueError, match="overflow"):
+        grid.check_steps(2**25)
+    cl = PB.persistent_bwd_fit("lstm", 128, 8, H9, kind="cluster")
+    assert cl.ok and cl.barrier_arrivals(2**31 - 1) == 0
+    cl.check_steps(2**31 - 1)
+    # the block the caller asked for is the reason, not the shared memory it would need
+    big = PB.persistent_bwd_fit("lstm", 16, 3, H100, units_per_block=16, threads=512)
+    assert not big.ok and "a block of 512 threads > the 256" in big.reason, big.reason
 
 
 def test_the_kernel_computes_the_fits_formulas():
@@ -123,12 +137,12 @@ def test_the_kernel_computes_the_fits_formulas():
     f = PB.bwd_geometry("gru", 37, 5, 4, 64, k_tile=20)
     lr, lb, lk = f.lanes
     bp = 32 * -(-(5 - lb) // 32) + lb
-    assert f.smem_r == 4 * 4 * PB.stride_r(111) and f.smem_tile == 4 * 5 * PB.tile_stride(20)
+    assert f.smem_r == 4 * 4 * stride_r(111) and f.smem_tile == 4 * 5 * tile_stride(20)
     assert f.smem_partials == 4 * f.k_groups * 4 * bp and f.k_groups == 2 * lk
     assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == len(BWD_KERNELS) == 8
     c = PB.bwd_geometry("lstm", 37, 19, 5, 64, clusters=3)   # 7, 7 and 5 batches
     assert c.ok and c.batch_per_block == 7 and c.blocks == 24 and c.kernel.endswith("cluster_bwd")
-    assert c.smem_tile == 4 * 2 * 7 * PB.tile_stride(c.k_tile) and c.k_tile >= 148
+    assert c.smem_tile == 4 * 2 * 7 * tile_stride(c.k_tile) and c.k_tile >= 148
     for bad, why in ((dict(units_per_block=4), "do not cover hidden 37"),
                      (dict(k_tile=16), "one tile"), (dict(clusters=12), "leave the last empty")):
         kw = dict(units_per_block=5, threads=64, clusters=3) | bad
@@ -236,7 +250,7 @@ def test_twin_on_poisoned_padded_views(name):
         with pytest.raises(ValueError, match="one tile"):
             kinfo.numpy_fn(B, H, outs, ins, T, U, 12)
         np.testing.assert_array_equal(buf, before, err_msg="wrote before refusing")
-    kinfo.numpy_fn(B, H, outs, ins, T, U, PB.full_tile(get_cell(cell).gates * H)
+    kinfo.numpy_fn(B, H, outs, ins, T, U, full_tile(get_cell(cell).gates * H)
                    if cluster else 12)
     written = np.zeros(buf.size, bool)
     for arg, _ in kinfo.outs:

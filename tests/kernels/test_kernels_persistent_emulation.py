@@ -278,6 +278,8 @@ def test_geometry_follows_the_kernel_formulas():
         P.geometry("lstm", 512, 64, 0)
     with pytest.raises(ValueError, match="k_tile"):
         P.geometry("lstm", 512, 64, 4, k_tile=0)
+    with pytest.raises(ValueError, match="batch must be a positive int, got True"):
+        P.geometry("lstm", 512, True, 4)
 
 
 # --- the cluster kernels' decomposition ------------------------------------------------

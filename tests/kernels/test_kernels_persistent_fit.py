@@ -252,13 +252,22 @@ def test_fit_nothing_hard_coded():
 
 
 def test_check_steps():
+    """The grid kernel's counter takes (T-1) x blocks arrivals: T = 2^32 / 128 + 1 with 128
+    blocks wraps it, one step fewer does not; a cluster kernel never touches it."""
     f = P.persistent_fit("lstm", 512, 64, H100)
+    assert f.blocks == 128 and f.barrier_arrivals(5) == 4 * 128
     f.check_steps(1)
     f.check_steps(10**6)
+    f.check_steps(2**32 // 128)
+    with pytest.raises(ValueError, match="overflow"):
+        f.check_steps(2**32 // 128 + 1)
     with pytest.raises(ValueError, match="overflow"):
         f.check_steps(2**32 // 128 + 2)
     with pytest.raises(ValueError, match="T = 0"):
         f.check_steps(0)
+    cl = P.persistent_fit("lstm", 128, 8, dict(H100, major=9), kind="cluster")
+    assert cl.ok and cl.cluster and cl.barrier_arrivals(2**31 - 1) == 0
+    cl.check_steps(2**31 - 1)
 
 
 # --- the cluster kernels' fit -------------------------------------------------------------
