@@ -93,13 +93,13 @@ def choose_persistent(key) -> PersistentChoice:
     sw, T, B, H, L = key.switches, key.steps, key.batch, key.hidden_size, key.num_layers
     props = key.device.props()
     k = sw.steps_per_input_gemm(T)
-    family = getattr(key, "family", None)
+    family = key.family
 
     def declined(why, fit=None):
         return PersistentChoice(None, fit, None, False, k, fallback=(
             f"persistent declined on {key.device.name}: {why}; ran the schedule without it"))
 
-    if getattr(key, "batch_sizes", None) is not None:
+    if key.batch_sizes is not None:
         return declined("a per-step active batch (variable lengths): the persistent kernels "
                         "run the whole batch at every step")
 
@@ -182,14 +182,12 @@ def choose_persistent_backward(key) -> BackwardChoice:
     the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit: the grid or the
     cluster kernel as ``key.backward`` names it, or for 'persistent' the one whose step its
     cost model makes shorter) where it fits and the sequence fits its barrier counter, else
-    a fallback saying why."""
+    a fallback saying why. (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses
+    the pair, the kernel running the whole batch every step.)"""
     kind = None if key.backward == "persistent" else key.backward
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                              kind=kind)
     why = None if fit.ok else fit.reason
-    if why is None and key.batch_sizes is not None:
-        why = ("a variable-length pattern: the kernel runs the whole batch every step (no "
-               "per-step active batch)")
     if why is None:
         try:
             fit.check_steps(key.steps)
@@ -255,6 +253,15 @@ def paper_schedules() -> tuple[Schedule, ...]:
             Schedule("iball", Switches(**_PAPER, input_batch="all")))
 
 
+def paper_schedule(name: str) -> Schedule:
+    """The paper schedule called ``name`` ('paper', 'ib10', 'ib2', 'iball')."""
+    for s in paper_schedules():
+        if s.name == name:
+            return s
+    raise ValueError(f"paper_schedule: {name!r} is not one of "
+                     f"{[s.name for s in paper_schedules()]}")
+
+
 def varlen_schedules() -> tuple[Schedule, ...]:
     """The candidates of a variable-length key: the cuBLAS schedules (no persistent kernel
     takes a per-step batch), with a pre-transposed variant of chunks of 2 besides the paper
@@ -272,10 +279,9 @@ def persistent_schedule(family: str) -> Schedule:
 
 def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
-    (a kernels.limits.DeviceLimits); none for variable lengths (the persistent kernels run
-    the whole batch every step: choose_persistent declines a pattern)."""
-    if shape.varlen:
-        return {}
+    (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
+    lengths first: the persistent kernels run the whole batch every step, choose_persistent
+    declines a pattern)."""
     props = device.props()
     out = {}
     st = stack_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
@@ -309,10 +315,12 @@ def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     fams = fitting_families(shape, device)
     persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
                        if f in fams)
-    if not shape.train or not backward_fit(shape, device).ok:
+    fit = backward_fit(shape, device) if shape.train else None
+    if fit is None or not fit.ok:
         return persistent + paper_schedules()
-    pbwd = tuple(with_persistent_backward(s) for s in persistent or paper_schedules()[1:2])
-    if prefers_persistent_backward(shape, device):
+    pbwd = tuple(with_persistent_backward(s)
+                 for s in persistent or (paper_schedule("ib10"),))
+    if prefers_persistent_backward(shape, device, fit):
         return pbwd + persistent + paper_schedules()
     return persistent + pbwd + paper_schedules()
 
@@ -335,7 +343,7 @@ per-step products of so few rows are slow in both layouts: ~55 us a step (LSTM a
 H 128 B 8: 5.4-5.9 ms for 100 steps of backward, L4 8.2-8.6 ms): 6 x the floor."""
 
 
-def prefers_persistent_backward(shape: "Shape", device) -> bool:
+def prefers_persistent_backward(shape: "Shape", device, fit: BwdFit | None = None) -> bool:
     """The cost models' verdict for a training shape: the persistent backward kernel when it
     fits and its modelled recurrent chain (layers x steps x ``BwdFit.step_us``: the kernel's
     layers run one after another) is shorter than the per-step backward's (steps x the larger
@@ -344,10 +352,12 @@ def prefers_persistent_backward(shape: "Shape", device) -> bool:
     and left out. From the models (LSTM, 100 steps): L1 H 128 B 8 0.32 against 5.5 ms
     (taken: the cluster kernel), L4 H 128 B 32 1.3 against 1.5 (taken), L4 H 128 B 256 3.3
     against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: the grid kernel, staging dg_t
-    [64, 2048] for 64 blocks a step)."""
+    [64, 2048] for 64 blocks a step). ``fit``: ``backward_fit(shape, device)`` where the
+    caller has it (a search over units, block sizes and tiles), else computed here."""
     if not shape.train or shape.varlen:   # the kernel runs the whole batch every step
         return False
-    fit = backward_fit(shape, device)
+    if fit is None:
+        fit = backward_fit(shape, device)
     if not fit.ok:
         return False
     kernel_us = shape.layers * shape.steps * fit.step_us()
@@ -386,7 +396,7 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
          without the transposition (at batch 8 cuBLAS's kernel for the transposed product of
          so few rows is slow: 3.4 against 0.8 ms at LSTM L1 H128 B8)."""
     if shape.varlen:   # the pre-transposed paper rung: fast at the few rows of late steps
-        return paper_schedules()[0]
+        return paper_schedule("paper")
     fams = fitting_families(shape, device)
     if "stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256:
         return persistent_schedule("stack")
@@ -394,7 +404,7 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
         return persistent_schedule("cluster")
     if "grid" in fams and shape.hidden * shape.batch <= GRID_MAX_WORK:
         return persistent_schedule("grid")
-    return paper_schedules()[0 if shape.batch >= 128 else 1]
+    return paper_schedule("paper" if shape.batch >= 128 else "ib10")
 
 
 # --------------------------------------------------------------------------------------------

@@ -270,7 +270,7 @@ def test_the_cache_path_follows_the_environment(tmp_path):
 # --- plans that name a persistent family -----------------------------------------------------
 
 def _key(family, batch=8, cell="lstm", hidden=64, layers=2, steps=5, persistent=True):
-    sched = C.persistent_schedule(family) if persistent else C.paper_schedules()[1]
+    sched = C.persistent_schedule(family) if persistent else C.paper_schedule("ib10")
     return PlanKey(cell, steps, batch, hidden, hidden, layers, True, sched.switches,
                    device=H100_SXM, family=sched.family)
 
@@ -297,7 +297,7 @@ def test_a_named_family_that_does_not_fit_falls_back_and_says_why():
 
 def test_a_family_needs_the_persistent_switch():
     with pytest.raises(ValueError, match="family"):
-        PlanKey("lstm", 5, 8, 64, 64, 2, True, C.paper_schedules()[1].switches,
+        PlanKey("lstm", 5, 8, 64, 64, 2, True, C.paper_schedule("ib10").switches,
                 device=H100_SXM, family="stack")
     with pytest.raises(ValueError, match="family"):
         PlanKey("lstm", 5, 8, 64, 64, 2, True, C.persistent_schedule("stack").switches,

@@ -39,6 +39,26 @@ def test_training_shapes_get_the_persistent_backward_candidates(monkeypatch):
     # where no persistent forward fits but the backward does, ib10 carries it
     monkeypatch.setattr(C, "fitting_families", lambda shape, device: {})
     assert names(C.candidates(SMALL, H100_SXM))[:2] == ["ib10+pbwd", "paper"]
+    assert C.paper_schedule("ib10") == C.paper_schedules()[1]
+    with pytest.raises(ValueError, match="'ib3' is not one of"):
+        C.paper_schedule("ib3")
+
+
+def test_the_backward_fit_is_searched_once_a_shape(monkeypatch):
+    """candidates and the heuristic fit the backward kernel (a search over units, block
+    sizes and tiles) once a shape, not again for the cost model's verdict."""
+    calls = []
+    fit = C.persistent_bwd_fit
+
+    def counted(*args, **kw):
+        calls.append(args[:3])
+        return fit(*args, **kw)
+
+    monkeypatch.setattr(C, "persistent_bwd_fit", counted)
+    assert names(C.candidates(SMALL, H100_SXM))[0] == "cluster+pbwd"
+    assert calls == [("lstm", 128, 8)]
+    calls.clear()
+    assert C.heuristic(SMALL, H100_SXM).backward == "persistent" and len(calls) == 1
 
 
 @pytest.mark.parametrize("shape", [SMALL, PAPER, C.Shape("gru", 2, 96, 128, 16, 20, True)])
