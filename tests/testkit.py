@@ -203,22 +203,31 @@ def bwd_gradients(data, dgx, dgh):
             "bias_ih": dgx.sum(axis=(0, 1)), "bias_hh": dgh.sum(axis=(0, 1))}
 
 
-def check_bwd_against_reference(out, data, ref, what):
-    """``out`` ({"dgx", "dgh", "dh0", "dc0"}, fp32: a backward kernel's or its emulation's)
-    against the float64 reference: dh0, dc0 and every gradient the dg give, fp32 tolerance
-    (the weight gradients' absolute part grows with the T*B terms they sum)."""
+def check_bwd_against_reference(out, data, ref, what, atol=FP32_ATOL, rtol=FP32_RTOL):
+    """``out`` ({"dgx", "dgh", "dh0", "dc0"}: a backward kernel's or its emulation's)
+    against the float64 reference: dh0, dc0 and every gradient the dg give, to ``atol`` +
+    ``rtol`` |ref| (fp32's by default; the weight gradients' absolute part grows with the
+    T*B terms they sum, ``reduction_atol``)."""
     from rnnrt.check import reduction_atol
     T, B, _ = data["dhin"].shape
-    assert_close(out["dh0"], ref["dh0"], FP32_ATOL, FP32_RTOL, name=f"{what} dh0")
+    assert_close(out["dh0"], ref["dh0"], atol, rtol, name=f"{what} dh0")
     if ref["dc0"] is not None:
-        assert_close(out["dc0"], ref["dc0"], FP32_ATOL, FP32_RTOL, name=f"{what} dc0")
+        assert_close(out["dc0"], ref["dc0"], atol, rtol, name=f"{what} dc0")
     else:
         assert out["dc0"] is None
     got = bwd_gradients(data, out["dgx"], out["dgh"])
-    assert_close(got["dx"], ref["dx"], FP32_ATOL, FP32_RTOL, name=f"{what} dx")
+    assert_close(got["dx"], ref["dx"], atol, rtol, name=f"{what} dx")
     for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-        assert_close(got[name], ref[name], reduction_atol(T * B), FP32_RTOL,
+        assert_close(got[name], ref[name], reduction_atol(T * B, atol), rtol,
                      name=f"{what} {name}")
+
+
+def emulated(cell, fit, data, **kw):
+    """rnnrt.kernels.emulate_bwd.emulate_bwd of ``fit`` on a ``bwd_layer_case``'s data
+    (``kw``: its options, e.g. block_order)."""
+    from rnnrt.kernels.emulate_bwd import emulate_bwd
+    return emulate_bwd(cell, fit, data["dhin"], data["dh_n"], data["R"], data["act"],
+                       data["st"], data["dc_n"], **kw)
 
 
 def chunk_cols(*chunks):

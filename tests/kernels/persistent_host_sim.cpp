@@ -175,6 +175,24 @@ static void write_f32(const std::string& path, const std::vector<float>& v) {
     std::fclose(f);
 }
 
+// n floats at `offset` floats past a 16-byte boundary, in `store` (float4: 16-byte aligned,
+// zeroed): the kernels must take 4-byte loads where a row is not 16-byte aligned
+static float* at_offset(std::vector<float4>& store, size_t n, int offset) {
+    store.assign((offset + n) / 4 + 1, float4{0, 0, 0, 0});
+    return reinterpret_cast<float*>(store.data()) + offset;
+}
+
+// false (and why, on stderr) unless the n barrier counters are back to zero after `launch`
+static bool counters_zero(const unsigned int* sync, size_t n, int launch) {
+    for (size_t i = 0; i < n; ++i)
+        if (sync[i] != 0) {
+            std::fprintf(stderr, "launch %d left counter %zu at %u, not zero\n", launch, i,
+                         sync[i]);
+            return false;
+        }
+    return true;
+}
+
 // every block of the grid at once, each thread its own std::thread
 static void launch(int blocks, int threads, unsigned int smem_bytes,
                    const std::function<void()>& kernel) {
@@ -236,9 +254,9 @@ int main(int argc, char** argv) {
     const int ldbw = std::atoi(argv[11]), ldbr = std::atoi(argv[12]);
     auto load16 = [&](const char* name, std::vector<float4>& store) {   // 16-byte aligned
         const std::vector<float> v = read_f32(dir + "/" + name + ".f32");
-        store.assign(v.size() / 4 + 1, float4{0, 0, 0, 0});
-        std::copy(v.begin(), v.end(), reinterpret_cast<float*>(store.data()));
-        return std::make_pair(reinterpret_cast<float*>(store.data()), v.size());
+        float* const p = at_offset(store, v.size(), 0);
+        std::copy(v.begin(), v.end(), p);
+        return std::make_pair(p, v.size());
     };
     std::vector<float4> xs, hs, cs, wis, whs, bws, brs;
     auto [x, nx] = load16("x", xs);
@@ -270,11 +288,7 @@ int main(int argc, char** argv) {
                                       wt, 4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh, ldwhh, bw,
                                       ldbw, br, ldbr, T, L, U);
         });
-        for (unsigned int v : sync)
-            if (v != 0) {
-                std::fprintf(stderr, "launch %d left a counter at %u, not zero\n", n, v);
-                return 3;
-            }
+        if (!counters_zero(sync.data(), sync.size(), n)) return 3;
     }
     write_f32(dir + "/h.out", std::vector<float>(h, h + nh));
     write_f32(dir + "/c.out", std::vector<float>(c, c + nc));
@@ -312,10 +326,9 @@ int main(int argc, char** argv) {
     auto load = [&](const char* name) { return read_f32(dir + "/" + name + ".f32"); };
     // dgx and dgh at dg_offset floats past a 16-byte boundary (float4 storage is aligned)
     const std::vector<float> dgx_in = load("dgx"), dgh_in = load("dgh");
-    std::vector<float4> dgx_store((dg_offset + dgx_in.size()) / 4 + 1);
-    std::vector<float4> dgh_store((dg_offset + dgh_in.size()) / 4 + 1);
-    float* const dgx = reinterpret_cast<float*>(dgx_store.data()) + dg_offset;
-    float* const dgh = reinterpret_cast<float*>(dgh_store.data()) + dg_offset;
+    std::vector<float4> dgx_store, dgh_store;
+    float* const dgx = at_offset(dgx_store, dgx_in.size(), dg_offset);
+    float* const dgh = at_offset(dgh_store, dgh_in.size(), dg_offset);
     std::vector<float> dh0 = load("dh0"), dc0 = load("dc0"), dhin = load("dhin");
     std::vector<float> dhn = load("dhn"), dcn = load("dcn"), act = load("act");
     std::vector<float> st = load("st"), w = load("w");
@@ -350,11 +363,7 @@ int main(int argc, char** argv) {
                     st.data(), ldh, w.data(), ldw, T, U, k_tile);
             };
         launch(blocks, threads, smem, k);
-        if (sync[0] != 0 || sync[1] != 0) {
-            std::fprintf(stderr, "launch %d left sync = {%u, %u}, not zero\n", l, sync[0],
-                         sync[1]);
-            return 3;
-        }
+        if (!counters_zero(sync, 2, l)) return 3;
     }
     write_f32(dir + "/dgx.out", std::vector<float>(dgx, dgx + dgx_in.size()));
     write_f32(dir + "/dgh.out", std::vector<float>(dgh, dgh + dgh_in.size()));
@@ -385,8 +394,8 @@ int main(int argc, char** argv) {
     std::vector<float> w = read_f32(dir + "/w.f32"), bw = read_f32(dir + "/bw.f32");
     std::vector<float> br = read_f32(dir + "/br.f32");
     // h at h_offset floats past a 16-byte boundary (float4 storage is 16-byte aligned)
-    std::vector<float4> h_store((h_offset + h_in.size()) / 4 + 1);
-    float* const h = reinterpret_cast<float*>(h_store.data()) + h_offset;
+    std::vector<float4> h_store;
+    float* const h = at_offset(h_store, h_in.size(), h_offset);
     std::copy(h_in.begin(), h_in.end(), h);
     const size_t h_size = h_in.size();
     alignas(8) unsigned int sync[2] = {0, 0};
@@ -425,11 +434,7 @@ int main(int argc, char** argv) {
                     br.data(), ldbr, T, U, k_tile);
             };
         launch(blocks, threads, smem, k);
-        if (sync[0] != 0 || sync[1] != 0) {
-            std::fprintf(stderr, "launch %d left sync = {%u, %u}, not zero\n", l, sync[0],
-                         sync[1]);
-            return 3;
-        }
+        if (!counters_zero(sync, 2, l)) return 3;
     }
     write_f32(dir + "/h.out", std::vector<float>(h, h + h_size));
     write_f32(dir + "/c.out", c);

@@ -134,7 +134,7 @@ def _regs_limit(name):
     """The registers the fit of kernel ``name`` assumes a thread."""
     if name == STACK_KERNEL:
         return PS_REGS
-    regs = PB.NVCC_REGS if name.endswith("_persistent_bwd") else P.NVCC_REGS
+    regs = PB.NVCC_REGS if name.endswith("_bwd") else P.NVCC_REGS   # grid and cluster
     return regs[name.split("_persistent")[0]]
 
 
