@@ -43,13 +43,15 @@ def announced(file: str, text: str, compile_fn, say=None, after_s: float | None 
     with the time it took). -> what compile_fn returned."""
     after_s = ANNOUNCE_AFTER_S if after_s is None else after_s
     say = _announce if say is None else say
-    said = threading.Event()
+    # Who says it, the timer thread or the finally below, is whoever takes this lock first
+    # (never released): taking it is atomic, a check of a flag then a set is not, and both
+    # may run at once (a timer already running is not stopped by cancel).
+    once = threading.Lock()
     line = (f"compiling {file} ({len(text) // 1000} kB of CUDA, NVRTC): first use on this "
             f"machine, about {compile_estimate_s(text):.0f} s; cached on disk for later runs")
 
     def tell():
-        if not said.is_set():
-            said.set()
+        if once.acquire(blocking=False):
             say(line)
 
     timer = threading.Timer(after_s, tell)
@@ -61,8 +63,7 @@ def announced(file: str, text: str, compile_fn, say=None, after_s: float | None 
     finally:
         timer.cancel()
         dt = time.perf_counter() - t0
-        if dt >= after_s and not said.is_set():   # the timer could not run meanwhile
-            said.set()
+        if dt >= after_s and once.acquire(blocking=False):   # the timer could not run
             say(line.replace("compiling", "compiled", 1).replace(
                 f"about {compile_estimate_s(text):.0f} s", f"took {dt:.1f} s"))
 

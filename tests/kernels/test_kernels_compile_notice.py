@@ -48,6 +48,19 @@ def test_a_compile_that_holds_the_interpreter_is_reported_after():
     assert said[0].startswith("compil")
 
 
+def test_once_when_the_timer_and_the_end_meet():
+    """The compile ends as the timer fires: the timer thread and the caller both want to
+    say it, and exactly one does, every time."""
+    runs = []
+    for _ in range(300):
+        said = []
+        L.announced("gru.cu", TEXT, lambda: time.sleep(0.001), say=said.append,
+                    after_s=0.001)
+        runs.append(said)
+    time.sleep(0.1)                       # any timer thread still running has said it by now
+    assert [len(s) for s in runs] == [1] * len(runs)
+
+
 def test_compile_module_announces_through_the_library(monkeypatch, capsys):
     fake = FakeCupy()
 
