@@ -161,9 +161,11 @@
 // blocks all of R; each block pushes its cells' dg_t into buffer s & 1 of every block of the
 // cluster (distributed shared memory), the cluster barrier ends the step, and the next step
 // multiplies that buffer (all K columns: one tile, nothing staged).
-// The product phase is the forward kernels' (persistent_layer.cuh) written out again for one
-// "gate": moving the forward's into a shared helper changed its PTX (tried: nvcc 13.0
-// reorders and renumbers it), and the forward kernels' code stays as measured.
+// The product phase is the forward kernels' (persistent_layer.cuh, grid and cluster
+// branches alike) written out again for one "gate": the forward kernels' code stays as it
+// was measured, and anything shared would have to be called from it (tried: moving the
+// forward's into a shared helper let nvcc 13.0 reorder and renumber its PTX; no test pins
+// that PTX, the check was a manual one, docs/journal.md).
 template <int G, int CELL, int CL>
 __device__ __forceinline__ void persistent_bwd(
         int Bfull, int H, float* dgx, long long lddgx, float* dgh, long long lddgh, float* dh0,
