@@ -75,28 +75,10 @@
  *     in  c_prev   [B, H]
  *     in  mask     [B, 1]
  */
-// *_bwd_point: the backward's arithmetic, persistent_bwd.cu's too
+
+// for_each_element, sigmoidf; *_bwd_point: the backward's arithmetic (persistent_bwd.cu's too)
+#include "pointwise_common.cuh"
 #include "cell_bwd.cuh"
-
-// Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
-// rows*ld reaches past 2^31 for views over [T*B, G*H] buffers.
-// (Each .cu file is compiled on its own by NVRTC with no includes, so this helper is copied
-// into every file that needs it; a test checks the copies are identical.)
-template <class F>
-__device__ __forceinline__ void for_each_element(int rows, int cols, F f) {
-    const long long n = (long long)rows * cols;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const long long r = i / cols;
-        f(r, i - r * cols);
-    }
-}
-
-// sigma(x) from exp of a non-positive number only: no overflow for large |x|, no inf/inf.
-__device__ __forceinline__ float sigmoidf(float x) {
-    const float e = expf(-fabsf(x));
-    return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
-}
 
 // One element (b, j) of lstm_fwd, shared by the plain and the masked kernel: every input of
 // the element is read before anything is written (outputs may alias inputs).

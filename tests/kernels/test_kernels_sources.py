@@ -3,7 +3,8 @@
 - every cuda_src/*.cu compiles for sm_90 with nvcc, and with NVRTC where its library is
   found (the way CuPy will compile it: the text ``sources.source`` gives, no includes);
 - each file's header, its `extern "C" __global__` definitions and the registry agree on the
-  kernels and their arguments; the device helpers copied between files are identical;
+  kernels and their arguments; the shared device helpers are written once (sigmoidf twice,
+  identical), and so is the cells' pointwise backward (cell_bwd.cuh);
 - cuda_src_dir is the checkout's.
 """
 from __future__ import annotations
@@ -138,12 +139,19 @@ def _helper(text, name):
     return m and m[0]
 
 
-@pytest.mark.parametrize("helper", ["for_each_element", "sigmoidf"])
-def test_copied_device_helpers_are_identical(helper):
+@pytest.mark.parametrize("helper, where", [
+    ("for_each_element", ["pointwise_common.cuh"]),
+    ("sigmoidf", ["persistent_common.cuh", "pointwise_common.cuh"])])
+def test_device_helpers_are_written_once_or_identical(helper, where):
+    """The pointwise files share pointwise_common.cuh's helpers; sigmoidf's one other copy
+    (persistent_common.cuh: the forward persistent kernels' code stays as measured) is the
+    same text; every file's inlined source that defines a helper has that one text."""
+    folder = S.cuda_src_dir()
+    defined = sorted(p.name for p in folder.glob("*.cu*") if _helper(p.read_text(), helper))
+    assert defined == where, f"{helper} is defined in {defined}"
     copies = {f: _helper(S.source(f), helper) for f in CU_FILES}
     copies = {f: c for f, c in copies.items() if c}
-    assert copies, f"no file defines {helper}"
-    first = next(iter(copies.values()))
+    first = _helper((folder / where[0]).read_text(), helper)
     assert all(c == first for c in copies.values()), f"{helper} differs between {sorted(copies)}"
 
 
