@@ -396,14 +396,28 @@ def run_bwd_plan(key, flat, fwd_in, bwd_in, order="program", seed=None, accumula
 def check_bwd_plan(ws, layout, ref, what, scale=1.0, atol=1e-12, rtol=1e-10):
     """dx, dh0, dc0 and every parameter's gradient of ``ws`` against ``ref`` (scaled), the
     worst element named on failure."""
+    got = {name: ws.read(name) for name in ("dx", "dh0", "dc0") if ref[name] is not None}
+    check_bwd_outputs({**got, "grads": ws.read("grads")}, layout, ref, what, atol, rtol,
+                      scale=scale)
+
+
+def check_bwd_outputs(got, layout, ref, what, atol=1e-12, rtol=1e-10, grads_atol=None,
+                      scale=1.0):
+    """A backward's outputs ``got`` ({"dx", "dh0", "dc0": arrays, "grads": the flat
+    gradients [layout.size]}; NumPy or CuPy) against ``ref`` (``bwd_plan_case``'s or
+    ``gpu_backward_case``'s; its grads scaled by ``scale``): dx, dh0, dc0 where the reference
+    has them, then every parameter's gradient (the padding between them is not one) with
+    ``grads_atol`` (default ``atol``), the worst element named on failure."""
     for name in ("dx", "dh0", "dc0"):
         if ref[name] is not None:
-            assert_close(ws.read(name), ref[name], atol, rtol, name=f"{what} {name}")
-    got = ws.read("grads")
-    for e in layout.entries:   # padding is not a gradient
-        n = int(np.prod(e.shape))
-        assert_close(got[e.offset:e.offset + n], scale * ref["grads"][e.offset:e.offset + n],
-                     atol, rtol, name=f"{what} {e.name}")
+            assert_close(got[name], ref[name], atol, rtol, name=f"{what} {name}")
+    grads = got["grads"]
+    grads = np.asarray(grads.get() if hasattr(grads, "get") else grads)   # CuPy: one copy
+    for e in layout.entries:
+        assert_close(grads[e.offset:e.end], scale * ref["grads"][e.offset:e.end],
+                     atol if grads_atol is None else grads_atol, rtol, name=f"{what} {e.name}")
+
+
 # --- bench ------------------------------------------------------------------------------------
 
 def tiny_sweep(**kw):
@@ -465,7 +479,7 @@ def assert_refused(call, exc, words, arrays=(), folders=(), spies=(), within_s=2
 
 
 from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from testkit)
-    GPU_SHAPE, gpu_backward_case, gpu_forward_case, gpu_plan_key, random_layer_stack,
-    run_gpu_forward_case)
+    BWD_OUTPUTS, GPU_SHAPE, gpu_backward_case, gpu_forward_case, gpu_plan_key,
+    random_layer_stack, run_gpu_backward_case, run_gpu_forward_case)
 from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
     CpuSession, NumpyCupy, NumpyPlanExecutor, batch_sizes_of, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)

@@ -45,10 +45,13 @@ def random_layer_stack(cell, layers, steps, batch, hidden, inp, bias=True, seed=
     return layout, flat, x, h0, c0, rng
 
 
+GPU_SHAPE = (6, 4, 24, 40)   # T, B, I, H: I != H; T not a multiple of the chunk 4
+
 _GPU_BWD_CASES = {}
 
 
-def gpu_backward_case(cell, layers, steps, batch, hidden, inp, bias=True, seed=0):
+def gpu_backward_case(cell, layers, steps=GPU_SHAPE[0], batch=GPU_SHAPE[1],
+                      hidden=GPU_SHAPE[3], inp=GPU_SHAPE[2], bias=True, seed=0):
     """fp32 weights and inputs (``random_layer_stack``), output gradients dy, dh_n, dc_n
     (LSTM) from the same stream, and the float64 reference gradients: -> (layout, flat,
     (x, h0, c0), (dy, dh_n, dc_n), {"dx", "dh0", "dc0", "grads"}), made once per arguments."""
@@ -69,8 +72,6 @@ def gpu_backward_case(cell, layers, steps, batch, hidden, inp, bias=True, seed=0
                               "grads": to_flat(g["params"], layout)})
     return _GPU_BWD_CASES[k]
 
-
-GPU_SHAPE = (6, 4, 24, 40)   # T, B, I, H: I != H; T not a multiple of the chunk 4
 
 _GPU_CASES = {}
 
@@ -129,3 +130,44 @@ def run_gpu_forward_case(cp, ctx, key, executor, data, prove_capture=True):
     cp.cuda.Device().synchronize()
     assert_close(ws.outputs()["y"], ref["y"], FP32_ATOL, FP32_RTOL, name="second run y")
     return ex
+
+
+# the backward's own outputs (a backward plan's outputs include the forward's y, h_n, c_n)
+BWD_OUTPUTS = ("dx", "dh0", "dc0", "grads")
+
+
+def run_gpu_backward_case(cp, ctx, key, executor, data, runs=2):
+    """The forward then the backward plan of ``key`` on the GPU executor ``executor``
+    ('eager' or 'graph') with the data of ``gpu_backward_case``: every buffer poisoned
+    (NaN) before the forward, the backward's own buffers (all but the constants it keeps,
+    'ones' and 'bsync') again before each of ``runs`` backward runs; a graph is captured
+    before the first run and its capture must have written none of the backward's outputs.
+    -> a list, one dict a run, of the backward's outputs as NumPy arrays ({"dx", "dh0",
+    "dc0", "grads"}, those the plan has), for testkit.check_bwd_outputs."""
+    from rnnrt.exec.cuda_exec import EXECUTORS as EX
+    from rnnrt.exec.workspace import Workspace
+    from rnnrt.plan import forward_plan
+    from rnnrt.plan.backward import backward_plan
+    _, flat, (x, h0, c0), (dy, dhn, dcn), _ = data
+    fplan, bplan = forward_plan(key), backward_plan(key)
+    ws = Workspace(bplan, cp, np.float32, cp.asarray(flat))
+    bwd_bufs = {b.name for b in bplan.buffers} - {b.name for b in fplan.buffers}
+    outputs = [name for name in BWD_OUTPUTS if name in bplan.outputs]
+    ws.poison()
+    ws.load_inputs(x, h0, c0)
+    EX[executor](fplan, ws, ctx).run()
+    bwd = EX[executor](bplan, ws, ctx, **({"capture": False} if executor == "graph" else {}))
+    outs = []
+    for i in range(runs):
+        ws.poison(names=bwd_bufs - {"ones", "bsync"})
+        ws.load(dy=dy, dh_n=dhn, **({"dc_n": dcn} if dcn is not None else {}))
+        cp.cuda.Device().synchronize()
+        if executor == "graph" and i == 0:
+            bwd.capture()
+            cp.cuda.Device().synchronize()
+            for name in outputs:   # the capture must not have run anything
+                assert bool(cp.isnan(ws.read(name)).all()), f"backward capture wrote {name}"
+        bwd.run()
+        cp.cuda.Device().synchronize()
+        outs.append({name: ws.read(name).get() for name in outputs})
+    return outs
