@@ -18,7 +18,8 @@ memory-varlen: --steps training steps of rnnrt.nn's LSTM (2 x 256, batch 32) on 
 batches whose every sequence has a random length in 1-500 (--lengths per-batch: one random
 length a batch), recording GPU memory in use after each step (CuPy's pool plus torch's
 allocator) and its peak; fields distinct_lengths (sequence lengths seen), patterns (distinct
-bucketed plans), peak_bytes_first_100, peak_bytes_last_100, ms per step.
+bucketed plans), peak_bytes_first_100, peak_bytes_last_100, ms per step (the step alone:
+the input is drawn and packed before its clock starts).
 Record: kind 'memory-varlen'.
 """
 from __future__ import annotations
@@ -181,10 +182,11 @@ def memory_varlen(steps: int, per_batch: bool = False) -> dict:
                    else rng.integers(1, 501, B))
         seen.update(lengths.tolist())
         patterns.add(bucket(_batch_sizes(lengths)))
-        t = time.perf_counter()
         x = torch.randn(int(lengths.max()), B, H, device="cuda")
         p = torch.nn.utils.rnn.pack_padded_sequence(x, torch.from_numpy(lengths),
                                                     enforce_sorted=False)
+        torch.cuda.synchronize()   # making the input is not the step: outside the window
+        t = time.perf_counter()
         out, _ = m(p)
         (out.data * out.data).mean().backward()
         for q in m.parameters():
