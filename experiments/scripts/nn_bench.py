@@ -25,7 +25,6 @@ Record: kind 'memory-varlen'.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import torch  # noqa: E402
 
 import rnnrt.nn  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
+from rnnrt.bench.timing import time_in_turn  # noqa: E402
 from rnnrt.check import FP32_RTOL, compare, reduction_atol  # noqa: E402
 from rnnrt.session import device_info  # noqa: E402
 
@@ -71,24 +71,6 @@ def _step_fn(module, inp, lr=1e-3):
     return step
 
 
-def _time_in_turn(fns: dict, repeats: int, warmup: int = 3) -> dict:
-    """{name: [ms, ...]}: each fn timed with CUDA events, the fns run in turn each round."""
-    for f in fns.values():
-        for _ in range(warmup):
-            f()
-    torch.cuda.synchronize()
-    out = {n: [] for n in fns}
-    for _ in range(repeats):
-        for n, f in fns.items():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            f()
-            e.record()
-            e.synchronize()
-            out[n].append(s.elapsed_time(e))
-    return out
-
-
 def train_step(repeats: int) -> dict:
     _no_tf32()
     T, B, H, L = 100, 64, 512, 2
@@ -115,10 +97,9 @@ def train_step(repeats: int) -> dict:
             worst = c if worst is None or c.max_excess > worst.max_excess else worst
         checks[case] = worst.as_dict()
         fns = {"torch.nn": _step_fn(ref, inp), "rnnrt.nn": _step_fn(ours, inp)}
-        times = _time_in_turn(fns, repeats)
-        for impl, ms in times.items():
-            rows.append({"case": case, "impl": impl, "ms_median": statistics.median(ms),
-                         "ms_min": min(ms), "ms_max": max(ms), "runs": len(ms),
+        times = time_in_turn(fns, repeats, torch=torch)
+        for impl, t in times.items():
+            rows.append({"case": case, "impl": impl, **t.as_dict(),
                          **({"check": checks[case]} if impl == "rnnrt.nn" else {})})
         for r in rows[-len(times):]:
             print(f"{case:24s} {r['impl']:9s} {r['ms_median']:8.3f} ms", flush=True)
@@ -159,11 +140,10 @@ def _runner_only(case, T, B, H, L, repeats, batch_sizes=None) -> dict:
             _, _, tape = r.forward_packed(x, batch_sizes, train=True)
             r.backward(tape, dy, need_dx=False)
 
-    ms = _time_in_turn({"runner": run}, repeats)["runner"]
+    t = time_in_turn({"runner": run}, repeats, torch=torch)["runner"]
     steps, varlen = (T, False) if batch_sizes is None else (len(batch_sizes), True)
-    return {"case": case, "impl": "GpuRunner (fwd+bwd alone)",
-            "ms_median": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms),
-            "runs": len(ms), "schedule": r.schedule(steps, B, True, varlen).schedule.name}
+    return {"case": case, "impl": "GpuRunner (fwd+bwd alone)", **t.as_dict(),
+            "schedule": r.schedule(steps, B, True, varlen).schedule.name}
 
 
 def memory_varlen(steps: int, per_batch: bool = False) -> dict:

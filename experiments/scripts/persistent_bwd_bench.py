@@ -24,7 +24,6 @@ experiments/results/kernels).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np  # noqa: E402
 import rnnrt  # noqa: E402
 from rnnrt import reference  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
+from rnnrt.bench.timing import time_in_turn  # noqa: E402
 from rnnrt.cells import backward_flops, forward_flops  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
 from rnnrt.kernels import choice as C  # noqa: E402
@@ -143,25 +143,6 @@ def cudnn_runner(case, torch):
     return bench, ok
 
 
-def in_turn(fns: dict, repeats: int, cp, torch) -> dict:
-    """{name: [ms...]}: each of ``fns`` ((fn, stream) for rnnrt, fn for torch) run once a
-    round, ``repeats`` rounds, each run timed with CUDA events."""
-    out = {n: [] for n in fns}
-    for _ in range(repeats):
-        for name, f in fns.items():
-            if isinstance(f, tuple):
-                out[name] += time_events(cp, f[0], f[1], 1, 0)
-            else:
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True)
-                start.record()
-                f()
-                stop.record()
-                stop.synchronize()
-                out[name].append(start.elapsed_time(stop))
-    return out
-
-
 def bench_shape(session, spec, repeats, torch, log):
     cell, L, H, B, T = spec
     case = Case(session, cell, L, H, B, T)
@@ -206,13 +187,9 @@ def bench_shape(session, spec, repeats, torch, log):
         bench, ok = cudnn_runner(case, torch)
         row["cudnn_check_ok"] = ok
         fns["cudnn"] = bench.run
-    for f in fns.values():   # warm every runner once more before the rounds
-        (f[0] if isinstance(f, tuple) else f)()
-    session.cp.cuda.Device().synchronize()
-    times = in_turn(fns, repeats, session.cp, torch)
-    for name, samples in times.items():
-        row[f"{name}_ms"] = statistics.median(samples)
-        row[f"{name}_ms_min"] = min(samples)
+    # every runner warmed once more before the rounds, then timed in turn
+    for name, t in time_in_turn(fns, repeats, 1, cp=session.cp, torch=torch).items():
+        row[f"{name}_ms"], row[f"{name}_ms_min"] = t.ms_median, t.ms_min
     if bench is not None:
         bench.close()
     case.close()
