@@ -401,6 +401,24 @@ def check_bwd_plan(ws, layout, ref, what, scale=1.0, atol=1e-12, rtol=1e-10):
                       scale=scale)
 
 
+def check_bwd_key(key, case, what, seed=1, always_random=False):
+    """The backward plan of ``key`` is statically race-free and gives the reference
+    gradients of ``case`` (``bwd_plan_case``'s tuple) in program order, and in a random
+    interleaving (``seed``) where it has several streams (``always_random``: whatever its
+    streams); every io and scratch buffer poisoned first. -> the plan."""
+    from rnnrt.exec.racecheck import find_races
+    from rnnrt.plan.backward import backward_plan
+    layout, flat, fwd_in, bwd_in, ref = case
+    plan = backward_plan(key)
+    races = find_races(plan)
+    assert not races, f"{what}: " + races[0].describe(plan)
+    check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in), layout, ref, what)
+    if always_random or len(plan.streams) > 1:
+        check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in, "random", seed), layout, ref,
+                       f"{what} random")
+    return plan
+
+
 def check_bwd_outputs(got, layout, ref, what, atol=1e-12, rtol=1e-10, grads_atol=None,
                       scale=1.0):
     """A backward's outputs ``got`` ({"dx", "dh0", "dc0": arrays, "grads": the flat
