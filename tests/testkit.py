@@ -9,7 +9,8 @@ import from here, never from each other: ``from testkit import FakeCupy, layer_c
 - CPU plans: keys for the example H100, a case with its reference, the NumPy executor;
 - GPU plans (testkit_gpu.py, re-exported): keys for the GPU the tests run on, random fp32
   layer stacks, the forward and backward cases and their runs on an executor;
-- bench: a tiny sweep configuration.
+- bench: a tiny sweep configuration;
+- examples and scripts: ``example_module`` (imported by name, as spawned workers do).
 
 Nothing here imports CuPy at import time.
 """
@@ -445,6 +446,23 @@ def tiny_sweep(**kw):
                 repeats=1, warmup=0, cpu=True)
     base.update(kw)
     return sw.SweepConfig(**base)
+
+
+# --- examples and scripts -------------------------------------------------------------------------
+
+def example_module(name):
+    """examples/<name>.py or experiments/scripts/<name>.py, imported by its name with both
+    folders on sys.path (put there once): what the scripts do themselves (train_ddp imports
+    train_charlm and charlm_parts by name), so every test shares one module object, a
+    dataclass finds its module in sys.modules, and spawned workers (which inherit sys.path)
+    re-import the module their function lives in the same way."""
+    import importlib
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    for folder in (root / "examples", root / "experiments" / "scripts"):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    return importlib.import_module(name)
 
 
 # --- bad input: refused before any work, nothing changed ----------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="the DDP example needs torch")
 
 from rnnrt.check import compare  # noqa: E402
+from testkit import example_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "examples", ROOT / "experiments" / "scripts"):
-    if str(_p) not in sys.path:  # the spawned workers import these modules by name too
-        sys.path.insert(0, str(_p))
-
-import ddp_bench  # noqa: E402
-import train_ddp  # noqa: E402
-from charlm_parts import load_corpus  # noqa: E402
+ddp_bench = example_module("ddp_bench")   # the spawned workers import these by name too
+train_ddp = example_module("train_ddp")
+load_corpus = example_module("charlm_parts").load_corpus
 
 DEADLINE_S = 90
 ARGS = ["--device", "cpu", "--dtype", "float64", "--hidden", "12", "--layers", "2",
