@@ -10,7 +10,8 @@ import from here, never from each other: ``from testkit import FakeCupy, layer_c
 - GPU plans (testkit_gpu.py, re-exported): keys for the GPU the tests run on, random fp32
   layer stacks, the forward and backward cases and their runs on an executor;
 - bench: a tiny sweep configuration;
-- examples and scripts: ``example_module`` (imported by name, as spawned workers do).
+- examples and scripts: ``example_module`` (imported by name, as spawned workers do);
+- record names: experiments/results' naming scheme (``RECORD_KINDS``, ``record_name_match``).
 
 Nothing here imports CuPy at import time.
 """
@@ -463,6 +464,35 @@ def example_module(name):
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
     return importlib.import_module(name)
+
+
+# --- record names ---------------------------------------------------------------------------------
+
+# experiments/results' naming scheme, written out here, not imported from rnnrt.bench.records,
+# so that a change to the code cannot widen what passes: tests/bench/test_bench_index.py holds
+# every committed record to it, the examples' tests the records they write.
+RECORD_STAMP = r"\d{8}T\d{6}"
+RECORD_SLUG = r"nvidia(?:-[a-z0-9]+)*|cpu"
+_WORDS = r"(?:-[A-Za-z0-9_.]+)"
+_SHAPE = r"[a-z_]+-L\d+-H\d+-B\d+-T\d+"
+RECORD_KINDS = {  # kind: (stem, extension)
+    "ladder": (rf"ladder-{_SHAPE}-(?:fwd|fwdbwd)", "json"),
+    "sweep": (rf"sweep{_WORDS}+", "jsonl"),
+    "kernels": (rf"(?:persistent|stack-bench){_WORDS}+|gemm-layouts|pretranspose-probe", "json"),
+    "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}", "json"),
+    "training": ((rf"charlm-{_SHAPE}-S\d+|train-step-{_SHAPE}"
+                  rf"|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
+                  rf"|ddp-charlm-{_SHAPE}-S\d+-W\d+|ddp-scaling-{_SHAPE}|ddp-link"), "json"),
+    "profiles": (rf"ncu{_WORDS}+", "txt"),
+    "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){_WORDS}*", "log|txt|json"),
+}
+
+
+def record_name_match(kind, name):
+    """re.fullmatch of a record's file ``name`` against the scheme of ``kind`` (None: it
+    does not follow it)."""
+    stem, ext = RECORD_KINDS[kind]
+    return re.fullmatch(rf"(?:{stem})-(?:{RECORD_SLUG})-{RECORD_STAMP}\.(?:{ext})", name)
 
 
 # --- bad input: refused before any work, nothing changed ----------------------------------------

@@ -7,25 +7,14 @@ import re
 from pathlib import Path
 
 from rnnrt.bench.index import main, render_index
+from testkit import RECORD_KINDS as KINDS
+from testkit import RECORD_SLUG as SLUG
+from testkit import RECORD_STAMP as STAMP
+from testkit import record_name_match
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
 
-# Written out here, not imported, so that a change to the module cannot widen what passes.
-STAMP = r"\d{8}T\d{6}"
-SLUG = r"nvidia(?:-[a-z0-9]+)*|cpu"
-WORDS = r"(?:-[A-Za-z0-9_.]+)"
-SHAPE = r"[a-z_]+-L\d+-H\d+-B\d+-T\d+"
-KINDS = {  # kind: (stem, extension)
-    "ladder": (rf"ladder-{SHAPE}-(?:fwd|fwdbwd)", "json"),
-    "sweep": (rf"sweep{WORDS}+", "jsonl"),
-    "kernels": (rf"(?:persistent|stack-bench){WORDS}+|gemm-layouts|pretranspose-probe", "json"),
-    "trace": (rf"trace(?:-[a-z0-9_]+)*-{SHAPE}", "json"),
-    "training": ((rf"charlm-{SHAPE}-S\d+|train-step-{SHAPE}|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
-                  rf"|ddp-charlm-{SHAPE}-S\d+-W\d+|ddp-scaling-{SHAPE}|ddp-link"), "json"),
-    "profiles": (rf"ncu{WORDS}+", "txt"),
-    "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){WORDS}*", "log|txt|json"),
-}
 # Session and stage tags of the old hand-made names; the stamp distinguishes runs now.
 STAGE_TAG = re.compile(r"-(?:s\d+|r\d+|run\d+|final|first|review\d*)(?=[-.])")
 
@@ -67,8 +56,7 @@ def test_every_name_follows_the_scheme():
     files = _files()
     assert len(files) >= 100  # the records exist (a glob that finds nothing must not pass)
     for p in files:
-        stem, ext = KINDS[p.parent.name]
-        assert re.fullmatch(rf"(?:{stem})-(?:{SLUG})-{STAMP}\.(?:{ext})", p.name), p.name
+        assert record_name_match(p.parent.name, p.name), p.name
         assert not STAGE_TAG.search(p.name), p.name
         slug, stamp = re.search(rf"-({SLUG})-({STAMP})\.[a-z]+$", p.name).groups()
         if p.suffix not in (".json", ".jsonl"):
