@@ -346,11 +346,11 @@ def check_outputs(out, ref, what):
 BWD_PLAN_SHAPE = (5, 3, 4, 6)
 
 
-def bwd_plan_case(cell, layers, bias=True, seed=0):
-    """Random weights (never zero), inputs, output gradients at BWD_PLAN_SHAPE and the
-    float64 reference gradients: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref) with
-    ref {"dx", "dh0", "dc0", "grads" (the flat layout)}."""
-    T, B, I, H = BWD_PLAN_SHAPE
+def bwd_plan_case(cell, layers, bias=True, seed=0, shape=BWD_PLAN_SHAPE):
+    """Random weights (never zero), inputs, output gradients at ``shape`` (T, B, I, H) and
+    the float64 reference: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref) with ref
+    {"dx", "dh0", "dc0", "grads" (the flat layout), and the forward's "y", "h_n", "c_n"}."""
+    T, B, I, H = shape
     rng = np.random.default_rng(seed)
     layout = make_layout(cell, I, H, layers, bias)
     flat = np.zeros(layout.size)
@@ -364,9 +364,10 @@ def bwd_plan_case(cell, layers, bias=True, seed=0):
     dhn = rng.standard_normal((layers, B, H))
     dcn = rng.standard_normal((layers, B, H)) if cell == "lstm" else None
     p = per_layer(flat, layout)
-    _, _, _, cache = reference.forward(cell, p, x, h0, c0)
+    y, hn, cn, cache = reference.forward(cell, p, x, h0, c0)
     g = reference.backward(cell, p, cache, dy, dhn, dcn)
-    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout)}
+    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout),
+           "y": y, "h_n": hn, "c_n": cn}
     return layout, flat, (x, h0, c0), (dy, dhn, dcn), ref
 
 
