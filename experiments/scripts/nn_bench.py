@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import rnnrt.nn  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from rnnrt.bench.timing import time_in_turn  # noqa: E402
-from rnnrt.check import FP32_RTOL, compare, reduction_atol  # noqa: E402
+from rnnrt.check import compare_all, reduction_atol  # noqa: E402
 from rnnrt.session import device_info  # noqa: E402
 
 
@@ -90,12 +90,10 @@ def train_step(repeats: int) -> dict:
         r2, o2 = _pair(H, H, L)
         _step_fn(r2, inp)()
         _step_fn(o2, inp)()
-        worst = None
-        for (n, a), (_, b) in zip(o2.named_parameters(), r2.named_parameters()):
-            c = compare(a.detach().cpu().numpy(), b.detach().cpu().numpy(),
-                        reduction_atol(T * B), FP32_RTOL, name=f"{case} {n} after a step")
-            worst = c if worst is None or c.max_excess > worst.max_excess else worst
-        checks[case] = worst.as_dict()
+        got, want = ({n: p.detach().cpu().numpy() for n, p in m.named_parameters()}
+                     for m in (o2, r2))
+        checks[case] = compare_all(got, want, f"torch.nn after a step ({case})",
+                                   atol=reduction_atol(T * B)).as_dict()
         fns = {"torch.nn": _step_fn(ref, inp), "rnnrt.nn": _step_fn(ours, inp)}
         times = time_in_turn(fns, repeats, torch=torch)
         for impl, t in times.items():

@@ -38,7 +38,7 @@ from rnnrt import reference  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from rnnrt.bench.timing import time_in_turn  # noqa: E402
 from rnnrt.cells import backward_flops, forward_flops  # noqa: E402
-from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
+from rnnrt.check import compare_all  # noqa: E402
 from rnnrt.kernels import choice as C  # noqa: E402
 from rnnrt.kernels.persistent_bwd import persistent_bwd_fit  # noqa: E402
 from rnnrt.params import per_layer, to_flat  # noqa: E402
@@ -110,17 +110,10 @@ class Case:
         run, stream, ws, _ = self.state(sched)
         run()
         stream.synchronize()
-        worst = None
-        for name in ("dx", "dh0", "dc0", "grads"):
-            if self.ref[name] is None:
-                continue
-            atol = reduction_atol(self.T * self.B) if name == "grads" else FP32_ATOL
-            c = compare(ws.read(name), self.ref[name], atol, FP32_RTOL, name=name)
-            if worst is None or c.max_excess > worst.max_excess:
-                worst = c
-            if not c.ok:
-                return {"ok": False, "detail": str(c)}
-        return {"ok": True, "worst": str(worst)}
+        got = {name: ws.read(name) for name, r in self.ref.items() if r is not None}
+        worst = compare_all(got, self.ref, "the float64 reference", rows=self.T * self.B)
+        return {"ok": True, "worst": str(worst)} if worst.ok else {"ok": False,
+                                                                    "detail": str(worst)}
 
     def close(self):
         self.built.clear()
@@ -138,8 +131,8 @@ def cudnn_runner(case, torch):
     bench = CudnnBench(cfg, case.model, case.x, h0, h0 if case.cell == "lstm" else None,
                        case.dy)
     out = bench.outputs()
-    ok = all(compare(out[n], case.ref[n], reduction_atol(case.T * case.B) if n == "grads"
-                     else FP32_ATOL, FP32_RTOL, name=n).ok for n in ("dx", "grads"))
+    ok = compare_all(out, {n: case.ref[n] for n in ("dx", "grads")}, "the float64 reference",
+                     rows=case.T * case.B).ok
     return bench, ok
 
 
