@@ -38,6 +38,7 @@ import rnnrt.nn  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from rnnrt.bench.timing import time_in_turn  # noqa: E402
 from rnnrt.check import compare_all, reduction_atol  # noqa: E402
+from rnnrt.plan.packing import batch_sizes  # noqa: E402
 from rnnrt.session import device_info  # noqa: E402
 
 
@@ -101,19 +102,13 @@ def train_step(repeats: int) -> dict:
                          **({"check": checks[case]} if impl == "rnnrt.nn" else {})})
         for r in rows[-len(times):]:
             print(f"{case:24s} {r['impl']:9s} {r['ms_median']:8.3f} ms", flush=True)
-    for case, bs in (("fixed-T100", None), ("packed-lengths-20-200", _batch_sizes(lengths))):
+    for case, bs in (("fixed-T100", None), ("packed-lengths-20-200", batch_sizes(lengths))):
         rows.append(_runner_only(case, T, B, H, L, repeats, bs))
         print(f"{case:24s} GpuRunner {rows[-1]['ms_median']:8.3f} ms (fwd+bwd alone)")
     return {"kind": "train-step", "shape": dict(cell="lstm", layers=L, input_size=H,
                                                 hidden=H, batch=B, steps=T),
             "rows": rows, "note": "SGD step; loss mean(y^2); torch.nn fp32 with TF32 off; "
                                   "timed in turn with CUDA events"}
-
-
-def _batch_sizes(lengths) -> tuple:
-    """batch_sizes of sequences of ``lengths`` (a CPU tensor or list): torch's packing."""
-    lens = sorted((int(n) for n in lengths), reverse=True)
-    return tuple(sum(n > t for n in lens) for t in range(lens[0]))
 
 
 def _runner_only(case, T, B, H, L, repeats, batch_sizes=None) -> dict:
@@ -161,7 +156,7 @@ def memory_varlen(steps: int, per_batch: bool = False) -> dict:
         lengths = (np.full(B, rng.integers(1, 501)) if per_batch
                    else rng.integers(1, 501, B))
         seen.update(lengths.tolist())
-        patterns.add(bucket(_batch_sizes(lengths)))
+        patterns.add(bucket(batch_sizes(lengths)))
         x = torch.randn(int(lengths.max()), B, H, device="cuda")
         p = torch.nn.utils.rnn.pack_padded_sequence(x, torch.from_numpy(lengths),
                                                     enforce_sorted=False)
