@@ -526,7 +526,7 @@ def sample(flat, head, vocab, cfg: Config, n: int, temperature: float, seed: int
 def stem(record: dict) -> str:
     """The record's and the figure's name (rnnrt.bench.records' scheme: what, device, stamp)."""
     c = record["config"]
-    slug = "cpu" if c["device"] == "cpu" else device_slug(record["device"].get("device", "gpu"))
+    slug = device_slug(record["device"].get("device", c["device"]))   # 'cpu' for any CPU
     if c.get("framework", "rnnrt") != "rnnrt":
         slug += "-" + c["framework"]
     return (f"charlm-lstm-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['seq']}-"

@@ -59,7 +59,7 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # a checkout without install
 
 import rnnrt  # noqa: E402
 import rnnrt.nn  # noqa: E402
-from rnnrt.bench.records import device_slug, now_iso, stamp, versions, write_json  # noqa: E402
+from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from charlm_parts import chunk, init_head, load_corpus, stream_matrix  # noqa: E402
 from train_charlm import DEFAULT_TEXT  # noqa: E402
 from train_charlm import Config as CharlmConfig  # noqa: E402
@@ -401,11 +401,11 @@ def device_name(d: Dist) -> str:
     return f"CPU ({platform.machine()})"
 
 
-def record_stem(cfg: Config, world: int, device: str) -> str:
-    """ddp-charlm-lstm-L..-H..-B..-T..-S<steps>-W<world>-<device slug> (the stamp follows)."""
-    slug = "cpu" if device.startswith("CPU") else device_slug(device)
+def record_stem(cfg: Config, world: int) -> str:
+    """ddp-charlm-lstm-L..-H..-B..-T..-S<steps>-W<world> (the device slug and the stamp
+    follow: rnnrt.bench.records.record_path)."""
     return (f"ddp-charlm-lstm-L{cfg.layers}-H{cfg.hidden}-B{cfg.batch}-T{cfg.seq}-"
-            f"S{cfg.steps}-W{world}-{slug}")
+            f"S{cfg.steps}-W{world}")
 
 
 def make_record(cfg: Config, d: Dist, res: dict, command: str) -> dict:
@@ -496,9 +496,8 @@ def main(argv=None, env=None) -> dict | None:
             torch.save(res["state"], args.save_params)
         command = ["examples/train_ddp.py", *(sys.argv[1:] if argv is None else argv)]
         rec = make_record(cfg, d, res, " ".join(command))
-        path = (Path(args.results_dir) /
-                f"{record_stem(cfg, d.world, rec['device']['device'])}-"
-                f"{stamp(rec['created'])}.json")
+        path = Path(args.results_dir) / record_path(
+            "training", record_stem(cfg, d.world), rec["device"]["device"], rec["created"]).name
         rec["record"] = str(path)
         write_json(rec, path)
         val = rec["val_loss"]

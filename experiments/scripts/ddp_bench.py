@@ -62,7 +62,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import train_ddp as td  # noqa: E402
 from charlm_parts import load_corpus  # noqa: E402
-from rnnrt.bench.records import device_slug, now_iso, stamp, versions, write_json  # noqa: E402
+from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare_all  # noqa: E402
 
 DEFAULT_SHAPES = "L2-H256-B32-S200,L4-H1024-B256-S25,L4-H1024-B512-S20"
@@ -345,9 +345,8 @@ def _worker(rank: int, world: int, opts: dict, tmp: str) -> None:
 
 
 def _write(rec: dict, stem: str, out: str) -> str:
-    name = rec["device"]["device"]
-    slug = "cpu" if name == "cpu" else device_slug(name)
-    path = Path(out) / f"{stem}-{slug}-{stamp(rec['created'])}.json"
+    name = record_path("training", stem, rec["device"]["device"], rec["created"]).name
+    path = Path(out) / name   # the scheme's name, in the folder asked for
     rec["record"] = str(path)
     write_json(rec, path)
     return str(path)

@@ -140,3 +140,21 @@ def test_check_fails_when_the_index_is_stale(tmp_path, capsys):
     (root / "README.md").write_text("nothing cited\n")  # the cited-by column changes
     assert main(["--check", "--root", str(root)]) == 1
     assert "out of date" in capsys.readouterr().out
+
+
+def test_record_path_follows_the_scheme_for_gpus_and_cpus():
+    """rnnrt.bench.records.record_path: a GPU's name slugged, every CPU name (the NumPy
+    executor's, the examples' 'cpu', their CPU runs' 'CPU (...)') 'cpu', the stamp in UTC:
+    names the scheme above accepts."""
+    from rnnrt.bench.records import device_slug, record_path
+    created = "2026-11-21T11:00:00+01:00"
+    for device, slug in (("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+                         ("NVIDIA H200, 141 GB", "nvidia-h200"), ("cpu", "cpu"),
+                         ("CPU (x86_64), NumPy executor", "cpu"),
+                         ("CPU (aarch64), rnnrt.nn.LSTM (NumPy reference) + torch.optim", "cpu")):
+        assert device_slug(device) == slug, device
+        p = record_path("training", "train-step-lstm-L2-H512-B64-T100", device, created,
+                        root=Path("r"))
+        assert p == Path("r", "training",
+                         f"train-step-lstm-L2-H512-B64-T100-{slug}-20261121T100000.json")
+        assert record_name_match("training", p.name), p.name
