@@ -336,11 +336,10 @@ def train(cfg: Config, progress=_progress) -> dict:
     t0 = time.perf_counter()
     corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
     V = len(corpus.vocab)
-    model = rnnrt.LSTM(V, cfg.hidden, cfg.layers, seed=cfg.seed)
+    model, head = start_values(cfg, V)
     backend = make_backend(cfg, model)
     xp = backend.xp
-    head = {k: xp.asarray(v) for k, v in
-            init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, V, np.float32).items()}
+    head = {k: xp.asarray(v) for k, v in head.items()}
     eye = xp.eye(V, dtype=xp.float32)
     train_s = xp.asarray(stream_matrix(corpus.train, cfg.batch, cfg.seq, "training text"))
     val_s = xp.asarray(stream_matrix(corpus.val, cfg.batch, cfg.seq, "validation text"))
@@ -389,6 +388,14 @@ def train(cfg: Config, progress=_progress) -> dict:
 
 # --------------------------------------------------------------------------- torch path
 
+def start_values(cfg, vocab: int):
+    """The start of every path for cfg.seed (this file's, --framework torch's, train_ddp's):
+    -> (rnnrt.LSTM(vocab, cfg.hidden, cfg.layers, seed=cfg.seed), the head's float32
+    {"weight" [vocab, hidden], "bias" [vocab]} of charlm_parts.init_head with seed + 1)."""
+    model = rnnrt.LSTM(vocab, cfg.hidden, cfg.layers, seed=cfg.seed)
+    return model, init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, vocab, np.float32)
+
+
 def train_torch(cfg: Config, progress=_progress) -> dict:
     """``--framework torch``: the same run through rnnrt.nn.LSTM and torch (module
     docstring); -> the same record as ``train``. The LSTM and head start from the values
@@ -416,11 +423,10 @@ def train_torch(cfg: Config, progress=_progress) -> dict:
     t0 = time.perf_counter()
     corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
     V = len(corpus.vocab)
-    start = rnnrt.LSTM(V, cfg.hidden, cfg.layers, seed=cfg.seed)  # the rnnrt path's init
+    start, init = start_values(cfg, V)   # the rnnrt path's
     lstm = rnnrt.nn.LSTM(V, cfg.hidden, cfg.layers)
     lstm.load_state_dict({k: torch.from_numpy(v) for k, v in start.state_dict().items()})
     head = torch.nn.Linear(cfg.hidden, V)
-    init = init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, V, np.float32)
     head.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()})
     lstm.to(dev)   # on CUDA this lays the LSTM's weights out as rnnrt's runner reads them
     head.to(dev)

@@ -60,9 +60,10 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # a checkout without install
 import rnnrt  # noqa: E402
 import rnnrt.nn  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
-from charlm_parts import chunk, init_head, load_corpus, stream_matrix  # noqa: E402
+from charlm_parts import chunk, load_corpus, stream_matrix  # noqa: E402
 from train_charlm import DEFAULT_TEXT  # noqa: E402
 from train_charlm import Config as CharlmConfig  # noqa: E402
+from train_charlm import start_values  # noqa: E402
 
 CHARLM = CharlmConfig()
 """train_charlm's defaults: this run's model, data and optimiser defaults are the same."""
@@ -173,12 +174,11 @@ class CharLM(torch.nn.Module):
 
 
 def build_model(cfg: Config, vocab: int, device, dtype) -> CharLM:
-    """The model at train_charlm's initial values for cfg.seed (the LSTM of rnnrt.LSTM(...,
-    seed), the head of charlm_parts.init_head), on ``device`` in ``dtype``."""
+    """The model at train_charlm's initial values for cfg.seed (train_charlm.start_values),
+    on ``device`` in ``dtype``."""
     m = CharLM(vocab, cfg.hidden, cfg.layers)
-    start = rnnrt.LSTM(vocab, cfg.hidden, cfg.layers, seed=cfg.seed)
+    start, head = start_values(cfg, vocab)
     m.lstm.load_state_dict({k: torch.from_numpy(v) for k, v in start.state_dict().items()})
-    head = init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, vocab, np.float32)
     m.head.load_state_dict({k: torch.from_numpy(v) for k, v in head.items()})
     return m.to(device=device, dtype=dtype)
 
