@@ -64,8 +64,9 @@ from rnnrt.bench.records import (  # noqa: E402
     device_slug, figures_root, results_root, stamp, write_json)
 from rnnrt.plan.switches import ladder, rung_names  # noqa: E402
 from charlm_parts import (  # noqa: E402, F401  (the corpus, head, optimisers; tests use all)
-    SGD, Adam, Corpus, chunk, clip_global_norm, head_loss, head_loss_grads, init_head,
-    load_corpus, log_softmax, loss_and_grads, stream_matrix, unigram_entropy)
+    SGD, Adam, Corpus, add_config_flags, chunk, clip_global_norm, config_kwargs, head_loss,
+    head_loss_grads, init_head, load_corpus, log_softmax, loss_and_grads, stream_matrix,
+    unigram_entropy)
 
 LN2 = math.log(2.0)
 
@@ -592,13 +593,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--framework", choices=("rnnrt", "torch"), default=None,
                    help="rnnrt (default): rnnrt's arrays, no framework; torch: rnnrt.nn.LSTM "
                         "with torch.optim (CPU)")
-    types = {f.name: f.type for f in dataclasses.fields(Config)}
-    for f in dataclasses.fields(Config):
-        if f.name in ("device", "text", "framework"):
-            continue
-        t = {"int": int, "float": float, "str": str}[types[f.name]]
-        p.add_argument("--" + f.name.replace("_", "-"), type=t, default=None,
-                       help=f"default {f.default!r}")
+    add_config_flags(p, Config, skip=("device", "text", "framework"))
     p.add_argument("--text", nargs="+", default=None,
                    help=f"globs under the repo root (default {' '.join(DEFAULT_TEXT)})")
     p.add_argument("--figures-dir", type=Path, default=None,
@@ -609,12 +604,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    kw = dict(TINY) if args.tiny else {}
-    for f in dataclasses.fields(Config):
-        v = getattr(args, f.name, None)
-        if v is not None:
-            kw[f.name] = tuple(v) if f.name == "text" else v
-    return Config(**kw)
+    return Config(**config_kwargs(args, Config, TINY if args.tiny else None))
 
 
 def main(argv=None, progress=_progress) -> dict:

@@ -60,7 +60,8 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # a checkout without install
 import rnnrt  # noqa: E402
 import rnnrt.nn  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
-from charlm_parts import chunk, load_corpus, stream_matrix  # noqa: E402
+from charlm_parts import (  # noqa: E402
+    add_config_flags, chunk, config_kwargs, load_corpus, stream_matrix)
 from train_charlm import DEFAULT_TEXT  # noqa: E402
 from train_charlm import Config as CharlmConfig  # noqa: E402
 from train_charlm import start_values  # noqa: E402
@@ -433,18 +434,17 @@ def make_record(cfg: Config, d: Dist, res: dict, command: str) -> dict:
     }
 
 
+FLAGS = ("shuffle", "skip_allreduce", "sync_debug")
+"""The Config fields set by switches of their own (--no-shuffle, --skip-allreduce,
+--sync-debug), not by a --<field> VALUE flag."""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help=f"a few CPU seconds: {TINY}")
-    for f in dataclasses.fields(Config):
-        if f.name in ("text", "shuffle", "skip_allreduce", "sync_debug"):
-            continue
-        kind = type(f.default)
-        extra = {"choices": {"device": ("cpu", "cuda"), "dtype": ("float32", "float64"),
-                             "optim": ("adam", "sgd")}[f.name]} if f.name in (
-            "device", "dtype", "optim") else {}
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
-                       help=f"default {f.default!r}", **extra)
+    add_config_flags(p, Config, skip=("text", *FLAGS),
+                     choices={"device": ("cpu", "cuda"), "dtype": ("float32", "float64"),
+                              "optim": ("adam", "sgd")})
     p.add_argument("--no-shuffle", action="store_true", help="same streams every pass")
     p.add_argument("--skip-allreduce", action="store_true",
                    help="planted fault: no gradient all-reduce (the equality checks fail)")
@@ -462,13 +462,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    kw = dict(TINY) if args.tiny else {}
+    kw = config_kwargs(args, Config, TINY if args.tiny else None, skip=FLAGS)
     if args.device is None:
         kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-    for f in dataclasses.fields(Config):
-        v = getattr(args, f.name, None)
-        if v is not None and f.name not in ("shuffle", "skip_allreduce", "sync_debug"):
-            kw[f.name] = tuple(v) if f.name == "text" else v
     return Config(**kw, shuffle=not args.no_shuffle, skip_allreduce=args.skip_allreduce,
                   sync_debug=args.sync_debug)
 
