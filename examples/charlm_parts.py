@@ -1,9 +1,12 @@
 """The character model's parts that are not the LSTM, for examples/train_charlm.py: the corpus
 (rnnrt's own text, split into training and validation streams), the output head (H -> V
 projection, softmax cross-entropy and its gradient), global-norm clipping, Adam and SGD --
-all on one array module ``xp`` (NumPy or CuPy). Array shapes are in each docstring."""
+all on one array module ``xp`` (NumPy or CuPy). Array shapes are in each docstring. And the
+command line both scripts build from their Config dataclass (``add_config_flags``,
+``config_kwargs``)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
@@ -178,3 +181,28 @@ class SGD:
     def step(self, grads):
         for p, g in zip(self.params, grads):
             p -= self.lr * g
+
+
+# --------------------------------------------------------------------------- command line
+
+def add_config_flags(parser, config_cls, skip=(), choices=None) -> None:
+    """A --flag for each field of the dataclass ``config_cls`` but those in ``skip`` (its
+    name, underscores as dashes), typed as the field's default is, default None (so the
+    Config's own default, named in the help, applies); ``choices``: {field: its values}."""
+    for f in dataclasses.fields(config_cls):
+        if f.name in skip:
+            continue
+        extra = {"choices": choices[f.name]} if choices and f.name in choices else {}
+        parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
+                            help=f"default {f.default!r}", **extra)
+
+
+def config_kwargs(args, config_cls, base=None, skip=()) -> dict:
+    """``base`` (a preset's fields) updated with every field of ``config_cls`` but ``skip``
+    that ``args`` (argparse's namespace) gives, not None; 'text' (globs) as a tuple."""
+    kw = dict(base or {})
+    for f in dataclasses.fields(config_cls):
+        v = getattr(args, f.name, None)
+        if v is not None and f.name not in skip:
+            kw[f.name] = tuple(v) if f.name == "text" else v
+    return kw

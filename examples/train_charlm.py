@@ -64,8 +64,9 @@ from rnnrt.bench.records import (  # noqa: E402
     device_slug, figures_root, results_root, stamp, write_json)
 from rnnrt.plan.switches import ladder, rung_names  # noqa: E402
 from charlm_parts import (  # noqa: E402, F401  (the corpus, head, optimisers; tests use all)
-    SGD, Adam, Corpus, chunk, clip_global_norm, head_loss, head_loss_grads, init_head,
-    load_corpus, log_softmax, loss_and_grads, stream_matrix, unigram_entropy)
+    SGD, Adam, Corpus, add_config_flags, chunk, clip_global_norm, config_kwargs, head_loss,
+    head_loss_grads, init_head, load_corpus, log_softmax, loss_and_grads, stream_matrix,
+    unigram_entropy)
 
 LN2 = math.log(2.0)
 
@@ -336,11 +337,10 @@ def train(cfg: Config, progress=_progress) -> dict:
     t0 = time.perf_counter()
     corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
     V = len(corpus.vocab)
-    model = rnnrt.LSTM(V, cfg.hidden, cfg.layers, seed=cfg.seed)
+    model, head = start_values(cfg, V)
     backend = make_backend(cfg, model)
     xp = backend.xp
-    head = {k: xp.asarray(v) for k, v in
-            init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, V, np.float32).items()}
+    head = {k: xp.asarray(v) for k, v in head.items()}
     eye = xp.eye(V, dtype=xp.float32)
     train_s = xp.asarray(stream_matrix(corpus.train, cfg.batch, cfg.seq, "training text"))
     val_s = xp.asarray(stream_matrix(corpus.val, cfg.batch, cfg.seq, "validation text"))
@@ -389,6 +389,14 @@ def train(cfg: Config, progress=_progress) -> dict:
 
 # --------------------------------------------------------------------------- torch path
 
+def start_values(cfg, vocab: int):
+    """The start of every path for cfg.seed (this file's, --framework torch's, train_ddp's):
+    -> (rnnrt.LSTM(vocab, cfg.hidden, cfg.layers, seed=cfg.seed), the head's float32
+    {"weight" [vocab, hidden], "bias" [vocab]} of charlm_parts.init_head with seed + 1)."""
+    model = rnnrt.LSTM(vocab, cfg.hidden, cfg.layers, seed=cfg.seed)
+    return model, init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, vocab, np.float32)
+
+
 def train_torch(cfg: Config, progress=_progress) -> dict:
     """``--framework torch``: the same run through rnnrt.nn.LSTM and torch (module
     docstring); -> the same record as ``train``. The LSTM and head start from the values
@@ -416,11 +424,10 @@ def train_torch(cfg: Config, progress=_progress) -> dict:
     t0 = time.perf_counter()
     corpus = load_corpus(ROOT, cfg.text, cfg.val_frac)
     V = len(corpus.vocab)
-    start = rnnrt.LSTM(V, cfg.hidden, cfg.layers, seed=cfg.seed)  # the rnnrt path's init
+    start, init = start_values(cfg, V)   # the rnnrt path's
     lstm = rnnrt.nn.LSTM(V, cfg.hidden, cfg.layers)
     lstm.load_state_dict({k: torch.from_numpy(v) for k, v in start.state_dict().items()})
     head = torch.nn.Linear(cfg.hidden, V)
-    init = init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, V, np.float32)
     head.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()})
     lstm.to(dev)   # on CUDA this lays the LSTM's weights out as rnnrt's runner reads them
     head.to(dev)
@@ -526,7 +533,7 @@ def sample(flat, head, vocab, cfg: Config, n: int, temperature: float, seed: int
 def stem(record: dict) -> str:
     """The record's and the figure's name (rnnrt.bench.records' scheme: what, device, stamp)."""
     c = record["config"]
-    slug = "cpu" if c["device"] == "cpu" else device_slug(record["device"].get("device", "gpu"))
+    slug = device_slug(record["device"].get("device", c["device"]))   # 'cpu' for any CPU
     if c.get("framework", "rnnrt") != "rnnrt":
         slug += "-" + c["framework"]
     return (f"charlm-lstm-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['seq']}-"
@@ -586,13 +593,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--framework", choices=("rnnrt", "torch"), default=None,
                    help="rnnrt (default): rnnrt's arrays, no framework; torch: rnnrt.nn.LSTM "
                         "with torch.optim (CPU)")
-    types = {f.name: f.type for f in dataclasses.fields(Config)}
-    for f in dataclasses.fields(Config):
-        if f.name in ("device", "text", "framework"):
-            continue
-        t = {"int": int, "float": float, "str": str}[types[f.name]]
-        p.add_argument("--" + f.name.replace("_", "-"), type=t, default=None,
-                       help=f"default {f.default!r}")
+    add_config_flags(p, Config, skip=("device", "text", "framework"))
     p.add_argument("--text", nargs="+", default=None,
                    help=f"globs under the repo root (default {' '.join(DEFAULT_TEXT)})")
     p.add_argument("--figures-dir", type=Path, default=None,
@@ -603,12 +604,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    kw = dict(TINY) if args.tiny else {}
-    for f in dataclasses.fields(Config):
-        v = getattr(args, f.name, None)
-        if v is not None:
-            kw[f.name] = tuple(v) if f.name == "text" else v
-    return Config(**kw)
+    return Config(**config_kwargs(args, Config, TINY if args.tiny else None))
 
 
 def main(argv=None, progress=_progress) -> dict:

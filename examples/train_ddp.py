@@ -59,10 +59,12 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # a checkout without install
 
 import rnnrt  # noqa: E402
 import rnnrt.nn  # noqa: E402
-from rnnrt.bench.records import device_slug, now_iso, stamp, versions, write_json  # noqa: E402
-from charlm_parts import chunk, init_head, load_corpus, stream_matrix  # noqa: E402
+from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
+from charlm_parts import (  # noqa: E402
+    add_config_flags, chunk, config_kwargs, load_corpus, stream_matrix)
 from train_charlm import DEFAULT_TEXT  # noqa: E402
 from train_charlm import Config as CharlmConfig  # noqa: E402
+from train_charlm import start_values  # noqa: E402
 
 CHARLM = CharlmConfig()
 """train_charlm's defaults: this run's model, data and optimiser defaults are the same."""
@@ -173,12 +175,11 @@ class CharLM(torch.nn.Module):
 
 
 def build_model(cfg: Config, vocab: int, device, dtype) -> CharLM:
-    """The model at train_charlm's initial values for cfg.seed (the LSTM of rnnrt.LSTM(...,
-    seed), the head of charlm_parts.init_head), on ``device`` in ``dtype``."""
+    """The model at train_charlm's initial values for cfg.seed (train_charlm.start_values),
+    on ``device`` in ``dtype``."""
     m = CharLM(vocab, cfg.hidden, cfg.layers)
-    start = rnnrt.LSTM(vocab, cfg.hidden, cfg.layers, seed=cfg.seed)
+    start, head = start_values(cfg, vocab)
     m.lstm.load_state_dict({k: torch.from_numpy(v) for k, v in start.state_dict().items()})
-    head = init_head(np.random.default_rng(cfg.seed + 1), cfg.hidden, vocab, np.float32)
     m.head.load_state_dict({k: torch.from_numpy(v) for k, v in head.items()})
     return m.to(device=device, dtype=dtype)
 
@@ -401,11 +402,11 @@ def device_name(d: Dist) -> str:
     return f"CPU ({platform.machine()})"
 
 
-def record_stem(cfg: Config, world: int, device: str) -> str:
-    """ddp-charlm-lstm-L..-H..-B..-T..-S<steps>-W<world>-<device slug> (the stamp follows)."""
-    slug = "cpu" if device.startswith("CPU") else device_slug(device)
+def record_stem(cfg: Config, world: int) -> str:
+    """ddp-charlm-lstm-L..-H..-B..-T..-S<steps>-W<world> (the device slug and the stamp
+    follow: rnnrt.bench.records.record_path)."""
     return (f"ddp-charlm-lstm-L{cfg.layers}-H{cfg.hidden}-B{cfg.batch}-T{cfg.seq}-"
-            f"S{cfg.steps}-W{world}-{slug}")
+            f"S{cfg.steps}-W{world}")
 
 
 def make_record(cfg: Config, d: Dist, res: dict, command: str) -> dict:
@@ -433,18 +434,17 @@ def make_record(cfg: Config, d: Dist, res: dict, command: str) -> dict:
     }
 
 
+FLAGS = ("shuffle", "skip_allreduce", "sync_debug")
+"""The Config fields set by switches of their own (--no-shuffle, --skip-allreduce,
+--sync-debug), not by a --<field> VALUE flag."""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help=f"a few CPU seconds: {TINY}")
-    for f in dataclasses.fields(Config):
-        if f.name in ("text", "shuffle", "skip_allreduce", "sync_debug"):
-            continue
-        kind = type(f.default)
-        extra = {"choices": {"device": ("cpu", "cuda"), "dtype": ("float32", "float64"),
-                             "optim": ("adam", "sgd")}[f.name]} if f.name in (
-            "device", "dtype", "optim") else {}
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
-                       help=f"default {f.default!r}", **extra)
+    add_config_flags(p, Config, skip=("text", *FLAGS),
+                     choices={"device": ("cpu", "cuda"), "dtype": ("float32", "float64"),
+                              "optim": ("adam", "sgd")})
     p.add_argument("--no-shuffle", action="store_true", help="same streams every pass")
     p.add_argument("--skip-allreduce", action="store_true",
                    help="planted fault: no gradient all-reduce (the equality checks fail)")
@@ -462,13 +462,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    kw = dict(TINY) if args.tiny else {}
+    kw = config_kwargs(args, Config, TINY if args.tiny else None, skip=FLAGS)
     if args.device is None:
         kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-    for f in dataclasses.fields(Config):
-        v = getattr(args, f.name, None)
-        if v is not None and f.name not in ("shuffle", "skip_allreduce", "sync_debug"):
-            kw[f.name] = tuple(v) if f.name == "text" else v
     return Config(**kw, shuffle=not args.no_shuffle, skip_allreduce=args.skip_allreduce,
                   sync_debug=args.sync_debug)
 
@@ -496,9 +492,8 @@ def main(argv=None, env=None) -> dict | None:
             torch.save(res["state"], args.save_params)
         command = ["examples/train_ddp.py", *(sys.argv[1:] if argv is None else argv)]
         rec = make_record(cfg, d, res, " ".join(command))
-        path = (Path(args.results_dir) /
-                f"{record_stem(cfg, d.world, rec['device']['device'])}-"
-                f"{stamp(rec['created'])}.json")
+        path = Path(args.results_dir) / record_path(
+            "training", record_stem(cfg, d.world), rec["device"]["device"], rec["created"]).name
         rec["record"] = str(path)
         write_json(rec, path)
         val = rec["val_loss"]

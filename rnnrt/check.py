@@ -88,3 +88,20 @@ def assert_close(actual, ref, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
     if not c.ok:
         raise AssertionError(str(c))
     return c
+
+
+def compare_all(got, ref, against: str = "the reference", rows: int = 1,
+                atol: float = FP32_ATOL, rtol: float = FP32_RTOL) -> Comparison | None:
+    """compare() every array of the dict ``ref`` (a None one skipped) with ``got``'s of the
+    same name, each named '<name> vs <against>'; the worst (by excess) returned, None when
+    ``ref`` holds none. ``rows``: the T*B rows the weight gradients ('grads') sum over, which
+    widens their absolute tolerance (reduction_atol); every other array is held to ``atol``."""
+    worst = None
+    for name, r in ref.items():
+        if r is None:
+            continue
+        a = reduction_atol(rows, atol) if name == "grads" else atol
+        c = compare(got[name], r, a, rtol, name=f"{name} vs {against}")
+        if worst is None or (not c.ok and worst.ok) or c.max_excess > worst.max_excess:
+            worst = c
+    return worst

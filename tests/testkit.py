@@ -7,9 +7,11 @@ import from here, never from each other: ``from testkit import FakeCupy, layer_c
 - persistent kernels: the cells, kernel lists, made-up device properties (``H100``,
   ``SMALL``), one layer's data and reference (``layer_case``), the cancelling k-group case;
 - CPU plans: keys for the example H100, a case with its reference, the NumPy executor;
-- GPU plans: keys for the GPU the tests run on, random fp32 layer stacks, the forward case
-  and its run on an executor (the GPU test modules share them);
-- bench: a tiny sweep configuration.
+- GPU plans (testkit_gpu.py, re-exported): keys for the GPU the tests run on, random fp32
+  layer stacks, the forward and backward cases and their runs on an executor;
+- bench: a tiny sweep configuration;
+- examples and scripts: ``example_module`` (imported by name, as spawned workers do);
+- record names: experiments/results' naming scheme (``RECORD_KINDS``, ``record_name_match``).
 
 Nothing here imports CuPy at import time.
 """
@@ -353,11 +355,11 @@ def check_outputs(out, ref, what):
 BWD_PLAN_SHAPE = (5, 3, 4, 6)
 
 
-def bwd_plan_case(cell, layers, bias=True, seed=0):
-    """Random weights (never zero), inputs, output gradients at BWD_PLAN_SHAPE and the
-    float64 reference gradients: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref) with
-    ref {"dx", "dh0", "dc0", "grads" (the flat layout)}."""
-    T, B, I, H = BWD_PLAN_SHAPE
+def bwd_plan_case(cell, layers, bias=True, seed=0, shape=BWD_PLAN_SHAPE):
+    """Random weights (never zero), inputs, output gradients at ``shape`` (T, B, I, H) and
+    the float64 reference: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref) with ref
+    {"dx", "dh0", "dc0", "grads" (the flat layout), and the forward's "y", "h_n", "c_n"}."""
+    T, B, I, H = shape
     rng = np.random.default_rng(seed)
     layout = make_layout(cell, I, H, layers, bias)
     flat = np.zeros(layout.size)
@@ -371,9 +373,10 @@ def bwd_plan_case(cell, layers, bias=True, seed=0):
     dhn = rng.standard_normal((layers, B, H))
     dcn = rng.standard_normal((layers, B, H)) if cell == "lstm" else None
     p = per_layer(flat, layout)
-    _, _, _, cache = reference.forward(cell, p, x, h0, c0)
+    y, hn, cn, cache = reference.forward(cell, p, x, h0, c0)
     g = reference.backward(cell, p, cache, dy, dhn, dcn)
-    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout)}
+    ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout),
+           "y": y, "h_n": hn, "c_n": cn}
     return layout, flat, (x, h0, c0), (dy, dhn, dcn), ref
 
 
@@ -405,130 +408,44 @@ def run_bwd_plan(key, flat, fwd_in, bwd_in, order="program", seed=None, accumula
 def check_bwd_plan(ws, layout, ref, what, scale=1.0, atol=1e-12, rtol=1e-10):
     """dx, dh0, dc0 and every parameter's gradient of ``ws`` against ``ref`` (scaled), the
     worst element named on failure."""
+    got = {name: ws.read(name) for name in ("dx", "dh0", "dc0") if ref[name] is not None}
+    check_bwd_outputs({**got, "grads": ws.read("grads")}, layout, ref, what, atol, rtol,
+                      scale=scale)
+
+
+def check_bwd_key(key, case, what, seed=1, always_random=False):
+    """The backward plan of ``key`` is statically race-free and gives the reference
+    gradients of ``case`` (``bwd_plan_case``'s tuple) in program order, and in a random
+    interleaving (``seed``) where it has several streams (``always_random``: whatever its
+    streams); every io and scratch buffer poisoned first. -> the plan."""
+    from rnnrt.exec.racecheck import find_races
+    from rnnrt.plan.backward import backward_plan
+    layout, flat, fwd_in, bwd_in, ref = case
+    plan = backward_plan(key)
+    races = find_races(plan)
+    assert not races, f"{what}: " + races[0].describe(plan)
+    check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in), layout, ref, what)
+    if always_random or len(plan.streams) > 1:
+        check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in, "random", seed), layout, ref,
+                       f"{what} random")
+    return plan
+
+
+def check_bwd_outputs(got, layout, ref, what, atol=1e-12, rtol=1e-10, grads_atol=None,
+                      scale=1.0):
+    """A backward's outputs ``got`` ({"dx", "dh0", "dc0": arrays, "grads": the flat
+    gradients [layout.size]}; NumPy or CuPy) against ``ref`` (``bwd_plan_case``'s or
+    ``gpu_backward_case``'s; its grads scaled by ``scale``): dx, dh0, dc0 where the reference
+    has them, then every parameter's gradient (the padding between them is not one) with
+    ``grads_atol`` (default ``atol``), the worst element named on failure."""
     for name in ("dx", "dh0", "dc0"):
         if ref[name] is not None:
-            assert_close(ws.read(name), ref[name], atol, rtol, name=f"{what} {name}")
-    got = ws.read("grads")
-    for e in layout.entries:   # padding is not a gradient
-        n = int(np.prod(e.shape))
-        assert_close(got[e.offset:e.offset + n], scale * ref["grads"][e.offset:e.offset + n],
-                     atol, rtol, name=f"{what} {e.name}")
-# --- plans on the GPU ---------------------------------------------------------------------------
-
-def gpu_plan_key(*args, **kw):
-    """rnnrt.plan.PlanKey for the GPU the tests run on (its limits, which the persistent
-    switch's fit reads)."""
-    import cupy
-
-    from rnnrt.kernels.limits import DeviceLimits
-    from rnnrt.plan import PlanKey
-    return PlanKey(*args, device=DeviceLimits.from_device(cupy), **kw)
-
-
-def random_layer_stack(cell, layers, steps, batch, hidden, inp, bias=True, seed=0):
-    """Random fp32 weights (uniform in +-1/sqrt(hidden), the flat torch layout) and inputs
-    (x [steps, batch, inp], h0 [layers, batch, hidden], c0 likewise for LSTM, else None),
-    never zero. -> (layout, flat, x, h0, c0, rng): rng continues the same stream, for
-    whatever else a test draws (the backward's dy, dh_n, dc_n)."""
-    rng = np.random.default_rng(seed)
-    layout = make_layout(cell, inp, hidden, layers, bias)
-    flat = np.zeros(layout.size, np.float32)
-    bound = 1 / np.sqrt(hidden)
+            assert_close(got[name], ref[name], atol, rtol, name=f"{what} {name}")
+    grads = got["grads"]
+    grads = np.asarray(grads.get() if hasattr(grads, "get") else grads)   # CuPy: one copy
     for e in layout.entries:
-        n = int(np.prod(e.shape))
-        flat[e.offset:e.offset + n] = rng.uniform(-bound, bound, n)
-    f32 = np.float32
-    x = rng.standard_normal((steps, batch, inp)).astype(f32)
-    h0 = (0.5 * rng.standard_normal((layers, batch, hidden))).astype(f32)
-    c0 = (0.5 * rng.standard_normal((layers, batch, hidden))).astype(f32) \
-        if cell == "lstm" else None
-    return layout, flat, x, h0, c0, rng
-
-
-_GPU_BWD_CASES = {}
-
-
-def gpu_backward_case(cell, layers, steps, batch, hidden, inp, bias=True, seed=0):
-    """fp32 weights and inputs (``random_layer_stack``), output gradients dy, dh_n, dc_n
-    (LSTM) from the same stream, and the float64 reference gradients: -> (layout, flat,
-    (x, h0, c0), (dy, dh_n, dc_n), {"dx", "dh0", "dc0", "grads"}), made once per arguments."""
-    k = (cell, layers, steps, batch, hidden, inp, bias, seed)
-    if k not in _GPU_BWD_CASES:
-        layout, flat, x, h0, c0, rng = random_layer_stack(cell, layers, steps, batch, hidden,
-                                                           inp, bias, seed)
-        f32 = np.float32
-        dy = rng.standard_normal((steps, batch, hidden)).astype(f32)
-        dhn = rng.standard_normal((layers, batch, hidden)).astype(f32)
-        dcn = rng.standard_normal((layers, batch, hidden)).astype(f32) if cell == "lstm" else None
-        d64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
-        p64 = per_layer(flat.astype(np.float64), layout)
-        _, _, _, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0))
-        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn))
-        _GPU_BWD_CASES[k] = (layout, flat, (x, h0, c0), (dy, dhn, dcn),
-                             {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
-                              "grads": to_flat(g["params"], layout)})
-    return _GPU_BWD_CASES[k]
-
-
-GPU_SHAPE = (6, 4, 24, 40)   # T, B, I, H: I != H; T not a multiple of the chunk 4
-
-_GPU_CASES = {}
-
-
-def gpu_forward_case(cell, layers, steps=GPU_SHAPE[0], batch=GPU_SHAPE[1], hidden=GPU_SHAPE[3],
-                     inp=GPU_SHAPE[2], bias=True, seed=0):
-    """fp32 weights and inputs (random, never zero) and the float64 reference outputs:
-    -> (flat, x, h0, c0, {"y", "h_n", "c_n"}), made once per process for each arguments."""
-    k = (cell, layers, steps, batch, hidden, inp, bias, seed)
-    if k not in _GPU_CASES:
-        layout, flat, x, h0, c0, _ = random_layer_stack(cell, layers, steps, batch, hidden,
-                                                         inp, bias, seed)
-        p64 = per_layer(flat.astype(np.float64), layout)
-        y, hn, cn, _ = reference.forward(cell, p64, x.astype(np.float64), h0.astype(np.float64),
-                                         None if c0 is None else c0.astype(np.float64))
-        _GPU_CASES[k] = (flat, x, h0, c0, {"y": y, "h_n": hn, "c_n": cn})
-    return _GPU_CASES[k]
-
-
-def run_gpu_forward_case(cp, ctx, key, executor, data, prove_capture=True):
-    """The forward plan of ``key`` on the GPU executor ``executor`` ('eager' or 'graph'),
-    outputs poisoned with NaN first, against the reference of ``data``
-    (``gpu_forward_case``); a graph's capture must run nothing; a second run on re-poisoned
-    buffers must be right too. -> the executor."""
-    from rnnrt.exec.cuda_exec import EXECUTORS as EX
-    from rnnrt.exec.workspace import Workspace
-    from rnnrt.plan import forward_plan
-    flat, x, h0, c0, ref = data
-    plan = forward_plan(key)
-    ws = Workspace(plan, cp, np.float32, cp.asarray(flat))
-    ws.poison()
-    ws.load_inputs(x, h0, c0)
-    cp.cuda.Device().synchronize()
-    if executor == "graph":
-        ex = EX["graph"](plan, ws, ctx, capture=False)
-        ex.capture()
-        cp.cuda.Device().synchronize()
-        if prove_capture:   # the capture must not have run anything
-            out = ws.outputs()
-            for name, arr in out.items():
-                assert bool(cp.isnan(arr).all()), \
-                    f"graph capture ran work eagerly: {name} was written during capture"
-    else:
-        ex = EX["eager"](plan, ws, ctx)
-    ex.run()
-    cp.cuda.Device().synchronize()
-    out = ws.outputs()
-    for name in ("y", "h_n", "c_n"):
-        if ref[name] is not None:
-            assert_close(out[name], ref[name], FP32_ATOL, FP32_RTOL,
-                         name=f"{key.switches.label()} {executor} {name}")
-    # replay again on re-poisoned buffers: the second run must not depend on the first
-    ws.poison()
-    ws.load_inputs(x, h0, c0)
-    ex.run()
-    cp.cuda.Device().synchronize()
-    assert_close(ws.outputs()["y"], ref["y"], FP32_ATOL, FP32_RTOL, name="second run y")
-    return ex
+        assert_close(grads[e.offset:e.end], scale * ref["grads"][e.offset:e.end],
+                     atol if grads_atol is None else grads_atol, rtol, name=f"{what} {e.name}")
 
 
 # --- bench ------------------------------------------------------------------------------------
@@ -540,6 +457,52 @@ def tiny_sweep(**kw):
                 repeats=1, warmup=0, cpu=True)
     base.update(kw)
     return sw.SweepConfig(**base)
+
+
+# --- examples and scripts -------------------------------------------------------------------------
+
+def example_module(name):
+    """examples/<name>.py or experiments/scripts/<name>.py, imported by its name with both
+    folders on sys.path (put there once): what the scripts do themselves (train_ddp imports
+    train_charlm and charlm_parts by name), so every test shares one module object, a
+    dataclass finds its module in sys.modules, and spawned workers (which inherit sys.path)
+    re-import the module their function lives in the same way."""
+    import importlib
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    for folder in (root / "examples", root / "experiments" / "scripts"):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    return importlib.import_module(name)
+
+
+# --- record names ---------------------------------------------------------------------------------
+
+# experiments/results' naming scheme, written out here, not imported from rnnrt.bench.records,
+# so that a change to the code cannot widen what passes: tests/bench/test_bench_index.py holds
+# every committed record to it, the examples' tests the records they write.
+RECORD_STAMP = r"\d{8}T\d{6}"
+RECORD_SLUG = r"nvidia(?:-[a-z0-9]+)*|cpu"
+_WORDS = r"(?:-[A-Za-z0-9_.]+)"
+_SHAPE = r"[a-z_]+-L\d+-H\d+-B\d+-T\d+"
+RECORD_KINDS = {  # kind: (stem, extension)
+    "ladder": (rf"ladder-{_SHAPE}-(?:fwd|fwdbwd)", "json"),
+    "sweep": (rf"sweep{_WORDS}+", "jsonl"),
+    "kernels": (rf"(?:persistent|stack-bench){_WORDS}+|gemm-layouts|pretranspose-probe", "json"),
+    "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}", "json"),
+    "training": ((rf"charlm-{_SHAPE}-S\d+|train-step-{_SHAPE}"
+                  rf"|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
+                  rf"|ddp-charlm-{_SHAPE}-S\d+-W\d+|ddp-scaling-{_SHAPE}|ddp-link"), "json"),
+    "profiles": (rf"ncu{_WORDS}+", "txt"),
+    "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){_WORDS}*", "log|txt|json"),
+}
+
+
+def record_name_match(kind, name):
+    """re.fullmatch of a record's file ``name`` against the scheme of ``kind`` (None: it
+    does not follow it)."""
+    stem, ext = RECORD_KINDS[kind]
+    return re.fullmatch(rf"(?:{stem})-(?:{RECORD_SLUG})-{RECORD_STAMP}\.(?:{ext})", name)
 
 
 # --- bad input: refused before any work, nothing changed ----------------------------------------
@@ -591,5 +554,8 @@ def assert_refused(call, exc, words, arrays=(), folders=(), spies=(), within_s=2
     return info.value
 
 
+from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from testkit)
+    BWD_OUTPUTS, GPU_SHAPE, gpu_backward_case, gpu_forward_case, gpu_plan_key,
+    random_layer_stack, run_gpu_backward_case, run_gpu_forward_case)
 from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
-    CpuSession, NumpyCupy, NumpyPlanExecutor, batch_sizes_of, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)
+    CpuSession, NumpyCupy, NumpyPlanExecutor, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)

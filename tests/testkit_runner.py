@@ -13,14 +13,9 @@ import numpy as np
 from rnnrt.check import FP32_RTOL, assert_close, reduction_atol
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.params import make_layout, per_layer
+from rnnrt.plan.packing import batch_sizes
 
 # --- variable-length plans ----------------------------------------------------------------------
-
-def batch_sizes_of(lengths):
-    """batch_sizes [T] (a tuple) of sequences of ``lengths`` (sorted longest first)."""
-    lens = sorted((int(n) for n in lengths), reverse=True)
-    return tuple(sum(n > t for n in lens) for t in range(lens[0]))
-
 
 def varlen_case(cell, layers, lengths, inp, hidden, bias=True, seed=0, dtype=np.float64):
     """A packed batch of sequences of ``lengths`` with random weights (never zero), states
@@ -30,7 +25,7 @@ def varlen_case(cell, layers, lengths, inp, hidden, bias=True, seed=0, dtype=np.
     from rnnrt import varlen
     from rnnrt.params import to_flat
     rng = np.random.default_rng(seed)
-    bs = batch_sizes_of(lengths)
+    bs = batch_sizes(lengths)
     n, batch = sum(bs), bs[0]
     layout = make_layout(cell, inp, hidden, layers, bias)
     flat = np.zeros(layout.size, dtype)
@@ -130,7 +125,7 @@ def check_runner_packed_step(r, lengths, rng, reverse=False, with_states=True, w
     rnnrt.varlen in float64 (fp32 tolerances; weight gradients by reduction_atol).
     -> the tape."""
     m = r.model
-    bs = batch_sizes_of(lengths)
+    bs = batch_sizes(lengths)
     n, batch, L = sum(bs), bs[0], m.num_layers
     lstm = m.cell.has_cell_state
     I, H = m.input_size, m.hidden_size

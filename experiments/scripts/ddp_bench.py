@@ -62,8 +62,8 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import train_ddp as td  # noqa: E402
 from charlm_parts import load_corpus  # noqa: E402
-from rnnrt.bench.records import device_slug, now_iso, stamp, versions, write_json  # noqa: E402
-from rnnrt.check import FP32_ATOL, FP32_RTOL, compare  # noqa: E402
+from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
+from rnnrt.check import FP32_ATOL, FP32_RTOL, compare_all  # noqa: E402
 
 DEFAULT_SHAPES = "L2-H256-B32-S200,L4-H1024-B256-S25,L4-H1024-B512-S20"
 """The charLM's own shape (latency-bound: little to split), and two where the step's work
@@ -99,14 +99,13 @@ def compare_states(got: dict, want: dict, dtype: str, what: str) -> dict:
     all tensors (check.compare) and max_param_rel_diff (max over tensors of max|got - want|
     / max|want|)."""
     atol, rtol = tolerances(dtype)
-    worst, rel, worst_name = None, 0.0, None
-    for name, w in want.items():
-        a, r = got[name].double().numpy(), w.double().numpy()
-        c = compare(a, r, atol, rtol, name=f"{what}: {name}")
-        if worst is None or c.max_excess > worst.max_excess:
-            worst = c
+    want = {name: w.double().numpy() for name, w in want.items()}
+    got = {name: got[name].double().numpy() for name in want}
+    worst = compare_all(got, want, what, atol=atol, rtol=rtol)
+    rel, worst_name = 0.0, None
+    for name, r in want.items():
         scale = float(abs(r).max()) or 1.0
-        d = float(abs(a - r).max()) / scale
+        d = float(abs(got[name] - r).max()) / scale
         if d >= rel:
             rel, worst_name = d, name
     return {"ok": worst.ok, "max_param_rel_diff": rel, "worst_tensor": worst_name,
@@ -346,9 +345,8 @@ def _worker(rank: int, world: int, opts: dict, tmp: str) -> None:
 
 
 def _write(rec: dict, stem: str, out: str) -> str:
-    name = rec["device"]["device"]
-    slug = "cpu" if name == "cpu" else device_slug(name)
-    path = Path(out) / f"{stem}-{slug}-{stamp(rec['created'])}.json"
+    name = record_path("training", stem, rec["device"]["device"], rec["created"]).name
+    path = Path(out) / name   # the scheme's name, in the folder asked for
     rec["record"] = str(path)
     write_json(rec, path)
     return str(path)

@@ -18,13 +18,13 @@ memory-varlen: --steps training steps of rnnrt.nn's LSTM (2 x 256, batch 32) on 
 batches whose every sequence has a random length in 1-500 (--lengths per-batch: one random
 length a batch), recording GPU memory in use after each step (CuPy's pool plus torch's
 allocator) and its peak; fields distinct_lengths (sequence lengths seen), patterns (distinct
-bucketed plans), peak_bytes_first_100, peak_bytes_last_100, ms per step.
+bucketed plans), peak_bytes_first_100, peak_bytes_last_100, ms per step (the step alone:
+the input is drawn and packed before its clock starts).
 Record: kind 'memory-varlen'.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -36,7 +36,9 @@ import torch  # noqa: E402
 
 import rnnrt.nn  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
-from rnnrt.check import FP32_RTOL, compare, reduction_atol  # noqa: E402
+from rnnrt.bench.timing import time_in_turn  # noqa: E402
+from rnnrt.check import compare_all, reduction_atol  # noqa: E402
+from rnnrt.plan.packing import batch_sizes  # noqa: E402
 from rnnrt.session import device_info  # noqa: E402
 
 
@@ -54,11 +56,13 @@ def _pair(inp, hidden, layers, seed=0):
     return ref, ours
 
 
-def _step_fn(module, make_input, lr=1e-3):
+def _step_fn(module, inp, lr=1e-3):
+    """One training step of ``module`` on ``inp`` (a tensor or a PackedSequence, made once
+    by the caller: the step times the module, not making its input)."""
     opt = torch.optim.SGD(module.parameters(), lr=lr)
 
     def step():
-        out, _ = module(make_input())
+        out, _ = module(inp)
         data = out.data if isinstance(out, torch.nn.utils.rnn.PackedSequence) else out
         loss = (data * data).mean()
         loss.backward()
@@ -68,24 +72,6 @@ def _step_fn(module, make_input, lr=1e-3):
     return step
 
 
-def _time_in_turn(fns: dict, repeats: int, warmup: int = 3) -> dict:
-    """{name: [ms, ...]}: each fn timed with CUDA events, the fns run in turn each round."""
-    for f in fns.values():
-        for _ in range(warmup):
-            f()
-    torch.cuda.synchronize()
-    out = {n: [] for n in fns}
-    for _ in range(repeats):
-        for n, f in fns.items():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            f()
-            e.record()
-            e.synchronize()
-            out[n].append(s.elapsed_time(e))
-    return out
-
-
 def train_step(repeats: int) -> dict:
     _no_tf32()
     T, B, H, L = 100, 64, 512, 2
@@ -93,45 +79,36 @@ def train_step(repeats: int) -> dict:
     x = torch.randn(T, B, H, device="cuda", generator=g)
     lengths = torch.randint(20, 201, (B,), generator=torch.Generator().manual_seed(2))
     xp = torch.randn(int(lengths.max()), B, H, device="cuda", generator=g)
-    cases = {
-        "fixed-T100": lambda: x,
-        "packed-lengths-20-200": lambda: torch.nn.utils.rnn.pack_padded_sequence(
+    cases = {   # packed once: each timed step reuses it, as the fixed case reuses x
+        "fixed-T100": x,
+        "packed-lengths-20-200": torch.nn.utils.rnn.pack_padded_sequence(
             xp, lengths, enforce_sorted=False),
     }
     rows, checks = [], {}
-    for case, make in cases.items():
+    for case, inp in cases.items():
         ref, ours = _pair(H, H, L)
         # one step first: rnnrt.nn updates the weights as torch.nn does
         r2, o2 = _pair(H, H, L)
-        _step_fn(r2, make)()
-        _step_fn(o2, make)()
-        worst = None
-        for (n, a), (_, b) in zip(o2.named_parameters(), r2.named_parameters()):
-            c = compare(a.detach().cpu().numpy(), b.detach().cpu().numpy(),
-                        reduction_atol(T * B), FP32_RTOL, name=f"{case} {n} after a step")
-            worst = c if worst is None or c.max_excess > worst.max_excess else worst
-        checks[case] = worst.as_dict()
-        fns = {"torch.nn": _step_fn(ref, make), "rnnrt.nn": _step_fn(ours, make)}
-        times = _time_in_turn(fns, repeats)
-        for impl, ms in times.items():
-            rows.append({"case": case, "impl": impl, "ms_median": statistics.median(ms),
-                         "ms_min": min(ms), "ms_max": max(ms), "runs": len(ms),
+        _step_fn(r2, inp)()
+        _step_fn(o2, inp)()
+        got, want = ({n: p.detach().cpu().numpy() for n, p in m.named_parameters()}
+                     for m in (o2, r2))
+        checks[case] = compare_all(got, want, f"torch.nn after a step ({case})",
+                                   atol=reduction_atol(T * B)).as_dict()
+        fns = {"torch.nn": _step_fn(ref, inp), "rnnrt.nn": _step_fn(ours, inp)}
+        times = time_in_turn(fns, repeats, torch=torch)
+        for impl, t in times.items():
+            rows.append({"case": case, "impl": impl, **t.as_dict(),
                          **({"check": checks[case]} if impl == "rnnrt.nn" else {})})
         for r in rows[-len(times):]:
             print(f"{case:24s} {r['impl']:9s} {r['ms_median']:8.3f} ms", flush=True)
-    for case, bs in (("fixed-T100", None), ("packed-lengths-20-200", _batch_sizes(lengths))):
+    for case, bs in (("fixed-T100", None), ("packed-lengths-20-200", batch_sizes(lengths))):
         rows.append(_runner_only(case, T, B, H, L, repeats, bs))
         print(f"{case:24s} GpuRunner {rows[-1]['ms_median']:8.3f} ms (fwd+bwd alone)")
     return {"kind": "train-step", "shape": dict(cell="lstm", layers=L, input_size=H,
                                                 hidden=H, batch=B, steps=T),
             "rows": rows, "note": "SGD step; loss mean(y^2); torch.nn fp32 with TF32 off; "
                                   "timed in turn with CUDA events"}
-
-
-def _batch_sizes(lengths) -> tuple:
-    """batch_sizes of sequences of ``lengths`` (a CPU tensor or list): torch's packing."""
-    lens = sorted((int(n) for n in lengths), reverse=True)
-    return tuple(sum(n > t for n in lens) for t in range(lens[0]))
 
 
 def _runner_only(case, T, B, H, L, repeats, batch_sizes=None) -> dict:
@@ -156,11 +133,10 @@ def _runner_only(case, T, B, H, L, repeats, batch_sizes=None) -> dict:
             _, _, tape = r.forward_packed(x, batch_sizes, train=True)
             r.backward(tape, dy, need_dx=False)
 
-    ms = _time_in_turn({"runner": run}, repeats)["runner"]
+    t = time_in_turn({"runner": run}, repeats, torch=torch)["runner"]
     steps, varlen = (T, False) if batch_sizes is None else (len(batch_sizes), True)
-    return {"case": case, "impl": "GpuRunner (fwd+bwd alone)",
-            "ms_median": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms),
-            "runs": len(ms), "schedule": r.schedule(steps, B, True, varlen).schedule.name}
+    return {"case": case, "impl": "GpuRunner (fwd+bwd alone)", **t.as_dict(),
+            "schedule": r.schedule(steps, B, True, varlen).schedule.name}
 
 
 def memory_varlen(steps: int, per_batch: bool = False) -> dict:
@@ -180,11 +156,12 @@ def memory_varlen(steps: int, per_batch: bool = False) -> dict:
         lengths = (np.full(B, rng.integers(1, 501)) if per_batch
                    else rng.integers(1, 501, B))
         seen.update(lengths.tolist())
-        patterns.add(bucket(_batch_sizes(lengths)))
-        t = time.perf_counter()
+        patterns.add(bucket(batch_sizes(lengths)))
         x = torch.randn(int(lengths.max()), B, H, device="cuda")
         p = torch.nn.utils.rnn.pack_padded_sequence(x, torch.from_numpy(lengths),
                                                     enforce_sorted=False)
+        torch.cuda.synchronize()   # making the input is not the step: outside the window
+        t = time.perf_counter()
         out, _ = m(p)
         (out.data * out.data).mean().backward()
         for q in m.parameters():

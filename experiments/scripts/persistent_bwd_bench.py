@@ -12,8 +12,9 @@ candidates for the training shape twice over: all of them ("auto": the persisten
 '+pbwd' candidates included), and without the persistent backward ("auto w/o pbwd": what auto
 ran before it existed); beside them that forward with each persistent backward kernel that
 fits ("pbwd_grid", "pbwd_cluster": what calibrates the cost model choosing between them, with
-its modelled us a step in the record); each is then checked against the float64 NumPy
-reference (dx, dh0, dc0 and every weight and bias gradient; fp32 tolerance, the weight
+its modelled us a step in the record); each shape's model and inputs are the ladder's
+(rnnrt.bench.ladder.model_for / inputs_for: random weights, x, h0, c0 and dy); each is then
+checked against the float64 NumPy reference (dx, dh0, dc0 and every weight and bias gradient; fp32 tolerance, the weight
 gradients' growing with their T*B terms) and timed (CUDA graph executor, CUDA events, median
 of --repeats) in turn with cuDNN (torch.nn with autograd: forward + dx and every parameter
 gradient). A shape the kernel does not fit says why (the fit's reason). --quick: 3 repeats,
@@ -24,7 +25,6 @@ experiments/results/kernels).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -34,11 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-import rnnrt  # noqa: E402
 from rnnrt import reference  # noqa: E402
+from rnnrt.bench.ladder import LadderConfig, inputs_for, model_for  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
+from rnnrt.bench.timing import time_in_turn  # noqa: E402
 from rnnrt.cells import backward_flops, forward_flops  # noqa: E402
-from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
+from rnnrt.check import compare_all  # noqa: E402
 from rnnrt.kernels import choice as C  # noqa: E402
 from rnnrt.kernels.persistent_bwd import persistent_bwd_fit  # noqa: E402
 from rnnrt.params import per_layer, to_flat  # noqa: E402
@@ -49,7 +50,6 @@ from rnnrt.session import GpuSession, time_events  # noqa: E402
 SHAPES = [("lstm", 4, 512, 64, 100), ("lstm", 1, 128, 8, 100), ("lstm", 1, 128, 64, 100),
           ("lstm", 1, 128, 256, 100), ("gru", 1, 128, 8, 100), ("gru", 1, 128, 64, 100),
           ("gru", 1, 128, 256, 100), ("lstm", 4, 128, 8, 100), ("lstm", 2, 640, 100, 100)]
-MODELS = {"lstm": rnnrt.LSTM, "gru": rnnrt.GRU}
 
 
 class Case:
@@ -59,15 +59,18 @@ class Case:
     def __init__(self, session, cell, layers, hidden, batch, steps, seed=0):
         self.session, self.cp = session, session.cp
         self.cell, self.L, self.H, self.B, self.T = cell, layers, hidden, batch, steps
-        self.model = MODELS[cell](hidden, hidden, num_layers=layers, seed=seed)
-        rng = np.random.default_rng(seed)
-        self.x = rng.standard_normal((steps, batch, hidden)).astype(np.float32)
-        self.dy = rng.standard_normal((steps, batch, hidden)).astype(np.float32)
+        # the ladder's model and inputs (random h0, c0 too) for this shape, timed for
+        # forward + backward (cuDNN's bench reads the same config)
+        self.cfg = LadderConfig(cell=cell, layers=layers, hidden=hidden, batch=batch,
+                                steps=steps, backward=True, seed=seed, repeats=1, warmup=0)
+        self.model = model_for(self.cfg, np.float32)
+        self.x, self.h0, self.c0, self.dy = inputs_for(self.cfg, np.float32)
         self.params = self.cp.asarray(self.model.flat, dtype=self.cp.float32)
         self.built = {}
         p64 = per_layer(self.model.flat.astype(np.float64), self.model.layout)
-        _, _, _, cache = reference.forward(cell, p64, self.x.astype(np.float64))
-        g = reference.backward(cell, p64, cache, self.dy.astype(np.float64))
+        f64 = lambda a: None if a is None else a.astype(np.float64)   # noqa: E731
+        _, _, _, cache = reference.forward(cell, p64, f64(self.x), f64(self.h0), f64(self.c0))
+        g = reference.backward(cell, p64, cache, f64(self.dy))
         self.ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
                     "grads": to_flat(g["params"], self.model.layout)}
 
@@ -82,7 +85,7 @@ class Case:
                           family=sched.family, backward=sched.backward)
             fplan, bplan = forward_plan(key), backward_plan(key)
             ws = self.session.workspace(bplan, self.params)
-            ws.load_inputs(self.x)
+            ws.load_inputs(self.x, self.h0, self.c0)
             arrays = {"dy": self.dy, "dh_n": None}
             if "dc_n" in bplan.inputs:
                 arrays["dc_n"] = None
@@ -110,17 +113,10 @@ class Case:
         run, stream, ws, _ = self.state(sched)
         run()
         stream.synchronize()
-        worst = None
-        for name in ("dx", "dh0", "dc0", "grads"):
-            if self.ref[name] is None:
-                continue
-            atol = reduction_atol(self.T * self.B) if name == "grads" else FP32_ATOL
-            c = compare(ws.read(name), self.ref[name], atol, FP32_RTOL, name=name)
-            if worst is None or c.max_excess > worst.max_excess:
-                worst = c
-            if not c.ok:
-                return {"ok": False, "detail": str(c)}
-        return {"ok": True, "worst": str(worst)}
+        got = {name: ws.read(name) for name, r in self.ref.items() if r is not None}
+        worst = compare_all(got, self.ref, "the float64 reference", rows=self.T * self.B)
+        return {"ok": True, "worst": str(worst)} if worst.ok else {"ok": False,
+                                                                    "detail": str(worst)}
 
     def close(self):
         self.built.clear()
@@ -129,37 +125,12 @@ class Case:
 
 def cudnn_runner(case, torch):
     """(run, check) of torch.nn's module with the same weights, autograd fwd+bwd."""
-    from types import SimpleNamespace
-
     from rnnrt.bench.cudnn import CudnnBench
-    cfg = SimpleNamespace(cell=case.cell, layers=case.L, inp=case.H, hidden=case.H,
-                          backward=True, repeats=1, warmup=0)
-    h0 = np.zeros((case.L, case.B, case.H), np.float32)
-    bench = CudnnBench(cfg, case.model, case.x, h0, h0 if case.cell == "lstm" else None,
-                       case.dy)
+    bench = CudnnBench(case.cfg, case.model, case.x, case.h0, case.c0, case.dy)
     out = bench.outputs()
-    ok = all(compare(out[n], case.ref[n], reduction_atol(case.T * case.B) if n == "grads"
-                     else FP32_ATOL, FP32_RTOL, name=n).ok for n in ("dx", "grads"))
+    ok = compare_all(out, {n: case.ref[n] for n in ("dx", "grads")}, "the float64 reference",
+                     rows=case.T * case.B).ok
     return bench, ok
-
-
-def in_turn(fns: dict, repeats: int, cp, torch) -> dict:
-    """{name: [ms...]}: each of ``fns`` ((fn, stream) for rnnrt, fn for torch) run once a
-    round, ``repeats`` rounds, each run timed with CUDA events."""
-    out = {n: [] for n in fns}
-    for _ in range(repeats):
-        for name, f in fns.items():
-            if isinstance(f, tuple):
-                out[name] += time_events(cp, f[0], f[1], 1, 0)
-            else:
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True)
-                start.record()
-                f()
-                stop.record()
-                stop.synchronize()
-                out[name].append(start.elapsed_time(stop))
-    return out
 
 
 def bench_shape(session, spec, repeats, torch, log):
@@ -206,13 +177,9 @@ def bench_shape(session, spec, repeats, torch, log):
         bench, ok = cudnn_runner(case, torch)
         row["cudnn_check_ok"] = ok
         fns["cudnn"] = bench.run
-    for f in fns.values():   # warm every runner once more before the rounds
-        (f[0] if isinstance(f, tuple) else f)()
-    session.cp.cuda.Device().synchronize()
-    times = in_turn(fns, repeats, session.cp, torch)
-    for name, samples in times.items():
-        row[f"{name}_ms"] = statistics.median(samples)
-        row[f"{name}_ms_min"] = min(samples)
+    # every runner warmed once more before the rounds, then timed in turn
+    for name, t in time_in_turn(fns, repeats, 1, cp=session.cp, torch=torch).items():
+        row[f"{name}_ms"], row[f"{name}_ms_min"] = t.ms_median, t.ms_min
     if bench is not None:
         bench.close()
     case.close()

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import reference
 from ..cells import forward_flops, get_cell, tflops
-from ..check import FP32_ATOL, FP32_RTOL, compare, reduction_atol
+from ..check import compare_all
 from ..kernels.limits import H100_SXM, DeviceLimits
 from ..params import positive_int, to_flat
 from ..plan.forward import forward_plan
@@ -153,18 +153,6 @@ def inputs_for(cfg: LadderConfig, dtype):
 def _flops(cfg) -> int:
     f = forward_flops(cfg.cell, cfg.inp, cfg.hidden, cfg.layers, cfg.batch, cfg.steps)
     return 3 * f if cfg.backward else f   # backward = 2x forward (paper's convention)
-
-
-def _compare_all(got: dict, ref: dict, against: str, rows: int = 1):
-    """compare() every array of ``ref`` with ``got``; the worst one (by excess) returned.
-    ``rows``: the T*B rows the weight gradients ('grads') sum over (check.reduction_atol)."""
-    worst = None
-    for name, r in ref.items():
-        atol = reduction_atol(rows) if name == "grads" else FP32_ATOL
-        c = compare(got[name], r, atol, FP32_RTOL, name=f"{name} vs {against}")
-        if worst is None or (not c.ok and worst.ok) or c.max_excess > worst.max_excess:
-            worst = c
-    return worst
 
 
 def _progress(msg):
@@ -327,9 +315,9 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
             sync(rr)
             got = rr.outputs()
             if naive_out is None:
-                c = _compare_all(got, ref, ref_name, rows=cfg.steps * cfg.batch)
+                c = compare_all(got, ref, ref_name, rows=cfg.steps * cfg.batch)
             else:
-                c = _compare_all(got, naive_out, "naive rung", rows=cfg.steps * cfg.batch)
+                c = compare_all(got, naive_out, "naive rung", rows=cfg.steps * cfg.batch)
             extra = ({"schedule": selection.schedule.name, "tune_s": selection.tune_s,
                       "selection": selection.as_dict()} if selection is not None else {})
             if not c.ok:
@@ -410,12 +398,12 @@ def _run_gpu(cfg, progress, session: BenchSession):
         # cuDNN's output instead (and say so in every row's check)
         ref = bench.outputs()
         ref_name = f"cuDNN output (NumPy reference skipped: {flops:.2e} FLOPs)"
-        cudnn_check = _compare_all(ref, ref, "itself: it is the reference here")
+        cudnn_check = compare_all(ref, ref, "itself: it is the reference here")
     else:
         progress("computing the float64 reference")
         ref = _reference(cfg, model, x, h0, c0, dy)
         ref_name = "float64 reference"
-        cudnn_check = None if isinstance(bench, str) else _compare_all(
+        cudnn_check = None if isinstance(bench, str) else compare_all(
             bench.outputs(), ref, ref_name, rows=cfg.steps * cfg.batch)
     if not isinstance(bench, str):
         t = bench.time()

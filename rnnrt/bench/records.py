@@ -8,7 +8,8 @@ environment variable names another (the repository's own records are written wit
 RNNRT_OUT=experiments: experiments/results/ and experiments/figures/). kind: one of KINDS (the
 folder); stem: what was measured (e.g. 'ladder-lstm-L4-H512-B64-T100-fwd'); device slug: the
 device's name in lower case, each run of other characters a '-' ('NVIDIA H100 80GB HBM3' ->
-'nvidia-h100-80gb-hbm3'); stamp: the record's 'created' time in UTC, 'YYYYMMDDTHHMMSS'.
+'nvidia-h100-80gb-hbm3'), 'cpu' for any CPU; stamp: the record's 'created' time in UTC,
+'YYYYMMDDTHHMMSS'.
 ``python -m rnnrt.bench.index`` lists the repository's in experiments/results/INDEX.md.
 """
 from __future__ import annotations
@@ -52,7 +53,11 @@ def now_iso() -> str:
 
 
 def device_slug(name) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the text before a first comma)."""
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the text before a first comma);
+    every CPU name ('cpu', 'CPU (x86_64), NumPy executor', ...) -> 'cpu': one slug for the
+    CPU runs of every command, the one the results index tells apart from a GPU's."""
+    if str(name).lower().startswith("cpu"):
+        return "cpu"
     s = re.sub(r"[^a-z0-9]+", "-", str(name).split(",")[0].lower()).strip("-")
     return s or "device"
 

@@ -40,19 +40,56 @@ def time_gpu(cp, fn, stream, repeats: int = 20, warmup: int = 3) -> Timing:
 
 def time_torch(torch, fn, repeats: int = 20, warmup: int = 3) -> Timing:
     """The same protocol for a torch callable, with torch's events on its current stream."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
+    return time_in_turn({"fn": fn}, repeats, warmup, torch=torch)["fn"]
+
+
+def time_in_turn(fns: dict, repeats: int = 20, warmup: int = 3, *, cp=None,
+                 torch=None) -> dict:
+    """{name: Timing} of each of ``fns`` timed in turn: each warmed up ``warmup`` times,
+    then ``repeats`` rounds that run every fn once, each run between two CUDA events and
+    waited for before the next (runs never overlap; fns compared this way share the clocks
+    and the thermal state of the same moments). ``fns``: {name: (fn, stream)} for work
+    issued on a CuPy ``stream`` (events of ``cp`` recorded on it), or {name: fn} for torch
+    work (events of ``torch`` on its current stream). Each fn's two events are made once,
+    before the rounds."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats: expected an int >= 1, got {repeats!r}")
+    runs = {}
+    for name, f in fns.items():
+        if isinstance(f, tuple):
+            if cp is None:
+                raise ValueError(f"fns[{name!r}]: a (fn, stream) pair is timed with CuPy's "
+                                 f"events: pass cp")
+            runs[name] = (f[0], f[1], cp.cuda.Event(), cp.cuda.Event())
+        else:
+            if torch is None:
+                raise ValueError(f"fns[{name!r}]: a callable is timed with torch's events: "
+                                 f"pass torch (or give (fn, stream) and cp)")
+            runs[name] = (f, None, torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+    for fn, *_ in runs.values():
+        for _ in range(warmup):
+            fn()
+    if cp is not None:
+        cp.cuda.Device().synchronize()
+    if torch is not None:
+        torch.cuda.synchronize()
+    samples = {name: [] for name in runs}
     for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop))
-    return _summary(samples)
+        for name, (fn, stream, start, stop) in runs.items():
+            if stream is None:   # torch: its current stream
+                start.record()
+                fn()
+                stop.record()
+                stop.synchronize()
+                samples[name].append(start.elapsed_time(stop))
+            else:
+                start.record(stream)
+                fn()
+                stop.record(stream)
+                stop.synchronize()
+                samples[name].append(cp.cuda.get_elapsed_time(start, stop))
+    return {name: _summary(s) for name, s in samples.items()}
 
 
 def time_cpu(fn, repeats: int = 5, warmup: int = 1) -> Timing:

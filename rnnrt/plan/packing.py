@@ -89,6 +89,24 @@ def lengths(batch_sizes) -> np.ndarray:
     return (bs[None, :] > np.arange(int(bs[0]))[:, None]).sum(axis=1)
 
 
+def batch_sizes(lengths) -> tuple[int, ...]:
+    """batch_sizes [T] (T = the longest) of sequences of ``lengths`` [B] (any order: torch's
+    packing sorts them longest first); the inverse of ``lengths``.
+
+    lengths: [B] positive ints (a tuple, list, NumPy array or CPU tensor)
+    """
+    try:
+        lens = tuple(int(n) for n in lengths)
+    except (TypeError, ValueError):
+        raise ValueError(f"lengths: expected a sequence of ints, got {lengths!r}") from None
+    if any(isinstance(n, bool) for n in lengths) or not lens or min(lens) < 1:
+        raise ValueError(f"lengths: expected at least one sequence, each at least one step "
+                         f"long, got {list(lens)}")
+    counts = np.bincount(lens)            # sequences of each length
+    longer = counts[::-1].cumsum()[::-1]  # sequences at least this long, by length
+    return tuple(int(n) for n in longer[1:])
+
+
 def offsets(pattern) -> np.ndarray:
     """[T+1] the first row of each step in a packed layout of ``pattern`` [T], and the
     total rows last."""

@@ -8,7 +8,6 @@ examples of issue 21 are marked (issue)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -302,9 +301,3 @@ def test_resume_skips_damaged_lines_with_a_warning_and_keeps_the_file(tmp_path, 
     assert "1 points done" in cap.out and "1 were already there" in cap.out
     assert path.read_text().startswith(damaged)           # appended to, never rewritten
 
-
-def test_no_traceback_on_any_command_error(work, capsys):
-    for argv, *_ in [c[1:] for c in CASES][:10]:
-        _, err = run(argv, capsys)
-        assert "Traceback" not in err
-    assert os.environ.get("RNNRT_DEBUG") is None

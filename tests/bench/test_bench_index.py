@@ -7,25 +7,14 @@ import re
 from pathlib import Path
 
 from rnnrt.bench.index import main, render_index
+from testkit import RECORD_KINDS as KINDS
+from testkit import RECORD_SLUG as SLUG
+from testkit import RECORD_STAMP as STAMP
+from testkit import record_name_match
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
 
-# Written out here, not imported, so that a change to the module cannot widen what passes.
-STAMP = r"\d{8}T\d{6}"
-SLUG = r"nvidia(?:-[a-z0-9]+)*|cpu"
-WORDS = r"(?:-[A-Za-z0-9_.]+)"
-SHAPE = r"[a-z_]+-L\d+-H\d+-B\d+-T\d+"
-KINDS = {  # kind: (stem, extension)
-    "ladder": (rf"ladder-{SHAPE}-(?:fwd|fwdbwd)", "json"),
-    "sweep": (rf"sweep{WORDS}+", "jsonl"),
-    "kernels": (rf"(?:persistent|stack-bench){WORDS}+|gemm-layouts|pretranspose-probe", "json"),
-    "trace": (rf"trace(?:-[a-z0-9_]+)*-{SHAPE}", "json"),
-    "training": ((rf"charlm-{SHAPE}-S\d+|train-step-{SHAPE}|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
-                  rf"|ddp-charlm-{SHAPE}-S\d+-W\d+|ddp-scaling-{SHAPE}|ddp-link"), "json"),
-    "profiles": (rf"ncu{WORDS}+", "txt"),
-    "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){WORDS}*", "log|txt|json"),
-}
 # Session and stage tags of the old hand-made names; the stamp distinguishes runs now.
 STAGE_TAG = re.compile(r"-(?:s\d+|r\d+|run\d+|final|first|review\d*)(?=[-.])")
 
@@ -67,8 +56,7 @@ def test_every_name_follows_the_scheme():
     files = _files()
     assert len(files) >= 100  # the records exist (a glob that finds nothing must not pass)
     for p in files:
-        stem, ext = KINDS[p.parent.name]
-        assert re.fullmatch(rf"(?:{stem})-(?:{SLUG})-{STAMP}\.(?:{ext})", p.name), p.name
+        assert record_name_match(p.parent.name, p.name), p.name
         assert not STAGE_TAG.search(p.name), p.name
         slug, stamp = re.search(rf"-({SLUG})-({STAMP})\.[a-z]+$", p.name).groups()
         if p.suffix not in (".json", ".jsonl"):
@@ -152,3 +140,21 @@ def test_check_fails_when_the_index_is_stale(tmp_path, capsys):
     (root / "README.md").write_text("nothing cited\n")  # the cited-by column changes
     assert main(["--check", "--root", str(root)]) == 1
     assert "out of date" in capsys.readouterr().out
+
+
+def test_record_path_follows_the_scheme_for_gpus_and_cpus():
+    """rnnrt.bench.records.record_path: a GPU's name slugged, every CPU name (the NumPy
+    executor's, the examples' 'cpu', their CPU runs' 'CPU (...)') 'cpu', the stamp in UTC:
+    names the scheme above accepts."""
+    from rnnrt.bench.records import device_slug, record_path
+    created = "2026-11-21T11:00:00+01:00"
+    for device, slug in (("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+                         ("NVIDIA H200, 141 GB", "nvidia-h200"), ("cpu", "cpu"),
+                         ("CPU (x86_64), NumPy executor", "cpu"),
+                         ("CPU (aarch64), rnnrt.nn.LSTM (NumPy reference) + torch.optim", "cpu")):
+        assert device_slug(device) == slug, device
+        p = record_path("training", "train-step-lstm-L2-H512-B64-T100", device, created,
+                        root=Path("r"))
+        assert p == Path("r", "training",
+                         f"train-step-lstm-L2-H512-B64-T100-{slug}-20261121T100000.json")
+        assert record_name_match("training", p.name), p.name

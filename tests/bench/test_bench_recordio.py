@@ -52,8 +52,8 @@ DAMAGE = {
 @FAST
 @given(st.lists(st.tuples(rows, st.one_of(st.none(), st.sampled_from(sorted(DAMAGE)))),
                 min_size=1, max_size=12),
-       st.booleans(), st.binary(max_size=3))
-def test_random_damage_is_skipped_and_named(tmp_path, lines, torn, junk):
+       st.booleans())
+def test_random_damage_is_skipped_and_named(tmp_path, lines, torn):
     path = tmp_path / "r.jsonl"
     text, bad, good = [], [], []
     for n, (row, damage) in enumerate(lines, 1):

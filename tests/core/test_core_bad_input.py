@@ -11,6 +11,9 @@ import pytest
 
 import rnnrt
 from rnnrt import reference
+from rnnrt.bench.ladder import LadderConfig
+from rnnrt.bench.sweep import SweepConfig
+from rnnrt.bench.trace import TraceConfig
 from rnnrt.cells import backward_flops, forward_flops, tflops
 from rnnrt.models import GRU, LSTM, RNN
 from rnnrt.plan.forward import ForwardBuilder
@@ -264,30 +267,23 @@ def test_host_cap_must_be_a_number(monkeypatch):
 
 # --------------------------------------------------------------------------- configurations
 
-def _configs():
-    from rnnrt.bench.ladder import LadderConfig
-    from rnnrt.bench.sweep import SweepConfig
-    from rnnrt.bench.trace import TraceConfig
-    return [
-        ("ladder-layers-0", lambda: LadderConfig(layers=0), ValueError, ["layers"]),
-        ("ladder-warmup-negative (issue)", lambda: LadderConfig(warmup=-5), ValueError,
-         ["warmup"]),
-        ("ladder-executor", lambda: LadderConfig(executors=("fast",)), ValueError,
-         ["executors"]),
-        ("ladder-rungs", lambda: LadderConfig(rungs=("+turbo",)), ValueError, ["rungs"]),
-        ("ladder-input-batch", lambda: LadderConfig(input_batch=0), ValueError,
-         ["input_batch"]),
-        ("sweep-hidden-empty", lambda: SweepConfig(hidden=()), ValueError, ["hidden"]),
-        ("sweep-pass", lambda: SweepConfig(passes=("bwd",)), ValueError, ["passes"]),
-        ("sweep-budget", lambda: SweepConfig(time_budget=0), ValueError, ["time_budget"]),
-        ("trace-steps", lambda: TraceConfig(steps=0), ValueError, ["steps"]),
-        ("trace-cell", lambda: TraceConfig(cell="xlstm"), ValueError, ["cell"]),
-    ]
+CONFIGS = [
+    ("ladder-layers-0", lambda: LadderConfig(layers=0), ValueError, ["layers"]),
+    ("ladder-warmup-negative (issue)", lambda: LadderConfig(warmup=-5), ValueError, ["warmup"]),
+    ("ladder-executor", lambda: LadderConfig(executors=("fast",)), ValueError, ["executors"]),
+    ("ladder-rungs", lambda: LadderConfig(rungs=("+turbo",)), ValueError, ["rungs"]),
+    ("ladder-input-batch", lambda: LadderConfig(input_batch=0), ValueError, ["input_batch"]),
+    ("sweep-hidden-empty", lambda: SweepConfig(hidden=()), ValueError, ["hidden"]),
+    ("sweep-pass", lambda: SweepConfig(passes=("bwd",)), ValueError, ["passes"]),
+    ("sweep-budget", lambda: SweepConfig(time_budget=0), ValueError, ["time_budget"]),
+    ("trace-steps", lambda: TraceConfig(steps=0), ValueError, ["steps"]),
+    ("trace-cell", lambda: TraceConfig(cell="xlstm"), ValueError, ["cell"]),
+]
 
 
-@pytest.mark.parametrize("i", range(10))
-def test_configurations_refuse(i):
-    name, call, exc, words = _configs()[i]
+@pytest.mark.parametrize("call, exc, words", [c[1:] for c in CONFIGS],
+                         ids=[c[0] for c in CONFIGS])
+def test_configurations_refuse(call, exc, words):
     assert_refused(call, exc, words, within_s=0.5)
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
-from testkit import CpuSession, batch_sizes_of, check_runner_packed_step, draw32
+from rnnrt.plan.packing import batch_sizes
+from testkit import CpuSession, check_runner_packed_step, draw32
 
 I, H = 5, 6
 
@@ -54,9 +55,9 @@ def test_patterns_of_a_capacity_share_one_workspace(runner):
     batches = ([9, 7, 7, 3, 1], [10, 2, 2, 2, 2], [11, 11, 5, 5, 1])
     # (keys only: a live tape would keep its workspace busy, and the next call take another)
     keys = [check_runner_packed_step(r, lengths, rng).key for lengths in batches]
-    assert [k.batch_sizes for k in keys] == [bucket(batch_sizes_of(b)) for b in batches]
+    assert [k.batch_sizes for k in keys] == [bucket(batch_sizes(b)) for b in batches]
     again = [check_runner_packed_step(r, batches[0], rng).key for _ in range(3)]
-    assert all(k.batch_sizes == batch_sizes_of(batches[0]) for k in again)
+    assert all(k.batch_sizes == batch_sizes(batches[0]) for k in again)
     assert len(r._states) == 1
     st = next(iter(r._states._states.values()))
     assert len(st) == 2 * 4 and r.session.executors_made == 8   # four patterns, fwd + bwd
@@ -76,13 +77,13 @@ def test_a_repeated_batch_loads_only_its_data(runner, monkeypatch):
     monkeypatch.setattr(Workspace, "load", lambda self, **kw: (
         calls.append(tuple(sorted(kw))), real_load(self, **kw))[1])
     rng = np.random.default_rng(2)
-    bs = batch_sizes_of([7, 5, 5, 2])
+    bs = batch_sizes([7, 5, 5, 2])
     x = draw32(rng, sum(bs), I)
     outs, loaded = [], []
     for other in (False, False, False, True, False):
         calls.clear()
         if other:
-            other_bs = batch_sizes_of([6, 3, 2, 2])   # same batch and steps bucket
+            other_bs = batch_sizes([6, 3, 2, 2])   # same batch and steps bucket
             r.forward_packed(draw32(rng, sum(other_bs), I), other_bs)
             continue
         outs.append(r.forward_packed(x, bs)[0])
@@ -146,7 +147,7 @@ def test_memory_is_bounded_over_1000_random_batches(runner):
     rng = np.random.default_rng(5)
     held, patterns = [], set()
     for _ in range(1000):
-        bs = batch_sizes_of(rng.integers(1, 501, 32))
+        bs = batch_sizes(rng.integers(1, 501, 32))
         pattern = bucket(bs)
         patterns.add(pattern)
         key = r.plan_key(len(pattern), bs[0], True, pattern)

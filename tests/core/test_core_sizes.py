@@ -14,6 +14,7 @@ from rnnrt import params, reference, sizes
 from rnnrt.plan import forward_plan
 from rnnrt.plan.backward import backward_plan
 from rnnrt.plan.switches import Switches, ladder
+from testkit import Spy, assert_refused
 from testkit import cpu_plan_key as PlanKey
 
 
@@ -101,9 +102,12 @@ def test_reference_pass_names():
 
 
 def test_the_issue_examples_fail_fast(monkeypatch):
-    """LSTM(8, 16, num_layers=10**9) never returned; now it is refused at once (a spy on the
-    reference would not even be reached)."""
+    """LSTM(8, 16, num_layers=10**9) never returned; now it is refused at once, on a large
+    host too (64 GiB: tests/core/test_core_bad_input.py judges it against 1 GiB), before
+    the layout's loop over layers or any reference pass starts."""
     monkeypatch.setenv("RNNRT_HOST_BYTES", str(64 << 30))
-    with pytest.raises(sizes.SizeError, match="num_layers=1000000000"):
-        rnnrt.LSTM(8, 16, num_layers=10**9)
-    assert reference.forward   # untouched
+    work = [Spy("reference.forward"), Spy("the model's layout (a loop over layers)")]
+    monkeypatch.setattr(reference, "forward", work[0])
+    monkeypatch.setattr(rnnrt.models, "make_layout", work[1])
+    assert_refused(lambda: rnnrt.LSTM(8, 16, num_layers=10**9), sizes.SizeError,
+                   ["num_layers=1000000000"], spies=work, within_s=1.0)

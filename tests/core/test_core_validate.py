@@ -244,3 +244,30 @@ def test_reduction_atol_grows_with_the_square_root_of_the_terms():
     # while fp32 rounding of the same sum passes
     fp32 = terms.astype(np.float32).sum(axis=0, dtype=np.float32)
     assert compare(fp32, ref, reduction_atol(25600), 1e-3).ok
+
+
+def test_compare_all_returns_the_worst_comparison():
+    """check.compare_all: every array of the reference compared (None skipped), the worst
+    returned and named; 'grads' gets the widened tolerance of its rows; a planted error in
+    any one array is what comes back."""
+    from rnnrt.check import FP32_ATOL, FP32_RTOL, compare_all, reduction_atol
+    rng = np.random.default_rng(1)
+    ref = {"y": rng.standard_normal((3, 4)), "h_n": rng.standard_normal((2, 4)), "c_n": None,
+           "grads": rng.standard_normal(10)}
+    got = {k: None if v is None else v.copy() for k, v in ref.items()}
+    c = compare_all(got, ref, "the reference")
+    assert c.ok and c.max_abs_err == 0
+    for name, at in (("y", (2, 1)), ("h_n", (1, 3))):
+        bad = {**got, name: got[name].copy()}
+        bad[name][at] += 1.0
+        c = compare_all(bad, ref, "planted")
+        assert not c.ok and c.name == f"{name} vs planted" and c.worst_index == at, c
+    # a 'grads' error between atol and its rows' tolerance passes only with those rows
+    off = {**got, "grads": got["grads"] + 2 * FP32_ATOL + FP32_RTOL * abs(ref["grads"])}
+    assert not compare_all(off, ref, "r").ok
+    assert reduction_atol(64 * 16) == 4 * FP32_ATOL and compare_all(off, ref, "r", rows=64 * 16).ok
+    # a NaN (an unwritten element) is the worst of all, whatever else is off
+    nan = {**off, "y": got["y"].copy()}
+    nan["y"][0, 0] = np.nan
+    assert compare_all(nan, ref, "r").name == "y vs r"
+    assert compare_all(got, {"c_n": None}, "r") is None

@@ -4,27 +4,20 @@ softmax cross-entropy gradient and the whole chunk's gradient (head + LSTM glue)
 with central differences in float64; clipping and Adam do what they say."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import rnnrt
-
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_charlm.py"
+from testkit import example_module
 
 
 @pytest.fixture(scope="module")
 def tc():
-    spec = importlib.util.spec_from_file_location("train_charlm", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(mod)
-    return mod
+    return example_module("train_charlm")
 
 
 def test_tiny_cpu_run_learns_and_writes_its_outputs(tc, tmp_path, monkeypatch):

@@ -11,10 +11,7 @@
 Processes are spawned with a deadline and terminated if they overrun it: nothing can hang."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,15 +19,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="the DDP example needs torch")
 
 from rnnrt.check import compare  # noqa: E402
+from testkit import example_module, record_name_match  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "examples", ROOT / "experiments" / "scripts"):
-    if str(_p) not in sys.path:  # the spawned workers import these modules by name too
-        sys.path.insert(0, str(_p))
-
-import ddp_bench  # noqa: E402
-import train_ddp  # noqa: E402
-from charlm_parts import load_corpus  # noqa: E402
+ddp_bench = example_module("ddp_bench")   # the spawned workers import these by name too
+train_ddp = example_module("train_ddp")
+load_corpus = example_module("charlm_parts").load_corpus
 
 DEADLINE_S = 90
 ARGS = ["--device", "cpu", "--dtype", "float64", "--hidden", "12", "--layers", "2",
@@ -38,20 +32,8 @@ ARGS = ["--device", "cpu", "--dtype", "float64", "--hidden", "12", "--layers", "
         "--lr", "0.02", "--val-chunks", "2", "--log-every", "0", "--text", "README.md"]
 
 
-def _kinds():
-    """tests/bench/test_bench_index.py's naming rules (its module, loaded by path)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_index_rules", ROOT / "tests" / "bench" / "test_bench_index.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _assert_named_by_the_scheme(path: Path):
-    rules = _kinds()
-    stem, ext = rules.KINDS["training"]
-    assert re.fullmatch(rf"(?:{stem})-(?:{rules.SLUG})-{rules.STAMP}\.(?:{ext})", path.name), \
-        path.name
+    assert record_name_match("training", path.name), path.name
 
 
 def _launch(rank, world, tmp):

@@ -16,67 +16,24 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
 
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close  # noqa: E402
-from rnnrt.plan import forward_plan  # noqa: E402
-from rnnrt.plan.backward import backward_plan  # noqa: E402
 from rnnrt.plan.switches import ALL, all_combinations, ladder  # noqa: E402
 from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
-from testkit import gpu_backward_case  # noqa: E402
+from testkit import check_bwd_outputs, run_gpu_backward_case  # noqa: E402
+from testkit import gpu_backward_case as case  # noqa: E402
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 EXECUTORS = ("eager", "graph")
 T, B, I, H = 6, 4, 24, 40
 
 
-def case(cell, layers, steps=T, batch=B, hidden=H, inp=I, bias=True, seed=0):
-    return gpu_backward_case(cell, layers, steps, batch, hidden, inp, bias, seed)
-
-
-def check(ws, layout, ref, what):
-    for name in ("dx", "dh0", "dc0"):
-        if ref[name] is not None:
-            assert_close(ws.read(name), ref[name], FP32_ATOL, FP32_RTOL, name=f"{what} {name}")
-    got = ws.read("grads").get()
-    for e in layout.entries:
-        n = int(np.prod(e.shape))
-        assert_close(got[e.offset:e.offset + n], ref["grads"][e.offset:e.offset + n],
-                     FP32_ATOL, FP32_RTOL, name=f"{what} {e.name}")
-
-
 def run_case(cp, ctx, key, executor, data):
-    from rnnrt.exec.cuda_exec import EXECUTORS as EX
-    from rnnrt.exec.workspace import Workspace
-    layout, flat, (x, h0, c0), (dy, dhn, dcn), ref = data
-    fplan, bplan = forward_plan(key), backward_plan(key)
-    ws = Workspace(bplan, cp, np.float32, cp.asarray(flat))
-    bwd_bufs = {b.name for b in bplan.buffers} - {b.name for b in fplan.buffers}
-    fwd = EX[executor](fplan, ws, ctx)
-    ws.poison()
-    ws.load_inputs(x, h0, c0)
-    fwd.run()
-    bwd = EX[executor](bplan, ws, ctx, **({"capture": False} if executor == "graph" else {}))
-
-    def load_grads():
-        ws.poison(names=bwd_bufs - {"ones"})
-        arrays = {"dy": dy, "dh_n": dhn}
-        if dcn is not None:
-            arrays["dc_n"] = dcn
-        ws.load(**arrays)
-
-    load_grads()
-    cp.cuda.Device().synchronize()
-    if executor == "graph":
-        bwd.capture()
-        cp.cuda.Device().synchronize()
-        for name in ("dx", "dh0", "dc0", "grads"):   # capture ran nothing
-            if name in bplan.outputs:
-                assert bool(cp.isnan(ws.read(name)).all()), f"backward capture wrote {name}"
-    bwd.run()
-    cp.cuda.Device().synchronize()
-    check(ws, layout, ref, f"{key.switches.label()} {executor}")
-    load_grads()                      # a second run on re-poisoned buffers
-    bwd.run()
-    cp.cuda.Device().synchronize()
-    check(ws, layout, ref, f"{key.switches.label()} {executor} second run")
+    """Two backward runs on re-poisoned buffers (a graph proven to capture nothing), each
+    against the reference in fp32 tolerance."""
+    layout, ref = data[0], data[4]
+    for i, got in enumerate(run_gpu_backward_case(cp, ctx, key, executor, data)):
+        check_bwd_outputs(got, layout, ref,
+                          f"{key.switches.label()} {executor}" + (" second run" if i else ""),
+                          FP32_ATOL, FP32_RTOL)
 
 
 COMBOS = all_combinations(input_batches=(1, 4, ALL))

@@ -12,9 +12,6 @@ Run on the device: pytest -m gpu tests/gpu/test_gpu_ddp.py
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from rnnrt.device import gpu_available
@@ -24,28 +21,36 @@ pytestmark = [pytest.mark.gpu,
 
 torch = pytest.importorskip("torch")
 
-from rnnrt.check import FP32_ATOL, FP32_RTOL, compare  # noqa: E402
+from rnnrt.check import FP32_ATOL, FP32_RTOL  # noqa: E402
+from testkit import example_module  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "examples", ROOT / "experiments" / "scripts"):
-    if str(_p) not in sys.path:  # the spawned workers import these modules by name too
-        sys.path.insert(0, str(_p))
-
-import ddp_bench  # noqa: E402
-import train_ddp  # noqa: E402
+ddp_bench = example_module("ddp_bench")   # the spawned workers import these by name too
+train_ddp = example_module("train_ddp")
 
 SMALL = dict(hidden=64, layers=2, batch=8, seq=16, steps=6, warmup=2, optim="sgd", lr=1.0,
-             clip=5.0, val_chunks=0, log_every=0, text=("README.md",))
-ARGS = ["--hidden", "64", "--layers", "2", "--batch", "8", "--seq", "16", "--steps", "6",
-        "--warmup", "2", "--optim", "sgd", "--lr", "1.0", "--val-chunks", "0",
-        "--log-every", "0", "--text", "README.md", "--no-shuffle"]
+             clip=5.0, val_chunks=0, log_every=0, shuffle=False, text=("README.md",))
+
+
+def _argv(cfg: dict) -> list:
+    """train_ddp's command line for the Config fields ``cfg`` (its flags: --no-shuffle for
+    shuffle=False, --text taking several globs)."""
+    argv = []
+    for name, value in cfg.items():
+        if name == "shuffle":
+            argv += [] if value else ["--no-shuffle"]
+        elif name == "text":
+            argv += ["--text", *value]
+        else:
+            argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv
+
+
+ARGS = _argv(SMALL)   # the same run on the command line
 
 
 def _assert_states_close(got: dict, want: dict, what: str):
-    for name, w in want.items():
-        c = compare(got[name].double().numpy(), w.double().numpy(), FP32_ATOL, FP32_RTOL,
-                    name=f"{what}: {name}")
-        assert c.ok, str(c)
+    c = ddp_bench.compare_states(got, want, "float32", what)   # fp32 tolerances
+    assert c["ok"], c["worst"]["text"]
 
 
 def test_one_gpu_matches_the_cpu_float64_run_without_host_syncs():

@@ -202,15 +202,10 @@ def test_what_cuda_does_not_run_is_refused_by_name(cp):
 def test_charlm_torch_path_trains_on_the_gpu(cp, tmp_path):
     """examples/train_charlm.py --framework torch --device gpu --tiny: rnnrt.nn.LSTM on CUDA
     with torch.optim.Adam learns (the CPU test holds the same run to the rnnrt path)."""
-    import importlib.util
     import math
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[2] / "examples" / "train_charlm.py"
-    spec = importlib.util.spec_from_file_location("train_charlm_gpu", script)
-    tc = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tc
-    spec.loader.exec_module(tc)
+
+    from testkit import example_module
+    tc = example_module("train_charlm")
     rec = tc.main(["--framework", "torch", "--device", "gpu", "--tiny", "--figures-dir",
                    str(tmp_path / "f"), "--results-dir", str(tmp_path / "r")],
                   progress=lambda m: None)

@@ -21,10 +21,10 @@ pytestmark = [pytest.mark.gpu,
 
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, reduction_atol  # noqa: E402
 from rnnrt.kernels.choice import persistent_schedule  # noqa: E402
-from rnnrt.plan import forward_plan  # noqa: E402
 from rnnrt.plan.backward import backward_plan  # noqa: E402
 from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
-from testkit import gpu_backward_case  # noqa: E402
+from testkit import check_bwd_outputs, run_gpu_backward_case  # noqa: E402
+from testkit import gpu_backward_case as case  # noqa: E402
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 # (T, B, H, I, variants): the wide grid's worst point, the paper's layer, an odd H and B, H 128
@@ -32,8 +32,6 @@ CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 SHAPES = [(24, 8, 128, 128, ("grid", "cluster")), (10, 64, 512, 512, ("grid",)),
           (9, 17, 333, 40, ("grid",)), (12, 64, 128, 40, ("cluster",))]
 CASES = [(shape[:4], v) for shape in SHAPES for v in shape[4]]
-def case(cell, layers, T, B, H, I, seed=0):
-    return gpu_backward_case(cell, layers, T, B, H, I, seed=seed)
 
 
 def key_of(cell, layers, T, B, H, I, backward):
@@ -43,54 +41,20 @@ def key_of(cell, layers, T, B, H, I, backward):
 
 
 def run_twice(cp, ctx, key, executor, data):
-    """Forward then backward on the GPU executor, backward buffers poisoned before each of
-    two runs (the graph captured in between, proven to run nothing). -> two dicts of the
-    outputs (NumPy): dx, dh0, dc0, grads."""
-    from rnnrt.exec.cuda_exec import EXECUTORS as EX
-    from rnnrt.exec.workspace import Workspace
-    layout, flat, (x, h0, c0), (dy, dhn, dcn), ref = data
-    fplan, bplan = forward_plan(key), backward_plan(key)
+    """The plan is the persistent backward's (one persistent kernel a layer, of the key's
+    variant, no fallback); two backward runs on re-poisoned buffers (testkit's
+    run_gpu_backward_case: a graph proven to capture nothing). -> the two runs' outputs."""
+    bplan = backward_plan(key)
     assert bplan.fallback is None, bplan.fallback
     assert bplan.counts()["kernel:persistent"] == key.num_layers
     names = {op.name for op in bplan.ops if getattr(op, "kind", "") == "persistent"}
     assert all(("_cluster_" in n) == (key.backward == "cluster") for n in names), names
-    ws = Workspace(bplan, cp, np.float32, cp.asarray(flat))
-    bwd_bufs = {b.name for b in bplan.buffers} - {b.name for b in fplan.buffers}
-    ws.poison()
-    ws.load_inputs(x, h0, c0)
-    EX[executor](fplan, ws, ctx).run()
-    bwd = EX[executor](bplan, ws, ctx, **({"capture": False} if executor == "graph" else {}))
-    outs = []
-
-    def load_grads():
-        ws.poison(names=bwd_bufs - {"ones", "bsync"})
-        arrays = {"dy": dy, "dh_n": dhn}
-        if dcn is not None:
-            arrays["dc_n"] = dcn
-        ws.load(**arrays)
-        cp.cuda.Device().synchronize()
-
-    for i in range(2):
-        load_grads()
-        if executor == "graph" and i == 0:
-            bwd.capture()
-            cp.cuda.Device().synchronize()
-            assert bool(cp.isnan(ws.read("dx")).all()), "backward capture ran work"
-        bwd.run()
-        cp.cuda.Device().synchronize()
-        outs.append({name: ws.read(name).get() for name in ("dx", "dh0", "dc0", "grads")
-                     if name in bplan.outputs})
-    return outs
+    return run_gpu_backward_case(cp, ctx, key, executor, data)
 
 
 def check(got, layout, ref, rows, what):
-    for name in ("dx", "dh0", "dc0"):
-        if ref[name] is not None:
-            assert_close(got[name], ref[name], FP32_ATOL, FP32_RTOL, name=f"{what} {name}")
-    for e in layout.entries:   # weight gradients sum over T*B rows: see check.reduction_atol
-        n = int(np.prod(e.shape))
-        assert_close(got["grads"][e.offset:e.offset + n], ref["grads"][e.offset:e.offset + n],
-                     reduction_atol(rows), FP32_RTOL, name=f"{what} {e.name}")
+    # weight gradients sum over T*B rows: see check.reduction_atol
+    check_bwd_outputs(got, layout, ref, what, FP32_ATOL, FP32_RTOL, reduction_atol(rows))
 
 
 @pytest.mark.parametrize("executor", ["eager", "graph"])

@@ -18,13 +18,13 @@ from rnnrt.device import gpu_available
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
 
-from testkit import batch_sizes_of, check_runner_packed_step
+from testkit import check_runner_packed_step
 
 import rnnrt
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.gpu import GpuRunner
 from rnnrt.kernels.tuning import ScheduleCache
-from rnnrt.plan.packing import bucket
+from rnnrt.plan.packing import batch_sizes, bucket
 
 I, H = 24, 40
 BATCHES = ([9, 7, 7, 3, 1], [12, 12, 2, 2, 1], [3, 3, 3, 3, 3], [11, 1, 1, 1, 1],
@@ -45,7 +45,7 @@ def test_packed_runs_equal_the_reference(cp, cell, rung, executor):
                   executor=executor, schedule_cache=False)
     rng = np.random.default_rng(rung)
     for lengths in BATCHES:
-        assert bucket(batch_sizes_of(lengths)) != batch_sizes_of(lengths) or lengths[0] == 3
+        assert bucket(batch_sizes(lengths)) != batch_sizes(lengths) or lengths[0] == 3
         for reverse in (False, True):
             check_runner_packed_step(r, lengths, rng, reverse, with_states=not reverse,
                                      what=f"rung {rung} {executor}")

@@ -6,10 +6,8 @@ rounding; validation runs on rnnrt.nn's inference path; --device gpu without a C
 refused by name (on a GPU: tests/gpu/test_gpu_nn.py runs it)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,17 +16,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="rnnrt.nn needs torch (pip install torch)")
 
 import rnnrt.nn.inputs  # noqa: E402
-
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_charlm.py"
+from testkit import example_module  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tc():
-    spec = importlib.util.spec_from_file_location("train_charlm_nn", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(mod)
-    return mod
+    return example_module("train_charlm")
 
 
 @pytest.fixture

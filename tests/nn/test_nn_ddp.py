@@ -5,7 +5,6 @@ whole batch (float64). The processes are spawned with a deadline and terminated 
 overrun it, so the test cannot hang."""
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -13,11 +12,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="rnnrt.nn needs torch (pip install torch)")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 import rnnrt.nn  # noqa: E402
 from rnnrt import check  # noqa: E402
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
+from testkit import example_module  # noqa: E402
+
+spawn_with_deadline = example_module("ddp_bench").spawn_with_deadline
 
 T, B, I, H, L = 6, 4, 3, 5, 2
 LR = 0.5
@@ -73,18 +74,8 @@ def _worker(rank, world, store, out_path):
 
 def test_ddp_gloo_two_processes_equal_one(tmp_path):
     out_path = tmp_path / "rank0.pt"
-    ctx = mp.start_processes(_worker, args=(2, str(tmp_path / "store"), str(out_path)), nprocs=2,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"DDP workers still running after {DEADLINE_S} s")
-    finally:
-        for p in ctx.processes:  # only the two processes this test started
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
+    # a worker's exception is raised here; TimeoutError (the workers terminated) fails the test
+    spawn_with_deadline(_worker, (2, str(tmp_path / "store"), str(out_path)), 2, DEADLINE_S)
     got = torch.load(out_path)
 
     single, start = model(), model()

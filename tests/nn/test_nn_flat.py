@@ -124,7 +124,8 @@ def test_a_copying_site_and_the_gradients(runner):
     site = Site(r, params, adopted=False)
     site.load_params(params)
     assert site.copies == 1
-    for (kind, e), p in zip(((e.kind, e) for e in r.model.layout.entries), params):
+    for (kind, e), p in zip(((e.kind, e) for e in r.model.layout.entries), params,
+                            strict=True):
         np.testing.assert_array_equal(r.params[e.offset:e.end].reshape(e.shape),
                                       p.detach().numpy(), err_msg=kind)
     r.grads[...] = np.arange(r.grads.size, dtype=np.float32)
@@ -132,6 +133,8 @@ def test_a_copying_site_and_the_gradients(runner):
     r.grads[...] = -1   # the next backward reuses the buffer: the returned ones are a copy
     want = group_layers([torch.from_numpy(np.arange(r.grads.size, dtype=np.float32)[
         e.offset:e.end].reshape(e.shape)) for e in r.model.layout.entries], 2, True)
-    for g_layer, w_layer in zip(got, want):
-        for g, w in zip(g_layer, w_layer):
+    assert len(got) == len(want) == 2, (len(got), len(want))
+    for g_layer, w_layer in zip(got, want, strict=True):
+        assert g_layer and len(g_layer) == len(w_layer)
+        for g, w in zip(g_layer, w_layer, strict=True):
             assert torch.equal(g, w)

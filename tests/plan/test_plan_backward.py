@@ -8,7 +8,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.plan import forward_plan
@@ -18,7 +17,7 @@ from rnnrt.plan.switches import ALL, PAPER_RUNGS, all_combinations, ladder
 from testkit import BWD_PLAN_SHAPE
 from testkit import bwd_plan_case as make_case
 from testkit import check_bwd_plan as check
-from testkit import assert_missing_wait_caught
+from testkit import assert_missing_wait_caught, check_bwd_key
 from testkit import cpu_plan_key as PlanKey   # CPU plans are built for the lent H100's limits
 from testkit import run_bwd_plan as run
 
@@ -29,16 +28,10 @@ T, B, I, H = BWD_PLAN_SHAPE
 @pytest.mark.parametrize("layers", [1, 3])
 @pytest.mark.parametrize("cell", CELL_NAMES)
 def test_every_combination_gives_reference_gradients(cell, layers):
-    layout, flat, fwd_in, bwd_in, ref = make_case(cell, layers)
+    case = make_case(cell, layers)
     for sw in all_combinations():
-        key = PlanKey(cell, T, B, I, H, layers, True, sw, train=True)
-        plan = backward_plan(key)
-        races = find_races(plan)
-        assert not races, f"{sw.label()}: " + races[0].describe(plan)
-        check(run(key, flat, fwd_in, bwd_in), layout, ref, sw.label())
-        if len(plan.streams) > 1:
-            check(run(key, flat, fwd_in, bwd_in, "random", 1), layout, ref,
-                  f"{sw.label()} random")
+        check_bwd_key(PlanKey(cell, T, B, I, H, layers, True, sw, train=True), case,
+                      sw.label())
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from rnnrt.check import FP32_ATOL, FP32_RTOL, reduction_atol
-from rnnrt.exec.racecheck import find_races, vector_clocks
+from rnnrt.exec.racecheck import vector_clocks
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.plan.backward import backward_plan
 from rnnrt.plan.ops import Gemm, Kernel
 from rnnrt.plan.switches import PAPER_RUNGS, Switches, all_combinations, ladder
-from testkit import BWD_PLAN_SHAPE, CELLS, bwd_plan_case, check_bwd_plan, run_bwd_plan
+from testkit import (BWD_PLAN_SHAPE, CELLS, bwd_plan_case, check_bwd_key, check_bwd_plan,
+                     run_bwd_plan)
 from testkit import cpu_plan_key as PlanKey
 
 T, B, I, H = BWD_PLAN_SHAPE
@@ -35,17 +36,10 @@ def key_of(cell, layers, sw, bias=True, backward="grid", **kw):
 @pytest.mark.parametrize("layers", [1, 3])
 @pytest.mark.parametrize("cell", CELLS)
 def test_every_fused_combination_gives_reference_gradients(cell, layers):
-    layout, flat, fwd_in, bwd_in, ref = bwd_plan_case(cell, layers)
+    case = bwd_plan_case(cell, layers)
     for sw in FUSED:
-        key = key_of(cell, layers, sw)
-        plan = backward_plan(key)
+        plan = check_bwd_key(key_of(cell, layers, sw), case, sw.label())
         assert plan.fallback is None and "backward" in plan.fit, plan.fit
-        races = find_races(plan)
-        assert not races, f"{sw.label()}: " + races[0].describe(plan)
-        check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in), layout, ref, sw.label())
-        if len(plan.streams) > 1:
-            check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in, "random", 1), layout, ref,
-                           f"{sw.label()} random")
 
 
 @pytest.mark.parametrize("layers", [1, 3])
@@ -54,20 +48,15 @@ def test_the_cluster_kernel_and_the_cost_models_pick(cell, layers):
     """backward='cluster' (the cluster kernels' twins: one cluster per 4 batches) and
     'persistent' (the kernel the cost model prefers) likewise give the reference gradients,
     race-free, in program order and random interleavings, for the fused rungs."""
-    layout, flat, fwd_in, bwd_in, ref = bwd_plan_case(cell, layers, seed=7)
+    case = bwd_plan_case(cell, layers, seed=7)
     for rung in ladder(input_batch=2)[3:]:
         for backward in ("cluster", "persistent"):
-            key = key_of(cell, layers, rung.switches, backward=backward)
-            plan = backward_plan(key)
+            plan = check_bwd_key(key_of(cell, layers, rung.switches, backward=backward), case,
+                                 f"{rung.name} {backward}", seed=2, always_random=True)
             assert plan.fallback is None, plan.fallback
             kernels = {op.name for op in plan.ops if isinstance(op, Kernel)}
             if backward == "cluster":
                 assert kernels == {f"{cell}_persistent_cluster_bwd"}, kernels
-            assert not find_races(plan)
-            what = f"{rung.name} {backward}"
-            check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in), layout, ref, what)
-            check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in, "random", 2), layout, ref,
-                           f"{what} random")
 
 
 @pytest.mark.parametrize("cell", CELLS)

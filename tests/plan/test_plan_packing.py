@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from testkit import batch_sizes_of
 
 from rnnrt.plan import packing as pk
 
@@ -20,7 +19,7 @@ def test_step_grid_rounds_up_by_at_most_an_eighth():
 
 
 def _random_bs(rng, lo, hi, batch):
-    return batch_sizes_of(rng.integers(lo, hi + 1, batch))
+    return pk.batch_sizes(rng.integers(lo, hi + 1, batch))
 
 
 @pytest.mark.parametrize("lo, hi, batch", [(20, 200, 64), (1, 500, 32), (1, 30, 200),
@@ -57,7 +56,7 @@ def test_random_batches_share_few_patterns(lo, hi, batch, most_patterns, most_ro
 
 def test_row_map_both_directions():
     lengths = [7, 5, 5, 2, 1]
-    bs = batch_sizes_of(lengths)                  # (5, 4, 3, 3, 3, 1, 1)
+    bs = pk.batch_sizes(lengths)                  # (5, 4, 3, 3, 3, 1, 1)
     pattern = pk.bucket(bs)
     off, poff = pk.offsets(bs), pk.offsets(pattern)
     for reverse in (False, True):
@@ -84,6 +83,26 @@ def test_bad_patterns_are_refused_by_name():
         pk.row_map((3, 3, 1), (3, 2, 2))
     assert not pk.covers((4, 4), (3, 3)) and not pk.covers((3,), (3, 3))
     assert list(pk.lengths((3, 2, 2, 1))) == [4, 3, 1]
+
+
+def test_batch_sizes_is_the_inverse_of_lengths():
+    """packing.batch_sizes: torch's packing of sequences of given lengths (any order),
+    written out here for one batch, the inverse of packing.lengths on random ones; bad
+    lengths refused by name."""
+    assert pk.batch_sizes([2, 7, 5, 1, 5]) == (5, 4, 3, 3, 3, 1, 1)
+    assert pk.batch_sizes(np.array([3, 3])) == (2, 2, 2) and pk.batch_sizes([1]) == (1,)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        lens = rng.integers(1, 40, rng.integers(1, 20))
+        bs = pk.batch_sizes(lens)
+        assert pk.check_pattern(bs) == bs and sum(bs) == lens.sum()
+        assert list(pk.lengths(bs)) == sorted(lens.tolist(), reverse=True)
+    for bad, words in (([], "at least one"), ([3, 0], "at least one step"),
+                       ([2, True], "at least one"), ("ab", "sequence of ints"),
+                       (None, "sequence of ints")):
+        with pytest.raises(ValueError, match="lengths: expected") as info:
+            pk.batch_sizes(bad)
+        assert words in str(info.value), info.value
 
 
 def test_staircase_is_what_random_lengths_bucket_to():

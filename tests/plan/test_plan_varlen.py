@@ -9,9 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from testkit import (
+    BWD_PLAN_SHAPE,
     CELLS,
     assert_missing_wait_caught,
+    bwd_plan_case,
+    check_bwd_plan,
     check_varlen,
+    run_bwd_plan,
     run_varlen_numpy,
     varlen_case,
 )
@@ -232,11 +236,13 @@ def test_no_plan_writes_its_state_inputs(cell):
 def test_a_backward_without_dx(varlen):
     """need_dx=False: the same buffers, no layer-0 dx GEMM, no 'dx' output, and every other
     gradient as the full backward's."""
-    case = varlen_case("lstm", 2, LENGTHS if varlen else [5] * B, I, H, seed=6)
     sw = ladder(input_batch=2)[-2].switches
-    pattern = bucket(case["bs"]) if varlen else None
-    key = (key_of("lstm", 2, pattern, sw) if varlen else
-           PlanKey("lstm", 5, B, I, H, 2, True, sw, train=True))
+    if varlen:
+        case = varlen_case("lstm", 2, LENGTHS, I, H, seed=6)
+        key = key_of("lstm", 2, bucket(case["bs"]), sw)
+    else:
+        layout, flat, fwd_in, bwd_in, ref = bwd_plan_case("lstm", 2, seed=6)
+        key = PlanKey("lstm", *BWD_PLAN_SHAPE, 2, True, sw, train=True)
     full, lean = backward_plan(key), backward_plan(key, False, False)
     assert lean.buffers == full.buffers and "dx" not in lean.outputs
     dx0 = [op for op in full.ops if isinstance(op, Gemm) and op.kind == "dx" and op.layer == 0]
@@ -247,3 +253,7 @@ def test_a_backward_without_dx(varlen):
         out, _ = run_varlen_numpy(key, case, True, order="random", seed=2, bwd=lean)
         assert "dx" not in out
         check_varlen(out, case, True, "without dx")
+    else:
+        ws = run_bwd_plan(key, flat, fwd_in, bwd_in, "random", 2, bwd=lean)
+        assert "dx" not in ws.plan.outputs
+        check_bwd_plan(ws, layout, {**ref, "dx": None}, "without dx")
