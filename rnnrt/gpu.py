@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gpu_state import RunState, StateCache
+from .gpu_state import MAX_EXECUTORS, RunState, StateCache
 from .plan.forward import forward_plan
 from .plan.model import PlanKey
 from .plan.switches import Switches
@@ -71,11 +71,17 @@ DEFAULT_CACHE_BYTES = 4 << 30
 """Workspace bytes a runner keeps for the shapes it saw (least recently used go first)."""
 MAX_KEYS = 1024
 """Plan keys a runner remembers per call shape (its selector keeps its own bound)."""
-MAX_ROW_MAPS = 64
-"""Row maps of packed batches a runner keeps on the device (a repeated batch reuses its)."""
-MAX_SEEN = 256
+MAX_SEEN = MAX_EXECUTORS // 4
 """Packed batches (their batch_sizes) a runner remembers: one seen again runs its exact
-pattern (nothing frozen) instead of its bucket's."""
+pattern (nothing frozen) instead of its bucket's. A quarter of a workspace's executors: a
+pattern needs a forward and up to three backward graphs (accumulate, need_dx), so the exact
+patterns of a loop over MAX_SEEN batches stay captured. A loop over more batches never
+finds one among the last MAX_SEEN when it comes again: it runs the bucketed plans, as
+random batches do, instead of re-capturing a graph (and rebuilding a plan) every call."""
+MAX_ROW_MAPS = 64
+"""Row maps of packed batches a runner keeps on the device (a repeated batch reuses its):
+room for a loop over MAX_SEEN batches (a map for the bucket's pattern and one for the
+exact) and more (tests/core/test_core_runner_caches.py holds the bounds together)."""
 
 
 class GpuRunner:
@@ -106,8 +112,9 @@ class GpuRunner:
     capacity (the steps bucket) share one workspace and keep a CUDA graph each
     (gpu_state.MAX_EXECUTORS a workspace, least recently used first out). A batch seen
     before (its batch_sizes among the last MAX_SEEN) runs its exact pattern instead, with no
-    frozen rows: a loop over a fixed set of batches pays for no padding after its first
-    pass; random batches never repeat and stay on their few bucketed plans.
+    frozen rows: a loop over a fixed set of up to MAX_SEEN batches pays for no padding after
+    its first pass; random batches never repeat and stay on their few bucketed plans, as do
+    the batches of a larger fixed set (whose exact plans would not stay cached).
     """
 
     def __init__(self, model, switches: Switches | str = "auto", executor: str = "graph",

@@ -1,0 +1,88 @@
+"""GpuRunner's caches on the CPU (testkit.CpuSession: NumPy workspaces and the NumPy executor
+in CuPy's place): a loop over a fixed set of packed batches stops building anything once
+warm — executors (CUDA graphs on a GPU), plans and row maps — however many batches the set
+holds; the bounds of gpu.py and gpu_state.py fit one another."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rnnrt
+from rnnrt.check import assert_close
+from testkit import CpuSession, batch_sizes_of, draw32
+
+I, H = 3, 4
+
+
+@pytest.fixture
+def cpu_runner(monkeypatch):
+    """-> make(model, **GpuRunner kwargs): a GpuRunner on CpuSession, heuristic schedules."""
+    import rnnrt.session
+    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
+    monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
+    from rnnrt.gpu import GpuRunner
+    return lambda model, **kw: GpuRunner(model, schedule_cache=False, **kw)
+
+
+def _fixed_set(n, batch=4, longest=12, seed=0):
+    """``n`` distinct batch_sizes of ``batch`` sequences, the longest ``longest`` steps
+    (one steps bucket: every batch on one workspace)."""
+    rng = np.random.default_rng(seed)
+    out = set()
+    while len(out) < n:
+        lengths = [longest] + list(rng.integers(1, longest + 1, batch - 1))
+        out.add(batch_sizes_of(lengths))
+    return sorted(out)
+
+
+def test_the_bounds_fit_together():
+    from rnnrt.gpu import MAX_ROW_MAPS, MAX_SEEN
+    from rnnrt.gpu_state import MAX_EXECUTORS
+    # an exact pattern's forward and up to three backward executors (accumulate, need_dx)
+    assert 4 * MAX_SEEN <= MAX_EXECUTORS
+    # a looped batch's row map for its bucket and for its exact pattern, and room to spare
+    assert MAX_ROW_MAPS >= 2 * MAX_SEEN + 32
+
+
+@pytest.mark.parametrize("n", [10, 40])
+def test_a_loop_over_fixed_batches_builds_nothing_once_warm(cpu_runner, n):
+    """Training steps over ``n`` fixed batches of one capacity, three passes: after the
+    first two, the third makes no executor, builds no plan and uploads no row map. A set
+    of at most MAX_SEEN batches runs each on its exact pattern (nothing frozen); a larger
+    set runs its bucketed patterns (before the fix, with MAX_SEEN = 256, a set of 40 ran
+    40 exact patterns whose 80 executors did not fit a workspace's 64: every call captured
+    again). The outputs of the third pass equal the second's."""
+    from rnnrt.gpu import MAX_SEEN
+    from rnnrt.plan import backward_plan, forward_plan
+    from rnnrt.plan.packing import bucket
+    r = cpu_runner(rnnrt.GRU(I, H, num_layers=1, seed=2))
+    rng = np.random.default_rng(1)
+    batches = [(bs, draw32(rng, sum(bs), I), draw32(rng, sum(bs), H))
+               for bs in _fixed_set(n)]
+
+    def one_pass():
+        ys, keys = [], []
+        for bs, x, dy in batches:
+            y, _, tape = r.forward_packed(x, bs, train=True)
+            r.backward(tape, dy)
+            ys.append(y)
+            keys.append(tape.key)
+            del tape   # (a live tape keeps its workspace busy: the next call would take another)
+        return ys, keys
+
+    one_pass()
+    ys2, _ = one_pass()
+    made = r.session.executors_made
+    fmiss, bmiss = forward_plan.cache_info().misses, backward_plan.cache_info().misses
+    maps = dict(r._row_maps)
+    ys3, keys = one_pass()
+    assert r.session.executors_made == made, "executors made again in a warm loop"
+    assert forward_plan.cache_info().misses == fmiss
+    assert backward_plan.cache_info().misses == bmiss
+    assert len(r._row_maps) == len(maps) and all(r._row_maps[k] is v for k, v in maps.items())
+    assert len(r._states) == 1
+    exact = n <= MAX_SEEN
+    for (bs, _, _), key in zip(batches, keys):
+        assert key.batch_sizes == (bs if exact else bucket(bs))
+    for a, b in zip(ys2, ys3):
+        assert_close(b, a, 0, 0, name="a warm pass, the same plans, the same y")
