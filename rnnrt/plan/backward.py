@@ -83,6 +83,18 @@ def backward_plan(key: PlanKey, accumulate: bool = False, need_dx: bool = True) 
     return plan
 
 
+def workspace_buffers(key: PlanKey) -> tuple[Buffer, ...]:
+    """The buffers of ``key``'s workspace, as its plans' builders list them (no op built):
+    a training key's backward plan's (a superset of the forward's: one workspace serves
+    both passes, the persistent backward's barrier counters included), else the forward's."""
+    if not key.train:
+        return ForwardBuilder(key).buffers()
+    if key.backward is not None:
+        from .backward_persistent import backward_builder
+        return backward_builder(key)[0].buffers()
+    return BackwardBuilder(key, False).buffers()
+
+
 class BackwardBuilder(ForwardBuilder):
     """Builds the backward plan of a training key on top of the forward builder's views,
     buffers and streams (one workspace serves both passes)."""
@@ -102,7 +114,7 @@ class BackwardBuilder(ForwardBuilder):
     # -- buffers -----------------------------------------------------------------------------
     def buffers(self):
         T, B, H, GH = self.Tc, self.B, self.H, self.GH
-        bufs = list(forward_plan(self.key).buffers)
+        bufs = list(super().buffers())   # the forward's (they do not depend on the chunk k)
         if self.varlen:
             bufs.append(Buffer("dhn", self.L * B * H, "io"))
             if self.cell.has_cell_state:
