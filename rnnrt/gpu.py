@@ -250,7 +250,10 @@ class GpuRunner:
         self._compiled = True
 
     # -- states ----------------------------------------------------------------------------------
-    def _build_state(self, key: PlanKey) -> RunState:
+    def _build_state(self, key: PlanKey, grads) -> RunState:
+        """A new state of ``key``: its workspace (its training plan's buffers for a
+        training key) on ``self.params`` and ``grads`` (the gradient buffer it adopts;
+        None: a zeroed one of its own)."""
         from .plan.backward import backward_plan
         from .sizes import SizeError, check_workspace, gpu_available
         # the workspace must fit before any plan is built or buffer allocated; where it does
@@ -262,7 +265,7 @@ class GpuRunner:
                 raise
             check_workspace(key, gpu_available(self.cp))
         wplan = backward_plan(key) if key.train else forward_plan(key)
-        ws = self.session.workspace(wplan, self.params, grads=self.grads)
+        ws = self.session.workspace(wplan, self.params, grads=grads)
         return RunState(ws, lambda plan, w: self.session.executor(self.executor_name, plan, w))
 
     @staticmethod
@@ -279,7 +282,8 @@ class GpuRunner:
         random inputs of ``shape`` (the first ``choice.tuning_steps(shape)`` steps), after
         one warm-up run; forward, or forward + backward for a training shape. A variable-
         length shape is timed on one representative pattern (plan.packing.staircase;
-        kernels/choice.py Selector says why), its mask all ones. Nothing is cached."""
+        kernels/choice.py Selector says why), its mask all ones. Nothing is cached, and the
+        caller's gradient buffer is not touched."""
         from .kernels.choice import tuning_steps
         from .plan.backward import backward_plan
         from .session import time_events
@@ -297,7 +301,9 @@ class GpuRunner:
         tkey = (sched.name, shape.key(), steps)
         if getattr(self, "_timing_key", None) != tkey:
             self._timing = None   # free the last candidate's workspace first
-            st = self._build_state(key)
+            # a gradient buffer of its own: the timed backward (accumulate=False) must not
+            # overwrite the caller's gradients (a sum over micro-batches, say)
+            st = self._build_state(key, None)
             cp = self.cp
             rng = cp.random.default_rng(0)
             arrays = {name: (cp.ones(b.shape, cp.float32) if name == "mask" else
@@ -330,7 +336,7 @@ class GpuRunner:
             st = self._states.get((skey, slot))
             if st is None:
                 self._timing, self._timing_key = None, None   # tuning is over: free it
-                st = self._build_state(key)
+                st = self._build_state(key, self.grads)
                 self._states.add((skey, slot), st)
                 return st
             if not st.busy:
