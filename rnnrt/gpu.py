@@ -361,8 +361,9 @@ class GpuRunner:
 
     @staticmethod
     def _load_states(st: RunState, ws, **arrays):
-        """Load state inputs (h0, c0, dh_n, dc_n; None: zeros). No plan writes them, so a
-        None after a None (the usual training loop) loads nothing."""
+        """Load state inputs (h0, c0, dh_n, dc_n; None: zeros). No plan writes them (plan
+        validate() refuses one that does: plan.model.STATE_INPUTS), so a None after a None
+        (the usual training loop) loads nothing."""
         for name, a in arrays.items():
             if name not in ws.plan.inputs:
                 continue

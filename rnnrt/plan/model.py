@@ -10,6 +10,7 @@ addresses).
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import itertools
@@ -22,6 +23,10 @@ from ..kernels.registry import check_views, get_kernel
 from .ops import Gemm, Kernel, Op, Record, Wait
 from .switches import Switches
 
+STATE_INPUTS = ("h0", "c0", "dh_n", "dc_n")
+"""Inputs no op of a plan may write (``validate`` refuses one that does): GpuRunner loads a
+None state (zeros) once and skips the fill while the caller keeps passing None
+(gpu.py ``_load_states``), which is right only while nothing overwrites them."""
 PERSISTENT_FAMILIES = ("stack", "grid", "cluster")
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
 BACKWARD_FAMILIES = ("persistent", "grid", "cluster")
@@ -274,6 +279,17 @@ def cover(views) -> dict:
     return out
 
 
+def _overlaps(v, spans) -> bool:
+    """Whether view ``v`` touches any of ``spans`` (merged, sorted [start, stop) intervals
+    of its buffer, as ``cover`` gives them)."""
+    starts = [a for a, _ in spans]
+    for a, b in ([(v.offset, v.end)] if v.ld == v.cols else v.row_intervals()):
+        j = bisect.bisect_right(starts, a) - 1   # the last span starting at or before a
+        if (j >= 0 and spans[j][1] > a) or (j + 1 < len(spans) and spans[j + 1][0] < b):
+            return True
+    return False
+
+
 @contextlib.contextmanager
 def building():
     """Pause Python's cyclic garbage collector while a plan is built and checked.
@@ -295,9 +311,12 @@ def validate(plan: Plan) -> None:
     """Check a plan's invariants; raise ValueError naming the first broken one.
 
     Every view lies inside its buffer; every stream index exists; every event is recorded
-    exactly once and before (in issue order) every wait on it.
+    exactly once and before (in issue order) every wait on it; no op writes the elements
+    bound to a state input (``STATE_INPUTS``).
     """
     sizes = {b.name: b.size for b in plan.buffers}
+    states = {name: cover(plan.inputs[name].views) for name in STATE_INPUTS
+              if name in plan.inputs}
     recorded = set()
     # a kernel launch's shape check depends on its kernel, problem, views' shapes and
     # scalars, not on where the views are: a T-step plan has a handful of distinct ones
@@ -333,6 +352,11 @@ def validate(plan: Plan) -> None:
                 raise ValueError(f"op {i}: unknown buffer {v.buf!r}")
             if v.end > sizes[v.buf]:
                 raise ValueError(f"op {i}: view {v} ends at {v.end} > size {sizes[v.buf]}")
+        for v in op.writes:
+            for name, spans in states.items():
+                if v.buf in spans and _overlaps(v, spans[v.buf]):
+                    raise ValueError(f"op {i}: {op_str(op)} writes input {name!r} (the "
+                                     f"runner skips reloading a zero state no op writes)")
     for name, binding in list(plan.inputs.items()) + list(plan.outputs.items()):
         for v in binding.views:
             if v.end > sizes[v.buf]:
