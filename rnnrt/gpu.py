@@ -345,12 +345,13 @@ class GpuRunner:
 
     def _row_map(self, batch_sizes: tuple, pattern: tuple, reverse: bool):
         """The RowMap (plan/packing.py) of a packed batch in its pattern's plan, on the
-        device (rows int64, mask float32), kept for the last MAX_ROW_MAPS batches."""
+        device (rows int64, mask float32), kept for the last MAX_ROW_MAPS batches.
+        batch_sizes [T], pattern: checked tuples (``pattern``'s input and result)."""
         k = (batch_sizes, pattern, bool(reverse))
         rm = self._row_maps.get(k)
         if rm is None:
             from .plan.packing import RowMap, row_map
-            host = row_map(batch_sizes, pattern, reverse)
+            host = row_map(batch_sizes, pattern, reverse, checked=True)
             rm = RowMap(self.cp.asarray(host.rows), self.cp.asarray(host.mask))
             self._row_maps[k] = rm
             while len(self._row_maps) > MAX_ROW_MAPS:
@@ -435,11 +436,9 @@ class GpuRunner:
         Returns y [N, H] packed like x and h_n / (h_n, c_n) as ``forward``; with train=True
         also a GpuTape (``backward`` takes dy [N, H] and gives dx [N, I]).
         """
-        from .plan.packing import check_pattern
         m = self.model
         h0, c0 = split_hx(m, hx)
-        bs = check_pattern(batch_sizes)
-        check_packed_inputs(m, x, bs, h0, c0)
+        bs = check_packed_inputs(m, x, batch_sizes, h0, c0)   # checked once, here
         pattern = self.pattern(bs)
         key = self.plan_key(len(pattern), bs[0], bool(train), pattern)
         rm = self._row_map(bs, pattern, reverse)
@@ -464,7 +463,8 @@ class GpuRunner:
 
     def pattern(self, batch_sizes: tuple) -> tuple:
         """The pattern a packed batch runs: its bucket's (plan/packing.py), or its own if the
-        runner saw it among its last MAX_SEEN batches (a repeated batch: no frozen rows)."""
+        runner saw it among its last MAX_SEEN batches (a repeated batch: no frozen rows).
+        batch_sizes: [T], plan.packing.check_pattern's tuple (checked by the caller)."""
         from .plan.packing import bucket
         if batch_sizes in self._seen:
             self._seen.move_to_end(batch_sizes)
@@ -472,7 +472,7 @@ class GpuRunner:
         self._seen[batch_sizes] = True
         while len(self._seen) > MAX_SEEN:
             self._seen.popitem(last=False)
-        return bucket(batch_sizes)
+        return bucket(batch_sizes, checked=True)
 
     def _forward_result(self, st, key, y, out, train, batch_first, rows):
         hx_n = (out["h_n"], out["c_n"]) if self.model.cell.has_cell_state else out["h_n"]

@@ -204,8 +204,10 @@ def check_backward_inputs(config, steps: int, batch: int, dy, dh_n=None, dc_n=No
             _check_state(name, a, config.num_layers, batch, hidden, config.dtype)
 
 
-def check_packed_inputs(config, x, batch_sizes, h0=None, c0=None) -> tuple[int, int]:
-    """Check a forward call on packed sequences against ``config``; -> (N, B).
+def check_packed_inputs(config, x, batch_sizes, h0=None, c0=None) -> tuple[int, ...]:
+    """Check a forward call on packed sequences against ``config``; -> batch_sizes as
+    ``plan.packing.check_pattern``'s tuple of Python ints (checked once: what the caller
+    hands on needs no check again).
 
     x:           [N, I] packed (torch's PackedSequence layout: step t's rows after step
                  t-1's), N = sum(batch_sizes); the model's dtype
@@ -224,7 +226,7 @@ def check_packed_inputs(config, x, batch_sizes, h0=None, c0=None) -> tuple[int, 
         raise ValueError(f"x: expected packed [N, I] = ({n}, {config.input_size}) (N = "
                          f"sum(batch_sizes)), got shape {_shape_str(x)}")
     _check_pair(config, bs[0], ("h0", h0), ("c0", c0))
-    return n, bs[0]
+    return bs
 
 
 def check_packed_backward_inputs(config, rows: int, batch: int, dy, dh_n=None,

@@ -11,8 +11,9 @@ selector's choice per shape: ``switches='auto'``). A call:
      (``flat.py``: ``.cuda()`` lays them out so, and the runner adopts the call's segment of
      it as its parameter buffer); otherwise copies them into the runner's buffer (one
      multi-tensor copy). Where they moved since (or came to lie in one buffer), the call
-     site gets a new runner that adopts them as they lie now (``Site.stale``). Either way torch's version counters refuse a backward after an
-     in-place change, so what the backward reads is what the forward ran with;
+     site gets a new runner that adopts them as they lie now (``Site.stale``). Either way
+     torch's version counters refuse a backward after an in-place change, so what the
+     backward reads is what the forward ran with;
   3. hands x, h0 and c0 over through DLPack (zero-copy views; the plan copies x into its
      workspace), runs the runner's forward (and, for a training call, keeps its tape: the
      tape holds its own workspace until autograd drops it), and returns the outputs through
@@ -174,11 +175,12 @@ class CudaBackend:
         h_n [L, B, H], c_n | None, saved | None)."""
         import cupy as cp
         self._check(x)
-        T = len(batch_sizes)
-        B = int(batch_sizes[0]) if T else 0
+        bs = tuple(np.asarray(batch_sizes).tolist())   # once; forward_packed checks it
+        T = len(bs)
+        B = bs[0] if T else 0
         if T == 0 or B == 0:
             raise NotImplementedError("rnnrt.nn on CUDA: an empty batch is not supported")
-        uniform = bool((np.asarray(batch_sizes) == B).all())
+        uniform = bs[-1] == B   # non-increasing (the module checked): one length
         device = x.device
         params = _flat_params(layers)
         site = self._site(cell, layers, device, params)
@@ -199,7 +201,6 @@ class CudaBackend:
                 y = out[0][::-1] if reverse else out[0]
                 y = cp.ascontiguousarray(y).reshape(T * B, -1)
             else:
-                bs = tuple(np.asarray(batch_sizes).tolist())
                 out = runner.forward_packed(xc, bs, hx, train=train, reverse=reverse)
                 y = out[0]
             h_n, c_n = out[1] if cell == "lstm" else (out[1], None)

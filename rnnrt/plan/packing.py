@@ -103,11 +103,12 @@ def group_rows(batch: int) -> int:
     return -(-per // ROW_QUANTUM) * ROW_QUANTUM
 
 
-def bucket(batch_sizes) -> tuple[int, ...]:
+def bucket(batch_sizes, checked: bool = False) -> tuple[int, ...]:
     """The bucketed pattern that runs the packed batch ``batch_sizes`` [T] (module
     docstring): it covers batch_sizes, has step_grid(T) steps and at most ROW_GROUPS
-    distinct entries."""
-    bs = check_pattern(batch_sizes)
+    distinct entries. checked: batch_sizes is ``check_pattern``'s tuple already (a caller
+    that checked its input once, GpuRunner), so it is not checked again."""
+    bs = batch_sizes if checked else check_pattern(batch_sizes)
     lens = lengths(bs)
     batch = bs[0]
     steps = step_grid(len(bs))
@@ -148,12 +149,14 @@ class RowMap:
     mask: np.ndarray
 
 
-def row_map(batch_sizes, pattern, reverse: bool = False) -> RowMap:
+def row_map(batch_sizes, pattern, reverse: bool = False, checked: bool = False) -> RowMap:
     """The RowMap of the packed batch ``batch_sizes`` [T] in a plan of ``pattern`` (which
     must cover it). reverse: each sequence is read from its own end (packed row (t, b) to
-    pattern step len_b - 1 - t)."""
-    bs = np.asarray(check_pattern(batch_sizes), dtype=np.int64)
-    pat = check_pattern(pattern, "pattern")
+    pattern step len_b - 1 - t). checked: both are ``check_pattern``'s tuples already (as
+    ``bucket``'s); that the pattern covers the batch is checked either way."""
+    if not checked:
+        batch_sizes, pattern = check_pattern(batch_sizes), check_pattern(pattern, "pattern")
+    bs, pat = np.asarray(batch_sizes, dtype=np.int64), pattern
     if not covers(pat, tuple(bs)):
         raise ValueError(f"pattern {list(pat)} does not cover batch_sizes {bs.tolist()}")
     off, poff = offsets(bs), offsets(pat)

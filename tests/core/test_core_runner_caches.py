@@ -86,3 +86,19 @@ def test_a_loop_over_fixed_batches_builds_nothing_once_warm(cpu_runner, n):
         assert key.batch_sizes == (bs if exact else bucket(bs))
     for a, b in zip(ys2, ys3):
         assert_close(b, a, 0, 0, name="a warm pass, the same plans, the same y")
+
+
+def test_a_packed_call_checks_its_batch_sizes_once(cpu_runner, monkeypatch):
+    """forward_packed checks batch_sizes once (check_packed_inputs) and hands the checked
+    tuple on: bucketing and the row map do not check it again (they did, four more times)."""
+    import rnnrt.plan.packing as pk
+    calls = []
+    real = pk.check_pattern
+    monkeypatch.setattr(pk, "check_pattern", lambda *a, **kw: (calls.append(a), real(*a, **kw))[1])
+    r = cpu_runner(rnnrt.LSTM(I, H, num_layers=1, seed=3))
+    bs = batch_sizes_of([7, 5, 2])
+    x = draw32(np.random.default_rng(2), sum(bs), I)
+    for _ in range(3):   # bucketed (a new row map), exact (another), exact again (cached)
+        calls.clear()
+        r.forward_packed(x, list(bs))
+        assert len(calls) == 1, calls
