@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -162,7 +163,7 @@ class GpuRunner:
         self._states = StateCache(cache_bytes, free=cp.get_default_memory_pool().free_all_blocks)
         self._schedule_cache = schedule_cache
         self._selector = None
-        self._keys = OrderedDict()       # (steps, batch, train, pattern) -> PlanKey
+        self._keys = OrderedDict()       # (steps, batch, train, pattern) -> (key, skey)
         self._row_maps = OrderedDict()   # (batch_sizes, pattern, reverse) -> device RowMap
         self._seen = OrderedDict()       # batch_sizes of recent packed batches
         self._events = None              # the two events _on_stream records, made once
@@ -215,11 +216,16 @@ class GpuRunner:
         """The PlanKey a call runs: ``pattern`` (plan/packing.py) for packed sequences of
         different lengths (steps = len(pattern); its buffers sized for the steps bucket, so
         every pattern of the bucket shares a workspace). Remembered per call shape."""
-        k = (int(steps), int(batch), bool(train), pattern)
-        key = self._keys.get(k)
-        if key is not None:
+        return self._key(int(steps), int(batch), bool(train), pattern)[0]
+
+    def _key(self, steps: int, batch: int, train: bool, pattern: tuple | None):
+        """(``plan_key``'s key, its workspace key), remembered per call shape: a call does
+        one lookup (the arguments are ints, a bool and a checked pattern)."""
+        k = (steps, batch, train, pattern)
+        entry = self._keys.get(k)
+        if entry is not None:
             self._keys.move_to_end(k)
-            return key
+            return entry
         m = self.model
         if self.switches == "auto":
             sched = self.schedule(steps, batch, train, pattern is not None).schedule
@@ -234,10 +240,10 @@ class GpuRunner:
                       m.num_layers, m.bias, sw, bool(train), device=self.limits, family=family,
                       backward=backward if train else None, batch_sizes=pattern,
                       capacity=capacity)
-        self._keys[k] = key
+        entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
-        return key
+        return entry
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes
@@ -326,11 +332,13 @@ class GpuRunner:
 
         return time_events(self.cp, run, runs[0].stream, repeats, warm)
 
-    def state(self, key: PlanKey) -> RunState:
+    def state(self, key: PlanKey, skey=None) -> RunState:
         """A state (workspace + executors) of ``key`` that no live tape holds, built once and
         kept in the bounded cache. A training key's workspace holds the backward plan's
-        buffers too (a superset of the forward's)."""
-        skey = self._workspace_key(key)
+        buffers too (a superset of the forward's). skey: the key's ``_workspace_key`` where
+        the caller has it."""
+        if skey is None:
+            skey = self._workspace_key(key)
         slot = 0
         while True:
             st = self._states.get((skey, slot))
@@ -408,9 +416,9 @@ class GpuRunner:
         check_forward_inputs(m, x, h0, c0)
         if m.batch_first:
             x = x.transpose(1, 0, 2)
-        key = self.plan_key(int(x.shape[0]), int(x.shape[1]), bool(train))
-        st = self.state(key)
-        ex = st.executor(forward_plan(key), "fwd")
+        key, skey = self._key(int(x.shape[0]), int(x.shape[1]), train, None)
+        st = self.state(key, skey)
+        ex = st.executor_of(key, "fwd", partial(forward_plan, key))
         ws = ex.prepared.ws
 
         def run():
@@ -440,10 +448,10 @@ class GpuRunner:
         h0, c0 = split_hx(m, hx)
         bs = check_packed_inputs(m, x, batch_sizes, h0, c0)   # checked once, here
         pattern = self.pattern(bs)
-        key = self.plan_key(len(pattern), bs[0], bool(train), pattern)
+        key, skey = self._key(len(pattern), bs[0], bool(train), pattern)
         rm = self._row_map(bs, pattern, reverse)
-        st = self.state(key)
-        ex = st.executor(forward_plan(key), "fwd")
+        st = self.state(key, skey)
+        ex = st.executor_of(key, "fwd", partial(forward_plan, key))
         ws = ex.prepared.ws
 
         def run():
@@ -520,7 +528,8 @@ class GpuRunner:
             if tape.batch_first and dy is not None:
                 dy = dy.transpose(1, 0, 2)
         acc, need_dx = bool(accumulate), bool(need_dx)
-        ex = st.executor(backward_plan(tape.key, acc, need_dx), ("bwd", acc, need_dx))
+        ex = st.executor_of(tape.key, ("bwd", acc, need_dx),
+                            partial(backward_plan, tape.key, acc, need_dx))
         ws = ex.prepared.ws
 
         def run():

@@ -44,9 +44,17 @@ class RunState:
     def executor(self, plan, what):
         """The executor of ``plan`` on this workspace (``what`` tells passes apart: 'fwd',
         ('bwd', accumulate, need_dx)), made on first use."""
-        k = (plan.key, what)
+        return self.executor_of(plan.key, what, lambda: plan)
+
+    def executor_of(self, key, what, make_plan):
+        """``executor`` of the plan ``make_plan()`` of ``key`` (a PlanKey: its hash is
+        cached), which is called only where no executor of (key, what) is kept: a call
+        that finds its executor looks nothing else up (the plan caches may have dropped
+        the plan meanwhile: the executor holds its own)."""
+        k = (key, what)
         ex = self._executors.get(k)
         if ex is None:
+            plan = make_plan()
             ex = self._make(plan, self.ws.sharing(plan))
             self._executors[k] = ex
             while len(self._executors) > self.max_executors:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import gc
 import itertools
 from collections import Counter, defaultdict
@@ -123,6 +124,19 @@ class PlanKey:
             raise ValueError("PlanKey.device: the persistent switch needs the device's limits "
                              "(rnnrt.kernels.limits.DeviceLimits.from_device(cupy), or a "
                              "named device such as rnnrt.kernels.limits.H100_SXM for CPU runs)")
+        # hashed once: a key is looked up on every call (the runner's executors, the plan
+        # caches), and its batch_sizes (and switches, device) would make each hash O(steps)
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        # a copy or an unpickled key is made by __init__, so its hash is this process's
+        return type(self), self._fields()
 
     @property
     def varlen(self) -> bool:

@@ -102,3 +102,44 @@ def test_a_packed_call_checks_its_batch_sizes_once(cpu_runner, monkeypatch):
         calls.clear()
         r.forward_packed(x, list(bs))
         assert len(calls) == 1, calls
+
+
+def test_a_warm_call_builds_no_key_and_looks_up_no_plan(cpu_runner, monkeypatch):
+    """A training step the runner has run before (packed and fixed): no PlanKey is made
+    (the workspace key of a pattern was a dataclasses.replace every call), no plan is looked
+    up (the executors are found by key, the plan built only with a new executor), and the
+    key's hash is not computed again (it is cached: batch_sizes made it O(steps))."""
+    import rnnrt.gpu
+    import rnnrt.plan.backward
+    from rnnrt.plan.model import PlanKey
+    r = cpu_runner(rnnrt.GRU(I, H, num_layers=2, seed=4))
+    rng = np.random.default_rng(3)
+    bs = batch_sizes_of([9, 6, 6, 2])
+    xp, dyp = draw32(rng, sum(bs), I), draw32(rng, sum(bs), H)
+    xf, dyf = draw32(rng, 5, 2, I), draw32(rng, 5, 2, H)
+
+    def step():
+        _, _, tape = r.forward_packed(xp, bs, train=True)
+        r.backward(tape, dyp)
+        del tape
+        _, _, tape = r.forward(xf, train=True)
+        r.backward(tape, dyf)
+
+    for _ in range(3):   # (bucketed, then exact: warm from the third)
+        step()
+    counts = {"key": 0, "hash": 0, "plan": 0}
+    real_post, real_fields = PlanKey.__post_init__, PlanKey._fields
+
+    def counted(what, fn):
+        def wrapped(*a, **kw):
+            counts[what] += 1
+            return fn(*a, **kw)
+        return wrapped
+
+    monkeypatch.setattr(PlanKey, "__post_init__", counted("key", real_post))
+    monkeypatch.setattr(PlanKey, "_fields", counted("hash", real_fields))
+    monkeypatch.setattr(rnnrt.gpu, "forward_plan", counted("plan", rnnrt.gpu.forward_plan))
+    monkeypatch.setattr(rnnrt.plan.backward, "backward_plan",
+                        counted("plan", rnnrt.plan.backward.backward_plan))
+    step()
+    assert counts == {"key": 0, "hash": 0, "plan": 0}, counts
