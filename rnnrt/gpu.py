@@ -45,8 +45,7 @@ class GpuTape:
     generation: int
     batch_first: bool
     state: object = None
-    device: int = -1       # the CUDA device its activations live on
-    dtype: str = "float32"
+    device: int = -1       # the CUDA device its activations live on (its runner's)
     rows: object = None   # packed sequences: the batch's rows in its plan (a CuPy int64 [N])
 
 
@@ -272,7 +271,9 @@ class GpuRunner:
             check_workspace(key, gpu_available(self.cp))
         wplan = backward_plan(key) if key.train else forward_plan(key)
         ws = self.session.workspace(wplan, self.params, grads=grads)
-        return RunState(ws, lambda plan, w: self.session.executor(self.executor_name, plan, w))
+        st = RunState(ws, lambda plan, w: self.session.executor(self.executor_name, plan, w))
+        st.owner = self
+        return st
 
     @staticmethod
     def _workspace_key(key: PlanKey):
@@ -508,16 +509,15 @@ class GpuRunner:
                             f"got {type(tape).__name__}")
         accumulate = check_flag("accumulate", accumulate)
         st = tape.state
-        if tape.device != self.device_id or tape.dtype != "float32":
-            raise ValueError(f"tape: recorded on CUDA device {tape.device} in {tape.dtype}; "
-                             f"this runner is on device {self.device_id} in float32")
-        if st is None or not self._states.holds(st):
+        # its state's owner: this runner, open (a runner is on one device, in float32)
+        if st is None or getattr(st, "owner", None) is not self:
             raise ValueError("tape: it is not one of this runner's (a tape of another runner, "
-                             "or one copied by hand); run backward on the runner whose "
+                             "or of one that was closed); run backward on the runner whose "
                              "forward made it")
         if st.generation != tape.generation:
-            raise ValueError("tape: stale — its activations were overwritten (a tape of "
-                             "another runner, or one copied by hand); run forward again")
+            raise ValueError("tape: stale — a later training forward overwrote its "
+                             "activations (a copy of a tape outlived the original, which "
+                             "held them); run forward again")
         dh_n, dc_n = split_hx(m, dhx, "dhx")
         packed = tape.rows is not None
         if packed:
@@ -553,6 +553,8 @@ class GpuRunner:
         return GpuGrads(dx, out["dh0"], out.get("dc0"), self.grads, self._grad_views)
 
     def close(self):
+        for st in self._states:   # their tapes' backward is refused from now on
+            st.owner = None
         self._states.clear()
         self._timing = None
         self.session.close()

@@ -59,3 +59,34 @@ def test_tuning_a_packed_shape_keeps_the_accumulated_gradients(monkeypatch):
     for e in layout.entries:
         assert_close(r.grads[e.offset:e.end], first[e.offset:e.end] + second[e.offset:e.end],
                      reduction_atol(sum(bs)), FP32_RTOL, name=e.name)
+
+
+def test_a_tape_runs_backward_only_on_its_runner_while_open(monkeypatch):
+    """Another runner's tape is refused by name, its gradients untouched; a copy of a tape
+    whose original was dropped and whose workspace a later forward reused is stale; the
+    tape of a closed runner is refused. The tape of its own open runner runs."""
+    import copy
+
+    import pytest
+
+    import rnnrt
+    monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
+    m = rnnrt.RNN(I, H, num_layers=2, seed=7)
+    a, b = _runner(monkeypatch, m), _runner(monkeypatch, m)
+    rng = np.random.default_rng(2)
+    x, dy = draw32(rng, 4, 2, I), draw32(rng, 4, 2, H)
+    _, _, tape = a.forward(x, train=True)
+    before = b.grads.copy()
+    with pytest.raises(ValueError, match="tape: it is not one of this runner's"):
+        b.backward(tape, dy)
+    assert np.array_equal(b.grads, before)
+    a.backward(tape, dy)
+    kept = copy.copy(tape)
+    del tape                                   # its workspace is free for the next forward
+    _, _, tape = a.forward(x, train=True)
+    assert tape.state is kept.state
+    with pytest.raises(ValueError, match="tape: stale"):
+        a.backward(kept, dy)
+    a.close()
+    with pytest.raises(ValueError, match="tape: it is not one of this runner's"):
+        a.backward(tape, dy)
