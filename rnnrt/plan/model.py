@@ -14,7 +14,6 @@ import bisect
 import contextlib
 import dataclasses
 import gc
-import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ from ..cells import get_cell
 from ..kernels.limits import DeviceLimits
 from ..kernels.registry import check_views, get_kernel
 from .ops import Gemm, Kernel, Op, Record, Wait
+from .packing import check_pattern
 from .switches import Switches
 
 STATE_INPUTS = ("h0", "c0", "dh_n", "dc_n")
@@ -83,10 +83,10 @@ class PlanKey:
                 raise ValueError(f"PlanKey.{name}: expected a positive int, got {v!r}")
         if self.batch_sizes is not None:
             bs = self.batch_sizes
-            if (not isinstance(bs, tuple) or len(bs) != self.steps
-                    or any(isinstance(v, bool) or not isinstance(v, int) for v in bs)
-                    or bs[0] != self.batch or min(bs) < 1
-                    or any(b > a for a, b in itertools.pairwise(bs))):
+            if not isinstance(bs, tuple):
+                raise ValueError(f"PlanKey.batch_sizes: expected a tuple, got {bs!r}")
+            check_pattern(bs, "PlanKey.batch_sizes")   # ints, >= 1, non-increasing
+            if len(bs) != self.steps or bs[0] != self.batch:
                 raise ValueError(f"PlanKey.batch_sizes: expected a tuple of {self.steps} "
                                  f"non-increasing ints >= 1 starting at batch {self.batch}, "
                                  f"got {bs!r}")

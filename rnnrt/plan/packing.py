@@ -39,10 +39,11 @@ to pattern step len_b - 1 - t, so the one forward plan runs both directions.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..varlen import check_batch_sizes
 
 ROW_QUANTUM = 8
 """Rows of a pattern's groups are multiples of this (GEMM tiles, vector loads)."""
@@ -56,22 +57,12 @@ GROUP_FRACTION = 4
 
 def check_pattern(batch_sizes, name: str = "batch_sizes") -> tuple[int, ...]:
     """``batch_sizes`` as a tuple of Python ints, checked: at least one step, every entry
-    >= 1, non-increasing. ValueError naming ``name`` otherwise.
+    >= 1, non-increasing (rnnrt.varlen.check_batch_sizes with min_rows=1). ValueError
+    naming ``name`` otherwise.
 
     batch_sizes: [T] integers (a tuple, list or NumPy array)
     """
-    try:
-        bs = tuple(int(v) for v in batch_sizes)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a sequence of ints, got {batch_sizes!r}") from None
-    if any(isinstance(v, bool) for v in batch_sizes) or not bs:
-        raise ValueError(f"{name}: expected at least one int step, got {batch_sizes!r}")
-    if min(bs) < 1:
-        raise ValueError(f"{name}: every step needs at least one active row, got {list(bs)}")
-    if any(b > a for a, b in itertools.pairwise(bs)):
-        raise ValueError(f"{name}: expected non-increasing entries (sequences sorted "
-                         f"longest first), got {list(bs)}")
-    return bs
+    return tuple(check_batch_sizes(batch_sizes, min_rows=1, name=name).tolist())
 
 
 def step_grid(steps: int) -> int:
