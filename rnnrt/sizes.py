@@ -25,11 +25,10 @@ from __future__ import annotations
 import os
 
 from .cells import get_cell
+from .params import ALIGN, align  # noqa: F401  (ALIGN: the layout's, named here too)
 
 INT32_MAX = 2**31 - 1
 """Largest row count, column count, leading dimension or step count a kernel or cuBLAS takes."""
-ALIGN = 64
-"""Elements each parameter entry is aligned to (``params.ALIGN``; a test holds them equal)."""
 LAYOUT_BYTES_PER_LAYER = 2048
 """Host bytes of one layer's layout entries and parameter views (measured ~1.2 KB, peak
 ~1.7 KB; tests/core/test_core_sizes.py keeps the bound honest)."""
@@ -77,18 +76,14 @@ def host_available() -> int | None:
         return None
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
 def param_elements(cell: str, input_size: int, hidden: int, layers: int, bias: bool) -> int:
     """Elements of the flat parameter buffer (``params.make_layout(...).size``), in closed
     form: every entry starts aligned, so the buffer is the sum of its entries rounded up, and
     layers above the first are alike."""
     gh = get_cell(cell).gates * hidden
-    biases = 2 * _align(gh) if bias else 0
-    first = _align(gh * input_size) + _align(gh * hidden) + biases
-    return first + (layers - 1) * (2 * _align(gh * hidden) + biases)
+    biases = 2 * align(gh) if bias else 0
+    first = align(gh * input_size) + align(gh * hidden) + biases
+    return first + (layers - 1) * (2 * align(gh * hidden) + biases)
 
 
 def describe_shape(cell, input_size, hidden, layers, batch=None, steps=None) -> str:
