@@ -247,24 +247,23 @@ def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, session):
 # --------------------------------------------------------------------------------------------
 # Files and the figure
 
+def shape_stem(cell: str, layers: int, hidden: int, batch: int, steps: int) -> str:
+    """'trace-<cell>-L<layers>-H<hidden>-B<batch>-T<steps>': the start of a trace's file
+    names (its figure's and its record's)."""
+    return f"trace-{cell}-L{layers}-H{hidden}-B{batch}-T{steps}"
+
+
 def figure_stem(cfg: TraceConfig, device: str) -> str:
     """The figure's name (no stamp: a newer trace of a shape and device replaces it, with
     --overwrite); known before the run, so the command can check it first."""
-    return (f"trace-{cfg.cell}-L{cfg.layers}-H{cfg.hidden}-B{cfg.batch}-T{cfg.steps}-"
+    return (f"{shape_stem(cfg.cell, cfg.layers, cfg.hidden, cfg.batch, cfg.steps)}-"
             f"{device_slug(device)}")
-
-
-def default_stem(record: dict) -> str:
-    """The figure's name of a record (``figure_stem`` of its configuration and device)."""
-    c = record["config"]
-    return (f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}-"
-            f"{device_slug(record['device'].get('device', 'device'))}")
 
 
 def default_path(record: dict) -> Path:
     """<out>/results/trace/trace-<shape>-<device>-<stamp>.json (bench/records.py's scheme)."""
     c = record["config"]
-    stem = f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}"
+    stem = shape_stem(c["cell"], c["layers"], c["hidden"], c["batch"], c["steps"])
     return record_path("trace", stem, record["device"].get("device", "device"),
                        record["created"])
 
