@@ -35,6 +35,7 @@ from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, Rung, ladder, rung_names
 from ..session import GpuSession, time_events
 from .cudnn import cudnn_bench
+from .recordio import valid_input_batch
 from .records import now_iso, record_path, versions, write_json
 from .timing import gemm_ceiling, time_cpu, time_gpu
 
@@ -74,10 +75,9 @@ class LadderConfig:
             positive_int("LadderConfig.input_size", self.input_size)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"LadderConfig.warmup: expected an int >= 0, got {self.warmup!r}")
-        k = self.input_batch
-        if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        if not valid_input_batch(self.input_batch):
             raise ValueError(f"LadderConfig.input_batch: expected a positive int or 'all', "
-                             f"got {k!r}")
+                             f"got {self.input_batch!r}")
         self.executors = tuple(self.executors)
         if not self.executors or any(e not in ("eager", "graph") for e in self.executors):
             raise ValueError(f"LadderConfig.executors: expected some of ('eager', 'graph'), "

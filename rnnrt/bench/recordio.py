@@ -107,6 +107,13 @@ def _count(obj: dict, name: str, required: bool = True) -> str | None:
     return None
 
 
+def valid_input_batch(k) -> bool:
+    """Whether ``k`` is an input batching k: an int >= 1 (not a bool) or 'all' (the bench
+    configurations and a record's points check it here; plan.switches.Switches, below
+    bench/, checks its own)."""
+    return k == "all" or (isinstance(k, int) and not isinstance(k, bool) and k >= 1)
+
+
 def check_point(obj: dict) -> str | None:
     """Why a row or error line's point configuration is damaged, or None."""
     cell = obj.get("cell")
@@ -117,7 +124,7 @@ def check_point(obj: dict) -> str | None:
         if why:
             return why
     k = obj.get("input_batch", "missing")
-    if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+    if not valid_input_batch(k):
         return f"'input_batch' is {k!r}, expected a positive integer or 'all'"
     if obj.get("pass", "fwd") not in PASSES:
         return f"'pass' is {obj.get('pass')!r}, expected one of {list(PASSES)}"

@@ -46,7 +46,7 @@ from pathlib import Path
 from ..cells import forward_flops, get_cell
 from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
 from . import ladder as ladder_mod
-from .recordio import read_jsonl
+from .recordio import read_jsonl, valid_input_batch
 from .records import device_slug, now_iso, record_path, results_root
 
 SCHEMA = "rnnrt.sweep/1"
@@ -118,7 +118,7 @@ class SweepConfig:
             get_cell(c)
         self.input_batch = tuple(self.input_batch)
         for k in self.input_batch:
-            if k != ALL and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            if not valid_input_batch(k):
                 raise ValueError(f"SweepConfig.input_batch: expected ints >= 1 or {ALL!r}, "
                                  f"got {k!r}")
         self.executors = tuple(self.executors)

@@ -30,6 +30,7 @@ from ..params import positive_int
 from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder
+from .recordio import valid_input_batch
 from .records import device_slug, now_iso, record_path, versions, write_json
 
 OP_FIELDS = ("index", "stream", "kind", "layer", "step0", "step1", "t_start_ms", "t_end_ms")
@@ -64,10 +65,9 @@ class TraceConfig:
             positive_int(f"TraceConfig.{name}", getattr(self, name))
         if self.input_size is not None:
             positive_int("TraceConfig.input_size", self.input_size)
-        k = self.input_batch
-        if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        if not valid_input_batch(self.input_batch):
             raise ValueError(f"TraceConfig.input_batch: expected a positive int or 'all', "
-                             f"got {k!r}")
+                             f"got {self.input_batch!r}")
 
     @property
     def inp(self) -> int:
