@@ -210,19 +210,21 @@ def grid(cfg: SweepConfig) -> list[Point]:
 # --------------------------------------------------------------------------------------------
 # The results file
 
-def read_lines(path, warn=None) -> list[dict]:
+def read_lines(path, warn=None, note=None, missing_ok: bool = True) -> list[dict]:
     """Every valid line of a results file (recordio.read_jsonl: parsed, checked); each
     damaged line is skipped with a warning naming it (``warn``, default stderr), so its point
-    runs again; a last line cut short by a kill is skipped with a note."""
+    runs again; a last line cut short by a kill is skipped with a note (``note``, default
+    ``warn``). A file that does not exist has no lines (missing_ok=False: FileNotFoundError,
+    as for `rnnrt plot`)."""
     path = Path(path)
-    if not path.exists():
+    if missing_ok and not path.exists():
         return []
     warn = warn or (lambda m: print(f"[sweep] warning: {m}", file=sys.stderr))
     loaded = read_jsonl(path)
     for msg in loaded.problems:
         warn(msg)
     if loaded.torn:
-        warn(loaded.torn)
+        (note or warn)(loaded.torn)
     return loaded.objects()
 
 
