@@ -41,13 +41,18 @@ class RecordError(ValueError):
 @dataclass
 class Loaded:
     """What a read gave: ``lines`` [(line number, object)] that passed the checks,
-    ``problems`` ['file:line: what is wrong'] for each damaged line skipped, ``torn`` the note
-    for a last line cut short (or None)."""
+    ``damaged`` [(line number, what is wrong)] for each damaged line skipped (``problems``:
+    the same as 'file:line: what is wrong'), ``torn`` the note for a last line cut short (or
+    None)."""
 
     path: Path
     lines: list = field(default_factory=list)
-    problems: list = field(default_factory=list)
+    damaged: list = field(default_factory=list)
     torn: str | None = None
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{self.path}:{n}: {why}" for n, why in self.damaged]
 
     def objects(self) -> list[dict]:
         return [obj for _, obj in self.lines]
@@ -199,8 +204,8 @@ def read_jsonl(path, check=check_line) -> Loaded:
         try:
             text = chunk.decode("utf-8")
         except UnicodeDecodeError as e:
-            out.problems.append(f"{path}:{n}: not UTF-8 text (byte {chunk[e.start]:#04x} at "
-                                f"column {e.start + 1})")
+            out.damaged.append((n, f"not UTF-8 text (byte {chunk[e.start]:#04x} at column "
+                                   f"{e.start + 1})"))
             continue
         try:
             obj = json.loads(text)
@@ -210,11 +215,11 @@ def read_jsonl(path, check=check_line) -> Loaded:
                             f"skipped")
             else:
                 msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
-                out.problems.append(f"{path}:{n}: not JSON ({msg})")
+                out.damaged.append((n, f"not JSON ({msg})"))
             continue
         why = check(obj)
         if why:
-            out.problems.append(f"{path}:{n}: {why}")
+            out.damaged.append((n, why))
             continue
         out.lines.append((n, obj))
     return out
@@ -250,16 +255,22 @@ def check_ladder_record(rec) -> str | None:
     return None
 
 
-def read_json(path) -> tuple[object | None, str | None]:
+def read_json(path, named: bool = True) -> tuple[object | None, str | None]:
     """(parsed JSON, None), or (None, 'file: what is wrong') for bytes that are not UTF-8
-    or text that is not JSON. RecordError for a file that cannot be read."""
+    or text that is not JSON ('file:line: ...' where JSON names a line; named=False: 'what
+    is wrong', or 'line N: ...', for a caller that shows the file itself). RecordError for
+    a file that cannot be read."""
     path = Path(path)
     data = _read_bytes(path)
+    line = None
     try:
         return json.loads(data.decode("utf-8")), None
     except UnicodeDecodeError as e:
-        return None, f"{path}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
+        why = f"not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
     except json.JSONDecodeError as e:
-        return None, f"{path}:{e.lineno}: not JSON ({e.msg})"
+        line, why = e.lineno, f"not JSON ({e.msg})"
     except RecursionError:
-        return None, f"{path}: not JSON (nested too deeply)"
+        why = "not JSON (nested too deeply)"
+    if named:
+        return None, f"{path}:{line}: {why}" if line else f"{path}: {why}"
+    return None, f"line {line}: {why}" if line else why
