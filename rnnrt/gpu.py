@@ -235,10 +235,11 @@ class GpuRunner:
         if pattern is not None:
             from .kernels.choice import bucket_steps
             capacity = max(bucket_steps(len(pattern)), len(pattern))
+        # a pattern takes the per-step backward (PlanKey refuses a persistent one)
         key = PlanKey(m.cell_name, int(steps), int(batch), m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sw, bool(train), device=self.limits, family=family,
-                      backward=backward if train else None, batch_sizes=pattern,
-                      capacity=capacity)
+                      backward=backward if train and pattern is None else None,
+                      batch_sizes=pattern, capacity=capacity)
         entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
@@ -303,7 +304,8 @@ class GpuRunner:
             steps = len(pattern)
         key = PlanKey(m.cell_name, steps, shape.batch, m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
-                      family=sched.family, backward=sched.backward if shape.train else None,
+                      family=sched.family,
+                      backward=sched.backward if shape.train and pattern is None else None,
                       batch_sizes=pattern)
         tkey = (sched.name, shape.key(), steps)
         if getattr(self, "_timing_key", None) != tkey:

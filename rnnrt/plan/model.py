@@ -50,7 +50,8 @@ class PlanKey:
     layer for the recurrent chain, then one GEMM a layer for each of dx, dW, dR and the
     biases; plan/backward_persistent.py), where its fit accepts the shape, else the
     per-step schedule with the reason (Plan.fallback). A schedule of its own, not a
-    switch: the rungs' backward is unchanged; the selector offers it as a candidate.
+    switch: the rungs' backward is unchanged; the selector offers it as a candidate. Not
+    with batch_sizes (refused: the kernel runs the whole batch every step).
     batch_sizes: a variable-length plan's pattern (plan/packing.py), [steps] ints,
     non-increasing, batch_sizes[0] = batch: step t runs on its batch_sizes[t] rows only,
     packed step after step, with the masked step kernels; None: every step runs the whole
@@ -120,6 +121,10 @@ class PlanKey:
             if self.device is None:
                 raise ValueError("PlanKey.device: the persistent backward needs the device's "
                                  "limits (rnnrt.kernels.limits.DeviceLimits)")
+            if self.batch_sizes is not None:
+                raise ValueError("PlanKey.backward: a persistent backward runs the whole "
+                                 "batch every step; a variable-length key (batch_sizes) takes "
+                                 "the per-step backward (backward=None)")
         if self.switches.persistent and self.device is None:
             raise ValueError("PlanKey.device: the persistent switch needs the device's limits "
                              "(rnnrt.kernels.limits.DeviceLimits.from_device(cupy), or a "

@@ -39,3 +39,14 @@ def test_a_checked_pattern_is_a_tuple_of_python_ints():
 def test_a_plan_key_refuses_a_float_pattern():
     with pytest.raises(ValueError, match="PlanKey.batch_sizes: expected integers"):
         PlanKey("gru", 2, 3, 2, 2, 1, True, Switches(), batch_sizes=(3.0, 2.0))
+
+
+def test_a_plan_key_refuses_a_persistent_backward_with_a_pattern():
+    """The persistent backward runs the whole batch every step: a variable-length key
+    refuses it by name (the runner passes backward=None for a pattern)."""
+    from rnnrt.plan.switches import ladder
+    sw = ladder()[6].switches
+    PlanKey("lstm", 2, 3, 2, 2, 1, True, sw, train=True, backward="grid")
+    with pytest.raises(ValueError, match="PlanKey.backward: .*variable-length"):
+        PlanKey("lstm", 2, 3, 2, 2, 1, True, sw, train=True, backward="grid",
+                batch_sizes=(3, 2))
