@@ -101,7 +101,7 @@ class PersistentBackwardBuilder(BackwardBuilder):
         tasks = []
         for layer in range(self.L):
             tasks.append(self.pbwd_task(layer))
-            dx = (self.dxb_task(layer, 0, self.T),) if layer or self.need_dx else ()
+            dx = (self.dxb_task(layer, 0, self.T),) if self.wants_dx(layer) else ()
             for task in (*dx, self.wgrad_task(layer)):
                 task.deps = [("pbwd", layer)]   # both read the dg the launch wrote
                 tasks.append(task)
