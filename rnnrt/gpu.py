@@ -140,9 +140,12 @@ class GpuRunner:
         cp = session.cp
         size = model.layout.size
         from .sizes import gpu_available, refuse_if
-        refuse_if(size * 4 * (2 if grads is None else 1), gpu_available(cp),
-                  f"the parameters{' and gradients' if grads is None else ''} of {model!r}",
-                  "GPU memory")
+        # only the buffers this runner allocates count: adopted ones are already on the GPU
+        owned = [what for what, buf in (("parameters", params), ("gradients", grads))
+                 if buf is None]
+        if owned:
+            refuse_if(size * 4 * len(owned), gpu_available(cp),
+                      f"the {' and '.join(owned)} of {model!r}", "GPU memory")
         for name, buf in (("grads", grads), ("params", params)):
             if buf is not None and not (isinstance(buf, cp.ndarray) and buf.dtype == cp.float32
                                         and buf.shape == (size,) and buf.flags.c_contiguous):
@@ -272,7 +275,7 @@ class GpuRunner:
             check_workspace(key, gpu_available(self.cp))
         wplan = backward_plan(key) if key.train else forward_plan(key)
         ws = self.session.workspace(wplan, self.params, grads=grads)
-        st = RunState(ws, lambda plan, w: self.session.executor(self.executor_name, plan, w))
+        st = RunState(ws, partial(self.session.executor, self.executor_name))
         st.owner = self
         return st
 
@@ -448,10 +451,12 @@ class GpuRunner:
         also a GpuTape (``backward`` takes dy [N, H] and gives dx [N, I]).
         """
         m = self.model
+        train = check_flag("train", train)
+        reverse = check_flag("reverse", reverse)
         h0, c0 = split_hx(m, hx)
         bs = check_packed_inputs(m, x, batch_sizes, h0, c0)   # checked once, here
         pattern = self.pattern(bs)
-        key, skey = self._key(len(pattern), bs[0], bool(train), pattern)
+        key, skey = self._key(len(pattern), bs[0], train, pattern)
         rm = self._row_map(bs, pattern, reverse)
         st = self.state(key, skey)
         ex = st.executor_of(key, "fwd", partial(forward_plan, key))
@@ -510,6 +515,7 @@ class GpuRunner:
             raise TypeError(f"tape: expected the GpuTape of runner.forward(train=True), "
                             f"got {type(tape).__name__}")
         accumulate = check_flag("accumulate", accumulate)
+        need_dx = check_flag("need_dx", need_dx)
         st = tape.state
         # its state's owner: this runner, open (a runner is on one device, in float32)
         if st is None or getattr(st, "owner", None) is not self:
@@ -529,7 +535,7 @@ class GpuRunner:
             check_backward_inputs(m, tape.key.steps, tape.key.batch, dy, dh_n, dc_n)
             if tape.batch_first and dy is not None:
                 dy = dy.transpose(1, 0, 2)
-        acc, need_dx = bool(accumulate), bool(need_dx)
+        acc = accumulate
         ex = st.executor_of(tape.key, ("bwd", acc, need_dx),
                             partial(backward_plan, tape.key, acc, need_dx))
         ws = ex.prepared.ws

@@ -90,3 +90,32 @@ def test_a_tape_runs_backward_only_on_its_runner_while_open(monkeypatch):
     a.close()
     with pytest.raises(ValueError, match="tape: it is not one of this runner's"):
         a.backward(tape, dy)
+
+
+def test_flags_are_checked_and_only_owned_buffers_counted(monkeypatch):
+    """forward_packed's train and reverse and backward's need_dx take True or False only
+    (a string is truthy); the runner's memory check counts only the buffers it allocates
+    (room for one: adopted parameters and its own gradients fit, two of its own do not)."""
+    import pytest
+
+    import rnnrt
+    from rnnrt import sizes
+    monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
+    m = rnnrt.GRU(I, H, num_layers=1, seed=8)
+    r = _runner(monkeypatch, m)
+    bs = batch_sizes_of([4, 2])
+    x = draw32(np.random.default_rng(4), sum(bs), I)
+    with pytest.raises(TypeError, match="train"):
+        r.forward_packed(x, bs, train="yes")
+    with pytest.raises(TypeError, match="reverse"):
+        r.forward_packed(x, bs, reverse=1)
+    _, _, tape = r.forward_packed(x, bs, train=True)
+    with pytest.raises(TypeError, match="need_dx"):
+        r.backward(tape, np.zeros((sum(bs), H), np.float32), need_dx="no")
+    one = m.layout.size * 4
+    monkeypatch.setattr(sizes, "gpu_available", lambda cp: one)    # room for one buffer
+    from rnnrt.gpu import GpuRunner
+    params = np.asarray(m.flat, np.float32).copy()
+    GpuRunner(m, schedule_cache=False, params=params)             # gradients only: fit
+    with pytest.raises(sizes.SizeError, match="the parameters and gradients of"):
+        GpuRunner(m, schedule_cache=False)
