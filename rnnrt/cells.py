@@ -63,16 +63,6 @@ def layer_input_size(layer: int, input_size: int, hidden_size: int) -> int:
     return input_size if layer == 0 else hidden_size
 
 
-def _count(name: str, value) -> int:
-    """``value`` as a positive int (not a bool), or an error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected a positive integer, got {value!r} of type "
-                        f"{type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value}")
-    return int(value)
-
-
 def forward_flops(cell: str, input_size: int, hidden_size: int, num_layers: int,
                   batch: int, steps: int) -> int:
     """GEMM FLOPs of one forward pass, by the paper's convention.
@@ -81,8 +71,9 @@ def forward_flops(cell: str, input_size: int, hidden_size: int, num_layers: int,
     K = (layer input size) + hidden. Pointwise work is not counted. The sizes are positive
     integers (TypeError / ValueError naming the argument otherwise).
     """
+    from .params import positive_int   # (params imports this module)
     g = get_cell(cell).gates
-    i, h, n_layers, b, t = (_count(n, v) for n, v in (
+    i, h, n_layers, b, t = (positive_int(n, v) for n, v in (
         ("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
         ("batch", batch), ("steps", steps)))
     # layer 0 reads the input, the layers above it read h: a closed form, no loop over layers

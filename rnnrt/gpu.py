@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from .gpu_state import RunState, StateCache
+from .gpu_state import MAX_EXECUTORS, RunState, StateCache
 from .plan.forward import forward_plan
 from .plan.model import PlanKey
 from .plan.switches import Switches
@@ -44,8 +45,7 @@ class GpuTape:
     generation: int
     batch_first: bool
     state: object = None
-    device: int = -1       # the CUDA device its activations live on
-    dtype: str = "float32"
+    device: int = -1       # the CUDA device its activations live on (its runner's)
     rows: object = None   # packed sequences: the batch's rows in its plan (a CuPy int64 [N])
 
 
@@ -71,11 +71,17 @@ DEFAULT_CACHE_BYTES = 4 << 30
 """Workspace bytes a runner keeps for the shapes it saw (least recently used go first)."""
 MAX_KEYS = 1024
 """Plan keys a runner remembers per call shape (its selector keeps its own bound)."""
-MAX_ROW_MAPS = 64
-"""Row maps of packed batches a runner keeps on the device (a repeated batch reuses its)."""
-MAX_SEEN = 256
+MAX_SEEN = MAX_EXECUTORS // 4
 """Packed batches (their batch_sizes) a runner remembers: one seen again runs its exact
-pattern (nothing frozen) instead of its bucket's."""
+pattern (nothing frozen) instead of its bucket's. A quarter of a workspace's executors: a
+pattern needs a forward and up to three backward graphs (accumulate, need_dx), so the exact
+patterns of a loop over MAX_SEEN batches stay captured. A loop over more batches never
+finds one among the last MAX_SEEN when it comes again: it runs the bucketed plans, as
+random batches do, instead of re-capturing a graph (and rebuilding a plan) every call."""
+MAX_ROW_MAPS = 64
+"""Row maps of packed batches a runner keeps on the device (a repeated batch reuses its):
+room for a loop over MAX_SEEN batches (a map for the bucket's pattern and one for the
+exact) and more (tests/core/test_core_runner_caches.py holds the bounds together)."""
 
 
 class GpuRunner:
@@ -106,8 +112,9 @@ class GpuRunner:
     capacity (the steps bucket) share one workspace and keep a CUDA graph each
     (gpu_state.MAX_EXECUTORS a workspace, least recently used first out). A batch seen
     before (its batch_sizes among the last MAX_SEEN) runs its exact pattern instead, with no
-    frozen rows: a loop over a fixed set of batches pays for no padding after its first
-    pass; random batches never repeat and stay on their few bucketed plans.
+    frozen rows: a loop over a fixed set of up to MAX_SEEN batches pays for no padding after
+    its first pass; random batches never repeat and stay on their few bucketed plans, as do
+    the batches of a larger fixed set (whose exact plans would not stay cached).
     """
 
     def __init__(self, model, switches: Switches | str = "auto", executor: str = "graph",
@@ -133,9 +140,12 @@ class GpuRunner:
         cp = session.cp
         size = model.layout.size
         from .sizes import gpu_available, refuse_if
-        refuse_if(size * 4 * (2 if grads is None else 1), gpu_available(cp),
-                  f"the parameters{' and gradients' if grads is None else ''} of {model!r}",
-                  "GPU memory")
+        # only the buffers this runner allocates count: adopted ones are already on the GPU
+        owned = [what for what, buf in (("parameters", params), ("gradients", grads))
+                 if buf is None]
+        if owned:
+            refuse_if(size * 4 * len(owned), gpu_available(cp),
+                      f"the {' and '.join(owned)} of {model!r}", "GPU memory")
         for name, buf in (("grads", grads), ("params", params)):
             if buf is not None and not (isinstance(buf, cp.ndarray) and buf.dtype == cp.float32
                                         and buf.shape == (size,) and buf.flags.c_contiguous):
@@ -155,7 +165,7 @@ class GpuRunner:
         self._states = StateCache(cache_bytes, free=cp.get_default_memory_pool().free_all_blocks)
         self._schedule_cache = schedule_cache
         self._selector = None
-        self._keys = OrderedDict()       # (steps, batch, train, pattern) -> PlanKey
+        self._keys = OrderedDict()       # (steps, batch, train, pattern) -> (key, skey)
         self._row_maps = OrderedDict()   # (batch_sizes, pattern, reverse) -> device RowMap
         self._seen = OrderedDict()       # batch_sizes of recent packed batches
         self._events = None              # the two events _on_stream records, made once
@@ -208,11 +218,16 @@ class GpuRunner:
         """The PlanKey a call runs: ``pattern`` (plan/packing.py) for packed sequences of
         different lengths (steps = len(pattern); its buffers sized for the steps bucket, so
         every pattern of the bucket shares a workspace). Remembered per call shape."""
-        k = (int(steps), int(batch), bool(train), pattern)
-        key = self._keys.get(k)
-        if key is not None:
+        return self._key(int(steps), int(batch), bool(train), pattern)[0]
+
+    def _key(self, steps: int, batch: int, train: bool, pattern: tuple | None):
+        """(``plan_key``'s key, its workspace key), remembered per call shape: a call does
+        one lookup (the arguments are ints, a bool and a checked pattern)."""
+        k = (steps, batch, train, pattern)
+        entry = self._keys.get(k)
+        if entry is not None:
             self._keys.move_to_end(k)
-            return key
+            return entry
         m = self.model
         if self.switches == "auto":
             sched = self.schedule(steps, batch, train, pattern is not None).schedule
@@ -223,14 +238,15 @@ class GpuRunner:
         if pattern is not None:
             from .kernels.choice import bucket_steps
             capacity = max(bucket_steps(len(pattern)), len(pattern))
+        # a pattern takes the per-step backward (PlanKey refuses a persistent one)
         key = PlanKey(m.cell_name, int(steps), int(batch), m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sw, bool(train), device=self.limits, family=family,
-                      backward=backward if train else None, batch_sizes=pattern,
-                      capacity=capacity)
-        self._keys[k] = key
+                      backward=backward if train and pattern is None else None,
+                      batch_sizes=pattern, capacity=capacity)
+        entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
-        return key
+        return entry
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes
@@ -243,7 +259,10 @@ class GpuRunner:
         self._compiled = True
 
     # -- states ----------------------------------------------------------------------------------
-    def _build_state(self, key: PlanKey) -> RunState:
+    def _build_state(self, key: PlanKey, grads) -> RunState:
+        """A new state of ``key``: its workspace (its training plan's buffers for a
+        training key) on ``self.params`` and ``grads`` (the gradient buffer it adopts;
+        None: a zeroed one of its own)."""
         from .plan.backward import backward_plan
         from .sizes import SizeError, check_workspace, gpu_available
         # the workspace must fit before any plan is built or buffer allocated; where it does
@@ -255,8 +274,10 @@ class GpuRunner:
                 raise
             check_workspace(key, gpu_available(self.cp))
         wplan = backward_plan(key) if key.train else forward_plan(key)
-        ws = self.session.workspace(wplan, self.params, grads=self.grads)
-        return RunState(ws, lambda plan, w: self.session.executor(self.executor_name, plan, w))
+        ws = self.session.workspace(wplan, self.params, grads=grads)
+        st = RunState(ws, partial(self.session.executor, self.executor_name))
+        st.owner = self
+        return st
 
     @staticmethod
     def _workspace_key(key: PlanKey):
@@ -272,7 +293,8 @@ class GpuRunner:
         random inputs of ``shape`` (the first ``choice.tuning_steps(shape)`` steps), after
         one warm-up run; forward, or forward + backward for a training shape. A variable-
         length shape is timed on one representative pattern (plan.packing.staircase;
-        kernels/choice.py Selector says why), its mask all ones. Nothing is cached."""
+        kernels/choice.py Selector says why), its mask all ones. Nothing is cached, and the
+        caller's gradient buffer is not touched."""
         from .kernels.choice import tuning_steps
         from .plan.backward import backward_plan
         from .session import time_events
@@ -285,12 +307,15 @@ class GpuRunner:
             steps = len(pattern)
         key = PlanKey(m.cell_name, steps, shape.batch, m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
-                      family=sched.family, backward=sched.backward if shape.train else None,
+                      family=sched.family,
+                      backward=sched.backward if shape.train and pattern is None else None,
                       batch_sizes=pattern)
         tkey = (sched.name, shape.key(), steps)
         if getattr(self, "_timing_key", None) != tkey:
             self._timing = None   # free the last candidate's workspace first
-            st = self._build_state(key)
+            # a gradient buffer of its own: the timed backward (accumulate=False) must not
+            # overwrite the caller's gradients (a sum over micro-batches, say)
+            st = self._build_state(key, None)
             cp = self.cp
             rng = cp.random.default_rng(0)
             arrays = {name: (cp.ones(b.shape, cp.float32) if name == "mask" else
@@ -313,17 +338,19 @@ class GpuRunner:
 
         return time_events(self.cp, run, runs[0].stream, repeats, warm)
 
-    def state(self, key: PlanKey) -> RunState:
+    def state(self, key: PlanKey, skey=None) -> RunState:
         """A state (workspace + executors) of ``key`` that no live tape holds, built once and
         kept in the bounded cache. A training key's workspace holds the backward plan's
-        buffers too (a superset of the forward's)."""
-        skey = self._workspace_key(key)
+        buffers too (a superset of the forward's). skey: the key's ``_workspace_key`` where
+        the caller has it."""
+        if skey is None:
+            skey = self._workspace_key(key)
         slot = 0
         while True:
             st = self._states.get((skey, slot))
             if st is None:
                 self._timing, self._timing_key = None, None   # tuning is over: free it
-                st = self._build_state(key)
+                st = self._build_state(key, self.grads)
                 self._states.add((skey, slot), st)
                 return st
             if not st.busy:
@@ -332,12 +359,13 @@ class GpuRunner:
 
     def _row_map(self, batch_sizes: tuple, pattern: tuple, reverse: bool):
         """The RowMap (plan/packing.py) of a packed batch in its pattern's plan, on the
-        device (rows int64, mask float32), kept for the last MAX_ROW_MAPS batches."""
+        device (rows int64, mask float32), kept for the last MAX_ROW_MAPS batches.
+        batch_sizes [T], pattern: checked tuples (``pattern``'s input and result)."""
         k = (batch_sizes, pattern, bool(reverse))
         rm = self._row_maps.get(k)
         if rm is None:
             from .plan.packing import RowMap, row_map
-            host = row_map(batch_sizes, pattern, reverse)
+            host = row_map(batch_sizes, pattern, reverse, checked=True)
             rm = RowMap(self.cp.asarray(host.rows), self.cp.asarray(host.mask))
             self._row_maps[k] = rm
             while len(self._row_maps) > MAX_ROW_MAPS:
@@ -348,8 +376,9 @@ class GpuRunner:
 
     @staticmethod
     def _load_states(st: RunState, ws, **arrays):
-        """Load state inputs (h0, c0, dh_n, dc_n; None: zeros). No plan writes them, so a
-        None after a None (the usual training loop) loads nothing."""
+        """Load state inputs (h0, c0, dh_n, dc_n; None: zeros). No plan writes them (plan
+        validate() refuses one that does: plan.model.STATE_INPUTS), so a None after a None
+        (the usual training loop) loads nothing."""
         for name, a in arrays.items():
             if name not in ws.plan.inputs:
                 continue
@@ -393,9 +422,9 @@ class GpuRunner:
         check_forward_inputs(m, x, h0, c0)
         if m.batch_first:
             x = x.transpose(1, 0, 2)
-        key = self.plan_key(int(x.shape[0]), int(x.shape[1]), bool(train))
-        st = self.state(key)
-        ex = st.executor(forward_plan(key), "fwd")
+        key, skey = self._key(int(x.shape[0]), int(x.shape[1]), train, None)
+        st = self.state(key, skey)
+        ex = st.executor_of(key, "fwd", partial(forward_plan, key))
         ws = ex.prepared.ws
 
         def run():
@@ -421,16 +450,16 @@ class GpuRunner:
         Returns y [N, H] packed like x and h_n / (h_n, c_n) as ``forward``; with train=True
         also a GpuTape (``backward`` takes dy [N, H] and gives dx [N, I]).
         """
-        from .plan.packing import check_pattern
         m = self.model
+        train = check_flag("train", train)
+        reverse = check_flag("reverse", reverse)
         h0, c0 = split_hx(m, hx)
-        bs = check_pattern(batch_sizes)
-        check_packed_inputs(m, x, bs, h0, c0)
+        bs = check_packed_inputs(m, x, batch_sizes, h0, c0)   # checked once, here
         pattern = self.pattern(bs)
-        key = self.plan_key(len(pattern), bs[0], bool(train), pattern)
+        key, skey = self._key(len(pattern), bs[0], train, pattern)
         rm = self._row_map(bs, pattern, reverse)
-        st = self.state(key)
-        ex = st.executor(forward_plan(key), "fwd")
+        st = self.state(key, skey)
+        ex = st.executor_of(key, "fwd", partial(forward_plan, key))
         ws = ex.prepared.ws
 
         def run():
@@ -450,7 +479,8 @@ class GpuRunner:
 
     def pattern(self, batch_sizes: tuple) -> tuple:
         """The pattern a packed batch runs: its bucket's (plan/packing.py), or its own if the
-        runner saw it among its last MAX_SEEN batches (a repeated batch: no frozen rows)."""
+        runner saw it among its last MAX_SEEN batches (a repeated batch: no frozen rows).
+        batch_sizes: [T], plan.packing.check_pattern's tuple (checked by the caller)."""
         from .plan.packing import bucket
         if batch_sizes in self._seen:
             self._seen.move_to_end(batch_sizes)
@@ -458,7 +488,7 @@ class GpuRunner:
         self._seen[batch_sizes] = True
         while len(self._seen) > MAX_SEEN:
             self._seen.popitem(last=False)
-        return bucket(batch_sizes)
+        return bucket(batch_sizes, checked=True)
 
     def _forward_result(self, st, key, y, out, train, batch_first, rows):
         hx_n = (out["h_n"], out["c_n"]) if self.model.cell.has_cell_state else out["h_n"]
@@ -485,17 +515,17 @@ class GpuRunner:
             raise TypeError(f"tape: expected the GpuTape of runner.forward(train=True), "
                             f"got {type(tape).__name__}")
         accumulate = check_flag("accumulate", accumulate)
+        need_dx = check_flag("need_dx", need_dx)
         st = tape.state
-        if tape.device != self.device_id or tape.dtype != "float32":
-            raise ValueError(f"tape: recorded on CUDA device {tape.device} in {tape.dtype}; "
-                             f"this runner is on device {self.device_id} in float32")
-        if st is None or not self._states.holds(st):
+        # its state's owner: this runner, open (a runner is on one device, in float32)
+        if st is None or getattr(st, "owner", None) is not self:
             raise ValueError("tape: it is not one of this runner's (a tape of another runner, "
-                             "or one copied by hand); run backward on the runner whose "
+                             "or of one that was closed); run backward on the runner whose "
                              "forward made it")
         if st.generation != tape.generation:
-            raise ValueError("tape: stale — its activations were overwritten (a tape of "
-                             "another runner, or one copied by hand); run forward again")
+            raise ValueError("tape: stale — a later training forward overwrote its "
+                             "activations (a copy of a tape outlived the original, which "
+                             "held them); run forward again")
         dh_n, dc_n = split_hx(m, dhx, "dhx")
         packed = tape.rows is not None
         if packed:
@@ -505,8 +535,9 @@ class GpuRunner:
             check_backward_inputs(m, tape.key.steps, tape.key.batch, dy, dh_n, dc_n)
             if tape.batch_first and dy is not None:
                 dy = dy.transpose(1, 0, 2)
-        acc, need_dx = bool(accumulate), bool(need_dx)
-        ex = st.executor(backward_plan(tape.key, acc, need_dx), ("bwd", acc, need_dx))
+        acc = accumulate
+        ex = st.executor_of(tape.key, ("bwd", acc, need_dx),
+                            partial(backward_plan, tape.key, acc, need_dx))
         ws = ex.prepared.ws
 
         def run():
@@ -530,6 +561,8 @@ class GpuRunner:
         return GpuGrads(dx, out["dh0"], out.get("dc0"), self.grads, self._grad_views)
 
     def close(self):
+        for st in self._states:   # their tapes' backward is refused from now on
+            st.owner = None
         self._states.clear()
         self._timing = None
         self.session.close()

@@ -10,8 +10,9 @@ from collections import OrderedDict
 
 MAX_EXECUTORS = 64
 """Executors (each a captured CUDA graph) one state keeps: a fixed batch needs a few
-(forward; backward with and without accumulation, with and without dx); a state of variable-length plans two a
-pattern of its capacity (plan/packing.py buckets random batches into 16-31 patterns)."""
+(forward; backward with and without accumulation, with and without dx); a state of
+variable-length plans two a pattern of its capacity (plan/packing.py buckets random
+batches into 16-31 patterns)."""
 
 
 class RunState:
@@ -29,6 +30,8 @@ class RunState:
     ``zeroed``: inputs known to hold zeros (h0, c0, dh_n, dc_n: no plan writes them), so a
     call that passes None again skips the fill; ``rows``: the row map whose x padding (zero)
     and mask the workspace holds (variable lengths), so a repeated batch loads neither again.
+    ``owner``: the runner that made it (None once that runner closed): a tape's backward
+    runs only there.
     """
 
     def __init__(self, ws, make_executor, max_executors: int = MAX_EXECUTORS):
@@ -40,13 +43,22 @@ class RunState:
         self._tape = None
         self.zeroed: set = set()
         self.rows = None
+        self.owner = None
 
     def executor(self, plan, what):
         """The executor of ``plan`` on this workspace (``what`` tells passes apart: 'fwd',
         ('bwd', accumulate, need_dx)), made on first use."""
-        k = (plan.key, what)
+        return self.executor_of(plan.key, what, lambda: plan)
+
+    def executor_of(self, key, what, make_plan):
+        """``executor`` of the plan ``make_plan()`` of ``key`` (a PlanKey: its hash is
+        cached), which is called only where no executor of (key, what) is kept: a call
+        that finds its executor looks nothing else up (the plan caches may have dropped
+        the plan meanwhile: the executor holds its own)."""
+        k = (key, what)
         ex = self._executors.get(k)
         if ex is None:
+            plan = make_plan()
             ex = self._make(plan, self.ws.sharing(plan))
             self._executors[k] = ex
             while len(self._executors) > self.max_executors:
@@ -127,6 +139,10 @@ class StateCache:
 
     def __len__(self) -> int:
         return len(self._states)
+
+    def __iter__(self):
+        """The states, least recently used first."""
+        return iter(list(self._states.values()))
 
     def clear(self) -> None:
         self._states.clear()

@@ -52,7 +52,7 @@ KINDS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 """Parameter kinds of one layer, in torch's order."""
 
 
-def _align(n: int) -> int:
+def align(n: int) -> int:
     """``n`` rounded up to a multiple of ALIGN."""
     return -(-n // ALIGN) * ALIGN
 
@@ -164,11 +164,11 @@ def make_layout(cell: str, input_size: int, hidden_size: int, num_layers: int,
             shapes["bias_ih"] = (rows,)
             shapes["bias_hh"] = (rows,)
         for kind, shape in shapes.items():
-            e = ParamEntry(f"{kind}_l{layer}", layer, kind, _align(end), shape)
+            e = ParamEntry(f"{kind}_l{layer}", layer, kind, align(end), shape)
             entries.append(e)
             end = e.end
     return ParamLayout(spec.name, input_size, hidden_size, num_layers, bias,
-                       tuple(entries), _align(end))
+                       tuple(entries), align(end))
 
 
 def _check_flat(flat, layout: ParamLayout):

@@ -11,8 +11,8 @@ than after minutes of work or a NumPy ``Unable to allocate 447 GiB`` traceback:
                step: it keeps them even for inference) and backward (their gradients)
   plan         a plan's ops, held in host memory as Python objects (``PLAN_OP_BYTES`` each):
                an upper bound on their number from the switches (``plan_ops_bound``)
-  workspace    a plan's buffers (``workspace_elements``: the forward builder's own buffer
-               list, plus the backward's for a training key)
+  workspace    a plan's buffers (``workspace_elements``: the builders' own buffer lists,
+               the forward's, plus the backward's for a training key)
   index range  what a kernel or cuBLAS receives as a 32-bit int (rows, columns, leading
                dimensions, T) must be below 2**31
 
@@ -25,11 +25,10 @@ from __future__ import annotations
 import os
 
 from .cells import get_cell
+from .params import ALIGN, align  # noqa: F401  (ALIGN: the layout's, named here too)
 
 INT32_MAX = 2**31 - 1
 """Largest row count, column count, leading dimension or step count a kernel or cuBLAS takes."""
-ALIGN = 64
-"""Elements each parameter entry is aligned to (``params.ALIGN``; a test holds them equal)."""
 LAYOUT_BYTES_PER_LAYER = 2048
 """Host bytes of one layer's layout entries and parameter views (measured ~1.2 KB, peak
 ~1.7 KB; tests/core/test_core_sizes.py keeps the bound honest)."""
@@ -77,18 +76,14 @@ def host_available() -> int | None:
         return None
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
 def param_elements(cell: str, input_size: int, hidden: int, layers: int, bias: bool) -> int:
     """Elements of the flat parameter buffer (``params.make_layout(...).size``), in closed
     form: every entry starts aligned, so the buffer is the sum of its entries rounded up, and
     layers above the first are alike."""
     gh = get_cell(cell).gates * hidden
-    biases = 2 * _align(gh) if bias else 0
-    first = _align(gh * input_size) + _align(gh * hidden) + biases
-    return first + (layers - 1) * (2 * _align(gh * hidden) + biases)
+    biases = 2 * align(gh) if bias else 0
+    first = align(gh * input_size) + align(gh * hidden) + biases
+    return first + (layers - 1) * (2 * align(gh * hidden) + biases)
 
 
 def describe_shape(cell, input_size, hidden, layers, batch=None, steps=None) -> str:
@@ -230,22 +225,12 @@ def check_plan(key, backward: bool = False, available: int | None = None) -> Non
 
 
 def workspace_elements(key) -> int:
-    """Elements of the workspace of ``key``'s plans: the forward plan's buffers and, for a
-    training key, the backward's (one workspace serves both passes; plan/backward.py lists
-    them). O(layers): no plan is built."""
-    from .plan.forward import ForwardBuilder
-    fb = ForwardBuilder(key)
-    n = sum(b.size for b in fb.buffers())
-    if not key.train:
-        return n
-    c = get_cell(key.cell)
-    T, B, H, I = key.steps, key.batch, key.hidden_size, key.input_size
-    gh = c.gates * H
-    per_layer = T * B * H + (T + 1) * B * H + T * B * gh          # dhin, dhr, dgx
-    per_layer += (T + 1) * B * H if c.has_cell_state else 0       # dc
-    per_layer += T * B * gh if c.name == "gru" else 0              # dgh
-    per_layer += 0 if key.switches.fused else 4 * B * H            # dtmp
-    return n + key.num_layers * per_layer + T * B * I + fb.layout.size + T * B
+    """Elements of the workspace of ``key``'s plans: the sum of the buffers its builders list
+    (plan/backward.py ``workspace_buffers``: the forward's, and for a training key the
+    backward's too). No op is built: the builders' geometry is O(steps), the list O(layers)
+    — so callers with a user-given step count check the plan (``check_plan``) first."""
+    from .plan.backward import workspace_buffers
+    return sum(b.size for b in workspace_buffers(key))
 
 
 def check_workspace(key, available: int | None, where: str = "GPU memory",

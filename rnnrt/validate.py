@@ -149,7 +149,6 @@ def check_forward_inputs(config, x, h0=None, c0=None) -> tuple[int, int]:
     Raises TypeError / ValueError as listed in the module docstring; values (NaN, Inf) are
     not inspected.
     """
-    cell = _cell_name(config)
     layout = "[B, T, I]" if config.batch_first else "[T, B, I]"
     check_dtype("x", x, config.dtype)
     if x.ndim != 3:
@@ -167,10 +166,7 @@ def check_forward_inputs(config, x, h0=None, c0=None) -> tuple[int, int]:
     if batch == 0:
         raise ValueError(f"x: empty batch (B = 0 in {layout}, shape {_shape_str(x)}); "
                          f"expected at least one sequence")
-    _check_no_cell_state("c0", cell, c0)
-    for name, a in (("h0", h0), ("c0", c0)):
-        if a is not None:
-            _check_state(name, a, config.num_layers, batch, config.hidden_size, config.dtype)
+    _check_pair(config, batch, ("h0", h0), ("c0", c0))
     return steps, batch
 
 
@@ -187,7 +183,6 @@ def check_backward_inputs(config, steps: int, batch: int, dy, dh_n=None, dc_n=No
     All in the model's dtype. Raises TypeError / ValueError as listed in the module
     docstring; values are not inspected.
     """
-    cell = _cell_name(config)
     hidden = config.hidden_size
     if dy is not None:
         check_dtype("dy", dy, config.dtype)
@@ -198,14 +193,13 @@ def check_backward_inputs(config, steps: int, batch: int, dy, dh_n=None, dc_n=No
         got = tuple(int(d) for d in dy.shape)
         if got != want:
             raise ValueError(f"dy: expected the shape of y, {layout} = {want}, got {got}")
-    _check_no_cell_state("dc_n", cell, dc_n)
-    for name, a in (("dh_n", dh_n), ("dc_n", dc_n)):
-        if a is not None:
-            _check_state(name, a, config.num_layers, batch, hidden, config.dtype)
+    _check_pair(config, batch, ("dh_n", dh_n), ("dc_n", dc_n))
 
 
-def check_packed_inputs(config, x, batch_sizes, h0=None, c0=None) -> tuple[int, int]:
-    """Check a forward call on packed sequences against ``config``; -> (N, B).
+def check_packed_inputs(config, x, batch_sizes, h0=None, c0=None) -> tuple[int, ...]:
+    """Check a forward call on packed sequences against ``config``; -> batch_sizes as
+    ``plan.packing.check_pattern``'s tuple of Python ints (checked once: what the caller
+    hands on needs no check again).
 
     x:           [N, I] packed (torch's PackedSequence layout: step t's rows after step
                  t-1's), N = sum(batch_sizes); the model's dtype
@@ -224,7 +218,7 @@ def check_packed_inputs(config, x, batch_sizes, h0=None, c0=None) -> tuple[int, 
         raise ValueError(f"x: expected packed [N, I] = ({n}, {config.input_size}) (N = "
                          f"sum(batch_sizes)), got shape {_shape_str(x)}")
     _check_pair(config, bs[0], ("h0", h0), ("c0", c0))
-    return n, bs[0]
+    return bs
 
 
 def check_packed_backward_inputs(config, rows: int, batch: int, dy, dh_n=None,

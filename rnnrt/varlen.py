@@ -47,25 +47,41 @@ from .reference import STEPS, require, require_shape, layer_params
 
 # --------------------------------------------------------------------------- schedule
 
-def check_batch_sizes(batch_sizes, rows: int | None = None) -> np.ndarray:
-    """``batch_sizes`` as an int64 [T] NumPy array, checked: 1-D, T >= 1, non-negative,
-    non-increasing and, if ``rows`` is given, summing to it. ValueError naming what is wrong.
+def check_batch_sizes(batch_sizes, rows: int | None = None, min_rows: int = 0,
+                      name: str = "batch_sizes") -> np.ndarray:
+    """``batch_sizes`` as an int64 [T] NumPy array, checked: 1-D integers (no bools, no
+    floats), T >= 1, every entry >= ``min_rows`` (0: none negative, the reference allows
+    empty steps; 1: every step has an active row, as a plan needs), non-increasing and, if
+    ``rows`` is given, summing to it. ValueError naming ``name`` and what is wrong. The one
+    check of a packed schedule (plan/packing.py check_pattern is this with min_rows=1).
 
-    batch_sizes: [T] integer array-like (a CPU torch tensor's ``.numpy()`` works)
+    batch_sizes: [T] integers: a tuple, a list, a NumPy array or a CPU tensor
     rows:        the packed arrays' first dimension N, or None to skip that check
     """
-    bs = np.asarray(batch_sizes)
-    require(bs.ndim == 1 and bs.shape[0] >= 1,
-           f"batch_sizes: expected a 1-D array of at least one step, got shape {bs.shape}")
-    require(bs.dtype.kind in "iu", f"batch_sizes: expected integers, got dtype {bs.dtype}")
+    # (the messages are built only on failure: a passing check of T steps costs ~20 us)
+    try:
+        bs = np.asarray(batch_sizes)
+    except (TypeError, ValueError):   # ragged, or nothing NumPy can read
+        raise ValueError(f"{name}: expected a 1-D sequence of ints, got {batch_sizes!r}") \
+            from None
+    if bs.ndim != 1 or bs.shape[0] < 1:
+        raise ValueError(f"{name}: expected at least one step, a 1-D array of ints, got shape "
+                         f"{bs.shape}")
+    if bs.dtype.kind not in "iu" or (isinstance(batch_sizes, (list, tuple))
+                                     and bool in map(type, batch_sizes)):
+        raise ValueError(f"{name}: expected integers, got "
+                         f"{'bools' if bs.dtype.kind in 'biu' else f'dtype {bs.dtype}'} in "
+                         f"{bs.tolist()}")
     bs = bs.astype(np.int64, copy=False)
-    require(bool(np.all(bs >= 0)), f"batch_sizes: negative entry in {bs.tolist()}")
-    require(bool(np.all(bs[1:] <= bs[:-1])),
-           f"batch_sizes: expected non-increasing entries (sequences sorted by length, "
-           f"longest first), got {bs.tolist()}")
-    if rows is not None:
-        require(int(bs.sum()) == rows,
-               f"batch_sizes: they sum to {int(bs.sum())}, but the packed input has {rows} rows")
+    if int(bs.min()) < min_rows:
+        raise ValueError(f"{name}: every step needs at least one active row, got {bs.tolist()}"
+                         if min_rows else f"{name}: negative entry in {bs.tolist()}")
+    if not np.all(bs[1:] <= bs[:-1]):
+        raise ValueError(f"{name}: expected non-increasing entries (sequences sorted by "
+                         f"length, longest first), got {bs.tolist()}")
+    if rows is not None and int(bs.sum()) != rows:
+        raise ValueError(f"{name}: they sum to {int(bs.sum())}, but the packed input has "
+                         f"{rows} rows")
     return bs
 
 

@@ -94,8 +94,9 @@ class CudnnBench:
         self.torch.cuda.empty_cache()
 
 
-def cudnn_bench(cfg, model, x, h0, c0, dy):
-    """CudnnBench, or the reason there is none (a string)."""
+def cudnn_missing(cfg) -> str | None:
+    """Why cuDNN does not run for ``cfg`` (disabled, no torch, a torch without CUDA), or
+    None where it does."""
     if not cfg.cudnn:
         return "disabled (--no-cudnn)"
     try:
@@ -104,4 +105,9 @@ def cudnn_bench(cfg, model, x, h0, c0, dy):
         return f"torch not importable ({e})"
     if not torch.cuda.is_available():
         return "torch has no CUDA"
-    return CudnnBench(cfg, model, x, h0, c0, dy)
+    return None
+
+
+def cudnn_bench(cfg, model, x, h0, c0, dy):
+    """CudnnBench, or the reason there is none (a string: ``cudnn_missing``)."""
+    return cudnn_missing(cfg) or CudnnBench(cfg, model, x, h0, c0, dy)

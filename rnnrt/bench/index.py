@@ -73,21 +73,21 @@ def read_record(path: Path) -> tuple[dict | None, str | None]:
         return None, None
     try:
         if path.suffix == ".json":
-            obj, why = read_json(path)
+            obj, why = read_json(path, named=False)
             if why:
-                return None, why.replace(f"{path}", "", 1).lstrip(":").strip()
+                return None, why
             return (obj, None) if isinstance(obj, dict) else (None, f"{_kind_of(obj)}, not "
                                                                     f"an object")
         loaded = read_jsonl(path)   # JSON lines are sweep results: each line checked
     except (OSError, RecordError) as e:
         return None, str(e).replace(f"{path}: ", "", 1)
-    if not loaded.lines and not loaded.problems:
+    if not loaded.lines and not loaded.damaged:
         return None, "empty file" if not loaded.torn else "only a line cut short"
     parsed = loaded.objects()
     head = next((o for o in parsed if o.get("type") == "session"), None)
     if head is None:
         return None, "no session line"
-    problems = [m.replace(f"{path}:", "line ", 1) for m in loaded.problems]
+    problems = [f"line {n}: {why}" for n, why in loaded.damaged]
     return {**head, "_lines": parsed, "_problems": problems, "_torn": bool(loaded.torn)}, None
 
 

@@ -34,7 +34,8 @@ from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, Rung, ladder, rung_names
 from ..session import GpuSession, time_events
-from .cudnn import cudnn_bench
+from .cudnn import cudnn_bench, cudnn_missing
+from .recordio import valid_input_batch
 from .records import now_iso, record_path, versions, write_json
 from .timing import gemm_ceiling, time_cpu, time_gpu
 
@@ -74,10 +75,9 @@ class LadderConfig:
             positive_int("LadderConfig.input_size", self.input_size)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"LadderConfig.warmup: expected an int >= 0, got {self.warmup!r}")
-        k = self.input_batch
-        if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        if not valid_input_batch(self.input_batch):
             raise ValueError(f"LadderConfig.input_batch: expected a positive int or 'all', "
-                             f"got {k!r}")
+                             f"got {self.input_batch!r}")
         self.executors = tuple(self.executors)
         if not self.executors or any(e not in ("eager", "graph") for e in self.executors):
             raise ValueError(f"LadderConfig.executors: expected some of ('eager', 'graph'), "
@@ -105,7 +105,7 @@ def check_sizes(cfg: LadderConfig, gpu_free: int | None = None,
     c, T, B, I, H, L = cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers
     io = T * B * I + 2 * L * B * H + T * B * H             # x, h0, c0, dy
     host = sizes.model_bytes(c, I, H, L, True, 4) + 4 * io
-    if cfg.cpu or not cfg.cudnn or _flops(cfg) <= REFERENCE_FLOP_LIMIT:   # as _run_gpu decides
+    if reference_runs(cfg):
         host += 8 * io + sizes.reference_bytes(c, I, H, L, B, T, 8,
                                                "train" if cfg.backward else "forward")
         if cfg.backward:
@@ -148,6 +148,18 @@ def inputs_for(cfg: LadderConfig, dtype):
           if get_cell(cfg.cell).has_cell_state else None)
     dy = rng.standard_normal((cfg.steps, cfg.batch, cfg.hidden)).astype(dtype)
     return x, h0, c0, dy
+
+
+def reference_runs(cfg, bench=None) -> bool:
+    """Whether the float64 NumPy reference checks the ladder of ``cfg`` (its host memory
+    counted by ``check_sizes``, its outputs the rungs' check): on the CPU, up to
+    REFERENCE_FLOP_LIMIT FLOPs, or where cuDNN does not run — above the limit cuDNN's
+    output is the reference. bench: the run's ``cudnn_bench`` (a CudnnBench, or why there is
+    none); None: ``cudnn_missing(cfg)`` says, before anything is built."""
+    if cfg.cpu or _flops(cfg) <= REFERENCE_FLOP_LIMIT:
+        return True
+    why = cudnn_missing(cfg) if bench is None else (bench if isinstance(bench, str) else None)
+    return why is not None
 
 
 def _flops(cfg) -> int:
@@ -393,7 +405,7 @@ def _run_gpu(cfg, progress, session: BenchSession):
     flops = _flops(cfg)
     params = cp.asarray(model.flat)
     bench = cudnn_bench(cfg, model, x, h0, c0, dy)
-    if flops > REFERENCE_FLOP_LIMIT and not isinstance(bench, str):
+    if not reference_runs(cfg, bench):
         # the float64 NumPy reference would take minutes here: hold the naive rung against
         # cuDNN's output instead (and say so in every row's check)
         ref = bench.outputs()

@@ -30,8 +30,9 @@ import numpy as np
 
 from ..plan.switches import DEFAULT_INPUT_BATCH, rung_names
 from .ladder import AUTO
-from .recordio import check_ladder_record, read_json, read_jsonl
+from .recordio import check_ladder_record, read_json
 from .records import figures_root
+from .sweep import read_lines
 
 CUDNN = "cudnn"
 CONFIG_FIELDS = ("cell", "layers", "hidden", "input_size", "batch", "steps", "input_batch",
@@ -80,12 +81,9 @@ def load_rows(paths, note=None) -> list[dict]:
     rows = []
     for p in _expand(paths):
         if p.suffix == ".jsonl":
-            loaded = read_jsonl(p)
-            for msg in loaded.problems:
-                note(f"warning: {msg}; skipped")
-            if loaded.torn:
-                note(loaded.torn)
-            rows += [ln for ln in loaded.objects() if ln.get("type") == "row"]
+            lines = read_lines(p, lambda msg: note(f"warning: {msg}; skipped"), note,
+                               missing_ok=False)
+            rows += [ln for ln in lines if ln.get("type") == "row"]
             continue
         rec, why = read_json(p)
         if why is None and not (isinstance(rec, dict)

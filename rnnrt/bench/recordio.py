@@ -41,13 +41,18 @@ class RecordError(ValueError):
 @dataclass
 class Loaded:
     """What a read gave: ``lines`` [(line number, object)] that passed the checks,
-    ``problems`` ['file:line: what is wrong'] for each damaged line skipped, ``torn`` the note
-    for a last line cut short (or None)."""
+    ``damaged`` [(line number, what is wrong)] for each damaged line skipped (``problems``:
+    the same as 'file:line: what is wrong'), ``torn`` the note for a last line cut short (or
+    None)."""
 
     path: Path
     lines: list = field(default_factory=list)
-    problems: list = field(default_factory=list)
+    damaged: list = field(default_factory=list)
     torn: str | None = None
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{self.path}:{n}: {why}" for n, why in self.damaged]
 
     def objects(self) -> list[dict]:
         return [obj for _, obj in self.lines]
@@ -107,6 +112,13 @@ def _count(obj: dict, name: str, required: bool = True) -> str | None:
     return None
 
 
+def valid_input_batch(k) -> bool:
+    """Whether ``k`` is an input batching k: an int >= 1 (not a bool) or 'all' (the bench
+    configurations and a record's points check it here; plan.switches.Switches, below
+    bench/, checks its own)."""
+    return k == "all" or (isinstance(k, int) and not isinstance(k, bool) and k >= 1)
+
+
 def check_point(obj: dict) -> str | None:
     """Why a row or error line's point configuration is damaged, or None."""
     cell = obj.get("cell")
@@ -117,7 +129,7 @@ def check_point(obj: dict) -> str | None:
         if why:
             return why
     k = obj.get("input_batch", "missing")
-    if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+    if not valid_input_batch(k):
         return f"'input_batch' is {k!r}, expected a positive integer or 'all'"
     if obj.get("pass", "fwd") not in PASSES:
         return f"'pass' is {obj.get('pass')!r}, expected one of {list(PASSES)}"
@@ -192,8 +204,8 @@ def read_jsonl(path, check=check_line) -> Loaded:
         try:
             text = chunk.decode("utf-8")
         except UnicodeDecodeError as e:
-            out.problems.append(f"{path}:{n}: not UTF-8 text (byte {chunk[e.start]:#04x} at "
-                                f"column {e.start + 1})")
+            out.damaged.append((n, f"not UTF-8 text (byte {chunk[e.start]:#04x} at column "
+                                   f"{e.start + 1})"))
             continue
         try:
             obj = json.loads(text)
@@ -203,11 +215,11 @@ def read_jsonl(path, check=check_line) -> Loaded:
                             f"skipped")
             else:
                 msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
-                out.problems.append(f"{path}:{n}: not JSON ({msg})")
+                out.damaged.append((n, f"not JSON ({msg})"))
             continue
         why = check(obj)
         if why:
-            out.problems.append(f"{path}:{n}: {why}")
+            out.damaged.append((n, why))
             continue
         out.lines.append((n, obj))
     return out
@@ -243,16 +255,22 @@ def check_ladder_record(rec) -> str | None:
     return None
 
 
-def read_json(path) -> tuple[object | None, str | None]:
+def read_json(path, named: bool = True) -> tuple[object | None, str | None]:
     """(parsed JSON, None), or (None, 'file: what is wrong') for bytes that are not UTF-8
-    or text that is not JSON. RecordError for a file that cannot be read."""
+    or text that is not JSON ('file:line: ...' where JSON names a line; named=False: 'what
+    is wrong', or 'line N: ...', for a caller that shows the file itself). RecordError for
+    a file that cannot be read."""
     path = Path(path)
     data = _read_bytes(path)
+    line = None
     try:
         return json.loads(data.decode("utf-8")), None
     except UnicodeDecodeError as e:
-        return None, f"{path}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
+        why = f"not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
     except json.JSONDecodeError as e:
-        return None, f"{path}:{e.lineno}: not JSON ({e.msg})"
+        line, why = e.lineno, f"not JSON ({e.msg})"
     except RecursionError:
-        return None, f"{path}: not JSON (nested too deeply)"
+        why = "not JSON (nested too deeply)"
+    if named:
+        return None, f"{path}:{line}: {why}" if line else f"{path}: {why}"
+    return None, f"line {line}: {why}" if line else why

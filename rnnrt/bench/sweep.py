@@ -46,7 +46,7 @@ from pathlib import Path
 from ..cells import forward_flops, get_cell
 from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
 from . import ladder as ladder_mod
-from .recordio import read_jsonl
+from .recordio import read_jsonl, valid_input_batch
 from .records import device_slug, now_iso, record_path, results_root
 
 SCHEMA = "rnnrt.sweep/1"
@@ -118,7 +118,7 @@ class SweepConfig:
             get_cell(c)
         self.input_batch = tuple(self.input_batch)
         for k in self.input_batch:
-            if k != ALL and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            if not valid_input_batch(k):
                 raise ValueError(f"SweepConfig.input_batch: expected ints >= 1 or {ALL!r}, "
                                  f"got {k!r}")
         self.executors = tuple(self.executors)
@@ -210,19 +210,21 @@ def grid(cfg: SweepConfig) -> list[Point]:
 # --------------------------------------------------------------------------------------------
 # The results file
 
-def read_lines(path, warn=None) -> list[dict]:
+def read_lines(path, warn=None, note=None, missing_ok: bool = True) -> list[dict]:
     """Every valid line of a results file (recordio.read_jsonl: parsed, checked); each
     damaged line is skipped with a warning naming it (``warn``, default stderr), so its point
-    runs again; a last line cut short by a kill is skipped with a note."""
+    runs again; a last line cut short by a kill is skipped with a note (``note``, default
+    ``warn``). A file that does not exist has no lines (missing_ok=False: FileNotFoundError,
+    as for `rnnrt plot`)."""
     path = Path(path)
-    if not path.exists():
+    if missing_ok and not path.exists():
         return []
     warn = warn or (lambda m: print(f"[sweep] warning: {m}", file=sys.stderr))
     loaded = read_jsonl(path)
     for msg in loaded.problems:
         warn(msg)
     if loaded.torn:
-        warn(loaded.torn)
+        (note or warn)(loaded.torn)
     return loaded.objects()
 
 

@@ -30,6 +30,7 @@ from ..params import positive_int
 from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder
+from .recordio import valid_input_batch
 from .records import device_slug, now_iso, record_path, versions, write_json
 
 OP_FIELDS = ("index", "stream", "kind", "layer", "step0", "step1", "t_start_ms", "t_end_ms")
@@ -64,10 +65,9 @@ class TraceConfig:
             positive_int(f"TraceConfig.{name}", getattr(self, name))
         if self.input_size is not None:
             positive_int("TraceConfig.input_size", self.input_size)
-        k = self.input_batch
-        if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        if not valid_input_batch(self.input_batch):
             raise ValueError(f"TraceConfig.input_batch: expected a positive int or 'all', "
-                             f"got {k!r}")
+                             f"got {self.input_batch!r}")
 
     @property
     def inp(self) -> int:
@@ -247,24 +247,23 @@ def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, session):
 # --------------------------------------------------------------------------------------------
 # Files and the figure
 
+def shape_stem(cell: str, layers: int, hidden: int, batch: int, steps: int) -> str:
+    """'trace-<cell>-L<layers>-H<hidden>-B<batch>-T<steps>': the start of a trace's file
+    names (its figure's and its record's)."""
+    return f"trace-{cell}-L{layers}-H{hidden}-B{batch}-T{steps}"
+
+
 def figure_stem(cfg: TraceConfig, device: str) -> str:
     """The figure's name (no stamp: a newer trace of a shape and device replaces it, with
     --overwrite); known before the run, so the command can check it first."""
-    return (f"trace-{cfg.cell}-L{cfg.layers}-H{cfg.hidden}-B{cfg.batch}-T{cfg.steps}-"
+    return (f"{shape_stem(cfg.cell, cfg.layers, cfg.hidden, cfg.batch, cfg.steps)}-"
             f"{device_slug(device)}")
-
-
-def default_stem(record: dict) -> str:
-    """The figure's name of a record (``figure_stem`` of its configuration and device)."""
-    c = record["config"]
-    return (f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}-"
-            f"{device_slug(record['device'].get('device', 'device'))}")
 
 
 def default_path(record: dict) -> Path:
     """<out>/results/trace/trace-<shape>-<device>-<stamp>.json (bench/records.py's scheme)."""
     c = record["config"]
-    stem = f"trace-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}"
+    stem = shape_stem(c["cell"], c["layers"], c["hidden"], c["batch"], c["steps"])
     return record_path("trace", stem, record["device"].get("device", "device"),
                        record["created"])
 

@@ -10,8 +10,10 @@ selector's choice per shape: ``switches='auto'``). A call:
   2. reads the module's parameters in place when they lie in the module's flat buffer
      (``flat.py``: ``.cuda()`` lays them out so, and the runner adopts the call's segment of
      it as its parameter buffer); otherwise copies them into the runner's buffer (one
-     multi-tensor copy). Either way torch's version counters refuse a backward after an
-     in-place change, so what the backward reads is what the forward ran with;
+     multi-tensor copy). Where they moved since (or came to lie in one buffer), the call
+     site gets a new runner that adopts them as they lie now (``Site.stale``). Either way
+     torch's version counters refuse a backward after an in-place change, so what the
+     backward reads is what the forward ran with;
   3. hands x, h0 and c0 over through DLPack (zero-copy views; the plan copies x into its
      workspace), runs the runner's forward (and, for a training call, keeps its tape: the
      tape holds its own workspace until autograd drops it), and returns the outputs through
@@ -82,7 +84,10 @@ class Site:
 
     adopted: the runner's parameter buffer IS the module's (``flat.segment``); a call then
     only checks that every parameter still lies where it did (data pointers) and copies
-    nothing. Otherwise (or once a parameter has moved) each call copies them in.
+    nothing. Otherwise each call copies them in. A site whose parameters moved, or whose
+    copied parameters came to lie in one segment (``stale``), is replaced by the backend
+    with one that adopts what is there now (``load_params`` on it still copies: right, but
+    into the old buffer, which its runner, workspaces and graphs keep alive).
     """
 
     def __init__(self, runner, params, adopted: bool):
@@ -95,8 +100,21 @@ class Site:
         self.entries = entries
         self.copies = 0
 
+    def adopts(self, params) -> bool:
+        """Whether the runner reads ``params`` in place (they lie where it adopted them)."""
+        return self.adopted_ptrs is not None and [t.data_ptr() for t in params] == \
+            self.adopted_ptrs
+
+    def stale(self, params) -> bool:
+        """Whether another site would serve ``params`` better: adopted ones moved (the
+        runner's buffer is no longer the module's), or copied ones that now lie in one
+        segment it could adopt (after ``flatten_parameters()``)."""
+        if self.adopted_ptrs is not None:
+            return not self.adopts(params)
+        return segment(params, self.runner.model.layout) is not None
+
     def load_params(self, params) -> None:
-        if self.adopted_ptrs is not None and [t.data_ptr() for t in params] == self.adopted_ptrs:
+        if self.adopts(params):
             return   # the runner reads the module's flat buffer
         copy_all(self.dst, [t.detach() for t in params])
         self.copies += 1
@@ -119,25 +137,26 @@ class CudaBackend:
         self._sites: OrderedDict = OrderedDict()
 
     # -- call sites ------------------------------------------------------------------------------
-    def _site(self, cell, layers, device) -> Site:
+    def _site(self, cell, layers, device, params) -> Site:
         """The site of this call: keyed by the identity of its first weight (one per module
-        stack, or per layer and direction), dropped with that weight."""
+        stack, or per layer and direction), dropped with that weight; made again where the
+        call's ``params`` (``_flat_params(layers)``) left it stale (``Site.stale``)."""
         from ..gpu import GpuRunner
         w_ih, w_hh, b_ih, _ = layers[0]
         key = (id(w_ih), device.index, cell, len(layers), int(w_ih.shape[1]),
                int(w_hh.shape[1]), b_ih is not None)
         site = self._sites.get(key)
-        if site is None:
+        if site is None or site.stale(params):
             import cupy as cp
             with torch.cuda.device(device), cp.cuda.Device(device.index):
                 model = _model_for(cell, key[4], key[5], key[3], key[6])
-                params = _flat_params(layers)
                 seg = segment(params, model.layout)
                 runner = GpuRunner(model, cache_bytes=RUNNER_CACHE_BYTES,
                                    params=None if seg is None else cp.from_dlpack(seg))
-                site = Site(runner, params, seg is not None)
-            self._sites[key] = site
-            weakref.finalize(w_ih, self._sites.pop, key, None)
+                fresh = Site(runner, params, seg is not None)
+            if site is None:   # (a replaced site's key keeps its finalizer)
+                weakref.finalize(w_ih, self._sites.pop, key, None)
+            self._sites[key] = site = fresh
             while len(self._sites) > MAX_RUNNERS:
                 self._sites.popitem(last=False)
         self._sites.move_to_end(key)
@@ -156,18 +175,20 @@ class CudaBackend:
         h_n [L, B, H], c_n | None, saved | None)."""
         import cupy as cp
         self._check(x)
-        T = len(batch_sizes)
-        B = int(batch_sizes[0]) if T else 0
+        bs = tuple(np.asarray(batch_sizes).tolist())   # once; forward_packed checks it
+        T = len(bs)
+        B = bs[0] if T else 0
         if T == 0 or B == 0:
             raise NotImplementedError("rnnrt.nn on CUDA: an empty batch is not supported")
-        uniform = bool((np.asarray(batch_sizes) == B).all())
+        uniform = bs[-1] == B   # non-increasing (the module checked): one length
         device = x.device
-        site = self._site(cell, layers, device)
+        params = _flat_params(layers)
+        site = self._site(cell, layers, device, params)
         runner = site.runner
         I = int(x.shape[1])
         with torch.cuda.device(device), cp.cuda.Device(device.index), \
                 _current_stream(cp, device):
-            site.load_params(_flat_params(layers))
+            site.load_params(params)
             xc = cp.from_dlpack(x.detach().contiguous())
 
             def c(t):
@@ -180,7 +201,6 @@ class CudaBackend:
                 y = out[0][::-1] if reverse else out[0]
                 y = cp.ascontiguousarray(y).reshape(T * B, -1)
             else:
-                bs = tuple(np.asarray(batch_sizes).tolist())
                 out = runner.forward_packed(xc, bs, hx, train=train, reverse=reverse)
                 y = out[0]
             h_n, c_n = out[1] if cell == "lstm" else (out[1], None)

@@ -9,7 +9,9 @@ one after another. A one-layer layout's size is rounded to the same boundary, so
 call for a whole stack and its per-layer calls (bidirectional, or dropout between layers)
 both find their parameters as one contiguous segment (``segment``).
 
-    flatten(module)         relayout, for parameters on CUDA in float32 (module.cuda() etc.)
+    flatten(module)         relayout, for parameters on CUDA in float32 (module.cuda() etc.),
+                            unless they are laid out so already
+    laid_out(module)        whether the parameters already lie in one buffer in this layout
     relayout(module)        make every parameter a view of one new buffer in this layout
     segment(tensors, layout)  the 1-D tensor over a call's parameters, if they lie at the
                             layout's offsets in one storage; else None
@@ -33,15 +35,39 @@ def layer_layouts(module) -> list[tuple[list[str], object]]:
     return out
 
 
-def flatten(module) -> bool:
-    """``relayout`` where the CUDA backend would read the result: every parameter on one
-    CUDA device in float32; -> whether it did."""
-    params = module._flat_weights
+def backend_reads(params) -> bool:
+    """Whether the CUDA backend reads ``params`` (a module's parameters) as they are: every
+    one on one CUDA device, in float32."""
     first = params[0]
-    if (first.device.type != "cuda" or first.dtype != torch.float32
-            or any(p.device != first.device or p.dtype != first.dtype for p in params)):
+    return (first.device.type == "cuda" and first.dtype == torch.float32
+            and all(p.device == first.device and p.dtype == first.dtype for p in params))
+
+
+def flatten(module) -> bool:
+    """``relayout`` where the CUDA backend would read the result (``backend_reads``) and the
+    parameters are not ``laid_out`` yet; -> whether they are laid out now. A module already
+    laid out keeps its buffer: a ``.float()`` or ``.to()`` that changes nothing must not move
+    every parameter (the backend's runners read the buffer in place)."""
+    if not backend_reads(module._flat_weights):
         return False
-    relayout(module)
+    if not laid_out(module):
+        relayout(module)
+    return True
+
+
+def laid_out(module) -> bool:
+    """Whether ``module``'s parameters already lie in one storage in the flat layout (module
+    docstring): each call's segment where ``relayout`` would put it."""
+    first = module._flat_weights[0]
+    item, base = first.element_size(), first.data_ptr()
+    storage = first.untyped_storage().data_ptr()
+    start = 0
+    for names, layout in layer_layouts(module):
+        seg = segment([getattr(module, n) for n in names], layout)
+        if (seg is None or seg.data_ptr() != base + start * item
+                or seg.untyped_storage().data_ptr() != storage):
+            return False
+        start += layout.size
     return True
 
 

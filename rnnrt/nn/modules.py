@@ -150,7 +150,8 @@ class RNNBase(torch.nn.Module):
         """On CUDA in float32: lay the parameters out in one flat buffer as rnnrt's GPU
         runs read them and make each a view of it (``flat.py``), so that the CUDA backend
         reads them in place, with no copy a call — as torch.nn compacts its weights for
-        cuDNN here. Called by ``.cuda()`` / ``.to()``; after anything that replaces a
+        cuDNN here (nothing moves where they are laid out so already). Called by
+        ``.cuda()`` / ``.to()``; after anything that replaces a
         parameter's storage (``load_state_dict(assign=True)``, ``p.data = ...``) the backend
         copies the parameters each call until this is called again. Elsewhere a no-op (the
         CPU path reads the parameters in place)."""

@@ -83,6 +83,18 @@ def backward_plan(key: PlanKey, accumulate: bool = False, need_dx: bool = True) 
     return plan
 
 
+def workspace_buffers(key: PlanKey) -> tuple[Buffer, ...]:
+    """The buffers of ``key``'s workspace, as its plans' builders list them (no op built):
+    a training key's backward plan's (a superset of the forward's: one workspace serves
+    both passes, the persistent backward's barrier counters included), else the forward's."""
+    if not key.train:
+        return ForwardBuilder(key).buffers()
+    if key.backward is not None:
+        from .backward_persistent import backward_builder
+        return backward_builder(key)[0].buffers()
+    return BackwardBuilder(key, False).buffers()
+
+
 class BackwardBuilder(ForwardBuilder):
     """Builds the backward plan of a training key on top of the forward builder's views,
     buffers and streams (one workspace serves both passes)."""
@@ -90,11 +102,11 @@ class BackwardBuilder(ForwardBuilder):
     def __init__(self, key: PlanKey, accumulate: bool, need_dx: bool = True):
         super().__init__(key)
         self.need_dx = bool(need_dx)
-        # the persistent switch may make the FORWARD one input GEMM per layer (k = T, the
-        # grid kernel); the
-        # backward has no persistent kernel, so it keeps the switches' own chunking: with
-        # k = T, layer l-1's backward could not start before all of layer l's dx GEMM
-        # (no wavefront across layers; measured 16.1 against 11.6 ms fwd+bwd on the H100)
+        # the persistent switch may make the forward one input GEMM per layer (k = T); the
+        # per-step backward keeps the switches' own chunking: with k = T, layer l-1's
+        # backward could not start before all of layer l's dx GEMM (no wavefront across
+        # layers; measured 16.1 against 11.6 ms fwd+bwd on the H100). The persistent
+        # backward (backward_persistent.py) sets k = T: its launch writes all of dg first.
         self.k = self.sw.steps_per_input_gemm(self.T)
         self.accumulate = accumulate
         self.gru = self.cell.name == "gru"
@@ -102,7 +114,7 @@ class BackwardBuilder(ForwardBuilder):
     # -- buffers -----------------------------------------------------------------------------
     def buffers(self):
         T, B, H, GH = self.Tc, self.B, self.H, self.GH
-        bufs = list(forward_plan(self.key).buffers)
+        bufs = list(super().buffers())   # the forward's (they do not depend on the chunk k)
         if self.varlen:
             bufs.append(Buffer("dhn", self.L * B * H, "io"))
             if self.cell.has_cell_state:
@@ -269,16 +281,17 @@ class BackwardBuilder(ForwardBuilder):
 
     def dfinal_task(self, layer):
         """Variable-length plans: dh_n / dc_n (dhn / dcn) into each row's last slot of dhr
-        / dc (``group_ends``), first on the layer's recurrence stream."""
-        H, s, ops = self.H, self.rec(layer), []
-        kinds = (("dhr", "dhn"), ("dc", "dcn")) if self.cell.has_cell_state else (("dhr", "dhn"),)
-        for slot, lo, n in self.group_ends():
-            for buf, src in kinds:
-                dst = View(f"{buf}{layer}", (self.slot_row(slot) + lo) * H, n, H, H)
-                ops.append(Kernel(s, "ew_copy", n, H, (dst,),
-                                  (View(src, (layer * self.B + lo) * H, n, H, H),),
-                                  layer=layer, steps=(slot - 1, slot)))
-        return Task(("dfinal", layer), s, [], self.prio(layer, self.T - 1, -1), ops)
+        / dc (the forward's ``final_copies`` the other way), first on the layer's recurrence
+        stream."""
+        pairs = ((("dhr", "dhn"), ("dc", "dcn")) if self.cell.has_cell_state
+                 else (("dhr", "dhn"),))
+        return Task(("dfinal", layer), self.rec(layer), [], self.prio(layer, self.T - 1, -1),
+                    self.final_copies(layer, pairs, into_final=False))
+
+    def wants_dx(self, layer) -> bool:
+        """Whether the plan computes the gradient into layer ``layer``'s input: always above
+        layer 0 (the layer below reads it), at layer 0 (dx) only with need_dx."""
+        return layer > 0 or self.need_dx
 
     # -- pointwise -----------------------------------------------------------------------------
     def pointwise_bwd(self, layer, t, s):
@@ -400,7 +413,7 @@ class BackwardBuilder(ForwardBuilder):
             if self.varlen:
                 tasks.append(self.dfinal_task(layer))
             for t0 in range(0, self.T, self.k):
-                if layer or self.need_dx:   # layer 0's dx GEMMs only when dx is wanted
+                if self.wants_dx(layer):
                     tasks.append(self.dxb_task(layer, t0, min(t0 + self.k, self.T)))
             for t in range(self.T):
                 tasks.append(self.cellb_task(layer, t))

@@ -40,12 +40,20 @@ def persistent_backward(key: PlanKey, accumulate: bool, need_dx: bool = True) ->
     """The backward Plan of a training key with ``backward`` set: the persistent kernel's
     schedule where it fits, else the per-step one with ``fallback`` saying why. need_dx as
     backward.backward_plan's."""
+    builder, choice = backward_builder(key, accumulate, need_dx)
+    plan = builder.build()
+    return dataclasses.replace(plan, fit=choice.describe(),
+                               fallback=None if choice.runs else choice.fallback)
+
+
+def backward_builder(key: PlanKey, accumulate: bool = False, need_dx: bool = True):
+    """-> (the builder of the backward plan of a key with ``backward`` set, the persistent
+    choice): PersistentBackwardBuilder where the kernel fits, else backward.py's per-step
+    BackwardBuilder. Nothing is built (the workspace's size reads the builder's buffers)."""
     choice = choose_persistent_backward(key)
     if not choice.runs:
-        plan = BackwardBuilder(key, accumulate, need_dx).build()
-        return dataclasses.replace(plan, fallback=choice.fallback, fit=choice.describe())
-    plan = PersistentBackwardBuilder(key, accumulate, choice.fit, need_dx).build()
-    return dataclasses.replace(plan, fit=choice.describe())
+        return BackwardBuilder(key, accumulate, need_dx), choice
+    return PersistentBackwardBuilder(key, accumulate, choice.fit, need_dx), choice
 
 
 class PersistentBackwardBuilder(BackwardBuilder):
@@ -93,7 +101,7 @@ class PersistentBackwardBuilder(BackwardBuilder):
         tasks = []
         for layer in range(self.L):
             tasks.append(self.pbwd_task(layer))
-            dx = (self.dxb_task(layer, 0, self.T),) if layer or self.need_dx else ()
+            dx = (self.dxb_task(layer, 0, self.T),) if self.wants_dx(layer) else ()
             for task in (*dx, self.wgrad_task(layer)):
                 task.deps = [("pbwd", layer)]   # both read the dg the launch wrote
                 tasks.append(task)

@@ -533,20 +533,29 @@ class ForwardBuilder:
         return [(t + 1, lo, hi - lo) for t, (hi, lo) in enumerate(zip(self.bs, nxt))
                 if lo < hi]
 
-    def final_task(self, layer):
-        """Variable-length plans: copy each row's last slot (``group_ends``) of h and c
-        into hn / cn [L, B, H] (the h_n / c_n bindings), after the layer's last step, on
-        its recurrence stream."""
+    def final_copies(self, layer, pairs, into_final: bool) -> list:
+        """Variable-length plans: ew_copy ops between each row's last slot (``group_ends``)
+        of layer ``layer``'s sequence buffers and [L, B, H] buffers of final states, on the
+        layer's recurrence stream. pairs: ((sequence kind, final buffer), ...);
+        into_final: slot -> final (the forward's h_n), else final -> slot (the backward's
+        dh_n)."""
         H, s, ops = self.H, self.rec(layer), []
-        kinds = ("h", "c") if self.cell.has_cell_state else ("h",)
         for slot, lo, n in self.group_ends():
-            for kind in kinds:
-                src = self.seq(kind, layer, self.slot_row(slot) + lo, n, H)
-                dst = View(f"{kind}n", (layer * self.B + lo) * H, n, H, H)
+            for kind, final in pairs:
+                at_slot = self.seq(kind, layer, self.slot_row(slot) + lo, n, H)
+                at_final = View(final, (layer * self.B + lo) * H, n, H, H)
+                dst, src = (at_final, at_slot) if into_final else (at_slot, at_final)
                 ops.append(Kernel(s, "ew_copy", n, H, (dst,), (src,), layer=layer,
                                   steps=(slot - 1, slot)))
+        return ops
+
+    def final_task(self, layer):
+        """Variable-length plans: copy each row's last slot of h and c into hn / cn
+        [L, B, H] (the h_n / c_n bindings), after the layer's last step."""
+        pairs = (("h", "hn"), ("c", "cn")) if self.cell.has_cell_state else (("h", "hn"),)
         prio = (layer + self.T, layer, 2) if self.sw.wavefront else (layer, self.T, 2)
-        return Task(("final", layer), s, [("cell", layer, self.T - 1)], prio, ops)
+        return Task(("final", layer), self.rec(layer), [("cell", layer, self.T - 1)], prio,
+                    self.final_copies(layer, pairs, into_final=True))
 
     def build(self) -> Plan:
         tasks = [self.stack_task()] if self.stack is not None else []

@@ -10,9 +10,10 @@ addresses).
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
+import dataclasses
 import gc
-import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -20,8 +21,13 @@ from ..cells import get_cell
 from ..kernels.limits import DeviceLimits
 from ..kernels.registry import check_views, get_kernel
 from .ops import Gemm, Kernel, Op, Record, Wait
+from .packing import check_pattern
 from .switches import Switches
 
+STATE_INPUTS = ("h0", "c0", "dh_n", "dc_n")
+"""Inputs no op of a plan may write (``validate`` refuses one that does): GpuRunner loads a
+None state (zeros) once and skips the fill while the caller keeps passing None
+(gpu.py ``_load_states``), which is right only while nothing overwrites them."""
 PERSISTENT_FAMILIES = ("stack", "grid", "cluster")
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
 BACKWARD_FAMILIES = ("persistent", "grid", "cluster")
@@ -44,7 +50,8 @@ class PlanKey:
     layer for the recurrent chain, then one GEMM a layer for each of dx, dW, dR and the
     biases; plan/backward_persistent.py), where its fit accepts the shape, else the
     per-step schedule with the reason (Plan.fallback). A schedule of its own, not a
-    switch: the rungs' backward is unchanged; the selector offers it as a candidate.
+    switch: the rungs' backward is unchanged; the selector offers it as a candidate. Not
+    with batch_sizes (refused: the kernel runs the whole batch every step).
     batch_sizes: a variable-length plan's pattern (plan/packing.py), [steps] ints,
     non-increasing, batch_sizes[0] = batch: step t runs on its batch_sizes[t] rows only,
     packed step after step, with the masked step kernels; None: every step runs the whole
@@ -77,10 +84,10 @@ class PlanKey:
                 raise ValueError(f"PlanKey.{name}: expected a positive int, got {v!r}")
         if self.batch_sizes is not None:
             bs = self.batch_sizes
-            if (not isinstance(bs, tuple) or len(bs) != self.steps
-                    or any(isinstance(v, bool) or not isinstance(v, int) for v in bs)
-                    or bs[0] != self.batch or min(bs) < 1
-                    or any(b > a for a, b in itertools.pairwise(bs))):
+            if not isinstance(bs, tuple):
+                raise ValueError(f"PlanKey.batch_sizes: expected a tuple, got {bs!r}")
+            check_pattern(bs, "PlanKey.batch_sizes")   # ints, >= 1, non-increasing
+            if len(bs) != self.steps or bs[0] != self.batch:
                 raise ValueError(f"PlanKey.batch_sizes: expected a tuple of {self.steps} "
                                  f"non-increasing ints >= 1 starting at batch {self.batch}, "
                                  f"got {bs!r}")
@@ -114,10 +121,27 @@ class PlanKey:
             if self.device is None:
                 raise ValueError("PlanKey.device: the persistent backward needs the device's "
                                  "limits (rnnrt.kernels.limits.DeviceLimits)")
+            if self.batch_sizes is not None:
+                raise ValueError("PlanKey.backward: a persistent backward runs the whole "
+                                 "batch every step; a variable-length key (batch_sizes) takes "
+                                 "the per-step backward (backward=None)")
         if self.switches.persistent and self.device is None:
             raise ValueError("PlanKey.device: the persistent switch needs the device's limits "
                              "(rnnrt.kernels.limits.DeviceLimits.from_device(cupy), or a "
                              "named device such as rnnrt.kernels.limits.H100_SXM for CPU runs)")
+        # hashed once: a key is looked up on every call (the runner's executors, the plan
+        # caches), and its batch_sizes (and switches, device) would make each hash O(steps)
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        # a copy or an unpickled key is made by __init__, so its hash is this process's
+        return type(self), self._fields()
 
     @property
     def varlen(self) -> bool:
@@ -274,6 +298,17 @@ def cover(views) -> dict:
     return out
 
 
+def _overlaps(v, spans) -> bool:
+    """Whether view ``v`` touches any of ``spans`` (merged, sorted [start, stop) intervals
+    of its buffer, as ``cover`` gives them)."""
+    starts = [a for a, _ in spans]
+    for a, b in ([(v.offset, v.end)] if v.ld == v.cols else v.row_intervals()):
+        j = bisect.bisect_right(starts, a) - 1   # the last span starting at or before a
+        if (j >= 0 and spans[j][1] > a) or (j + 1 < len(spans) and spans[j + 1][0] < b):
+            return True
+    return False
+
+
 @contextlib.contextmanager
 def building():
     """Pause Python's cyclic garbage collector while a plan is built and checked.
@@ -295,9 +330,12 @@ def validate(plan: Plan) -> None:
     """Check a plan's invariants; raise ValueError naming the first broken one.
 
     Every view lies inside its buffer; every stream index exists; every event is recorded
-    exactly once and before (in issue order) every wait on it.
+    exactly once and before (in issue order) every wait on it; no op writes the elements
+    bound to a state input (``STATE_INPUTS``).
     """
     sizes = {b.name: b.size for b in plan.buffers}
+    states = {name: cover(plan.inputs[name].views) for name in STATE_INPUTS
+              if name in plan.inputs}
     recorded = set()
     # a kernel launch's shape check depends on its kernel, problem, views' shapes and
     # scalars, not on where the views are: a T-step plan has a handful of distinct ones
@@ -333,6 +371,11 @@ def validate(plan: Plan) -> None:
                 raise ValueError(f"op {i}: unknown buffer {v.buf!r}")
             if v.end > sizes[v.buf]:
                 raise ValueError(f"op {i}: view {v} ends at {v.end} > size {sizes[v.buf]}")
+        for v in op.writes:
+            for name, spans in states.items():
+                if v.buf in spans and _overlaps(v, spans[v.buf]):
+                    raise ValueError(f"op {i}: {op_str(op)} writes input {name!r} (the "
+                                     f"runner skips reloading a zero state no op writes)")
     for name, binding in list(plan.inputs.items()) + list(plan.outputs.items()):
         for v in binding.views:
             if v.end > sizes[v.buf]:

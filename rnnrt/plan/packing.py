@@ -39,10 +39,11 @@ to pattern step len_b - 1 - t, so the one forward plan runs both directions.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..varlen import check_batch_sizes
 
 ROW_QUANTUM = 8
 """Rows of a pattern's groups are multiples of this (GEMM tiles, vector loads)."""
@@ -56,22 +57,12 @@ GROUP_FRACTION = 4
 
 def check_pattern(batch_sizes, name: str = "batch_sizes") -> tuple[int, ...]:
     """``batch_sizes`` as a tuple of Python ints, checked: at least one step, every entry
-    >= 1, non-increasing. ValueError naming ``name`` otherwise.
+    >= 1, non-increasing (rnnrt.varlen.check_batch_sizes with min_rows=1). ValueError
+    naming ``name`` otherwise.
 
     batch_sizes: [T] integers (a tuple, list or NumPy array)
     """
-    try:
-        bs = tuple(int(v) for v in batch_sizes)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a sequence of ints, got {batch_sizes!r}") from None
-    if any(isinstance(v, bool) for v in batch_sizes) or not bs:
-        raise ValueError(f"{name}: expected at least one int step, got {batch_sizes!r}")
-    if min(bs) < 1:
-        raise ValueError(f"{name}: every step needs at least one active row, got {list(bs)}")
-    if any(b > a for a, b in itertools.pairwise(bs)):
-        raise ValueError(f"{name}: expected non-increasing entries (sequences sorted "
-                         f"longest first), got {list(bs)}")
-    return bs
+    return tuple(check_batch_sizes(batch_sizes, min_rows=1, name=name).tolist())
 
 
 def step_grid(steps: int) -> int:
@@ -121,11 +112,12 @@ def group_rows(batch: int) -> int:
     return -(-per // ROW_QUANTUM) * ROW_QUANTUM
 
 
-def bucket(batch_sizes) -> tuple[int, ...]:
+def bucket(batch_sizes, checked: bool = False) -> tuple[int, ...]:
     """The bucketed pattern that runs the packed batch ``batch_sizes`` [T] (module
     docstring): it covers batch_sizes, has step_grid(T) steps and at most ROW_GROUPS
-    distinct entries."""
-    bs = check_pattern(batch_sizes)
+    distinct entries. checked: batch_sizes is ``check_pattern``'s tuple already (a caller
+    that checked its input once, GpuRunner), so it is not checked again."""
+    bs = batch_sizes if checked else check_pattern(batch_sizes)
     lens = lengths(bs)
     batch = bs[0]
     steps = step_grid(len(bs))
@@ -166,12 +158,14 @@ class RowMap:
     mask: np.ndarray
 
 
-def row_map(batch_sizes, pattern, reverse: bool = False) -> RowMap:
+def row_map(batch_sizes, pattern, reverse: bool = False, checked: bool = False) -> RowMap:
     """The RowMap of the packed batch ``batch_sizes`` [T] in a plan of ``pattern`` (which
     must cover it). reverse: each sequence is read from its own end (packed row (t, b) to
-    pattern step len_b - 1 - t)."""
-    bs = np.asarray(check_pattern(batch_sizes), dtype=np.int64)
-    pat = check_pattern(pattern, "pattern")
+    pattern step len_b - 1 - t). checked: both are ``check_pattern``'s tuples already (as
+    ``bucket``'s); that the pattern covers the batch is checked either way."""
+    if not checked:
+        batch_sizes, pattern = check_pattern(batch_sizes), check_pattern(pattern, "pattern")
+    bs, pat = np.asarray(batch_sizes, dtype=np.int64), pattern
     if not covers(pat, tuple(bs)):
         raise ValueError(f"pattern {list(pat)} does not cover batch_sizes {bs.tolist()}")
     off, poff = offsets(bs), offsets(pat)

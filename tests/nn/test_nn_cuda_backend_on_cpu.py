@@ -154,3 +154,54 @@ def test_a_training_step_moves_only_its_data(cuda_on_cpu, monkeypatch):
     assert counts == {"load": 2, "read": 5}, counts
     site = next(iter(cuda_on_cpu._sites.values()))
     assert site.copies == 0 and len(clones) == 3
+
+
+def test_a_moved_parameter_gets_a_site_that_adopts_again(cuda_on_cpu, monkeypatch):
+    """A no-op .float() on a laid-out module keeps its buffer (no relayout: the site keeps
+    reading it in place); a parameter moved (p.data = ...) makes the call site a new runner
+    that copies (the old runner, and the old buffer it adopted, are let go), and
+    flatten_parameters() makes one that adopts the new buffer. Every call equals torch.nn."""
+    import gc
+    import weakref
+
+    import rnnrt.nn.flat as flat
+    monkeypatch.setattr(flat, "backend_reads", lambda params: True)   # CPU fp32: as CUDA
+    ref, ours = _pair("lstm", 2, False, True)
+    x = torch.randn(T, B, I)
+
+    def call():
+        with torch.no_grad():
+            y0, y1 = ref(x)[0], ours(x)[0]
+        check.assert_close(y1.numpy(), y0.numpy(), name="y")
+        (site,) = cuda_on_cpu._sites.values()
+        return site
+
+    first = call()
+    ptrs = [p.data_ptr() for p in ours.parameters()]
+    ours.float()                                  # changes nothing: nothing moves
+    assert [p.data_ptr() for p in ours.parameters()] == ptrs
+    assert call() is first and first.copies == 0 and first.adopted_ptrs is not None
+    with torch.no_grad():
+        ours.weight_hh_l1.data = ours.weight_hh_l1.data.clone()
+    old = weakref.ref(first.runner)
+    copying = call()
+    assert copying is not first and copying.adopted_ptrs is None and copying.copies == 1
+    del first
+    gc.collect()
+    assert old() is None, "the replaced site's runner (and the old buffer) stays alive"
+    ours.flatten_parameters()
+    adopting = call()
+    assert adopting is not copying and adopting.adopted_ptrs is not None
+    assert adopting.copies == 0
+    assert np.shares_memory(adopting.runner.params, ours.weight_ih_l0.detach().numpy())
+    assert call() is adopting and adopting.copies == 0
+
+
+def test_laid_out_says_whether_a_relayout_is_needed():
+    m = rnnrt.nn.GRU(I, H, num_layers=2, bidirectional=True)
+    assert not rnnrt.nn.flat.laid_out(m)
+    rnnrt.nn.flat.relayout(m)
+    assert rnnrt.nn.flat.laid_out(m)
+    with torch.no_grad():
+        m.bias_ih_l1_reverse.data = m.bias_ih_l1_reverse.data.clone()
+    assert not rnnrt.nn.flat.laid_out(m)
