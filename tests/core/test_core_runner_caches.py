@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from testkit import CpuSession, draw32
 
 import rnnrt
 from rnnrt.check import assert_close
-from testkit import CpuSession, batch_sizes_of, draw32
+from rnnrt.plan.packing import batch_sizes
 
 I, H = 3, 4
 
@@ -31,7 +32,7 @@ def _fixed_set(n, batch=4, longest=12, seed=0):
     out = set()
     while len(out) < n:
         lengths = [longest] + list(rng.integers(1, longest + 1, batch - 1))
-        out.add(batch_sizes_of(lengths))
+        out.add(batch_sizes(lengths))
     return sorted(out)
 
 
@@ -96,7 +97,7 @@ def test_a_packed_call_checks_its_batch_sizes_once(cpu_runner, monkeypatch):
     real = pk.check_pattern
     monkeypatch.setattr(pk, "check_pattern", lambda *a, **kw: (calls.append(a), real(*a, **kw))[1])
     r = cpu_runner(rnnrt.LSTM(I, H, num_layers=1, seed=3))
-    bs = batch_sizes_of([7, 5, 2])
+    bs = batch_sizes([7, 5, 2])
     x = draw32(np.random.default_rng(2), sum(bs), I)
     for _ in range(3):   # bucketed (a new row map), exact (another), exact again (cached)
         calls.clear()
@@ -114,7 +115,7 @@ def test_a_warm_call_builds_no_key_and_looks_up_no_plan(cpu_runner, monkeypatch)
     from rnnrt.plan.model import PlanKey
     r = cpu_runner(rnnrt.GRU(I, H, num_layers=2, seed=4))
     rng = np.random.default_rng(3)
-    bs = batch_sizes_of([9, 6, 6, 2])
+    bs = batch_sizes([9, 6, 6, 2])
     xp, dyp = draw32(rng, sum(bs), I), draw32(rng, sum(bs), H)
     xf, dyf = draw32(rng, 5, 2, I), draw32(rng, 5, 2, H)
 

@@ -5,9 +5,10 @@ of different shapes (each new steps bucket tunes) is the sum of their gradients.
 from __future__ import annotations
 
 import numpy as np
+from testkit import CpuSession, check_runner_packed_step, draw32
 
 from rnnrt.check import FP32_RTOL, assert_close, reduction_atol
-from testkit import CpuSession, batch_sizes_of, check_runner_packed_step, draw32
+from rnnrt.plan.packing import batch_sizes
 
 I, H = 3, 4
 
@@ -45,7 +46,7 @@ def test_tuning_a_packed_shape_keeps_the_accumulated_gradients(monkeypatch):
     check_runner_packed_step(r, [6, 4, 4, 1], rng)      # steps bucket 16, tuned
     first = r.grads.copy()
     lengths = [20, 9, 3]                                 # steps bucket 32: tuned here
-    bs = batch_sizes_of(lengths)
+    bs = batch_sizes(lengths)
     x, dy = draw32(rng, sum(bs), I), draw32(rng, sum(bs), H)
     _, _, tape = r.forward_packed(x, bs, train=True)
     assert r.schedule(20, 3, True, varlen=True).source == "tuned"
@@ -103,7 +104,7 @@ def test_flags_are_checked_and_only_owned_buffers_counted(monkeypatch):
     monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
     m = rnnrt.GRU(I, H, num_layers=1, seed=8)
     r = _runner(monkeypatch, m)
-    bs = batch_sizes_of([4, 2])
+    bs = batch_sizes([4, 2])
     x = draw32(np.random.default_rng(4), sum(bs), I)
     with pytest.raises(TypeError, match="train"):
         r.forward_packed(x, bs, train="yes")

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from testkit import CpuSession, draw32
+from testkit import cpu_plan_key as PlanKey
 
 from rnnrt import sizes
 from rnnrt.exec.workspace import Workspace
 from rnnrt.plan import backward_plan, forward_plan
-from rnnrt.plan.packing import bucket
+from rnnrt.plan.packing import batch_sizes, bucket
 from rnnrt.plan.switches import ladder
-from testkit import CpuSession, batch_sizes_of, draw32
-from testkit import cpu_plan_key as PlanKey
 
 
 def _allocated(key) -> int:
@@ -31,7 +31,7 @@ def _allocated(key) -> int:
 def test_a_variable_length_key_sized_for_its_capacity(cell, rung, train):
     """Buffers for capacity (here 4x the steps), and dhn / dcn: the hand-written formula
     this replaces counted steps and left dhn / dcn out."""
-    pattern = bucket(batch_sizes_of([9, 7, 7, 3, 1]))
+    pattern = bucket(batch_sizes([9, 7, 7, 3, 1]))
     key = PlanKey(cell, len(pattern), pattern[0], 3, 5, 2, True, ladder()[rung].switches,
                   train=train, batch_sizes=pattern, capacity=4 * len(pattern))
     assert sizes.workspace_elements(key) == _allocated(key)
@@ -57,7 +57,7 @@ def test_the_runner_refuses_a_varlen_workspace_by_name(monkeypatch):
     monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
     monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
     r = GpuRunner(rnnrt.LSTM(3, 5, num_layers=2, seed=0), schedule_cache=False)
-    bs = batch_sizes_of([9, 7, 7, 3, 1])
+    bs = batch_sizes([9, 7, 7, 3, 1])
     pattern = r.pattern(bs)
     r._seen.clear()
     need = _allocated(r.plan_key(len(pattern), bs[0], True, pattern)) * 4

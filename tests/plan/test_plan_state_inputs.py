@@ -8,21 +8,20 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from testkit import cpu_plan_key as PlanKey
 
 from rnnrt.plan import backward_plan, forward_plan
 from rnnrt.plan.model import STATE_INPUTS, validate
 from rnnrt.plan.ops import Kernel, View
-from rnnrt.plan.packing import bucket
+from rnnrt.plan.packing import batch_sizes, bucket
 from rnnrt.plan.switches import ladder
-from testkit import batch_sizes_of
-from testkit import cpu_plan_key as PlanKey
 
 I, H, L = 3, 4, 2
 
 
 def _keys():
     sw = [r.switches for r in ladder(input_batch=2)]
-    pattern = bucket(batch_sizes_of([9, 7, 7, 3, 1]))
+    pattern = bucket(batch_sizes([9, 7, 7, 3, 1]))
     yield PlanKey("lstm", 5, 3, I, H, L, True, sw[0], train=True)
     yield PlanKey("gru", 5, 3, I, H, L, True, sw[6], train=True)
     yield PlanKey("lstm", 5, 3, I, H, L, True, sw[7])                   # persistent forward
