@@ -1,0 +1,99 @@
+"""The precisions a pass can run in, and where their rounding happens.
+
+One rule for every rung and executor (the plan builders apply it, the executors and the
+rounding-aware reference follow it):
+
+- **storage**: the buffers a GEMM reads as an operand (x, the weights or their transposed
+  copies, each step's h, the backward's gate gradients) hold the storage type: a value is
+  rounded to it (round to nearest, ties to even) when it is written there, and read back
+  exactly;
+- **accumulate**: everything else is fp32: every GEMM accumulates and writes in fp32 (the
+  pre-activations, dh, dx, the weight gradients), and the cell state and all pointwise math
+  are fp32.
+
+``float32``: true fp32 everywhere (the paper's arithmetic; storage = fp32, so no rounding).
+``tf32``: fp32 storage, GEMMs on the tensor cores in TF32 (their operands rounded to a 10-bit
+mantissa inside cuBLAS; the persistent kernels' on-chip products stay fp32 FMAs).
+``bfloat16`` / ``float16``: 16-bit storage, GEMMs on the tensor cores with fp32 accumulation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One precision. storage: the GEMM operands' element type ('float32', 'bfloat16',
+    'float16'); gemm: the GEMMs' math ('fp32' or 'tf32'; 16-bit operands always accumulate
+    in fp32); atol / rtol: a fast path's tolerance against the rounding-aware float64
+    reference of the same precision (the rounding points are the same on both sides, so what
+    remains is fp32 accumulation order and, where storage rounds, one storage ulp of a value
+    near a rounding boundary carried forward)."""
+
+    name: str
+    storage: str
+    gemm: str
+    atol: float
+    rtol: float
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one stored element."""
+        return 4 if self.storage == "float32" else 2
+
+    @property
+    def rounds(self) -> bool:
+        """Whether writing to storage rounds (16-bit storage)."""
+        return self.storage != "float32"
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in (
+    Precision("float32", "float32", "fp32", 1e-4, 1e-3),
+    Precision("tf32", "float32", "tf32", 2e-3, 1e-2),
+    Precision("bfloat16", "bfloat16", "fp32", 2e-2, 2e-2),
+    Precision("float16", "float16", "fp32", 4e-3, 4e-3),
+)}
+DTYPES = tuple(PRECISIONS)
+"""The names a ``dtype`` argument takes, the default first."""
+
+
+def get_precision(dtype) -> Precision:
+    """The Precision named ``dtype`` (one of DTYPES); ValueError naming the allowed ones."""
+    if isinstance(dtype, Precision):
+        return dtype
+    if not isinstance(dtype, str) or dtype not in PRECISIONS:
+        raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}")
+    return PRECISIONS[dtype]
+
+
+def round_to_bfloat16(a) -> np.ndarray:
+    """``a`` (any real array) rounded to the nearest bfloat16 (ties to even), as float32.
+
+    bfloat16 is float32's top 16 bits: add half an ulp of the dropped 16 bits (plus one where
+    the kept part is odd, for ties to even) and clear them. NaN stays NaN; a value that rounds
+    past the largest finite bfloat16 becomes Inf, as the GPU's conversion does."""
+    f = np.asarray(a, dtype=np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    out = rounded.astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(f), f, out)
+
+
+def round_to_storage(a, dtype) -> np.ndarray:
+    """``a`` rounded where precision ``dtype`` stores it, returned in ``a``'s float dtype
+    (float64 stays float64, so a float64 reference can carry exactly the stored values):
+    unchanged for fp32 storage, else rounded to bfloat16 / float16 (to nearest, ties to
+    even; overflow to Inf). a: any shape."""
+    p = get_precision(dtype)
+    arr = np.asarray(a)
+    if not p.rounds:
+        return arr
+    kind = arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)
+    # through float32 first: the GPU rounds the fp32 value it computed (a float64 reference
+    # value is one fp32 rounding from it; rounding twice is what the hardware does too)
+    if p.storage == "bfloat16":
+        return round_to_bfloat16(arr).astype(kind)
+    with np.errstate(over="ignore"):   # overflow to Inf is the rounding's defined result
+        return arr.astype(np.float32).astype(np.float16).astype(kind)
