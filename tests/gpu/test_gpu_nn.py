@@ -170,8 +170,9 @@ def _cuda_backend():
 
 def test_parameters_are_read_in_place_until_they_move(cp):
     """After .cuda() the module's parameters lie in one flat buffer its runners adopt: a
-    training loop copies no parameter; once one is replaced (p.data = ...), each call copies
-    them, and the result follows the new values."""
+    training loop copies no parameter; once one is replaced (p.data = ...), the call site is
+    replaced by one that copies them each call (the adopting one is let go), and the result
+    follows the new values."""
     torch.manual_seed(0)
     ours = rnnrt.nn.GRU(I, H, num_layers=2).cuda()
     ref = torch.nn.GRU(I, H, num_layers=2).cuda()
@@ -189,7 +190,9 @@ def test_parameters_are_read_in_place_until_they_move(cp):
     ref.load_state_dict(ours.state_dict())
     x = torch.randn(T, B, I, device="cuda")
     _close(ours(x)[0], ref(x)[0], "after a parameter moved")
-    assert sites[0].copies == 1
+    now = [s for (wid, *_), s in _cuda_backend()._sites.items() if wid == id(first)]
+    assert len(now) == 1 and now[0] is not sites[0], "the moved parameters kept the old site"
+    assert now[0].adopted_ptrs is None and now[0].copies == 1
 
 
 def test_what_cuda_does_not_run_is_refused_by_name(cp):
