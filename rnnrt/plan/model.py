@@ -287,7 +287,8 @@ class Plan:
         k = self.key
         lines = [
             f"plan {k.cell} T={k.steps} B={k.batch} I={k.input_size} H={k.hidden_size} "
-            f"L={k.num_layers} bias={k.bias} train={k.train} switches={k.switches.label()}",
+            f"L={k.num_layers} bias={k.bias} train={k.train} switches={k.switches.label()}"
+            + (f" dtype={k.dtype}" if k.dtype != "float32" else ""),
             *([(f"  per-step batch: {k.rows} rows, batches "
                 f"{sorted(set(k.batch_sizes), reverse=True)} (capacity "
                 f"{k.capacity or k.steps} steps)")] if k.varlen else []),

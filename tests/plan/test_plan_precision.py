@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from testkit import bwd_plan_case, cpu_plan_key
+from testkit import bwd_plan_case, check_varlen, cpu_plan_key, run_varlen_numpy, varlen_case
 
 from rnnrt.check import assert_close, compare
 from rnnrt.exec import numpy_exec
@@ -291,3 +291,44 @@ def test_the_rounding_aware_reference_really_rounds(dtype):
             rel = np.max(np.abs(r16[name] - r32[name])) / np.max(np.abs(r32[name]))
             assert 0.1 * ulp < rel < 50 * ulp, f"{cell} {dtype} {name}: {rel:.2e} ({ulp:.1e})"
         assert np.array_equal(round_to_storage(r16["y"], dtype), r16["y"])
+
+
+# --------------------------------------------------------------------------- varlen plans
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("cell", CELLS)
+def test_variable_length_plans_round_where_the_packed_reference_does(cell, dtype):
+    """Variable-length plans (a bucketed pattern: frozen rows) of every rung that runs one
+    (persistent falls back), both directions: the NumPy executor against rnnrt.varlen's
+    rounding-aware reference, ~1e-9."""
+    from rnnrt.plan.packing import bucket
+    lengths = [6, 4, 4, 1]
+    c = varlen_case(cell, 2, lengths, I, H, seed=5, precision=dtype)
+    pattern = bucket(c["bs"])
+    assert pattern != c["bs"]
+    for rung in ladder(2):
+        key = cpu_plan_key(cell, len(pattern), pattern[0], I, H, 2, True, rung.switches,
+                           train=True, batch_sizes=tuple(pattern), capacity=16, dtype=dtype)
+        for reverse in (False, True):
+            out, _ = run_varlen_numpy(key, c, reverse)
+            check_varlen(out, c, reverse, f"{cell} {dtype} {rung.name} reverse={reverse}",
+                         **EXACT)
+
+
+def test_workspace_bytes_count_16_bit_storage_at_two_bytes():
+    from rnnrt import sizes
+    from rnnrt.plan.backward import workspace_buffers
+    for train in (False, True):
+        k32 = key_of("lstm", ladder(2)[3].switches, "float32", train)
+        k16 = dataclasses.replace(k32, dtype="bfloat16")
+        bufs = workspace_buffers(k16)
+        store = sum(b.size for b in bufs if b.dtype == "store")
+        assert store > 0
+        assert sizes.workspace_bytes(k16) == 4 * sum(b.size for b in bufs) - 2 * store
+        assert sizes.workspace_bytes(k32) == 4 * sizes.workspace_elements(k32)
+        assert sizes.check_workspace(k16, None) == sizes.workspace_bytes(k16)
+    # the weights' copies are extra elements, but x, h and dg halve: a long sequence's
+    # workspace shrinks
+    long32 = cpu_plan_key("lstm", 100, 32, 5, 6, 2, True, ladder(2)[3].switches, train=True)
+    long16 = dataclasses.replace(long32, dtype="float16")
+    assert sizes.workspace_bytes(long16) < 0.9 * sizes.workspace_bytes(long32)
