@@ -18,6 +18,7 @@ from testkit import bwd_plan_case, check_varlen, cpu_plan_key, run_varlen_numpy,
 
 from rnnrt.check import assert_close, compare
 from rnnrt.exec import numpy_exec
+from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
 from rnnrt.plan import backward_plan, forward_plan
 from rnnrt.plan.model import Buffer, PlanKey, gemm_operands, validate
@@ -225,13 +226,16 @@ def test_persistent_backward_declines_16_bit_storage():
 def test_every_rung_rounds_where_the_reference_does(cell, dtype):
     """Inference and forward + backward of every rung: the NumPy executor's 16-bit plan
     equals the rounding-aware reference to ~1e-9 (program order, and a random interleaving
-    of its streams)."""
+    of its streams), and is statically race-free."""
     c = case(cell, dtype, seed=3)
     for rung in ladder(2):
         for train in (False, True):
             key = key_of(cell, rung.switches, dtype, train)
             what = f"{cell} {dtype} {rung.name}{' train' if train else ''}"
             check(run_plans(key, c), c, what)
+            for plan in (forward_plan(key),) + ((backward_plan(key),) if train else ()):
+                races = find_races(plan)   # (a copy runs first on the stream of its GEMMs)
+                assert not races, f"{what}: " + races[0].describe(plan)
             if rung.switches.streams and train:
                 check(run_plans(key, c, "random", seed=7), c, what + " random")
 
