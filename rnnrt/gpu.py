@@ -6,7 +6,10 @@
     g = runner.backward(tape, dy)                                 # g.dx, g.dh0, g.dc0, g.flat
     runner.params -= lr * g.flat                                  # every plan sees the update
 
-fp32 only on the GPU (the paper's arithmetic; cuBLAS math mode is plain fp32, no TF32).
+``dtype`` (rnnrt/precision.py): 'float32' (the default: the paper's arithmetic, plain fp32
+GEMMs, no TF32), 'tf32' (TF32 tensor-core GEMMs), 'bfloat16' or 'float16' (16-bit storage
+of x, h and the GEMMs' weight copies, fp32 accumulation and pointwise math). The weights
+and their gradients stay the fp32 flat buffers whatever the dtype.
 ``switches='auto'`` (the default) runs the schedule selector's choice for each shape;
 explicit ``rnnrt.Switches`` run exactly that schedule.
 """
@@ -106,6 +109,12 @@ class GpuRunner:
     params: optional contiguous CuPy float32 [layout.size] buffer to run on as is (shared,
     not copied; e.g. a view of another framework's tensor through DLPack): its values are
     the weights, not the model's (``sync_params`` would copy the model's into it).
+    dtype: the precision the passes run in (rnnrt.precision.DTYPES; ``runner.dtype``): part
+    of every plan key and of the schedule selector's shape. Inputs stay float32 arrays,
+    rounded to the storage type where the plan stores them (x, h0: the GEMMs' operands);
+    outputs come back as float32 arrays (y and h_n hold storage values, c_n, dx, dh0, dc0
+    and the gradients fp32 results). 16-bit keys never run a persistent kernel (they take
+    fp32 storage only: the plan falls back, saying why).
 
     Packed sequences of different lengths (``forward_packed``) run variable-length plans: a
     batch's pattern is bucketed (plan/packing.py), the plans of every pattern of one
@@ -119,10 +128,12 @@ class GpuRunner:
 
     def __init__(self, model, switches: Switches | str = "auto", executor: str = "graph",
                  grads=None, cache_bytes: int | None = None, schedule_cache=None,
-                 params=None):
+                 params=None, dtype: str = "float32"):
         import os
 
+        from .precision import get_precision
         from .session import GpuSession, executor_names
+        self.dtype = get_precision(dtype).name   # ValueError naming the allowed ones
         if np.dtype(model.dtype) != np.float32:
             raise ValueError(f"model.dtype: the GPU path is fp32 only, got {np.dtype(model.dtype)}")
         if switches is None:
@@ -184,7 +195,7 @@ class GpuRunner:
         from .kernels.choice import Shape
         m = self.model
         return Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
-                     int(steps), bool(train), m.bias, "float32", self.executor_name,
+                     int(steps), bool(train), m.bias, self.dtype, self.executor_name,
                      bool(varlen))
 
     @property
@@ -242,7 +253,7 @@ class GpuRunner:
         key = PlanKey(m.cell_name, int(steps), int(batch), m.input_size, m.hidden_size,
                       m.num_layers, m.bias, sw, bool(train), device=self.limits, family=family,
                       backward=backward if train and pattern is None else None,
-                      batch_sizes=pattern, capacity=capacity)
+                      batch_sizes=pattern, capacity=capacity, dtype=self.dtype)
         entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
@@ -309,7 +320,7 @@ class GpuRunner:
                       m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
                       family=sched.family,
                       backward=sched.backward if shape.train and pattern is None else None,
-                      batch_sizes=pattern)
+                      batch_sizes=pattern, dtype=self.dtype)
         tkey = (sched.name, shape.key(), steps)
         if getattr(self, "_timing_key", None) != tkey:
             self._timing = None   # free the last candidate's workspace first

@@ -15,6 +15,18 @@ rounding-aware reference follow it):
 ``tf32``: fp32 storage, GEMMs on the tensor cores in TF32 (their operands rounded to a 10-bit
 mantissa inside cuBLAS; the persistent kernels' on-chip products stay fp32 FMAs).
 ``bfloat16`` / ``float16``: 16-bit storage, GEMMs on the tensor cores with fp32 accumulation.
+
+Where the rule lives: ``PlanKey.dtype`` names the precision; the plan builders label each
+buffer 'store' or 'float' (plan/storage.py ``store_names``; plan/model.py ``validate``
+checks the labels against the GEMMs) and, for 16-bit storage, give the GEMMs copies of the
+weights made at the start of the forward (``ew_copy``, or the pre-transpose) -- the fp32
+params stay the master, and the weight gradients are fp32; the NumPy executor rounds every
+write into a store buffer (exec/numpy_exec.py); ``rnnrt.reference`` / ``rnnrt.varlen`` with
+``dtype`` round at the same points. The rounding points, in a pass: x and h0 where loaded,
+W and R once per pass, each step's h as its kernel stores it (so R.h, the next layer's W.x, y
+and h_n read the rounded h), and in the backward each step's gate gradients as their kernel
+stores them (the dx, dh, dW, dR GEMMs and the bias sums read the rounded ones). Nothing else
+rounds: gx, gh, c, the saved gates, dh, dc, dx and the weight gradients are fp32.
 """
 from __future__ import annotations
 

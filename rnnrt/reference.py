@@ -23,14 +23,28 @@ Each cell's step is split the same way the kernels split it: the two affine maps
 do the pointwise part. The backward of a step returns the gradients with respect to gi and
 gh (they differ only in GRU's n block, where gh_n is scaled by r); the shared code turns
 those into dx, dh, dW, dR and the bias gradients.
+
+Precision (``dtype``, rnnrt/precision.py): the math stays in x's dtype (float64 in the
+tests), with exactly the plans' rounding points -- a value is rounded to the storage type
+(``precision.round_to_storage``) where a plan stores it in a "store" buffer, a GEMM operand:
+  forward:  x; each layer's W and R (not the biases); h0; each step's h as soon as it is
+            made (so the next step's R h, the next layer's input, y and h_n are the rounded
+            h, and so are the h the backward reads: GRU's h_{t-1}, RNN's h_t)
+  backward: each step's gate gradients dgi, dgh, before anything reads them (dx = dgi W,
+            dh_{t-1} = dgh R, dW = dgi^T x, dR = dgh^T h, the bias sums)
+Nothing else rounds: gi, gh, c, the saved gates, dh (and GRU's z dh), dc, dx and the weight
+gradients stay in float. float32 / tf32 storage rounds nothing (the fp32 reference; TF32's
+operand rounding inside the GEMMs is not emulated).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from .cells import get_cell, layer_input_size
+from .precision import get_precision, round_to_storage
 
 PARAM_KEYS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
@@ -63,6 +77,7 @@ class Cache:
 
     cell: str
     layers: list[LayerCache]
+    dtype: str = "float32"   # the precision whose rounding points the forward had
 
     def sequences(self):
         """Every layer's states after each step, stacked: (h [L, T, B, H], c [L, T, B, H] or
@@ -219,7 +234,7 @@ STEPS = {
 
 # --------------------------------------------------------------------------- forward
 
-def forward(cell: str, params: list[dict], x, h0=None, c0=None):
+def forward(cell: str, params: list[dict], x, h0=None, c0=None, dtype: str = "float32"):
     """Run the stacked RNN forward. -> (y, h_n, c_n, cache)
 
     cell:   'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'
@@ -228,15 +243,20 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None):
     x:      [T, B, I] time-major input; sets the compute dtype
     h0:     [L, B, H] initial hidden state, or None for zeros
     c0:     [L, B, H] initial cell state (LSTM only), or None for zeros
+    dtype:  the precision (rnnrt.precision.DTYPES) whose storage rounding to apply (the
+            module's docstring says where); 'float32' / 'tf32': none
 
     Returns y [T, B, H] (last layer's h at every step), h_n [L, B, H], c_n [L, B, H]
     (None unless LSTM), and a ``Cache`` for ``backward``.
     """
     spec = get_cell(cell)
     step, _ = STEPS[spec.name]
+    prec = get_precision(dtype).name
+    store = partial(round_to_storage, dtype=prec)   # a store's rounding
     x = np.asarray(x)
     num_layers, steps, batch, in_size, hidden = _sizes(params, x)
     dtype = x.dtype
+    x = store(x)   # the caller's x itself where nothing rounds
 
     h0 = np.zeros((num_layers, batch, hidden), dtype) if h0 is None else np.asarray(h0, dtype)
     require_shape("h0", h0, (num_layers, batch, hidden))
@@ -251,8 +271,9 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None):
     for layer in range(num_layers):
         i_l = layer_input_size(layer, in_size, hidden)
         w, r, b_ih, b_hh = layer_params(cell, params, layer, i_l, hidden, dtype)
+        w, r = store(w), store(r)
         h = np.empty((steps + 1, batch, hidden), dtype)
-        h[0] = h0[layer]
+        h[0] = store(h0[layer])
         c = None
         if spec.has_cell_state:
             c = np.empty((steps + 1, batch, hidden), dtype)
@@ -266,7 +287,7 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None):
                 gi = gi + b_ih
                 gh = gh + b_hh
             h_new, c_new, saved = step(gi, gh, h[t], None if c is None else c[t])
-            h[t + 1] = h_new
+            h[t + 1] = store(h_new)
             if c is not None:
                 c[t + 1] = c_new
             if gates is not None:
@@ -278,12 +299,13 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None):
     y = layers[-1].h[1:].copy()
     h_n = np.stack([lc.h[steps] for lc in layers])
     c_n = np.stack([lc.c[steps] for lc in layers]) if spec.has_cell_state else None
-    return y, h_n, c_n, Cache(cell=spec.name, layers=layers)
+    return y, h_n, c_n, Cache(cell=spec.name, layers=layers, dtype=prec)
 
 
 # --------------------------------------------------------------------------- backward
 
-def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=None):
+def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=None,
+             dtype: str | None = None):
     """Backprop through time of ``forward``. -> dict(dx, dh0, dc0, params)
 
     cell:   as given to forward
@@ -292,6 +314,8 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
     dy:     [T, B, H] loss gradient w.r.t. y
     dh_n:   [L, B, H] loss gradient w.r.t. h_n, or None for zeros
     dc_n:   [L, B, H] loss gradient w.r.t. c_n (LSTM only), or None for zeros
+    dtype:  the precision whose rounding points to apply (the module's docstring); None:
+            the forward's (``cache.dtype``), which a given one must equal
 
     Returns dx [T, B, I], dh0 [L, B, H], dc0 [L, B, H] (None unless LSTM), and params: one
     dict per layer with the keys of ``params`` holding gradients of the same shapes (None
@@ -301,6 +325,10 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
     _, step_backward = STEPS[spec.name]
     require(cache.cell == spec.name,
            f"reference: cache is from a {cache.cell} forward, backward asked for {spec.name}")
+    prec = cache.dtype if dtype is None else get_precision(dtype).name
+    require(prec == cache.dtype, f"reference: dtype {prec!r}, but the cache is from a "
+                                 f"{cache.dtype!r} forward")
+    store = partial(round_to_storage, dtype=prec)   # a store's rounding
     num_layers = len(cache.layers)
     require(len(params) == num_layers,
            f"reference: {len(params)} param dicts, but the cache has {num_layers} layers")
@@ -327,6 +355,7 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
         lc = cache.layers[layer]
         in_size = lc.x.shape[2]
         w, r, b_ih, b_hh = layer_params(cell, params, layer, in_size, hidden, dtype)
+        w, r = store(w), store(r)
         dw, dr = np.zeros_like(w), np.zeros_like(r)
         db_ih = None if b_ih is None else np.zeros_like(b_ih)
         db_hh = None if b_hh is None else np.zeros_like(b_hh)
@@ -342,6 +371,7 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
                 lc.h[t], None if lc.c is None else lc.c[t],
                 lc.h[t + 1], None if lc.c is None else lc.c[t + 1],
                 dh_new, dc)
+            dgi, dgh = store(dgi), store(dgh)   # stored for the GEMMs that read them
             # gi = x W^T + b_ih and gh = h R^T + b_hh: the same two affine backward steps.
             dx[t] = dgi @ w
             dh = dgh @ r

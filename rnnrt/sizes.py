@@ -171,8 +171,9 @@ def _persistent_runs(key):
     """The persistent choice of ``key`` when its kernel runs (kernels/choice.py), else None."""
     if not key.switches.persistent:
         return None
-    from .kernels.choice import choose_persistent
-    choice = choose_persistent(key)
+    # kernels/choice.py's choice, or the decline of 16-bit storage
+    from .plan.storage import persistent_choice
+    choice = persistent_choice(key)
     return choice if choice.runs else None
 
 
@@ -233,11 +234,20 @@ def workspace_elements(key) -> int:
     return sum(b.size for b in workspace_buffers(key))
 
 
+def workspace_bytes(key) -> int:
+    """Bytes of the workspace of ``key``'s plans on the GPU: each buffer's elements times
+    its element size (plan/model.py ``Buffer.itemsize``: 2 for a 'store' buffer of 16-bit
+    storage, else 4). As ``workspace_elements``, no op is built."""
+    from .plan.backward import workspace_buffers
+    return sum(b.size * b.itemsize(key.dtype) for b in workspace_buffers(key))
+
+
 def check_workspace(key, available: int | None, where: str = "GPU memory",
-                    itemsize: int = 4) -> int:
+                    itemsize: int | None = None) -> int:
     """SizeError unless ``key``'s workspace fits ``available`` bytes of ``where``; -> its
-    bytes."""
-    need = workspace_elements(key) * itemsize
+    bytes: ``workspace_bytes`` (each buffer at its own element size), or with ``itemsize``
+    every element at that size."""
+    need = workspace_bytes(key) if itemsize is None else workspace_elements(key) * itemsize
     refuse_if(need, available,
               f"the workspace of {_key_words(key)}{' (training)' if key.train else ''}", where)
     return need

@@ -31,18 +31,22 @@ not the padded end -- starting from its h0 row, and its h_n is its state after s
 The running state is one [B, H] array either way: in forward order rows that finished keep
 their last state; in reverse order rows not yet started still hold their h0.
 
-Everything is computed in x's dtype (float32 or float64). Speed is not a goal beyond what
+Everything is computed in x's dtype (float32 or float64). ``dtype`` (rnnrt/precision.py)
+adds the storage rounding at reference.py's points: x, W, R, h0, each step's h as it is made,
+and in the backward the gate gradients before anything reads them. Speed is not a goal beyond what
 the layout gives for free; the activations a backward needs are kept explicitly (h and c
 before and after every step), trading memory for plainness.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from .cells import get_cell, layer_input_size
-from .reference import STEPS, require, require_shape, layer_params
+from .precision import get_precision, round_to_storage
+from .reference import STEPS, layer_params, require, require_shape
 
 
 # --------------------------------------------------------------------------- schedule
@@ -138,12 +142,13 @@ class Cache:
     reverse: bool
     params: list
     layers: list
+    dtype: str = "float32"   # the precision whose rounding points the forward had
 
 
 # --------------------------------------------------------------------------- forward
 
 def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
-            reverse: bool = False, train: bool = True):
+            reverse: bool = False, train: bool = True, dtype: str = "float32"):
     """Run the stacked RNN over packed sequences. -> (y, h_n, c_n, cache)
 
     cell:        'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'
@@ -155,6 +160,7 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
     c0:          [L, B, H] initial cell state (LSTM only), None for zeros
     reverse:     run every layer from each sequence's own end back to its start
     train:       keep the activations for ``backward`` (cache); False keeps nothing
+    dtype:       the precision whose storage rounding to apply (reference.py's points)
 
     Returns y [N, H] (the top layer's h, packed like x), h_n [L, B, H], c_n [L, B, H]
     (None unless LSTM) and a Cache (None when not train). y is held by the cache: writing
@@ -162,6 +168,8 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
     """
     spec = get_cell(cell)
     step, _ = STEPS[spec.name]
+    prec = get_precision(dtype).name
+    store = partial(round_to_storage, dtype=prec)   # a store's rounding
     x = np.asarray(x)
     require(x.ndim == 2, f"varlen: x must be packed [N, I], got shape {x.shape}")
     require(x.dtype.kind == "f", f"varlen: x must be floating, got {x.dtype}")
@@ -172,6 +180,7 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
     hidden = np.shape(params[0]["weight_hh"])[1]
     dtype = x.dtype
     state_shape = (num_layers, batch, hidden)
+    x = store(x)   # the caller's x itself where nothing rounds
 
     h0 = np.zeros(state_shape, dtype) if h0 is None else np.asarray(h0, dtype)
     require_shape("h0", h0, state_shape)
@@ -190,12 +199,13 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
         w, r, b_ih, b_hh = layer_params(cell, params, layer,
                                          layer_input_size(layer, in_size, hidden), hidden,
                                          dtype)
+        w, r = store(w), store(r)
         cast_params.append({"weight_ih": w, "weight_hh": r, "bias_ih": b_ih, "bias_hh": b_hh})
         # W x for every real row of the layer at once: padding never exists to be multiplied.
         gi_all = inp @ w.T
         if b_ih is not None:
             gi_all += b_ih
-        h = h0[layer].copy()  # running state [B, H]: rows < bs[t] are the active ones
+        h = store(h0[layer]).copy()  # running state [B, H]: rows < bs[t] are the active ones
         c = c0[layer].copy() if spec.has_cell_state else None
         y = np.empty((n, hidden), dtype)
         if train:
@@ -209,6 +219,7 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
             if b_hh is not None:
                 gh += b_hh
             h_new, c_new, saved = step(gi_all[rows], gh, h[:a], None if c is None else c[:a])
+            h_new = store(h_new)
             if train:  # before h / c are overwritten: they are this step's "previous" state
                 hprev[rows] = h[:a]
                 if c is not None:
@@ -228,7 +239,7 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
         if train:
             layers.append(LayerCache(x=inp, y=y, hprev=hprev, c=cs, cprev=cprev, gates=gates))
         inp = y
-    cache = Cache(spec.name, bs, bool(reverse), cast_params, layers) if train else None
+    cache = Cache(spec.name, bs, bool(reverse), cast_params, layers, prec) if train else None
     return inp, h_n, c_n, cache
 
 
@@ -252,6 +263,7 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
     """
     require(isinstance(cache, Cache), f"varlen: cache must be the Cache of forward(train=True), "
                                      f"got {type(cache).__name__}")
+    store = partial(round_to_storage, dtype=cache.dtype)   # the forward's precision
     spec = get_cell(cache.cell)
     _, step_backward = STEPS[spec.name]
     bs, off = cache.batch_sizes, offsets(cache.batch_sizes)
@@ -294,6 +306,7 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
                 None if lc.gates is None else lc.gates[rows], lc.hprev[rows],
                 None if lc.cprev is None else lc.cprev[rows], lc.y[rows],
                 None if lc.c is None else lc.c[rows], dh_new, None if dc is None else dc[:a])
+            dgi, dgh = store(dgi), store(dgh)   # stored for the GEMMs that read them
             dgi_all[rows] = dgi
             if separate_gh:
                 dgh_all[rows] = dgh

@@ -355,10 +355,11 @@ def check_outputs(out, ref, what):
 BWD_PLAN_SHAPE = (5, 3, 4, 6)
 
 
-def bwd_plan_case(cell, layers, bias=True, seed=0, shape=BWD_PLAN_SHAPE):
+def bwd_plan_case(cell, layers, bias=True, seed=0, shape=BWD_PLAN_SHAPE, dtype="float32"):
     """Random weights (never zero), inputs, output gradients at ``shape`` (T, B, I, H) and
-    the float64 reference: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref) with ref
-    {"dx", "dh0", "dc0", "grads" (the flat layout), and the forward's "y", "h_n", "c_n"}."""
+    the float64 reference (rounding-aware for precision ``dtype``): -> (layout, flat, (x,
+    h0, c0), (dy, dh_n, dc_n), ref) with ref {"dx", "dh0", "dc0", "grads" (the flat
+    layout), and the forward's "y", "h_n", "c_n"}."""
     T, B, I, H = shape
     rng = np.random.default_rng(seed)
     layout = make_layout(cell, I, H, layers, bias)
@@ -373,7 +374,7 @@ def bwd_plan_case(cell, layers, bias=True, seed=0, shape=BWD_PLAN_SHAPE):
     dhn = rng.standard_normal((layers, B, H))
     dcn = rng.standard_normal((layers, B, H)) if cell == "lstm" else None
     p = per_layer(flat, layout)
-    y, hn, cn, cache = reference.forward(cell, p, x, h0, c0)
+    y, hn, cn, cache = reference.forward(cell, p, x, h0, c0, dtype=dtype)
     g = reference.backward(cell, p, cache, dy, dhn, dcn)
     ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"], "grads": to_flat(g["params"], layout),
            "y": y, "h_n": hn, "c_n": cn}

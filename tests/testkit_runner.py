@@ -17,9 +17,11 @@ from rnnrt.plan.packing import batch_sizes
 
 # --- variable-length plans ----------------------------------------------------------------------
 
-def varlen_case(cell, layers, lengths, inp, hidden, bias=True, seed=0, dtype=np.float64):
+def varlen_case(cell, layers, lengths, inp, hidden, bias=True, seed=0, dtype=np.float64,
+                precision="float32"):
     """A packed batch of sequences of ``lengths`` with random weights (never zero), states
-    and output gradients, and rnnrt.varlen's forward and backward of it in both directions:
+    and output gradients, and rnnrt.varlen's forward and backward of it in both directions
+    (rounding-aware for ``precision``):
     -> dict(flat, layout, bs, x [N, I], h0, c0, dy [N, H], dh_n, dc_n, ref={reverse: dict(
     y, h_n, c_n, dx, dh0, dc0, grads [layout.size])})."""
     from rnnrt import varlen
@@ -42,7 +44,7 @@ def varlen_case(cell, layers, lengths, inp, hidden, bias=True, seed=0, dtype=np.
     params = per_layer(flat, layout)
     for reverse in (False, True):
         y, hn, cn, cache = varlen.forward(cell, params, case["x"], bs, case["h0"], case["c0"],
-                                          reverse=reverse)
+                                          reverse=reverse, dtype=precision)
         g = varlen.backward(cache, case["dy"], case["dh_n"], case["dc_n"])
         case["ref"][reverse] = dict(y=y, h_n=hn, c_n=cn, dx=g["dx"], dh0=g["dh0"],
                                     dc0=g["dc0"], grads=to_flat(g["params"], layout))

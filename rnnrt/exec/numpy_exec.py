@@ -5,18 +5,58 @@ With ``order='random'`` this is the dynamic half of the race checker: any interl
 it picks is one a GPU could legally run, so if the result differs from program order
 (or from the reference), the plan is missing a dependency. ``racecheck.find_races``
 is the static half.
+
+Precision (``plan.key.dtype``; rnnrt/precision.py): the workspace is float (float64 in the
+tests), and every write into a "store" buffer (plan/model.py Buffer) is rounded to the
+storage type with ``precision.round_to_storage``, exactly where the GPU rounds: a kernel's
+outputs in a store buffer (its NumPy twin computes in float, the store rounds: the step's
+h, the backward's gate gradients, the weights' copies and transposes), and the inputs bound
+to store buffers (x, h0), rounded at the start of each run (no op writes them, so this is
+their load's rounding; the runner's Workspace loads them just before). GEMMs never write a
+store buffer (validate refuses it): their products stay float64, the GPU's fp32
+accumulation differing by accumulation rounding only. fp32 / tf32 storage rounds nothing.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from ..kernels.registry import KERNELS
 from ..plan.ops import Gemm, Kernel, Record, Wait
+from ..precision import round_to_storage
 from .workspace import Workspace
 
 
+@functools.lru_cache(maxsize=64)
+def store_buffers(plan) -> frozenset:
+    """The names of ``plan``'s buffers whose writes round (its "store" buffers where its
+    key's storage is 16-bit; empty for fp32 storage). Cached per plan (64 plans)."""
+    if not plan.key.precision.rounds:
+        return frozenset()
+    return frozenset(b.name for b in plan.buffers if b.dtype == "store")
+
+
+def round_stored(ws: Workspace, views, dtype) -> None:
+    """Round the elements of ``views`` (Views of store buffers) in place to ``dtype``'s
+    storage."""
+    for v in views:
+        a = ws.view(v)
+        a[...] = round_to_storage(a, dtype)
+
+
+def round_inputs(plan, ws: Workspace) -> None:
+    """The load's rounding of ``plan``'s inputs bound to store buffers (x, h0; idempotent:
+    a value already rounded stays)."""
+    store = store_buffers(plan)
+    if store:
+        round_stored(ws, [v for b in plan.inputs.values() for v in b.views if v.buf in store],
+                     plan.key.dtype)
+
+
 def run_op(op, ws: Workspace) -> None:
-    """Execute one Gemm or Kernel op on the workspace's NumPy buffers."""
+    """Execute one Gemm or Kernel op on the workspace's NumPy buffers; a kernel's outputs
+    in store buffers are rounded to the storage type (the module's docstring)."""
     if isinstance(op, Gemm):
         a = ws.view(op.a)
         b = ws.view(op.b)
@@ -33,6 +73,9 @@ def run_op(op, ws: Workspace) -> None:
         fn = KERNELS[op.name].numpy_fn
         fn(op.rows, op.cols, [ws.view(v) for v in op.outs], [ws.view(v) for v in op.ins],
            *[v for _, v in op.scalars])
+        store = store_buffers(ws.plan)
+        if store:
+            round_stored(ws, [v for v in op.outs if v.buf in store], ws.plan.key.dtype)
     else:
         raise TypeError(f"run_op: not a compute op: {op!r}")
 
@@ -48,6 +91,7 @@ def run(plan, ws: Workspace, order: str = "program", seed: int | None = None,
     one stream run as far ahead of another as the events allow — what exposes a missing
     wait — and sometimes a uniformly random runnable stream.
     """
+    round_inputs(plan, ws)
     if order == "program":
         for op in plan.ops:
             if isinstance(op, (Gemm, Kernel)):

@@ -44,6 +44,15 @@ dhn / dcn [L, B, H]) into each row's last slot. dR = dG_h^T H_prev is one GEMM p
 steps with one active batch (two where the run starts after a larger batch: step t reads
 the first P[t] rows of slot t, which holds P[t-1]).
   dhn, dcn [L, B, H]   dh_n, dc_n of a variable-length plan
+
+Precision (forward.py's docstring; rnnrt/precision.py): dgx, dgh and ones are "store" (the
+dx, dh, dW, dR GEMMs and the bias sums read them), so the pointwise kernels' writes of the
+gate gradients round to the storage type and every GEMM reads the rounded ones; dhin, dhr,
+dc, dx and the gradients stay fp32 (GEMM outputs). The weights are read where the forward
+left them in the storage type (wT / rT, or the copies wS / rS of a 16-bit key). The naive
+GRU backward keeps dn' (the n block's gate gradient) in a fp32 temporary where storage
+rounds, so that dgh_n = dn' r and dr = dn' hn use the unrounded value, as the fused kernel
+does (the rounding is only where dn' is stored for the GEMMs).
 """
 from __future__ import annotations
 
@@ -55,6 +64,7 @@ from .forward import ForwardBuilder, forward_plan
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
+from .storage import labelled
 
 
 @functools.lru_cache(maxsize=128)
@@ -73,7 +83,7 @@ def backward_plan(key: PlanKey, accumulate: bool = False, need_dx: bool = True) 
             plan = persistent_backward(key, accumulate, need_dx)
         else:
             plan = BackwardBuilder(key, accumulate, need_dx).build()
-        validate(plan)
+        validate(plan, also=forward_plan(key))
     expect = backward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
                             1, key.rows)
     if not need_dx:   # less layer 0's dx GEMMs: 2 x rows x (G*H) x input_size
@@ -132,7 +142,7 @@ class BackwardBuilder(ForwardBuilder):
         bufs += [Buffer("dx", T * B * self.key.input_size, "io"),
                  Buffer("grads", self.layout.size, "grad"),
                  Buffer("ones", T * B, "ones")]
-        return tuple(bufs)
+        return labelled(self, bufs)
 
     # -- views -----------------------------------------------------------------------------
     def step(self, buf, layer, t, width=None):
@@ -174,8 +184,8 @@ class BackwardBuilder(ForwardBuilder):
         if self.sw.pretranspose:
             buf = f"{'w' if which == 'ih' else 'r'}T{layer}"
             return [(View(buf, c0, K, w, GH), True, c0) for c0, w in blocks]
-        e = self.param(layer, f"weight_{which}")
-        return [(View("params", e.offset + r0 * K, w, K, K), False, r0) for r0, w in blocks]
+        buf, at = self.plain_weight(layer, which)
+        return [(View(buf, at + r0 * K, w, K, K), False, r0) for r0, w in blocks]
 
     # -- tasks -------------------------------------------------------------------------------
     def prio(self, layer, t, kind):
@@ -390,16 +400,24 @@ class BackwardBuilder(ForwardBuilder):
             dgh = View(f"dgh{layer}", dgx.offset, dgx.rows, dgx.cols, dgx.ld)
             dh, dn, dz, dr = tmp
             dhz = self.slot("dhr", layer, t, B)
+            # dn' = the n block's gate gradient: read back from dgx where that is exact
+            # (fp32 storage: the fp32 plans' ops), else kept in dn (fp32) and stored once
+            if self.key.precision.rounds:
+                dnp = dn
+                dn_ops = [k("ew_dtanh", dn, dn, n), k("ew_copy", col(dgx, 2), dn)]
+            else:
+                dnp = col(dgx, 2)
+                dn_ops = [k("ew_dtanh", dnp, dn, n)]
             return [
                 k("ew_add", dh, dhin, dhr_next),
                 k("ew_mul", dhz, dh, z),
                 k("ew_sub", dn, dh, dhz),
-                k("ew_dtanh", col(dgx, 2), dn, n),
-                k("ew_mul", col(dgh, 2), col(dgx, 2), r),
+                *dn_ops,
+                k("ew_mul", col(dgh, 2), dnp, r),
                 k("ew_sub", dz, self.h(layer, t, B), n),
                 k("ew_mul", dz, dh, dz),
                 k("ew_dsigmoid", col(dgx, 1), dz, z), k("ew_dsigmoid", col(dgh, 1), dz, z),
-                k("ew_mul", dr, col(dgx, 2), hn),
+                k("ew_mul", dr, dnp, hn),
                 k("ew_dsigmoid", col(dgx, 0), dr, r), k("ew_dsigmoid", col(dgh, 0), dr, r),
             ]
         dnl = "ew_dtanh" if name == "rnn_tanh" else "ew_drelu"

@@ -5,7 +5,8 @@ waits. The plan is what the switches change; the math of every op is fixed by it
 Which persistent kernel runs is not decided here: kernels/choice.py says, the builder follows.
 
 How a forward plan is made: the (layer, step) grid is cut into *tasks* —
-  ('xpose', l, 'W'|'R')  transpose W or R once per pass            (pretranspose)
+  ('xpose', l, 'W'|'R')  transpose W or R once per pass            (pretranspose), or
+                         copy it into the 16-bit storage type (16-bit key, no pretranspose)
   ('wx', l, t0)          W.x for steps [t0, t0 + k) of layer l     (input stream)
   ('cell', l, t)         R.h_{t-1} and the pointwise update of step t   (recurrence stream)
   ('pcell', l, t0)       persistent: steps [t0, t0 + k) of layer l in one kernel launch
@@ -36,6 +37,18 @@ the paper's LSTM (B 64, H 512) training adds 640 KiB per layer per step.
   wT{l}, rT{l} [I, G*H], [H, G*H]  pre-transposed W and R
   sync        [2*L] unsigned   persistent only: a layer's SYNC_WORDS barrier counters (zero
                                between launches; cluster kernels leave them untouched)
+  wS{l}, rS{l} [G*H, I], [G*H, H]  16-bit storage without pretranspose: W and R in the
+                               storage type, copied (``ew_copy``, which rounds) from the
+                               fp32 params once per pass, for the GEMMs to read
+
+Precision (``key.dtype``; rnnrt/precision.py is the design): a buffer some GEMM of the key's
+passes reads as an operand is a "store" buffer (storage.py ``store_names``: x, h{l}, the
+weights the GEMMs read: params, or wT / rT, or wS / rS; the backward's dgx, dgh, ones),
+everything else "float" (fp32). Rounding to 16-bit storage happens exactly where a value is written into a
+store buffer: x and h0 when loaded, each step's h by the step's pointwise kernel (so the
+next step's R.h, the next layer's W.x and y read the rounded h), W and R by their copy (or
+transpose) at the start of the pass. gx, gh, c, act and the biases stay fp32. For 16-bit
+storage the persistent kernels decline (storage.py ``persistent_choice``: fp32 only).
 
 Persistent plans (switch 'persistent', when the device fit accepts the layer shape): with
 the grid kernel, per layer one W.x GEMM over all T steps (the kernel needs all of them before
@@ -72,7 +85,6 @@ import dataclasses
 import functools
 
 from ..cells import forward_flops, get_cell, layer_input_size
-from ..kernels.choice import choose_persistent
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from ..params import make_layout
@@ -80,6 +92,7 @@ from ..sizes import check_plan
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
+from .storage import labelled, persistent_choice
 
 
 @functools.lru_cache(maxsize=128)
@@ -120,7 +133,7 @@ class ForwardBuilder:
         # of step t, read by steps t and t+1) are made once and shared
         self._views = {}
         # the persistent switch: kernels/choice.py says which kernel runs (or why none does)
-        self.choice = choose_persistent(key) if self.sw.persistent else None
+        self.choice = persistent_choice(key) if self.sw.persistent else None
         self.fit = self.choice.fit if self.choice else None
         self.stack = self.choice.stack if self.choice else None
         self.persist = bool(self.choice and self.choice.runs)
@@ -142,6 +155,12 @@ class ForwardBuilder:
         self.Tc = key.capacity or self.T   # the steps the buffers hold
         if self.varlen and self.persist:
             raise AssertionError("a variable-length plan with a persistent kernel")
+        # 16-bit storage: the GEMMs read the weights in the storage type, from copies made
+        # at the start of the pass (or from the pre-transpose, which writes storage itself);
+        # fp32 / tf32 read the params as they are (no copy: the plans are the fp32 ones)
+        self.copies = key.precision.rounds and not self.sw.pretranspose
+        if key.precision.rounds and self.persist:
+            raise AssertionError("a 16-bit plan with a persistent kernel")
 
     # -- streams ---------------------------------------------------------------------------
     def streams(self):
@@ -170,6 +189,11 @@ class ForwardBuilder:
         return layer_input_size(layer, self.key.input_size, self.H)
 
     def buffers(self):
+        """The forward's buffers, each labelled with its element type (storage.py)."""
+        return labelled(self, self.forward_buffers())
+
+    def forward_buffers(self):
+        """The forward's buffers, unlabelled (``buffers`` labels them)."""
         T, B, H, GH = self.Tc, self.B, self.H, self.GH
         bufs = [Buffer("params", self.layout.size, "param"), Buffer("zeros", GH, "const"),
                 Buffer("x", T * B * self.key.input_size, "io")]
@@ -192,6 +216,9 @@ class ForwardBuilder:
             if self.xposed():
                 bufs += [Buffer(f"wT{layer}", self.I(layer) * GH, "scratch"),
                          Buffer(f"rT{layer}", H * GH, "scratch")]
+            elif self.copies:
+                bufs += [Buffer(f"wS{layer}", self.I(layer) * GH, "scratch"),
+                         Buffer(f"rS{layer}", H * GH, "scratch")]
             if self.stack is not None:
                 continue
             bufs.append(Buffer(f"h{layer}", (T + 1) * B * H, "io"))
@@ -288,20 +315,41 @@ class ForwardBuilder:
             buf = f"{'w' if which == 'ih' else 'r'}T{layer}"
             out = [(View(buf, c0, K, w, GH), False, c0) for c0, w in blocks]
         else:
-            e = self.param(layer, f"weight_{which}")
-            out = [(View("params", e.offset + r0 * K, w, K, K), True, r0) for r0, w in blocks]
+            buf, at = self.plain_weight(layer, which)
+            out = [(View(buf, at + r0 * K, w, K, K), True, r0) for r0, w in blocks]
         self._views[memo] = out
         return out
 
+    def plain_weight(self, layer, which):
+        """(buffer, offset) of W ('ih') or R ('hh') [G*H, K] as the GEMMs read it without
+        pretranspose: the params, or (16-bit storage) its copy wS / rS."""
+        if self.copies:
+            return f"{'w' if which == 'ih' else 'r'}S{layer}", 0
+        return "params", self.param(layer, f"weight_{which}").offset
+
+    @property
+    def prepares_weights(self) -> bool:
+        """Whether the pass starts with a ('xpose', l, 'ih'|'hh') task per weight matrix
+        that the GEMMs reading it wait for: the pre-transpose, or the 16-bit copy."""
+        return self.sw.pretranspose or self.copies
+
     # -- tasks -----------------------------------------------------------------------------
     def xpose_task(self, layer, which):
+        """W ('ih') or R ('hh') of ``layer`` made ready for the GEMMs, once per pass:
+        transposed (pretranspose), or copied into the storage type (16-bit storage; the
+        copy's store rounds)."""
         K = self.I(layer) if which == "ih" else self.H
         e = self.param(layer, f"weight_{which}")
         src = View("params", e.offset, self.GH, K, K)
-        dst = View(f"{'w' if which == 'ih' else 'r'}T{layer}", 0, K, self.GH, self.GH)
         stream = self.inp(layer) if which == "ih" else self.rec(layer)
-        op = Kernel(stream, "transpose", self.GH, K, (dst,), (src,), kind="transpose",
-                    layer=layer)
+        if self.sw.pretranspose:
+            dst = View(f"{'w' if which == 'ih' else 'r'}T{layer}", 0, K, self.GH, self.GH)
+            op = Kernel(stream, "transpose", self.GH, K, (dst,), (src,), kind="transpose",
+                        layer=layer)
+        else:
+            dst = View(self.plain_weight(layer, which)[0], 0, self.GH, K, K)
+            op = Kernel(stream, "ew_copy", self.GH, K, (dst,), (src,), kind="copy",
+                        layer=layer)
         return Task(("xpose", layer, which), stream, [], (-1, layer, which), [op])
 
     def wx_task(self, layer, t0, t1):
@@ -320,7 +368,7 @@ class ForwardBuilder:
             ops.append(Gemm(stream, out, src, w, trans_b=trans_b, kind="wx", layer=layer,
                             steps=(t0, t1)))
         deps = []
-        if self.sw.pretranspose:
+        if self.prepares_weights:
             deps.append(("xpose", layer, "ih"))
         if layer > 0 and self.persist:
             # the lower layer's launch that made these steps (all T of them unless chunked)
@@ -347,7 +395,7 @@ class ForwardBuilder:
         deps = [("wx", layer, (t // self.k) * self.k)]
         if t > 0:
             deps.append(("cell", layer, t - 1))
-        if self.sw.pretranspose:
+        if self.prepares_weights:
             deps.append(("xpose", layer, "hh"))
         prio = (layer + t, layer, 1) if self.sw.wavefront else (layer, t, 1)
         return Task(("cell", layer, t), stream, deps, prio, ops)
@@ -560,7 +608,7 @@ class ForwardBuilder:
     def build(self) -> Plan:
         tasks = [self.stack_task()] if self.stack is not None else []
         for layer in range(self.L):
-            if self.xposed():
+            if self.xposed() or self.copies:
                 tasks += [self.xpose_task(layer, "ih"), self.xpose_task(layer, "hh")]
             if self.stack is not None:
                 continue

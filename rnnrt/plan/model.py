@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..cells import get_cell
 from ..kernels.limits import DeviceLimits
 from ..kernels.registry import check_views, get_kernel
+from ..precision import DTYPES, get_precision
 from .ops import Gemm, Kernel, Op, Record, Wait
 from .packing import check_pattern
 from .switches import Switches
@@ -59,6 +60,9 @@ class PlanKey:
     capacity: the steps the plan's buffers are sized for (>= steps; None: steps), so that
     plans of one capacity share a workspace: every pattern of a capacity has the same
     buffers.
+    dtype: the precision (rnnrt.precision.DTYPES: 'float32', 'tf32', 'bfloat16',
+    'float16'): the element type of the plan's "store" buffers (Buffer) and the GEMMs' math.
+    Part of the key (its hash, so plans, workspaces and executors are per dtype).
     """
 
     cell: str
@@ -75,9 +79,16 @@ class PlanKey:
     backward: str | None = None
     batch_sizes: tuple[int, ...] | None = None
     capacity: int | None = None
+    dtype: str = "float32"
 
     def __post_init__(self):
         get_cell(self.cell)
+        if self.dtype not in DTYPES:   # a Precision is taken by its name
+            try:
+                object.__setattr__(self, "dtype", get_precision(self.dtype).name)
+            except ValueError:
+                raise ValueError(f"PlanKey.dtype: expected one of {list(DTYPES)}, got "
+                                 f"{self.dtype!r}") from None
         for name in ("steps", "batch", "input_size", "hidden_size", "num_layers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -144,6 +155,11 @@ class PlanKey:
         return type(self), self._fields()
 
     @property
+    def precision(self):
+        """The key's rnnrt.precision.Precision."""
+        return get_precision(self.dtype)
+
+    @property
     def varlen(self) -> bool:
         """Whether this is a variable-length plan (a per-step active batch)."""
         return self.batch_sizes is not None
@@ -154,17 +170,39 @@ class PlanKey:
         return sum(self.batch_sizes) if self.varlen else self.steps * self.batch
 
 
+BUFFER_DTYPES = ("float", "store", "uint32")
+"""A Buffer's element types (Buffer's docstring)."""
+
+
 @dataclass(frozen=True)
 class Buffer:
     """A named flat buffer. role: 'param' (the model's weights), 'const' (filled once),
     'io' (inputs and outputs live here), 'scratch' (only the pass reads it), 'sync'
     (barrier counters: zeroed once, reset by the kernels themselves, never poisoned).
-    dtype: 'float' (the workspace's float type) or 'uint32'."""
+
+    dtype: 'float' (fp32 on the GPU; the NumPy executor's float64), 'store' (the key's
+    storage type, ``PlanKey.precision.storage``: fp32, bf16 or fp16 on the GPU; in the
+    NumPy executor float64 holding values rounded to it) or 'uint32'. The rule (``validate``
+    enforces it; rnnrt/precision.py's docstring is the design): a buffer is 'store' iff some
+    GEMM of the key's passes reads it as an operand (a or b); no GEMM writes a 'store'
+    buffer (GEMMs accumulate and write fp32). Every write into a 'store' buffer rounds to
+    the storage type (a kernel's store, a copy, the runner's load of an input); nothing
+    else rounds."""
 
     name: str
     size: int
     role: str
     dtype: str = "float"
+
+    def __post_init__(self):
+        if self.dtype not in BUFFER_DTYPES:
+            raise ValueError(f"Buffer {self.name}: dtype expected one of {BUFFER_DTYPES}, "
+                             f"got {self.dtype!r}")
+
+    def itemsize(self, dtype: str = "float32") -> int:
+        """Bytes of one element on the GPU for a key of precision ``dtype`` (2 for a
+        'store' buffer of 16-bit storage, else 4)."""
+        return get_precision(dtype).itemsize if self.dtype == "store" else 4
 
 
 @dataclass(frozen=True)
@@ -249,7 +287,8 @@ class Plan:
         k = self.key
         lines = [
             f"plan {k.cell} T={k.steps} B={k.batch} I={k.input_size} H={k.hidden_size} "
-            f"L={k.num_layers} bias={k.bias} train={k.train} switches={k.switches.label()}",
+            f"L={k.num_layers} bias={k.bias} train={k.train} switches={k.switches.label()}"
+            + (f" dtype={k.dtype}" if k.dtype != "float32" else ""),
             *([(f"  per-step batch: {k.rows} rows, batches "
                 f"{sorted(set(k.batch_sizes), reverse=True)} (capacity "
                 f"{k.capacity or k.steps} steps)")] if k.varlen else []),
@@ -326,13 +365,46 @@ def building():
             gc.enable()
 
 
-def validate(plan: Plan) -> None:
+def gemm_operands(plan: Plan) -> set:
+    """The buffers some GEMM of ``plan`` reads as an operand (a or b)."""
+    return {v.buf for op in plan.ops if isinstance(op, Gemm) for v in (op.a, op.b)}
+
+
+def check_storage(plan: Plan, also=None) -> None:
+    """The storage rule (Buffer's docstring): every GEMM operand lies in a 'store'
+    buffer, no GEMM writes one, and -- where ``plan`` is all the GEMMs of its key (an
+    inference forward), or with ``also`` (the other pass of a training key: a backward
+    plan's forward) -- every 'store' buffer is some GEMM's operand. ValueError naming the
+    first broken one."""
+    store = {b.name for b in plan.buffers if b.dtype == "store"}
+    for i, op in enumerate(plan.ops):
+        if not isinstance(op, Gemm):
+            continue
+        for what, v in (("operand a", op.a), ("operand b", op.b)):
+            if v.buf not in store:
+                raise ValueError(f"op {i}: {op_str(op)}: {what} {v.buf!r} is not a 'store' "
+                                 f"buffer (GEMMs read the storage type)")
+        if op.out.buf in store:
+            raise ValueError(f"op {i}: {op_str(op)}: writes the 'store' buffer "
+                             f"{op.out.buf!r} (a GEMM's output is fp32: split the buffer)")
+    if plan.key.train and also is None:
+        return   # a training key's other pass reads some of them
+    read = gemm_operands(plan) | (gemm_operands(also) if also is not None else set())
+    unread = sorted(store - read)
+    if unread:
+        raise ValueError(f"buffers {unread} are 'store' but no GEMM reads them (only GEMM "
+                         f"operands hold the storage type)")
+
+
+def validate(plan: Plan, also: Plan | None = None) -> None:
     """Check a plan's invariants; raise ValueError naming the first broken one.
 
     Every view lies inside its buffer; every stream index exists; every event is recorded
     exactly once and before (in issue order) every wait on it; no op writes the elements
-    bound to a state input (``STATE_INPUTS``).
+    bound to a state input (``STATE_INPUTS``); the storage rule (``check_storage``; also:
+    a backward plan's forward plan).
     """
+    check_storage(plan, also)
     sizes = {b.name: b.size for b in plan.buffers}
     states = {name: cover(plan.inputs[name].views) for name in STATE_INPUTS
               if name in plan.inputs}

@@ -1,0 +1,88 @@
+"""Where a plan's buffers hold the storage type (rnnrt/precision.py is the design), and the
+persistent kernels' decline of 16-bit storage.
+
+``store_names(builder)``: the buffers some GEMM of a key's passes reads as an operand (a or
+b) -- x, the h sequences, the weights as the GEMMs read them (the params, their transposes
+wT / rT, or their 16-bit copies wS / rS), the backward's gate gradients dgx / dgh and the
+ones of the bias sums. Both passes of a training key label a buffer alike (one workspace
+serves both), so the forward's labels count the backward's GEMMs too. ``labelled`` applies
+them; plan/model.py ``validate`` checks them against the plans' GEMMs.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..kernels.choice import (
+    BackwardChoice,
+    PersistentChoice,
+    choose_persistent,
+    choose_persistent_backward,
+)
+from .model import PlanKey
+
+STORAGE_DECLINE = ("the persistent kernels take fp32 storage only (16-bit storage is "
+                   "issue 24's)")
+"""Why a 16-bit key's persistent switch (or persistent backward) falls back."""
+
+
+def persistent_choice(key: PlanKey) -> PersistentChoice:
+    """kernels/choice.py's persistent choice for ``key``, declined (with
+    ``STORAGE_DECLINE``) where ``key``'s storage is 16-bit and choice.py has not said so
+    itself: the persistent kernels read and write fp32 only."""
+    choice = choose_persistent(key)
+    if choice.runs and key.precision.rounds:
+        return PersistentChoice(None, None, None, False,
+                                key.switches.steps_per_input_gemm(key.steps), fallback=(
+                                    f"persistent declined on {key.device.name}: "
+                                    f"{STORAGE_DECLINE}; ran the schedule without it"))
+    return choice
+
+
+def persistent_backward_choice(key: PlanKey) -> BackwardChoice:
+    """kernels/choice.py's persistent backward choice for ``key`` (``key.backward`` set),
+    declined (``STORAGE_DECLINE``) for 16-bit storage as ``persistent_choice``."""
+    choice = choose_persistent_backward(key)
+    if choice.runs and key.precision.rounds:
+        return BackwardChoice(None, f"persistent backward declined on {key.device.name}: "
+                                    f"{STORAGE_DECLINE}; ran the per-step backward")
+    return choice
+
+
+def store_names(b) -> set:
+    """The names of the buffers that hold the storage type (plan/model.py Buffer) in the
+    plans of ``b`` (a forward.ForwardBuilder, or the backward's): those some GEMM of the
+    key's passes reads as an operand -- the forward's and, for a training key, the
+    backward's (one workspace serves both, so both passes label a buffer alike)."""
+    L, train, stack = b.L, b.key.train, b.stack is not None
+    names = set()
+    if not stack or train:   # layer 0's W.x (the stack kernel reads x itself), dW
+        names.add("x")
+    if stack:
+        names |= {"h"} if train else set()
+    else:   # R.h, the next layer's W.x, dR and dW (a persistent kernel reads its own)
+        names |= {f"h{lyr}" for lyr in range(L) if not b.persist or train
+                  or lyr < L - 1}
+    if b.xposed():   # a persistent kernel reads R from the params, never rT
+        names |= {f"wT{lyr}" for lyr in range(L)}
+        step_bwd = train and not (b.key.backward is not None
+                                  and persistent_backward_choice(b.key).runs)
+        names |= {f"rT{lyr}" for lyr in range(L) if not b.persist or step_bwd}
+    elif b.copies:
+        names |= {f"{w}S{lyr}" for w in "wr" for lyr in range(L)}
+    elif not stack or train:
+        names.add("params")
+    if train:   # the backward's gate gradients (and the ones of the bias sums)
+        names |= {f"dgx{lyr}" for lyr in range(L)}
+        if b.cell.name == "gru":
+            names |= {f"dgh{lyr}" for lyr in range(L)}
+        if b.key.bias:
+            names.add("ones")
+    return names
+
+
+def labelled(builder, bufs) -> tuple:
+    """``bufs`` (Buffers of ``builder``'s key) with the store buffers (``store_names``)
+    labelled 'store'."""
+    store = store_names(builder)
+    return tuple(dataclasses.replace(b, dtype="store") if b.name in store else b
+                 for b in bufs)
