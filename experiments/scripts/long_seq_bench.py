@@ -18,9 +18,15 @@ device. Its steps:
               workspaces included; freed blocks are reused, so it bounds the peak from above).
               ``device_used_bytes``: cudaMemGetInfo's used bytes at the same moment less those
               before x was made (adds the graphs' and the driver's memory)
-  check       rows ``--check-rows`` of the batch (sequences are independent) against the
-              float64 reference over all T steps (y, h_n; with backward dx and dh0; every
-              weight gradient where all rows are checked), fp32 tolerance, worst element
+  check       rows ``--check-rows`` of the batch (sequences are independent) over the first
+              ``--check-steps`` steps (all of T where shorter) against the float64 reference,
+              fp32 tolerance, worst element: y (and h_n over all of T). A prefix is a full
+              check of the forward (the chunks before it carried their state into it) and,
+              in a pass of its own with dy zero past the prefix, of the backward: every
+              chunk past it carries dh = 0 back, dx there is exactly zero, dx and dh0 over
+              the prefix are the prefix's reference (every weight gradient too where all
+              rows are checked). The float64 reference is slow (a Python loop over steps):
+              a check over all 100,000 steps would take minutes.
   cudnn       torch.nn.LSTM on CUDA with the same weights, fp32, TF32 off, same process:
               ms_per_step, its peak (torch's allocator peak + x, shared through DLPack), and
               rnnrt's y (and dx) against it on the device; 'did not fit' where it runs out of
@@ -95,22 +101,30 @@ def device_compare(cp, got, ref, name, atol=FP32_ATOL, rtol=FP32_RTOL) -> dict:
             "worst_index": [int(v) for v in np.unravel_index(i, got.shape)]}
 
 
-def _check(r, x, hx0, out, rows, dy=None, grads=None) -> list:
-    """rows [0, rows) of the batch against the float64 reference (see the module doc)."""
+def _check(r, x, out, rows, steps, dy=None, grads=None) -> list:
+    """Rows [0, rows) of the batch over the first ``steps`` steps against the float64
+    reference (the module doc says why a prefix is a full check): y; h_n where steps is all
+    of T; with dy (zero from ``steps`` on, or T = steps) dx, dh0, dx past the prefix exactly
+    zero, and the weight gradients where every row is checked."""
     m = r.model
+    T = x.shape[0]
     p64 = per_layer(np.asarray(_host(r.params), np.float64), m.layout)
-    xs = np.asarray(_host(x[:, :rows]), np.float64)
+    xs = np.asarray(_host(x[:steps, :rows]), np.float64)
     y, h_n, _, cache = reference.forward(m.cell_name, p64, xs, None, None)
-    res = [compare(out["y"][:, :rows], y, name="y"),
-           compare(out["h_n"][:, :rows], h_n, name="h_n")]
+    res = [compare(out["y"][:steps, :rows], y, name="y")]
+    if steps == T:
+        res.append(compare(out["h_n"][:, :rows], h_n, name="h_n"))
     if dy is not None:
-        g = reference.backward(m.cell_name, p64, cache, np.asarray(_host(dy[:, :rows]),
-                                                                    np.float64))
-        res += [compare(out["dx"][:, :rows], g["dx"], name="dx"),
+        g = reference.backward(m.cell_name, p64, cache,
+                               np.asarray(_host(dy[:steps, :rows]), np.float64))
+        res += [compare(out["dx"][:steps, :rows], g["dx"], name="dx"),
                 compare(out["dh0"][:, :rows], g["dh0"], name="dh0")]
+        if steps < T:
+            tail = _host(out["dx"][steps:, :rows])
+            res.append(compare(tail, np.zeros_like(tail), 0.0, 0.0, name="dx past the prefix"))
         if grads is not None and rows == x.shape[1]:
             want = to_flat(g["params"], m.layout)
-            res.append(compare(grads, want, reduction_atol(x.shape[0] * rows), FP32_RTOL,
+            res.append(compare(grads, want, reduction_atol(steps * rows), FP32_RTOL,
                                name="grads"))
     return [{"name": c.name, **c.as_dict(), "worst_excess": c.max_excess} for c in res]
 
@@ -125,7 +139,7 @@ def _pass(r, x, dy, train):
     return {"y": y, "h_n": h_n, "dx": g.dx, "dh0": g.dh0}
 
 
-def run_rnnrt(cp, spec, repeats, check_rows, schedules):
+def run_rnnrt(cp, spec, repeats, check_rows, check_steps, schedules):
     from rnnrt.gpu import GpuRunner
     from rnnrt.plan.backward import backward_plan
     from rnnrt.plan.forward import forward_plan
@@ -189,12 +203,20 @@ def run_rnnrt(cp, spec, repeats, check_rows, schedules):
                                     + (2 * x.size + T * B * H if train else 0))}
     if row["peak_bytes"] is not None:
         row["peak_vs_io_weights"] = row["peak_bytes"] / row["io_weights_bytes"]
-    rows = min(check_rows, B)
-    row["check_rows"] = rows
-    row["check"] = _check(r, x, None, out, rows, dy, _host(r.grads) if train else None)
+    rows, steps = min(check_rows, B), min(check_steps, T)
+    row.update(check_rows=rows, check_steps=steps)
+    dy_check = dy
+    if train and steps < T:   # a pass of its own, untimed: dy zero past the prefix
+        out = None
+        dy_check = dy.copy()
+        dy_check[steps:] = 0
+        out = _pass(r, x, dy_check, train)
+    row["check"] = _check(r, x, out, rows, steps, None if dy is None else dy_check[:steps],
+                          _host(r.grads) if train else None)
     row["check_ok"] = all(c["ok"] for c in row["check"])
     r.close()
-    return row, model, x, dy, out
+    del dy   # cuDNN runs on the dy that made ``out``
+    return row, model, x, dy_check, out
 
 
 def run_cudnn(cp, model, x, dy, out, repeats, train):
@@ -244,8 +266,11 @@ def run_cudnn(cp, model, x, dy, out, repeats, train):
         res.update(status="ran", ms_per_step=1e3 * float(np.median(times)) / T,
                    peak_bytes=int(torch.cuda.max_memory_allocated()) + 4 * x.size
                    * (2 if train else 1))
-    except torch.cuda.OutOfMemoryError as e:
-        res = {"status": "did not fit", "error": str(e).splitlines()[0][:300]}
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:   # cuDNN's own alloc errors too
+        msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        oom = isinstance(e, torch.cuda.OutOfMemoryError) or "memory" in msg.lower() \
+            or "ALLOC" in msg
+        res = {"status": "did not fit" if oom else "failed", "error": msg}
     finally:
         torch.cuda.empty_cache()
     return res
@@ -285,12 +310,16 @@ def main(argv=None):
     ap.add_argument("--plan-steps", default=None,
                     help="comma-separated T of the unchunked plan builds "
                          "(default 1000,10000,100000; --small 100,200)")
+    ap.add_argument("--check-steps", type=int, default=1000,
+                    help="steps checked against the reference (a prefix of longer runs)")
     ap.add_argument("--no-cudnn", action="store_true")
     ap.add_argument("--out", default=None, help="folder (default <RNNRT_OUT>/results/"
                                                 "long-sequence)")
     a = ap.parse_args(argv)
     if a.repeats is not None and a.repeats < 1:
         ap.error(f"--repeats: expected an int >= 1, got {a.repeats}")
+    if a.check_steps < 1:
+        ap.error(f"--check-steps: expected an int >= 1, got {a.check_steps}")
     if a.check_rows < 1:
         ap.error(f"--check-rows: expected an int >= 1, got {a.check_rows}")
     try:
@@ -316,7 +345,7 @@ def main(argv=None):
         T, which = spec[5], spec[6]
         reps = _repeats(T, a.repeats)
         print(f"run {spec[0]} L{spec[1]} H{spec[3]} B{spec[4]} T={T} {which} ...", flush=True)
-        row, model, x, dy, out = run_rnnrt(cp, spec, reps, a.check_rows, schedules)
+        row, model, x, dy, out = run_rnnrt(cp, spec, reps, a.check_rows, a.check_steps, schedules)
         row["cudnn"] = ({"status": "not run: --no-cudnn"} if a.no_cudnn or a.small else
                         run_cudnn(cp, model, x, dy, out, reps, which == "fwd+bwd"))
         rows.append(row)

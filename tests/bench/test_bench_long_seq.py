@@ -21,7 +21,7 @@ def test_the_small_runs_write_one_checked_record(monkeypatch, tmp_path):
     monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
     monkeypatch.delenv("RNNRT_CHUNK_STEPS", raising=False)
     status, _, path = bench.main(["--small", "--repeats", "1", "--check-rows", "2",
-                                  "--out", str(tmp_path / "ls")])
+                                  "--check-steps", "30", "--out", str(tmp_path / "ls")])
     assert status == 0
     assert path.parent == tmp_path / "ls" and record_name_match("long-sequence", path.name)
     saved = json.loads(path.read_text())
@@ -34,6 +34,9 @@ def test_the_small_runs_write_one_checked_record(monkeypatch, tmp_path):
         assert all(c["ok"] for c in row["check"])
         if row["pass"] == "fwd+bwd":
             assert {"dx", "dh0", "grads"} <= names
+        assert ("h_n" in names) == (row["steps"] <= 30)           # T = 37: a prefix of 30
+        assert ("dx past the prefix" in names) == (row["steps"] == 37 and
+                                                   row["pass"] == "fwd+bwd")
     assert [b["steps"] for b in saved["plan_build"]] == [100, 200]
 
 
