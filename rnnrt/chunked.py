@@ -22,8 +22,9 @@ gates, x; ``kept_buffers``); every other buffer (W.x pre-activations, the backwa
 gradients, scratch) is shared by the states of one key. Backward runs the pieces last-first
 with dh / dc carried, each piece's weight gradients added to the previous ones'
 (backward plans with accumulate; the last piece, run first, takes the caller's accumulate).
-Chunk states of a batch stay cached (their graphs are bound to their buffers) until a
-chunked training pass of another batch or a shortage of GPU memory drops the idle ones.
+The chunk states of the last training pass stay cached (their graphs are bound to their
+buffers: a training loop's next step reuses them); a pass drops the idle ones it does not
+take, and a workspace that does not fit drops them all (``drop_idle``) before it is refused.
 
 Packed sequences of different lengths (``forward_packed``) are not chunked: they run their
 bucketed or exact pattern unchunked, whatever their length.
@@ -163,19 +164,30 @@ class ChunkedRunner:
         from .plan.forward import forward_plan
         from .sizes import gpu_available, refuse_if
         r = self.runner
-        for k in list(self._states):   # another batch's idle chunk states go first
-            if k.batch != keys[0].batch:
-                self._states[k] = [st for st in self._states[k] if st.busy]
-                if not self._states[k]:
-                    del self._states[k]
-        need, new = 0, {}
+        new = {}
+        for key in keys:
+            new[key] = new.get(key, 0) + 1
+        # idle states past what this pass takes go (of any key): what stays cached between
+        # passes is the last pass's, reused (graphs and all) by a training loop's next step
+        dropped = 0
+        for k in list(self._states):
+            idle = [st for st in self._states[k] if not st.busy]
+            keep = [st for st in self._states[k] if st.busy] + idle[:new.get(k, 0)]
+            dropped += len(self._states[k]) - len(keep)
+            self._states[k] = keep
+            if not keep:
+                del self._states[k]
+        if dropped:
+            r.cp.get_default_memory_pool().free_all_blocks()
+        need = 0
+        if len(self._kept) > 256:   # keys of many batches seen: start again
+            self._kept.clear()
         for key in keys:
             if key not in self._kept:
                 now = {b.name: b.size for b in workspace_buffers(key)}
                 twice = workspace_buffers(replace(key, steps=2 * key.steps))
                 grows = {b.name for b in twice if b.size > now.get(b.name, b.size)}
                 self._kept[key] = kept_buffers(forward_plan(key), backward_plan(key), grows)
-            new[key] = new.get(key, 0) + 1
         for key, count in new.items():
             have = self._states.get(key, [])
             free = sum(not st.busy for st in have)
@@ -204,6 +216,19 @@ class ChunkedRunner:
             used.add(id(st))
             out.append(st)
         return out
+
+    def drop_idle(self) -> int:
+        """Drop every training chunk state no live tape holds (to make room); -> how many."""
+        n = 0
+        for k in list(self._states):
+            keep = [st for st in self._states[k] if st.busy]
+            n += len(self._states[k]) - len(keep)
+            self._states[k] = keep
+            if not keep:
+                del self._states[k]
+        if n:
+            self.runner.cp.get_default_memory_pool().free_all_blocks()
+        return n
 
     def clear(self):
         for sts in self._states.values():

@@ -272,7 +272,7 @@ class GpuRunner:
         try:
             check_workspace(key, gpu_available(self.cp))
         except SizeError:
-            if not self._states.drop_idle():
+            if not (self._states.drop_idle() + self.long.drop_idle()):
                 raise
             check_workspace(key, gpu_available(self.cp))
         wplan = backward_plan(key) if key.train else forward_plan(key)

@@ -199,8 +199,10 @@ def run_rnnrt(cp, spec, repeats, check_rows, check_steps, schedules):
            "ms_samples": [1e3 * t for t in times], "repeats": repeats,
            "peak_bytes": peak,
            "device_used_bytes": None if used is None or used0 is None else used - used0,
+           # x, y and the weights (training: dy, dx and the gradient buffer too)
            "io_weights_bytes": 4 * (x.size + T * B * H + model.layout.size
-                                    + (2 * x.size + T * B * H if train else 0))}
+                                    + (x.size + T * B * H + model.layout.size if train
+                                       else 0))}
     if row["peak_bytes"] is not None:
         row["peak_vs_io_weights"] = row["peak_bytes"] / row["io_weights_bytes"]
     rows, steps = min(check_rows, B), min(check_steps, T)
@@ -227,6 +229,8 @@ def run_cudnn(cp, model, x, dy, out, repeats, train):
         return {"status": "not run: torch is not installed"}
     if not torch.cuda.is_available():
         return {"status": "not run: no CUDA device for torch"}
+    gc.collect()   # rnnrt's runner is closed: its memory goes back to the device first
+    cp.get_default_memory_pool().free_all_blocks()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     T = x.shape[0]
@@ -374,7 +378,7 @@ def main(argv=None):
         path = out_dir / path.name
     print(f"record: {write_json(rec, path, overwrite=False)}")
     print(f"{'pass':>8} {'L':>2} {'B':>3} {'T':>7} {'chunk':>5} {'plan s':>7} {'capt s':>7} "
-          f"{'ms/step':>8} {'vs 1st':>6} {'peak GiB':>8} {'x io':>5} {'check':>5} "
+          f"{'ms/step':>8} {'vs 1st':>6} {'peak GiB':>8} {'pk/io':>5} {'check':>5} "
           f"{'cuDNN ms/step':>14}")
     for r in rows:
         c = r["cudnn"]

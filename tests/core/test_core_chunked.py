@@ -234,3 +234,25 @@ def test_the_chunk_length_rule(runner, monkeypatch):
     monkeypatch.setenv("RNNRT_CHUNK_STEPS", "-3")
     with pytest.raises(ValueError, match="RNNRT_CHUNK_STEPS"):
         r.long.pieces(10, B, False)
+
+
+def test_idle_chunk_states_are_bounded_by_the_last_pass(runner):
+    """Between passes the idle training states of the last pass stay (a training loop's
+    next step reuses them); a shorter pass drops those it does not take; drop_idle frees
+    every idle one and none a live tape holds."""
+    r = runner(_model("gru", seed=9))
+    rng = np.random.default_rng(8)
+
+    def count():
+        return sum(len(v) for v in r.long._states.values())
+
+    x, hx = _states("gru", rng, 12)                      # 3 chunks of 4
+    _, _, tape = r.forward(x, hx, train=True)
+    del tape
+    assert count() == 3
+    x, hx = _states("gru", rng, 5)                       # 4 + 1: one state of key 4 kept
+    _, _, tape = r.forward(x, hx, train=True)
+    assert count() == 2
+    assert r.long.drop_idle() == 0                       # both held by the live tape
+    del tape
+    assert r.long.drop_idle() == 2 and count() == 0
