@@ -21,6 +21,7 @@ from functools import partial
 
 import numpy as np
 
+from .chunked import ChunkedRunner, ChunkedTape
 from .gpu_state import MAX_EXECUTORS, RunState, StateCache
 from .plan.forward import forward_plan
 from .plan.model import PlanKey
@@ -181,6 +182,7 @@ class GpuRunner:
         self._seen = OrderedDict()       # batch_sizes of recent packed batches
         self._events = None              # the two events _on_stream records, made once
         self._grad_views = None
+        self.long = ChunkedRunner(self)   # sequences longer than a chunk (chunked.py)
 
     def sync_params(self):
         """Copy the model's flat parameters to the device again. Every workspace shares
@@ -281,7 +283,7 @@ class GpuRunner:
         try:
             check_workspace(key, gpu_available(self.cp))
         except SizeError:
-            if not self._states.drop_idle():
+            if not (self._states.drop_idle() + self.long.drop_idle()):
                 raise
             check_workspace(key, gpu_available(self.cp))
         wplan = backward_plan(key) if key.train else forward_plan(key)
@@ -433,6 +435,14 @@ class GpuRunner:
         check_forward_inputs(m, x, h0, c0)
         if m.batch_first:
             x = x.transpose(1, 0, 2)
+        parts = self.long.pieces(int(x.shape[0]), int(x.shape[1]), train)
+        if parts is not None:   # longer than a chunk: chunk plans, the state carried
+            y, h_n, c_n, tape = self.long.forward(x, h0, c0, train, parts)
+            y = y.transpose(1, 0, 2) if m.batch_first else y
+            hx_n = (h_n, c_n) if m.cell.has_cell_state else h_n
+            if tape is not None:
+                tape.batch_first = m.batch_first
+            return (y, hx_n, tape) if train else (y, hx_n)
         key, skey = self._key(int(x.shape[0]), int(x.shape[1]), train, None)
         st = self.state(key, skey)
         ex = st.executor_of(key, "fwd", partial(forward_plan, key))
@@ -522,6 +532,8 @@ class GpuRunner:
         """
         from .plan.backward import backward_plan
         m = self.model
+        if isinstance(tape, ChunkedTape):
+            return self._chunked_backward(tape, dy, dhx, accumulate, need_dx)
         if not isinstance(tape, GpuTape):
             raise TypeError(f"tape: expected the GpuTape of runner.forward(train=True), "
                             f"got {type(tape).__name__}")
@@ -571,10 +583,28 @@ class GpuRunner:
             dx = dx.transpose(1, 0, 2)
         return GpuGrads(dx, out["dh0"], out.get("dc0"), self.grads, self._grad_views)
 
+    def _chunked_backward(self, tape, dy, dhx, accumulate, need_dx) -> GpuGrads:
+        """``backward`` of a chunked training forward (chunked.py): checked as any."""
+        m = self.model
+        accumulate = check_flag("accumulate", accumulate)
+        need_dx = check_flag("need_dx", need_dx)
+        dh_n, dc_n = split_hx(m, dhx, "dhx")
+        check_backward_inputs(m, tape.steps, tape.batch, dy, dh_n, dc_n)
+        if tape.batch_first and dy is not None:
+            dy = dy.transpose(1, 0, 2)
+        dx, dh0, dc0 = self.long.backward(tape, dy, dh_n, dc_n, accumulate, need_dx)
+        if self._grad_views is None:
+            from .params import views
+            self._grad_views = views(self.grads, m.layout)
+        if tape.batch_first and dx is not None:
+            dx = dx.transpose(1, 0, 2)
+        return GpuGrads(dx, dh0, dc0, self.grads, self._grad_views)
+
     def close(self):
         for st in self._states:   # their tapes' backward is refused from now on
             st.owner = None
         self._states.clear()
+        self.long.clear()
         self._timing = None
         self.session.close()
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 
+DEFAULT_PLAN_BYTES = 2 << 30
+"""Host bytes of plans (plan.cache.plan_bytes) a runner's cached states may hold through
+their executors: a variable-length state of a long capacity holds up to MAX_EXECUTORS
+plans, each O(steps) Python objects."""
 MAX_EXECUTORS = 64
 """Executors (each a captured CUDA graph) one state keeps: a fixed batch needs a few
 (forward; backward with and without accumulation, with and without dx); a state of
@@ -78,6 +82,12 @@ class RunState:
         self._tape = weakref.ref(tape)
 
     @property
+    def plan_bytes(self) -> int:
+        """Host bytes of the plans its executors hold (plan.cache.plan_bytes each)."""
+        from .plan.cache import plan_bytes
+        return sum(plan_bytes(ex.prepared.plan) for ex in self._executors.values())
+
+    @property
     def nbytes(self) -> int:
         """Device bytes the workspace holds (its buffers; params and grads are shared)."""
         return sum(int(b.nbytes) for name, b in self.ws.bufs.items()
@@ -85,13 +95,15 @@ class RunState:
 
 
 class StateCache:
-    """The runner's states by workspace key, bounded: at most ``budget`` bytes of workspaces;
-    adding past it evicts the least recently used states (never the newest, nor a busy one:
-    a live tape needs it) and returns their memory to CuPy's pool (``free``), so a loop over
-    many lengths does not grow."""
+    """The runner's states by workspace key, bounded: at most ``budget`` bytes of workspaces
+    and ``plan_budget`` host bytes of the plans their executors hold; adding past either
+    evicts the least recently used states (never the newest, nor a busy one: a live tape
+    needs it) and returns their memory to CuPy's pool (``free``), so a loop over many
+    lengths does not grow."""
 
-    def __init__(self, budget: int, free=None):
+    def __init__(self, budget: int, free=None, plan_budget: int = DEFAULT_PLAN_BYTES):
         self.budget, self.free = int(budget), free
+        self.plan_budget = int(plan_budget)
         self._states = OrderedDict()
         self.evictions = 0
 
@@ -106,7 +118,7 @@ class StateCache:
         self._states.move_to_end(key)
         evicted = False
         for old in list(self._states):
-            if self.nbytes <= self.budget:
+            if self.nbytes <= self.budget and self.plan_bytes <= self.plan_budget:
                 break
             if old == key or getattr(self._states[old], "busy", False):
                 continue   # the newest, and states whose activations a tape still needs
@@ -119,6 +131,11 @@ class StateCache:
     @property
     def nbytes(self) -> int:
         return sum(st.nbytes for st in self._states.values())
+
+    @property
+    def plan_bytes(self) -> int:
+        """Host bytes of the plans the states' executors hold."""
+        return sum(getattr(st, "plan_bytes", 0) for st in self._states.values())
 
     def __contains__(self, key) -> bool:
         return key in self._states

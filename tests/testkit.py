@@ -494,6 +494,7 @@ RECORD_KINDS = {  # kind: (stem, extension)
     "training": ((rf"charlm-{_SHAPE}-S\d+|train-step-{_SHAPE}"
                   rf"|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
                   rf"|ddp-charlm-{_SHAPE}-S\d+-W\d+|ddp-scaling-{_SHAPE}|ddp-link"), "json"),
+    "long-sequence": ("long-sequence", "json"),
     "profiles": (rf"ncu{_WORDS}+", "txt"),
     "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){_WORDS}*", "log|txt|json"),
 }

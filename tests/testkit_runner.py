@@ -188,6 +188,7 @@ class NumpyCupy(types.ModuleType):
         super().__init__("cupy")
         self.ndarray, self.float32 = np.ndarray, np.float32
         self.zeros, self.ones, self.random = np.zeros, np.ones, np.random
+        self.full = np.full
         # cupy.asarray of host data is a copy on the device: never the caller's array
         self.asarray = lambda a, dtype=None: np.array(a, dtype=dtype, copy=True)
         self.frees = 0

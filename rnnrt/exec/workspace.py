@@ -59,6 +59,18 @@ class Workspace:
         ws.plan, ws.xp, ws.dtype, ws.bufs = plan, self.xp, self.dtype, self.bufs
         return ws
 
+    def with_own(self, names) -> Workspace:
+        """A Workspace of the same plan whose buffers ``names`` are new (NaN-poisoned) and
+        every other one is this workspace's (shared, nothing else allocated): a chunked
+        training pass (rnnrt/chunked.py) keeps each chunk's activations in buffers of its
+        own over one set of scratch buffers."""
+        ws = self.sharing(self.plan)
+        ws.bufs = dict(self.bufs)
+        for name in names:
+            b = self.plan.buffer(name)
+            ws.bufs[name] = self.xp.full(b.size, np.nan, dtype=self.dtype)
+        return ws
+
     def _adoptable(self, params, size):
         return (isinstance(params, self.xp.ndarray) and params.dtype == self.dtype
                 and params.shape == (size,) and params.flags.c_contiguous)

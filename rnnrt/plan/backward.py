@@ -56,10 +56,9 @@ does (the rounding is only where dn' is stored for the GEMMs).
 """
 from __future__ import annotations
 
-import functools
-
 from ..cells import backward_flops, get_cell
 from ..sizes import check_plan
+from .cache import plan_cache
 from .forward import ForwardBuilder, forward_plan
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
@@ -67,7 +66,7 @@ from .schedule import Task, schedule
 from .storage import labelled
 
 
-@functools.lru_cache(maxsize=128)
+@plan_cache(maxsize=128)
 def backward_plan(key: PlanKey, accumulate: bool = False, need_dx: bool = True) -> Plan:
     """The backward pass of ``key`` (key.train must be True) as a Plan, cached. need_dx
     False: without the gradient of the input sequence (layer 0's dx GEMMs and the 'dx'

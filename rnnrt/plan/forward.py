@@ -82,20 +82,20 @@ shares one workspace. The persistent kernels decline a pattern.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from ..cells import forward_flops, get_cell, layer_input_size
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from ..params import make_layout
 from ..sizes import check_plan
+from .cache import plan_cache
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
 from .storage import labelled, persistent_choice
 
 
-@functools.lru_cache(maxsize=128)
+@plan_cache(maxsize=128)
 def forward_plan(key: PlanKey) -> Plan:
     """The forward pass of ``key`` as a Plan (cached per key; plans are immutable). A key
     whose plan cannot fit the host's memory or the kernels' index range is refused first

@@ -90,3 +90,28 @@ def test_a_state_keeps_at_most_its_executors_least_recently_used_first():
     st.executor(plans[1], "fwd")                 # b is made again
     assert len(made) == 5 and st.executor(plans[1], ("bwd", False)) and len(made) == 6
     assert not st.busy and st.nbytes == 0
+
+
+def test_the_plans_host_bytes_are_bounded_too():
+    """A state's executors hold plans (O(steps) Python objects each): past ``plan_budget``
+    host bytes of them, the least recently used idle states go, as for device bytes."""
+    c = StateCache(10**12, plan_budget=100)
+    for k in "abc":
+        st = FakeState(1)
+        st.plan_bytes = 45
+        c.add(k, st)                     # a, b fit; c pushes a out
+    assert list(c._states) == ["b", "c"] and c.plan_bytes == 90 and c.evictions == 1
+
+
+def test_a_run_state_counts_its_executors_plans():
+    import types
+
+    from rnnrt.gpu_state import RunState
+    from rnnrt.plan.cache import plan_bytes
+    plans = [types.SimpleNamespace(ops=(None,) * n, key=("k", n)) for n in (3, 5)]
+    ws = types.SimpleNamespace(sharing=lambda plan: None, bufs={})
+    st = RunState(ws, lambda plan, w: types.SimpleNamespace(prepared=types.SimpleNamespace(
+        plan=plan)))
+    for p in plans:
+        st.executor(p, "fwd")
+    assert st.plan_bytes == sum(plan_bytes(p) for p in plans) > 0

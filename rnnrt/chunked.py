@@ -1,0 +1,342 @@
+"""Long sequences on a GpuRunner: a fixed-length sequence longer than a chunk runs as a series
+of chunk plans with the state carried, so plan time, capture time and graph memory stay
+bounded in T, and inference keeps only one chunk's pre-activations alive.
+
+The chunk length (``ChunkedRunner.length``): the largest power of two from MIN_CHUNK_STEPS
+to MAX_CHUNK_STEPS whose chunk workspace (every buffer that grows with the steps, of the
+largest of the shape's candidate schedules) fits ``RNNRT_CHUNK_BYTES`` (default
+DEFAULT_CHUNK_BYTES) — or ``RNNRT_CHUNK_STEPS`` steps where set (0: never chunk). A sequence
+of at most one chunk runs unchunked, as before (its own exact-length plan). A longer one is
+cut into full chunks and its remainder into powers of two (``pieces``: 10,000 steps in
+chunks of 128 = 78 x 128 + 16), so every plan a runner builds for fixed lengths has a
+power-of-two length of at most a chunk: nothing pads (a T = 10,000 run is not a 16,384 one),
+the selector tunes each piece on its own key (a power of two is its own steps bucket), and
+a handful of plans and graphs per batch serve every length.
+
+Forward: piece after piece, each piece's plan captured once and replayed; h_n / c_n of a
+piece are the next one's h0 / c0; y is written piece by piece into one [T, B, H] array, and
+x is copied in a piece at a time (a host x never goes to the device whole).
+Training: each piece runs on a state of its own whose workspace keeps only what the backward
+reads from the forward and what grows with the steps (the activations: h, c, the saved
+gates, x; ``kept_buffers``); every other buffer (W.x pre-activations, the backward's
+gradients, scratch) is shared by the states of one key. Backward runs the pieces last-first
+with dh / dc carried, each piece's weight gradients added to the previous ones'
+(backward plans with accumulate; the last piece, run first, takes the caller's accumulate).
+The chunk states of the last training pass stay cached (their graphs are bound to their
+buffers: a training loop's next step reuses them); a pass drops the idle ones it does not
+take, and a workspace that does not fit drops them all (``drop_idle``) before it is refused.
+
+Packed sequences of different lengths (``forward_packed``) are not chunked: they run their
+bucketed or exact pattern unchunked, whatever their length.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from functools import partial
+
+MAX_CHUNK_STEPS = 1024
+"""The longest chunk: longer ones gain nothing (per-chunk host work is ~0.1 ms against
+milliseconds of GPU work) and cost plan time."""
+MIN_CHUNK_STEPS = 16
+"""The shortest chunk the byte rule picks (RNNRT_CHUNK_STEPS may force less)."""
+DEFAULT_CHUNK_BYTES = 1 << 30
+"""Bytes a chunk's step-dependent workspace may take (RNNRT_CHUNK_BYTES overrides)."""
+
+
+def pieces(steps: int, chunk: int) -> list[tuple[int, int]]:
+    """(first step, steps) of each piece of a ``steps``-long sequence in chunks of ``chunk``:
+    the full chunks, then the remainder in powers of two, largest first."""
+    out = [(t0, chunk) for t0 in range(0, steps - steps % chunk, chunk)]
+    t0, rest = steps - steps % chunk, steps % chunk
+    while rest:
+        n = 1 << (rest.bit_length() - 1)
+        out.append((t0, n))
+        t0, rest = t0 + n, rest - n
+    return out
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name)
+    if v is None or v.strip() == "":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"{name}: expected an int >= 0, got {v!r}") from None
+    if n < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    return n
+
+
+def step_bytes(key) -> int:
+    """Bytes of ``key``'s workspace that grow with its steps, per step (the workspace is
+    affine in the steps: two sizes give the slope)."""
+    from .sizes import workspace_elements
+    s = key.steps
+    return (workspace_elements(replace(key, steps=2 * s))
+            - workspace_elements(key)) * 4 // s
+
+
+def kept_buffers(fwd, bwd, grows) -> frozenset:
+    """Buffers a training chunk keeps for its backward: those the backward plan ``bwd``
+    reads that the forward plan ``fwd`` writes or takes as input, among ``grows`` (the
+    buffers whose size grows with the steps: what does not — transposed weights, barrier
+    counters — holds the same for every chunk)."""
+    made = {v.buf for op in fwd.ops for v in op.writes}
+    made |= {v.buf for b in fwd.inputs.values() for v in b.views}
+    read = {v.buf for op in bwd.ops for v in op.reads}
+    return frozenset(made & read & set(grows))
+
+
+@dataclass(eq=False)
+class ChunkedTape:
+    """What ``GpuRunner.backward`` needs from a chunked training forward: each piece's key,
+    state and the state's generation at the forward."""
+
+    pieces: list
+    keys: list
+    states: list
+    generations: list
+    batch_first: bool
+    steps: int
+    batch: int
+    device: int = -1
+
+
+class ChunkedRunner:
+    """The long-sequence passes of one GpuRunner (``runner.long``): its chunk lengths and
+    its training chunk states (a list per chunk key)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self._lengths = {}    # (batch, train) -> chunk steps (a few batches: bounded below)
+        self._states = {}     # chunk PlanKey -> [RunState] (training)
+        self._kept = {}       # chunk PlanKey -> kept_buffers
+
+    # -- the chunk length ---------------------------------------------------------------
+    def length(self, batch: int, train: bool) -> int:
+        """The chunk steps of (batch, train) (module docstring: the rule); 0: never chunk."""
+        forced = _env_int("RNNRT_CHUNK_STEPS")
+        if forced is not None:
+            return forced
+        k = (int(batch), bool(train))
+        if k not in self._lengths:
+            budget = _env_int("RNNRT_CHUNK_BYTES")
+            budget = DEFAULT_CHUNK_BYTES if budget is None else budget
+            per_step = max(step_bytes(key) for key in self._candidate_keys(batch, train))
+            n = MAX_CHUNK_STEPS
+            while n > MIN_CHUNK_STEPS and n * per_step > budget:
+                n //= 2
+            if len(self._lengths) >= 64:
+                self._lengths.clear()
+            self._lengths[k] = n
+        return self._lengths[k]
+
+    def _candidate_keys(self, batch, train):
+        """The PlanKeys at MAX_CHUNK_STEPS of every schedule the runner may choose."""
+        from .kernels.choice import Shape, candidates
+        from .plan.model import PlanKey
+        r, m = self.runner, self.runner.model
+        if r.switches == "auto":
+            shape = Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
+                          MAX_CHUNK_STEPS, bool(train), m.bias, "float32", r.executor_name,
+                          False)
+            scheds = [(s.switches, s.family, s.backward) for s in candidates(shape, r.limits)]
+        else:
+            scheds = [(r.switches, None, None)]
+        return [PlanKey(m.cell_name, MAX_CHUNK_STEPS, int(batch), m.input_size, m.hidden_size,
+                        m.num_layers, m.bias, sw, bool(train), device=r.limits, family=fam,
+                        backward=bwd if train else None) for sw, fam, bwd in scheds]
+
+    def pieces(self, steps: int, batch: int, train: bool):
+        """The pieces of a fixed-length call, or None where it runs unchunked."""
+        n = self.length(batch, train)
+        return pieces(steps, n) if 0 < n < steps else None
+
+    # -- states ---------------------------------------------------------------------------
+    def _train_states(self, keys) -> list:
+        """A free training state for each of ``keys`` (the pieces' chunk keys, in order),
+        made where a key has too few: the first of a key allocates its whole workspace, the
+        others only the kept buffers over the first's shared ones."""
+        from .gpu_state import RunState
+        from .plan.backward import backward_plan, workspace_buffers
+        from .plan.forward import forward_plan
+        from .sizes import gpu_available, refuse_if
+        r = self.runner
+        new = {}
+        for key in keys:
+            new[key] = new.get(key, 0) + 1
+        # idle states past what this pass takes go (of any key): what stays cached between
+        # passes is the last pass's, reused (graphs and all) by a training loop's next step
+        dropped = 0
+        for k in list(self._states):
+            idle = [st for st in self._states[k] if not st.busy]
+            keep = [st for st in self._states[k] if st.busy] + idle[:new.get(k, 0)]
+            dropped += len(self._states[k]) - len(keep)
+            self._states[k] = keep
+            if not keep:
+                del self._states[k]
+        if dropped:
+            r.cp.get_default_memory_pool().free_all_blocks()
+        need = 0
+        if len(self._kept) > 256:   # keys of many batches seen: start again
+            self._kept.clear()
+        for key in keys:
+            if key not in self._kept:
+                now = {b.name: b.size for b in workspace_buffers(key)}
+                twice = workspace_buffers(replace(key, steps=2 * key.steps))
+                grows = {b.name for b in twice if b.size > now.get(b.name, b.size)}
+                self._kept[key] = kept_buffers(forward_plan(key), backward_plan(key), grows)
+        for key, count in new.items():
+            have = self._states.get(key, [])
+            free = sum(not st.busy for st in have)
+            missing = max(0, count - free)
+            if missing:
+                sizes = {b.name: b.size for b in workspace_buffers(key)}
+                need += missing * 4 * sum(sizes[n] for n in self._kept[key])
+                if not have:
+                    need += 4 * sum(sizes.values())
+        if need:   # before any allocation: all the kept activations must fit
+            refuse_if(need, gpu_available(r.cp),
+                      f"the activations of a chunked training pass ({len(keys)} chunks, "
+                      f"batch {keys[0].batch})", "GPU memory")
+        out, used = [], set()
+        for key in keys:
+            have = self._states.setdefault(key, [])
+            st = next((s for s in have if not s.busy and id(s) not in used), None)
+            if st is None:
+                if have:
+                    ws = have[0].ws.with_own(self._kept[key])
+                else:
+                    ws = r.session.workspace(backward_plan(key), r.params, grads=r.grads)
+                st = RunState(ws, partial(r.session.executor, r.executor_name))
+                st.owner = r
+                have.append(st)
+            used.add(id(st))
+            out.append(st)
+        return out
+
+    def drop_idle(self) -> int:
+        """Drop every training chunk state no live tape holds (to make room); -> how many."""
+        n = 0
+        for k in list(self._states):
+            keep = [st for st in self._states[k] if st.busy]
+            n += len(self._states[k]) - len(keep)
+            self._states[k] = keep
+            if not keep:
+                del self._states[k]
+        if n:
+            self.runner.cp.get_default_memory_pool().free_all_blocks()
+        return n
+
+    def clear(self):
+        for sts in self._states.values():
+            for st in sts:
+                st.owner = None
+        self._states.clear()
+
+    # -- passes -----------------------------------------------------------------------------
+    def forward(self, x, h0, c0, train: bool, parts):
+        """The chunked forward of x [T, B, I] (time-major), h0 / c0 [L, B, H] or None, in
+        the pieces ``parts``. -> (y [T, B, H], h_n, c_n, tape or None)."""
+        from .plan.forward import forward_plan
+        from .sizes import gpu_available, refuse_if
+        r, m = self.runner, self.runner.model
+        cp = r.cp
+        T, B = int(x.shape[0]), int(x.shape[1])
+        refuse_if(T * B * m.hidden_size * 4, gpu_available(cp),
+                  f"y of {T} steps x batch {B} x hidden {m.hidden_size}", "GPU memory")
+        keys = [r.plan_key(n, B, train) for _, n in parts]
+        states = self._train_states(keys) if train else [r.state(k) for k in keys]
+        has_c = m.cell.has_cell_state
+        y = cp.full((T, B, m.hidden_size), float("nan"), dtype=cp.float32)
+        h, c = h0, c0
+        with _Chain(cp) as chain:
+            for (t0, n), key, st in zip(parts, keys, states):
+                ex = st.executor_of(key, "fwd", partial(forward_plan, key))
+                ws = ex.prepared.ws
+                with chain.on(ex.stream):
+                    ws.load(x=x[t0:t0 + n], h0=h)
+                    if has_c:
+                        ws.load(c0=c)
+                    ex.run()
+                    y[t0:t0 + n] = ws.read("y", copy=False)
+                    h = ws.read("h_n")
+                    c = ws.read("c_n") if has_c else None
+        tape = None
+        if train:
+            gens = []
+            tape = ChunkedTape(list(parts), keys, states, gens, False, T, B, r.device_id)
+            for st in states:
+                st.generation += 1
+                gens.append(st.generation)
+                st.hold(tape)
+        return y, h, c, tape
+
+    def backward(self, tape: ChunkedTape, dy, dh_n, dc_n, accumulate: bool, need_dx: bool):
+        """Backward of a chunked tape: the pieces last-first, dh / dc carried, the weight
+        gradients of each piece added to the later pieces'. dy [T, B, H] (time-major) or
+        None (zeros). -> (dx [T, B, I] or None, dh0, dc0 or None)."""
+        from .plan.backward import backward_plan
+        r, m = self.runner, self.runner.model
+        cp = r.cp
+        for st, gen in zip(tape.states, tape.generations):
+            if getattr(st, "owner", None) is not r:
+                raise ValueError("tape: it is not one of this runner's (a tape of another "
+                                 "runner, or of one that was closed); run backward on the "
+                                 "runner whose forward made it")
+            if st.generation != gen:
+                raise ValueError("tape: stale — a later training forward overwrote its "
+                                 "activations; run forward again")
+        has_c = m.cell.has_cell_state
+        dx = (cp.full((tape.steps, tape.batch, m.input_size), float("nan"), dtype=cp.float32)
+              if need_dx else None)
+        dh, dc = dh_n, dc_n
+        last = len(tape.pieces) - 1
+        with _Chain(cp) as chain:
+            for i in range(last, -1, -1):
+                (t0, n), key, st = tape.pieces[i], tape.keys[i], tape.states[i]
+                acc = accumulate if i == last else True
+                ex = st.executor_of(key, ("bwd", acc, need_dx),
+                                    partial(backward_plan, key, acc, need_dx))
+                ws = ex.prepared.ws
+                with chain.on(ex.stream):
+                    ws.load(dy=None if dy is None else dy[t0:t0 + n], dh_n=dh)
+                    if has_c:
+                        ws.load(dc_n=dc)
+                    ex.run()
+                    if need_dx:
+                        dx[t0:t0 + n] = ws.read("dx", copy=False)
+                    dh = ws.read("dh0")
+                    dc = ws.read("dc0") if has_c else None
+        return dx, dh, dc
+
+
+class _Chain:
+    """Orders the pieces' work across their executors' streams: the first after the caller's
+    prior work, each after the previous one's, the caller's later work after the last (an
+    event where the stream changes; no host wait)."""
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.prev = cp.cuda.get_current_stream()
+        self.caller = self.prev
+
+    def __enter__(self):
+        return self
+
+    def _follow(self, stream, after):
+        if stream is not after:
+            ev = self.cp.cuda.Event(disable_timing=True)
+            ev.record(after)
+            stream.wait_event(ev)
+
+    def on(self, stream):
+        self._follow(stream, self.prev)
+        self.prev = stream
+        return stream
+
+    def __exit__(self, *exc):
+        self._follow(self.caller, self.prev)
+        return False

@@ -1,0 +1,258 @@
+"""Long sequences in chunks (rnnrt/chunked.py) on the CPU (testkit.CpuSession: NumPy
+workspaces, the NumPy executor in CuPy's place), with a small chunk forced through
+RNNRT_CHUNK_STEPS: the chunked forward and forward + backward equal the float64 reference
+for every cell (the results start as NaN: a step no chunk writes shows up), the weight
+gradients of all chunks accumulate, and a dropped state carry — forward or backward — or a
+dropped accumulation is caught."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from testkit import CpuSession, draw32
+
+import rnnrt
+from rnnrt import reference
+from rnnrt.check import FP32_RTOL, assert_close, reduction_atol
+from rnnrt.chunked import ChunkedTape, pieces
+from rnnrt.params import per_layer, to_flat
+
+I, H, B, L = 3, 5, 2, 2
+CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+MODELS = {"lstm": rnnrt.LSTM, "gru": rnnrt.GRU, "rnn_tanh": rnnrt.RNN, "rnn_relu": rnnrt.RNN}
+
+
+def _model(cell, seed=0, **kw):
+    if cell.startswith("rnn_"):
+        kw["nonlinearity"] = cell[4:]
+    return MODELS[cell](I, H, num_layers=L, seed=seed, **kw)
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    """-> make(model): a GpuRunner on CpuSession (heuristic schedules), chunks of 4 steps."""
+    import rnnrt.session
+    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
+    monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
+    monkeypatch.setenv("RNNRT_CHUNK_STEPS", "4")
+    from rnnrt.gpu import GpuRunner
+    return lambda model: GpuRunner(model, schedule_cache=False)
+
+
+def test_pieces_cover_the_sequence_in_powers_of_two():
+    for steps in range(1, 300):
+        for chunk in (1, 4, 16, 128):
+            got = pieces(steps, chunk)
+            assert [t0 for t0, _ in got] == list(np.cumsum([0] + [n for _, n in got])[:-1])
+            assert sum(n for _, n in got) == steps
+            assert all(n <= chunk and n & (n - 1) == 0 for _, n in got)
+    assert pieces(10_000, 128)[-1] == (9984, 16) and len(pieces(10_000, 128)) == 79
+
+
+def _reference(r, x, hx, dy=None, dhx=None):
+    cell = r.model.cell_name
+    p64 = per_layer(np.asarray(r.params, np.float64), r.model.layout)
+    h0, c0 = (hx if cell == "lstm" else (hx, None))
+    y, h_n, c_n, cache = reference.forward(cell, p64, x.astype(np.float64), h0, c0)
+    if dy is None:
+        return y, h_n, c_n
+    dh_n, dc_n = (dhx if cell == "lstm" and dhx is not None else (dhx, None))
+    g = reference.backward(cell, p64, cache, dy.astype(np.float64), dh_n, dc_n)
+    return y, h_n, c_n, g, to_flat(g["params"], r.model.layout)
+
+
+def _states(cell, rng, T):
+    x = draw32(rng, T, B, I)
+    hx = draw32(rng, L, B, H)
+    if cell == "lstm":
+        hx = (hx, draw32(rng, L, B, H))
+    return x, hx
+
+
+def _check_forward(r, x, hx, out):
+    cell = r.model.cell_name
+    y, h_n, c_n = _reference(r, x, hx)
+    assert_close(out[0], y, name=f"{cell} y")
+    got_h = out[1][0] if cell == "lstm" else out[1]
+    assert_close(got_h, h_n, name=f"{cell} h_n")
+    if cell == "lstm":
+        assert_close(out[1][1], c_n, name=f"{cell} c_n")
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_chunked_forward_equals_the_reference(runner, cell):
+    r = runner(_model(cell))
+    rng = np.random.default_rng(1)
+    x, hx = _states(cell, rng, 11)                      # pieces 4, 4, 2, 1
+    assert r.long.pieces(11, B, False) == [(0, 4), (4, 4), (8, 2), (10, 1)]
+    _check_forward(r, x, hx, r.forward(x, hx))
+    _check_forward(r, x, hx, r.forward(x, hx))          # replayed: the same
+    assert r.long.pieces(4, B, False) is None           # one chunk: unchunked, as before
+
+
+def _check_grads(r, x, hx, dy, dhx, g, accumulated=None, scale=1.0):
+    cell = r.model.cell_name
+    ref = _reference(r, x, hx, dy, dhx)
+    gref, flat = ref[3], ref[4]
+    assert_close(g.dx, gref["dx"], name=f"{cell} dx")
+    assert_close(g.dh0, gref["dh0"], name=f"{cell} dh0")
+    if cell == "lstm":
+        assert_close(g.dc0, gref["dc0"], name=f"{cell} dc0")
+    want = flat * scale if accumulated is None else accumulated + flat
+    atol = reduction_atol(x.shape[0] * x.shape[1])
+    for e in r.model.layout.entries:
+        assert_close(g.flat[e.offset:e.end], want[e.offset:e.end], atol, FP32_RTOL,
+                     name=f"{cell} {e.name}")
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_chunked_training_equals_the_reference(runner, cell):
+    r = runner(_model(cell, seed=3))
+    rng = np.random.default_rng(2)
+    T = 11
+    x, hx = _states(cell, rng, T)
+    dy = draw32(rng, T, B, H)
+    dhx = _states(cell, rng, 1)[1]
+    y, hx_n, tape = r.forward(x, hx, train=True)
+    assert isinstance(tape, ChunkedTape) and len(tape.states) == 4
+    _check_forward(r, x, hx, (y, hx_n))
+    g = r.backward(tape, dy, dhx)
+    _check_grads(r, x, hx, dy, dhx, g)
+    first = g.flat.copy()
+    # a second step on the same states (graphs replayed), accumulating into the first's
+    _, _, tape = r.forward(x, hx, train=True)
+    g = r.backward(tape, dy, dhx, accumulate=True)
+    _check_grads(r, x, hx, dy, dhx, g, accumulated=first)
+
+
+def test_two_live_chunked_tapes_keep_their_own_activations(runner):
+    """A module applied twice: the second forward's chunks take states of their own."""
+    r = runner(_model("lstm", seed=4))
+    rng = np.random.default_rng(3)
+    (xa, hxa), (xb, hxb) = _states("lstm", rng, 9), _states("lstm", rng, 9)
+    dya, dyb = draw32(rng, 9, B, H), draw32(rng, 9, B, H)
+    _, _, ta = r.forward(xa, hxa, train=True)
+    _, _, tb = r.forward(xb, hxb, train=True)
+    assert not {id(s) for s in ta.states} & {id(s) for s in tb.states}
+    ga = r.backward(ta, dya, None)
+    _check_grads(r, xa, hxa, dya, None, ga)
+    gb = r.backward(tb, dyb, None)
+    _check_grads(r, xb, hxb, dyb, None, gb)
+
+
+def test_batch_first_and_no_dx(runner):
+    r = runner(_model("gru", seed=5, batch_first=True))
+    rng = np.random.default_rng(4)
+    x, hx = _states("gru", rng, 10)
+    dy = draw32(rng, 10, B, H)
+    y, _, tape = r.forward(np.ascontiguousarray(x.transpose(1, 0, 2)), hx, train=True)
+    ref = _reference(r, x, hx, dy, None)
+    assert_close(y, ref[0].transpose(1, 0, 2), name="y (batch_first)")
+    g = r.backward(tape, np.ascontiguousarray(dy.transpose(1, 0, 2)), need_dx=False)
+    assert g.dx is None
+    assert_close(g.dh0, ref[3]["dh0"], name="dh0")
+
+
+@pytest.mark.parametrize("fault", ["forward carry", "backward carry", "accumulation"])
+def test_a_planted_fault_is_caught(runner, monkeypatch, fault):
+    """Drop the h carry between forward chunks, the dh carry between backward chunks, or the
+    accumulation of the earlier chunks' weight gradients: the comparison fails."""
+    from rnnrt.exec.workspace import Workspace
+    r = runner(_model("lstm", seed=6))
+    rng = np.random.default_rng(5)
+    x, hx = _states("lstm", rng, 11)
+    dy = draw32(rng, 11, B, H)
+    if fault == "accumulation":
+        import rnnrt.plan.backward as bp
+        real = bp.backward_plan
+        monkeypatch.setattr(bp, "backward_plan", lambda key, acc=False, dx=True:
+                            real(key, False, dx))
+    else:
+        name = "h_n" if fault == "forward carry" else "dh0"
+        real_read = Workspace.read
+
+        def read(self, what, copy=True):
+            a = real_read(self, what, copy)
+            return a * 0 if what == name else a
+        monkeypatch.setattr(Workspace, "read", read)
+    y, hx_n, tape = r.forward(x, hx, train=True)
+    g = r.backward(tape, dy, None)
+    with pytest.raises(AssertionError):
+        if fault == "forward carry":
+            _check_forward(r, x, hx, (y, (hx[0] * 0 + hx_n[0], hx_n[1])))
+        else:
+            _check_grads(r, x, hx, dy, None, g)
+
+
+def test_training_chunks_keep_only_the_activations(runner):
+    """Each chunk state beyond a key's first owns only the buffers the backward reads from
+    the forward that grow with the steps; W.x and every gradient buffer are shared."""
+    r = runner(_model("lstm", seed=7))
+    rng = np.random.default_rng(6)
+    x, hx = _states("lstm", rng, 12)
+    _, _, tape = r.forward(x, hx, train=True)
+    first, second = tape.states[0], tape.states[1]
+    own = {n for n, a in second.ws.bufs.items() if a is not first.ws.bufs[n]}
+    assert own == set(r.long._kept[tape.keys[1]])
+    assert own and not any(n.startswith(("gx", "dgx", "dhin", "dhr", "dc", "dx")) for n in own)
+    assert {"x"} <= own and any(n.startswith("h") for n in own)
+
+
+@pytest.mark.parametrize("rung", ["naive", "+pretranspose", "+wavefront", "+persistent"])
+def test_chunked_training_on_explicit_schedules(monkeypatch, rung):
+    """Explicit switches run chunked too (the naive per-op schedule, pre-transposed weights
+    shared by the chunks, the wavefront, the persistent forward): the same gradients."""
+    import rnnrt.session
+    from rnnrt.gpu import GpuRunner
+    from rnnrt.plan.switches import ladder
+    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
+    monkeypatch.setenv("RNNRT_CHUNK_STEPS", "4")
+    sw = {g.name: g.switches for g in ladder()}[rung]
+    r = GpuRunner(_model("lstm", seed=8), switches=sw, schedule_cache=False)
+    rng = np.random.default_rng(7)
+    x, hx = _states("lstm", rng, 10)
+    dy = draw32(rng, 10, B, H)
+    y, hx_n, tape = r.forward(x, hx, train=True)
+    _check_forward(r, x, hx, (y, hx_n))
+    _check_grads(r, x, hx, dy, None, r.backward(tape, dy, None))
+    _check_forward(r, x, hx, r.forward(x, hx))
+
+
+def test_the_chunk_length_rule(runner, monkeypatch):
+    """Unforced, the chunk is the largest power of two (16 .. 1024) whose step-dependent
+    workspace of the largest candidate schedule fits RNNRT_CHUNK_BYTES; 0 never chunks."""
+    from rnnrt.chunked import MAX_CHUNK_STEPS, step_bytes
+    r = runner(_model("lstm"))
+    monkeypatch.delenv("RNNRT_CHUNK_STEPS")
+    assert r.long.length(B, False) == MAX_CHUNK_STEPS       # a tiny model: the longest
+    per = max(step_bytes(k) for k in r.long._candidate_keys(B, True))
+    monkeypatch.setenv("RNNRT_CHUNK_BYTES", str(per * 100))
+    r = runner(_model("lstm"))
+    assert r.long.length(B, True) == 64
+    assert r.long.pieces(64, B, True) is None and len(r.long.pieces(65, B, True)) == 2
+    monkeypatch.setenv("RNNRT_CHUNK_STEPS", "0")
+    assert r.long.pieces(10_000, B, True) is None
+    monkeypatch.setenv("RNNRT_CHUNK_STEPS", "-3")
+    with pytest.raises(ValueError, match="RNNRT_CHUNK_STEPS"):
+        r.long.pieces(10, B, False)
+
+
+def test_idle_chunk_states_are_bounded_by_the_last_pass(runner):
+    """Between passes the idle training states of the last pass stay (a training loop's
+    next step reuses them); a shorter pass drops those it does not take; drop_idle frees
+    every idle one and none a live tape holds."""
+    r = runner(_model("gru", seed=9))
+    rng = np.random.default_rng(8)
+
+    def count():
+        return sum(len(v) for v in r.long._states.values())
+
+    x, hx = _states("gru", rng, 12)                      # 3 chunks of 4
+    _, _, tape = r.forward(x, hx, train=True)
+    del tape
+    assert count() == 3
+    x, hx = _states("gru", rng, 5)                       # 4 + 1: one state of key 4 kept
+    _, _, tape = r.forward(x, hx, train=True)
+    assert count() == 2
+    assert r.long.drop_idle() == 0                       # both held by the live tape
+    del tape
+    assert r.long.drop_idle() == 2 and count() == 0
