@@ -72,10 +72,9 @@ def _env_int(name: str) -> int | None:
 def step_bytes(key) -> int:
     """Bytes of ``key``'s workspace that grow with its steps, per step (the workspace is
     affine in the steps: two sizes give the slope)."""
-    from .sizes import workspace_elements
+    from .sizes import workspace_bytes
     s = key.steps
-    return (workspace_elements(replace(key, steps=2 * s))
-            - workspace_elements(key)) * 4 // s
+    return (workspace_bytes(replace(key, steps=2 * s)) - workspace_bytes(key)) // s
 
 
 def kept_buffers(fwd, bwd, grows) -> frozenset:
@@ -140,14 +139,15 @@ class ChunkedRunner:
         r, m = self.runner, self.runner.model
         if r.switches == "auto":
             shape = Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
-                          MAX_CHUNK_STEPS, bool(train), m.bias, "float32", r.executor_name,
+                          MAX_CHUNK_STEPS, bool(train), m.bias, r.dtype, r.executor_name,
                           False)
             scheds = [(s.switches, s.family, s.backward) for s in candidates(shape, r.limits)]
         else:
             scheds = [(r.switches, None, None)]
         return [PlanKey(m.cell_name, MAX_CHUNK_STEPS, int(batch), m.input_size, m.hidden_size,
                         m.num_layers, m.bias, sw, bool(train), device=r.limits, family=fam,
-                        backward=bwd if train else None) for sw, fam, bwd in scheds]
+                        backward=bwd if train else None, dtype=r.dtype)
+                for sw, fam, bwd in scheds]
 
     def pieces(self, steps: int, batch: int, train: bool):
         """The pieces of a fixed-length call, or None where it runs unchunked."""
@@ -193,10 +193,10 @@ class ChunkedRunner:
             free = sum(not st.busy for st in have)
             missing = max(0, count - free)
             if missing:
-                sizes = {b.name: b.size for b in workspace_buffers(key)}
-                need += missing * 4 * sum(sizes[n] for n in self._kept[key])
+                sizes = {b.name: b.size * b.itemsize(key.dtype) for b in workspace_buffers(key)}
+                need += missing * sum(sizes[n] for n in self._kept[key])
                 if not have:
-                    need += 4 * sum(sizes.values())
+                    need += sum(sizes.values())
         if need:   # before any allocation: all the kept activations must fit
             refuse_if(need, gpu_available(r.cp),
                       f"the activations of a chunked training pass ({len(keys)} chunks, "

@@ -256,3 +256,34 @@ def test_idle_chunk_states_are_bounded_by_the_last_pass(runner):
     assert r.long.drop_idle() == 0                       # both held by the live tape
     del tape
     assert r.long.drop_idle() == 2 and count() == 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_chunks_carry_the_precision(runner, dtype):
+    """A 16-bit runner's chunk plans run at its dtype: the chunked forward + backward equals
+    the rounding-aware float64 reference (the state carried between chunks is the stored h),
+    and is not the fp32 result."""
+    from rnnrt.gpu import GpuRunner
+    from rnnrt.precision import get_precision
+    p = get_precision(dtype)
+    rng = np.random.default_rng(3)
+    m = _model("lstm", seed=4)
+    r = GpuRunner(m, schedule_cache=False, dtype=dtype)
+    T = 11                                   # chunks 4 + 4 + 2 + 1
+    x, hx = _states("lstm", rng, T)
+    dy = draw32(rng, T, B, H)
+    y, (h_n, c_n), tape = r.forward(x, hx, train=True)
+    assert isinstance(tape, ChunkedTape)
+    g = r.backward(tape, dy)
+    p64 = per_layer(np.asarray(r.params, np.float64), m.layout)
+    ry, rh, rc, cache = reference.forward("lstm", p64, x.astype(np.float64), hx[0], hx[1],
+                                          dtype=dtype)
+    rg = reference.backward("lstm", p64, cache, dy.astype(np.float64))
+    assert_close(y, ry, p.atol, p.rtol, name=f"{dtype} y")
+    assert_close(h_n, rh, p.atol, p.rtol, name=f"{dtype} h_n")
+    assert_close(c_n, rc, p.atol, p.rtol, name=f"{dtype} c_n")
+    assert_close(g.dx, rg["dx"], p.atol, p.rtol, name=f"{dtype} dx")
+    assert_close(r.grads, to_flat(rg["params"], m.layout),
+                 reduction_atol(T * B, p.atol), p.rtol, name=f"{dtype} grads")
+    fp32, *_ = reference.forward("lstm", p64, x.astype(np.float64), hx[0], hx[1])
+    assert np.abs(np.asarray(y) - fp32).max() > 1e-4, "the chunks ran in fp32"
