@@ -101,11 +101,17 @@ class FakeCupy(types.ModuleType):
         fake = self
 
         class RawModule:
-            def __init__(self, code, options):
-                fake.compiled.append((code, options))
-                self.code = code
+            def __init__(self, code, options, name_expressions=None):
+                fake.compiled.append((code, options) if name_expressions is None
+                                     else (code, options, tuple(name_expressions)))
+                self.code, self.exprs = code, name_expressions
 
             def get_function(self, name):
+                if self.exprs is not None and name in self.exprs:   # a template's twin
+                    base = name.split("<")[0]
+                    assert re.search(rf"template\s*<[^>]*>\s*__global__\s+void\s+{base}\s*\(",
+                                     self.code), name
+                    return FakeKernel(fake, name)
                 assert re.search(rf'__global__\s+void\s+(__launch_bounds__\([^)]*\)\s+)?'
                                  rf'(__cluster_dims__\([^)]*\)\s+)?{name}\s*\(',
                                  self.code), name
