@@ -106,11 +106,17 @@ TWIN_FUNCTIONS_MAX = 256
 def compile_twins(file: str, text: str, options: tuple[str, ...], exprs: tuple[str, ...]):
     """One cupy.RawModule of ``file`` with the typed twins ``exprs`` instantiated (NVRTC name
     expressions), compiled here, announced when slow (``announced``). Cached per
-    (file, text, options, exprs), at most TWIN_MODULES_MAX modules."""
+    (file, text, options, exprs), at most TWIN_MODULES_MAX modules.
+
+    The compiled text ends with a comment naming the expressions: CuPy's disk cache is keyed
+    on the source text, and CuPy releases before 2026-03 left the name expressions out of
+    the key, so two instantiation sets of one file would share (and mis-load) one entry."""
     import cupy
 
+    code = text + "\n// typed twins instantiated (rnnrt): " + "; ".join(exprs) + "\n"
+
     def build():
-        module = cupy.RawModule(code=text, options=options, name_expressions=list(exprs))
+        module = cupy.RawModule(code=code, options=options, name_expressions=list(exprs))
         compile_now = getattr(module, "compile", None)
         if compile_now is not None:
             compile_now()

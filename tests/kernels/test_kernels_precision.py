@@ -87,6 +87,8 @@ def test_twins_compile_once_per_file_per_plan(fake):
         "ew_copy_t<bf16, float>", "transpose_t<bf16, float>",
         "lstm_fwd_t<bf16, float, float, float, float, float, float, float>",
         "lstm_bwd_t<bf16, float, float, float, float, float, float, float>"}
+    # the text names its expressions: CuPy's disk cache (keyed on the text) keeps the sets apart
+    assert all(f"typed twins instantiated (rnnrt): {'; '.join(c[2])}" in c[0] for c in twins)
     n = len(fake.compiled)
     lib.instantiate(reqs)                                         # all loaded: nothing more
     assert lib.get_typed("ew_copy", (bf, f32)).name == "ew_copy_t<bf16, float>"

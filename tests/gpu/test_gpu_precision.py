@@ -1,0 +1,178 @@
+"""GPU precision (marker gpu), issue 23: every cell x every ladder rung x {tf32, bfloat16,
+float16}, forward and forward + backward, on the graph executor, against the rounding-aware
+float64 reference of the same precision (tf32: the plain fp32 reference; TF32's operand
+rounding inside cuBLAS is not emulated) within precision.get_precision(dtype).atol / rtol,
+every output poisoned (NaN) before the run, the worst element reported (rnnrt.check);
+a 16-bit run's stored outputs (y, and h_n / dx where their buffer is 'store') are exactly
+representable in the storage type (they really were rounded); a 16-bit plan's store buffers
+are 2 bytes an element and its workspace smaller than the fp32 plan's; the persistent rung
+of a 16-bit key falls back to the cuBLAS schedule and says why. fp32 results are the existing
+tests' (test_gpu_forward.py, test_gpu_backward.py: unchanged).
+
+All the typed twins the tests run are compiled up front, one NVRTC compile a file.
+About 1-2 minutes on an H100 (compiles included). Run: pytest -m gpu tests/gpu/test_gpu_precision.py
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rnnrt.device import gpu_available
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
+
+from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
+from testkit import random_layer_stack  # noqa: E402
+
+from rnnrt import reference  # noqa: E402
+from rnnrt.check import assert_close  # noqa: E402
+from rnnrt.kernels.choice import PERSISTENT_STORAGE_REASON  # noqa: E402
+from rnnrt.kernels.registry import KERNELS  # noqa: E402
+from rnnrt.params import per_layer, to_flat  # noqa: E402
+from rnnrt.plan.ops import Kernel  # noqa: E402
+from rnnrt.plan.switches import ladder  # noqa: E402
+from rnnrt.precision import get_precision, round_to_storage  # noqa: E402
+
+CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+DTYPES = ("tf32", "bfloat16", "float16")
+RUNGS = ladder(input_batch=4)
+T, B, I, H, L = 6, 4, 24, 40, 2     # I != H; T not a multiple of the chunk 4; two layers
+
+
+def _key(cell, rung, dtype, train):
+    return PlanKey(cell, T, B, I, H, L, True, rung.switches, train=train, dtype=dtype)
+
+
+def _plans(key):
+    from rnnrt.plan import forward_plan
+    from rnnrt.plan.backward import backward_plan
+    return (forward_plan(key), backward_plan(key)) if key.train else (forward_plan(key), None)
+
+
+_CASES = {}
+
+
+def _case(cell, dtype):
+    """Weights and inputs (random_layer_stack: fp32, never zero), output gradients, and the
+    float64 reference of ``dtype``'s rounding (tf32: the fp32 reference)."""
+    if (cell, dtype) not in _CASES:
+        layout, flat, x, h0, c0, rng = random_layer_stack(cell, L, T, B, H, I)
+        dy = rng.standard_normal((T, B, H)).astype(np.float32)
+        dhn = rng.standard_normal((L, B, H)).astype(np.float32)
+        dcn = rng.standard_normal((L, B, H)).astype(np.float32) if cell == "lstm" else None
+        rdt = "float32" if dtype == "tf32" else dtype
+        d64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+        p64 = per_layer(flat.astype(np.float64), layout)
+        y, hn, cn, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0), dtype=rdt)
+        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn), dtype=rdt)
+        ref = {"y": y, "h_n": hn, "c_n": cn, "dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
+               "grads": to_flat(g["params"], layout)}
+        _CASES[cell, dtype] = (layout, flat, (x, h0, c0), (dy, dhn, dcn), ref)
+    return _CASES[cell, dtype]
+
+
+@pytest.fixture(scope="module")
+def twins_compiled(cp, ctx):
+    """Every typed twin the module's plans launch, compiled before the first test (one
+    compile a file, not one a plan)."""
+    requests = set()
+    for cell in CELLS:
+        for dtype in ("bfloat16", "float16"):
+            store = get_precision(dtype).storage
+            for rung in RUNGS:
+                for p in _plans(_key(cell, rung, dtype, True)):   # element types as the
+                    # workspace gives them: store -> the storage type, else fp32 / uint32
+                    elem = {b.name: store if b.dtype == "store" else
+                            ("uint32" if b.dtype == "uint32" or b.role == "sync" else "float32")
+                            for b in p.buffers}
+                    requests |= {(op.name, tuple(elem[v.buf] for v in op.outs + op.ins))
+                                 for op in p.ops
+                                 if isinstance(op, Kernel) and not KERNELS[op.name].persistent}
+    ctx.kernels.instantiate(sorted(requests))
+    return len(requests)
+
+
+def _check_rounded(name, arr, dtype):
+    """Every value of ``arr`` is one the storage type holds (exactly representable)."""
+    a = np.asarray(arr.get() if hasattr(arr, "get") else arr, dtype=np.float32)
+    r = round_to_storage(a, dtype)
+    bad = ~((a == r) | (np.isnan(a) & np.isnan(r)))
+    assert not bad.any(), (f"{dtype} {name}: {int(bad.sum())} values not representable in "
+                           f"the storage type, e.g. {a[bad][:3]}")
+
+
+def _run(cp, ctx, key, case):
+    """Forward (and backward for a training key) on the graph executor, every buffer but
+    the constants poisoned first. -> ({output: numpy array}, the workspace)."""
+    from rnnrt.exec.cuda_exec import EXECUTORS
+    from rnnrt.exec.workspace import Workspace
+    _, flat, (x, h0, c0), (dy, dhn, dcn), _ = case
+    fplan, bplan = _plans(key)
+    ws = Workspace(bplan or fplan, cp, np.float32, cp.asarray(flat))
+    ws.poison()
+    ws.load_inputs(x, h0, c0)
+    EXECUTORS["graph"](fplan, ws, ctx).run()
+    names = ["y", "h_n"] + (["c_n"] if "c_n" in fplan.outputs else [])
+    if bplan is not None:
+        ws.load(dy=dy, dh_n=dhn, **({"dc_n": dcn} if dcn is not None else {}))
+        EXECUTORS["graph"](bplan, ws, ctx).run()
+        names += [n for n in ("dx", "dh0", "dc0", "grads") if n in bplan.outputs]
+    cp.cuda.Device().synchronize()
+    return {n: ws.read(n).get() for n in names}, ws, (bplan or fplan)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+def test_every_rung_against_the_rounding_aware_reference(cp, ctx, twins_compiled, cell, dtype,
+                                                          train):
+    p = get_precision(dtype)
+    case = _case(cell, dtype)
+    layout, ref = case[0], case[4]
+    for rung in RUNGS:
+        key = _key(cell, rung, dtype, train)
+        got, ws, plan = _run(cp, ctx, key, case)
+        what = f"{cell} {dtype} {rung.name} {'fwd+bwd' if train else 'fwd'}"
+        for name in ("y", "h_n", "c_n", "dx", "dh0", "dc0"):
+            if name in got and ref[name] is not None:
+                assert_close(got[name], ref[name], p.atol, p.rtol, name=f"{what} {name}")
+        if "grads" in got:
+            for e in layout.entries:   # the padding between parameters is not a gradient
+                assert_close(got["grads"][e.offset:e.end], ref["grads"][e.offset:e.end],
+                             p.atol, p.rtol, name=f"{what} {e.name}")
+        if p.rounds:
+            bindings = {**plan.inputs, **plan.outputs}
+            for name, arr in got.items():
+                if all(ws.elements[v.buf] == p.storage for v in bindings[name].views):
+                    _check_rounded(f"{what} {name}", arr, dtype)
+            assert ws.elements[plan.outputs["y"].views[0].buf] == p.storage, \
+                f"{what}: y is not in a {p.storage} buffer"
+            if rung.switches.persistent:
+                assert plan.fallback and PERSISTENT_STORAGE_REASON in plan.fallback, \
+                    f"{what}: the persistent rung did not decline 16-bit storage"
+
+
+def test_16bit_store_buffers_are_two_bytes(cp, ctx):
+    """A 16-bit plan's store buffers hold 2 bytes an element (bfloat16's arrays: uint16
+    bits), its other buffers 4; at the paper shape (LSTM L4 H512 B64 T100, training) its
+    workspace is smaller than the fp32 plan's although it adds the weights' 16-bit copies."""
+    from rnnrt.exec.workspace import Workspace
+    rung = RUNGS[5]
+    sizes = {}
+    for dtype in ("float32", "bfloat16", "float16"):
+        key = PlanKey("lstm", 100, 64, 512, 512, 4, True, rung.switches, train=True,
+                      dtype=dtype)
+        plan = _plans(key)[1]
+        params = next(b.size for b in plan.buffers if b.name == "params")
+        ws = Workspace(plan, cp, np.float32, cp.zeros(params, np.float32))
+        assert any(b.dtype == "store" for b in plan.buffers), f"{dtype}: no store buffer"
+        for b in plan.buffers:
+            want = 2 if (b.dtype == "store" and dtype != "float32") else 4
+            assert ws.bufs[b.name].itemsize == want, (dtype, b.name, ws.bufs[b.name].dtype)
+            assert ws.bufs[b.name].nbytes == want * b.size, (dtype, b.name)
+        sizes[dtype] = sum(ws.bufs[b.name].nbytes for b in plan.buffers)
+        del ws
+        cp.get_default_memory_pool().free_all_blocks()
+    for dtype in ("bfloat16", "float16"):
+        assert sizes[dtype] < sizes["float32"], sizes
