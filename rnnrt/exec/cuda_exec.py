@@ -55,6 +55,20 @@ class GpuContext:
         self._streams.clear()
 
 
+def view_types(op, elements) -> tuple[str, ...]:
+    """The element types of Kernel ``op``'s views, outputs then inputs (``elements``: buffer
+    name -> element type, a Workspace's ``elements``)."""
+    return tuple(elements[v.buf] for v in op.outs + op.ins)
+
+
+def twin_requests(plan, elements) -> list[tuple[str, tuple[str, ...]]]:
+    """The (kernel, element types) of every pointwise launch of ``plan`` (``elements`` as in
+    ``view_types``): what KernelLibrary.instantiate takes, so that a caller with several plans
+    (a runner's forward and backward) can compile their twins together."""
+    return [(op.name, view_types(op, elements)) for op in plan.ops
+            if isinstance(op, Kernel) and not KERNELS[op.name].persistent]
+
+
 class Prepared:
     """The launches of ``plan`` on workspace ``ws``, ready to issue."""
 
@@ -71,8 +85,7 @@ class Prepared:
         self.joins = [cp.cuda.Event(disable_timing=True) for _ in self.streams[1:]]
         self.dtype = plan_dtype(plan.key)
         # the typed twins this plan runs, compiled together (one compile a file) up front
-        ctx.kernels.instantiate([(op.name, self.types(op)) for op in plan.ops
-                                 if isinstance(op, Kernel) and not KERNELS[op.name].persistent])
+        ctx.kernels.instantiate(twin_requests(plan, ws.elements))
         self.calls = [self._prepare(op) for op in plan.ops]
 
     def ptr(self, v):
@@ -81,7 +94,7 @@ class Prepared:
 
     def types(self, op) -> tuple[str, ...]:
         """The element types of kernel ``op``'s views (outputs, then inputs)."""
-        return tuple(self.ws.elements[v.buf] for v in op.outs + op.ins)
+        return view_types(op, self.ws.elements)
 
     def _check_gemm(self, op):
         store = get_precision(self.dtype).storage

@@ -37,6 +37,19 @@ def from_bfloat16_bits(xp, bits):
     return (xp.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
+def buffer_elements(plan, float_type: str, store: str) -> dict[str, str]:
+    """{buffer name: element type} of ``plan``'s buffers: a 'float' buffer ``float_type``
+    (the workspace's), a 'store' one ``store``, a 'uint32' (or 'sync') one 'uint32'."""
+    out = {}
+    for b in plan.buffers:
+        if b.dtype not in ("float", "store", "uint32"):
+            raise ValueError(f"buffer {b.name}: dtype {b.dtype!r}, expected 'float', 'store' "
+                             f"or 'uint32'")
+        out[b.name] = ("uint32" if b.dtype == "uint32" or b.role == "sync"
+                       else store if b.dtype == "store" else float_type)
+    return out
+
+
 class Workspace:
     """The buffers of ``plan`` as flat arrays of module ``xp`` (numpy or cupy).
 
@@ -68,7 +81,7 @@ class Workspace:
             raise ValueError(f"store: expected one of float32, float64, bfloat16, float16, "
                              f"got {store!r}")
         self.store = store
-        self.elements = {b.name: self._element(b) for b in plan.buffers}
+        self.elements = buffer_elements(plan, self.dtype.name, store)
         self.bufs = {}
         for b in plan.buffers:
             kind = ARRAY_DTYPES[self.elements[b.name]]
@@ -91,16 +104,6 @@ class Workspace:
                 self._fill_nan(b.name)
         if self.bufs["params"] is not params:
             self.set_params(params)
-
-    def _element(self, b) -> str:
-        if b.dtype == "store":
-            return self.store
-        if b.dtype == "uint32" or b.role == "sync":
-            return "uint32"
-        if b.dtype != "float":
-            raise ValueError(f"buffer {b.name}: dtype {b.dtype!r}, expected 'float', 'store' "
-                             f"or 'uint32'")
-        return self.dtype.name
 
     def _fill_nan(self, name):
         self.bufs[name].fill(_BF16_NAN if self.elements[name] == "bfloat16" else np.nan)

@@ -28,9 +28,7 @@ from testkit import random_layer_stack  # noqa: E402
 from rnnrt import reference  # noqa: E402
 from rnnrt.check import assert_close  # noqa: E402
 from rnnrt.kernels.choice import PERSISTENT_STORAGE_REASON  # noqa: E402
-from rnnrt.kernels.registry import KERNELS  # noqa: E402
 from rnnrt.params import per_layer, to_flat  # noqa: E402
-from rnnrt.plan.ops import Kernel  # noqa: E402
 from rnnrt.plan.switches import ladder  # noqa: E402
 from rnnrt.precision import get_precision, round_to_storage  # noqa: E402
 
@@ -76,19 +74,15 @@ def _case(cell, dtype):
 def twins_compiled(cp, ctx):
     """Every typed twin the module's plans launch, compiled before the first test (one
     compile a file, not one a plan)."""
+    from rnnrt.exec.cuda_exec import twin_requests
+    from rnnrt.exec.workspace import buffer_elements
     requests = set()
     for cell in CELLS:
         for dtype in ("bfloat16", "float16"):
-            store = get_precision(dtype).storage
-            for rung in RUNGS:
-                for p in _plans(_key(cell, rung, dtype, True)):   # element types as the
-                    # workspace gives them: store -> the storage type, else fp32 / uint32
-                    elem = {b.name: store if b.dtype == "store" else
-                            ("uint32" if b.dtype == "uint32" or b.role == "sync" else "float32")
-                            for b in p.buffers}
-                    requests |= {(op.name, tuple(elem[v.buf] for v in op.outs + op.ins))
-                                 for op in p.ops
-                                 if isinstance(op, Kernel) and not KERNELS[op.name].persistent}
+            for rung, train in ((r, t) for r in RUNGS for t in (False, True)):
+                for p in filter(None, _plans(_key(cell, rung, dtype, train))):
+                    elements = buffer_elements(p, "float32", get_precision(dtype).storage)
+                    requests.update(twin_requests(p, elements))
     ctx.kernels.instantiate(sorted(requests))
     return len(requests)
 
