@@ -170,3 +170,39 @@ def test_16bit_store_buffers_are_two_bytes(cp, ctx):
         cp.get_default_memory_pool().free_all_blocks()
     for dtype in ("bfloat16", "float16"):
         assert sizes[dtype] < sizes["float32"], sizes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_runner_in_each_precision(cp, dtype):
+    """GpuRunner(model, 'auto', dtype=...): the selector's schedule (cuBLAS for 16-bit keys),
+    forward with train=True and backward against the rounding-aware reference; y comes back
+    float32 holding exactly the stored values; a float16 input array is taken as it is."""
+    import rnnrt
+    from rnnrt.gpu import GpuRunner
+    p = get_precision(dtype)
+    rdt = "float32" if dtype == "tf32" else dtype
+    rng = np.random.default_rng(3)
+    for cls, cell in ((rnnrt.LSTM, "lstm"), (rnnrt.GRU, "gru")):
+        m = cls(I, H, num_layers=L, seed=5)
+        x = rng.standard_normal((T, B, I)).astype(np.float32)
+        if dtype == "float16":
+            x = x.astype(np.float16)            # a float16 input, as autocast hands it over
+        dy = rng.standard_normal((T, B, H)).astype(np.float32)
+        p64 = per_layer(np.asarray(m.flat, np.float64), m.layout)
+        y_ref, _, _, cache = reference.forward(cell, p64, x.astype(np.float64), dtype=rdt)
+        g = reference.backward(cell, p64, cache, dy.astype(np.float64), dtype=rdt)
+        r = GpuRunner(m, "auto", dtype=dtype)
+        assert r.dtype == dtype
+        y, _, tape = r.forward(cp.asarray(x), train=True)
+        what = f"runner {cell} {dtype}"
+        assert y.dtype == np.float32, f"{what}: y is {y.dtype}"
+        assert_close(y, y_ref, p.atol, p.rtol, name=f"{what} y")
+        if p.rounds:
+            _check_rounded(f"{what} y", y, dtype)
+        grads = r.backward(tape, cp.asarray(dy))
+        assert_close(grads.dx, g["dx"], p.atol, p.rtol, name=f"{what} dx")
+        flat_ref = to_flat(g["params"], m.layout)
+        flat = grads.flat.get()
+        for e in m.layout.entries:
+            assert_close(flat[e.offset:e.end], flat_ref[e.offset:e.end], p.atol, p.rtol,
+                         name=f"{what} {e.name}")

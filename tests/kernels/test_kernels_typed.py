@@ -177,3 +177,15 @@ def test_every_pointwise_kernel_has_a_twin_with_its_arguments(file):
     for k in kernels:
         assert twins[k.name] == tuple(a for a, _ in k.outs + k.ins), k.name
     assert "typed twin" in text.split("*/", 1)[0], f"{file}: the header does not say"
+
+
+def test_the_fp32_comparison_catches_a_twin_that_computes_otherwise(nvrtc):
+    """Planted fault: ew_add_t subtracting no longer compiles to ew_add's PTX (the check
+    above would fail)."""
+    text = S.source("elementwise.cu")
+    body = "from_f<TOUT>(to_f(a[r * lda + c]) + to_f(b[r * ldb + c]))"
+    assert text.count(body) == 1
+    broken = text.replace(body, "from_f<TOUT>(to_f(a[r * lda + c]) - to_f(b[r * ldb + c]))")
+    e = typed.name_expression("ew_add", ["float32"] * 3)
+    ptx, lowered = nvrtc_ptx(nvrtc, broken, "elementwise.cu", [e])
+    assert entry(ptx, lowered[e]) != entry(ptx, "ew_add")
