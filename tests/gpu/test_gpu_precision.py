@@ -206,3 +206,29 @@ def test_runner_in_each_precision(cp, dtype):
         for e in m.layout.entries:
             assert_close(flat[e.offset:e.end], flat_ref[e.offset:e.end], p.atol, p.rtol,
                          name=f"{what} {e.name}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_loads_round_to_storage_on_the_device(cp, dtype):
+    """Workspace.load rounds into a 16-bit buffer on the GPU exactly as
+    precision.round_to_storage does (ties to even, overflow to Inf, NaN kept), and read
+    gives the stored values back as float32; random values and the edge cases."""
+    from rnnrt.exec.workspace import Workspace
+    from rnnrt.plan import forward_plan
+    key = _key("lstm", RUNGS[3], dtype, False)
+    plan = forward_plan(key)
+    params = next(b.size for b in plan.buffers if b.name == "params")
+    ws = Workspace(plan, cp, np.float32, cp.zeros(params, np.float32))
+    assert ws.elements[plan.inputs["x"].views[0].buf] == get_precision(dtype).storage
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((T, B, I)) * 10.0 ** rng.integers(-6, 6, (T, B, I)))
+    x = x.astype(np.float32)
+    edges = np.float32([1.00390625, 1.01171875, 65504.0, 65520.0, 3.3895314e38, 1e-40,
+                        np.inf, -np.inf, np.nan, -0.0, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11])
+    x.reshape(-1)[:edges.size] = edges
+    ws.load(x=cp.asarray(x))
+    got = ws.read("x").get()
+    want = round_to_storage(x, dtype).astype(np.float32)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), f"{dtype}: {int((~same).sum())} loads differ, e.g. x={x[~same][:3]} " \
+                       f"got {got[~same][:3]} want {want[~same][:3]}"
