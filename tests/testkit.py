@@ -85,6 +85,7 @@ class FakeKernel:
 
     def __init__(self, fake, name):
         self.fake, self.name = fake, name
+        self.kernel = self     # cupy.RawKernel.kernel: the function the executors launch
         self.max_dynamic_shared_size_bytes = 0
 
     def __call__(self, grid, block, args, *, shared_mem=0):

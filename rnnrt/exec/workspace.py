@@ -82,6 +82,11 @@ class Workspace:
                              f"got {store!r}")
         self.store = store
         self.elements = buffer_elements(plan, self.dtype.name, store)
+        for name in ("params", "grads"):   # the caller's fp32 master and its gradients
+            if self.elements.get(name, self.dtype.name) != self.dtype.name:
+                raise ValueError(f"buffer {name}: expected a 'float' buffer (the model's "
+                                 f"{self.dtype} {name}), the plan makes it "
+                                 f"{self.elements[name]}")
         self.bufs = {}
         for b in plan.buffers:
             kind = ARRAY_DTYPES[self.elements[b.name]]

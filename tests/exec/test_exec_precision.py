@@ -139,3 +139,10 @@ def test_float32_gemm_is_sgemm_as_before():
     assert name == "sgemm" and len(a) == 14
     with pytest.raises(ValueError, match="dtype: expected one of"):
         h.prepare_gemm(1, 1, 1, 1, 1, 1, 1, 1, 1, dtype="float64")
+
+
+def test_params_must_stay_the_float_master():
+    plan = _Plan()
+    plan.buffers = (Buffer("params", 6, "param", "store"),) + plan.buffers[1:]
+    with pytest.raises(ValueError, match="buffer params: expected a 'float' buffer"):
+        Workspace(plan, np, np.float32, np.zeros(6, np.float32), store="bfloat16")
