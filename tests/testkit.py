@@ -17,6 +17,7 @@ Nothing here imports CuPy at import time.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -119,6 +120,22 @@ class FakeCupy(types.ModuleType):
                 return FakeKernel(fake, name)
 
         self.RawModule = RawModule
+
+
+@contextlib.contextmanager
+def fake_cupy_installed(monkeypatch):
+    """A FakeCupy as ``cupy`` (through ``monkeypatch``) with rnnrt.kernels.library's compile
+    caches empty on entry and on exit, so compiles are the fake's and none leak. -> it."""
+    from rnnrt.kernels import library
+    fake = FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    library.compile_module.cache_clear()
+    library.compile_twins.cache_clear()
+    try:
+        yield fake
+    finally:
+        library.compile_module.cache_clear()
+        library.compile_twins.cache_clear()
 
 
 # --- the persistent kernels -----------------------------------------------------------------
@@ -562,7 +579,22 @@ def assert_refused(call, exc, words, arrays=(), folders=(), spies=(), within_s=2
 
 
 from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from testkit)
-    BWD_OUTPUTS, GPU_SHAPE, gpu_backward_case, gpu_forward_case, gpu_plan_key,
-    random_layer_stack, run_gpu_backward_case, run_gpu_forward_case)
+    BWD_OUTPUTS,
+    GPU_SHAPE,
+    gpu_backward_case,
+    gpu_forward_case,
+    gpu_plan_key,
+    random_layer_stack,
+    run_gpu_backward_case,
+    run_gpu_forward_case,
+)
 from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
-    CpuSession, NumpyCupy, NumpyPlanExecutor, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)
+    CpuSession,
+    NumpyCupy,
+    NumpyPlanExecutor,
+    check_runner_packed_step,
+    check_varlen,
+    draw32,
+    run_varlen_numpy,
+    varlen_case,
+)

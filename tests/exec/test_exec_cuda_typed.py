@@ -11,11 +11,11 @@ builder does: every GEMM operand's buffer 'store', and GEMMs that read the fp32 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from testkit import cpu_plan_key, fake_cupy_installed
 
 from rnnrt.exec import cuda_exec
 from rnnrt.exec.workspace import Workspace
@@ -25,7 +25,6 @@ from rnnrt.plan import forward_plan
 from rnnrt.plan.model import Buffer
 from rnnrt.plan.ops import Gemm, Kernel, View
 from rnnrt.plan.switches import ladder
-from testkit import FakeCupy, cpu_plan_key
 
 
 class _Handle:
@@ -91,13 +90,8 @@ def _relabelled(plan, dtype):
 
 @pytest.fixture
 def fake(monkeypatch):
-    f = FakeCupy()
-    monkeypatch.setitem(sys.modules, "cupy", f)
-    L.compile_module.cache_clear()
-    L.compile_twins.cache_clear()
-    yield f
-    L.compile_module.cache_clear()
-    L.compile_twins.cache_clear()
+    with fake_cupy_installed(monkeypatch) as f:
+        yield f
 
 
 @pytest.mark.parametrize("rung", [0, 3, 5], ids=lambda i: ladder(input_batch=2)[i].name)
@@ -114,7 +108,7 @@ def test_16bit_plan_launches_twins_and_gemm_ex(fake, rung, dtype, store):
     assert len(twins) == len({KERNELS[n].file for n, t in prep.ctx.kernels.loaded_twins})
     kernels = [(op, call) for op, call in zip(plan.ops, prep.calls) if isinstance(op, Kernel)]
     for op, call in kernels:
-        fn, grid, block, args = call.func, *call.args[:3]
+        fn, args = call.func, call.args[2]
         types = tuple(ws.elements[v.buf] for v in op.outs + op.ins)
         assert any(t == store for t in types) == ("<" in fn.name), (op.name, types, fn.name)
         # the pointers: buffer base + offset * the element's bytes (2 in a store buffer)

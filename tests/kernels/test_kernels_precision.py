@@ -6,15 +6,14 @@ for a 16-bit shape are the cuBLAS schedules."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import pytest
+from testkit import cpu_plan_key, fake_cupy_installed
 
 from rnnrt.kernels import choice as C
 from rnnrt.kernels import library as L
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.plan.switches import ladder
-from testkit import FakeCupy, cpu_plan_key
 
 PERSISTENT = dataclasses.replace(ladder(input_batch=10)[-1].switches, persistent=True)
 
@@ -64,13 +63,8 @@ def test_16bit_candidates_are_the_cublas_schedules():
 
 @pytest.fixture
 def fake(monkeypatch):
-    f = FakeCupy()
-    monkeypatch.setitem(sys.modules, "cupy", f)
-    L.compile_module.cache_clear()
-    L.compile_twins.cache_clear()
-    yield f
-    L.compile_module.cache_clear()
-    L.compile_twins.cache_clear()
+    with fake_cupy_installed(monkeypatch) as f:
+        yield f
 
 
 def test_twins_compile_once_per_file_per_plan(fake):

@@ -15,11 +15,11 @@ import ctypes
 import re
 
 import pytest
+from testkit import find_nvrtc
 
 from rnnrt.kernels import registry as K
 from rnnrt.kernels import sources as S
 from rnnrt.kernels import typed
-from testkit import find_nvrtc
 
 POINTWISE = [k for k in K.REGISTRY if not k.persistent]
 FILES = sorted({k.file for k in POINTWISE})
