@@ -4,12 +4,20 @@
  *
  * Calling convention (every kernel in cuda_src/; rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
- *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row. fp32 only.
+ *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row.
  *   Each element is read completely before it is written, so an output may alias an input
  *   exactly (same pointer, same ld): in place is safe. Partial overlaps are not.
  *   Launch: a 1-D grid-stride loop over rows*cols, 256 threads a block.
  *
- * Kernels (one variant each, fp32):
+ * Element types: each kernel K below is defined twice, `extern "C"` K with every pointer
+ * float* (the fp32 plans' kernel, unchanged) and its typed twin, the template
+ * K_t<T_1, ..., T_n>, one type per pointer argument in call order, each float, bf16 or fp16
+ * (storage.cuh): the buffer its view lies in (rnnrt/kernels/library.py instantiates the
+ * combination a plan's views have). The math is fp32 in both: a load converts to float
+ * (to_f), a store rounds to the output's type (from_f); K_t<float, ...> compiles to K's code
+ * (a test compares their PTX).
+ *
+ * Kernels (one variant each, and its typed twin):
  *   kernel ew_add(rows, cols)      out = a + b
  *     out out [rows, cols]
  *     in  a   [rows, cols]
@@ -58,7 +66,7 @@
  *     in  b    [rows, cols]
  */
 
-// for_each_element, sigmoidf
+// for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh)
 #include "pointwise_common.cuh"
 
 extern "C" __global__ void ew_add(int rows, int cols, float* out, int ldout,
@@ -140,5 +148,98 @@ extern "C" __global__ void ew_select(int rows, int cols, float* out, int ldout,
                                      const float* b, int ldb) {
     for_each_element(rows, cols, [=](long long r, long long c) {
         out[r * ldout + c] = mask[r * ldmask] != 0.f ? a[r * lda + c] : b[r * ldb + c];
+    });
+}
+
+// --- the typed twins (see the header): the same operations, loads through to_f, stores
+// through from_f
+
+template <class TOUT, class TA, class TB>
+__global__ void ew_add_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
+                         const TB* b, int ldb) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = from_f<TOUT>(to_f(a[r * lda + c]) + to_f(b[r * ldb + c]));
+    });
+}
+
+template <class TOUT, class TA, class TB>
+__global__ void ew_sub_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
+                         const TB* b, int ldb) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = from_f<TOUT>(to_f(a[r * lda + c]) - to_f(b[r * ldb + c]));
+    });
+}
+
+template <class TOUT, class TA, class TB>
+__global__ void ew_mul_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
+                         const TB* b, int ldb) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = from_f<TOUT>(to_f(a[r * lda + c]) * to_f(b[r * ldb + c]));
+    });
+}
+
+template <class TOUT, class TA>
+__global__ void ew_sigmoid_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = from_f<TOUT>(sigmoidf(to_f(a[r * lda + c])));
+    });
+}
+
+template <class TOUT, class TA>
+__global__ void ew_tanh_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = from_f<TOUT>(tanhf(to_f(a[r * lda + c])));
+    });
+}
+
+template <class TOUT, class TA>
+__global__ void ew_relu_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        const float x = to_f(a[r * lda + c]);
+        out[r * ldout + c] = from_f<TOUT>(x < 0.f ? 0.f : x);  // not fmaxf: fmaxf(NaN, 0) is 0
+    });
+}
+
+template <class TOUT, class TDY, class TY>
+__global__ void ew_dsigmoid_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
+                              const TY* y, int ldy) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        const float s = to_f(y[r * ldy + c]);
+        out[r * ldout + c] = from_f<TOUT>(to_f(dy[r * lddy + c]) * (s * (1.0f - s)));
+    });
+}
+
+template <class TOUT, class TDY, class TY>
+__global__ void ew_dtanh_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
+                           const TY* y, int ldy) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        const float t = to_f(y[r * ldy + c]);
+        out[r * ldout + c] = from_f<TOUT>(to_f(dy[r * lddy + c]) * (1.0f - t * t));
+    });
+}
+
+template <class TOUT, class TDY, class TY>
+__global__ void ew_drelu_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
+                           const TY* y, int ldy) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        const float g = to_f(dy[r * lddy + c]);
+        out[r * ldout + c] = from_f<TOUT>(to_f(y[r * ldy + c]) > 0.f ? g : 0.f);
+    });
+}
+
+template <class TOUT, class TA>
+__global__ void ew_copy_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = from_f<TOUT>(to_f(a[r * lda + c]));
+    });
+}
+
+template <class TOUT, class TMASK, class TA, class TB>
+__global__ void ew_select_t(int rows, int cols, TOUT* out, int ldout, const TMASK* mask,
+                            int ldmask, const TA* a, int lda, const TB* b, int ldb) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        // the side not taken is not read, as in ew_select
+        out[r * ldout + c] = from_f<TOUT>(to_f(mask[r * ldmask]) != 0.f ? to_f(a[r * lda + c])
+                                                                        : to_f(b[r * ldb + c]));
     });
 }

@@ -6,13 +6,21 @@
  * Calling convention (every kernel in cuda_src/; rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
- *   fp32 only. Gate blocks are stacked in torch order r, z, n: gate q of hidden unit j is
+ *   Gate blocks are stacked in torch order r, z, n: gate q of hidden unit j is
  *   column q*H + j. Each thread reads everything of its (b, j) before writing anything, so
  *   an output may alias an input exactly (same pointer, same ld), e.g. h over h_prev, or
  *   dh_prev over dh_rec in the backward.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
- * Kernels (fp32; each plain kernel and, below, its masked variant):
+ * Element types: each kernel K below is defined twice, `extern "C"` K with every pointer
+ * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one
+ * type per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the
+ * buffer its view lies in (in a 16-bit plan h, h_prev, dgx and dgh are 16-bit, the rest
+ * fp32). Both run the same element code: the math is fp32, a load converts (to_f), a store
+ * rounds to its output's type (from_f); K_t<float, ...> compiles to K's code (a test
+ * compares PTX).
+ *
+ * Kernels (each plain kernel and, below, its masked variant; each with its typed twin):
  *   kernel gru_fwd(rows = B, cols = H)
  *       r = sigma(((gx_r + bw_r) + gh_r) + br_r);  z = sigma(((gx_z + bw_z) + gh_z) + br_z)
  *       hn = gh_n + br_n;  n = tanh((gx_n + bw_n) + r * hn);  h = n + z * (h_prev - n)
@@ -66,59 +74,96 @@
  *     in  mask     [B, 1]
  */
 
-// for_each_element, sigmoidf; *_bwd_point: the backward's arithmetic (persistent_bwd.cu's too)
+// for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh); *_bwd_point: the
+// backward's arithmetic (persistent_bwd.cu's too)
 #include "pointwise_common.cuh"
 #include "cell_bwd.cuh"
 
 // One element (b, j) of gru_fwd, shared by the plain and the masked kernel: every input of
 // the element is read before anything is written (outputs may alias inputs).
+template <class TH, class TACT, class TGX, class TGH, class TBW, class TBR, class THP>
 __device__ __forceinline__ void gru_fwd_element(
-        long long b, long long j, int cols, float* h, int ldh, float* act, int ldact,
-        const float* gx, int ldgx, const float* gh, int ldgh, const float* bw, int ldbw,
-        const float* br, int ldbr, const float* h_prev, int ldh_prev) {
+        long long b, long long j, int cols, TH* h, int ldh, TACT* act, int ldact,
+        const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw, int ldbw,
+        const TBR* br, int ldbr, const THP* h_prev, int ldh_prev) {
     // ((gx + bw) + gh) + br at column k: the order every twin and the naive rung follow
     auto pre = [&](long long k) {
-        return ((gx[b * ldgx + k] + bw[b * ldbw + k]) + gh[b * ldgh + k]) + br[b * ldbr + k];
+        return ((to_f(gx[b * ldgx + k]) + to_f(bw[b * ldbw + k])) + to_f(gh[b * ldgh + k]))
+               + to_f(br[b * ldbr + k]);
     };
     const long long kn = 2 * (long long)cols + j;
     const float pre_r = pre(j), pre_z = pre(cols + j);
-    const float xn = gx[b * ldgx + kn] + bw[b * ldbw + kn];
-    const float hn = gh[b * ldgh + kn] + br[b * ldbr + kn];
-    const float hp = h_prev[b * ldh_prev + j];
+    const float xn = to_f(gx[b * ldgx + kn]) + to_f(bw[b * ldbw + kn]);
+    const float hn = to_f(gh[b * ldgh + kn]) + to_f(br[b * ldbr + kn]);
+    const float hp = to_f(h_prev[b * ldh_prev + j]);
     // All reads are done: from here on only writes (outputs may alias inputs).
     const float r = sigmoidf(pre_r), z = sigmoidf(pre_z);
     const float n = tanhf(xn + r * hn);
-    h[b * ldh + j] = n + z * (hp - n);
-    float* a = act + b * ldact + j;
-    a[0] = r;
-    a[cols] = z;
-    a[2 * (long long)cols] = n;
-    a[3 * (long long)cols] = hn;
+    h[b * ldh + j] = from_f<TH>(n + z * (hp - n));
+    TACT* a = act + b * ldact + j;
+    a[0] = from_f<TACT>(r);
+    a[cols] = from_f<TACT>(z);
+    a[2 * (long long)cols] = from_f<TACT>(n);
+    a[3 * (long long)cols] = from_f<TACT>(hn);
 }
 
 // One element (b, j) of gru_bwd, shared by the plain and the masked kernel.
+template <class TDGX, class TDGH, class TDHP, class TDHA, class TDHR, class TACT, class THP>
 __device__ __forceinline__ void gru_bwd_element(
-        long long b, long long j, int cols, float* dgx, int lddgx, float* dgh, int lddgh,
-        float* dh_prev, int lddh_prev, const float* dh_above, int lddh_above,
-        const float* dh_rec, int lddh_rec, const float* act, int ldact, const float* h_prev,
+        long long b, long long j, int cols, TDGX* dgx, int lddgx, TDGH* dgh, int lddgh,
+        TDHP* dh_prev, int lddh_prev, const TDHA* dh_above, int lddh_above,
+        const TDHR* dh_rec, int lddh_rec, const TACT* act, int ldact, const THP* h_prev,
         int ldh_prev) {
-    const float* a = act + b * ldact + j;
-    const float r = a[0], z = a[cols];
-    const float n = a[2 * (long long)cols], hn = a[3 * (long long)cols];
-    const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
-    const float hp = h_prev[b * ldh_prev + j];
+    const TACT* a = act + b * ldact + j;
+    const float r = to_f(a[0]), z = to_f(a[cols]);
+    const float n = to_f(a[2 * (long long)cols]), hn = to_f(a[3 * (long long)cols]);
+    const float dh = to_f(dh_above[b * lddh_above + j]) + to_f(dh_rec[b * lddh_rec + j]);
+    const float hp = to_f(h_prev[b * ldh_prev + j]);
     // All reads are done: from here on only writes (outputs may alias inputs).
     float vx[3], vh[3], dhz;
     gru_bwd_point(dh, r, z, n, hn, hp, vx, vh, dhz);
-    float* gx = dgx + b * lddgx + j;
-    gx[0] = vx[0];
-    gx[cols] = vx[1];
-    gx[2 * (long long)cols] = vx[2];
-    float* gh = dgh + b * lddgh + j;
-    gh[0] = vh[0];
-    gh[cols] = vh[1];
-    gh[2 * (long long)cols] = vh[2];
-    dh_prev[b * lddh_prev + j] = dhz;
+    TDGX* gx = dgx + b * lddgx + j;
+    gx[0] = from_f<TDGX>(vx[0]);
+    gx[cols] = from_f<TDGX>(vx[1]);
+    gx[2 * (long long)cols] = from_f<TDGX>(vx[2]);
+    TDGH* gh = dgh + b * lddgh + j;
+    gh[0] = from_f<TDGH>(vh[0]);
+    gh[cols] = from_f<TDGH>(vh[1]);
+    gh[2 * (long long)cols] = from_f<TDGH>(vh[2]);
+    dh_prev[b * lddh_prev + j] = from_f<TDHP>(dhz);
+}
+
+// A frozen row (mask 0) of gru_fwd_mask: h = h_prev, act = 0.
+template <class TH, class TACT, class THP>
+__device__ __forceinline__ void gru_fwd_frozen_element(
+        long long b, long long j, int cols, TH* h, int ldh, TACT* act, int ldact,
+        const THP* h_prev, int ldh_prev) {
+    const float hp = to_f(h_prev[b * ldh_prev + j]);
+    // All reads are done: from here on only writes (outputs may alias inputs).
+    h[b * ldh + j] = from_f<TH>(hp);
+    TACT* a = act + b * ldact + j;
+    a[0] = from_f<TACT>(0.f);
+    a[cols] = from_f<TACT>(0.f);
+    a[2 * (long long)cols] = from_f<TACT>(0.f);
+    a[3 * (long long)cols] = from_f<TACT>(0.f);
+}
+
+// A frozen row (mask 0) of gru_bwd_mask: dgx = dgh = 0, dh_prev = dh_rec.
+template <class TDGX, class TDGH, class TDHP, class TDHR>
+__device__ __forceinline__ void gru_bwd_frozen_element(
+        long long b, long long j, int cols, TDGX* dgx, int lddgx, TDGH* dgh, int lddgh,
+        TDHP* dh_prev, int lddh_prev, const TDHR* dh_rec, int lddh_rec) {
+    const float dhr = to_f(dh_rec[b * lddh_rec + j]);
+    // All reads are done: from here on only writes (outputs may alias inputs).
+    TDGX* gx = dgx + b * lddgx + j;
+    gx[0] = from_f<TDGX>(0.f);
+    gx[cols] = from_f<TDGX>(0.f);
+    gx[2 * (long long)cols] = from_f<TDGX>(0.f);
+    TDGH* gh = dgh + b * lddgh + j;
+    gh[0] = from_f<TDGH>(0.f);
+    gh[cols] = from_f<TDGH>(0.f);
+    gh[2 * (long long)cols] = from_f<TDGH>(0.f);
+    dh_prev[b * lddh_prev + j] = from_f<TDHP>(dhr);
 }
 
 extern "C" __global__ void gru_fwd(int rows, int cols, float* h, int ldh, float* act, int ldact,
@@ -150,19 +195,12 @@ extern "C" __global__ void gru_fwd_mask(int rows, int cols, float* h, int ldh,
                                         const float* h_prev, int ldh_prev,
                                         const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (mask[b * ldmask] != 0.f) {
+        if (to_f(mask[b * ldmask]) != 0.f) {
             gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br,
                             ldbr, h_prev, ldh_prev);
             return;
         }
-        const float hp = h_prev[b * ldh_prev + j];
-        // All reads are done: from here on only writes (outputs may alias inputs).
-        h[b * ldh + j] = hp;
-        float* a = act + b * ldact + j;
-        a[0] = 0.f;
-        a[cols] = 0.f;
-        a[2 * (long long)cols] = 0.f;
-        a[3 * (long long)cols] = 0.f;
+        gru_fwd_frozen_element(b, j, cols, h, ldh, act, ldact, h_prev, ldh_prev);
     });
 }
 
@@ -174,21 +212,69 @@ extern "C" __global__ void gru_bwd_mask(int rows, int cols, float* dgx, int lddg
                                         const float* h_prev, int ldh_prev,
                                         const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (mask[b * ldmask] != 0.f) {
+        if (to_f(mask[b * ldmask]) != 0.f) {
             gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
                             lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
             return;
         }
-        const float dhr = dh_rec[b * lddh_rec + j];
-        // All reads are done: from here on only writes (outputs may alias inputs).
-        float* gx = dgx + b * lddgx + j;
-        gx[0] = 0.f;
-        gx[cols] = 0.f;
-        gx[2 * (long long)cols] = 0.f;
-        float* gh = dgh + b * lddgh + j;
-        gh[0] = 0.f;
-        gh[cols] = 0.f;
-        gh[2 * (long long)cols] = 0.f;
-        dh_prev[b * lddh_prev + j] = dhr;
+        gru_bwd_frozen_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_rec,
+                               lddh_rec);
+    });
+}
+
+// --- the typed twins (see the header): the same element code, each pointer its own type
+
+template <class TH, class TACT, class TGX, class TGH, class TBW, class TBR, class THP>
+__global__ void gru_fwd_t(int rows, int cols, TH* h, int ldh, TACT* act, int ldact,
+                          const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw,
+                          int ldbw, const TBR* br, int ldbr, const THP* h_prev, int ldh_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
+                        h_prev, ldh_prev);
+    });
+}
+
+template <class TDGX, class TDGH, class TDHP, class TDHA, class TDHR, class TACT, class THP>
+__global__ void gru_bwd_t(int rows, int cols, TDGX* dgx, int lddgx, TDGH* dgh, int lddgh,
+                          TDHP* dh_prev, int lddh_prev, const TDHA* dh_above, int lddh_above,
+                          const TDHR* dh_rec, int lddh_rec, const TACT* act, int ldact,
+                          const THP* h_prev, int ldh_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
+                        lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
+    });
+}
+
+template <class TH, class TACT, class TGX, class TGH, class TBW, class TBR, class THP,
+          class TMASK>
+__global__ void gru_fwd_mask_t(int rows, int cols, TH* h, int ldh, TACT* act, int ldact,
+                               const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw,
+                               int ldbw, const TBR* br, int ldbr, const THP* h_prev,
+                               int ldh_prev, const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        if (to_f(mask[b * ldmask]) != 0.f) {
+            gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br,
+                            ldbr, h_prev, ldh_prev);
+            return;
+        }
+        gru_fwd_frozen_element(b, j, cols, h, ldh, act, ldact, h_prev, ldh_prev);
+    });
+}
+
+template <class TDGX, class TDGH, class TDHP, class TDHA, class TDHR, class TACT, class THP,
+          class TMASK>
+__global__ void gru_bwd_mask_t(int rows, int cols, TDGX* dgx, int lddgx, TDGH* dgh, int lddgh,
+                               TDHP* dh_prev, int lddh_prev, const TDHA* dh_above,
+                               int lddh_above, const TDHR* dh_rec, int lddh_rec,
+                               const TACT* act, int ldact, const THP* h_prev, int ldh_prev,
+                               const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        if (to_f(mask[b * ldmask]) != 0.f) {
+            gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
+                            lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
+            return;
+        }
+        gru_bwd_frozen_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_rec,
+                               lddh_rec);
     });
 }

@@ -7,13 +7,20 @@
  * Calling convention (every kernel in cuda_src/; rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
- *   fp32 only. Gate blocks are stacked in torch order i, f, g, o: gate q of hidden unit j is
+ *   Gate blocks are stacked in torch order i, f, g, o: gate q of hidden unit j is
  *   column q*H + j. Each thread reads everything of its (b, j) before writing anything, so
  *   an output may alias an input exactly (same pointer, same ld), e.g. c over c_prev, or
  *   dgx over act and dc_prev over dc_next in the backward.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
- * Kernels (fp32; each plain kernel and, below, its masked variant):
+ * Element types: each kernel K below is defined twice, `extern "C"` K with every pointer
+ * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one
+ * type per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the
+ * buffer its view lies in (in a 16-bit plan h, h_prev and dgx are 16-bit, the rest fp32).
+ * Both run the same element code: the math is fp32, a load converts (to_f), a store rounds
+ * to its output's type (from_f); K_t<float, ...> compiles to K's code (a test compares PTX).
+ *
+ * Kernels (each plain kernel and, below, its masked variant; each with its typed twin):
  *   kernel lstm_fwd(rows = B, cols = H)
  *       pre_q = ((gx + bw) + gh) + br            (in that order, per gate q)
  *       i, f, g, o = sigma(pre_0), sigma(pre_1), tanh(pre_2), sigma(pre_3)
@@ -76,53 +83,91 @@
  *     in  mask     [B, 1]
  */
 
-// for_each_element, sigmoidf; *_bwd_point: the backward's arithmetic (persistent_bwd.cu's too)
+// for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh); *_bwd_point: the
+// backward's arithmetic (persistent_bwd.cu's too)
 #include "pointwise_common.cuh"
 #include "cell_bwd.cuh"
 
 // One element (b, j) of lstm_fwd, shared by the plain and the masked kernel: every input of
 // the element is read before anything is written (outputs may alias inputs).
+template <class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR, class TCP>
 __device__ __forceinline__ void lstm_fwd_element(
-        long long b, long long j, int cols, float* h, int ldh, float* c, int ldc, float* act,
-        int ldact, const float* gx, int ldgx, const float* gh, int ldgh, const float* bw,
-        int ldbw, const float* br, int ldbr, const float* c_prev, int ldc_prev) {
+        long long b, long long j, int cols, TH* h, int ldh, TC* c, int ldc, TACT* act,
+        int ldact, const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw,
+        int ldbw, const TBR* br, int ldbr, const TCP* c_prev, int ldc_prev) {
     // ((gx + bw) + gh) + br at column k: the order every twin and the naive rung follow
     auto pre = [&](long long k) {
-        return ((gx[b * ldgx + k] + bw[b * ldbw + k]) + gh[b * ldgh + k]) + br[b * ldbr + k];
+        return ((to_f(gx[b * ldgx + k]) + to_f(bw[b * ldbw + k])) + to_f(gh[b * ldgh + k]))
+               + to_f(br[b * ldbr + k]);
     };
     const float pre_i = pre(j), pre_f = pre(cols + j);
     const float pre_g = pre(2 * (long long)cols + j), pre_o = pre(3 * (long long)cols + j);
-    const float cp = c_prev[b * ldc_prev + j];
+    const float cp = to_f(c_prev[b * ldc_prev + j]);
     // All reads are done: from here on only writes (outputs may alias inputs).
     const float i = sigmoidf(pre_i), f = sigmoidf(pre_f);
     const float g = tanhf(pre_g), o = sigmoidf(pre_o);
     const float cn = f * cp + i * g;
-    c[b * ldc + j] = cn;
-    h[b * ldh + j] = o * tanhf(cn);
-    float* a = act + b * ldact + j;
-    a[0] = i;
-    a[cols] = f;
-    a[2 * (long long)cols] = g;
-    a[3 * (long long)cols] = o;
+    c[b * ldc + j] = from_f<TC>(cn);
+    h[b * ldh + j] = from_f<TH>(o * tanhf(cn));
+    TACT* a = act + b * ldact + j;
+    a[0] = from_f<TACT>(i);
+    a[cols] = from_f<TACT>(f);
+    a[2 * (long long)cols] = from_f<TACT>(g);
+    a[3 * (long long)cols] = from_f<TACT>(o);
 }
 
 // One element (b, j) of lstm_bwd, shared by the plain and the masked kernel.
+template <class TDGX, class TDCP, class TDHA, class TDHR, class TDCN, class TACT, class TC,
+          class TCP>
 __device__ __forceinline__ void lstm_bwd_element(
-        long long b, long long j, int cols, float* dgx, int lddgx, float* dc_prev,
-        int lddc_prev, const float* dh_above, int lddh_above, const float* dh_rec,
-        int lddh_rec, const float* dc_next, int lddc_next, const float* act, int ldact,
-        const float* c, int ldc, const float* c_prev, int ldc_prev) {
-    const float* a = act + b * ldact + j;
-    const float i = a[0], f = a[cols];
-    const float g = a[2 * (long long)cols], o = a[3 * (long long)cols];
-    const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
-    const float dcn = dc_next[b * lddc_next + j];
-    const float cn = c[b * ldc + j], cp = c_prev[b * ldc_prev + j];
+        long long b, long long j, int cols, TDGX* dgx, int lddgx, TDCP* dc_prev,
+        int lddc_prev, const TDHA* dh_above, int lddh_above, const TDHR* dh_rec,
+        int lddh_rec, const TDCN* dc_next, int lddc_next, const TACT* act, int ldact,
+        const TC* c, int ldc, const TCP* c_prev, int ldc_prev) {
+    const TACT* a = act + b * ldact + j;
+    const float i = to_f(a[0]), f = to_f(a[cols]);
+    const float g = to_f(a[2 * (long long)cols]), o = to_f(a[3 * (long long)cols]);
+    const float dh = to_f(dh_above[b * lddh_above + j]) + to_f(dh_rec[b * lddh_rec + j]);
+    const float dcn = to_f(dc_next[b * lddc_next + j]);
+    const float cn = to_f(c[b * ldc + j]), cp = to_f(c_prev[b * ldc_prev + j]);
     // All reads are done: from here on only writes (outputs may alias inputs).
     const float dcp = lstm_bwd_point(dh, dcn, i, f, g, o, cn, cp, [&](int q, float v) {
-        dgx[b * lddgx + j + q * (long long)cols] = v;
+        dgx[b * lddgx + j + q * (long long)cols] = from_f<TDGX>(v);
     });
-    dc_prev[b * lddc_prev + j] = dcp;
+    dc_prev[b * lddc_prev + j] = from_f<TDCP>(dcp);
+}
+
+// A frozen row (mask 0) of lstm_fwd_mask: h = h_prev, c = c_prev, act = 0.
+template <class TH, class TC, class TACT, class TCP, class THP>
+__device__ __forceinline__ void lstm_fwd_frozen_element(
+        long long b, long long j, int cols, TH* h, int ldh, TC* c, int ldc, TACT* act,
+        int ldact, const TCP* c_prev, int ldc_prev, const THP* h_prev, int ldh_prev) {
+    const float hp = to_f(h_prev[b * ldh_prev + j]), cp = to_f(c_prev[b * ldc_prev + j]);
+    // All reads are done: from here on only writes (outputs may alias inputs).
+    h[b * ldh + j] = from_f<TH>(hp);
+    c[b * ldc + j] = from_f<TC>(cp);
+    TACT* a = act + b * ldact + j;
+    a[0] = from_f<TACT>(0.f);
+    a[cols] = from_f<TACT>(0.f);
+    a[2 * (long long)cols] = from_f<TACT>(0.f);
+    a[3 * (long long)cols] = from_f<TACT>(0.f);
+}
+
+// A frozen row (mask 0) of lstm_bwd_mask: dgx = 0, dc_prev = dc_next, dh_prev = dh_rec.
+template <class TDGX, class TDCP, class TDHP, class TDHR, class TDCN>
+__device__ __forceinline__ void lstm_bwd_frozen_element(
+        long long b, long long j, int cols, TDGX* dgx, int lddgx, TDCP* dc_prev, int lddc_prev,
+        TDHP* dh_prev, int lddh_prev, const TDHR* dh_rec, int lddh_rec, const TDCN* dc_next,
+        int lddc_next) {
+    const float dhr = to_f(dh_rec[b * lddh_rec + j]), dcn = to_f(dc_next[b * lddc_next + j]);
+    // All reads are done: from here on only writes (outputs may alias inputs).
+    TDGX* d = dgx + b * lddgx + j;
+    d[0] = from_f<TDGX>(0.f);
+    d[cols] = from_f<TDGX>(0.f);
+    d[2 * (long long)cols] = from_f<TDGX>(0.f);
+    d[3 * (long long)cols] = from_f<TDGX>(0.f);
+    dc_prev[b * lddc_prev + j] = from_f<TDCP>(dcn);
+    dh_prev[b * lddh_prev + j] = from_f<TDHP>(dhr);
 }
 
 extern "C" __global__ void lstm_fwd(int rows, int cols,
@@ -159,20 +204,13 @@ extern "C" __global__ void lstm_fwd_mask(int rows, int cols,
                                          const float* h_prev, int ldh_prev,
                                          const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (mask[b * ldmask] != 0.f) {
+        if (to_f(mask[b * ldmask]) != 0.f) {
             lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw,
                              ldbw, br, ldbr, c_prev, ldc_prev);
             return;
         }
-        const float hp = h_prev[b * ldh_prev + j], cp = c_prev[b * ldc_prev + j];
-        // All reads are done: from here on only writes (outputs may alias inputs).
-        h[b * ldh + j] = hp;
-        c[b * ldc + j] = cp;
-        float* a = act + b * ldact + j;
-        a[0] = 0.f;
-        a[cols] = 0.f;
-        a[2 * (long long)cols] = 0.f;
-        a[3 * (long long)cols] = 0.f;
+        lstm_fwd_frozen_element(b, j, cols, h, ldh, c, ldc, act, ldact, c_prev, ldc_prev,
+                                h_prev, ldh_prev);
     });
 }
 
@@ -186,21 +224,81 @@ extern "C" __global__ void lstm_bwd_mask(int rows, int cols, float* dgx, int ldd
                                          const float* c_prev, int ldc_prev,
                                          const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (mask[b * ldmask] != 0.f) {
+        if (to_f(mask[b * ldmask]) != 0.f) {
             lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
                              dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
                              ldc_prev);
             dh_prev[b * lddh_prev + j] = 0.f;
             return;
         }
-        const float dhr = dh_rec[b * lddh_rec + j], dcn = dc_next[b * lddc_next + j];
-        // All reads are done: from here on only writes (outputs may alias inputs).
-        float* d = dgx + b * lddgx + j;
-        d[0] = 0.f;
-        d[cols] = 0.f;
-        d[2 * (long long)cols] = 0.f;
-        d[3 * (long long)cols] = 0.f;
-        dc_prev[b * lddc_prev + j] = dcn;
-        dh_prev[b * lddh_prev + j] = dhr;
+        lstm_bwd_frozen_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_prev, lddh_prev,
+                                dh_rec, lddh_rec, dc_next, lddc_next);
+    });
+}
+
+// --- the typed twins (see the header): the same element code, each pointer its own type
+
+template <class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR, class TCP>
+__global__ void lstm_fwd_t(int rows, int cols, TH* h, int ldh, TC* c, int ldc, TACT* act,
+                           int ldact, const TGX* gx, int ldgx, const TGH* gh, int ldgh,
+                           const TBW* bw, int ldbw, const TBR* br, int ldbr, const TCP* c_prev,
+                           int ldc_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw,
+                         br, ldbr, c_prev, ldc_prev);
+    });
+}
+
+template <class TDGX, class TDCP, class TDHA, class TDHR, class TDCN, class TACT, class TC,
+          class TCP>
+__global__ void lstm_bwd_t(int rows, int cols, TDGX* dgx, int lddgx, TDCP* dc_prev,
+                           int lddc_prev, const TDHA* dh_above, int lddh_above,
+                           const TDHR* dh_rec, int lddh_rec, const TDCN* dc_next, int lddc_next,
+                           const TACT* act, int ldact, const TC* c, int ldc, const TCP* c_prev,
+                           int ldc_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
+                         dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
+                         ldc_prev);
+    });
+}
+
+template <class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR, class TCP,
+          class THP, class TMASK>
+__global__ void lstm_fwd_mask_t(int rows, int cols, TH* h, int ldh, TC* c, int ldc, TACT* act,
+                                int ldact, const TGX* gx, int ldgx, const TGH* gh, int ldgh,
+                                const TBW* bw, int ldbw, const TBR* br, int ldbr,
+                                const TCP* c_prev, int ldc_prev, const THP* h_prev,
+                                int ldh_prev, const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        if (to_f(mask[b * ldmask]) != 0.f) {
+            lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw,
+                             ldbw, br, ldbr, c_prev, ldc_prev);
+            return;
+        }
+        lstm_fwd_frozen_element(b, j, cols, h, ldh, c, ldc, act, ldact, c_prev, ldc_prev,
+                                h_prev, ldh_prev);
+    });
+}
+
+template <class TDGX, class TDCP, class TDHP, class TDHA, class TDHR, class TDCN, class TACT,
+          class TC, class TCP, class TMASK>
+__global__ void lstm_bwd_mask_t(int rows, int cols, TDGX* dgx, int lddgx, TDCP* dc_prev,
+                                int lddc_prev, TDHP* dh_prev, int lddh_prev,
+                                const TDHA* dh_above, int lddh_above, const TDHR* dh_rec,
+                                int lddh_rec, const TDCN* dc_next, int lddc_next,
+                                const TACT* act, int ldact, const TC* c, int ldc,
+                                const TCP* c_prev, int ldc_prev, const TMASK* mask,
+                                int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        if (to_f(mask[b * ldmask]) != 0.f) {
+            lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
+                             dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
+                             ldc_prev);
+            dh_prev[b * lddh_prev + j] = from_f<TDHP>(0.f);
+            return;
+        }
+        lstm_bwd_frozen_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_prev, lddh_prev,
+                                dh_rec, lddh_rec, dc_next, lddc_next);
     });
 }

@@ -4,11 +4,14 @@
  * kernels.
  *   for_each_element   the grid-stride loop over a [rows, cols] problem every kernel runs
  *   sigmoidf           the sigmoid of the naive and the fused kernels
+ * and includes storage.cuh (bf16, fp16, to_f, from_f: the typed twins' element types).
  * persistent_common.cuh keeps its own sigmoidf (the forward persistent kernels' code stays
  * as measured); a test holds the two identical.
  */
 #ifndef RNNRT_POINTWISE_COMMON_CUH
 #define RNNRT_POINTWISE_COMMON_CUH
+
+#include "storage.cuh"
 
 // Calls f(r, c) for every element of a [rows, cols] problem, grid-stride. 64-bit indices:
 // rows*ld reaches past 2^31 for views over [T*B, G*H] buffers.

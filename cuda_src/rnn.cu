@@ -7,13 +7,20 @@
  * Calling convention (every kernel in cuda_src/; rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows, int cols, outs..., ins...), each view a (float* p, int ld) pair,
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row (the biases).
- *   fp32 only. Each thread reads its element of every input before writing its output, so
+ *   Each thread reads its element of every input before writing its output, so
  *   the output may alias an input exactly (same pointer, same ld), e.g. h over gx, or dg
  *   over dh_above.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
+ * Element types: each kernel K below is defined twice, `extern "C"` K with every pointer
+ * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one
+ * type per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the
+ * buffer its view lies in (in a 16-bit plan h, h_prev and dg are 16-bit, the rest fp32).
+ * Both run the same element code: the math is fp32, a load converts (to_f), a store rounds
+ * to its output's type (from_f); K_t<float, ...> compiles to K's code (a test compares PTX).
+ *
  * Kernels (two variants of one step, differing in the activation only, each plain and,
- * below, masked; fp32):
+ * below, masked; each with its typed twin):
  *   kernel rnn_tanh_fwd(rows = B, cols = H)   h = tanh(((gx + bw) + gh) + br)
  *     out h  [B, H]   new hidden state
  *     in  gx [B, H]   W x_t (from the input GEMM)
@@ -78,33 +85,34 @@
  *     in  mask     [B, 1]
  */
 
-// for_each_element, sigmoidf; *_bwd_point: the backward's arithmetic (persistent_bwd.cu's too)
+// for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh); *_bwd_point: the
+// backward's arithmetic (persistent_bwd.cu's too)
 #include "pointwise_common.cuh"
 #include "cell_bwd.cuh"
 
 // One element (b, j) of rnn_{tanh,relu}_fwd (RELU picks the activation), shared by the plain
 // and the masked kernels.
-template <bool RELU>
+template <bool RELU, class TH, class TGX, class TGH, class TBW, class TBR>
 __device__ __forceinline__ void rnn_fwd_element(
-        long long b, long long j, float* h, int ldh, const float* gx, int ldgx,
-        const float* gh, int ldgh, const float* bw, int ldbw, const float* br, int ldbr) {
-    const float pre = ((gx[b * ldgx + j] + bw[b * ldbw + j]) + gh[b * ldgh + j])
-                      + br[b * ldbr + j];
+        long long b, long long j, TH* h, int ldh, const TGX* gx, int ldgx,
+        const TGH* gh, int ldgh, const TBW* bw, int ldbw, const TBR* br, int ldbr) {
+    const float pre = ((to_f(gx[b * ldgx + j]) + to_f(bw[b * ldbw + j]))
+                       + to_f(gh[b * ldgh + j])) + to_f(br[b * ldbr + j]);
     if (RELU) {
-        h[b * ldh + j] = pre < 0.f ? 0.f : pre;  // not fmaxf: fmaxf(NaN, 0) is 0
+        h[b * ldh + j] = from_f<TH>(pre < 0.f ? 0.f : pre);  // not fmaxf: fmaxf(NaN, 0) is 0
     } else {
-        h[b * ldh + j] = tanhf(pre);
+        h[b * ldh + j] = from_f<TH>(tanhf(pre));
     }
 }
 
 // One element (b, j) of rnn_{tanh,relu}_bwd, shared by the plain and the masked kernels.
-template <bool RELU>
+template <bool RELU, class TDG, class TDHA, class TDHR, class TH>
 __device__ __forceinline__ void rnn_bwd_element(
-        long long b, long long j, float* dg, int lddg, const float* dh_above, int lddh_above,
-        const float* dh_rec, int lddh_rec, const float* h, int ldh) {
-    const float dh = dh_above[b * lddh_above + j] + dh_rec[b * lddh_rec + j];
-    const float y = h[b * ldh + j];
-    dg[b * lddg + j] = rnn_bwd_point<RELU>(dh, y);
+        long long b, long long j, TDG* dg, int lddg, const TDHA* dh_above, int lddh_above,
+        const TDHR* dh_rec, int lddh_rec, const TH* h, int ldh) {
+    const float dh = to_f(dh_above[b * lddh_above + j]) + to_f(dh_rec[b * lddh_rec + j]);
+    const float y = to_f(h[b * ldh + j]);
+    dg[b * lddg + j] = from_f<TDG>(rnn_bwd_point<RELU>(dh, y));
 }
 
 extern "C" __global__ void rnn_tanh_fwd(int rows, int cols, float* h, int ldh,
@@ -143,31 +151,32 @@ extern "C" __global__ void rnn_relu_bwd(int rows, int cols, float* dg, int lddg,
 
 // The masked kernels: a frozen row (mask 0) passes h_prev (forward) or dh_rec (backward)
 // through and reads nothing else.
-template <bool RELU>
+template <bool RELU, class TH, class TGX, class TGH, class TBW, class TBR, class THP,
+          class TMASK>
 __device__ __forceinline__ void rnn_fwd_mask_element(
-        long long b, long long j, float* h, int ldh, const float* gx, int ldgx,
-        const float* gh, int ldgh, const float* bw, int ldbw, const float* br, int ldbr,
-        const float* h_prev, int ldh_prev, const float* mask, int ldmask) {
-    if (mask[b * ldmask] != 0.f) {
+        long long b, long long j, TH* h, int ldh, const TGX* gx, int ldgx,
+        const TGH* gh, int ldgh, const TBW* bw, int ldbw, const TBR* br, int ldbr,
+        const THP* h_prev, int ldh_prev, const TMASK* mask, int ldmask) {
+    if (to_f(mask[b * ldmask]) != 0.f) {
         rnn_fwd_element<RELU>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr);
     } else {
-        h[b * ldh + j] = h_prev[b * ldh_prev + j];
+        h[b * ldh + j] = from_f<TH>(to_f(h_prev[b * ldh_prev + j]));
     }
 }
 
-template <bool RELU>
+template <bool RELU, class TDG, class TDHP, class TDHA, class TDHR, class TH, class TMASK>
 __device__ __forceinline__ void rnn_bwd_mask_element(
-        long long b, long long j, float* dg, int lddg, float* dh_prev, int lddh_prev,
-        const float* dh_above, int lddh_above, const float* dh_rec, int lddh_rec,
-        const float* h, int ldh, const float* mask, int ldmask) {
-    if (mask[b * ldmask] != 0.f) {
+        long long b, long long j, TDG* dg, int lddg, TDHP* dh_prev, int lddh_prev,
+        const TDHA* dh_above, int lddh_above, const TDHR* dh_rec, int lddh_rec,
+        const TH* h, int ldh, const TMASK* mask, int ldmask) {
+    if (to_f(mask[b * ldmask]) != 0.f) {
         rnn_bwd_element<RELU>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
-        dh_prev[b * lddh_prev + j] = 0.f;
+        dh_prev[b * lddh_prev + j] = from_f<TDHP>(0.f);
     } else {
-        const float dhr = dh_rec[b * lddh_rec + j];
+        const float dhr = to_f(dh_rec[b * lddh_rec + j]);
         // All reads are done: from here on only writes (outputs may alias inputs).
-        dg[b * lddg + j] = 0.f;
-        dh_prev[b * lddh_prev + j] = dhr;
+        dg[b * lddg + j] = from_f<TDG>(0.f);
+        dh_prev[b * lddh_prev + j] = from_f<TDHP>(dhr);
     }
 }
 
@@ -218,5 +227,87 @@ extern "C" __global__ void rnn_relu_bwd_mask(int rows, int cols, float* dg, int 
     for_each_element(rows, cols, [=](long long b, long long j) {
         rnn_bwd_mask_element<true>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
                                    dh_rec, lddh_rec, h, ldh, mask, ldmask);
+    });
+}
+
+// --- the typed twins (see the header): the same element code, each pointer its own type
+
+template <class TH, class TGX, class TGH, class TBW, class TBR>
+__global__ void rnn_tanh_fwd_t(int rows, int cols, TH* h, int ldh, const TGX* gx, int ldgx,
+                               const TGH* gh, int ldgh, const TBW* bw, int ldbw, const TBR* br,
+                               int ldbr) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_fwd_element<false>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr);
+    });
+}
+
+template <class TH, class TGX, class TGH, class TBW, class TBR>
+__global__ void rnn_relu_fwd_t(int rows, int cols, TH* h, int ldh, const TGX* gx, int ldgx,
+                               const TGH* gh, int ldgh, const TBW* bw, int ldbw, const TBR* br,
+                               int ldbr) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_fwd_element<true>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr);
+    });
+}
+
+template <class TDG, class TDHA, class TDHR, class TH>
+__global__ void rnn_tanh_bwd_t(int rows, int cols, TDG* dg, int lddg, const TDHA* dh_above,
+                               int lddh_above, const TDHR* dh_rec, int lddh_rec, const TH* h,
+                               int ldh) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_element<false>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
+    });
+}
+
+template <class TDG, class TDHA, class TDHR, class TH>
+__global__ void rnn_relu_bwd_t(int rows, int cols, TDG* dg, int lddg, const TDHA* dh_above,
+                               int lddh_above, const TDHR* dh_rec, int lddh_rec, const TH* h,
+                               int ldh) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_element<true>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
+    });
+}
+
+template <class TH, class TGX, class TGH, class TBW, class TBR, class THP, class TMASK>
+__global__ void rnn_tanh_fwd_mask_t(int rows, int cols, TH* h, int ldh, const TGX* gx,
+                                    int ldgx, const TGH* gh, int ldgh, const TBW* bw, int ldbw,
+                                    const TBR* br, int ldbr, const THP* h_prev, int ldh_prev,
+                                    const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_fwd_mask_element<false>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
+                                    h_prev, ldh_prev, mask, ldmask);
+    });
+}
+
+template <class TH, class TGX, class TGH, class TBW, class TBR, class THP, class TMASK>
+__global__ void rnn_relu_fwd_mask_t(int rows, int cols, TH* h, int ldh, const TGX* gx,
+                                    int ldgx, const TGH* gh, int ldgh, const TBW* bw, int ldbw,
+                                    const TBR* br, int ldbr, const THP* h_prev, int ldh_prev,
+                                    const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_fwd_mask_element<true>(b, j, h, ldh, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
+                                    h_prev, ldh_prev, mask, ldmask);
+    });
+}
+
+template <class TDG, class TDHP, class TDHA, class TDHR, class TH, class TMASK>
+__global__ void rnn_tanh_bwd_mask_t(int rows, int cols, TDG* dg, int lddg, TDHP* dh_prev,
+                                    int lddh_prev, const TDHA* dh_above, int lddh_above,
+                                    const TDHR* dh_rec, int lddh_rec, const TH* h, int ldh,
+                                    const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_mask_element<false>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
+                                    dh_rec, lddh_rec, h, ldh, mask, ldmask);
+    });
+}
+
+template <class TDG, class TDHP, class TDHA, class TDHR, class TH, class TMASK>
+__global__ void rnn_relu_bwd_mask_t(int rows, int cols, TDG* dg, int lddg, TDHP* dh_prev,
+                                    int lddh_prev, const TDHA* dh_above, int lddh_above,
+                                    const TDHR* dh_rec, int lddh_rec, const TH* h, int ldh,
+                                    const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_mask_element<true>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
+                                    dh_rec, lddh_rec, h, ldh, mask, ldmask);
     });
 }

@@ -8,18 +8,29 @@
  * Launch: block (32, 8); grid (column tiles, row tiles), each capped, the kernel loops over
  * any tiles beyond the grid. blockDim.x must be 32 (one thread per tile column).
  *
- * Kernels (one variant, fp32):
+ * Element types: `extern "C"` transpose takes float pointers (the fp32 plans' kernel); its
+ * typed twin, the template transpose_t<TOUT, TIN> (each float, bf16 or fp16: storage.cuh),
+ * reads through to_f and rounds on the store (from_f), the tile fp32 (a low-precision plan's
+ * pre-transposed weights: the fp32 master transposed into a 16-bit copy).
+ *
+ * Kernels (one variant, and its typed twin):
  *   kernel transpose(rows, cols)   out[c, r] = in[r, c] for r < rows, c < cols
  *     out out [cols, rows]
  *     in  in  [rows, cols]
  */
 
+// bf16, fp16, to_f, from_f
+#include "storage.cuh"
+
 #define TILE 32
 
-extern "C" __global__ void transpose(int rows, int cols, float* __restrict__ out, int ldout,
-                                     const float* __restrict__ in, int ldin) {
-    // +1 column: the column-wise reads below then fall in 32 different banks, not one.
-    __shared__ float tile[TILE][TILE + 1];
+// The tiled transpose of both kernels (TOUT, TIN: the element types), through `tile`, the
+// kernel's shared [TILE][TILE + 1] floats (+1 column: the column-wise reads below then fall
+// in 32 different banks, not one).
+template <class TOUT, class TIN>
+__device__ __forceinline__ void transpose_tiles(int rows, int cols, TOUT* __restrict__ out,
+                                                int ldout, const TIN* __restrict__ in,
+                                                int ldin, float (*tile)[TILE + 1]) {
     const int tiles_r = (rows + TILE - 1) / TILE;
     const int tiles_c = (cols + TILE - 1) / TILE;
     const int tx = threadIdx.x;
@@ -28,14 +39,32 @@ extern "C" __global__ void transpose(int rows, int cols, float* __restrict__ out
             const long long r0 = (long long)tr * TILE, c0 = (long long)tc * TILE;
             // Read: a warp takes one row of the tile, consecutive addresses of `in`.
             for (int k = threadIdx.y; k < TILE; k += blockDim.y) {
-                if (r0 + k < rows && c0 + tx < cols) tile[k][tx] = in[(r0 + k) * ldin + c0 + tx];
+                if (r0 + k < rows && c0 + tx < cols) {
+                    tile[k][tx] = to_f(in[(r0 + k) * ldin + c0 + tx]);
+                }
             }
             __syncthreads();
             // Write: a warp takes one row of `out` (a column of the tile), consecutive addresses.
             for (int k = threadIdx.y; k < TILE; k += blockDim.y) {
-                if (c0 + k < cols && r0 + tx < rows) out[(c0 + k) * ldout + r0 + tx] = tile[tx][k];
+                if (c0 + k < cols && r0 + tx < rows) {
+                    const float v = tile[tx][k];
+                    out[(c0 + k) * ldout + r0 + tx] = from_f<TOUT>(v);
+                }
             }
             __syncthreads();  // the next tile overwrites `tile`
         }
     }
+}
+
+extern "C" __global__ void transpose(int rows, int cols, float* __restrict__ out, int ldout,
+                                     const float* __restrict__ in, int ldin) {
+    __shared__ float tile[TILE][TILE + 1];
+    transpose_tiles(rows, cols, out, ldout, in, ldin, tile);
+}
+
+template <class TOUT, class TIN>
+__global__ void transpose_t(int rows, int cols, TOUT* __restrict__ out, int ldout,
+                            const TIN* __restrict__ in, int ldin) {
+    __shared__ float tile[TILE][TILE + 1];
+    transpose_tiles(rows, cols, out, ldout, in, ldin, tile);
 }

@@ -37,10 +37,12 @@ class GpuSession:
         return self._info
 
     def workspace(self, plan, params, grads=None):
-        """A Workspace (fp32) for ``plan``, allocated and poisoned on the plan's first stream
-        (its other streams start after that one: exec.cuda_exec's fork). ``params``: the
-        model's flat parameters [layout.size], adopted when it is a contiguous CuPy float32
-        array (shared, not copied), else copied; ``grads``: likewise, for backward plans."""
+        """A Workspace for ``plan``, allocated and poisoned on the plan's first stream (its
+        other streams start after that one: exec.cuda_exec's fork): fp32 buffers, and the
+        'store' ones in the plan key's storage type (2 bytes an element for bfloat16 and
+        float16). ``params``: the model's flat fp32 parameters [layout.size], adopted when it
+        is a contiguous CuPy float32 array (shared, not copied), else copied; ``grads``:
+        likewise, for backward plans."""
         from .exec.workspace import Workspace
         with self.ctx.stream(0, plan.stream_priority[0])[0]:
             return Workspace(plan, self.cp, np.float32, params, grads=grads)

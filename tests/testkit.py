@@ -17,6 +17,7 @@ Nothing here imports CuPy at import time.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -85,6 +86,7 @@ class FakeKernel:
 
     def __init__(self, fake, name):
         self.fake, self.name = fake, name
+        self.kernel = self     # cupy.RawKernel.kernel: the function the executors launch
         self.max_dynamic_shared_size_bytes = 0
 
     def __call__(self, grid, block, args, *, shared_mem=0):
@@ -101,17 +103,39 @@ class FakeCupy(types.ModuleType):
         fake = self
 
         class RawModule:
-            def __init__(self, code, options):
-                fake.compiled.append((code, options))
-                self.code = code
+            def __init__(self, code, options, name_expressions=None):
+                fake.compiled.append((code, options) if name_expressions is None
+                                     else (code, options, tuple(name_expressions)))
+                self.code, self.exprs = code, name_expressions
 
             def get_function(self, name):
+                if self.exprs is not None and name in self.exprs:   # a template's twin
+                    base = name.split("<")[0]
+                    assert re.search(rf"template\s*<[^>]*>\s*__global__\s+void\s+{base}\s*\(",
+                                     self.code), name
+                    return FakeKernel(fake, name)
                 assert re.search(rf'__global__\s+void\s+(__launch_bounds__\([^)]*\)\s+)?'
                                  rf'(__cluster_dims__\([^)]*\)\s+)?{name}\s*\(',
                                  self.code), name
                 return FakeKernel(fake, name)
 
         self.RawModule = RawModule
+
+
+@contextlib.contextmanager
+def fake_cupy_installed(monkeypatch):
+    """A FakeCupy as ``cupy`` (through ``monkeypatch``) with rnnrt.kernels.library's compile
+    caches empty on entry and on exit, so compiles are the fake's and none leak. -> it."""
+    from rnnrt.kernels import library
+    fake = FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    library.compile_module.cache_clear()
+    library.compile_twins.cache_clear()
+    try:
+        yield fake
+    finally:
+        library.compile_module.cache_clear()
+        library.compile_twins.cache_clear()
 
 
 # --- the persistent kernels -----------------------------------------------------------------

@@ -12,6 +12,17 @@ Row-major GEMMs: rnnrt's views are row-major; cuBLAS is column-major. A row-majo
 view with leading dimension ld is the column-major [c, r] matrix with the same ld, so
 row-major C = op(A) @ op(B) is column-major C^T = op(B)^T-ish @ op(A)^T-ish: we call
 sgemm(transa=op of B, transb=op of A, m=M, n=N, k=K, A=B, lda=ldb, B=A, ldb=lda, C, ldc).
+
+Precisions (rnnrt/precision.py): a float32 GEMM is ``cublasSgemm`` on a handle in
+CUBLAS_DEFAULT_MATH (no TF32), exactly as before precisions existed. Every other precision
+calls ``cublasGemmEx`` with its types per call, not per handle (a handle is shared by all
+the plans a runner issues on its stream, whatever their precision, and the math mode stays
+the default): A and B of the storage type (CUDA_R_32F for tf32, CUDA_R_16BF, CUDA_R_16F), C
+CUDA_R_32F, compute CUBLAS_COMPUTE_32F_FAST_TF32 for tf32 (TF32 tensor cores, fp32
+accumulation) and CUBLAS_COMPUTE_32F for the 16-bit types (tensor cores, fp32 accumulation),
+alpha and beta fp32, CUBLAS_GEMM_DEFAULT. Like Sgemm it allocates nothing outside the
+handle's workspace, so it is as capture-safe. The plans batch no GEMMs (one GEMM an op), so
+there is no strided-batched call.
 """
 from __future__ import annotations
 
@@ -23,6 +34,18 @@ CUBLAS_OP_N = 0
 CUBLAS_OP_T = 1
 CUBLAS_DEFAULT_MATH = 0          # no TF32: fp32 GEMMs stay fp32 (the paper's arithmetic)
 CUBLAS_PEDANTIC_MATH = 2
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14                 # cudaDataType_t
+CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 77      # cublasComputeType_t
+CUBLAS_GEMM_DEFAULT = -1
+
+GEMM_TYPES = {
+    # precision -> (A and B's cudaDataType, compute type); None: cublasSgemm
+    "float32": None,
+    "tf32": (CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32),
+    "bfloat16": (CUDA_R_16BF, CUBLAS_COMPUTE_32F),
+    "float16": (CUDA_R_16F, CUBLAS_COMPUTE_32F),
+}
+"""The GEMM of each precision (rnnrt.precision.DTYPES): C is always CUDA_R_32F."""
 
 
 class CublasError(RuntimeError):
@@ -65,9 +88,12 @@ def _declare(lib):
     lib.cublasSetMathMode.argtypes = [vp, i]
     lib.cublasGetVersion_v2.argtypes = [vp, ctypes.POINTER(i)]
     lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
+    # handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype,
+    # ldc, computeType, algo
+    lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
     for name in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2",
                  "cublasSetWorkspace_v2", "cublasSetMathMode", "cublasGetVersion_v2",
-                 "cublasSgemm_v2"):
+                 "cublasSgemm_v2", "cublasGemmEx"):
         getattr(lib, name).restype = i
     return lib
 
@@ -94,6 +120,7 @@ class CublasHandle:
                                               workspace_bytes), "cublasSetWorkspace")
         _check(self.lib.cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode")
         self._sgemm = self.lib.cublasSgemm_v2
+        self._gemm_ex = self.lib.cublasGemmEx
 
     def version(self) -> int:
         v = ctypes.c_int()
@@ -101,24 +128,35 @@ class CublasHandle:
         return v.value
 
     def prepare_gemm(self, out_ptr, out_ld, a_ptr, a_ld, b_ptr, b_ld, M, N, K,
-                     trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+                     trans_a=False, trans_b=False, alpha=1.0, beta=0.0, dtype="float32"):
         """Prebuild the argument tuple of row-major out[N, M] = op(a) @ op(b) (+ beta*out),
-        so the time loop only calls ``gemm(args)``. Keeps alpha/beta objects alive."""
+        so the time loop only calls ``gemm(args)``. Keeps alpha/beta objects alive.
+        dtype: the precision (GEMM_TYPES): a and b hold its storage type, out is fp32."""
+        if dtype not in GEMM_TYPES:
+            raise ValueError(f"dtype: expected one of {list(GEMM_TYPES)}, got {dtype!r}")
         al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
-        args = (self.handle,
-                CUBLAS_OP_T if trans_b else CUBLAS_OP_N,
-                CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
-                M, N, K, ctypes.byref(al),
-                ctypes.c_void_p(b_ptr), b_ld,
-                ctypes.c_void_p(a_ptr), a_ld,
+        ops = (CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_T if trans_a else CUBLAS_OP_N)
+        ex = GEMM_TYPES[dtype]
+        if ex is None:
+            args = (self.handle, *ops, M, N, K, ctypes.byref(al),
+                    ctypes.c_void_p(b_ptr), b_ld,
+                    ctypes.c_void_p(a_ptr), a_ld,
+                    ctypes.byref(be),
+                    ctypes.c_void_p(out_ptr), out_ld)
+            return (args, al, be, self._sgemm, "cublasSgemm")
+        ab, compute = ex
+        args = (self.handle, *ops, M, N, K, ctypes.byref(al),
+                ctypes.c_void_p(b_ptr), ab, b_ld,
+                ctypes.c_void_p(a_ptr), ab, a_ld,
                 ctypes.byref(be),
-                ctypes.c_void_p(out_ptr), out_ld)
-        return (args, al, be)
+                ctypes.c_void_p(out_ptr), CUDA_R_32F, out_ld,
+                compute, CUBLAS_GEMM_DEFAULT)
+        return (args, al, be, self._gemm_ex, "cublasGemmEx")
 
     def gemm(self, prepared) -> None:
-        status = self._sgemm(*prepared[0])
+        status = prepared[3](*prepared[0])
         if status != 0:
-            raise CublasError(f"cublasSgemm failed with status {status}")
+            raise CublasError(f"{prepared[4]} failed with status {status}")
 
     def close(self):
         if self.handle is not None:

@@ -4,13 +4,21 @@ workspace, so they compute the same thing; the graph removes the host's per-op c
 
 Everything a run needs — streams, cuBLAS handles, events, kernel argument tuples, GEMM
 argument tuples — is built in the constructor; ``run()`` allocates nothing.
+
+Precision (rnnrt/precision.py): each kernel launch runs the instantiation for its views'
+element types (the workspace's ``elements``): all fp32, the ``extern "C"`` kernel (as before
+precisions existed); else its typed twin (kernels/typed.py), all of a plan's compiled
+together before anything is prepared. Each GEMM runs the plan's precision (cublas.py's
+GEMM_TYPES): its a and b must lie in buffers of the storage type, its out in an fp32 one.
 """
 from __future__ import annotations
 
 import functools
 
 from ..kernels.registry import KERNELS, kernel_args
+from ..kernels.typed import plan_dtype
 from ..plan.ops import Gemm, Kernel, Record, Wait
+from ..precision import get_precision
 from .cublas import CublasHandle
 
 WORKSPACE_BYTES = 32 << 20   # per cuBLAS handle (cuBLAS's recommendation on Hopper)
@@ -47,6 +55,20 @@ class GpuContext:
         self._streams.clear()
 
 
+def view_types(op, elements) -> tuple[str, ...]:
+    """The element types of Kernel ``op``'s views, outputs then inputs (``elements``: buffer
+    name -> element type, a Workspace's ``elements``)."""
+    return tuple(elements[v.buf] for v in op.outs + op.ins)
+
+
+def twin_requests(plan, elements) -> list[tuple[str, tuple[str, ...]]]:
+    """The (kernel, element types) of every pointwise launch of ``plan`` (``elements`` as in
+    ``view_types``): what KernelLibrary.instantiate takes, so that a caller with several plans
+    (a runner's forward and backward) can compile their twins together."""
+    return [(op.name, view_types(op, elements)) for op in plan.ops
+            if isinstance(op, Kernel) and not KERNELS[op.name].persistent]
+
+
 class Prepared:
     """The launches of ``plan`` on workspace ``ws``, ready to issue."""
 
@@ -61,19 +83,36 @@ class Prepared:
         # fork/join: the plan's other streams start after stream 0 and end before it
         self.fork = cp.cuda.Event(disable_timing=True)
         self.joins = [cp.cuda.Event(disable_timing=True) for _ in self.streams[1:]]
+        self.dtype = plan_dtype(plan.key)
+        # the typed twins this plan runs, compiled together (one compile a file) up front
+        ctx.kernels.instantiate(twin_requests(plan, ws.elements))
         self.calls = [self._prepare(op) for op in plan.ops]
 
     def ptr(self, v):
         buf = self.ws.bufs[v.buf]
         return buf.data.ptr + v.offset * buf.itemsize
 
+    def types(self, op) -> tuple[str, ...]:
+        """The element types of kernel ``op``'s views (outputs, then inputs)."""
+        return view_types(op, self.ws.elements)
+
+    def _check_gemm(self, op):
+        store = get_precision(self.dtype).storage
+        for what, v, want in (("a", op.a, store), ("b", op.b, store), ("out", op.out, "float32")):
+            got = self.ws.elements[v.buf]
+            if got != want:
+                raise ValueError(f"{self.dtype} plan: a {op.kind} GEMM's {what} lies in buffer "
+                                 f"{v.buf} of {got}, expected {want} (plan/model.py: a GEMM "
+                                 f"reads 'store' buffers and writes 'float' ones)")
+
     def _prepare(self, op):
         if isinstance(op, Gemm):
+            self._check_gemm(op)
             m, n, k = op.mnk()
             h = self.handles[op.stream]
             prepared = h.prepare_gemm(self.ptr(op.out), op.out.ld, self.ptr(op.a), op.a.ld,
                                       self.ptr(op.b), op.b.ld, m, n, k, op.trans_a,
-                                      op.trans_b, op.alpha, op.beta)
+                                      op.trans_b, op.alpha, op.beta, dtype=self.dtype)
             return functools.partial(h.gemm, prepared)
         if isinstance(op, Kernel):
             info = KERNELS[op.name]
@@ -82,9 +121,14 @@ class Prepared:
                 # geometry from the plan's device fit; past 48 KB of dynamic shared memory
                 # the kernel must opt in, here (before any capture), not at launch
                 grid, block, smem = op.launch
+                bad = {t for t in self.types(op) if t not in ("float32", "uint32")}
+                if bad:
+                    raise ValueError(f"{op.name}: the persistent kernels take fp32 storage "
+                                     f"only, got views of {sorted(bad)}")
+                fn = self.ctx.kernels.with_shared(op.name, smem).kernel   # cupy...Function
             else:
                 grid, block = info.launch(op.rows, op.cols)
-            fn = self.ctx.kernels.with_shared(op.name, smem).kernel   # cupy...Function
+                fn = self.ctx.kernels.get_typed(op.name, self.types(op)).kernel
             args = kernel_args(info, op.rows, op.cols,
                                [(self.ptr(v), v.ld) for v in op.outs],
                                [(self.ptr(v), v.ld) for v in op.ins], dict(op.scalars))

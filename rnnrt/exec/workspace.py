@@ -8,7 +8,46 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.typed import plan_dtype
 from ..plan.ops import View
+from ..precision import get_precision
+
+ARRAY_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
+                "bfloat16": np.uint16, "uint32": np.uint32}
+"""A buffer's element type -> the dtype of the array holding it: bfloat16 as its bits in
+uint16 (neither NumPy nor CuPy has a bfloat16)."""
+_BF16_NAN, _BF16_ONE = 0x7FC0, 0x3F80   # bfloat16 bits of NaN and of 1.0
+
+
+def to_bfloat16_bits(xp, a):
+    """float32 array ``a`` (module ``xp``) rounded to bfloat16 (nearest, ties to even; NaN
+    stays NaN, past the largest finite value Inf), as uint16 bits: on the GPU for a CuPy
+    array. The same rounding as precision.round_to_bfloat16 and the kernels' cvt.rn.bf16."""
+    a = xp.ascontiguousarray(a, dtype=np.float32)
+    bits = a.view(np.uint32)
+    # + 0x7FFF + the kept part's lowest bit, then drop 16 bits: round half to even (no
+    # overflow out of 32 bits for non-NaN values: the largest, -Inf's bits, carries into Inf)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+               >> np.uint32(16)).astype(np.uint16)
+    return xp.where(xp.isnan(a), np.uint16(_BF16_NAN), rounded)
+
+
+def from_bfloat16_bits(xp, bits):
+    """uint16 bfloat16 bits -> float32 (exact: bfloat16 is float32's top half)."""
+    return (xp.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def buffer_elements(plan, float_type: str, store: str) -> dict[str, str]:
+    """{buffer name: element type} of ``plan``'s buffers: a 'float' buffer ``float_type``
+    (the workspace's), a 'store' one ``store``, a 'uint32' (or 'sync') one 'uint32'."""
+    out = {}
+    for b in plan.buffers:
+        if b.dtype not in ("float", "store", "uint32"):
+            raise ValueError(f"buffer {b.name}: dtype {b.dtype!r}, expected 'float', 'store' "
+                             f"or 'uint32'")
+        out[b.name] = ("uint32" if b.dtype == "uint32" or b.role == "sync"
+                       else store if b.dtype == "store" else float_type)
+    return out
 
 
 class Workspace:
@@ -20,14 +59,37 @@ class Workspace:
     anything else is copied in. grads: likewise adopted as the 'grads' buffer (backward
     plans), so gradients land in (or accumulate into) a buffer the caller owns. Every other buffer but the 'const' ones starts poisoned with
     NaN so that an element no op writes shows up in the outputs.
+
+    Element types (``elements``: buffer name -> 'float32', 'float64', 'bfloat16', 'float16'
+    or 'uint32'): a 'float' buffer has the workspace's ``dtype``, a 'uint32' one uint32, a
+    'store' one (plan/model.py: what a GEMM reads) ``store``: by default the plan key's
+    storage type (precision.Precision.storage) on a float32 workspace of a GPU module (the
+    CUDA executor's: 16-bit storage really is 2 bytes; bfloat16 held as uint16 bits), and
+    the workspace's dtype on NumPy (the NumPy executor rounds what it writes there instead).
+    ``load`` rounds the caller's values into a 16-bit buffer on the workspace's device (to
+    nearest, ties to even); ``read`` gives them back as float32, exactly.
     """
 
-    def __init__(self, plan, xp, dtype, params, grads=None):
+    def __init__(self, plan, xp, dtype, params, grads=None, store=None):
         self.plan = plan
         self.xp = xp
         self.dtype = np.dtype(dtype)
+        if store is None:
+            gpu = xp is not np and self.dtype == np.float32
+            store = get_precision(plan_dtype(plan.key)).storage if gpu else self.dtype.name
+        if store not in ARRAY_DTYPES or store == "uint32":
+            raise ValueError(f"store: expected one of float32, float64, bfloat16, float16, "
+                             f"got {store!r}")
+        self.store = store
+        self.elements = buffer_elements(plan, self.dtype.name, store)
+        for name in ("params", "grads"):   # the caller's fp32 master and its gradients
+            if self.elements.get(name, self.dtype.name) != self.dtype.name:
+                raise ValueError(f"buffer {name}: expected a 'float' buffer (the model's "
+                                 f"{self.dtype} {name}), the plan makes it "
+                                 f"{self.elements[name]}")
         self.bufs = {}
         for b in plan.buffers:
+            kind = ARRAY_DTYPES[self.elements[b.name]]
             if b.name == "params" and self._adoptable(params, b.size):
                 self.bufs["params"] = params
             elif b.name == "grads" and grads is not None:
@@ -38,13 +100,36 @@ class Workspace:
             elif b.role == "sync":     # barrier counters: zero, and only kernels touch them
                 self.bufs[b.name] = xp.zeros(b.size, dtype=np.uint32)
             elif b.role in ("const", "grad"):
-                self.bufs[b.name] = xp.zeros(b.size, dtype=self.dtype)
+                self.bufs[b.name] = xp.zeros(b.size, dtype=kind)   # all-zero bits: +0.0
             elif b.role == "ones":
-                self.bufs[b.name] = xp.ones(b.size, dtype=self.dtype)
+                one = _BF16_ONE if self.elements[b.name] == "bfloat16" else 1
+                self.bufs[b.name] = xp.full(b.size, one, dtype=kind)
             else:
-                self.bufs[b.name] = xp.full(b.size, np.nan, dtype=self.dtype)
+                self.bufs[b.name] = xp.empty(b.size, dtype=kind)
+                self._fill_nan(b.name)
         if self.bufs["params"] is not params:
             self.set_params(params)
+
+    def _fill_nan(self, name):
+        self.bufs[name].fill(_BF16_NAN if self.elements[name] == "bfloat16" else np.nan)
+
+    def _stored(self, name, a):
+        """Float array ``a`` as buffer ``name`` holds it: rounded to its 16-bit type (on the
+        workspace's device), else cast to its float type."""
+        element = self.elements[name]
+        if element == "bfloat16":
+            return to_bfloat16_bits(self.xp, a)
+        return self.xp.asarray(a, dtype=ARRAY_DTYPES[element])
+
+    def _floats(self, name, a):
+        """Array ``a`` of buffer ``name``'s elements as floats: a 16-bit buffer's as float32
+        (exactly; a new array), else ``a`` itself."""
+        element = self.elements[name]
+        if element == "bfloat16":
+            return from_bfloat16_bits(self.xp, a)
+        if element == "float16":
+            return a.astype(np.float32)
+        return a
 
     def sharing(self, plan) -> Workspace:
         """A Workspace of ``plan`` over these buffers, allocating nothing: for a plan whose
@@ -57,6 +142,7 @@ class Workspace:
                              f"{sorted(b.name for b in missing)}")
         ws = object.__new__(Workspace)
         ws.plan, ws.xp, ws.dtype, ws.bufs = plan, self.xp, self.dtype, self.bufs
+        ws.store, ws.elements = self.store, self.elements
         return ws
 
     def with_own(self, names) -> Workspace:
@@ -88,7 +174,7 @@ class Workspace:
         accumulate into) are only poisoned when named."""
         for b in self.plan.buffers:
             if (b.name in names) if names is not None else (b.role in roles):
-                self.bufs[b.name].fill(np.nan)
+                self._fill_nan(b.name)
 
     def view(self, v: View):
         """The [rows, cols] array for view ``v`` (shares memory with the buffer)."""
@@ -102,7 +188,8 @@ class Workspace:
 
     def load(self, **arrays):
         """Copy arrays into the plan's input bindings (None: zeros), e.g. load(x=..., h0=...).
-        Names must be inputs of the plan; each array has its binding's shape."""
+        Names must be inputs of the plan; each array has its binding's shape. Where a
+        binding's buffer is 16-bit, the values are rounded to it (to nearest, ties to even)."""
         xp = self.xp
         for name, arr in arrays.items():
             if name not in self.plan.inputs:
@@ -118,19 +205,24 @@ class Workspace:
                 raise ValueError(f"{name}: expected shape {b.shape}, got {tuple(a.shape)}")
             if len(b.views) == 1:
                 v = b.views[0]
-                self.view(v)[...] = a.reshape(v.rows, v.cols)
+                self.view(v)[...] = self._stored(v.buf, a.reshape(v.rows, v.cols))
             else:
                 for i, v in enumerate(b.views):
-                    self.view(v)[...] = a[i].reshape(v.rows, v.cols)
+                    self.view(v)[...] = self._stored(v.buf, a[i].reshape(v.rows, v.cols))
 
     def read(self, name, copy=True):
-        """The array bound to output (or input) ``name``, in its binding's shape."""
+        """The array bound to output (or input) ``name``, in its binding's shape; a 16-bit
+        buffer's values as float32 (exactly the stored ones; a new array even with
+        copy=False)."""
         b = self.plan.outputs.get(name) or self.plan.inputs[name]
         xp = self.xp
         if len(b.views) == 1:
-            a = self.view(b.views[0]).reshape(b.shape)
-            return a.copy() if copy else a
-        return xp.stack([self.view(v).reshape(b.shape[1:]) for v in b.views])
+            v = b.views[0]
+            raw = self.view(v).reshape(b.shape)
+            a = self._floats(v.buf, raw)
+            return a.copy() if copy and a is raw else a
+        return xp.stack([self._floats(v.buf, self.view(v)).reshape(b.shape[1:])
+                         for v in b.views])
 
     def rows_view(self, name):
         """The [rows, cols] array of input or output ``name`` (a one-view binding: a
@@ -145,16 +237,23 @@ class Workspace:
         workspace's module) of input ``name`` (``rows_view``); with ``fill`` the other rows
         are set to it first, else they keep what they hold. a None: zeros."""
         v = self.rows_view(name)
+        buf = self._binding_buf(name)
         if fill is not None:
-            v.fill(fill)
+            v[...] = self._stored(buf, self.xp.full(v.shape, fill, dtype=self.dtype))
         if a is None:
             v[rows] = 0
         else:
-            v[rows] = self.xp.asarray(a, dtype=self.dtype).reshape(len(rows), v.shape[1])
+            a = self.xp.asarray(a, dtype=self.dtype).reshape(len(rows), v.shape[1])
+            v[rows] = self._stored(buf, a)
 
     def read_rows(self, name, rows):
-        """The rows ``rows`` [n] of output ``name`` (``rows_view``): a [n, cols] copy."""
-        return self.rows_view(name)[rows]
+        """The rows ``rows`` [n] of output ``name`` (``rows_view``): a [n, cols] copy (a
+        16-bit buffer's as float32)."""
+        return self._floats(self._binding_buf(name), self.rows_view(name)[rows])
+
+    def _binding_buf(self, name):
+        b = self.plan.inputs.get(name) or self.plan.outputs[name]
+        return b.views[0].buf
 
     def load_inputs(self, x, h0=None, c0=None):
         """Forward inputs: x [T, B, I], h0 [L, B, H] (None: zeros), c0 [L, B, H] (LSTM)."""

@@ -29,9 +29,21 @@ from dataclasses import dataclass, field, replace
 
 from ..plan.model import BACKWARD_FAMILIES, PERSISTENT_FAMILIES
 from ..plan.switches import Switches
+from ..precision import get_precision
 from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .stack import PS_BMAX, StackFit, stack_fit
+from .typed import plan_dtype
+
+PERSISTENT_STORAGE_REASON = ("the persistent kernels take fp32 storage only (16-bit storage "
+                             "is issue 24's)")
+"""Why a bfloat16 / float16 key runs no persistent kernel, forward or backward (float32 and
+tf32 keys run them: fp32 storage, and the kernels' on-chip products are fp32 FMAs)."""
+
+
+def persistent_storage_declines(dtype) -> str | None:
+    """PERSISTENT_STORAGE_REASON for a precision with 16-bit storage, else None."""
+    return PERSISTENT_STORAGE_REASON if get_precision(dtype).rounds else None
 
 # --------------------------------------------------------------------------------------------
 # The persistent family of a plan key
@@ -102,6 +114,9 @@ def choose_persistent(key) -> PersistentChoice:
     if key.batch_sizes is not None:
         return declined("a per-step active batch (variable lengths): the persistent kernels "
                         "run the whole batch at every step")
+    storage = persistent_storage_declines(plan_dtype(key))
+    if storage is not None:
+        return declined(f"{plan_dtype(key)}: {storage}")
 
     if family == "stack":
         st = _stack_fit(key)
@@ -184,6 +199,10 @@ def choose_persistent_backward(key) -> BackwardChoice:
     cost model makes shorter) where it fits and the sequence fits its barrier counter, else
     a fallback saying why. (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses
     the pair, the kernel running the whole batch every step.)"""
+    storage = persistent_storage_declines(plan_dtype(key))
+    if storage is not None:
+        return BackwardChoice(None, f"persistent backward declined on {key.device.name}: "
+                                    f"{plan_dtype(key)}: {storage}; ran the per-step backward")
     kind = None if key.backward == "persistent" else key.backward
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                              kind=kind)
@@ -281,7 +300,9 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
     (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
     lengths first: the persistent kernels run the whole batch every step, choose_persistent
-    declines a pattern)."""
+    declines a pattern). Nothing for a 16-bit ``shape.dtype`` (PERSISTENT_STORAGE_REASON)."""
+    if persistent_storage_declines(shape.dtype):
+        return {}
     props = device.props()
     out = {}
     st = stack_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
@@ -315,7 +336,8 @@ def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     fams = fitting_families(shape, device)
     persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
                        if f in fams)
-    fit = backward_fit(shape, device) if shape.train else None
+    fit = (backward_fit(shape, device)
+           if shape.train and not persistent_storage_declines(shape.dtype) else None)
     if fit is None or not fit.ok:
         return persistent + paper_schedules()
     pbwd = tuple(with_persistent_backward(s)
@@ -355,6 +377,8 @@ def prefers_persistent_backward(shape: "Shape", device, fit: BwdFit | None = Non
     [64, 2048] for 64 blocks a step). ``fit``: ``backward_fit(shape, device)`` where the
     caller has it (a search over units, block sizes and tiles), else computed here."""
     if not shape.train or shape.varlen:   # the kernel runs the whole batch every step
+        return False
+    if persistent_storage_declines(shape.dtype):
         return False
     if fit is None:
         fit = backward_fit(shape, device)

@@ -8,6 +8,13 @@ architecture and the CUDA version), so later processes load it in milliseconds. 
 that is still running after ANNOUNCE_AFTER_S says so, once, on stderr: which file, and about
 how long it takes (an estimate from the source's size); a fast load from CuPy's cache says
 nothing.
+
+A plan with 16-bit buffers runs the pointwise kernels' typed twins (``typed.py``): the
+library instantiates the (kernel, element types) its views have, through NVRTC name
+expressions, all a plan's missing ones of a file in one compile (``instantiate``), each
+combination once a process (the function cache and the module cache are bounded, least
+recently used out; a launch or graph built on an evicted function keeps its module alive,
+CuPy's functions hold their module). fp32 plans run the ``extern "C"`` kernels as before.
 """
 from __future__ import annotations
 
@@ -16,7 +23,10 @@ import sys
 import threading
 import time
 
+from collections import OrderedDict
+
 from . import persistent as pk
+from . import typed
 from .registry import get_kernel, kernel_args
 from .sources import source
 
@@ -85,6 +95,36 @@ def compile_module(file: str, text: str, options: tuple[str, ...]):
     return announced(file, text, build)
 
 
+TWIN_MODULES_MAX = 32
+"""Compiled modules of typed twins kept per process (each a file's source with the name
+expressions one ``instantiate`` call needed)."""
+TWIN_FUNCTIONS_MAX = 256
+"""Loaded twin functions a KernelLibrary keeps (by (kernel, element types))."""
+
+
+@functools.lru_cache(maxsize=TWIN_MODULES_MAX)
+def compile_twins(file: str, text: str, options: tuple[str, ...], exprs: tuple[str, ...]):
+    """One cupy.RawModule of ``file`` with the typed twins ``exprs`` instantiated (NVRTC name
+    expressions), compiled here, announced when slow (``announced``). Cached per
+    (file, text, options, exprs), at most TWIN_MODULES_MAX modules.
+
+    The compiled text ends with a comment naming the expressions: CuPy's disk cache is keyed
+    on the source text, and CuPy releases before 2026-03 left the name expressions out of
+    the key, so two instantiation sets of one file would share (and mis-load) one entry."""
+    import cupy
+
+    code = text + "\n// typed twins instantiated (rnnrt): " + "; ".join(exprs) + "\n"
+
+    def build():
+        module = cupy.RawModule(code=code, options=options, name_expressions=list(exprs))
+        compile_now = getattr(module, "compile", None)
+        if compile_now is not None:
+            compile_now()
+        return module
+
+    return announced(f"{file} ({len(exprs)} typed twins)", text, build)
+
+
 class KernelLibrary:
     """Compiled kernels, loaded lazily by name: ``KernelLibrary().get('lstm_fwd')``.
 
@@ -95,6 +135,7 @@ class KernelLibrary:
     def __init__(self, options=("-std=c++17",)):
         self.options = tuple(options)
         self._kernels = {}
+        self._twins = OrderedDict()   # (name, types) -> function, least recently used first
 
     def get(self, name: str):
         """The cupy.RawKernel ``name``."""
@@ -103,6 +144,47 @@ class KernelLibrary:
             module = compile_module(kinfo.file, source(kinfo.file), self.options)
             self._kernels[name] = module.get_function(name)
         return self._kernels[name]
+
+    def instantiate(self, requests) -> None:
+        """Load the typed twins of ``requests``, an iterable of (kernel name, element types:
+        one precision storage name per pointer argument, ``typed.check_types``), that are not
+        loaded yet: the missing ones of each file compiled together, in one module. All-fp32
+        requests need nothing (the ``extern "C"`` kernel)."""
+        missing: dict[str, dict[str, tuple]] = {}
+        for name, types in requests:
+            types = typed.check_types(name, types)
+            if typed.is_fp32(types) or (name, types) in self._twins:
+                continue
+            expr = typed.name_expression(name, types)
+            missing.setdefault(get_kernel(name).file, {})[expr] = (name, types)
+        for file, by_expr in missing.items():
+            exprs = tuple(sorted(by_expr))
+            module = compile_twins(file, source(file), self.options, exprs)
+            for expr, key in by_expr.items():
+                self._remember(key, module.get_function(expr))
+
+    @property
+    def loaded_twins(self) -> tuple:
+        """The (kernel, element types) of the twins loaded, least recently used first."""
+        return tuple(self._twins)
+
+    def _remember(self, key, fn) -> None:
+        self._twins[key] = fn
+        self._twins.move_to_end(key)
+        while len(self._twins) > TWIN_FUNCTIONS_MAX:
+            self._twins.popitem(last=False)
+
+    def get_typed(self, name: str, types):
+        """The kernel ``name`` for element types ``types`` (one per pointer argument,
+        outputs then inputs; ``typed.check_types``): the ``extern "C"`` kernel when all are
+        float32, else its typed twin, instantiated on first use."""
+        types = typed.check_types(name, types)
+        if typed.is_fp32(types):
+            return self.get(name)
+        if (name, types) not in self._twins:
+            self.instantiate([(name, types)])
+        self._twins.move_to_end((name, types))
+        return self._twins[name, types]
 
     def with_shared(self, name: str, smem_bytes: int):
         """The cupy.RawKernel ``name``, opted in (cudaFuncSetAttribute) to ``smem_bytes`` of

@@ -5,7 +5,9 @@ from it. Each kernel lives in a file of cuda_src/ whose header lists it with its
 (a test holds registry, headers and code to each other), and has a NumPy twin
 (``twins.py``; the persistent kernels' in ``emulate.py`` and ``stack.py``).
 
-Calling convention, uniform for every kernel (fp32 only)::
+Calling convention, uniform for every kernel (as registered: fp32; every non-persistent
+kernel also has a typed twin with one element type per pointer, fp32 / bf16 / fp16, which a
+plan with 16-bit buffers runs: ``typed.py``)::
 
     kernel(int rows, int cols, float* out0, int ld_out0, ..., const float* in0, int ld_in0, ...,
            int scalar0, ...)

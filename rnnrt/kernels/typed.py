@@ -1,0 +1,62 @@
+"""The pointwise kernels' typed twins: which element types a kernel argument may have, and
+the NVRTC name expression of one instantiation.
+
+Every non-persistent kernel K of cuda_src/ has, besides its ``extern "C"`` fp32 definition, a
+template twin ``K_t<T_1, ..., T_n>``: one element type per pointer argument in call order
+(outputs, then inputs, as the registry lists them), each ``float``, ``bf16`` or ``fp16``
+(cuda_src/storage.cuh). The executor asks for the combination its views' buffers have; an
+all-fp32 combination is the ``extern "C"`` kernel itself (what fp32 plans have always run),
+so only a plan with 16-bit buffers compiles a twin. Nothing here needs CuPy.
+"""
+from __future__ import annotations
+
+from .registry import get_kernel
+
+ELEMENT_CTYPES = {"float32": "float", "bfloat16": "bf16", "float16": "fp16"}
+"""Element type name (a buffer's storage, precision.Precision.storage) -> its C type in
+cuda_src/storage.cuh."""
+
+
+def has_twin(name: str) -> bool:
+    """Whether kernel ``name`` has a typed twin (every non-persistent kernel does)."""
+    return not get_kernel(name).persistent
+
+
+def check_types(name: str, types) -> tuple[str, ...]:
+    """``types`` as a tuple, checked: one element type name (a key of ELEMENT_CTYPES) per
+    pointer argument of kernel ``name``, outputs then inputs. ValueError naming what is
+    wrong."""
+    kinfo = get_kernel(name)
+    types = tuple(types)
+    args = [a for a, _ in kinfo.outs + kinfo.ins]
+    if len(types) != len(args):
+        raise ValueError(f"{name}: types: expected {len(args)} element types (one per "
+                         f"argument {args}), got {len(types)}: {types}")
+    for arg, t in zip(args, types):
+        if t not in ELEMENT_CTYPES:
+            raise ValueError(f"{name}: types: {arg} has element type {t!r}, expected one of "
+                             f"{list(ELEMENT_CTYPES)}")
+    return types
+
+
+def is_fp32(types) -> bool:
+    """Whether every argument is float32: the ``extern "C"`` kernel, no twin."""
+    return all(t == "float32" for t in types)
+
+
+def name_expression(name: str, types) -> str:
+    """The NVRTC name expression of kernel ``name``'s twin for ``types`` (``check_types``),
+    e.g. ``ew_copy_t<bf16, float>``."""
+    types = check_types(name, types)
+    if not has_twin(name):
+        raise ValueError(f"{name}: a persistent kernel, fp32 only (no typed twin)")
+    return f"{name}_t<{', '.join(ELEMENT_CTYPES[t] for t in types)}>"
+
+
+def plan_dtype(key) -> str:
+    """The precision name of a PlanKey (``key.dtype``; 'float32' for a key without one).
+
+    SHIM (issue 23 stage 1): PlanKey.dtype comes from branch p23core; until it is merged a
+    key has none and is float32. At the merge this becomes ``key.dtype`` (drop the getattr).
+    """
+    return getattr(key, "dtype", "float32")

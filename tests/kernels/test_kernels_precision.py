@@ -1,0 +1,102 @@
+"""Precision on the kernel side, without a GPU: the library instantiates typed twins (one
+compile per file for a plan's missing ones, fp32 requests none, the function cache bounded,
+least recently used out); choice.py declines the persistent kernels, forward and backward,
+for 16-bit storage with the reason (float32 and tf32 run them); the selector's candidates
+for a 16-bit shape are the cuBLAS schedules."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from testkit import cpu_plan_key, fake_cupy_installed
+
+from rnnrt.kernels import choice as C
+from rnnrt.kernels import library as L
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.plan.switches import ladder
+
+PERSISTENT = dataclasses.replace(ladder(input_batch=10)[-1].switches, persistent=True)
+
+
+def _key(dtype, **kw):
+    """A PlanKey of precision ``dtype``. SHIM until p23core's PlanKey.dtype is merged: a key
+    without the field gets the attribute set (rnnrt.kernels.typed.plan_dtype reads it)."""
+    args = dict(cell="lstm", steps=20, batch=32, input_size=64, hidden_size=128,
+                num_layers=2, bias=True, switches=PERSISTENT)
+    args.update(kw)
+    try:
+        return cpu_plan_key(**args, dtype=dtype)
+    except TypeError:
+        key = cpu_plan_key(**args)
+        object.__setattr__(key, "dtype", dtype)
+        return key
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_persistent_declines_16bit_storage_with_the_reason(dtype):
+    ch = C.choose_persistent(_key(dtype))
+    assert not ch.runs
+    assert C.PERSISTENT_STORAGE_REASON in ch.fallback and dtype in ch.fallback
+    bw = C.choose_persistent_backward(_key(dtype, train=True, backward="persistent"))
+    assert not bw.runs
+    assert C.PERSISTENT_STORAGE_REASON in bw.fallback and "per-step backward" in bw.fallback
+
+
+@pytest.mark.parametrize("dtype", ["float32", "tf32"])
+def test_persistent_runs_for_fp32_storage(dtype):
+    assert C.choose_persistent(_key(dtype)).runs
+    assert C.choose_persistent_backward(_key(dtype, train=True, backward="persistent")).runs
+
+
+def test_16bit_candidates_are_the_cublas_schedules():
+    base = dict(cell="lstm", layers=4, input_size=512, hidden=512, batch=64, steps=100)
+    fp32 = C.candidates(C.Shape(**base), H100_SXM)
+    assert any(s.switches.persistent for s in fp32)     # the planted contrast: fp32 has them
+    for dtype in ("bfloat16", "float16"):
+        for train in (False, True):
+            shape = C.Shape(**base, train=train, dtype=dtype)
+            cands = C.candidates(shape, H100_SXM)
+            assert cands == C.paper_schedules()
+            assert not C.prefers_persistent_backward(shape, H100_SXM)
+            assert not C.heuristic(shape, H100_SXM).switches.persistent
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    with fake_cupy_installed(monkeypatch) as f:
+        yield f
+
+
+def test_twins_compile_once_per_file_per_plan(fake):
+    lib = L.KernelLibrary()
+    bf, f32 = "bfloat16", "float32"
+    reqs = [("ew_copy", (bf, f32)), ("ew_copy", (bf, f32)), ("transpose", (bf, f32)),
+            ("lstm_fwd", (bf, f32, f32, f32, f32, f32, f32, f32)),
+            ("lstm_bwd", (bf, f32, f32, f32, f32, f32, f32, f32)),
+            ("ew_add", (f32, f32, f32))]                         # fp32: no twin
+    lib.instantiate(reqs)
+    twins = [c for c in fake.compiled if len(c) == 3]
+    assert sorted(len(c[2]) for c in twins) == [1, 1, 2]          # one module a file
+    assert {e for c in twins for e in c[2]} == {
+        "ew_copy_t<bf16, float>", "transpose_t<bf16, float>",
+        "lstm_fwd_t<bf16, float, float, float, float, float, float, float>",
+        "lstm_bwd_t<bf16, float, float, float, float, float, float, float>"}
+    # the text names its expressions: CuPy's disk cache (keyed on the text) keeps the sets apart
+    assert all(f"typed twins instantiated (rnnrt): {'; '.join(c[2])}" in c[0] for c in twins)
+    n = len(fake.compiled)
+    lib.instantiate(reqs)                                         # all loaded: nothing more
+    assert lib.get_typed("ew_copy", (bf, f32)).name == "ew_copy_t<bf16, float>"
+    assert lib.get_typed("ew_add", (f32, f32, f32)).name == "ew_add"   # the extern "C" one
+    assert len(fake.compiled) == n + 1                            # ew_add's fp32 module only
+    with pytest.raises(ValueError, match="expected 2 element types"):
+        lib.get_typed("ew_copy", (bf,))
+
+
+def test_twin_function_cache_is_bounded(fake, monkeypatch):
+    monkeypatch.setattr(L, "TWIN_FUNCTIONS_MAX", 3)
+    lib = L.KernelLibrary()
+    combos = [(a, b) for a in ("bfloat16", "float16") for b in ("float32", "bfloat16")]
+    for c in combos:
+        lib.get_typed("ew_copy", c)
+    assert lib.loaded_twins == tuple(("ew_copy", c) for c in combos[1:])   # LRU out
+    assert L.compile_twins.cache_info().maxsize == L.TWIN_MODULES_MAX
