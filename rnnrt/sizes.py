@@ -172,8 +172,8 @@ def _persistent_runs(key):
     if not key.switches.persistent:
         return None
     # kernels/choice.py's choice, or the decline of 16-bit storage
-    from .plan.storage import persistent_choice
-    choice = persistent_choice(key)
+    from .kernels.choice import choose_persistent
+    choice = choose_persistent(key)
     return choice if choice.runs else None
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 
 from ..kernels.registry import KERNELS, kernel_args
-from ..kernels.typed import plan_dtype
 from ..plan.ops import Gemm, Kernel, Record, Wait
 from ..precision import get_precision
 from .cublas import CublasHandle
@@ -83,7 +82,7 @@ class Prepared:
         # fork/join: the plan's other streams start after stream 0 and end before it
         self.fork = cp.cuda.Event(disable_timing=True)
         self.joins = [cp.cuda.Event(disable_timing=True) for _ in self.streams[1:]]
-        self.dtype = plan_dtype(plan.key)
+        self.dtype = plan.key.dtype
         # the typed twins this plan runs, compiled together (one compile a file) up front
         ctx.kernels.instantiate(twin_requests(plan, ws.elements))
         self.calls = [self._prepare(op) for op in plan.ops]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.typed import plan_dtype
 from ..plan.ops import View
 from ..precision import get_precision
 
@@ -76,7 +75,7 @@ class Workspace:
         self.dtype = np.dtype(dtype)
         if store is None:
             gpu = xp is not np and self.dtype == np.float32
-            store = get_precision(plan_dtype(plan.key)).storage if gpu else self.dtype.name
+            store = get_precision(plan.key.dtype).storage if gpu else self.dtype.name
         if store not in ARRAY_DTYPES or store == "uint32":
             raise ValueError(f"store: expected one of float32, float64, bfloat16, float16, "
                              f"got {store!r}")

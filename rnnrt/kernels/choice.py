@@ -33,7 +33,6 @@ from ..precision import get_precision
 from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .stack import PS_BMAX, StackFit, stack_fit
-from .typed import plan_dtype
 
 PERSISTENT_STORAGE_REASON = ("the persistent kernels take fp32 storage only (16-bit storage "
                              "is issue 24's)")
@@ -114,9 +113,9 @@ def choose_persistent(key) -> PersistentChoice:
     if key.batch_sizes is not None:
         return declined("a per-step active batch (variable lengths): the persistent kernels "
                         "run the whole batch at every step")
-    storage = persistent_storage_declines(plan_dtype(key))
+    storage = persistent_storage_declines(key.dtype)
     if storage is not None:
-        return declined(f"{plan_dtype(key)}: {storage}")
+        return declined(f"{key.dtype}: {storage}")
 
     if family == "stack":
         st = _stack_fit(key)
@@ -199,10 +198,10 @@ def choose_persistent_backward(key) -> BackwardChoice:
     cost model makes shorter) where it fits and the sequence fits its barrier counter, else
     a fallback saying why. (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses
     the pair, the kernel running the whole batch every step.)"""
-    storage = persistent_storage_declines(plan_dtype(key))
+    storage = persistent_storage_declines(key.dtype)
     if storage is not None:
         return BackwardChoice(None, f"persistent backward declined on {key.device.name}: "
-                                    f"{plan_dtype(key)}: {storage}; ran the per-step backward")
+                                    f"{key.dtype}: {storage}; ran the per-step backward")
     kind = None if key.backward == "persistent" else key.backward
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                              kind=kind)

@@ -51,12 +51,3 @@ def name_expression(name: str, types) -> str:
     if not has_twin(name):
         raise ValueError(f"{name}: a persistent kernel, fp32 only (no typed twin)")
     return f"{name}_t<{', '.join(ELEMENT_CTYPES[t] for t in types)}>"
-
-
-def plan_dtype(key) -> str:
-    """The precision name of a PlanKey (``key.dtype``; 'float32' for a key without one).
-
-    SHIM (issue 23 stage 1): PlanKey.dtype comes from branch p23core; until it is merged a
-    key has none and is float32. At the merge this becomes ``key.dtype`` (drop the getattr).
-    """
-    return getattr(key, "dtype", "float32")

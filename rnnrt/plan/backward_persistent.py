@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..kernels.choice import choose_persistent_backward
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from .backward import BackwardBuilder
 from .model import Buffer, Plan, PlanKey
 from .ops import Kernel, View
 from .schedule import Task
-from .storage import persistent_backward_choice
 
 
 def persistent_backward(key: PlanKey, accumulate: bool, need_dx: bool = True) -> Plan:
@@ -50,7 +50,7 @@ def backward_builder(key: PlanKey, accumulate: bool = False, need_dx: bool = Tru
     """-> (the builder of the backward plan of a key with ``backward`` set, the persistent
     choice): PersistentBackwardBuilder where the kernel fits, else backward.py's per-step
     BackwardBuilder. Nothing is built (the workspace's size reads the builder's buffers)."""
-    choice = persistent_backward_choice(key)   # 16-bit storage: declined
+    choice = choose_persistent_backward(key)   # 16-bit storage: declined
     if not choice.runs:
         return BackwardBuilder(key, accumulate, need_dx), choice
     return PersistentBackwardBuilder(key, accumulate, choice.fit, need_dx), choice

@@ -48,7 +48,7 @@ everything else "float" (fp32). Rounding to 16-bit storage happens exactly where
 store buffer: x and h0 when loaded, each step's h by the step's pointwise kernel (so the
 next step's R.h, the next layer's W.x and y read the rounded h), W and R by their copy (or
 transpose) at the start of the pass. gx, gh, c, act and the biases stay fp32. For 16-bit
-storage the persistent kernels decline (storage.py ``persistent_choice``: fp32 only).
+storage the persistent kernels decline (kernels/choice.py: fp32 only).
 
 Persistent plans (switch 'persistent', when the device fit accepts the layer shape): with
 the grid kernel, per layer one W.x GEMM over all T steps (the kernel needs all of them before
@@ -84,6 +84,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..cells import forward_flops, get_cell, layer_input_size
+from ..kernels.choice import choose_persistent
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from ..params import make_layout
@@ -92,7 +93,7 @@ from .cache import plan_cache
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
-from .storage import labelled, persistent_choice
+from .storage import labelled
 
 
 @plan_cache(maxsize=128)
@@ -133,7 +134,7 @@ class ForwardBuilder:
         # of step t, read by steps t and t+1) are made once and shared
         self._views = {}
         # the persistent switch: kernels/choice.py says which kernel runs (or why none does)
-        self.choice = persistent_choice(key) if self.sw.persistent else None
+        self.choice = choose_persistent(key) if self.sw.persistent else None
         self.fit = self.choice.fit if self.choice else None
         self.stack = self.choice.stack if self.choice else None
         self.persist = bool(self.choice and self.choice.runs)

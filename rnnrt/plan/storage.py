@@ -1,5 +1,4 @@
-"""Where a plan's buffers hold the storage type (rnnrt/precision.py is the design), and the
-persistent kernels' decline of 16-bit storage.
+"""Where a plan's buffers hold the storage type (rnnrt/precision.py is the design).
 
 ``store_names(builder)``: the buffers some GEMM of a key's passes reads as an operand (a or
 b) -- x, the h sequences, the weights as the GEMMs read them (the params, their transposes
@@ -12,40 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..kernels.choice import (
-    BackwardChoice,
-    PersistentChoice,
-    choose_persistent,
-    choose_persistent_backward,
-)
-from .model import PlanKey
-
-STORAGE_DECLINE = ("the persistent kernels take fp32 storage only (16-bit storage is "
-                   "issue 24's)")
-"""Why a 16-bit key's persistent switch (or persistent backward) falls back."""
-
-
-def persistent_choice(key: PlanKey) -> PersistentChoice:
-    """kernels/choice.py's persistent choice for ``key``, declined (with
-    ``STORAGE_DECLINE``) where ``key``'s storage is 16-bit and choice.py has not said so
-    itself: the persistent kernels read and write fp32 only."""
-    choice = choose_persistent(key)
-    if choice.runs and key.precision.rounds:
-        return PersistentChoice(None, None, None, False,
-                                key.switches.steps_per_input_gemm(key.steps), fallback=(
-                                    f"persistent declined on {key.device.name}: "
-                                    f"{STORAGE_DECLINE}; ran the schedule without it"))
-    return choice
-
-
-def persistent_backward_choice(key: PlanKey) -> BackwardChoice:
-    """kernels/choice.py's persistent backward choice for ``key`` (``key.backward`` set),
-    declined (``STORAGE_DECLINE``) for 16-bit storage as ``persistent_choice``."""
-    choice = choose_persistent_backward(key)
-    if choice.runs and key.precision.rounds:
-        return BackwardChoice(None, f"persistent backward declined on {key.device.name}: "
-                                    f"{STORAGE_DECLINE}; ran the per-step backward")
-    return choice
+from ..kernels.choice import choose_persistent_backward
 
 
 def store_names(b) -> set:
@@ -65,7 +31,7 @@ def store_names(b) -> set:
     if b.xposed():   # a persistent kernel reads R from the params, never rT
         names |= {f"wT{lyr}" for lyr in range(L)}
         step_bwd = train and not (b.key.backward is not None
-                                  and persistent_backward_choice(b.key).runs)
+                                  and choose_persistent_backward(b.key).runs)
         names |= {f"rT{lyr}" for lyr in range(L) if not b.persist or step_bwd}
     elif b.copies:
         names |= {f"{w}S{lyr}" for w in "wr" for lyr in range(L)}

@@ -5,9 +5,8 @@ prepared in the plan's precision, a GEMM reading a non-storage buffer and a pers
 kernel over 16-bit views are refused with the reason; an fp32 plan launches only the
 ``extern "C"`` kernels and prepares only float32 GEMMs, as before.
 
-The 16-bit plan here is the fp32 builder's turned 16-bit as DESIGN23's rule says p23core's
-builder does: every GEMM operand's buffer 'store', and GEMMs that read the fp32 weights
-('params') read a 'store' copy instead, made first by ew_copy (params -> copy, rounding)."""
+The 16-bit plans are the builders' own (plan/storage.py): every GEMM operand's buffer
+'store', the GEMMs reading 'store' copies of the fp32 weights made first by ew_copy."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +21,7 @@ from rnnrt.exec.workspace import Workspace
 from rnnrt.kernels import library as L
 from rnnrt.kernels.registry import KERNELS
 from rnnrt.plan import forward_plan
-from rnnrt.plan.model import Buffer
-from rnnrt.plan.ops import Gemm, Kernel, View
+from rnnrt.plan.ops import Kernel
 from rnnrt.plan.switches import ladder
 
 
@@ -65,27 +63,11 @@ def _device_ws(plan, store):
 
 
 def _relabelled(plan, dtype):
-    """``plan`` made 16-bit (see the module docstring), its key's dtype ``dtype`` (SHIM: set
-    as an attribute until p23core's PlanKey.dtype is merged). -> (plan, store buffer names)."""
-    params = next(b for b in plan.buffers if b.name == "params")
-
-    def moved(v):   # a GEMM's view of the weights -> the same place in the 16-bit copy
-        return dataclasses.replace(v, buf="wcopy") if v.buf == "params" else v
-
-    ops = tuple(dataclasses.replace(op, a=moved(op.a), b=moved(op.b))
-                if isinstance(op, Gemm) else op for op in plan.ops)
-    copy = Kernel(0, "ew_copy", 1, params.size, (View("wcopy", 0, 1, params.size, 0),),
-                  (View("params", 0, 1, params.size, 0),))
-    operands = {v.buf for op in ops if isinstance(op, Gemm) for v in (op.a, op.b)}
-    bufs = tuple(dataclasses.replace(b, dtype="store") if b.name in operands else b
-                 for b in plan.buffers) + (Buffer("wcopy", params.size, "scratch", "store"),)
-    key = plan.key
-    try:
-        key = dataclasses.replace(key, dtype=dtype)
-    except TypeError:
-        key = dataclasses.replace(key)
-        object.__setattr__(key, "dtype", dtype)
-    return dataclasses.replace(plan, buffers=bufs, key=key, ops=(copy,) + ops), operands
+    """The plan of ``plan``'s key at precision ``dtype`` (the builders' own 16-bit plan: GEMM
+    operands 'store', the weights read from ew_copy'd store copies) -> (plan, store buffer
+    names)."""
+    plan = forward_plan(dataclasses.replace(plan.key, dtype=dtype))
+    return plan, {b.name for b in plan.buffers if b.dtype == "store"}
 
 
 @pytest.fixture
@@ -132,10 +114,11 @@ def test_fp32_plan_is_as_before(fake):
 
 def test_gemm_reading_a_float_buffer_is_refused(fake):
     key = cpu_plan_key("lstm", 5, 3, 4, 6, 1, True, ladder(input_batch=2)[3].switches)
-    plan, _ = _relabelled(forward_plan(key), "bfloat16")
+    plan, store = _relabelled(forward_plan(key), "bfloat16")
+    assert "wS0" in store    # layer 0's 16-bit copy of W, which its W.x GEMM reads
     plan = dataclasses.replace(plan, buffers=tuple(dataclasses.replace(b, dtype="float")
-                                                   if b.name == "wcopy" else b
+                                                   if b.name == "wS0" else b
                                                    for b in plan.buffers))
-    with pytest.raises(ValueError, match="GEMM's .* lies in buffer wcopy of float32, "
+    with pytest.raises(ValueError, match="GEMM's .* lies in buffer wS0 of float32, "
                                          "expected bfloat16"):
         cuda_exec.Prepared(plan, _device_ws(plan, "bfloat16"), _Ctx(L.KernelLibrary()))

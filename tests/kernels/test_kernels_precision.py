@@ -19,17 +19,11 @@ PERSISTENT = dataclasses.replace(ladder(input_batch=10)[-1].switches, persistent
 
 
 def _key(dtype, **kw):
-    """A PlanKey of precision ``dtype``. SHIM until p23core's PlanKey.dtype is merged: a key
-    without the field gets the attribute set (rnnrt.kernels.typed.plan_dtype reads it)."""
+    """A PlanKey of precision ``dtype``."""
     args = dict(cell="lstm", steps=20, batch=32, input_size=64, hidden_size=128,
                 num_layers=2, bias=True, switches=PERSISTENT)
     args.update(kw)
-    try:
-        return cpu_plan_key(**args, dtype=dtype)
-    except TypeError:
-        key = cpu_plan_key(**args)
-        object.__setattr__(key, "dtype", dtype)
-        return key
+    return cpu_plan_key(**args, dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
