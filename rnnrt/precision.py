@@ -12,8 +12,9 @@ rounding-aware reference follow it):
   are fp32.
 
 ``float32``: true fp32 everywhere (the paper's arithmetic; storage = fp32, so no rounding).
-``tf32``: fp32 storage, GEMMs on the tensor cores in TF32 (their operands rounded to a 10-bit
-mantissa inside cuBLAS; the persistent kernels' on-chip products stay fp32 FMAs).
+``tf32``: fp32 storage, GEMMs on the tensor cores in TF32: each GEMM reads its operands
+rounded to a 10-bit mantissa (``gemm_operand``; to nearest), accumulates in fp32. The
+persistent kernels decline it (their on-chip products are fp32 FMAs: other math).
 ``bfloat16`` / ``float16``: 16-bit storage, GEMMs on the tensor cores with fp32 accumulation.
 
 Where the rule lives: ``PlanKey.dtype`` names the precision; the plan builders label each
@@ -91,6 +92,28 @@ def round_to_bfloat16(a) -> np.ndarray:
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     out = rounded.astype(np.uint32).view(np.float32)
     return np.where(np.isnan(f), f, out)
+
+
+def round_to_tf32(a) -> np.ndarray:
+    """``a`` rounded to TF32 (fp32 with a 10-bit mantissa: the low 13 bits cleared, to
+    nearest, ties to even), as float32: what a TF32 tensor-core GEMM reads of an fp32
+    operand. NaN stays NaN."""
+    f = np.asarray(a, dtype=np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & 0xFFFFE000
+    out = rounded.astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(f), f, out)
+
+
+def gemm_operand(a, dtype) -> np.ndarray:
+    """What a GEMM of precision ``dtype`` reads of operand ``a`` (already in storage), in
+    ``a``'s float dtype: TF32-rounded for tf32, ``a`` itself otherwise (fp32 GEMMs read it
+    exactly; 16-bit operands were rounded when stored)."""
+    arr = np.asarray(a)
+    if get_precision(dtype).gemm != "tf32":
+        return arr
+    kind = arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)
+    return round_to_tf32(arr).astype(kind)
 
 
 def round_to_storage(a, dtype) -> np.ndarray:

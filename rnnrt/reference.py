@@ -33,8 +33,9 @@ tests), with exactly the plans' rounding points -- a value is rounded to the sto
   backward: each step's gate gradients dgi, dgh, before anything reads them (dx = dgi W,
             dh_{t-1} = dgh R, dW = dgi^T x, dR = dgh^T h, the bias sums)
 Nothing else rounds: gi, gh, c, the saved gates, dh (and GRU's z dh), dc, dx and the weight
-gradients stay in float. float32 / tf32 storage rounds nothing (the fp32 reference; TF32's
-operand rounding inside the GEMMs is not emulated).
+gradients stay in float. float32 / tf32 storage rounds nothing; tf32's GEMMs read their
+operands rounded to TF32 (``precision.gemm_operand``: every product above, the bias sums
+included) while everything else reads them as stored.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from functools import partial
 import numpy as np
 
 from .cells import get_cell, layer_input_size
-from .precision import get_precision, round_to_storage
+from .precision import gemm_operand, get_precision, round_to_storage
 
 PARAM_KEYS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
@@ -253,6 +254,7 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None, dtype: str = "fl
     step, _ = STEPS[spec.name]
     prec = get_precision(dtype).name
     store = partial(round_to_storage, dtype=prec)   # a store's rounding
+    op = partial(gemm_operand, dtype=prec)          # what a GEMM reads (tf32: rounded)
     x = np.asarray(x)
     num_layers, steps, batch, in_size, hidden = _sizes(params, x)
     dtype = x.dtype
@@ -272,6 +274,7 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None, dtype: str = "fl
         i_l = layer_input_size(layer, in_size, hidden)
         w, r, b_ih, b_hh = layer_params(cell, params, layer, i_l, hidden, dtype)
         w, r = store(w), store(r)
+        wg, rg = op(w), op(r)
         h = np.empty((steps + 1, batch, hidden), dtype)
         h[0] = store(h0[layer])
         c = None
@@ -281,8 +284,8 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None, dtype: str = "fl
         gates = (np.empty((steps, batch, spec.saved_gates * hidden), dtype)
                  if spec.saved_gates else None)
         for t in range(steps):
-            gi = inp[t] @ w.T
-            gh = h[t] @ r.T
+            gi = op(inp[t]) @ wg.T
+            gh = op(h[t]) @ rg.T
             if b_ih is not None:
                 gi = gi + b_ih
                 gh = gh + b_hh
@@ -329,6 +332,7 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
     require(prec == cache.dtype, f"reference: dtype {prec!r}, but the cache is from a "
                                  f"{cache.dtype!r} forward")
     store = partial(round_to_storage, dtype=prec)   # a store's rounding
+    op = partial(gemm_operand, dtype=prec)          # what a GEMM reads (tf32: rounded)
     num_layers = len(cache.layers)
     require(len(params) == num_layers,
            f"reference: {len(params)} param dicts, but the cache has {num_layers} layers")
@@ -356,6 +360,7 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
         in_size = lc.x.shape[2]
         w, r, b_ih, b_hh = layer_params(cell, params, layer, in_size, hidden, dtype)
         w, r = store(w), store(r)
+        wg, rg = op(w), op(r)
         dw, dr = np.zeros_like(w), np.zeros_like(r)
         db_ih = None if b_ih is None else np.zeros_like(b_ih)
         db_hh = None if b_hh is None else np.zeros_like(b_hh)
@@ -371,15 +376,15 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
                 lc.h[t], None if lc.c is None else lc.c[t],
                 lc.h[t + 1], None if lc.c is None else lc.c[t + 1],
                 dh_new, dc)
-            dgi, dgh = store(dgi), store(dgh)   # stored for the GEMMs that read them
+            dgi, dgh = op(store(dgi)), op(store(dgh))   # stored for the GEMMs that read them
             # gi = x W^T + b_ih and gh = h R^T + b_hh: the same two affine backward steps.
-            dx[t] = dgi @ w
-            dh = dgh @ r
+            dx[t] = dgi @ wg
+            dh = dgh @ rg
             if dh_direct is not None:
                 dh = dh + dh_direct
-            dw += dgi.T @ lc.x[t]
-            dr += dgh.T @ lc.h[t]
-            if db_ih is not None:
+            dw += dgi.T @ op(lc.x[t])
+            dr += dgh.T @ op(lc.h[t])
+            if db_ih is not None:   # sums over the batch: GEMMs with a ones vector
                 db_ih += dgi.sum(axis=0)
                 db_hh += dgh.sum(axis=0)
         dh0[layer] = dh

@@ -45,7 +45,7 @@ from functools import partial
 import numpy as np
 
 from .cells import get_cell, layer_input_size
-from .precision import get_precision, round_to_storage
+from .precision import gemm_operand, get_precision, round_to_storage
 from .reference import STEPS, layer_params, require, require_shape
 
 
@@ -170,6 +170,7 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
     step, _ = STEPS[spec.name]
     prec = get_precision(dtype).name
     store = partial(round_to_storage, dtype=prec)   # a store's rounding
+    op = partial(gemm_operand, dtype=prec)          # what a GEMM reads (tf32: rounded)
     x = np.asarray(x)
     require(x.ndim == 2, f"varlen: x must be packed [N, I], got shape {x.shape}")
     require(x.dtype.kind == "f", f"varlen: x must be floating, got {x.dtype}")
@@ -202,7 +203,8 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
         w, r = store(w), store(r)
         cast_params.append({"weight_ih": w, "weight_hh": r, "bias_ih": b_ih, "bias_hh": b_hh})
         # W x for every real row of the layer at once: padding never exists to be multiplied.
-        gi_all = inp @ w.T
+        gi_all = op(inp) @ op(w).T
+        rg = op(r)
         if b_ih is not None:
             gi_all += b_ih
         h = store(h0[layer]).copy()  # running state [B, H]: rows < bs[t] are the active ones
@@ -215,7 +217,7 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
             gates = np.empty((n, spec.saved_gates * hidden), dtype) if spec.saved_gates else None
         for t in _order(len(bs), reverse):
             a, rows = int(bs[t]), slice(int(off[t]), int(off[t] + bs[t]))
-            gh = h[:a] @ r.T
+            gh = op(h[:a]) @ rg.T
             if b_hh is not None:
                 gh += b_hh
             h_new, c_new, saved = step(gi_all[rows], gh, h[:a], None if c is None else c[:a])
@@ -264,6 +266,7 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
     require(isinstance(cache, Cache), f"varlen: cache must be the Cache of forward(train=True), "
                                      f"got {type(cache).__name__}")
     store = partial(round_to_storage, dtype=cache.dtype)   # the forward's precision
+    op = partial(gemm_operand, dtype=cache.dtype)          # what a GEMM reads (tf32: rounded)
     spec = get_cell(cache.cell)
     _, step_backward = STEPS[spec.name]
     bs, off = cache.batch_sizes, offsets(cache.batch_sizes)
@@ -293,6 +296,7 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
     for layer in reversed(range(num_layers)):
         lc, p = cache.layers[layer], cache.params[layer]
         w, r = p["weight_ih"], p["weight_hh"]
+        rg = op(r)
         dgi_all = np.empty((n, w.shape[0]), dtype)
         dgh_all = np.empty((n, w.shape[0]), dtype) if separate_gh else dgi_all
         # Running gradients w.r.t. the state [B, H]: a row is seeded by dh_n at its last
@@ -310,7 +314,7 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
             dgi_all[rows] = dgi
             if separate_gh:
                 dgh_all[rows] = dgh
-            dh_prev = dgh @ r
+            dh_prev = op(dgh) @ rg
             if dh_direct is not None:
                 dh_prev += dh_direct
             dh[:a] = dh_prev
@@ -321,9 +325,10 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
             dc0[layer] = dc
         if need_params:
             # The weight gradients over all steps as one GEMM each, on the real rows only.
+            gi, gh = op(dgi_all), op(dgh_all)
             grads[layer] = {
-                "weight_ih": dgi_all.T @ lc.x, "weight_hh": dgh_all.T @ lc.hprev,
-                "bias_ih": None if p["bias_ih"] is None else dgi_all.sum(axis=0),
-                "bias_hh": None if p["bias_hh"] is None else dgh_all.sum(axis=0)}
-        dout = dgi_all @ w if (layer > 0 or need_dx) else None
+                "weight_ih": gi.T @ op(lc.x), "weight_hh": gh.T @ op(lc.hprev),
+                "bias_ih": None if p["bias_ih"] is None else gi.sum(axis=0),
+                "bias_hh": None if p["bias_hh"] is None else gh.sum(axis=0)}
+        dout = op(dgi_all) @ op(w) if (layer > 0 or need_dx) else None
     return {"dx": dout, "dh0": dh0, "dc0": dc0, "params": grads if need_params else None}

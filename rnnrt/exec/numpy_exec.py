@@ -24,7 +24,7 @@ import numpy as np
 
 from ..kernels.registry import KERNELS
 from ..plan.ops import Gemm, Kernel, Record, Wait
-from ..precision import round_to_storage
+from ..precision import gemm_operand, round_to_storage
 from .workspace import Workspace
 
 
@@ -58,8 +58,9 @@ def run_op(op, ws: Workspace) -> None:
     """Execute one Gemm or Kernel op on the workspace's NumPy buffers; a kernel's outputs
     in store buffers are rounded to the storage type (the module's docstring)."""
     if isinstance(op, Gemm):
-        a = ws.view(op.a)
-        b = ws.view(op.b)
+        dtype = ws.plan.key.dtype   # tf32: the product reads its operands TF32-rounded
+        a = gemm_operand(ws.view(op.a), dtype)
+        b = gemm_operand(ws.view(op.b), dtype)
         a = a.T if op.trans_a else a
         b = b.T if op.trans_b else b
         out = ws.view(op.out)

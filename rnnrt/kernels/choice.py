@@ -34,15 +34,16 @@ from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .stack import PS_BMAX, StackFit, stack_fit
 
-PERSISTENT_STORAGE_REASON = ("the persistent kernels take fp32 storage only (16-bit storage "
-                             "is issue 24's)")
-"""Why a bfloat16 / float16 key runs no persistent kernel, forward or backward (float32 and
-tf32 keys run them: fp32 storage, and the kernels' on-chip products are fp32 FMAs)."""
+PERSISTENT_STORAGE_REASON = ("the persistent kernels run fp32 only: fp32 storage and fp32 "
+                             "products on chip (TF32 and 16-bit storage are issue 24's)")
+"""Why a tf32, bfloat16 or float16 key runs no persistent kernel, forward or backward: their
+on-chip products are fp32 FMAs, so under tf32 they would compute other math than the
+rungs' TF32 GEMMs (a switch changes the schedule, never the math)."""
 
 
 def persistent_storage_declines(dtype) -> str | None:
-    """PERSISTENT_STORAGE_REASON for a precision with 16-bit storage, else None."""
-    return PERSISTENT_STORAGE_REASON if get_precision(dtype).rounds else None
+    """PERSISTENT_STORAGE_REASON for every precision but float32, else None."""
+    return None if get_precision(dtype).name == "float32" else PERSISTENT_STORAGE_REASON
 
 # --------------------------------------------------------------------------------------------
 # The persistent family of a plan key

@@ -189,8 +189,8 @@ def _as_fp32(plan):
 def test_fp32_and_tf32_plans_are_the_same_and_16_bit_only_adds_the_copies(cell):
     """tf32's plans are fp32's op for op; a 16-bit plan is the fp32 one plus a copy of each
     weight matrix (the GEMMs reading it, the copy's events) -- except the naive GRU
-    backward, which keeps dn' in fp32 (backward.py says why) -- and its persistent rung
-    falls back to the fused schedule, saying why."""
+    backward, which keeps dn' in fp32 (backward.py says why); at both, the persistent rung
+    falls back to the fused schedule, saying why (its on-chip products are fp32)."""
     for rung in ladder(2):
         for train in (False, True):
             k32 = key_of(cell, rung.switches, "float32", train)
@@ -198,12 +198,13 @@ def test_fp32_and_tf32_plans_are_the_same_and_16_bit_only_adds_the_copies(cell):
             for make in plans:
                 p32 = make(k32)
                 ptf = make(dataclasses.replace(k32, dtype="tf32"))
-                assert ptf.ops == p32.ops and ptf.buffers == p32.buffers
                 p16 = make(dataclasses.replace(k32, dtype="bfloat16"))
                 if rung.switches.persistent:
-                    assert "fp32 storage only" in (forward_plan(dataclasses.replace(
-                        k32, dtype="bfloat16")).fallback or "")
+                    for d in ("tf32", "bfloat16"):
+                        assert "run fp32 only" in (forward_plan(dataclasses.replace(
+                            k32, dtype=d)).fallback or ""), d
                     continue
+                assert ptf.ops == p32.ops and ptf.buffers == p32.buffers
                 if cell == "gru" and make is backward_plan and not rung.switches.fused:
                     continue
                 strip = [op for op in _as_fp32(p16) if isinstance(op, (Gemm, Kernel))]
@@ -216,17 +217,18 @@ def test_persistent_backward_declines_16_bit_storage():
     assert backward_plan(dataclasses.replace(key, dtype="float32")).fallback is None
     plan = backward_plan(key)
     assert "persistent backward declined" in plan.fallback
-    assert "fp32 storage only" in plan.fallback
+    assert "run fp32 only" in plan.fallback
 
 
 # --------------------------------------------------------------------------- the executor
 
-@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("dtype", LOW + ("tf32",))
 @pytest.mark.parametrize("cell", CELLS)
 def test_every_rung_rounds_where_the_reference_does(cell, dtype):
-    """Inference and forward + backward of every rung: the NumPy executor's 16-bit plan
-    equals the rounding-aware reference to ~1e-9 (program order, and a random interleaving
-    of its streams), and is statically race-free."""
+    """Inference and forward + backward of every rung: the NumPy executor's 16-bit (or
+    tf32: GEMM operands TF32-rounded) plan equals the rounding-aware reference to ~1e-9
+    (program order, and a random interleaving of its streams), and is statically
+    race-free."""
     c = case(cell, dtype, seed=3)
     for rung in ladder(2):
         for train in (False, True):
