@@ -22,7 +22,7 @@ from pathlib import Path
 from .recordio import RecordError, read_json, read_jsonl, write_text_atomic
 
 RESULTS = Path("experiments") / "results"
-KINDS = ("ladder", "sweep", "kernels", "trace", "training", "profiles", "logs")
+KINDS = ("ladder", "sweep", "kernels", "trace", "training", "precision", "profiles", "logs")
 CITERS = ("README.md", "CHANGELOG.md")  # plus every Markdown file under docs/
 COMMAND = "python -m rnnrt.bench.index"
 
@@ -111,8 +111,9 @@ def _what(kind: str, stem: str, rec: dict | None) -> str:
     else the stem. KeyError/TypeError/ValueError on a record missing what it needs."""
     if kind == "ladder" and rec is not None:
         c = rec["config"]
+        dtype = rec.get("dtype", "float32")
         return (f"{c['cell']} L{c['layers']} H{c['hidden']} B{c['batch']} T{c['steps']}, "
-                f"{rec['pass']}")
+                f"{rec['pass']}" + ("" if dtype == "float32" else f", {dtype}"))
     if kind == "sweep" and rec is not None:
         keys = ("cell", "layers", "hidden", "input_size", "batch", "steps", "input_batch", "pass")
         done = [o for o in rec["_lines"] if o.get("type") in ("row", "error")]

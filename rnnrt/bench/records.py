@@ -44,7 +44,7 @@ def figures_root(env=None) -> Path:
     """Where figures go by default: <out>/figures."""
     return out_root(env) / "figures"
 
-KINDS = ("ladder", "sweep", "kernels", "trace", "training", "profiles", "logs")
+KINDS = ("ladder", "sweep", "kernels", "trace", "training", "precision", "profiles", "logs")
 
 
 def now_iso() -> str:
