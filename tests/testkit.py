@@ -476,7 +476,7 @@ def example_module(name):
     return importlib.import_module(name)
 
 
-# --- precisions (issue 23) -------------------------------------------------------------------------
+# --- precisions (issue 23) ---------------------------------------------------------------------
 
 def dtype_plans_ready() -> bool:
     """Whether plans, the reference and GpuRunner take ``dtype`` (issue 23's p23core branch):

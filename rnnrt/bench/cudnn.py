@@ -22,7 +22,8 @@ from .timing import time_torch
 
 class CudnnBench:
     """cuDNN through torch.nn holding the same weights (rnnrt's torch-compatible state_dict),
-    at precision ``cfg.dtype`` (module docstring). ``time()`` can be called several times in a run (before and after the rungs):
+    at precision ``cfg.dtype`` (module docstring). ``time()`` can be called several times
+    in a run (before and after the rungs):
     cuDNN's time moves between calls far more than ours (on the H100 its paper-shape forward
     took 5.6 to 11.8 ms across processes), so the row pools every sample."""
 

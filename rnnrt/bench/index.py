@@ -22,7 +22,7 @@ from pathlib import Path
 from .recordio import RecordError, read_json, read_jsonl, write_text_atomic
 
 RESULTS = Path("experiments") / "results"
-KINDS = ("ladder", "sweep", "kernels", "trace", "training", "precision", "profiles", "logs")
+KINDS = ("ladder", "sweep", "kernels", "trace", "training", "profiles", "logs")
 CITERS = ("README.md", "CHANGELOG.md")  # plus every Markdown file under docs/
 COMMAND = "python -m rnnrt.bench.index"
 

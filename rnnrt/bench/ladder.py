@@ -7,8 +7,8 @@ that disagrees is not timed (its row says why). Then warm-up and the median of `
 runs timed with CUDA events on the plan's first stream. FLOPs by the paper's convention
 (rnnrt.cells.forward_flops). Ratios: speedup_vs_naive = naive ms / rung ms (same executor);
 ratio_vs_cudnn = cuDNN ms / rung ms (> 1: faster than cuDNN; cuDNN's ms is the median of
-its medians timed before and after the rungs, both kept in the record); share_of_ceiling = TFLOPS over
-the GEMM ceiling's TFLOPS at the run's precision (bench/ceilings.py).
+its medians timed before and after the rungs, both kept in the record); share_of_ceiling =
+TFLOPS over the GEMM ceiling's TFLOPS at the run's precision (bench/ceilings.py).
 
 Precision (``dtype``, one of precision.DTYPES; default float32, the paper's arithmetic): every
 rung and the auto row run at it, cuDNN at the same precision in the same process
@@ -42,7 +42,7 @@ from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, Rung, ladder, rung_names
 from ..precision import get_precision
-from .dtypes import (CUDNN_MODE, PRECISION_WORDS, dtype_suffix, dtype_kw, reference_dtype,
+from .dtypes import (CUDNN_MODE, PRECISION_WORDS, dtype_kw, dtype_suffix, reference_dtype,
                      reference_name, tolerance)
 from ..session import GpuSession, time_events
 from .cudnn import cudnn_bench, cudnn_missing
@@ -457,7 +457,8 @@ def _run_gpu(cfg, progress, session: BenchSession):
         ref = _reference(cfg, model, x, h0, c0, dy)
         ref_name = reference_name(cfg.dtype)
         cudnn_check = None if isinstance(bench, str) else compare_all(
-            bench.outputs(), ref, ref_name, rows=cfg.steps * cfg.batch, **tolerance(cfg.dtype))
+            bench.outputs(), ref, ref_name, rows=cfg.steps * cfg.batch,
+            **tolerance(cfg.dtype))
     if not isinstance(bench, str):
         t = bench.time()
         progress(f"cudnn (before the rungs) {t.ms_median:9.3f} ms; check {cudnn_check}")
@@ -533,7 +534,8 @@ def _run_cpu(cfg, progress):
     ceiling = {"what": "NumPy fp32 matmul 512^3 on the CPU",
                "tflops": 2 * 512**3 / (tc.ms_median * 1e-3) / 1e12, "ms_median": tc.ms_median}
     rows = _ladder_rows(cfg, ("numpy",), lambda e, plan, ws: _NumpyExecutor(plan, ws), np,
-                        model.flat, inputs, ref, reference_name(cfg.dtype), flops, ceiling["tflops"],
+                        model.flat, inputs, ref, reference_name(cfg.dtype), flops,
+                        ceiling["tflops"],
                         lambda rr: time_cpu(rr.run, cfg.repeats, cfg.warmup), lambda rr: None,
                         progress, H100_SXM, label=" (CPU figure)",
                         samples_fn=lambda rr, repeats, warmup: time_cpu(

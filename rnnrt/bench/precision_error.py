@@ -281,9 +281,10 @@ def run_precision(cfg: PrecisionConfig, progress=_progress) -> dict:
             except ImportError as e:
                 why_not = f"torch not importable ({e})"
     else:
-        from ..session import GpuSession
-        session = GpuSession()
-        info, vers, run_rnnrt, tdev = session.info, versions(session.cp), _rnnrt_gpu, "cuda"
+        from ..device import require_gpu
+        from ..session import device_info
+        cp = require_gpu()
+        info, vers, run_rnnrt, tdev = device_info(cp), versions(cp), _rnnrt_gpu, "cuda"
         why_not = cudnn_missing(cfg)
     shape = {"cell": cfg.cell, "layers": cfg.layers, "hidden": cfg.hidden,
              "input_size": cfg.inp, "batch": cfg.batch}

@@ -12,14 +12,14 @@ sequences cost their real steps); CUDA tensors on rnnrt's GPU runner (``rnnrt.nn
 packed batches of different lengths on variable-length plans, the parameters read in place
 from the module's flat buffer) in float32, and in bfloat16 / float16 under
 ``torch.autocast("cuda", ...)`` or for ``.to(torch.bfloat16)`` / ``.half()`` modules
-(``rnnrt.nn.precision`` says what each means; CPU autocast is refused, saying why). Not implemented: LSTM projections
-(proj_size > 0).
+(``rnnrt.nn.precision`` says what each means; CPU autocast is refused, saying why). Not
+implemented: LSTM projections (proj_size > 0).
 
 This is the only part of rnnrt that needs PyTorch; ``import rnnrt`` works without it.
 Modules: ``modules`` (the nn.Modules), ``inputs`` (argument checks, packed form),
 ``function`` (the autograd Function), ``backend`` (the seam and its CPU implementation),
-``cuda`` (the seam on CUDA), ``precision`` (which precision a call runs in), ``flat`` (the parameters' flat buffer on CUDA), ``packing`` (a
-checked pack_padded_sequence).
+``cuda`` (the seam on CUDA), ``precision`` (which precision a call runs in), ``flat`` (the
+parameters' flat buffer on CUDA), ``packing`` (a checked pack_padded_sequence).
 """
 try:
     import torch  # noqa: F401

@@ -122,3 +122,30 @@ def test_cpu_report_every_precision_meets_the_goal(tmp_path):
     assert {(r["dtype"], r["impl"]) for r in rec["long"]} == {
         (d, i) for d in ("bfloat16", "float16") for i in ("rnnrt", "cudnn")}
     assert all(r["finite"] and r["ok"] and r["steps"] == 60 for r in rec["long"])
+
+
+def test_the_gpu_path_through_gpurunner_names_every_array(monkeypatch):
+    """_rnnrt_gpu (GpuRunner, what the GPU report runs) on testkit.CpuSession, and the cuDNN
+    role's torch.nn, for a cell with and one without a cell state: the same arrays, by the
+    same names, as the float64 reference, within fp32's error."""
+    import sys
+
+    import rnnrt.session
+    from testkit import CpuSession, NumpyCupy
+    monkeypatch.setitem(sys.modules, "cupy", NumpyCupy())
+    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
+    monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
+    for cell in ("lstm", "gru"):
+        cfg = pe.PrecisionConfig(cell=cell, layers=2, hidden=8, batch=3, steps=(5,), cpu=True)
+        model, inputs = pe._model_inputs(cfg, 5)
+        ref = pe._reference(cfg, model, inputs)
+        got = pe._rnnrt_gpu(cfg, model, inputs, "float32")
+        assert set(got) == set(ref) == (OUTPUTS | GRADS) - ({"c_n", "dc0"} if cell == "gru"
+                                                            else set())
+        for k in ref:
+            assert pe.rel_errors(got[k], ref[k])["max_rel_err"] < 1e-5, k
+        theirs = pe._torch_run(cfg, model, inputs, "float32", "cpu")   # the cuDNN role
+        assert set(theirs) == set(ref)
+        assert max(pe.rel_errors(theirs[k], ref[k])["max_rel_err"] for k in ref) < 1e-5
+        fwd = pe._rnnrt_gpu(cfg, model, inputs, "float32", train=False)
+        assert set(fwd) == OUTPUTS - ({"c_n"} if cell == "gru" else set())
