@@ -92,13 +92,25 @@ def test_sweep_file_names_points_and_rows_carry_the_dtype():
     assert sw.key_of(old)[-1] == "float32"
 
 
-def test_cpu_sweep_rows_say_float32(tmp_path):
+def test_cpu_sweep_rows_say_float32_and_plots_leave_other_precisions_out(tmp_path):
+    from rnnrt.bench.plots import load_rows, plot_all
     out = tmp_path / "s.jsonl"
-    assert cli.main(["sweep", "--cpu", "--hidden", "6", "--batch", "2", "--layers", "1",
+    assert cli.main(["sweep", "--cpu", "--hidden", "6,8", "--batch", "2", "--layers", "1",
                      "--steps", "3", "--repeats", "1", "--warmup", "0", "--rungs", "naive",
                      "--out", str(out)]) == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert {r["dtype"] for r in rows if r["type"] == "row"} == {"float32"}
+    rows = load_rows([out])
+    notes = []
+    alone = plot_all(rows, tmp_path / "a", layers=1, note=notes.append)
+    assert alone and not any("other precisions" in n for n in notes)
+    # the same points at another precision (twice as fast) are not drawn beside them
+    other = [{**r, "dtype": "bfloat16", "ms_median": r["ms_median"] / 2} for r in rows]
+    mixed = plot_all(rows + other, tmp_path / "b", layers=1, note=notes.append)
+    assert [p.name for p in mixed] == [p.name for p in alone]
+    assert any("other precisions" in n for n in notes)
+    assert all((tmp_path / "a" / p.name).read_bytes() == p.read_bytes()
+               for p in mixed if p.suffix == ".png")
 
 
 def test_ceilings_per_precision(monkeypatch):
