@@ -394,9 +394,10 @@ def summary_table(record: dict) -> str:
                 cells.append("non-finite" if any(v is None for v in vals)
                              else f"{max(vals):.3g}" if vals else "—")
         lines.append("| " + " | ".join(cells) + " |")
-    for r in record["long"]:
-        lines.append(f"\nT={r['steps']} forward {r['dtype']} {r['impl']}: "
-                     f"{'finite' if r['finite'] else 'NOT FINITE'}, max |h| {r['max_abs_h']}")
+    for i, r in enumerate(record["long"]):
+        lines.append(("\n" if i == 0 else "") + f"T={r['steps']} forward {r['dtype']} "
+                     f"{r['impl']}: {'finite' if r['finite'] else 'NOT FINITE'}, max |h| "
+                     f"{r['max_abs_h']}")
     g = record["goal"]
     bad = [c for c in g["checks"] if not c["ok"]]
     lines.append(f"\ngoal ({g['rule']}): {'MET' if g['ok'] else 'NOT MET'}"

@@ -10,9 +10,9 @@ inter-layer dropout; autograd through rnnrt's own backward. CPU tensors run on t
 reference in float32 / float64 (``rnnrt.varlen``: a per-step active batch, so packed
 sequences cost their real steps); CUDA tensors on rnnrt's GPU runner (``rnnrt.nn.cuda``:
 packed batches of different lengths on variable-length plans, the parameters read in place
-from the module's flat buffer) in float32, and in bfloat16 / float16 under
-``torch.autocast("cuda", ...)`` or for ``.to(torch.bfloat16)`` / ``.half()`` modules
-(``rnnrt.nn.precision`` says what each means; CPU autocast is refused, saying why). Not
+from the module's flat buffer) in float32. On either device bfloat16 / float16 run under
+``torch.autocast`` and for ``.to(torch.bfloat16)`` / ``.half()`` modules, with fp32
+accumulation and 16-bit storage (``rnnrt.nn.precision`` says what each means). Not
 implemented: LSTM projections (proj_size > 0).
 
 This is the only part of rnnrt that needs PyTorch; ``import rnnrt`` works without it.

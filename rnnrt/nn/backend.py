@@ -41,7 +41,9 @@ Implementations:
 
   CPU     ``NumpyBackend``: rnnrt.varlen on ``t.detach().numpy()`` views (no copies of the
           inputs or parameters), in the tensors' dtype (float32 or float64); results are
-          ``torch.from_numpy`` views of the arrays it computed.
+          ``torch.from_numpy`` views of the arrays it computed. At a ``precision``: varlen
+          in float32 with that precision's storage rounding (16-bit tensors converted to
+          float32 copies, exactly), the outputs in precision.out_dtype.
   CUDA    ``cuda.CudaBackend``: rnnrt's GpuRunner (at the call's precision: float32, or
           bfloat16 / float16 under autocast or for 16-bit parameters; the schedule
           selector's choice per shape, a bounded cache of plans and workspaces) on the
@@ -52,6 +54,7 @@ Implementations:
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .. import varlen
@@ -66,25 +69,38 @@ class NumpyBackend:
 
     @staticmethod
     def _np(t):
-        """A NumPy view of CPU tensor ``t`` (any shape), or None."""
-        return None if t is None else t.detach().numpy()
+        """A NumPy view of CPU tensor ``t`` (any shape; a float32 copy where it is 16-bit:
+        NumPy has no bfloat16), or None."""
+        if t is None:
+            return None
+        t = t.detach()
+        return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
 
     def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train,
                     precision=None):
         """See the module docstring. x [N, I]; h0, c0 [L, B, H] | None -> (y [N, H],
-        h_n [L, B, H], c_n [L, B, H] | None, saved varlen.Cache | None). ``precision``
-        must be None (inputs.prepare refuses a CPU call at another precision)."""
-        if precision is not None:
-            raise NotImplementedError(f"rnnrt.nn on the CPU: precision {precision.name} is "
-                                      f"not supported (float32 / float64 only)")
-        params = [{"weight_ih": self._np(w_ih), "weight_hh": self._np(w_hh),
-                   "bias_ih": self._np(b_ih), "bias_hh": self._np(b_hh)}
+        h_n [L, B, H], c_n [L, B, H] | None, saved varlen.Cache | None). At ``precision``
+        (a CallPrecision) in float32 with its storage rounding, outputs in its out_dtype."""
+        np32 = self._np if precision is None else self._np32
+        params = [{"weight_ih": np32(w_ih), "weight_hh": np32(w_hh),
+                   "bias_ih": np32(b_ih), "bias_hh": np32(b_hh)}
                   for w_ih, w_hh, b_ih, b_hh in layers]
-        y, h_n, c_n, cache = varlen.forward(cell, params, self._np(x), batch_sizes,
-                                            self._np(h0), self._np(c0), reverse=reverse,
-                                            train=train)
-        return (torch.from_numpy(y), torch.from_numpy(h_n),
-                None if c_n is None else torch.from_numpy(c_n), cache)
+        # SHIM(p23core): varlen's dtype= comes with p23core; float32 passes none
+        kw = {} if precision is None else {"dtype": precision.name}
+        y, h_n, c_n, cache = varlen.forward(cell, params, np32(x), batch_sizes,
+                                            np32(h0), np32(c0), reverse=reverse,
+                                            train=train, **kw)
+
+        def out(a):
+            t = torch.from_numpy(a)
+            return t if precision is None else t.to(precision.out_dtype)
+        return out(y), out(h_n), None if c_n is None else out(c_n), cache
+
+    @classmethod
+    def _np32(cls, t):
+        """A float32 NumPy array of CPU tensor ``t`` (a view where it is float32), or None."""
+        a = cls._np(t)
+        return None if a is None else a.astype(np.float32, copy=False)
 
     def run_backward(self, saved, dy, dh_n, dc_n, *, need_dx, need_weights):
         """See the module docstring. dy [N, H] | None; dh_n, dc_n [L, B, H] | None ->

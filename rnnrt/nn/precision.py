@@ -15,15 +15,16 @@ rules, and what each means for the tensors (rnnrt.precision says where the round
       call (a 16-bit module is not laid out in the flat buffer); outputs in that dtype; the
       gradients are accumulated in fp32 and rounded once to that dtype. (torch.nn in that
       dtype runs cuDNN's 16-bit RNN, its gradients 16-bit all the way; the values differ in
-      rounding only, ours the more precise: tests/gpu/test_gpu_nn_precision.py.)
+      rounding only: tests/gpu/test_gpu_nn_precision.py holds ours to at most 2x cuDNN's
+      error against float64, tests/nn/test_nn_precision.py to 2x torch's CPU modules'.)
   CUDA float32 parameters, no autocast
       float32, exactly as before. TF32 is not taken from torch.backends' allow_tf32 flags:
       rnnrt.nn in float32 is fp32 math, whatever those flags (they default to on for cuDNN).
   CPU
-      float32 / float64 through the NumPy reference. Under ``torch.autocast("cpu", ...)``
-      the call is refused (NotImplementedError saying why and what to do): torch.nn.LSTM
-      runs bfloat16 there, the NumPy path has no 16-bit storage rounding, and running fp32
-      silently would compute something other than asked.
+      the same rules (torch.autocast("cpu", ...) and 16-bit modules, which torch.nn runs
+      on the CPU too): ``rnnrt.varlen`` in float32 with the precision's storage rounding
+      (``dtype=``: the rounding points of the GPU plans and of the rounding-aware reference),
+      the tensors converted as above; float32 / float64 modules without autocast as before.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-RUNNER_DEVICES = ("cuda",)
-"""Device types whose backend is a GpuRunner (the one that runs every precision)."""
+PRECISION_DEVICES = ("cuda", "cpu")
+"""Device types whose backends run the 16-bit precisions (the GPU runner, rnnrt.varlen)."""
 _NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """What x, h0, c0 may be under autocast (taken as float32 by the runner)."""
@@ -63,24 +64,17 @@ def call_precision(device: torch.device, param_dtype: torch.dtype) -> CallPrecis
     """The precision of a call on ``device`` with parameters of ``param_dtype`` (module
     docstring); None for the plain path (the tensors' own dtype, float32 / float64).
     NotImplementedError, before any work, where rnnrt.nn cannot do what torch.nn would."""
+    if device.type not in PRECISION_DEVICES:
+        return None          # backend_for refuses the device itself
     ac = autocast_dtype(device.type)
-    if device.type in RUNNER_DEVICES:
-        if ac is not None:
-            if ac not in _NAMES:
-                raise NotImplementedError(
-                    f"rnnrt.nn: torch.autocast with dtype {ac} is not supported; rnnrt runs "
-                    f"autocast in torch.bfloat16 or torch.float16")
-            return CallPrecision(_NAMES[ac], ac, True)
-        if param_dtype in _NAMES:
-            return CallPrecision(_NAMES[param_dtype], param_dtype, False)
-        return None
     if ac is not None:
-        raise NotImplementedError(
-            f"rnnrt.nn on the CPU: torch.autocast('{device.type}', dtype={ac}) is not "
-            f"supported (the CPU path computes in float32 / float64 and has no 16-bit "
-            f"storage rounding; running float32 silently would not be what autocast asks). "
-            f"Run the module outside autocast (with torch.autocast('{device.type}', "
-            f"enabled=False): ...), or on CUDA, where autocast runs in {ac}")
+        if ac not in _NAMES:
+            raise NotImplementedError(
+                f"rnnrt.nn: torch.autocast with dtype {ac} is not supported; rnnrt runs "
+                f"autocast in torch.bfloat16 or torch.float16")
+        return CallPrecision(_NAMES[ac], ac, True)
+    if param_dtype in _NAMES:
+        return CallPrecision(_NAMES[param_dtype], param_dtype, False)
     return None
 
 
