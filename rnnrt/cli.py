@@ -1,6 +1,7 @@
 """Command line: `rnnrt ladder` (the paper's Table 1 on this GPU), `rnnrt sweep` (the ladder
 over a grid of sizes, resumable JSON lines), `rnnrt plot` (figures from those results),
-`rnnrt trace` (per-op timelines of one pass), `rnnrt demo` and `rnnrt --version`.
+`rnnrt trace` (per-op timelines of one pass), `rnnrt precision` (errors at each precision
+against the float64 reference), `rnnrt demo` and `rnnrt --version`.
 
 Outputs go to ./rnnrt-out (results/<kind>/ and figures/) unless RNNRT_OUT names another
 folder or --out / --out-dir say where; every output is checked before any work, and an
@@ -82,6 +83,21 @@ def _cell_name(s: str) -> str:
     return s
 
 
+def _dtype(s: str) -> str:
+    from .precision import DTYPES
+    if s not in DTYPES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(DTYPES)}, got {s!r}")
+    return s
+
+
+def _add_dtype(p, what: str) -> None:
+    from .precision import DTYPES
+    p.add_argument("--dtype", type=_dtype, default="float32",
+                   help=f"precision of {what}: {', '.join(DTYPES)} (default float32; tf32: "
+                        f"fp32 storage, TF32 GEMMs; bfloat16 / float16: 16-bit storage, fp32 "
+                        f"accumulation); cuDNN runs at the same precision")
+
+
 def _path(s: str) -> str:
     if not s.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty name")
@@ -135,7 +151,7 @@ def _ladder_parser(sub):
     from .bench.ladder import CPU_SIZE
     from .plan.switches import DEFAULT_INPUT_BATCH
     p = sub.add_parser("ladder", help="verify and time every rung of the paper's ladder "
-                       "beside cuDNN and the fp32 GEMM ceiling (the paper's Table 1)")
+                       "beside cuDNN and the GEMM ceiling (the paper's Table 1)")
     p.add_argument("--cell", default="lstm", choices=["lstm", "gru", "rnn_tanh", "rnn_relu"])
     p.add_argument("--layers", type=_positive, default=None, help="default 4")
     p.add_argument("--hidden", type=_positive, default=None, help="default 512")
@@ -162,6 +178,7 @@ def _ladder_parser(sub):
     p.add_argument("--cpu", action="store_true",
                    help=f"no GPU: run the ladder on the NumPy executor at a small size "
                         f"({CPU_SIZE}); figures are labelled CPU figures")
+    _add_dtype(p, "every rung and auto")
     return p
 
 
@@ -182,7 +199,8 @@ def _cmd_ladder(a) -> int:
     try:
         cfg = LadderConfig(cell=a.cell, repeats=a.repeats, warmup=a.warmup,
                            input_batch=a.input_batch, executors=executors, cpu=a.cpu,
-                           cudnn=not a.no_cudnn, backward=a.backward, rungs=a.rungs, **size)
+                           cudnn=not a.no_cudnn, backward=a.backward, rungs=a.rungs,
+                           dtype=a.dtype, **size)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
     _require_gpu("ladder", a.cpu)
@@ -262,6 +280,7 @@ def _sweep_parser(sub):
     p.add_argument("--cpu", action="store_true",
                    help="no GPU: the NumPy executor at tiny sizes (default grid "
                         f"{sw.CPU_GRID}); figures are labelled CPU figures")
+    _add_dtype(p, "every point")
     return p
 
 
@@ -295,7 +314,7 @@ def _sweep_config(a):
     kw["executors"] = ("eager", "graph") if executor == "both" else (executor,)
     try:
         return sw.SweepConfig(cudnn=not a.no_cudnn, cpu=a.cpu, retry_errors=a.retry_errors,
-                              verbose=a.verbose, backward=a.backward, **kw)
+                              verbose=a.verbose, backward=a.backward, dtype=a.dtype, **kw)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
 
@@ -344,6 +363,61 @@ def _cmd_sweep(a) -> int:
     if res.stopped == "interrupted":
         return 130
     return 1 if res.errors else 0
+
+
+# -------------------------------------------------------------------------------- precision
+
+def _precision_parser(sub):
+    from .bench import precision_error as pe
+    from .precision import DTYPES
+    p = sub.add_parser("precision", help="rnnrt's and cuDNN's relative errors against the "
+                       "float64 reference at every precision, outputs and gradients, and the "
+                       "goal (rnnrt <= 2x cuDNN; long 16-bit runs finite)")
+    p.add_argument("--cell", type=_cell_name, default="lstm")
+    p.add_argument("--layers", type=_positive, default=None, help="default 4")
+    p.add_argument("--hidden", type=_positive, default=None, help="default 512")
+    p.add_argument("--input-size", type=_positive, default=None, help="default = hidden")
+    p.add_argument("--batch", type=_positive, default=None, help="minibatch, default 64")
+    p.add_argument("--steps", type=_list_of(_positive, "positive ints"), default=None,
+                   help="sequence lengths compared (default 100,1000)")
+    p.add_argument("--long-steps", type=_nonneg, default=None,
+                   help="steps of the forward run per 16-bit dtype that must stay finite "
+                        "(default 10000; 0: none)")
+    p.add_argument("--dtypes", type=_list_of(_dtype, "dtypes"), default=DTYPES,
+                   help=f"default {','.join(DTYPES)}")
+    p.add_argument("--no-cudnn", action="store_true", help="rnnrt's rows only (no goal)")
+    p.add_argument("--out", type=_path, default=None, help="JSON record path (default "
+                   "<out>/results/precision/precision-...json; <out> = ./rnnrt-out or "
+                   "$RNNRT_OUT)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--cpu", action="store_true",
+                   help=f"no GPU: the NumPy executor in float64 with the storage rounding, and "
+                        f"torch.nn on the CPU as the cuDNN role, at a small size ({pe.CPU_SIZE})")
+    return p
+
+
+def _cmd_precision(a) -> int:
+    from .bench import precision_error as pe
+    size = dict(pe.CPU_SIZE) if a.cpu else {}
+    for name in ("layers", "hidden", "batch", "steps", "input_size", "long_steps"):
+        if getattr(a, name) is not None:
+            size[name] = getattr(a, name)
+    if size.get("long_steps") == 0:
+        size["long_steps"] = None
+    try:
+        cfg = pe.PrecisionConfig(cell=a.cell, dtypes=a.dtypes, cpu=a.cpu,
+                                 cudnn=not a.no_cudnn, **size)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
+    _require_gpu("precision", a.cpu)
+    for steps in cfg.steps:
+        pe.check_host(cfg, steps)
+    out = _record_out(a, "precision")
+    record = pe.run_precision(cfg)
+    path = _write(pe.write_record, pe.default_path, record, out, a.overwrite)
+    print(pe.summary_table(record))
+    print(f"\nrecord: {path}")
+    return 0 if record["goal"]["ok"] or a.no_cudnn else 1
 
 
 # -------------------------------------------------------------------------------- plot
@@ -517,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=_positive, default=10)
     # each command's parser, so that a flag it does not know is reported by it
     parser.commands = {"ladder": _ladder_parser(sub), "demo": d, "sweep": _sweep_parser(sub),
-                       "plot": _plot_parser(sub), "trace": _trace_parser(sub)}
+                       "plot": _plot_parser(sub), "trace": _trace_parser(sub),
+                       "precision": _precision_parser(sub)}
     return parser
 
 
@@ -531,7 +606,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 COMMANDS = {"ladder": _cmd_ladder, "demo": _cmd_demo, "sweep": _cmd_sweep, "plot": _cmd_plot,
-            "trace": _cmd_trace}
+            "trace": _cmd_trace, "precision": _cmd_precision}
 
 
 def _one_line(e: BaseException) -> str:

@@ -501,6 +501,17 @@ def example_module(name):
     return importlib.import_module(name)
 
 
+# --- precisions (issue 23) ---------------------------------------------------------------------
+
+def dtype_plans_ready() -> bool:
+    """Whether plans, the reference and GpuRunner take ``dtype`` (issue 23's p23core branch):
+    the tests of other precisions than float32 end to end need it."""
+    import dataclasses
+    import inspect
+    return ("dtype" in {f.name for f in dataclasses.fields(PlanKey)}
+            and "dtype" in inspect.signature(reference.forward).parameters)
+
+
 # --- record names ---------------------------------------------------------------------------------
 
 # experiments/results' naming scheme, written out here, not imported from rnnrt.bench.records,
@@ -511,7 +522,7 @@ RECORD_SLUG = r"nvidia(?:-[a-z0-9]+)*|cpu"
 _WORDS = r"(?:-[A-Za-z0-9_.]+)"
 _SHAPE = r"[a-z_]+-L\d+-H\d+-B\d+-T\d+"
 RECORD_KINDS = {  # kind: (stem, extension)
-    "ladder": (rf"ladder-{_SHAPE}-(?:fwd|fwdbwd)", "json"),
+    "ladder": (rf"ladder-{_SHAPE}-(?:fwd|fwdbwd)(?:-(?:tf32|bfloat16|float16))?", "json"),
     "sweep": (rf"sweep{_WORDS}+", "jsonl"),
     "kernels": (rf"(?:persistent|stack-bench){_WORDS}+|gemm-layouts|pretranspose-probe", "json"),
     "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}", "json"),
@@ -519,6 +530,7 @@ RECORD_KINDS = {  # kind: (stem, extension)
                   rf"|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
                   rf"|ddp-charlm-{_SHAPE}-S\d+-W\d+|ddp-scaling-{_SHAPE}|ddp-link"), "json"),
     "long-sequence": ("long-sequence", "json"),
+    "precision": (rf"precision-{_SHAPE}(?:-T\d+)*", "json"),
     "profiles": (rf"ncu{_WORDS}+", "txt"),
     "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){_WORDS}*", "log|txt|json"),
 }

@@ -1,5 +1,14 @@
 """cuDNN through torch.nn, timed in the same process as rnnrt's rungs: the reference the
-ladder and the sweep compare with (fp32 with TF32 off)."""
+ladder and the sweep compare with, at the run's precision (``cfg.dtype``, precision.DTYPES):
+
+  float32    fp32 module and inputs, TF32 off (cuDNN's and cuBLAS's: true fp32 math)
+  tf32       fp32 module and inputs, TF32 on (torch.backends.cudnn.allow_tf32 and
+             torch.backends.cuda.matmul.allow_tf32)
+  bfloat16   the module (``.to(torch.bfloat16)``), x, h0, c0 and dy in bfloat16: cuDNN's
+  float16    own 16-bit RNN, as a user of torch.nn in that dtype runs it (its gradients
+             come back in that dtype too)
+
+Outputs are returned as float32 arrays (16-bit values are exact in float32)."""
 from __future__ import annotations
 
 import statistics
@@ -13,15 +22,19 @@ from .timing import time_torch
 
 class CudnnBench:
     """cuDNN through torch.nn holding the same weights (rnnrt's torch-compatible state_dict),
-    TF32 off. ``time()`` can be called several times in a run (before and after the rungs):
+    at precision ``cfg.dtype`` (module docstring). ``time()`` can be called several times
+    in a run (before and after the rungs):
     cuDNN's time moves between calls far more than ours (on the H100 its paper-shape forward
     took 5.6 to 11.8 ms across processes), so the row pools every sample."""
 
     def __init__(self, cfg, model, x, h0, c0, dy):
         import torch
         self.torch, self.cfg, self.layout = torch, cfg, model.layout
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        self.dtype = getattr(cfg, "dtype", "float32")
+        tf32 = self.dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        tdt = TORCH_DTYPES[self.dtype](torch)
         cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
         kw = dict(num_layers=cfg.layers, bias=model.bias)
         if cls is None:
@@ -30,10 +43,11 @@ class CudnnBench:
         self.module = cls(cfg.inp, cfg.hidden, **kw).cuda().float()
         self.module.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
                                      for k, v in model.state_dict().items()})
-        self.x = torch.from_numpy(x).cuda()
-        hx = torch.from_numpy(h0).cuda()
-        self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda())
-        self.dy = torch.from_numpy(dy).cuda()
+        self.module.to(tdt)
+        self.x = torch.from_numpy(x).cuda().to(tdt)
+        hx = torch.from_numpy(h0).cuda().to(tdt)
+        self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda().to(tdt))
+        self.dy = torch.from_numpy(dy).cuda().to(tdt)
         self.names = [n for n, _ in self.module.named_parameters()]
         self.x.requires_grad_(cfg.backward)
         self.medians, self.samples = [], []
@@ -53,11 +67,14 @@ class CudnnBench:
         """The arrays the ladder checks: {'y'} (+ {'dx', 'grads'} flat in rnnrt's layout)."""
         y, extra = self.run()
         self.torch.cuda.synchronize()
-        out = {"y": y.detach().cpu().numpy()}
+        def host(t):
+            return t.detach().float().cpu().numpy()
+
+        out = {"y": host(y)}
         if self.cfg.backward:
-            out["dx"] = extra[0].cpu().numpy()
-            out["grads"] = to_flat({n: g.cpu().numpy() for n, g in
-                                    zip(self.names, extra[1:])}, self.layout)
+            out["dx"] = host(extra[0])
+            out["grads"] = to_flat({n: host(g) for n, g in zip(self.names, extra[1:])},
+                                   self.layout)
         return out
 
     def time(self):
@@ -87,11 +104,16 @@ class CudnnBench:
                 "speedup_vs_naive": None, "ratio_vs_cudnn": 1.0,
                 "share_of_ceiling": tf / ceiling_tflops, "check": check.as_dict(),
                 "torch": torch.__version__, "cudnn_version": torch.backends.cudnn.version(),
-                "tf32": False}
+                "tf32": self.dtype == "tf32", "dtype": self.dtype}
 
     def close(self):
         del self.module, self.x, self.hx, self.dy
         self.torch.cuda.empty_cache()
+
+
+# torch's dtype of the module and inputs at each precision (tf32: fp32 tensors, TF32 on)
+TORCH_DTYPES = {"float32": lambda t: t.float32, "tf32": lambda t: t.float32,
+                "bfloat16": lambda t: t.bfloat16, "float16": lambda t: t.float16}
 
 
 def cudnn_missing(cfg) -> str | None:

@@ -111,8 +111,9 @@ def _what(kind: str, stem: str, rec: dict | None) -> str:
     else the stem. KeyError/TypeError/ValueError on a record missing what it needs."""
     if kind == "ladder" and rec is not None:
         c = rec["config"]
+        dtype = rec.get("dtype", "float32")
         return (f"{c['cell']} L{c['layers']} H{c['hidden']} B{c['batch']} T{c['steps']}, "
-                f"{rec['pass']}")
+                f"{rec['pass']}" + ("" if dtype == "float32" else f", {dtype}"))
     if kind == "sweep" and rec is not None:
         keys = ("cell", "layers", "hidden", "input_size", "batch", "steps", "input_batch", "pass")
         done = [o for o in rec["_lines"] if o.get("type") in ("row", "error")]

@@ -7,8 +7,16 @@ that disagrees is not timed (its row says why). Then warm-up and the median of `
 runs timed with CUDA events on the plan's first stream. FLOPs by the paper's convention
 (rnnrt.cells.forward_flops). Ratios: speedup_vs_naive = naive ms / rung ms (same executor);
 ratio_vs_cudnn = cuDNN ms / rung ms (> 1: faster than cuDNN; cuDNN's ms is the median of
-its medians timed before and after the rungs, both kept in the record); share_of_ceiling = TFLOPS over
-the fp32 GEMM ceiling's TFLOPS.
+its medians timed before and after the rungs, both kept in the record); share_of_ceiling =
+TFLOPS over the GEMM ceiling's TFLOPS at the run's precision (bench/ceilings.py).
+
+Precision (``dtype``, one of precision.DTYPES; default float32, the paper's arithmetic): every
+rung and the auto row run at it, cuDNN at the same precision in the same process
+(bench/cudnn.py), the check is against the rounding-aware float64 reference of that precision
+(tf32: the plain one; TF32's operand rounding is not emulated) with its tolerance
+(precision.get_precision), and every row and the record carry ``dtype``. A rung that
+declines the precision (the persistent kernels take fp32 storage only) runs its fallback
+schedule and its row says why (``fallback``), as for any decline.
 
 Rungs past the paper's Table 1 (``switches.PAPER_RUNGS``; today '+persistent') are marked so
 in the table. A rung whose plan declined its fast path (the persistent kernel on a shape the
@@ -33,6 +41,9 @@ from ..params import positive_int, to_flat
 from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, Rung, ladder, rung_names
+from ..precision import get_precision
+from .dtypes import (CUDNN_MODE, PRECISION_WORDS, dtype_kw, dtype_suffix, reference_dtype,
+                     reference_name, tolerance)
 from ..session import GpuSession, time_events
 from .cudnn import cudnn_bench, cudnn_missing
 from .recordio import valid_input_batch
@@ -65,10 +76,15 @@ class LadderConfig:
     seed: int = 0
     rungs: tuple | None = None      # names to run: rungs of the ladder and/or 'auto'; None: all
     interleave: bool = False        # time the rows and cuDNN one run each, in turn
+    dtype: str = "float32"          # the precision (precision.DTYPES) of every row
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         get_cell(self.cell)
+        try:
+            get_precision(self.dtype)
+        except ValueError as e:
+            raise ValueError(f"LadderConfig.{e}") from None
         for name in ("layers", "hidden", "batch", "steps", "repeats"):
             positive_int(f"LadderConfig.{name}", getattr(self, name))
         if self.input_size is not None:
@@ -115,7 +131,7 @@ def check_sizes(cfg: LadderConfig, gpu_free: int | None = None,
         if cfg.rungs is not None and rung.name not in cfg.rungs:
             continue
         key = PlanKey(c, T, B, I, H, L, True, rung.switches, train=cfg.backward,
-                      device=device)
+                      device=device, **dtype_kw(cfg.dtype))
         sizes.check_plan(key)
         if cfg.backward:
             sizes.check_plan(key, backward=True)
@@ -180,7 +196,27 @@ class BenchSession(GpuSession):
         super().__init__()
         progress(f"device {self.info['device']}; measuring the fp32 GEMM ceiling")
         self.ceiling = gemm_ceiling(self.cp, self.ctx)
+        self.progress = progress
+        self._ceilings = {"float32": self.ceiling}
         progress(f"ceiling {self.ceiling['tflops']:.1f} TFLOPS")
+
+    def ceiling_for(self, dtype: str) -> dict:
+        """The GEMM ceiling at precision ``dtype`` (bench/ceilings.py), measured on first
+        use and kept; float32's is ``ceiling``. Without torch: the datasheet peak, said so."""
+        from .ceilings import datasheet_tflops, torch_gemm_ceiling, with_datasheet
+        name = get_precision(dtype).name
+        if name not in self._ceilings:
+            self.progress(f"measuring the {name} GEMM ceiling")
+            try:
+                import torch
+                measured = torch_gemm_ceiling(torch, name)
+            except ImportError as e:
+                peak = datasheet_tflops(self.info["device"], name)
+                measured = {"what": f"not measured ({e}); the datasheet peak",
+                            "tflops": peak}
+            self._ceilings[name] = with_datasheet(measured, self.info["device"], name)
+            self.progress(f"{name} ceiling {self._ceilings[name]['tflops'] or 0:.1f} TFLOPS")
+        return self._ceilings[name]
 
 
 def run_ladder(cfg: LadderConfig, progress=_progress, session: BenchSession | None = None) -> dict:
@@ -204,21 +240,23 @@ def run_ladder(cfg: LadderConfig, progress=_progress, session: BenchSession | No
 
 
 def _reference(cfg, model, x, h0, c0, dy):
-    """float64 NumPy reference: {'y'} (+ {'dx', 'grads'} flat, when cfg.backward)."""
+    """float64 NumPy reference at cfg.dtype's rounding points: {'y'} (+ {'dx', 'grads'}
+    flat, when cfg.backward)."""
     from ..params import per_layer
     p64 = per_layer(model.flat.astype(np.float64), model.layout)
+    kw = reference_dtype(cfg.dtype)
     y, _, _, cache = reference.forward(cfg.cell, p64, x.astype(np.float64),
                                        h0.astype(np.float64),
-                                       None if c0 is None else c0.astype(np.float64))
+                                       None if c0 is None else c0.astype(np.float64), **kw)
     out = {"y": y}
     if cfg.backward:
-        g = reference.backward(cfg.cell, p64, cache, dy.astype(np.float64))
+        g = reference.backward(cfg.cell, p64, cache, dy.astype(np.float64), **kw)
         out["dx"] = g["dx"]
         out["grads"] = to_flat(g["params"], model.layout)
     return out
 
 
-def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan):
+def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan, dtype):
     """One (rung, executor) row; ``plan`` is the RungRun's plan_summary(). ratio_vs_cudnn
     is filled in after the rungs, once cuDNN's pooled time is known."""
     tf = tflops(flops, timing.ms_median)
@@ -226,7 +264,8 @@ def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan):
                                   "backward_fallback") if plan.get(k)}
     return {
         **extra,
-        "rung": rung.name, "executor": executor, "switches": rung.switches.as_dict(),
+        "rung": rung.name, "executor": executor, "dtype": dtype,
+        "switches": rung.switches.as_dict(),
         **timing.as_dict(), "tflops": tf,
         "speedup_vs_naive": (naive_ms / timing.ms_median) if naive_ms else None,
         "ratio_vs_cudnn": None,
@@ -246,7 +285,7 @@ class RungRun:
         from ..plan.backward import backward_plan
         key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
                       rung.switches, train=cfg.backward, device=device, family=family,
-                      backward=backward if cfg.backward else None)
+                      backward=backward if cfg.backward else None, **dtype_kw(cfg.dtype))
         self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
         self.ws = Workspace(self.plans[-1], xp, np.float32, params)
         self.ws.poison()
@@ -326,15 +365,17 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
             rr.run()
             sync(rr)
             got = rr.outputs()
+            tol = tolerance(cfg.dtype)
             if naive_out is None:
-                c = compare_all(got, ref, ref_name, rows=cfg.steps * cfg.batch)
+                c = compare_all(got, ref, ref_name, rows=cfg.steps * cfg.batch, **tol)
             else:
-                c = compare_all(got, naive_out, "naive rung", rows=cfg.steps * cfg.batch)
+                c = compare_all(got, naive_out, "naive rung", rows=cfg.steps * cfg.batch,
+                                **tol)
             extra = ({"schedule": selection.schedule.name, "tune_s": selection.tune_s,
                       "selection": selection.as_dict()} if selection is not None else {})
             if not c.ok:
                 progress(f"{n}/{total} {rung.name} {executor}: REFUSED, output disagrees: {c}")
-                rows.append({"rung": rung.name, "executor": executor,
+                rows.append({"rung": rung.name, "executor": executor, "dtype": cfg.dtype,
                              "switches": rung.switches.as_dict(), "refused": str(c),
                              "check": c.as_dict(), **extra})
                 del rr
@@ -345,7 +386,7 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
             if naive_ms is None and rung.name == "naive":
                 naive_ms = t.ms_median
             row = _row(rung, executor, t, flops, naive_ms, ceiling_tflops,
-                       c.as_dict(), rr.plan_summary())
+                       c.as_dict(), rr.plan_summary(), cfg.dtype)
             row.update(extra)
             rows.append(row)
             what = f" ({selection.schedule.name})" if selection is not None else ""
@@ -364,7 +405,7 @@ def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn
     from ..kernels.choice import Selector, Shape, tuning_steps
     last = {}
     shape = Shape(cfg.cell, cfg.layers, cfg.inp, cfg.hidden, cfg.batch, cfg.steps,
-                  cfg.backward, True, "float32", executor)
+                  cfg.backward, True, cfg.dtype, executor)
     steps = tuning_steps(shape)   # a prefix of the sequence where one run would be long
     cfg_t = replace(cfg, steps=steps)
     x, h0, c0, dy = inputs
@@ -394,7 +435,7 @@ def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn
 
 def _run_gpu(cfg, progress, session: BenchSession):
     from ..session import executor_names
-    cp, info, ceiling = session.cp, session.info, session.ceiling
+    cp, info, ceiling = session.cp, session.info, session.ceiling_for(cfg.dtype)
     for e in cfg.executors:
         if e not in executor_names():
             raise ValueError(f"executors: expected a subset of {list(executor_names())}, "
@@ -414,9 +455,10 @@ def _run_gpu(cfg, progress, session: BenchSession):
     else:
         progress("computing the float64 reference")
         ref = _reference(cfg, model, x, h0, c0, dy)
-        ref_name = "float64 reference"
+        ref_name = reference_name(cfg.dtype)
         cudnn_check = None if isinstance(bench, str) else compare_all(
-            bench.outputs(), ref, ref_name, rows=cfg.steps * cfg.batch)
+            bench.outputs(), ref, ref_name, rows=cfg.steps * cfg.batch,
+            **tolerance(cfg.dtype))
     if not isinstance(bench, str):
         t = bench.time()
         progress(f"cudnn (before the rungs) {t.ms_median:9.3f} ms; check {cudnn_check}")
@@ -492,7 +534,8 @@ def _run_cpu(cfg, progress):
     ceiling = {"what": "NumPy fp32 matmul 512^3 on the CPU",
                "tflops": 2 * 512**3 / (tc.ms_median * 1e-3) / 1e12, "ms_median": tc.ms_median}
     rows = _ladder_rows(cfg, ("numpy",), lambda e, plan, ws: _NumpyExecutor(plan, ws), np,
-                        model.flat, inputs, ref, "float64 reference", flops, ceiling["tflops"],
+                        model.flat, inputs, ref, reference_name(cfg.dtype), flops,
+                        ceiling["tflops"],
                         lambda rr: time_cpu(rr.run, cfg.repeats, cfg.warmup), lambda rr: None,
                         progress, H100_SXM, label=" (CPU figure)",
                         samples_fn=lambda rr, repeats, warmup: time_cpu(
@@ -514,6 +557,7 @@ def _record(cfg, info, vers, flops, ceiling, cudnn, rows) -> dict:
         "created": now_iso(),
         "command": " ".join(["rnnrt"] + sys.argv[1:]) if sys.argv else "",
         "pass": "fwd+bwd" if cfg.backward else "fwd",
+        "dtype": cfg.dtype,
         "device": info,
         "versions": vers,
         "config": cfgd,
@@ -560,8 +604,9 @@ def markdown_table(record: dict) -> str:
                       _fmt(None if share is None else 100 * share, ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     cd = record["cudnn"]
+    dtype = record.get("dtype", "float32")
     if "ms_median" in cd:
-        cells = ["cuDNN (torch.nn, TF32 off)"]
+        cells = [f"cuDNN (torch.nn, {CUDNN_MODE[dtype]})"]
         for _ in executors:
             cells += [_fmt(cd["ms_median"], ".3f"), _fmt(cd["tflops"], ".3g"), "—", "1.00",
                       _fmt(100 * cd["share_of_ceiling"], ".1f")]
@@ -569,7 +614,8 @@ def markdown_table(record: dict) -> str:
     c = record["config"]
     lines.append("")
     lines.append(f"{c['cell'].upper()}, {c['layers']} layers, hidden {c['hidden']}, input "
-                 f"{c['input_size']}, minibatch {c['batch']}, {c['steps']} steps, fp32; "
+                 f"{c['input_size']}, minibatch {c['batch']}, {c['steps']} steps, "
+                 f"{PRECISION_WORDS[dtype]}; "
                  f"input batching k = {c['input_batch']}; median of {c['repeats']} runs. "
                  f"Device: {record['device'].get('device')}. Ceiling: "
                  f"{record['ceiling']['what']} = {record['ceiling']['tflops']:.1f} TFLOPS. "
@@ -582,8 +628,8 @@ def _cudnn_note(cd: dict) -> str:
     if "skipped" in cd:
         return cd["skipped"]
     per = cd.get("ms_median_per_timing", [])
-    return ("same process, TF32 off, median of its medians timed before and after the rungs ("
-            + " / ".join(f"{m:.3f}" for m in per) + " ms)")
+    return (f"same process, {CUDNN_MODE[cd.get('dtype', 'float32')]}, median of its medians "
+            f"timed before and after the rungs (" + " / ".join(f"{m:.3f}" for m in per) + " ms)")
 
 
 def default_path(record: dict, root: Path | None = None) -> Path:
@@ -591,7 +637,7 @@ def default_path(record: dict, root: Path | None = None) -> Path:
     .json (bench/records.py's scheme)."""
     c = record["config"]
     stem = (f"ladder-{c['cell']}-L{c['layers']}-H{c['hidden']}-B{c['batch']}-T{c['steps']}-"
-            f"{record['pass'].replace('+', '')}")
+            f"{record['pass'].replace('+', '')}" + dtype_suffix(record.get("dtype")))
     return record_path("ladder", stem, record["device"].get("device", "cpu"), record["created"],
                        root=root)
 

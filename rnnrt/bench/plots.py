@@ -56,7 +56,8 @@ def ladder_record_rows(record: dict) -> list[dict]:
             "pass": record.get("pass", "fwd"), "repeats": c.get("repeats"),
             "cpu": bool(c.get("cpu")), "device": record["device"].get("device"),
             "ceiling_tflops": (record.get("ceiling") or {}).get("tflops"),
-            "flops_per_pass": record.get("flops_per_pass"), "created": record.get("created")}
+            "flops_per_pass": record.get("flops_per_pass"), "created": record.get("created"),
+            "dtype": record.get("dtype", "float32")}
     return [{"type": "row", **r, **base} for r in record["rows"]]
 
 
@@ -523,9 +524,15 @@ def plot_all(paths_or_rows, out_dir=None, cell="lstm", layers=4,
     if not rows:
         raise ValueError("no result rows in the inputs (expected sweep .jsonl files or "
                          "ladder-*.json records)")
+    # the figures' words and ceilings are float32's: rows of other precisions (issue 23's
+    # --dtype) are left out, and said so, rather than drawn beside them
+    other = sum(r.get("dtype", "float32") != "float32" for r in rows)
+    if other:
+        note(f"{other} rows of other precisions than float32 left out (the figures are "
+             f"float32's)")
     by_device = defaultdict(list)
     for r in rows:
-        if r.get("pass", "fwd") == pass_:
+        if r.get("pass", "fwd") == pass_ and r.get("dtype", "float32") == "float32":
             by_device[r.get("device") or "unknown device"].append(r)
     if not by_device:
         note(f"no rows of pass {pass_!r} in the inputs (passes there: "

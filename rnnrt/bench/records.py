@@ -44,7 +44,8 @@ def figures_root(env=None) -> Path:
     """Where figures go by default: <out>/figures."""
     return out_root(env) / "figures"
 
-KINDS = ("ladder", "sweep", "kernels", "trace", "training", "long-sequence", "profiles", "logs")
+KINDS = ("ladder", "sweep", "kernels", "trace", "training", "long-sequence", "precision",
+         "profiles", "logs")
 
 
 def now_iso() -> str:

@@ -2,7 +2,9 @@
 a grid over cell x layers x hidden x minibatch (x input-batching k), results appended as JSON
 lines as each point finishes so that an interrupted sweep resumes where it stopped.
 
-A point is one ladder run: (cell, layers, hidden, input_size, batch, steps, input_batch, pass).
+A point is one ladder run: (cell, layers, hidden, input_size, batch, steps, input_batch, pass,
+dtype); a sweep runs at one precision (``dtype``, `--dtype`: every rung, auto and cuDNN at it;
+the file name says it where it is not float32).
 Defaults reproduce the paper's sweep (its Figure 1: 4-layer LSTM, hidden x minibatch) plus the
 1-layer points that its "1 -> 4 layers can double throughput" claim needs:
   hidden 128 256 512 1024 2048 4096, minibatch 32 64 128 256, layers 1 4, LSTM;
@@ -45,6 +47,7 @@ from pathlib import Path
 
 from ..cells import forward_flops, get_cell
 from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
+from ..precision import get_precision
 from . import ladder as ladder_mod
 from .recordio import read_jsonl, valid_input_batch
 from .records import device_slug, now_iso, record_path, results_root
@@ -100,6 +103,7 @@ class SweepConfig:
     cpu: bool = False
     time_budget: float | None = None    # seconds; stop before a point that would not fit
     retry_errors: bool = False
+    dtype: str = "float32"              # the precision of every point (precision.DTYPES)
     seed: int = 0
     verbose: bool = False
     extra: dict = field(default_factory=dict)
@@ -134,6 +138,10 @@ class SweepConfig:
         if self.rungs is not None:   # the ladder's own check names what it knows
             ladder_mod.LadderConfig(rungs=tuple(self.rungs))
             self.rungs = tuple(self.rungs)
+        try:
+            get_precision(self.dtype)
+        except ValueError as e:
+            raise ValueError(f"SweepConfig.{e}") from None
 
     @property
     def pass_name(self) -> str:
@@ -158,16 +166,17 @@ class Point:
     steps: int
     input_batch: int | str
     pass_: str = "fwd"
+    dtype: str = "float32"
 
     def key(self) -> tuple:
         """Identity in the results file (input_batch as text: 10 and '10' are one point)."""
         return (self.cell, self.layers, self.hidden, self.input_size, self.batch, self.steps,
-                str(self.input_batch), self.pass_)
+                str(self.input_batch), self.pass_, self.dtype)
 
     def as_dict(self) -> dict:
         return {"cell": self.cell, "layers": self.layers, "hidden": self.hidden,
                 "input_size": self.input_size, "batch": self.batch, "steps": self.steps,
-                "input_batch": self.input_batch, "pass": self.pass_}
+                "input_batch": self.input_batch, "pass": self.pass_, "dtype": self.dtype}
 
     @property
     def flops(self) -> int:
@@ -179,7 +188,8 @@ class Point:
         return (f"{self.cell} L{self.layers} H{self.hidden} B{self.batch} T{self.steps}"
                 + (f" I{self.input_size}" if self.input_size != self.hidden else "")
                 + (f" k{self.input_batch}" if self.input_batch != DEFAULT_INPUT_BATCH else "")
-                + (f" {self.pass_}" if self.pass_ != "fwd" else ""))
+                + (f" {self.pass_}" if self.pass_ != "fwd" else "")
+                + (f" {self.dtype}" if self.dtype != "float32" else ""))
 
     def ladder_config(self, cfg: SweepConfig) -> "ladder_mod.LadderConfig":
         kw = dict(cell=self.cell, layers=self.layers, hidden=self.hidden,
@@ -187,14 +197,15 @@ class Point:
                   repeats=cfg.repeats, warmup=cfg.warmup, input_batch=self.input_batch,
                   executors=cfg.executors, cpu=cfg.cpu, cudnn=cfg.cudnn, seed=cfg.seed,
                   backward=self.pass_ == "fwd+bwd", rungs=cfg.rungs,
-                  interleave=cfg.interleave)
+                  interleave=cfg.interleave, dtype=self.dtype)
         return ladder_mod.LadderConfig(**kw)
 
 
 def key_of(line: dict) -> tuple:
     """The point key of a row or error line (see Point.key)."""
     return (line["cell"], line["layers"], line["hidden"], line["input_size"], line["batch"],
-            line["steps"], str(line["input_batch"]), line.get("pass", "fwd"))
+            line["steps"], str(line["input_batch"]), line.get("pass", "fwd"),
+            line.get("dtype", "float32"))
 
 
 def grid(cfg: SweepConfig) -> list[Point]:
@@ -203,7 +214,8 @@ def grid(cfg: SweepConfig) -> list[Point]:
     for cell, layers, hidden, batch, k, pass_ in itertools.product(
             cfg.cells, cfg.layers, cfg.hidden, cfg.batch, cfg.input_batch, cfg.passes):
         inp = hidden if cfg.input_size is None else cfg.input_size
-        pts.append(Point(cell, layers, hidden, inp, batch, cfg.steps_for(hidden), k, pass_))
+        pts.append(Point(cell, layers, hidden, inp, batch, cfg.steps_for(hidden), k, pass_,
+                         cfg.dtype))
     return sorted(pts, key=lambda p: (p.flops, p.key()))
 
 
@@ -436,7 +448,7 @@ def _session_line(cfg, info, vers, ceiling, created):
 
 def _row_lines(point, cfg, record, seconds, session_created):
     """The ladder record's rows as JSON lines: row + point configuration + device + pass."""
-    base = {**point.as_dict(), "pass": record.get("pass", point.pass_), "dtype": "float32",
+    base = {**point.as_dict(), "pass": record.get("pass", point.pass_),
             "repeats": cfg.repeats, "warmup": cfg.warmup, "cpu": cfg.cpu,
             "device": record["device"].get("device"),
             "ceiling_tflops": record["ceiling"].get("tflops"),
@@ -522,7 +534,8 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
             session = ladder_mod.BenchSession(progress=lambda m: say(f"[sweep] {m}"))
             own_session = True
         cp = session.cp
-        info, vers, ceiling = session.info, ladder_mod.versions(cp), session.ceiling
+        info, vers = session.info, ladder_mod.versions(cp)
+        ceiling = session.ceiling_for(cfg.dtype)
     else:
         info = {"device": cpu_device_name(), "note": "CPU figures: not GPU performance"}
         vers, ceiling = ladder_mod.versions(), None
@@ -603,11 +616,13 @@ def cpu_device_name() -> str:
 
 
 def default_stem(cfg: SweepConfig, quick: bool = False, preset: str | None = None) -> str:
-    """'sweep[-<preset>][-bwd]-<cells>': what a sweep file holds, before its device and
-    stamp (``quick``: the 'quick' preset)."""
+    """'sweep[-<preset>][-bwd][-<dtype>]-<cells>': what a sweep file holds, before its device
+    and stamp (``quick``: the 'quick' preset; the dtype where it is not float32)."""
+    from .dtypes import dtype_suffix
     preset = "quick" if quick and preset is None else preset
     return ("sweep" + (f"-{preset}" if preset else "")
-            + ("-bwd" if cfg.passes == ("fwd+bwd",) else "") + "-" + "-".join(cfg.cells))
+            + ("-bwd" if cfg.passes == ("fwd+bwd",) else "") + dtype_suffix(cfg.dtype)
+            + "-" + "-".join(cfg.cells))
 
 
 def default_path(cfg: SweepConfig, device: str, quick: bool = False,

@@ -8,16 +8,18 @@ torch.nn's constructor arguments, parameter names and initialisation (load_state
 both ways), forward signature and return, PackedSequence in and out, bidirectional layers and
 inter-layer dropout; autograd through rnnrt's own backward. CPU tensors run on the NumPy
 reference in float32 / float64 (``rnnrt.varlen``: a per-step active batch, so packed
-sequences cost their real steps); CUDA float32 tensors on rnnrt's GPU runner
-(``rnnrt.nn.cuda``: packed batches of different lengths on variable-length plans, the
-parameters read in place from the module's flat buffer). Not implemented: LSTM projections
-(proj_size > 0).
+sequences cost their real steps); CUDA tensors on rnnrt's GPU runner (``rnnrt.nn.cuda``:
+packed batches of different lengths on variable-length plans, the parameters read in place
+from the module's flat buffer) in float32. On either device bfloat16 / float16 run under
+``torch.autocast`` and for ``.to(torch.bfloat16)`` / ``.half()`` modules, with fp32
+accumulation and 16-bit storage (``rnnrt.nn.precision`` says what each means). Not
+implemented: LSTM projections (proj_size > 0).
 
 This is the only part of rnnrt that needs PyTorch; ``import rnnrt`` works without it.
 Modules: ``modules`` (the nn.Modules), ``inputs`` (argument checks, packed form),
 ``function`` (the autograd Function), ``backend`` (the seam and its CPU implementation),
-``cuda`` (the seam on CUDA), ``flat`` (the parameters' flat buffer on CUDA), ``packing`` (a
-checked pack_padded_sequence).
+``cuda`` (the seam on CUDA), ``precision`` (which precision a call runs in), ``flat`` (the
+parameters' flat buffer on CUDA), ``packing`` (a checked pack_padded_sequence).
 """
 try:
     import torch  # noqa: F401

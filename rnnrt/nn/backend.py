@@ -9,12 +9,12 @@ layers, in torch ops).
 
     backend = backend_for(device)            # raises before any work for devices not done
     y, h_n, c_n, saved = backend.run_forward(cell, layers, x, batch_sizes, h0, c0,
-                                             reverse=..., train=...)
+                                             reverse=..., train=..., precision=...)
     dx, dh0, dc0, dlayers = backend.run_backward(saved, dy, dh_n, dc_n,
                                                  need_dx=..., need_weights=...)
 
-Arguments (torch tensors, all on one device, one dtype; ``L`` = len(layers), B =
-batch_sizes[0], N = sum(batch_sizes)):
+Arguments (torch tensors, all on one device, one dtype unless ``precision``; ``L`` =
+len(layers), B = batch_sizes[0], N = sum(batch_sizes)):
 
   cell         'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'
   layers       [L] tuples (weight_ih [G*H, I_l], weight_hh [G*H, H], bias_ih [G*H] | None,
@@ -25,6 +25,9 @@ batch_sizes[0], N = sum(batch_sizes)):
   h0, c0       [L, B, H] or None (zeros); c0 only for 'lstm'
   reverse      run each sequence from its own end to its start
   train        keep what run_backward needs (saved); False: keep nothing, saved is None
+  precision    nn/precision.py's CallPrecision (autocast, or 16-bit parameters): the call
+               runs at that precision, its outputs in precision.out_dtype; None: the
+               tensors' own dtype (then all one dtype). Only the CUDA backend takes one.
 
   -> y [N, H] packed like x; h_n, c_n [L, B, H] (c_n None unless 'lstm'); saved (opaque)
 
@@ -38,16 +41,20 @@ Implementations:
 
   CPU     ``NumpyBackend``: rnnrt.varlen on ``t.detach().numpy()`` views (no copies of the
           inputs or parameters), in the tensors' dtype (float32 or float64); results are
-          ``torch.from_numpy`` views of the arrays it computed.
-  CUDA    ``cuda.CudaBackend``: rnnrt's GpuRunner (fp32, the schedule selector's choice per
-          shape, a bounded cache of plans and workspaces) on the tensors' memory through
-          DLPack on PyTorch's current stream; ``saved`` is the runner's tape (its own
-          workspace). Packed batches of different lengths run its variable-length plans (a
-          per-step active batch). Dtypes other than float32 raise NotImplementedError
-          there, before any work.
+          ``torch.from_numpy`` views of the arrays it computed. At a ``precision``: varlen
+          in float32 with that precision's storage rounding (16-bit tensors converted to
+          float32 copies, exactly), the outputs in precision.out_dtype.
+  CUDA    ``cuda.CudaBackend``: rnnrt's GpuRunner (at the call's precision: float32, or
+          bfloat16 / float16 under autocast or for 16-bit parameters; the schedule
+          selector's choice per shape, a bounded cache of plans and workspaces) on the
+          tensors' memory through DLPack on PyTorch's current stream; ``saved`` is the
+          runner's tape (its own workspace). Packed batches of different lengths run its
+          variable-length plans (a per-step active batch). float64 raises
+          NotImplementedError there, before any work.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .. import varlen
@@ -62,20 +69,38 @@ class NumpyBackend:
 
     @staticmethod
     def _np(t):
-        """A NumPy view of CPU tensor ``t`` (any shape), or None."""
-        return None if t is None else t.detach().numpy()
+        """A NumPy view of CPU tensor ``t`` (any shape; a float32 copy where it is 16-bit:
+        NumPy has no bfloat16), or None."""
+        if t is None:
+            return None
+        t = t.detach()
+        return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
 
-    def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train):
+    def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train,
+                    precision=None):
         """See the module docstring. x [N, I]; h0, c0 [L, B, H] | None -> (y [N, H],
-        h_n [L, B, H], c_n [L, B, H] | None, saved varlen.Cache | None)."""
-        params = [{"weight_ih": self._np(w_ih), "weight_hh": self._np(w_hh),
-                   "bias_ih": self._np(b_ih), "bias_hh": self._np(b_hh)}
+        h_n [L, B, H], c_n [L, B, H] | None, saved varlen.Cache | None). At ``precision``
+        (a CallPrecision) in float32 with its storage rounding, outputs in its out_dtype."""
+        np32 = self._np if precision is None else self._np32
+        params = [{"weight_ih": np32(w_ih), "weight_hh": np32(w_hh),
+                   "bias_ih": np32(b_ih), "bias_hh": np32(b_hh)}
                   for w_ih, w_hh, b_ih, b_hh in layers]
-        y, h_n, c_n, cache = varlen.forward(cell, params, self._np(x), batch_sizes,
-                                            self._np(h0), self._np(c0), reverse=reverse,
-                                            train=train)
-        return (torch.from_numpy(y), torch.from_numpy(h_n),
-                None if c_n is None else torch.from_numpy(c_n), cache)
+        # SHIM(p23core): varlen's dtype= comes with p23core; float32 passes none
+        kw = {} if precision is None else {"dtype": precision.name}
+        y, h_n, c_n, cache = varlen.forward(cell, params, np32(x), batch_sizes,
+                                            np32(h0), np32(c0), reverse=reverse,
+                                            train=train, **kw)
+
+        def out(a):
+            t = torch.from_numpy(a)
+            return t if precision is None else t.to(precision.out_dtype)
+        return out(y), out(h_n), None if c_n is None else out(c_n), cache
+
+    @classmethod
+    def _np32(cls, t):
+        """A float32 NumPy array of CPU tensor ``t`` (a view where it is float32), or None."""
+        a = cls._np(t)
+        return None if a is None else a.astype(np.float32, copy=False)
 
     def run_backward(self, saved, dy, dh_n, dc_n, *, need_dx, need_weights):
         """See the module docstring. dy [N, H] | None; dh_n, dc_n [L, B, H] | None ->
@@ -109,7 +134,7 @@ def backend_for(device: torch.device, dtype: torch.dtype):
             raise NotImplementedError(
                 f"rnnrt.nn: on the CPU the recurrent layers compute in float32 or float64 "
                 f"(the NumPy reference), got {dtype}; convert the module and its inputs "
-                f"with .float() or .double()")
+                f"with .float() or .double() (on CUDA, bfloat16 and float16 run)")
         return _NUMPY
     if device.type == "cuda":
         global _CUDA

@@ -23,7 +23,14 @@ selector's choice per shape: ``switches='auto'``). A call:
 A batch whose sequences have one length runs the fixed-batch plans (the reverse direction on
 the time-reversed sequence); a packed batch of different lengths runs ``forward_packed``:
 variable-length plans with a per-step active batch, the reverse direction from each
-sequence's own end. Dtypes other than float32 raise NotImplementedError before any work.
+sequence's own end.
+
+Precision (nn/precision.py): a call with a CallPrecision runs a runner of that precision (a
+site per precision); x, h0, c0 and the backward's dy, dh_n, dc_n go in as float32 (16-bit
+values exactly), the parameters as the runner's fp32 buffer (a 16-bit module's copied in,
+converted exactly); y, h_n, c_n come back in the precision's out_dtype, the gradients in
+float32 (autograd casts each to its input's dtype). float64 raises NotImplementedError
+before any work.
 """
 from __future__ import annotations
 
@@ -61,6 +68,22 @@ def _model_for(cell: str, input_size: int, hidden: int, layers: int, bias: bool)
     if cell == "gru":
         return rnnrt.GRU(input_size, hidden, **kw)
     return rnnrt.RNN(input_size, hidden, nonlinearity=cell.split("_")[1], **kw)
+
+
+def make_runner(model, precision: str, **kw):
+    """A GpuRunner of ``model`` at ``precision`` (precision.DTYPES). SHIM(p23core):
+    GpuRunner's ``dtype`` comes with the p23core branch: float32 passes none (as before),
+    another precision fails there (TypeError) until it is merged."""
+    from ..gpu import GpuRunner
+    return GpuRunner(model, **kw, **({} if precision == "float32" else {"dtype": precision}))
+
+
+def adoptable(params, layout):
+    """The 1-D float32 tensor over ``params`` that a runner can adopt as its parameter
+    buffer (``flat.segment``), or None: 16-bit parameters are copied (converted) instead."""
+    if params[0].dtype != torch.float32:
+        return None
+    return segment(params, layout)
 
 
 def _flat_params(layers) -> list:
@@ -111,7 +134,7 @@ class Site:
         segment it could adopt (after ``flatten_parameters()``)."""
         if self.adopted_ptrs is not None:
             return not self.adopts(params)
-        return segment(params, self.runner.model.layout) is not None
+        return adoptable(params, self.runner.model.layout) is not None
 
     def load_params(self, params) -> None:
         if self.adopts(params):
@@ -128,6 +151,21 @@ class Site:
                 for k in range(num_layers)]
 
 
+def _to_cupy(cp, t):
+    """A CuPy float32 view of tensor ``t`` (a float32 copy where it is 16-bit: exact), or
+    None."""
+    if t is None:
+        return None
+    t = t.detach()
+    return cp.from_dlpack((t if t.dtype == torch.float32 else t.float()).contiguous())
+
+
+def _to_torch(a, dtype):
+    """CuPy array ``a`` as a torch tensor (a view), or a copy in ``dtype`` where given."""
+    t = torch.from_dlpack(a)
+    return t if dtype is None or t.dtype == dtype else t.to(dtype)
+
+
 class CudaBackend:
     """The seam on CUDA float32 tensors (module docstring)."""
 
@@ -137,22 +175,22 @@ class CudaBackend:
         self._sites: OrderedDict = OrderedDict()
 
     # -- call sites ------------------------------------------------------------------------------
-    def _site(self, cell, layers, device, params) -> Site:
+    def _site(self, cell, layers, device, params, precision: str = "float32") -> Site:
         """The site of this call: keyed by the identity of its first weight (one per module
-        stack, or per layer and direction), dropped with that weight; made again where the
-        call's ``params`` (``_flat_params(layers)``) left it stale (``Site.stale``)."""
-        from ..gpu import GpuRunner
+        stack, or per layer and direction) and the precision, dropped with that weight; made
+        again where the call's ``params`` (``_flat_params(layers)``) left it stale
+        (``Site.stale``)."""
         w_ih, w_hh, b_ih, _ = layers[0]
         key = (id(w_ih), device.index, cell, len(layers), int(w_ih.shape[1]),
-               int(w_hh.shape[1]), b_ih is not None)
+               int(w_hh.shape[1]), b_ih is not None, precision)
         site = self._sites.get(key)
         if site is None or site.stale(params):
             import cupy as cp
             with torch.cuda.device(device), cp.cuda.Device(device.index):
                 model = _model_for(cell, key[4], key[5], key[3], key[6])
-                seg = segment(params, model.layout)
-                runner = GpuRunner(model, cache_bytes=RUNNER_CACHE_BYTES,
-                                   params=None if seg is None else cp.from_dlpack(seg))
+                seg = adoptable(params, model.layout)
+                runner = make_runner(model, precision, cache_bytes=RUNNER_CACHE_BYTES,
+                                     params=None if seg is None else cp.from_dlpack(seg))
                 fresh = Site(runner, params, seg is not None)
             if site is None:   # (a replaced site's key keeps its finalizer)
                 weakref.finalize(w_ih, self._sites.pop, key, None)
@@ -163,18 +201,21 @@ class CudaBackend:
         return site
 
     @staticmethod
-    def _check(x):
-        if x.dtype != torch.float32:
+    def _check(x, precision):
+        if precision is None and x.dtype != torch.float32:
             raise NotImplementedError(
-                f"rnnrt.nn on CUDA: dtype {x.dtype} is not supported yet (the GPU path "
-                f"computes in float32); use .float() on the module and its inputs")
+                f"rnnrt.nn on CUDA: dtype {x.dtype} is not supported (the GPU path runs "
+                f"float32, and bfloat16 / float16 modules or autocast); use .float() on the "
+                f"module and its inputs")
 
     # -- the seam -------------------------------------------------------------------------------
-    def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train):
+    def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train,
+                    precision=None):
         """See backend.py. x [N, I] packed; h0, c0 [L, B, H] | None -> (y [N, H],
-        h_n [L, B, H], c_n | None, saved | None)."""
+        h_n [L, B, H], c_n | None, saved | None); at ``precision`` (a CallPrecision, or
+        None: float32) the outputs in its out_dtype."""
         import cupy as cp
-        self._check(x)
+        self._check(x, precision)
         bs = tuple(np.asarray(batch_sizes).tolist())   # once; forward_packed checks it
         T = len(bs)
         B = bs[0] if T else 0
@@ -183,18 +224,16 @@ class CudaBackend:
         uniform = bs[-1] == B   # non-increasing (the module checked): one length
         device = x.device
         params = _flat_params(layers)
-        site = self._site(cell, layers, device, params)
+        site = self._site(cell, layers, device, params,
+                          "float32" if precision is None else precision.name)
         runner = site.runner
         I = int(x.shape[1])
         with torch.cuda.device(device), cp.cuda.Device(device.index), \
                 _current_stream(cp, device):
             site.load_params(params)
-            xc = cp.from_dlpack(x.detach().contiguous())
+            xc = _to_cupy(cp, x)
+            hx = (_to_cupy(cp, h0), _to_cupy(cp, c0)) if cell == "lstm" else _to_cupy(cp, h0)
 
-            def c(t):
-                return None if t is None else cp.from_dlpack(t.detach().contiguous())
-
-            hx = (c(h0), c(c0)) if cell == "lstm" else c(h0)
             if uniform:   # one length: the fixed-batch plans, reverse = the time-reversed run
                 xc = xc.reshape(T, B, I)
                 out = runner.forward(xc[::-1] if reverse else xc, hx, train=train)
@@ -204,8 +243,8 @@ class CudaBackend:
                 out = runner.forward_packed(xc, bs, hx, train=train, reverse=reverse)
                 y = out[0]
             h_n, c_n = out[1] if cell == "lstm" else (out[1], None)
-            result = (torch.from_dlpack(y), torch.from_dlpack(h_n),
-                      None if c_n is None else torch.from_dlpack(c_n))
+            out_dtype = None if precision is None else precision.out_dtype
+            result = tuple(None if a is None else _to_torch(a, out_dtype) for a in (y, h_n, c_n))
         saved = (site, out[2], reverse, uniform, T, B, I, device) if train else None
         return (*result, saved)
 
@@ -219,7 +258,7 @@ class CudaBackend:
         with torch.cuda.device(device), cp.cuda.Device(device.index), \
                 _current_stream(cp, device):
             def c(t):
-                return None if t is None else cp.from_dlpack(t.detach().contiguous())
+                return _to_cupy(cp, t)
 
             dyc = c(dy)
             if uniform and dyc is not None:

@@ -26,6 +26,7 @@ class Call:
     bias:        whether each layer's weights include bias_ih, bias_hh
     batch_sizes: [T] int64 NumPy array (host), the packed schedule
     reverse:     the reverse direction of a bidirectional layer
+    precision:   nn/precision.py's CallPrecision, or None (the tensors' own dtype)
     """
 
     backend: object
@@ -34,6 +35,7 @@ class Call:
     bias: bool
     batch_sizes: np.ndarray
     reverse: bool
+    precision: object = None
 
     @property
     def has_cell_state(self) -> bool:
@@ -52,7 +54,8 @@ class RNNFunction(torch.autograd.Function):
     def forward(ctx, call: Call, x, h0, c0, *weights):
         layers = group_layers(weights, call.num_layers, call.bias)
         y, h_n, c_n, saved = call.backend.run_forward(
-            call.cell, layers, x, call.batch_sizes, h0, c0, reverse=call.reverse, train=True)
+            call.cell, layers, x, call.batch_sizes, h0, c0, reverse=call.reverse, train=True,
+            precision=call.precision)
         ctx.call, ctx.saved = call, saved
         ctx.has_h0, ctx.has_c0 = h0 is not None, c0 is not None
         # The backend's saved state holds x, the weights and y by reference (no copies);
@@ -95,7 +98,8 @@ def run_call(call: Call, x, h0, c0, weights):
         return out if call.has_cell_state else (out[0], out[1], None)
     layers = group_layers(weights, call.num_layers, call.bias)
     y, h_n, c_n, saved = call.backend.run_forward(
-        call.cell, layers, x, call.batch_sizes, h0, c0, reverse=call.reverse, train=False)
+        call.cell, layers, x, call.batch_sizes, h0, c0, reverse=call.reverse, train=False,
+        precision=call.precision)
     if saved is not None:  # the inference path must keep nothing; a backend that does is wrong
         raise RuntimeError(f"{type(call.backend).__name__}.run_forward(train=False) returned "
                            f"saved state; the inference path keeps nothing")

@@ -9,7 +9,8 @@ The errors are torch.nn's kinds (and, where torch's own is clear, its wording):
                       devices that differ (input / hidden / parameters), a PackedSequence
                       whose batch_sizes or indices are inconsistent with its data
   TypeError           input not a tensor or PackedSequence; hx of the wrong structure
-  NotImplementedError a device or dtype with no rnnrt backend (backend.backend_for)
+  NotImplementedError a device or dtype with no rnnrt backend (backend.backend_for), or a
+                      precision rnnrt.nn does not run there (nn/precision.py: CPU autocast)
 
 Packed sequences are checked as far as the module can see them: pack_padded_sequence already
 refused unsorted lengths (enforce_sorted=True) or lengths < 1; what reaches the module is
@@ -26,6 +27,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from .backend import backend_for
+from .precision import CallPrecision, call_precision, check_autocast_inputs
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Prepared:
     batched:     False for an unbatched 2-D tensor (outputs lose the batch dimension)
     steps, batch: T and B
     backend:     the seam implementation for the input's device and dtype
+    precision:   nn/precision.py's CallPrecision (autocast, or 16-bit parameters on CUDA), or
+                 None for the plain path in the tensors' dtype
     """
 
     data: torch.Tensor
@@ -55,6 +59,7 @@ class Prepared:
     steps: int
     batch: int
     backend: object
+    precision: CallPrecision | None = None
 
 
 def _split_hx(module, hx):
@@ -165,8 +170,15 @@ def prepare(module, input, hx) -> Prepared:
         raise TypeError(f"input: expected a tensor or a PackedSequence, got "
                         f"{type(input).__name__}")
 
+    # the precision first: a refusal (CPU autocast, an autocast dtype rnnrt has not) comes
+    # before anything else is looked at; under autocast the dtypes may differ (as torch.nn's)
+    precision = call_precision(data.device, wdtype)
+    autocast = precision is not None and precision.autocast
+    if autocast:
+        check_autocast_inputs({"input": data, "hx[0]" if c0 is not None else "hx": h0,
+                               "hx[1]": c0})
     # torch.nn.RNNBase.check_input, in its order.
-    if data.dtype != wdtype:
+    if data.dtype != wdtype and not autocast:
         raise ValueError(f"RNN input dtype ({data.dtype}) does not match weight dtype "
                          f"({wdtype}). Convert input: input.to({wdtype}), or convert model: "
                          f"model.to({data.dtype})")
@@ -203,10 +215,10 @@ def prepare(module, input, hx) -> Prepared:
             what = f"hidden[{i}] size" if module.mode == "LSTM" else "hidden size"
             shown = list(t.shape) if (packed or batched) else list(got)
             raise RuntimeError(f"Expected {what} {expected}, got {shown}")
-        if t.dtype != data.dtype:
+        if t.dtype != data.dtype and not autocast:
             raise RuntimeError(f"hx: dtype {t.dtype} does not match the input's dtype "
                                f"{data.dtype}; convert it with .to({data.dtype})")
-    backend = backend_for(data.device, data.dtype)
+    backend = backend_for(data.device, torch.float32 if precision is not None else data.dtype)
 
     # ---- every check passed: only views and (for batch_first) one copy from here on.
     if not packed:
@@ -226,4 +238,4 @@ def prepare(module, input, hx) -> Prepared:
         h0 = None if h0 is None else h0.index_select(1, sorted_indices)
         c0 = None if c0 is None else c0.index_select(1, sorted_indices)
     return Prepared(data, bs, bs_tensor, sorted_indices, unsorted_indices, h0, c0, packed,
-                    batched, steps, batch, backend)
+                    batched, steps, batch, backend, precision)

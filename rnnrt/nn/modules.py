@@ -185,7 +185,7 @@ class RNNBase(torch.nn.Module):
         names = [n for layer in layers for n in self._all_weights[layer * self.num_directions
                                                                  + direction]]
         call = Call(p.backend, self.cell, len(layers), self.bias, p.batch_sizes,
-                    direction == 1)
+                    direction == 1, p.precision)
         return run_call(call, x, h0, c0, [getattr(self, n) for n in names])
 
     def _run_layers(self, p):

@@ -7,15 +7,12 @@ on CPU tensors. (What this cannot see, the CUDA kernels, streams and DLPack on t
 tests/gpu/test_gpu_nn.py checks on a GPU.)"""
 from __future__ import annotations
 
-import contextlib
-import sys
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from testkit import CpuSession, NumpyCupy
+from testkit import CpuSession
 
 import rnnrt.nn
 from rnnrt import check
@@ -25,28 +22,6 @@ CELLS = {"lstm": ("LSTM", {}), "gru": ("GRU", {}), "rnn_tanh": ("RNN", {"nonline
          "rnn_relu": ("RNN", {"nonlinearity": "relu"})}
 LENGTHS = {"plain": None, "packed_sorted": [6, 5, 5, 3, 2], "packed_unsorted": [3, 6, 1, 5, 6],
            "one_length": [6, 6, 6, 6, 6]}
-
-
-@pytest.fixture
-def cuda_on_cpu(monkeypatch):
-    """-> the CudaBackend that every CPU float32 call goes through (CuPy = NumPy)."""
-    import rnnrt.nn.cuda as nn_cuda
-    import rnnrt.nn.inputs
-    import rnnrt.session
-    fake = NumpyCupy()
-    fake.from_dlpack = np.from_dlpack
-    fake.ascontiguousarray = np.ascontiguousarray
-    fake.cuda.Device = lambda *a: contextlib.nullcontext()
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
-    monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
-    monkeypatch.setattr(torch.cuda, "device", lambda *a: contextlib.nullcontext())
-    monkeypatch.setattr(nn_cuda, "_current_stream", lambda cp, device: contextlib.nullcontext())
-    backend = nn_cuda.CudaBackend()
-    real = rnnrt.nn.inputs.backend_for
-    monkeypatch.setattr(rnnrt.nn.inputs, "backend_for", lambda device, dtype: (
-        backend if (device.type, dtype) == ("cpu", torch.float32) else real(device, dtype)))
-    return backend
 
 
 def _pair(cell, layers, bidirectional, flat):

@@ -27,9 +27,10 @@ def seam_calls(monkeypatch):
         backend = real(device, dtype)
 
         class Recording:
-            def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train):
+            def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train,
+                            precision=None):
                 out = backend.run_forward(cell, layers, x, batch_sizes, h0, c0,
-                                          reverse=reverse, train=train)
+                                          reverse=reverse, train=train, precision=precision)
                 calls.append((x.detach().clone(), out[0].detach().clone(), reverse, train))
                 return out
 

@@ -172,15 +172,16 @@ def test_devices_and_dtypes_without_a_backend_raise_not_implemented():
     from rnnrt.nn.cuda import CudaBackend
     cuda = backend_for(torch.device("cuda", 0), torch.float32)   # built without CuPy
     assert isinstance(cuda, CudaBackend)
-    # what the CUDA backend does not run yet is refused before any work, naming it
+    # what the CUDA backend does not run is refused before any work, naming it: 16-bit
+    # tensors only with a precision (autocast or a 16-bit module: nn/precision.py), no float64
     with pytest.raises(NotImplementedError, match="bfloat16"):
-        CudaBackend._check(torch.zeros(6, 3, dtype=torch.bfloat16))
-    CudaBackend._check(torch.zeros(6, 3))   # float32 runs, one length or several
+        CudaBackend._check(torch.zeros(6, 3, dtype=torch.bfloat16), None)
+    with pytest.raises(NotImplementedError, match="float64"):
+        CudaBackend._check(torch.zeros(6, 3, dtype=torch.float64), None)
+    CudaBackend._check(torch.zeros(6, 3), None)   # float32 runs, one length or several
     with pytest.raises(NotImplementedError, match="meta"):
         rnnrt.nn.GRU(3, 4, device="meta")(torch.randn(2, 1, 3, device="meta"))
-    m = rnnrt.nn.LSTM(3, 4, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="bfloat16"):
-        m(torch.randn(2, 1, 3, dtype=torch.bfloat16))
+    m = rnnrt.nn.LSTM(3, 4, dtype=torch.bfloat16)   # 16-bit modules run (test_nn_precision)
     m.flatten_parameters()  # torch.nn's call (a no-op off CUDA float32): exists for drop-in use
 
 
