@@ -503,15 +503,6 @@ def example_module(name):
 
 # --- precisions (issue 23) ---------------------------------------------------------------------
 
-def dtype_plans_ready() -> bool:
-    """Whether plans, the reference and GpuRunner take ``dtype`` (issue 23's p23core branch):
-    the tests of other precisions than float32 end to end need it."""
-    import dataclasses
-    import inspect
-    return ("dtype" in {f.name for f in dataclasses.fields(PlanKey)}
-            and "dtype" in inspect.signature(reference.forward).parameters)
-
-
 # --- record names ---------------------------------------------------------------------------------
 
 # experiments/results' naming scheme, written out here, not imported from rnnrt.bench.records,

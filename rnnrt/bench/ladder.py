@@ -42,10 +42,9 @@ from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, Rung, ladder, rung_names
 from ..precision import get_precision
-from .dtypes import (CUDNN_MODE, PRECISION_WORDS, dtype_kw, dtype_suffix, reference_dtype,
-                     reference_name, tolerance)
 from ..session import GpuSession, time_events
 from .cudnn import cudnn_bench, cudnn_missing
+from .dtypes import CUDNN_MODE, PRECISION_WORDS, dtype_suffix, reference_name, tolerance
 from .recordio import valid_input_batch
 from .records import now_iso, record_path, versions, write_json
 from .timing import gemm_ceiling, time_cpu, time_gpu
@@ -131,7 +130,7 @@ def check_sizes(cfg: LadderConfig, gpu_free: int | None = None,
         if cfg.rungs is not None and rung.name not in cfg.rungs:
             continue
         key = PlanKey(c, T, B, I, H, L, True, rung.switches, train=cfg.backward,
-                      device=device, **dtype_kw(cfg.dtype))
+                      device=device, dtype=cfg.dtype)
         sizes.check_plan(key)
         if cfg.backward:
             sizes.check_plan(key, backward=True)
@@ -244,7 +243,7 @@ def _reference(cfg, model, x, h0, c0, dy):
     flat, when cfg.backward)."""
     from ..params import per_layer
     p64 = per_layer(model.flat.astype(np.float64), model.layout)
-    kw = reference_dtype(cfg.dtype)
+    kw = {"dtype": cfg.dtype}
     y, _, _, cache = reference.forward(cfg.cell, p64, x.astype(np.float64),
                                        h0.astype(np.float64),
                                        None if c0 is None else c0.astype(np.float64), **kw)
@@ -285,7 +284,7 @@ class RungRun:
         from ..plan.backward import backward_plan
         key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
                       rung.switches, train=cfg.backward, device=device, family=family,
-                      backward=backward if cfg.backward else None, **dtype_kw(cfg.dtype))
+                      backward=backward if cfg.backward else None, dtype=cfg.dtype)
         self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
         self.ws = Workspace(self.plans[-1], xp, np.float32, params)
         self.ws.poison()

@@ -44,7 +44,6 @@ import numpy as np
 from ..cells import get_cell
 from ..params import positive_int
 from ..precision import DTYPES, get_precision
-from .dtypes import dtype_kw
 from .records import now_iso, record_path, versions, write_json
 
 GOAL_RATIO = 2.0
@@ -154,7 +153,7 @@ def _rnnrt_gpu(cfg, model, inputs, dtype, train=True) -> dict:
     """rnnrt at ``dtype`` through GpuRunner (switches='auto'), as a user runs it."""
     from ..gpu import GpuRunner
     x, h0, c0, dy = inputs
-    runner = GpuRunner(model, schedule_cache=False, **dtype_kw(dtype))
+    runner = GpuRunner(model, schedule_cache=False, dtype=dtype)
     try:
         hx = (h0, c0) if c0 is not None else h0
         if not train:
@@ -193,7 +192,7 @@ def _rnnrt_cpu(cfg, model, inputs, dtype, train=True) -> dict:
     T, B = x.shape[0], x.shape[1]
     key = PlanKey(cfg.cell, T, B, cfg.inp, cfg.hidden, cfg.layers, True,
                   ladder()[PAPER_RUNGS - 1].switches, train=train, device=H100_SXM,
-                  **dtype_kw(dtype))
+                  dtype=dtype)
     plans = [forward_plan(key)] + ([backward_plan(key)] if train else [])
     # fp32 storage: an fp32 workspace (the GPU's arithmetic); 16-bit storage: float64 with the
     # storage rounding the plan applies (the rounding dominates what fp32 would add)

@@ -90,7 +90,7 @@ def write_json(record, path, overwrite: bool = True) -> Path:
 
 def versions(cp=None) -> dict:
     """rnnrt, NumPy, Python (and CuPy, CUDA, torch, cuDNN where present) versions."""
-    from .. import __version__   # here: rnnrt/__init__ defines it after its imports
+    from .. import __version__  # here: rnnrt/__init__ defines it after its imports
     v = {"rnnrt": __version__, "numpy": np.__version__, "python": platform.python_version()}
     if cp is not None:
         v["cupy"] = cp.__version__

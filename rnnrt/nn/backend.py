@@ -85,7 +85,6 @@ class NumpyBackend:
         params = [{"weight_ih": np32(w_ih), "weight_hh": np32(w_hh),
                    "bias_ih": np32(b_ih), "bias_hh": np32(b_hh)}
                   for w_ih, w_hh, b_ih, b_hh in layers]
-        # SHIM(p23core): varlen's dtype= comes with p23core; float32 passes none
         kw = {} if precision is None else {"dtype": precision.name}
         y, h_n, c_n, cache = varlen.forward(cell, params, np32(x), batch_sizes,
                                             np32(h0), np32(c0), reverse=reverse,
@@ -139,7 +138,9 @@ def backend_for(device: torch.device, dtype: torch.dtype):
     if device.type == "cuda":
         global _CUDA
         if _CUDA is None:
-            from .cuda import CudaBackend   # CuPy is imported only when CUDA tensors come
+            from .cuda import (
+                CudaBackend,  # CuPy is imported only when CUDA tensors come
+            )
             _CUDA = CudaBackend()
         return _CUDA
     raise NotImplementedError(f"rnnrt.nn: tensors on device {device} are not supported; "

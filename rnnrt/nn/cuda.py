@@ -71,11 +71,9 @@ def _model_for(cell: str, input_size: int, hidden: int, layers: int, bias: bool)
 
 
 def make_runner(model, precision: str, **kw):
-    """A GpuRunner of ``model`` at ``precision`` (precision.DTYPES). SHIM(p23core):
-    GpuRunner's ``dtype`` comes with the p23core branch: float32 passes none (as before),
-    another precision fails there (TypeError) until it is merged."""
+    """A GpuRunner of ``model`` at ``precision`` (precision.DTYPES)."""
     from ..gpu import GpuRunner
-    return GpuRunner(model, **kw, **({} if precision == "float32" else {"dtype": precision}))
+    return GpuRunner(model, **kw, dtype=precision)
 
 
 def adoptable(params, layout):

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from testkit import Spy, tree_state
 
 from rnnrt import cli, reference
 from rnnrt.bench import ladder as lb
-from rnnrt.bench import plots, sweep as sw
+from rnnrt.bench import plots
+from rnnrt.bench import sweep as sw
 from rnnrt.bench import trace as tr
 from rnnrt.device import gpu_available
-from testkit import Spy, tree_state
 
 ROW = {"type": "row", "cell": "lstm", "layers": 1, "hidden": 8, "input_size": 8, "batch": 4,
        "steps": 8, "input_batch": 10, "pass": "fwd", "rung": "naive", "executor": "numpy",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from testkit import dtype_plans_ready, record_name_match
+from testkit import record_name_match
 
 from rnnrt import cli
 from rnnrt.bench import ceilings, dtypes
@@ -16,8 +16,6 @@ from rnnrt.precision import DTYPES
 
 TINY = ["--cpu", "--layers", "2", "--hidden", "8", "--batch", "2", "--steps", "3",
         "--repeats", "1", "--warmup", "0"]
-needs_core = pytest.mark.skipif(not dtype_plans_ready(),
-                                reason="needs PlanKey.dtype and reference(dtype=) (p23core)")
 
 
 @pytest.mark.parametrize("cmd", ["ladder", "sweep"])
@@ -135,7 +133,6 @@ def test_ceilings_per_precision(monkeypatch):
     assert calls == ["bfloat16"]
 
 
-@needs_core
 @pytest.mark.parametrize("dtype", ["tf32", "bfloat16", "float16"])
 def test_cpu_ladder_at_a_precision_checks_every_rung_and_says_what_declined(dtype, tmp_path):
     out = tmp_path / "l.json"

@@ -6,11 +6,12 @@ import json
 import re
 from pathlib import Path
 
-from rnnrt.bench.index import main, render_index
 from testkit import RECORD_KINDS as KINDS
 from testkit import RECORD_SLUG as SLUG
 from testkit import RECORD_STAMP as STAMP
 from testkit import record_name_match
+
+from rnnrt.bench.index import main, render_index
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"

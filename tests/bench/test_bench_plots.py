@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit import tiny_sweep as tiny
 
 from rnnrt.bench import plots
 from rnnrt.bench import sweep as sw
 from rnnrt.cells import forward_flops
 from rnnrt.plan.switches import rung_names
-from testkit import tiny_sweep as tiny
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
 # the first H100 ladder records (of each length, the earliest stamp; they predate +persistent)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from rnnrt import sizes
-from rnnrt.cells import forward_flops
 from rnnrt.bench import ladder
+from rnnrt.cells import forward_flops
 
 
 def _big():

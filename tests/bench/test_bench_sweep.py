@@ -7,13 +7,13 @@ from __future__ import annotations
 import io
 
 import pytest
+from testkit import tiny_sweep as tiny
 
 from rnnrt.bench import ladder as lb
 from rnnrt.bench import sweep as sw
 from rnnrt.cells import forward_flops
 from rnnrt.device import gpu_available
 from rnnrt.plan.switches import rung_names
-from testkit import tiny_sweep as tiny
 
 LADDER_ROW_FIELDS = ("rung", "executor", "switches", "ms_median", "ms_min", "ms_max", "runs",
                      "tflops", "speedup_vs_naive", "ratio_vs_cudnn", "share_of_ceiling",

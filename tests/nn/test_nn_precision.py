@@ -14,7 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from testkit import dtype_plans_ready
 
 import rnnrt.nn
 import rnnrt.nn.cuda as nn_cuda
@@ -124,8 +123,6 @@ def test_autocast_refuses_a_float64_input_naming_it(recorded):
     assert recorded == []
 
 
-needs_core = pytest.mark.skipif(not dtype_plans_ready(),
-                                reason="needs rnnrt.varlen's dtype= (p23core)")
 
 
 def _all(module, x, hx, dy, autocast=None):
@@ -145,7 +142,6 @@ def _all(module, x, hx, dy, autocast=None):
             {k: v.dtype for k, v in out.items()})
 
 
-@needs_core
 @pytest.mark.parametrize("cls", ["LSTM", "GRU"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("how", ["autocast", "module"])
