@@ -64,7 +64,10 @@ class Precision:
 
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("float32", "float32", "fp32", 1e-4, 1e-3),
-    Precision("tf32", "float32", "tf32", 2e-3, 1e-2),
+    # tf32: the reference rounds the GEMM operands to nearest; cuBLAS does not document its
+    # conversion, and on the H100 a sum of 24 products was off by 1.4 x 2e-3 (one TF32 ulp
+    # of a few operands rounded the other way)
+    Precision("tf32", "float32", "tf32", 5e-3, 1e-2),
     Precision("bfloat16", "bfloat16", "fp32", 2e-2, 2e-2),
     Precision("float16", "float16", "fp32", 4e-3, 4e-3),
 )}

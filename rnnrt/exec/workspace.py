@@ -151,9 +151,10 @@ class Workspace:
         own over one set of scratch buffers."""
         ws = self.sharing(self.plan)
         ws.bufs = dict(self.bufs)
-        for name in names:
+        for name in names:   # in the buffer's own element type (2 bytes for 16-bit storage)
             b = self.plan.buffer(name)
-            ws.bufs[name] = self.xp.full(b.size, np.nan, dtype=self.dtype)
+            ws.bufs[name] = self.xp.empty(b.size, dtype=ARRAY_DTYPES[self.elements[name]])
+            ws._fill_nan(name)
         return ws
 
     def _adoptable(self, params, size):

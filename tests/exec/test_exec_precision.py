@@ -57,6 +57,9 @@ class _Plan:
         self.outputs = {"y": Binding((4, 3), (View("y", 0, 4, 3, 3),)),
                         "x": Binding((4, 3), (View("x", 0, 4, 3, 3),))}
 
+    def buffer(self, name):
+        return next(b for b in self.buffers if b.name == name)
+
 
 @pytest.mark.parametrize("store, kind", [("bfloat16", np.uint16), ("float16", np.float16),
                                          ("float32", np.float32)])
@@ -79,6 +82,13 @@ def test_store_buffers_hold_the_storage_type(store, kind):
     assert (ones == 1).all()                                     # 1.0 in the storage's bits
     ws.poison(names=["x"])
     assert np.isnan(ws.read("x")).all()
+    # a chunk's own activations (chunked.py): new buffers of the same element types,
+    # poisoned, the others shared (on the H100 a bf16 chunk got fp32 ones: NaN gradients)
+    own = ws.with_own(["x", "y"])
+    for name in ("x", "y"):
+        assert own.bufs[name].dtype == ws.bufs[name].dtype and own.bufs[name] is not ws.bufs[name]
+        assert np.isnan(own.read(name)).all()
+    assert own.bufs["ones"] is ws.bufs["ones"]
 
 
 def test_default_store_on_numpy_is_the_workspace_float():

@@ -101,9 +101,17 @@ def test_autocast_matches_torch_nn_and_errs_no_more_than_2x_cudnn(name, kw, dtyp
     theirs, their_dt = _run(ref, x, hx, dy, "cuda", autocast=dt)
     exact, _ = _run(f64, x.double(), tuple(t.double() for t in hx) if isinstance(hx, tuple)
                     else hx.double(), dy.double(), "cpu")
-    # torch.nn's dtypes: outputs in the autocast dtype, gradients in their leaves' (fp32)
-    assert got_dt == their_dt
+    # torch.nn's dtypes: outputs in the autocast dtype, gradients in their leaves' (fp32) --
+    # except that torch's cuDNN RNN under autocast(bfloat16) runs and returns float16 (seen
+    # with torch 2.11 on the H100): rnnrt runs the precision asked for, and its error is
+    # judged against cuDNN's in that precision (the module and inputs cast to it)
     assert got_dt["y"] == dt and got_dt["dweight_hh_l0"] == torch.float32
+    assert {k: v for k, v in got_dt.items() if k != "y" and not k.startswith("h_n")} == \
+        {k: v for k, v in their_dt.items() if k != "y" and not k.startswith("h_n")}
+    if their_dt["y"] != dt:
+        ref16, _, _ = _modules(name, kw, bidirectional, dt)
+        x16, hx16, _ = _inputs(name, bidirectional, dt)
+        theirs, _ = _run(ref16, x16, hx16, dy.to(dt), "cuda")
     _judge(got, theirs, exact, dtype)
     fp32, _ = _run(ours, x, hx, dy, "cuda")     # really 16-bit: not the float32 run rounded
     assert not torch.equal(got["y"], fp32["y"].to(dt).double())
@@ -128,12 +136,12 @@ def test_autocast_on_packed_sequences_keeps_dtypes_and_finite():
     from torch.nn.utils.rnn import pack_padded_sequence
     ref, ours, _ = _modules("LSTM", {}, True)
     x, _, _ = _inputs("LSTM", True, torch.float32)
-    lengths = torch.tensor([T - 3 * i for i in range(B)])
+    lengths = torch.tensor([T - 2 * i for i in range(B)])   # 40 .. 10
     p = pack_padded_sequence(x.cuda(), lengths, enforce_sorted=False)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y, (h, c) = ours(p)
         yr, _ = ref(p)
-    assert y.data.dtype == h.dtype == c.dtype == yr.data.dtype == torch.bfloat16
+    assert y.data.dtype == h.dtype == c.dtype == torch.bfloat16   # (torch's: float16)
     assert torch.isfinite(y.data.float()).all()
     diff = (y.data.float() - yr.data.float()).abs().max().item()
     assert diff < 0.1, diff
