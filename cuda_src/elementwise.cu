@@ -9,13 +9,13 @@
  *   exactly (same pointer, same ld): in place is safe. Partial overlaps are not.
  *   Launch: a 1-D grid-stride loop over rows*cols, 256 threads a block.
  *
- * Element types: each kernel K below is defined twice, `extern "C"` K with every pointer
- * float* (the fp32 plans' kernel, unchanged) and its typed twin, the template
- * K_t<T_1, ..., T_n>, one type per pointer argument in call order, each float, bf16 or fp16
- * (storage.cuh): the buffer its view lies in (rnnrt/kernels/library.py instantiates the
- * combination a plan's views have). The math is fp32 in both: a load converts to float
- * (to_f), a store rounds to the output's type (from_f); K_t<float, ...> compiles to K's code
- * (a test compares their PTX).
+ * Element types: each kernel K below has two entry points over one templated loop:
+ * `extern "C"` K with every pointer float* (the fp32 plans' kernel, unchanged) and its typed
+ * twin, the template K_t<T_1, ..., T_n>, one type per pointer argument in call order, each
+ * float, bf16 or fp16 (storage.cuh): the buffer its view lies in (rnnrt/kernels/library.py
+ * instantiates the combination a plan's views have). The math is fp32 in both: a load
+ * converts to float (to_f), a store rounds to the output's type (from_f); K_t<float, ...>
+ * compiles to K's code (a test compares their PTX).
  *
  * Kernels (one variant each, and its typed twin):
  *   kernel ew_add(rows, cols)      out = a + b
@@ -69,131 +69,41 @@
 // for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh)
 #include "pointwise_common.cuh"
 
-extern "C" __global__ void ew_add(int rows, int cols, float* out, int ldout,
-                                  const float* a, int lda, const float* b, int ldb) {
+// Each kernel's loop is written once, below, as a template over the element types: K (all
+// float) and its twin K_t call the same one (fp32 math: loads widen through to_f, the store
+// rounds through from_f, both the identity for float). The operations of ew_unary and
+// ew_binary are types, not captured values: what a kernel's lambda captures, and in which
+// order, shapes its PTX, and the fp32 kernels' PTX is kept as it was.
+struct op_add { __device__ float operator()(float a, float b) const { return a + b; } };
+struct op_sub { __device__ float operator()(float a, float b) const { return a - b; } };
+struct op_mul { __device__ float operator()(float a, float b) const { return a * b; } };
+struct op_sigmoid { __device__ float operator()(float a) const { return sigmoidf(a); } };
+struct op_tanh { __device__ float operator()(float a) const { return tanhf(a); } };
+struct op_copy { __device__ float operator()(float a) const { return a; } };
+
+// out = op(a), elementwise.
+template <class OP, class TOUT, class TA>
+__device__ __forceinline__ void ew_unary(int rows, int cols, TOUT* out, int ldout, const TA* a,
+                                         int lda) {
     for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = a[r * lda + c] + b[r * ldb + c];
+        out[r * ldout + c] = from_f<TOUT>(OP()(to_f(a[r * lda + c])));
     });
 }
 
-extern "C" __global__ void ew_sub(int rows, int cols, float* out, int ldout,
-                                  const float* a, int lda, const float* b, int ldb) {
+// out = op(a, b), elementwise.
+template <class OP, class TOUT, class TA, class TB>
+__device__ __forceinline__ void ew_binary(int rows, int cols, TOUT* out, int ldout, const TA* a,
+                                          int lda, const TB* b, int ldb) {
     for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = a[r * lda + c] - b[r * ldb + c];
+        out[r * ldout + c] = from_f<TOUT>(OP()(to_f(a[r * lda + c]), to_f(b[r * ldb + c])));
     });
 }
 
-extern "C" __global__ void ew_mul(int rows, int cols, float* out, int ldout,
-                                  const float* a, int lda, const float* b, int ldb) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = a[r * lda + c] * b[r * ldb + c];
-    });
-}
-
-extern "C" __global__ void ew_sigmoid(int rows, int cols, float* out, int ldout,
-                                      const float* a, int lda) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = sigmoidf(a[r * lda + c]);
-    });
-}
-
-extern "C" __global__ void ew_tanh(int rows, int cols, float* out, int ldout,
-                                   const float* a, int lda) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = tanhf(a[r * lda + c]);
-    });
-}
-
-extern "C" __global__ void ew_relu(int rows, int cols, float* out, int ldout,
-                                   const float* a, int lda) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        const float x = a[r * lda + c];
-        out[r * ldout + c] = x < 0.f ? 0.f : x;  // not fmaxf: fmaxf(NaN, 0) is 0
-    });
-}
-
-extern "C" __global__ void ew_dsigmoid(int rows, int cols, float* out, int ldout,
-                                       const float* dy, int lddy, const float* y, int ldy) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        const float s = y[r * ldy + c];
-        out[r * ldout + c] = dy[r * lddy + c] * (s * (1.0f - s));
-    });
-}
-
-extern "C" __global__ void ew_dtanh(int rows, int cols, float* out, int ldout,
-                                    const float* dy, int lddy, const float* y, int ldy) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        const float t = y[r * ldy + c];
-        out[r * ldout + c] = dy[r * lddy + c] * (1.0f - t * t);
-    });
-}
-
-extern "C" __global__ void ew_drelu(int rows, int cols, float* out, int ldout,
-                                    const float* dy, int lddy, const float* y, int ldy) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        const float g = dy[r * lddy + c];
-        out[r * ldout + c] = y[r * ldy + c] > 0.f ? g : 0.f;  // not dy * (y > 0): NaN * 0 is NaN
-    });
-}
-
-extern "C" __global__ void ew_copy(int rows, int cols, float* out, int ldout,
-                                   const float* a, int lda) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = a[r * lda + c];
-    });
-}
-
-extern "C" __global__ void ew_select(int rows, int cols, float* out, int ldout,
-                                     const float* mask, int ldmask, const float* a, int lda,
-                                     const float* b, int ldb) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = mask[r * ldmask] != 0.f ? a[r * lda + c] : b[r * ldb + c];
-    });
-}
-
-// --- the typed twins (see the header): the same operations, loads through to_f, stores
-// through from_f
-
-template <class TOUT, class TA, class TB>
-__global__ void ew_add_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
-                         const TB* b, int ldb) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = from_f<TOUT>(to_f(a[r * lda + c]) + to_f(b[r * ldb + c]));
-    });
-}
-
-template <class TOUT, class TA, class TB>
-__global__ void ew_sub_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
-                         const TB* b, int ldb) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = from_f<TOUT>(to_f(a[r * lda + c]) - to_f(b[r * ldb + c]));
-    });
-}
-
-template <class TOUT, class TA, class TB>
-__global__ void ew_mul_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
-                         const TB* b, int ldb) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = from_f<TOUT>(to_f(a[r * lda + c]) * to_f(b[r * ldb + c]));
-    });
-}
-
+// The loops of the kernels that read an input before storing (their fp32 kernels' PTX follows
+// the order a lambda first names its pointers, so these keep their own loop, written once).
 template <class TOUT, class TA>
-__global__ void ew_sigmoid_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = from_f<TOUT>(sigmoidf(to_f(a[r * lda + c])));
-    });
-}
-
-template <class TOUT, class TA>
-__global__ void ew_tanh_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = from_f<TOUT>(tanhf(to_f(a[r * lda + c])));
-    });
-}
-
-template <class TOUT, class TA>
-__global__ void ew_relu_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
+__device__ __forceinline__ void ew_relu_rows(int rows, int cols, TOUT* out, int ldout,
+                                             const TA* a, int lda) {
     for_each_element(rows, cols, [=](long long r, long long c) {
         const float x = to_f(a[r * lda + c]);
         out[r * ldout + c] = from_f<TOUT>(x < 0.f ? 0.f : x);  // not fmaxf: fmaxf(NaN, 0) is 0
@@ -201,8 +111,8 @@ __global__ void ew_relu_t(int rows, int cols, TOUT* out, int ldout, const TA* a,
 }
 
 template <class TOUT, class TDY, class TY>
-__global__ void ew_dsigmoid_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
-                              const TY* y, int ldy) {
+__device__ __forceinline__ void ew_dsigmoid_rows(int rows, int cols, TOUT* out, int ldout,
+                                                 const TDY* dy, int lddy, const TY* y, int ldy) {
     for_each_element(rows, cols, [=](long long r, long long c) {
         const float s = to_f(y[r * ldy + c]);
         out[r * ldout + c] = from_f<TOUT>(to_f(dy[r * lddy + c]) * (s * (1.0f - s)));
@@ -210,8 +120,8 @@ __global__ void ew_dsigmoid_t(int rows, int cols, TOUT* out, int ldout, const TD
 }
 
 template <class TOUT, class TDY, class TY>
-__global__ void ew_dtanh_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
-                           const TY* y, int ldy) {
+__device__ __forceinline__ void ew_dtanh_rows(int rows, int cols, TOUT* out, int ldout,
+                                              const TDY* dy, int lddy, const TY* y, int ldy) {
     for_each_element(rows, cols, [=](long long r, long long c) {
         const float t = to_f(y[r * ldy + c]);
         out[r * ldout + c] = from_f<TOUT>(to_f(dy[r * lddy + c]) * (1.0f - t * t));
@@ -219,27 +129,142 @@ __global__ void ew_dtanh_t(int rows, int cols, TOUT* out, int ldout, const TDY* 
 }
 
 template <class TOUT, class TDY, class TY>
-__global__ void ew_drelu_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
-                           const TY* y, int ldy) {
+__device__ __forceinline__ void ew_drelu_rows(int rows, int cols, TOUT* out, int ldout,
+                                              const TDY* dy, int lddy, const TY* y, int ldy) {
     for_each_element(rows, cols, [=](long long r, long long c) {
         const float g = to_f(dy[r * lddy + c]);
+        // not dy * (y > 0): NaN * 0 is NaN
         out[r * ldout + c] = from_f<TOUT>(to_f(y[r * ldy + c]) > 0.f ? g : 0.f);
     });
 }
 
+// ew_select's loop: the side not taken is not read.
+template <class TOUT, class TMASK, class TA, class TB>
+__device__ __forceinline__ void ew_select_rows(int rows, int cols, TOUT* out, int ldout,
+                                               const TMASK* mask, int ldmask, const TA* a,
+                                               int lda, const TB* b, int ldb) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        out[r * ldout + c] = from_f<TOUT>(to_f(mask[r * ldmask]) != 0.f ? to_f(a[r * lda + c])
+                                                                        : to_f(b[r * ldb + c]));
+    });
+}
+
+extern "C" __global__ void ew_add(int rows, int cols, float* out, int ldout,
+                                  const float* a, int lda, const float* b, int ldb) {
+    ew_binary<op_add>(rows, cols, out, ldout, a, lda, b, ldb);
+}
+
+extern "C" __global__ void ew_sub(int rows, int cols, float* out, int ldout,
+                                  const float* a, int lda, const float* b, int ldb) {
+    ew_binary<op_sub>(rows, cols, out, ldout, a, lda, b, ldb);
+}
+
+extern "C" __global__ void ew_mul(int rows, int cols, float* out, int ldout,
+                                  const float* a, int lda, const float* b, int ldb) {
+    ew_binary<op_mul>(rows, cols, out, ldout, a, lda, b, ldb);
+}
+
+extern "C" __global__ void ew_sigmoid(int rows, int cols, float* out, int ldout,
+                                      const float* a, int lda) {
+    ew_unary<op_sigmoid>(rows, cols, out, ldout, a, lda);
+}
+
+extern "C" __global__ void ew_tanh(int rows, int cols, float* out, int ldout,
+                                   const float* a, int lda) {
+    ew_unary<op_tanh>(rows, cols, out, ldout, a, lda);
+}
+
+extern "C" __global__ void ew_relu(int rows, int cols, float* out, int ldout,
+                                   const float* a, int lda) {
+    ew_relu_rows(rows, cols, out, ldout, a, lda);
+}
+
+extern "C" __global__ void ew_dsigmoid(int rows, int cols, float* out, int ldout,
+                                       const float* dy, int lddy, const float* y, int ldy) {
+    ew_dsigmoid_rows(rows, cols, out, ldout, dy, lddy, y, ldy);
+}
+
+extern "C" __global__ void ew_dtanh(int rows, int cols, float* out, int ldout,
+                                    const float* dy, int lddy, const float* y, int ldy) {
+    ew_dtanh_rows(rows, cols, out, ldout, dy, lddy, y, ldy);
+}
+
+extern "C" __global__ void ew_drelu(int rows, int cols, float* out, int ldout,
+                                    const float* dy, int lddy, const float* y, int ldy) {
+    ew_drelu_rows(rows, cols, out, ldout, dy, lddy, y, ldy);
+}
+
+extern "C" __global__ void ew_copy(int rows, int cols, float* out, int ldout,
+                                   const float* a, int lda) {
+    ew_unary<op_copy>(rows, cols, out, ldout, a, lda);
+}
+
+extern "C" __global__ void ew_select(int rows, int cols, float* out, int ldout,
+                                     const float* mask, int ldmask, const float* a, int lda,
+                                     const float* b, int ldb) {
+    ew_select_rows(rows, cols, out, ldout, mask, ldmask, a, lda, b, ldb);
+}
+
+// --- the typed twins (see the header): the same operations through the same loops
+
+template <class TOUT, class TA, class TB>
+__global__ void ew_add_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
+                         const TB* b, int ldb) {
+    ew_binary<op_add>(rows, cols, out, ldout, a, lda, b, ldb);
+}
+
+template <class TOUT, class TA, class TB>
+__global__ void ew_sub_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
+                         const TB* b, int ldb) {
+    ew_binary<op_sub>(rows, cols, out, ldout, a, lda, b, ldb);
+}
+
+template <class TOUT, class TA, class TB>
+__global__ void ew_mul_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda,
+                         const TB* b, int ldb) {
+    ew_binary<op_mul>(rows, cols, out, ldout, a, lda, b, ldb);
+}
+
+template <class TOUT, class TA>
+__global__ void ew_sigmoid_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
+    ew_unary<op_sigmoid>(rows, cols, out, ldout, a, lda);
+}
+
+template <class TOUT, class TA>
+__global__ void ew_tanh_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
+    ew_unary<op_tanh>(rows, cols, out, ldout, a, lda);
+}
+
+template <class TOUT, class TA>
+__global__ void ew_relu_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
+    ew_relu_rows(rows, cols, out, ldout, a, lda);
+}
+
+template <class TOUT, class TDY, class TY>
+__global__ void ew_dsigmoid_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
+                              const TY* y, int ldy) {
+    ew_dsigmoid_rows(rows, cols, out, ldout, dy, lddy, y, ldy);
+}
+
+template <class TOUT, class TDY, class TY>
+__global__ void ew_dtanh_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
+                           const TY* y, int ldy) {
+    ew_dtanh_rows(rows, cols, out, ldout, dy, lddy, y, ldy);
+}
+
+template <class TOUT, class TDY, class TY>
+__global__ void ew_drelu_t(int rows, int cols, TOUT* out, int ldout, const TDY* dy, int lddy,
+                           const TY* y, int ldy) {
+    ew_drelu_rows(rows, cols, out, ldout, dy, lddy, y, ldy);
+}
+
 template <class TOUT, class TA>
 __global__ void ew_copy_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        out[r * ldout + c] = from_f<TOUT>(to_f(a[r * lda + c]));
-    });
+    ew_unary<op_copy>(rows, cols, out, ldout, a, lda);
 }
 
 template <class TOUT, class TMASK, class TA, class TB>
 __global__ void ew_select_t(int rows, int cols, TOUT* out, int ldout, const TMASK* mask,
                             int ldmask, const TA* a, int lda, const TB* b, int ldb) {
-    for_each_element(rows, cols, [=](long long r, long long c) {
-        // the side not taken is not read, as in ew_select
-        out[r * ldout + c] = from_f<TOUT>(to_f(mask[r * ldmask]) != 0.f ? to_f(a[r * lda + c])
-                                                                        : to_f(b[r * ldb + c]));
-    });
+    ew_select_rows(rows, cols, out, ldout, mask, ldmask, a, lda, b, ldb);
 }

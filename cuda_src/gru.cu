@@ -12,13 +12,13 @@
  *   dh_prev over dh_rec in the backward.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
- * Element types: each kernel K below is defined twice, `extern "C"` K with every pointer
- * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one
- * type per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the
- * buffer its view lies in (in a 16-bit plan h, h_prev, dgx and dgh are 16-bit, the rest
- * fp32). Both run the same element code: the math is fp32, a load converts (to_f), a store
- * rounds to its output's type (from_f); K_t<float, ...> compiles to K's code (a test
- * compares PTX).
+ * Element types: each kernel K below has two entry points, `extern "C"` K with every pointer
+ * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one type
+ * per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the buffer its view
+ * lies in (in a 16-bit plan h, h_prev, dgx and dgh are 16-bit, the rest fp32). Both are one loop
+ * over the same templated element function (*_element below): the math is fp32, a load converts
+ * (to_f), a store rounds to its output's type (from_f); K_t<float, ...> compiles to K's code (a
+ * test compares PTX).
  *
  * Kernels (each plain kernel and, below, its masked variant; each with its typed twin):
  *   kernel gru_fwd(rows = B, cols = H)
@@ -166,6 +166,41 @@ __device__ __forceinline__ void gru_bwd_frozen_element(
     dh_prev[b * lddh_prev + j] = from_f<TDHP>(dhr);
 }
 
+// One element (b, j) of gru_fwd_mask: gru_fwd's where mask != 0, else the frozen row's.
+// The pointers in the order the element code first reads them (mask first): the kernels'
+// closures then keep them in that order, and the fp32 kernel's PTX is the one it had when this
+// code stood in each kernel.
+template <class TH, class TACT, class TGX, class TGH, class TBW, class TBR, class THP,
+          class TMASK>
+__device__ __forceinline__ void gru_fwd_mask_element(
+        long long b, long long j, const TMASK* mask, int ldmask, int cols, TH* h, int ldh,
+        TACT* act, int ldact, const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw,
+        int ldbw, const TBR* br, int ldbr, const THP* h_prev, int ldh_prev) {
+    if (to_f(mask[b * ldmask]) != 0.f) {
+        gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
+                        h_prev, ldh_prev);
+        return;
+    }
+    gru_fwd_frozen_element(b, j, cols, h, ldh, act, ldact, h_prev, ldh_prev);
+}
+
+// One element (b, j) of gru_bwd_mask: gru_bwd's where mask != 0, else the frozen row's.
+template <class TDGX, class TDGH, class TDHP, class TDHA, class TDHR, class TACT, class THP,
+          class TMASK>
+__device__ __forceinline__ void gru_bwd_mask_element(
+        long long b, long long j, const TMASK* mask, int ldmask, int cols, TDGX* dgx, int lddgx,
+        TDGH* dgh, int lddgh, TDHP* dh_prev, int lddh_prev, const TDHA* dh_above,
+        int lddh_above, const TDHR* dh_rec, int lddh_rec, const TACT* act, int ldact,
+        const THP* h_prev, int ldh_prev) {
+    if (to_f(mask[b * ldmask]) != 0.f) {
+        gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
+                        lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
+        return;
+    }
+    gru_bwd_frozen_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_rec,
+                           lddh_rec);
+}
+
 extern "C" __global__ void gru_fwd(int rows, int cols, float* h, int ldh, float* act, int ldact,
                                    const float* gx, int ldgx, const float* gh, int ldgh,
                                    const float* bw, int ldbw, const float* br, int ldbr,
@@ -195,12 +230,8 @@ extern "C" __global__ void gru_fwd_mask(int rows, int cols, float* h, int ldh,
                                         const float* h_prev, int ldh_prev,
                                         const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (to_f(mask[b * ldmask]) != 0.f) {
-            gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br,
-                            ldbr, h_prev, ldh_prev);
-            return;
-        }
-        gru_fwd_frozen_element(b, j, cols, h, ldh, act, ldact, h_prev, ldh_prev);
+        gru_fwd_mask_element(b, j, mask, ldmask, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh,
+                             bw, ldbw, br, ldbr, h_prev, ldh_prev);
     });
 }
 
@@ -212,13 +243,9 @@ extern "C" __global__ void gru_bwd_mask(int rows, int cols, float* dgx, int lddg
                                         const float* h_prev, int ldh_prev,
                                         const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (to_f(mask[b * ldmask]) != 0.f) {
-            gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
-                            lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
-            return;
-        }
-        gru_bwd_frozen_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_rec,
-                               lddh_rec);
+        gru_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dgh, lddgh, dh_prev,
+                             lddh_prev, dh_above, lddh_above, dh_rec, lddh_rec, act, ldact,
+                             h_prev, ldh_prev);
     });
 }
 
@@ -252,12 +279,8 @@ __global__ void gru_fwd_mask_t(int rows, int cols, TH* h, int ldh, TACT* act, in
                                int ldbw, const TBR* br, int ldbr, const THP* h_prev,
                                int ldh_prev, const TMASK* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (to_f(mask[b * ldmask]) != 0.f) {
-            gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br,
-                            ldbr, h_prev, ldh_prev);
-            return;
-        }
-        gru_fwd_frozen_element(b, j, cols, h, ldh, act, ldact, h_prev, ldh_prev);
+        gru_fwd_mask_element(b, j, mask, ldmask, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh,
+                             bw, ldbw, br, ldbr, h_prev, ldh_prev);
     });
 }
 
@@ -269,12 +292,8 @@ __global__ void gru_bwd_mask_t(int rows, int cols, TDGX* dgx, int lddgx, TDGH* d
                                const TACT* act, int ldact, const THP* h_prev, int ldh_prev,
                                const TMASK* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (to_f(mask[b * ldmask]) != 0.f) {
-            gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
-                            lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
-            return;
-        }
-        gru_bwd_frozen_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_rec,
-                               lddh_rec);
+        gru_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dgh, lddgh, dh_prev,
+                             lddh_prev, dh_above, lddh_above, dh_rec, lddh_rec, act, ldact,
+                             h_prev, ldh_prev);
     });
 }

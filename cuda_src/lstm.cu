@@ -13,12 +13,13 @@
  *   dgx over act and dc_prev over dc_next in the backward.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
- * Element types: each kernel K below is defined twice, `extern "C"` K with every pointer
- * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one
- * type per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the
- * buffer its view lies in (in a 16-bit plan h, h_prev and dgx are 16-bit, the rest fp32).
- * Both run the same element code: the math is fp32, a load converts (to_f), a store rounds
- * to its output's type (from_f); K_t<float, ...> compiles to K's code (a test compares PTX).
+ * Element types: each kernel K below has two entry points, `extern "C"` K with every pointer
+ * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one type
+ * per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the buffer its view
+ * lies in (in a 16-bit plan h, h_prev and dgx are 16-bit, the rest fp32). Both are one loop over
+ * the same templated element function (*_element below): the math is fp32, a load converts (to_f),
+ * a store rounds to its output's type (from_f); K_t<float, ...> compiles to K's code (a test
+ * compares PTX).
  *
  * Kernels (each plain kernel and, below, its masked variant; each with its typed twin):
  *   kernel lstm_fwd(rows = B, cols = H)
@@ -170,6 +171,46 @@ __device__ __forceinline__ void lstm_bwd_frozen_element(
     dh_prev[b * lddh_prev + j] = from_f<TDHP>(dhr);
 }
 
+// One element (b, j) of lstm_fwd_mask: lstm_fwd's where mask != 0, else the frozen row's.
+// The pointers in the order the element code first reads them (mask first): the kernels'
+// closures then keep them in that order, and the fp32 kernel's PTX is the one it had when this
+// code stood in each kernel.
+template <class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR, class TCP,
+          class THP, class TMASK>
+__device__ __forceinline__ void lstm_fwd_mask_element(
+        long long b, long long j, const TMASK* mask, int ldmask, int cols, TH* h, int ldh,
+        TC* c, int ldc, TACT* act, int ldact, const TGX* gx, int ldgx, const TGH* gh, int ldgh,
+        const TBW* bw, int ldbw, const TBR* br, int ldbr, const TCP* c_prev, int ldc_prev,
+        const THP* h_prev, int ldh_prev) {
+    if (to_f(mask[b * ldmask]) != 0.f) {
+        lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw,
+                         br, ldbr, c_prev, ldc_prev);
+        return;
+    }
+    lstm_fwd_frozen_element(b, j, cols, h, ldh, c, ldc, act, ldact, c_prev, ldc_prev, h_prev,
+                            ldh_prev);
+}
+
+// One element (b, j) of lstm_bwd_mask: lstm_bwd's and dh_prev = 0 where mask != 0, else the
+// frozen row's.
+template <class TDGX, class TDCP, class TDHP, class TDHA, class TDHR, class TDCN, class TACT,
+          class TC, class TCP, class TMASK>
+__device__ __forceinline__ void lstm_bwd_mask_element(
+        long long b, long long j, const TMASK* mask, int ldmask, int cols, TDGX* dgx, int lddgx,
+        TDCP* dc_prev, int lddc_prev, const TDHA* dh_above, int lddh_above, const TDHR* dh_rec,
+        int lddh_rec, const TDCN* dc_next, int lddc_next, const TACT* act, int ldact,
+        const TC* c, int ldc, const TCP* c_prev, int ldc_prev, TDHP* dh_prev, int lddh_prev) {
+    if (to_f(mask[b * ldmask]) != 0.f) {
+        lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
+                         dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
+                         ldc_prev);
+        dh_prev[b * lddh_prev + j] = from_f<TDHP>(0.f);
+        return;
+    }
+    lstm_bwd_frozen_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_prev, lddh_prev,
+                            dh_rec, lddh_rec, dc_next, lddc_next);
+}
+
 extern "C" __global__ void lstm_fwd(int rows, int cols,
                                     float* h, int ldh, float* c, int ldc, float* act, int ldact,
                                     const float* gx, int ldgx, const float* gh, int ldgh,
@@ -204,13 +245,8 @@ extern "C" __global__ void lstm_fwd_mask(int rows, int cols,
                                          const float* h_prev, int ldh_prev,
                                          const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (to_f(mask[b * ldmask]) != 0.f) {
-            lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw,
-                             ldbw, br, ldbr, c_prev, ldc_prev);
-            return;
-        }
-        lstm_fwd_frozen_element(b, j, cols, h, ldh, c, ldc, act, ldact, c_prev, ldc_prev,
-                                h_prev, ldh_prev);
+        lstm_fwd_mask_element(b, j, mask, ldmask, cols, h, ldh, c, ldc, act, ldact, gx, ldgx,
+                              gh, ldgh, bw, ldbw, br, ldbr, c_prev, ldc_prev, h_prev, ldh_prev);
     });
 }
 
@@ -224,15 +260,9 @@ extern "C" __global__ void lstm_bwd_mask(int rows, int cols, float* dgx, int ldd
                                          const float* c_prev, int ldc_prev,
                                          const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (to_f(mask[b * ldmask]) != 0.f) {
-            lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
-                             dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
-                             ldc_prev);
-            dh_prev[b * lddh_prev + j] = 0.f;
-            return;
-        }
-        lstm_bwd_frozen_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_prev, lddh_prev,
-                                dh_rec, lddh_rec, dc_next, lddc_next);
+        lstm_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dc_prev, lddc_prev,
+                              dh_above, lddh_above, dh_rec, lddh_rec, dc_next, lddc_next, act,
+                              ldact, c, ldc, c_prev, ldc_prev, dh_prev, lddh_prev);
     });
 }
 
@@ -271,13 +301,8 @@ __global__ void lstm_fwd_mask_t(int rows, int cols, TH* h, int ldh, TC* c, int l
                                 const TCP* c_prev, int ldc_prev, const THP* h_prev,
                                 int ldh_prev, const TMASK* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (to_f(mask[b * ldmask]) != 0.f) {
-            lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw,
-                             ldbw, br, ldbr, c_prev, ldc_prev);
-            return;
-        }
-        lstm_fwd_frozen_element(b, j, cols, h, ldh, c, ldc, act, ldact, c_prev, ldc_prev,
-                                h_prev, ldh_prev);
+        lstm_fwd_mask_element(b, j, mask, ldmask, cols, h, ldh, c, ldc, act, ldact, gx, ldgx,
+                              gh, ldgh, bw, ldbw, br, ldbr, c_prev, ldc_prev, h_prev, ldh_prev);
     });
 }
 
@@ -291,14 +316,8 @@ __global__ void lstm_bwd_mask_t(int rows, int cols, TDGX* dgx, int lddgx, TDCP* 
                                 const TCP* c_prev, int ldc_prev, const TMASK* mask,
                                 int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        if (to_f(mask[b * ldmask]) != 0.f) {
-            lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
-                             dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
-                             ldc_prev);
-            dh_prev[b * lddh_prev + j] = from_f<TDHP>(0.f);
-            return;
-        }
-        lstm_bwd_frozen_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_prev, lddh_prev,
-                                dh_rec, lddh_rec, dc_next, lddc_next);
+        lstm_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dc_prev, lddc_prev,
+                              dh_above, lddh_above, dh_rec, lddh_rec, dc_next, lddc_next, act,
+                              ldact, c, ldc, c_prev, ldc_prev, dh_prev, lddh_prev);
     });
 }

@@ -12,12 +12,13 @@
  *   over dh_above.
  *   Launch: a 1-D grid-stride loop over B*H, 256 threads a block.
  *
- * Element types: each kernel K below is defined twice, `extern "C"` K with every pointer
- * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one
- * type per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the
- * buffer its view lies in (in a 16-bit plan h, h_prev and dg are 16-bit, the rest fp32).
- * Both run the same element code: the math is fp32, a load converts (to_f), a store rounds
- * to its output's type (from_f); K_t<float, ...> compiles to K's code (a test compares PTX).
+ * Element types: each kernel K below has two entry points, `extern "C"` K with every pointer
+ * float* (the fp32 plans' kernel) and its typed twin, the template K_t<T_1, ..., T_n>, one type
+ * per pointer argument in call order, each float, bf16 or fp16 (storage.cuh): the buffer its view
+ * lies in (in a 16-bit plan h, h_prev and dg are 16-bit, the rest fp32). Both are one loop over
+ * the same templated element function (*_element below): the math is fp32, a load converts (to_f),
+ * a store rounds to its output's type (from_f); K_t<float, ...> compiles to K's code (a test
+ * compares PTX).
  *
  * Kernels (two variants of one step, differing in the activation only, each plain and,
  * below, masked; each with its typed twin):

@@ -180,12 +180,13 @@ def test_every_pointwise_kernel_has_a_twin_with_its_arguments(file):
 
 
 def test_the_fp32_comparison_catches_a_twin_that_computes_otherwise(nvrtc):
-    """Planted fault: ew_add_t subtracting no longer compiles to ew_add's PTX (the check
-    above would fail)."""
+    """Planted fault: ew_add_t subtracting (its call of the shared loop given op_sub; ew_add's
+    call, the first, kept) no longer compiles to ew_add's PTX (the check above would fail)."""
     text = S.source("elementwise.cu")
-    body = "from_f<TOUT>(to_f(a[r * lda + c]) + to_f(b[r * ldb + c]))"
-    assert text.count(body) == 1
-    broken = text.replace(body, "from_f<TOUT>(to_f(a[r * lda + c]) - to_f(b[r * ldb + c]))")
+    call = "ew_binary<op_add>(rows, cols, out, ldout, a, lda, b, ldb);"
+    assert text.count(call) == 2    # ew_add's, then ew_add_t's
+    head, twin = text.rsplit(call, 1)
+    broken = head + call.replace("op_add", "op_sub") + twin
     e = typed.name_expression("ew_add", ["float32"] * 3)
     ptx, lowered = nvrtc_ptx(nvrtc, broken, "elementwise.cu", [e])
     assert entry(ptx, lowered[e]) != entry(ptx, "ew_add")
