@@ -135,22 +135,20 @@ class CublasHandle:
         if dtype not in GEMM_TYPES:
             raise ValueError(f"dtype: expected one of {list(GEMM_TYPES)}, got {dtype!r}")
         al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
-        ops = (CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_T if trans_a else CUBLAS_OP_N)
         ex = GEMM_TYPES[dtype]
-        if ex is None:
-            args = (self.handle, *ops, M, N, K, ctypes.byref(al),
-                    ctypes.c_void_p(b_ptr), b_ld,
-                    ctypes.c_void_p(a_ptr), a_ld,
-                    ctypes.byref(be),
-                    ctypes.c_void_p(out_ptr), out_ld)
-            return (args, al, be, self._sgemm, "cublasSgemm")
-        ab, compute = ex
-        args = (self.handle, *ops, M, N, K, ctypes.byref(al),
-                ctypes.c_void_p(b_ptr), ab, b_ld,
-                ctypes.c_void_p(a_ptr), ab, a_ld,
+        # Sgemm's arguments are GemmEx's without the types (after each matrix, and at the end)
+        ab, c, tail = ((), (), ()) if ex is None else ((ex[0],), (CUDA_R_32F,),
+                                                       (ex[1], CUBLAS_GEMM_DEFAULT))
+        args = (self.handle,
+                CUBLAS_OP_T if trans_b else CUBLAS_OP_N,
+                CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
+                M, N, K, ctypes.byref(al),
+                ctypes.c_void_p(b_ptr), *ab, b_ld,
+                ctypes.c_void_p(a_ptr), *ab, a_ld,
                 ctypes.byref(be),
-                ctypes.c_void_p(out_ptr), CUDA_R_32F, out_ld,
-                compute, CUBLAS_GEMM_DEFAULT)
+                ctypes.c_void_p(out_ptr), *c, out_ld, *tail)
+        if ex is None:
+            return (args, al, be, self._sgemm, "cublasSgemm")
         return (args, al, be, self._gemm_ex, "cublasGemmEx")
 
     def gemm(self, prepared) -> None:
