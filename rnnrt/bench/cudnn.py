@@ -31,19 +31,8 @@ class CudnnBench:
         import torch
         self.torch, self.cfg, self.layout = torch, cfg, model.layout
         self.dtype = getattr(cfg, "dtype", "float32")
-        tf32 = self.dtype == "tf32"
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
         tdt = TORCH_DTYPES[self.dtype](torch)
-        cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
-        kw = dict(num_layers=cfg.layers, bias=model.bias)
-        if cls is None:
-            cls = torch.nn.RNN
-            kw["nonlinearity"] = cfg.cell.split("_")[1]
-        self.module = cls(cfg.inp, cfg.hidden, **kw).cuda().float()
-        self.module.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
-                                     for k, v in model.state_dict().items()})
-        self.module.to(tdt)
+        self.module = torch_module(torch, cfg, model, self.dtype, "cuda")
         self.x = torch.from_numpy(x).cuda().to(tdt)
         hx = torch.from_numpy(h0).cuda().to(tdt)
         self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda().to(tdt))
@@ -114,6 +103,26 @@ class CudnnBench:
 # torch's dtype of the module and inputs at each precision (tf32: fp32 tensors, TF32 on)
 TORCH_DTYPES = {"float32": lambda t: t.float32, "tf32": lambda t: t.float32,
                 "bfloat16": lambda t: t.bfloat16, "float16": lambda t: t.float16}
+
+
+def torch_module(torch, cfg, model, dtype: str, device: str):
+    """torch.nn's module of ``cfg.cell`` (cfg.layers, cfg.inp, cfg.hidden) holding ``model``'s
+    weights (its torch-compatible state_dict), on ``device`` in precision ``dtype``'s torch
+    dtype (TORCH_DTYPES). On 'cuda' torch's TF32 flags are set for ``dtype`` (on for tf32,
+    off otherwise: module docstring); the CPU has no TF32 (tf32 runs fp32 there)."""
+    if device == "cuda":
+        tf32 = dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
+    kw = dict(num_layers=cfg.layers, bias=model.bias)
+    if cls is None:
+        cls = torch.nn.RNN
+        kw["nonlinearity"] = cfg.cell.split("_")[1]
+    m = cls(cfg.inp, cfg.hidden, **kw)
+    m.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+                       for k, v in model.state_dict().items()})
+    return m.to(device=device, dtype=TORCH_DTYPES[dtype](torch))
 
 
 def cudnn_missing(cfg) -> str | None:
