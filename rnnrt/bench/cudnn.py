@@ -32,7 +32,7 @@ class CudnnBench:
         self.torch, self.cfg, self.layout = torch, cfg, model.layout
         self.dtype = getattr(cfg, "dtype", "float32")
         tdt = TORCH_DTYPES[self.dtype](torch)
-        self.module = torch_module(torch, cfg, model, self.dtype, "cuda")
+        self.module = torch_module(torch, model, self.dtype, "cuda")
         self.x = torch.from_numpy(x).cuda().to(tdt)
         hx = torch.from_numpy(h0).cuda().to(tdt)
         self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda().to(tdt))
@@ -105,21 +105,22 @@ TORCH_DTYPES = {"float32": lambda t: t.float32, "tf32": lambda t: t.float32,
                 "bfloat16": lambda t: t.bfloat16, "float16": lambda t: t.float16}
 
 
-def torch_module(torch, cfg, model, dtype: str, device: str):
-    """torch.nn's module of ``cfg.cell`` (cfg.layers, cfg.inp, cfg.hidden) holding ``model``'s
-    weights (its torch-compatible state_dict), on ``device`` in precision ``dtype``'s torch
-    dtype (TORCH_DTYPES). On 'cuda' torch's TF32 flags are set for ``dtype`` (on for tf32,
-    off otherwise: module docstring); the CPU has no TF32 (tf32 runs fp32 there)."""
+def torch_module(torch, model, dtype: str = "float32", device: str = "cuda"):
+    """torch.nn's module of the rnnrt ``model`` (its cell, sizes and bias) holding its weights
+    (its torch-compatible state_dict), on ``device`` in precision ``dtype``'s torch dtype
+    (TORCH_DTYPES). On 'cuda' torch's TF32 flags are set for ``dtype`` (on for tf32, off
+    otherwise: module docstring); the CPU has no TF32 (tf32 runs fp32 there)."""
     if device == "cuda":
         tf32 = dtype == "tf32"
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
-    kw = dict(num_layers=cfg.layers, bias=model.bias)
+    cell = model.cell_name
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cell)
+    kw = dict(num_layers=model.num_layers, bias=model.bias)
     if cls is None:
         cls = torch.nn.RNN
-        kw["nonlinearity"] = cfg.cell.split("_")[1]
-    m = cls(cfg.inp, cfg.hidden, **kw)
+        kw["nonlinearity"] = cell.split("_")[1]
+    m = cls(model.input_size, model.hidden_size, **kw)
     m.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
                        for k, v in model.state_dict().items()})
     return m.to(device=device, dtype=TORCH_DTYPES[dtype](torch))

@@ -212,7 +212,7 @@ def _torch_run(cfg, model, inputs, dtype, device: str, train=True) -> dict:
     from .cudnn import TORCH_DTYPES, torch_module
     name = get_precision(dtype).name
     tdt = TORCH_DTYPES[name](torch)
-    m = torch_module(torch, cfg, model, name, device)
+    m = torch_module(torch, model, name, device)
     x, h0, c0, dy = (None if a is None else torch.from_numpy(a).to(device=device, dtype=tdt)
                      for a in inputs)
     leaves = [t for t in (x, h0, c0) if t is not None]
