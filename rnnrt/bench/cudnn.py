@@ -73,10 +73,6 @@ class CudnnBench:
         self.samples += [t.ms_min, t.ms_median, t.ms_max]
         return t
 
-    def time_once(self) -> float:
-        """One run, timed with events (ms): for timings interleaved with rnnrt's."""
-        return time_torch(self.torch, self.run, 1, 0).ms_median
-
     def add_samples(self, samples) -> None:
         """Runs timed elsewhere (interleaved) pooled as one more timing."""
         self.medians.append(statistics.median(samples))

@@ -47,7 +47,7 @@ from .cudnn import cudnn_bench, cudnn_missing
 from .dtypes import CUDNN_MODE, PRECISION_WORDS, dtype_suffix, reference_name, tolerance
 from .recordio import valid_input_batch
 from .records import now_iso, record_path, versions, write_json
-from .timing import gemm_ceiling, time_cpu, time_gpu
+from .timing import gemm_ceiling, time_cpu, time_gpu, time_in_turn
 
 # Above this many forward FLOPs the float64 NumPy reference (~0.1 TFLOPS on a CPU) is
 # replaced by cuDNN's output as the naive rung's check, when cuDNN is there.
@@ -504,21 +504,13 @@ def _run_gpu(cfg, progress, session: BenchSession):
 
 
 def _interleaved(cp, rr, bench, cfg):
-    """The rung's Timing from runs taken in turn with cuDNN's (one of each, ``cfg.repeats``
-    times, after the warm-ups), so a drift of the machine's speed hits both alike; cuDNN's
-    samples go to its row."""
-    import statistics
-
-    from .timing import Timing
-    for _ in range(cfg.warmup):
-        rr.run()
-    rr.stream.synchronize()
-    ours, theirs = [], []
-    for _ in range(cfg.repeats):
-        ours += time_events(cp, rr.run, rr.stream, 1, 0)
-        theirs.append(bench.time_once())
-    bench.add_samples(theirs)
-    return Timing(statistics.median(ours), min(ours), max(ours), len(ours))
+    """The rung's Timing from runs taken in turn with cuDNN's (timing.time_in_turn: one of
+    each, ``cfg.repeats`` times, after the warm-ups), so a drift of the machine's speed hits
+    both alike; cuDNN's samples go to its row."""
+    t = time_in_turn({"rung": (rr.run, rr.stream), "cudnn": bench.run}, cfg.repeats,
+                     cfg.warmup, cp=cp, torch=bench.torch)
+    bench.add_samples(t["cudnn"].samples)
+    return t["rung"]
 
 
 class NumpyExecutor:
