@@ -122,16 +122,16 @@ def torch_module(torch, model, dtype: str = "float32", device: str = "cuda"):
     return m.to(device=device, dtype=TORCH_DTYPES[dtype](torch))
 
 
-def cudnn_missing(cfg) -> str | None:
-    """Why cuDNN does not run for ``cfg`` (disabled, no torch, a torch without CUDA), or
-    None where it does."""
+def cudnn_missing(cfg, cuda: bool = True) -> str | None:
+    """Why cuDNN (torch.nn; ``cuda=False``: torch.nn on the CPU in its role) does not run for
+    ``cfg`` (disabled, no torch, a torch without CUDA), or None where it does."""
     if not cfg.cudnn:
         return "disabled (--no-cudnn)"
     try:
         import torch
     except Exception as e:  # noqa: BLE001
         return f"torch not importable ({e})"
-    if not torch.cuda.is_available():
+    if cuda and not torch.cuda.is_available():
         return "torch has no CUDA"
     return None
 

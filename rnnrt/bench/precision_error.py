@@ -250,18 +250,12 @@ def run_precision(cfg: PrecisionConfig, progress=_progress) -> dict:
         info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy "
                           f"executor; torch.nn on the CPU as the cuDNN role"}
         vers, run_rnnrt, tdev = versions(), _rnnrt_cpu, "cpu"
-        why_not = None if cfg.cudnn else "disabled (--no-cudnn)"
-        if why_not is None:
-            try:
-                import torch  # noqa: F401
-            except ImportError as e:
-                why_not = f"torch not importable ({e})"
     else:
         from ..device import require_gpu
         from ..session import device_info
         cp = require_gpu()
         info, vers, run_rnnrt, tdev = device_info(cp), versions(cp), _rnnrt_gpu, "cuda"
-        why_not = cudnn_missing(cfg)
+    why_not = cudnn_missing(cfg, cuda=not cfg.cpu)
     shape = {"cell": cfg.cell, "layers": cfg.layers, "hidden": cfg.hidden,
              "input_size": cfg.inp, "batch": cfg.batch}
     base = {"device": info.get("device"), "versions": vers}
