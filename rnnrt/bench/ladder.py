@@ -144,7 +144,8 @@ def check_sizes(cfg: LadderConfig, gpu_free: int | None = None,
 
 
 def model_for(cfg: LadderConfig, dtype):
-    """The rnnrt model of ``cfg`` (cell, sizes, seed) in ``dtype``."""
+    """The rnnrt model of ``cfg`` (cell, sizes, seed: a LadderConfig, or any configuration
+    with cell, layers, inp, hidden and seed, as trace's) in ``dtype``."""
     import rnnrt
     kw = dict(num_layers=cfg.layers, dtype=dtype, seed=cfg.seed)
     if cfg.cell == "lstm":
