@@ -409,6 +409,17 @@ def record_stem(cfg: Config, world: int) -> str:
             f"S{cfg.steps}-W{world}")
 
 
+def write_record(rec: dict, stem: str, folder) -> Path:
+    """Write ``rec`` into ``folder`` under the records scheme's name (rnnrt.bench.records
+    .record_path: ``stem``, the device slug, the stamp), its path kept as rec['record'];
+    -> that path (ddp_bench writes its records through this too)."""
+    name = record_path("training", stem, rec["device"]["device"], rec["created"]).name
+    path = Path(folder) / name
+    rec["record"] = str(path)
+    write_json(rec, path)
+    return path
+
+
 def make_record(cfg: Config, d: Dist, res: dict, command: str) -> dict:
     tail = res["train_loss"][-min(25, len(res["train_loss"])):]
     return {
@@ -492,10 +503,7 @@ def main(argv=None, env=None) -> dict | None:
             torch.save(res["state"], args.save_params)
         command = ["examples/train_ddp.py", *(sys.argv[1:] if argv is None else argv)]
         rec = make_record(cfg, d, res, " ".join(command))
-        path = Path(args.results_dir) / record_path(
-            "training", record_stem(cfg, d.world), rec["device"]["device"], rec["created"]).name
-        rec["record"] = str(path)
-        write_json(rec, path)
+        path = write_record(rec, record_stem(cfg, d.world), args.results_dir)
         val = rec["val_loss"]
         say(f"{res['steps_per_s']:.2f} steps/s ({res['timed_steps']} steps after "
             f"{cfg.warmup} warm-up, {d.world} process(es)); train loss "

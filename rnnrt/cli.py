@@ -83,6 +83,15 @@ def _cell_name(s: str) -> str:
     return s
 
 
+SIZE_FLAGS = ("layers", "hidden", "batch", "steps")
+
+
+def _size(a, defaults: dict, names=SIZE_FLAGS) -> dict:
+    """``defaults`` (a command's sizes) with each of ``names`` that the command line gives
+    (not None) in its place."""
+    return {**defaults, **{n: getattr(a, n) for n in names if getattr(a, n) is not None}}
+
+
 def _dtype(s: str) -> str:
     from .precision import DTYPES
     if s not in DTYPES:
@@ -188,12 +197,8 @@ def _cmd_ladder(a) -> int:
     if a.cpu and a.executor is not None:
         raise UsageError(f"--executor {a.executor}: with --cpu the NumPy executor runs; drop "
                          f"--executor or --cpu")
-    size = dict(CPU_SIZE) if a.cpu else dict(layers=4, hidden=512, batch=64, steps=100)
-    for name in ("layers", "hidden", "batch", "steps"):
-        if getattr(a, name) is not None:
-            size[name] = getattr(a, name)
-    if a.input_size is not None:
-        size["input_size"] = a.input_size
+    size = _size(a, CPU_SIZE if a.cpu else dict(layers=4, hidden=512, batch=64, steps=100),
+                 SIZE_FLAGS + ("input_size",))
     executor = a.executor or "both"
     executors = ("eager", "graph") if executor == "both" else (executor,)
     try:
@@ -398,10 +403,7 @@ def _precision_parser(sub):
 
 def _cmd_precision(a) -> int:
     from .bench import precision_error as pe
-    size = dict(pe.CPU_SIZE) if a.cpu else {}
-    for name in ("layers", "hidden", "batch", "steps", "input_size", "long_steps"):
-        if getattr(a, name) is not None:
-            size[name] = getattr(a, name)
+    size = _size(a, pe.CPU_SIZE if a.cpu else {}, SIZE_FLAGS + ("input_size", "long_steps"))
     if size.get("long_steps") == 0:
         size["long_steps"] = None
     try:
@@ -522,10 +524,7 @@ def _cmd_trace(a) -> int:
         raise UsageError("--no-hold: holds the GPU; with --cpu nothing is held (drop it)")
     try:
         rungs = None if a.rungs is None else tr.traced_rungs(a.input_batch, list(a.rungs))
-        size = dict(tr.CPU_DEFAULT if a.cpu else tr.GPU_DEFAULT)
-        for name in ("layers", "hidden", "batch", "steps"):
-            if getattr(a, name) is not None:
-                size[name] = getattr(a, name)
+        size = _size(a, tr.CPU_DEFAULT if a.cpu else tr.GPU_DEFAULT)
         cfg = tr.TraceConfig(cell=a.cell, input_size=a.input_size, input_batch=a.input_batch,
                              cpu=a.cpu, hold=not a.no_hold, **size)
     except (ValueError, TypeError) as e:

@@ -369,6 +369,28 @@ def assert_missing_wait_caught(plan, which, run_and_check, seeds=30):
     assert failures > 0, "no random interleaving exposed the missing wait"
 
 
+def model_reference(model, x, h0=None, c0=None, dy=None, dh_n=None, dc_n=None,
+                    dtype="float32", flat=None):
+    """The float64 NumPy reference of the rnnrt ``model`` with weights ``flat`` [layout.size]
+    (default model.flat; a runner's r.params on the host) on x [T, B, I], h0 / c0
+    [L, B, H] (None: zeros), at precision ``dtype``'s rounding points (float32: none):
+    {'y', 'h_n', 'c_n'}; with dy [T, B, H] (dh_n / dc_n [L, B, H] or None) the backward too:
+    {'dx', 'dh0', 'dc0', 'grads' [layout.size] flat}. c_n / dc0 are None for a cell without c.
+    """
+    def d64(a):
+        return None if a is None else np.asarray(a, np.float64)
+
+    cell = model.cell_name
+    p64 = per_layer(d64(model.flat if flat is None else flat), model.layout)
+    y, h_n, c_n, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0), dtype=dtype)
+    out = {"y": y, "h_n": h_n, "c_n": c_n}
+    if dy is not None:
+        g = reference.backward(cell, p64, cache, d64(dy), d64(dh_n), d64(dc_n))
+        out.update(dx=g["dx"], dh0=g["dh0"], dc0=g["dc0"],
+                   grads=to_flat(g["params"], model.layout))
+    return out
+
+
 def check_outputs(out, ref, what):
     for name in ("y", "h_n", "c_n"):
         if ref.get(name) is not None:

@@ -62,7 +62,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import train_ddp as td  # noqa: E402
 from charlm_parts import load_corpus  # noqa: E402
-from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
+from rnnrt.bench.records import now_iso, versions  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare_all  # noqa: E402
 
 DEFAULT_SHAPES = "L2-H256-B32-S200,L4-H1024-B256-S25,L4-H1024-B512-S20"
@@ -330,7 +330,7 @@ def _worker(rank: int, world: int, opts: dict, tmp: str) -> None:
             if rec is not None:
                 stem = (f"ddp-scaling-lstm-L{shape['layers']}-H{shape['hidden']}-"
                         f"B{shape['batch']}-T{base.seq}")
-                written.append(_write(rec, stem, opts["out"]))
+                written.append(str(td.write_record(rec, stem, opts["out"])))
         link = None
         if opts["link"]:
             link = link_probe(d2, host, small=d2.device.type != "cuda")
@@ -338,18 +338,10 @@ def _worker(rank: int, world: int, opts: dict, tmp: str) -> None:
             if link is not None:
                 rec = {"kind": "ddp-link", "created": now_iso(), **link,
                        "device": device, "versions": versions()}
-                written.append(_write(rec, "ddp-link", opts["out"]))
+                written.append(str(td.write_record(rec, "ddp-link", opts["out"])))
             Path(tmp, "result.json").write_text(json.dumps(written))
     finally:
         td.teardown(d2)
-
-
-def _write(rec: dict, stem: str, out: str) -> str:
-    name = record_path("training", stem, rec["device"]["device"], rec["created"]).name
-    path = Path(out) / name   # the scheme's name, in the folder asked for
-    rec["record"] = str(path)
-    write_json(rec, path)
-    return str(path)
 
 
 # --------------------------------------------------------------------------- main

@@ -53,10 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 
 import rnnrt  # noqa: E402
-from rnnrt import chunked, reference  # noqa: E402
+from rnnrt import chunked  # noqa: E402
+from rnnrt.bench.cudnn import torch_module  # noqa: E402
+from rnnrt.bench.ladder import reference_outputs  # noqa: E402
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
-from rnnrt.params import per_layer, to_flat  # noqa: E402
 
 GPU_RUNS = [("lstm", 4, 512, 512, 64, T, "fwd") for T in (1_000, 10_000, 100_000)] + \
            [("lstm", 2, 512, 512, 16, T, "fwd+bwd") for T in (1_000, 100_000)]
@@ -106,25 +107,23 @@ def _check(r, x, out, rows, steps, dy=None, grads=None) -> list:
     reference (the module doc says why a prefix is a full check): y; h_n where steps is all
     of T; with dy (zero from ``steps`` on, or T = steps) dx, dh0, dx past the prefix exactly
     zero, and the weight gradients where every row is checked."""
-    m = r.model
+    m = r.model   # its weights are the runner's (r.params, uploaded from m.flat)
     T = x.shape[0]
-    p64 = per_layer(np.asarray(_host(r.params), np.float64), m.layout)
-    xs = np.asarray(_host(x[:steps, :rows]), np.float64)
-    y, h_n, _, cache = reference.forward(m.cell_name, p64, xs, None, None)
-    res = [compare(out["y"][:steps, :rows], y, name="y")]
+    xs = _host(x[:steps, :rows])
+    g = reference_outputs(m.cell_name, m, (xs, None, None,
+                                           None if dy is None else _host(dy[:steps, :rows])),
+                          backward=dy is not None)
+    res = [compare(out["y"][:steps, :rows], g["y"], name="y")]
     if steps == T:
-        res.append(compare(out["h_n"][:, :rows], h_n, name="h_n"))
+        res.append(compare(out["h_n"][:, :rows], g["h_n"], name="h_n"))
     if dy is not None:
-        g = reference.backward(m.cell_name, p64, cache,
-                               np.asarray(_host(dy[:steps, :rows]), np.float64))
         res += [compare(out["dx"][:steps, :rows], g["dx"], name="dx"),
                 compare(out["dh0"][:, :rows], g["dh0"], name="dh0")]
         if steps < T:
             tail = _host(out["dx"][steps:, :rows])
             res.append(compare(tail, np.zeros_like(tail), 0.0, 0.0, name="dx past the prefix"))
         if grads is not None and rows == x.shape[1]:
-            want = to_flat(g["params"], m.layout)
-            res.append(compare(grads, want, reduction_atol(steps * rows), FP32_RTOL,
+            res.append(compare(grads, g["grads"], reduction_atol(steps * rows), FP32_RTOL,
                                name="grads"))
     return [{"name": c.name, **c.as_dict(), "worst_excess": c.max_excess} for c in res]
 
@@ -231,14 +230,10 @@ def run_cudnn(cp, model, x, dy, out, repeats, train):
         return {"status": "not run: no CUDA device for torch"}
     gc.collect()   # rnnrt's runner is closed: its memory goes back to the device first
     cp.get_default_memory_pool().free_all_blocks()
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     T = x.shape[0]
     res = {}
     try:
-        mod = torch.nn.LSTM(model.input_size, model.hidden_size, model.num_layers).cuda()
-        mod.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
-                             for k, v in model.state_dict().items()})
+        mod = torch_module(torch, model)   # fp32, TF32 off
         tx = torch.from_dlpack(x)
         tdy = torch.from_dlpack(dy) if train else None
         params = list(mod.parameters())

@@ -34,15 +34,14 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from rnnrt import reference  # noqa: E402
-from rnnrt.bench.ladder import LadderConfig, inputs_for, model_for  # noqa: E402
+from rnnrt.bench.ladder import (  # noqa: E402
+    LadderConfig, inputs_for, model_for, reference_outputs)
 from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from rnnrt.bench.timing import time_in_turn  # noqa: E402
 from rnnrt.cells import backward_flops, forward_flops  # noqa: E402
 from rnnrt.check import compare_all  # noqa: E402
 from rnnrt.kernels import choice as C  # noqa: E402
 from rnnrt.kernels.persistent_bwd import persistent_bwd_fit  # noqa: E402
-from rnnrt.params import per_layer, to_flat  # noqa: E402
 from rnnrt.plan import PlanKey, forward_plan  # noqa: E402
 from rnnrt.plan.backward import backward_plan  # noqa: E402
 from rnnrt.session import GpuSession, time_events  # noqa: E402
@@ -67,12 +66,8 @@ class Case:
         self.x, self.h0, self.c0, self.dy = inputs_for(self.cfg, np.float32)
         self.params = self.cp.asarray(self.model.flat, dtype=self.cp.float32)
         self.built = {}
-        p64 = per_layer(self.model.flat.astype(np.float64), self.model.layout)
-        f64 = lambda a: None if a is None else a.astype(np.float64)   # noqa: E731
-        _, _, _, cache = reference.forward(cell, p64, f64(self.x), f64(self.h0), f64(self.c0))
-        g = reference.backward(cell, p64, cache, f64(self.dy))
-        self.ref = {"dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
-                    "grads": to_flat(g["params"], self.model.layout)}
+        ref = reference_outputs(cell, self.model, (self.x, self.h0, self.c0, self.dy))
+        self.ref = {k: ref.get(k) for k in ("dx", "dh0", "dc0", "grads")}   # dc0: LSTM only
 
     def shape(self):
         return C.Shape(self.cell, self.L, self.H, self.H, self.B, self.T, train=True)

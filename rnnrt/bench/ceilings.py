@@ -56,7 +56,7 @@ def torch_gemm_ceiling(torch, dtype: str, n: int = 8192, repeats: int = 10) -> d
         t = time_torch(torch, lambda: torch.matmul(a, b, out=c), repeats, 2)
         ref = a[:4].double() @ b[:, :4].double()
         err = float((c[:4, :4].double() - ref).abs().max() / ref.abs().max())
-        del a, b, c
+        a = b = c = None   # freed before empty_cache (not del: the lambda names them)
     finally:
         m.allow_tf32, m.allow_fp16_reduced_precision_reduction, \
             m.allow_bf16_reduced_precision_reduction = saved

@@ -31,19 +31,8 @@ class CudnnBench:
         import torch
         self.torch, self.cfg, self.layout = torch, cfg, model.layout
         self.dtype = getattr(cfg, "dtype", "float32")
-        tf32 = self.dtype == "tf32"
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
         tdt = TORCH_DTYPES[self.dtype](torch)
-        cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell)
-        kw = dict(num_layers=cfg.layers, bias=model.bias)
-        if cls is None:
-            cls = torch.nn.RNN
-            kw["nonlinearity"] = cfg.cell.split("_")[1]
-        self.module = cls(cfg.inp, cfg.hidden, **kw).cuda().float()
-        self.module.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
-                                     for k, v in model.state_dict().items()})
-        self.module.to(tdt)
+        self.module = torch_module(torch, model, self.dtype, "cuda")
         self.x = torch.from_numpy(x).cuda().to(tdt)
         hx = torch.from_numpy(h0).cuda().to(tdt)
         self.hx = hx if c0 is None else (hx, torch.from_numpy(c0).cuda().to(tdt))
@@ -84,10 +73,6 @@ class CudnnBench:
         self.samples += [t.ms_min, t.ms_median, t.ms_max]
         return t
 
-    def time_once(self) -> float:
-        """One run, timed with events (ms): for timings interleaved with rnnrt's."""
-        return time_torch(self.torch, self.run, 1, 0).ms_median
-
     def add_samples(self, samples) -> None:
         """Runs timed elsewhere (interleaved) pooled as one more timing."""
         self.medians.append(statistics.median(samples))
@@ -116,16 +101,37 @@ TORCH_DTYPES = {"float32": lambda t: t.float32, "tf32": lambda t: t.float32,
                 "bfloat16": lambda t: t.bfloat16, "float16": lambda t: t.float16}
 
 
-def cudnn_missing(cfg) -> str | None:
-    """Why cuDNN does not run for ``cfg`` (disabled, no torch, a torch without CUDA), or
-    None where it does."""
+def torch_module(torch, model, dtype: str = "float32", device: str = "cuda"):
+    """torch.nn's module of the rnnrt ``model`` (its cell, sizes and bias) holding its weights
+    (its torch-compatible state_dict), on ``device`` in precision ``dtype``'s torch dtype
+    (TORCH_DTYPES). On 'cuda' torch's TF32 flags are set for ``dtype`` (on for tf32, off
+    otherwise: module docstring); the CPU has no TF32 (tf32 runs fp32 there)."""
+    if device == "cuda":
+        tf32 = dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    cell = model.cell_name
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cell)
+    kw = dict(num_layers=model.num_layers, bias=model.bias)
+    if cls is None:
+        cls = torch.nn.RNN
+        kw["nonlinearity"] = cell.split("_")[1]
+    m = cls(model.input_size, model.hidden_size, **kw)
+    m.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+                       for k, v in model.state_dict().items()})
+    return m.to(device=device, dtype=TORCH_DTYPES[dtype](torch))
+
+
+def cudnn_missing(cfg, cuda: bool = True) -> str | None:
+    """Why cuDNN (torch.nn; ``cuda=False``: torch.nn on the CPU in its role) does not run for
+    ``cfg`` (disabled, no torch, a torch without CUDA), or None where it does."""
     if not cfg.cudnn:
         return "disabled (--no-cudnn)"
     try:
         import torch
     except Exception as e:  # noqa: BLE001
         return f"torch not importable ({e})"
-    if not torch.cuda.is_available():
+    if cuda and not torch.cuda.is_available():
         return "torch has no CUDA"
     return None
 

@@ -47,7 +47,7 @@ from .cudnn import cudnn_bench, cudnn_missing
 from .dtypes import CUDNN_MODE, PRECISION_WORDS, dtype_suffix, reference_name, tolerance
 from .recordio import valid_input_batch
 from .records import now_iso, record_path, versions, write_json
-from .timing import gemm_ceiling, time_cpu, time_gpu
+from .timing import gemm_ceiling, time_cpu, time_gpu, time_in_turn
 
 # Above this many forward FLOPs the float64 NumPy reference (~0.1 TFLOPS on a CPU) is
 # replaced by cuDNN's output as the naive rung's check, when cuDNN is there.
@@ -144,7 +144,8 @@ def check_sizes(cfg: LadderConfig, gpu_free: int | None = None,
 
 
 def model_for(cfg: LadderConfig, dtype):
-    """The rnnrt model of ``cfg`` (cell, sizes, seed) in ``dtype``."""
+    """The rnnrt model of ``cfg`` (cell, sizes, seed: a LadderConfig, or any configuration
+    with cell, layers, inp, hidden and seed, as trace's) in ``dtype``."""
     import rnnrt
     kw = dict(num_layers=cfg.layers, dtype=dtype, seed=cfg.seed)
     if cfg.cell == "lstm":
@@ -238,21 +239,30 @@ def run_ladder(cfg: LadderConfig, progress=_progress, session: BenchSession | No
             session.close()
 
 
-def _reference(cfg, model, x, h0, c0, dy):
-    """float64 NumPy reference at cfg.dtype's rounding points: {'y'} (+ {'dx', 'grads'}
-    flat, when cfg.backward)."""
+def reference_outputs(cell: str, model, inputs, dtype: str = "float32",
+                      backward: bool = True) -> dict:
+    """The float64 NumPy reference of ``model`` (an rnnrt model: its flat fp32 weights) on
+    ``inputs`` = (x [T, B, I], h0 [L, B, H], c0 [L, B, H] or None, dy [T, B, H]) at precision
+    ``dtype``'s rounding points (float32: none, the plain reference): {'y', 'h_n', 'c_n'}
+    (+ {'dx', 'dh0', 'dc0', 'grads' [layout.size] flat} with ``backward``); None values
+    (c_n, dc0 of a cell without c) left out."""
     from ..params import per_layer
+    x, h0, c0, dy = (None if a is None else np.asarray(a, np.float64) for a in inputs)
     p64 = per_layer(model.flat.astype(np.float64), model.layout)
-    kw = {"dtype": cfg.dtype}
-    y, _, _, cache = reference.forward(cfg.cell, p64, x.astype(np.float64),
-                                       h0.astype(np.float64),
-                                       None if c0 is None else c0.astype(np.float64), **kw)
-    out = {"y": y}
-    if cfg.backward:
-        g = reference.backward(cfg.cell, p64, cache, dy.astype(np.float64), **kw)
-        out["dx"] = g["dx"]
-        out["grads"] = to_flat(g["params"], model.layout)
-    return out
+    y, h_n, c_n, cache = reference.forward(cell, p64, x, h0, c0, dtype=dtype)
+    out = {"y": y, "h_n": h_n, "c_n": c_n}
+    if backward:
+        g = reference.backward(cell, p64, cache, dy, dtype=dtype)
+        out.update(dx=g["dx"], dh0=g["dh0"], dc0=g.get("dc0"),
+                   grads=to_flat(g["params"], model.layout))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _reference(cfg, model, x, h0, c0, dy):
+    """The arrays every rung is checked on (RungRun.outputs), from ``reference_outputs`` at
+    cfg.dtype: {'y'} (+ {'dx', 'grads'} flat, when cfg.backward)."""
+    ref = reference_outputs(cfg.cell, model, (x, h0, c0, dy), cfg.dtype, cfg.backward)
+    return {k: ref[k] for k in ("y", "dx", "grads") if k in ref}
 
 
 def _row(rung, executor, timing, flops, naive_ms, ceiling_tflops, check, plan, dtype):
@@ -279,14 +289,15 @@ class RungRun:
     forward then the backward), ``outputs()`` the arrays every rung is checked on."""
 
     def __init__(self, cfg, rung, xp, make_executor, params, inputs, device: DeviceLimits,
-                 family: str | None = None, backward: str | None = None):
+                 family: str | None = None, backward: str | None = None,
+                 ws_dtype=np.float32):
         from ..exec.workspace import Workspace
         from ..plan.backward import backward_plan
         key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
                       rung.switches, train=cfg.backward, device=device, family=family,
                       backward=backward if cfg.backward else None, dtype=cfg.dtype)
         self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
-        self.ws = Workspace(self.plans[-1], xp, np.float32, params)
+        self.ws = Workspace(self.plans[-1], xp, ws_dtype, params)
         self.ws.poison()
         x, h0, c0, dy = inputs
         self.ws.load_inputs(x, h0, c0)
@@ -494,24 +505,16 @@ def _run_gpu(cfg, progress, session: BenchSession):
 
 
 def _interleaved(cp, rr, bench, cfg):
-    """The rung's Timing from runs taken in turn with cuDNN's (one of each, ``cfg.repeats``
-    times, after the warm-ups), so a drift of the machine's speed hits both alike; cuDNN's
-    samples go to its row."""
-    import statistics
-
-    from .timing import Timing
-    for _ in range(cfg.warmup):
-        rr.run()
-    rr.stream.synchronize()
-    ours, theirs = [], []
-    for _ in range(cfg.repeats):
-        ours += time_events(cp, rr.run, rr.stream, 1, 0)
-        theirs.append(bench.time_once())
-    bench.add_samples(theirs)
-    return Timing(statistics.median(ours), min(ours), max(ours), len(ours))
+    """The rung's Timing from runs taken in turn with cuDNN's (timing.time_in_turn: one of
+    each, ``cfg.repeats`` times, after the warm-ups), so a drift of the machine's speed hits
+    both alike; cuDNN's samples go to its row."""
+    t = time_in_turn({"rung": (rr.run, rr.stream), "cudnn": bench.run}, cfg.repeats,
+                     cfg.warmup, cp=cp, torch=bench.torch)
+    bench.add_samples(t["cudnn"].samples)
+    return t["rung"]
 
 
-class _NumpyExecutor:
+class NumpyExecutor:
     """The NumPy executor in program order, behind the executors' run() interface."""
 
     def __init__(self, plan, ws):
@@ -532,7 +535,7 @@ def _run_cpu(cfg, progress):
     tc = time_cpu(lambda: a @ a, repeats=5)
     ceiling = {"what": "NumPy fp32 matmul 512^3 on the CPU",
                "tflops": 2 * 512**3 / (tc.ms_median * 1e-3) / 1e12, "ms_median": tc.ms_median}
-    rows = _ladder_rows(cfg, ("numpy",), lambda e, plan, ws: _NumpyExecutor(plan, ws), np,
+    rows = _ladder_rows(cfg, ("numpy",), lambda e, plan, ws: NumpyExecutor(plan, ws), np,
                         model.flat, inputs, ref, reference_name(cfg.dtype), flops,
                         ceiling["tflops"],
                         lambda rr: time_cpu(rr.run, cfg.repeats, cfg.warmup), lambda rr: None,

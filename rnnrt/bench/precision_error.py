@@ -125,26 +125,28 @@ def _split_grads(flat, layout) -> dict:
     return out
 
 
+def _ladder_config(cfg, steps, **kw):
+    """The ladder's configuration of ``cfg``'s shape at ``steps`` steps (its model, inputs
+    and RungRun are this report's)."""
+    from .ladder import LadderConfig
+    return LadderConfig(cell=cfg.cell, layers=cfg.layers, hidden=cfg.hidden,
+                        input_size=cfg.input_size, batch=cfg.batch, steps=steps, seed=cfg.seed,
+                        cpu=True, **kw)
+
+
 def _model_inputs(cfg, steps):
-    from .ladder import LadderConfig, inputs_for, model_for
-    lc = LadderConfig(cell=cfg.cell, layers=cfg.layers, hidden=cfg.hidden,
-                      input_size=cfg.input_size, batch=cfg.batch, steps=steps, seed=cfg.seed,
-                      cpu=True)
+    from .ladder import inputs_for, model_for
+    lc = _ladder_config(cfg, steps)
     return model_for(lc, np.float32), inputs_for(lc, np.float32)
 
 
 def _reference(cfg, model, inputs) -> dict:
-    """The plain float64 reference: every compared array by name."""
-    from .. import reference
-    from ..params import per_layer, to_flat
-    x, h0, c0, dy = (None if a is None else a.astype(np.float64) for a in inputs)
-    p64 = per_layer(model.flat.astype(np.float64), model.layout)
-    y, h_n, c_n, cache = reference.forward(cfg.cell, p64, x, h0, c0)
-    g = reference.backward(cfg.cell, p64, cache, dy)
-    out = {"y": y, "h_n": h_n, "c_n": c_n, "dx": g["dx"], "dh0": g["dh0"],
-           "dc0": g.get("dc0")}
-    out.update(_split_grads(to_flat(g["params"], model.layout), model.layout))
-    return {k: v for k, v in out.items() if v is not None}
+    """The plain float64 reference (ladder.reference_outputs at float32: no rounding): every
+    compared array by name, the weight gradients by kind."""
+    from .ladder import reference_outputs
+    out = reference_outputs(cfg.cell, model, inputs)
+    out.update(_split_grads(out.pop("grads"), model.layout))
+    return out
 
 
 # -------------------------------------------------------------------------------- rnnrt
@@ -180,37 +182,22 @@ def _named(y, hx_n, g, grads, model) -> dict:
 
 def _rnnrt_cpu(cfg, model, inputs, dtype, train=True) -> dict:
     """rnnrt at ``dtype`` on the NumPy executor in float64 (storage rounding as the plan
-    says), the paper's best rung's schedule."""
-    from ..exec import numpy_exec
-    from ..exec.workspace import Workspace
+    says), the paper's best rung's schedule: the ladder's RungRun of it."""
     from ..kernels.limits import H100_SXM
-    from ..plan.backward import backward_plan
-    from ..plan.forward import forward_plan
-    from ..plan.model import PlanKey
     from ..plan.switches import PAPER_RUNGS, ladder
-    x, h0, c0, dy = inputs
-    T, B = x.shape[0], x.shape[1]
-    key = PlanKey(cfg.cell, T, B, cfg.inp, cfg.hidden, cfg.layers, True,
-                  ladder()[PAPER_RUNGS - 1].switches, train=train, device=H100_SXM,
-                  dtype=dtype)
-    plans = [forward_plan(key)] + ([backward_plan(key)] if train else [])
+    from .ladder import NumpyExecutor, RungRun
+    lc = _ladder_config(cfg, inputs[0].shape[0], backward=train, dtype=dtype)
     # fp32 storage: an fp32 workspace (the GPU's arithmetic); 16-bit storage: float64 with the
     # storage rounding the plan applies (the rounding dominates what fp32 would add)
     wdt = np.float64 if get_precision(dtype).rounds else np.float32
-    ws = Workspace(plans[-1], np, wdt, model.flat.astype(wdt))
-    ws.poison()
-    ws.load_inputs(x, h0, c0)
+    rr = RungRun(lc, ladder()[PAPER_RUNGS - 1], np, NumpyExecutor, model.flat.astype(wdt),
+                 inputs, H100_SXM, ws_dtype=wdt)
+    rr.run()
+    out = rr.ws.outputs()
     if train:
-        arrays = {"dy": dy, "dh_n": None}
-        if "dc_n" in plans[-1].inputs:
-            arrays["dc_n"] = None
-        ws.load(**arrays)
-    for plan in plans:
-        numpy_exec.run(plan, ws)
-    out = ws.outputs()
-    if train:
-        out.update({n: ws.read(n) for n in ("dx", "dh0", "dc0") if n in plans[-1].outputs})
-        out.update(_split_grads(ws.read("grads"), model.layout))
+        out.update({n: rr.ws.read(n) for n in ("dx", "dh0", "dc0")
+                    if n in rr.plans[-1].outputs})
+        out.update(_split_grads(rr.ws.read("grads"), model.layout))
     return out
 
 
@@ -222,20 +209,10 @@ def _torch_run(cfg, model, inputs, dtype, device: str, train=True) -> dict:
     import torch
 
     from ..params import to_flat
-    from .cudnn import TORCH_DTYPES
-    p = get_precision(dtype)
-    if device == "cuda":
-        torch.backends.cudnn.allow_tf32 = p.gemm == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = p.gemm == "tf32"
-    tdt = TORCH_DTYPES[p.name](torch)
-    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.cell, torch.nn.RNN)
-    kw = dict(num_layers=cfg.layers, bias=model.bias)
-    if cls is torch.nn.RNN:
-        kw["nonlinearity"] = cfg.cell.split("_")[1]
-    m = cls(cfg.inp, cfg.hidden, **kw)
-    m.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
-                       for k, v in model.state_dict().items()})
-    m.to(device=device, dtype=tdt)
+    from .cudnn import TORCH_DTYPES, torch_module
+    name = get_precision(dtype).name
+    tdt = TORCH_DTYPES[name](torch)
+    m = torch_module(torch, model, name, device)
     x, h0, c0, dy = (None if a is None else torch.from_numpy(a).to(device=device, dtype=tdt)
                      for a in inputs)
     leaves = [t for t in (x, h0, c0) if t is not None]
@@ -273,18 +250,12 @@ def run_precision(cfg: PrecisionConfig, progress=_progress) -> dict:
         info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy "
                           f"executor; torch.nn on the CPU as the cuDNN role"}
         vers, run_rnnrt, tdev = versions(), _rnnrt_cpu, "cpu"
-        why_not = None if cfg.cudnn else "disabled (--no-cudnn)"
-        if why_not is None:
-            try:
-                import torch  # noqa: F401
-            except ImportError as e:
-                why_not = f"torch not importable ({e})"
     else:
         from ..device import require_gpu
         from ..session import device_info
         cp = require_gpu()
         info, vers, run_rnnrt, tdev = device_info(cp), versions(cp), _rnnrt_gpu, "cuda"
-        why_not = cudnn_missing(cfg)
+    why_not = cudnn_missing(cfg, cuda=not cfg.cpu)
     shape = {"cell": cfg.cell, "layers": cfg.layers, "hidden": cfg.hidden,
              "input_size": cfg.inp, "batch": cfg.batch}
     base = {"device": info.get("device"), "versions": vers}

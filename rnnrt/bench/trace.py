@@ -106,14 +106,8 @@ def _progress(msg):
 
 def _model_inputs(cfg: TraceConfig):
     """fp32 model (rnnrt's torch-like init) and x [T,B,I], h0 [L,B,H], c0 [L,B,H] (LSTM)."""
-    import rnnrt
-    kw = dict(num_layers=cfg.layers, dtype=np.float32, seed=cfg.seed)
-    if cfg.cell == "lstm":
-        model = rnnrt.LSTM(cfg.inp, cfg.hidden, **kw)
-    elif cfg.cell == "gru":
-        model = rnnrt.GRU(cfg.inp, cfg.hidden, **kw)
-    else:
-        model = rnnrt.RNN(cfg.inp, cfg.hidden, nonlinearity=cfg.cell.split("_")[1], **kw)
+    from .ladder import model_for   # the ladder's model of the same cell, sizes and seed
+    model = model_for(cfg, np.float32)
     rng = np.random.default_rng(cfg.seed + 1)
     x = rng.standard_normal((cfg.steps, cfg.batch, cfg.inp)).astype(np.float32)
     h0 = (0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(np.float32)
@@ -123,12 +117,9 @@ def _model_inputs(cfg: TraceConfig):
 
 
 def _reference_y(cfg, model, x, h0, c0):
-    from .. import reference
-    from ..params import per_layer
-    p64 = per_layer(model.flat.astype(np.float64), model.layout)
-    y, _, _, _ = reference.forward(cfg.cell, p64, x.astype(np.float64), h0.astype(np.float64),
-                                   None if c0 is None else c0.astype(np.float64))
-    return y
+    """y [T, B, H] of the float64 reference (ladder.reference_outputs, forward only)."""
+    from .ladder import reference_outputs
+    return reference_outputs(cfg.cell, model, (x, h0, c0, None), backward=False)["y"]
 
 
 def traced_rungs(input_batch=DEFAULT_INPUT_BATCH, names=None):

@@ -105,3 +105,20 @@ def test_refuses_what_it_cannot_time_before_any_work():
             time_in_turn(**{"repeats": 2, **kw})
         assert all(w in str(info.value) for w in words), str(info.value)
     assert not ran, "work ran before the refusal"
+
+
+def test_the_ladder_interleaves_a_rung_with_cudnn_through_time_in_turn():
+    """ladder's --interleave: the rung and cuDNN one run each a round after their warm-ups,
+    the rung's Timing returned, cuDNN's runs pooled into its row (add_samples)."""
+    from rnnrt.bench import ladder
+    cp, torch = NumpyCupy(), fake_torch()
+    calls, pooled = [], []
+    rr = types.SimpleNamespace(run=lambda: calls.append("rung"),
+                               stream=cp.cuda.get_current_stream())
+    bench = types.SimpleNamespace(run=lambda: calls.append("cudnn"), torch=torch,
+                                  add_samples=pooled.append)
+    cfg = types.SimpleNamespace(repeats=3, warmup=1)
+    t = ladder._interleaved(cp, rr, bench, cfg)
+    assert calls == ["rung", "cudnn"] + ["rung", "cudnn"] * 3
+    assert isinstance(t, Timing) and t.runs == 3
+    assert len(pooled) == 1 and len(pooled[0]) == 3

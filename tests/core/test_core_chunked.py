@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from testkit import CpuSession, draw32
+from testkit import CpuSession, draw32, model_reference
 
 import rnnrt
-from rnnrt import reference
 from rnnrt.check import FP32_RTOL, assert_close, reduction_atol
 from rnnrt.chunked import ChunkedTape, pieces
-from rnnrt.params import per_layer, to_flat
 
 I, H, B, L = 3, 5, 2, 2
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
@@ -49,15 +47,15 @@ def test_pieces_cover_the_sequence_in_powers_of_two():
 
 
 def _reference(r, x, hx, dy=None, dhx=None):
+    """testkit.model_reference on the runner's weights, hx / dhx split by the cell."""
     cell = r.model.cell_name
-    p64 = per_layer(np.asarray(r.params, np.float64), r.model.layout)
     h0, c0 = (hx if cell == "lstm" else (hx, None))
-    y, h_n, c_n, cache = reference.forward(cell, p64, x.astype(np.float64), h0, c0)
-    if dy is None:
-        return y, h_n, c_n
     dh_n, dc_n = (dhx if cell == "lstm" and dhx is not None else (dhx, None))
-    g = reference.backward(cell, p64, cache, dy.astype(np.float64), dh_n, dc_n)
-    return y, h_n, c_n, g, to_flat(g["params"], r.model.layout)
+    ref = model_reference(r.model, x, h0, c0, dy, dh_n, dc_n, flat=r.params)
+    if dy is None:
+        return ref["y"], ref["h_n"], ref["c_n"]
+    g = {"dx": ref["dx"], "dh0": ref["dh0"], "dc0": ref["dc0"]}
+    return ref["y"], ref["h_n"], ref["c_n"], g, ref["grads"]
 
 
 def _states(cell, rng, T):
@@ -275,15 +273,12 @@ def test_chunks_carry_the_precision(runner, dtype):
     y, (h_n, c_n), tape = r.forward(x, hx, train=True)
     assert isinstance(tape, ChunkedTape)
     g = r.backward(tape, dy)
-    p64 = per_layer(np.asarray(r.params, np.float64), m.layout)
-    ry, rh, rc, cache = reference.forward("lstm", p64, x.astype(np.float64), hx[0], hx[1],
-                                          dtype=dtype)
-    rg = reference.backward("lstm", p64, cache, dy.astype(np.float64))
-    assert_close(y, ry, p.atol, p.rtol, name=f"{dtype} y")
-    assert_close(h_n, rh, p.atol, p.rtol, name=f"{dtype} h_n")
-    assert_close(c_n, rc, p.atol, p.rtol, name=f"{dtype} c_n")
-    assert_close(g.dx, rg["dx"], p.atol, p.rtol, name=f"{dtype} dx")
-    assert_close(r.grads, to_flat(rg["params"], m.layout),
+    ref = model_reference(m, x, *hx, dy, dtype=dtype, flat=r.params)
+    assert_close(y, ref["y"], p.atol, p.rtol, name=f"{dtype} y")
+    assert_close(h_n, ref["h_n"], p.atol, p.rtol, name=f"{dtype} h_n")
+    assert_close(c_n, ref["c_n"], p.atol, p.rtol, name=f"{dtype} c_n")
+    assert_close(g.dx, ref["dx"], p.atol, p.rtol, name=f"{dtype} dx")
+    assert_close(r.grads, ref["grads"],
                  reduction_atol(T * B, p.atol), p.rtol, name=f"{dtype} grads")
-    fp32, *_ = reference.forward("lstm", p64, x.astype(np.float64), hx[0], hx[1])
+    fp32 = model_reference(m, x, *hx, flat=r.params)["y"]
     assert np.abs(np.asarray(y) - fp32).max() > 1e-4, "the chunks ran in fp32"

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from testkit import CpuSession, draw32
+from testkit import CpuSession, draw32, model_reference
 
 import rnnrt
-from rnnrt import reference
 from rnnrt.check import assert_close
-from rnnrt.params import per_layer, to_flat
 from rnnrt.plan.switches import ladder
 from rnnrt.precision import DTYPES, get_precision, round_to_storage
 
@@ -37,17 +35,13 @@ def test_runner_passes_round_like_the_reference(monkeypatch, dtype):
     dy = draw32(rng, T, B, H)
     y, (hn, cn), tape = r.forward(x, (h0, c0), train=True)
     g = r.backward(tape, dy)
-    p = per_layer(m.flat.astype(np.float64), m.layout)
-    ry, rhn, rcn, cache = reference.forward("lstm", p, x.astype(np.float64), h0, c0,
-                                            dtype=dtype)
-    rg = reference.backward("lstm", p, cache, dy)
+    ref = model_reference(m, x, h0, c0, dy, dtype=dtype)
     prec = get_precision(dtype)
-    for name, got, want in (("y", y, ry), ("h_n", hn, rhn), ("c_n", cn, rcn),
-                            ("dx", g.dx, rg["dx"]), ("dh0", g.dh0, rg["dh0"]),
-                            ("dc0", g.dc0, rg["dc0"])):
+    for name, got in (("y", y), ("h_n", hn), ("c_n", cn), ("dx", g.dx), ("dh0", g.dh0),
+                      ("dc0", g.dc0)):
         assert got.dtype == np.float32, name
-        assert_close(got, want, prec.atol, prec.rtol, name=f"{dtype} {name}")
-    want = to_flat(rg["params"], m.layout)
+        assert_close(got, ref[name], prec.atol, prec.rtol, name=f"{dtype} {name}")
+    want = ref["grads"]
     for e in m.layout.entries:
         s = slice(e.offset, e.offset + int(np.prod(e.shape)))
         assert_close(g.flat[s], want[s], prec.atol, prec.rtol, name=f"{dtype} d{e.name}")
