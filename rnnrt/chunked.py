@@ -134,20 +134,14 @@ class ChunkedRunner:
 
     def _candidate_keys(self, batch, train):
         """The PlanKeys at MAX_CHUNK_STEPS of every schedule the runner may choose."""
-        from .kernels.choice import Shape, candidates
-        from .plan.model import PlanKey
-        r, m = self.runner, self.runner.model
+        from .kernels.choice import candidates
+        r = self.runner
         if r.switches == "auto":
-            shape = Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
-                          MAX_CHUNK_STEPS, bool(train), m.bias, r.dtype, r.executor_name,
-                          False)
+            shape = r.selector_shape(MAX_CHUNK_STEPS, batch, train)
             scheds = [(s.switches, s.family, s.backward) for s in candidates(shape, r.limits)]
         else:
             scheds = [(r.switches, None, None)]
-        return [PlanKey(m.cell_name, MAX_CHUNK_STEPS, int(batch), m.input_size, m.hidden_size,
-                        m.num_layers, m.bias, sw, bool(train), device=r.limits, family=fam,
-                        backward=bwd if train else None, dtype=r.dtype)
-                for sw, fam, bwd in scheds]
+        return [r.new_key(MAX_CHUNK_STEPS, batch, train, *sched) for sched in scheds]
 
     def pieces(self, steps: int, batch: int, train: bool):
         """The pieces of a fixed-length call, or None where it runs unchunked."""
@@ -282,7 +276,7 @@ class ChunkedRunner:
         r, m = self.runner, self.runner.model
         cp = r.cp
         for st, gen in zip(tape.states, tape.generations):
-            if getattr(st, "owner", None) is not r:
+            if st.owner is not r:
                 raise ValueError("tape: it is not one of this runner's (a tape of another "
                                  "runner, or of one that was closed); run backward on the "
                                  "runner whose forward made it")
