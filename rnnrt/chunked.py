@@ -32,6 +32,7 @@ bucketed or exact pattern unchunked, whatever their length.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -69,12 +70,24 @@ def _env_int(name: str) -> int | None:
     return n
 
 
-def step_bytes(key) -> int:
-    """Bytes of ``key``'s workspace that grow with its steps, per step (the workspace is
-    affine in the steps: two sizes give the slope)."""
-    from .sizes import workspace_bytes
+def growth(key) -> dict:
+    """{buffer name: bytes per step} of the buffers of ``key``'s workspace that grow with
+    its steps (the workspace is affine in the steps: two sizes give each slope)."""
+    from .plan.backward import workspace_buffers
     s = key.steps
-    return (workspace_bytes(replace(key, steps=2 * s)) - workspace_bytes(key)) // s
+    now = {b.name: b.size * b.itemsize(key.dtype) for b in workspace_buffers(key)}
+    twice = workspace_buffers(replace(key, steps=2 * s))
+    out = {}
+    for b in twice:
+        more = b.size * b.itemsize(key.dtype) - now.get(b.name, 0)
+        if more > 0:
+            out[b.name] = more // s
+    return out
+
+
+def step_bytes(key) -> int:
+    """Bytes of ``key``'s workspace that grow with its steps, per step."""
+    return sum(growth(key).values())
 
 
 def kept_buffers(fwd, bwd, grows) -> frozenset:
@@ -158,30 +171,17 @@ class ChunkedRunner:
         from .plan.forward import forward_plan
         from .sizes import gpu_available, refuse_if
         r = self.runner
-        new = {}
-        for key in keys:
-            new[key] = new.get(key, 0) + 1
+        new = Counter(keys)   # states each key takes
         # idle states past what this pass takes go (of any key): what stays cached between
         # passes is the last pass's, reused (graphs and all) by a training loop's next step
-        dropped = 0
-        for k in list(self._states):
-            idle = [st for st in self._states[k] if not st.busy]
-            keep = [st for st in self._states[k] if st.busy] + idle[:new.get(k, 0)]
-            dropped += len(self._states[k]) - len(keep)
-            self._states[k] = keep
-            if not keep:
-                del self._states[k]
-        if dropped:
-            r.cp.get_default_memory_pool().free_all_blocks()
+        self._drop_idle(new)
         need = 0
         if len(self._kept) > 256:   # keys of many batches seen: start again
             self._kept.clear()
-        for key in keys:
+        for key in new:
             if key not in self._kept:
-                now = {b.name: b.size for b in workspace_buffers(key)}
-                twice = workspace_buffers(replace(key, steps=2 * key.steps))
-                grows = {b.name for b in twice if b.size > now.get(b.name, b.size)}
-                self._kept[key] = kept_buffers(forward_plan(key), backward_plan(key), grows)
+                self._kept[key] = kept_buffers(forward_plan(key), backward_plan(key),
+                                               growth(key))
         for key, count in new.items():
             have = self._states.get(key, [])
             free = sum(not st.busy for st in have)
@@ -195,10 +195,12 @@ class ChunkedRunner:
             refuse_if(need, gpu_available(r.cp),
                       f"the activations of a chunked training pass ({len(keys)} chunks, "
                       f"batch {keys[0].batch})", "GPU memory")
-        out, used = [], set()
+        free = {key: iter([st for st in self._states.get(key, []) if not st.busy])
+                for key in new}
+        out = []
         for key in keys:
             have = self._states.setdefault(key, [])
-            st = next((s for s in have if not s.busy and id(s) not in used), None)
+            st = next(free[key], None)
             if st is None:
                 if have:
                     ws = have[0].ws.with_own(self._kept[key])
@@ -207,15 +209,20 @@ class ChunkedRunner:
                 st = RunState(ws, partial(r.session.executor, r.executor_name))
                 st.owner = r
                 have.append(st)
-            used.add(id(st))
             out.append(st)
         return out
 
     def drop_idle(self) -> int:
         """Drop every training chunk state no live tape holds (to make room); -> how many."""
+        return self._drop_idle({})
+
+    def _drop_idle(self, take: dict) -> int:
+        """Drop the idle training states of each key past ``take[key]`` (0 where absent),
+        memory handed back to CuPy's pool; -> how many went."""
         n = 0
         for k in list(self._states):
-            keep = [st for st in self._states[k] if st.busy]
+            idle = [st for st in self._states[k] if not st.busy]
+            keep = [st for st in self._states[k] if st.busy] + idle[:take.get(k, 0)]
             n += len(self._states[k]) - len(keep)
             self._states[k] = keep
             if not keep:
