@@ -248,14 +248,22 @@ class ChunkedRunner:
         T, B = int(x.shape[0]), int(x.shape[1])
         refuse_if(T * B * m.hidden_size * 4, gpu_available(cp),
                   f"y of {T} steps x batch {B} x hidden {m.hidden_size}", "GPU memory")
-        keys = [r.plan_key(n, B, train) for _, n in parts]
-        states = self._train_states(keys) if train else [r.state(k) for k in keys]
+        # a key, plan maker (and inference state) per piece length, not per piece: the
+        # pieces are a handful of lengths (the chunk, the remainder's powers of two)
+        by_n = {n: r.plan_key(n, B, train) for n in {n for _, n in parts}}
+        keys = [by_n[n] for _, n in parts]
+        plans = {k: partial(forward_plan, k) for k in by_n.values()}
+        if train:
+            states = self._train_states(keys)
+        else:   # no tape holds an inference state: every piece of a key runs on one
+            one = {k: r.state(k) for k in by_n.values()}
+            states = [one[k] for k in keys]
         has_c = m.cell.has_cell_state
         y = cp.full((T, B, m.hidden_size), float("nan"), dtype=cp.float32)
         h, c = h0, c0
         with _Chain(cp) as chain:
             for (t0, n), key, st in zip(parts, keys, states):
-                ex = st.executor_of(key, "fwd", partial(forward_plan, key))
+                ex = st.executor_of(key, "fwd", plans[key])
                 ws = ex.prepared.ws
                 with chain.on(ex.stream):
                     ws.load(x=x[t0:t0 + n], h0=h)
@@ -295,12 +303,13 @@ class ChunkedRunner:
               if need_dx else None)
         dh, dc = dh_n, dc_n
         last = len(tape.pieces) - 1
+        plans = {(k, acc): partial(backward_plan, k, acc, need_dx)
+                 for k in set(tape.keys) for acc in {accumulate, True}}
         with _Chain(cp) as chain:
             for i in range(last, -1, -1):
                 (t0, n), key, st = tape.pieces[i], tape.keys[i], tape.states[i]
                 acc = accumulate if i == last else True
-                ex = st.executor_of(key, ("bwd", acc, need_dx),
-                                    partial(backward_plan, key, acc, need_dx))
+                ex = st.executor_of(key, ("bwd", acc, need_dx), plans[key, acc])
                 ws = ex.prepared.ws
                 with chain.on(ex.stream):
                     ws.load(dy=None if dy is None else dy[t0:t0 + n], dh_n=dh)
@@ -317,21 +326,22 @@ class ChunkedRunner:
 class _Chain:
     """Orders the pieces' work across their executors' streams: the first after the caller's
     prior work, each after the previous one's, the caller's later work after the last (an
-    event where the stream changes; no host wait)."""
+    event recorded where the stream changes; no host wait). One event serves the whole
+    chain: a stream's wait takes the event's record at the time of the wait, so recording
+    it again for the next piece does not touch the earlier waits."""
 
     def __init__(self, cp):
-        self.cp = cp
         self.prev = cp.cuda.get_current_stream()
         self.caller = self.prev
+        self.event = cp.cuda.Event(disable_timing=True)
 
     def __enter__(self):
         return self
 
     def _follow(self, stream, after):
         if stream is not after:
-            ev = self.cp.cuda.Event(disable_timing=True)
-            ev.record(after)
-            stream.wait_event(ev)
+            self.event.record(after)
+            stream.wait_event(self.event)
 
     def on(self, stream):
         self._follow(stream, self.prev)
