@@ -182,6 +182,8 @@ class GpuRunner:
         self._seen = OrderedDict()       # batch_sizes of recent packed batches
         self._events = None              # the two events _on_stream records, made once
         self._grad_views = None
+        self._compiled = False           # _precompile ran
+        self._timing = self._timing_key = None   # the timer's state and what it times
         self.long = ChunkedRunner(self)   # sequences longer than a chunk (chunked.py)
 
     def sync_params(self):
@@ -273,7 +275,7 @@ class GpuRunner:
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes
         a while: kernels/library.py says so per file; CuPy keeps the result on disk)."""
-        if getattr(self, "_compiled", False):
+        if self._compiled:
             return
         from .kernels.registry import REGISTRY
         for k in REGISTRY:
@@ -329,7 +331,7 @@ class GpuRunner:
         key = self.new_key(steps, shape.batch, shape.train, sched.switches, sched.family,
                            sched.backward, pattern)
         tkey = (sched.name, shape.key(), steps)
-        if getattr(self, "_timing_key", None) != tkey:
+        if self._timing_key != tkey:
             self._timing = None   # free the last candidate's workspace first
             # a gradient buffer of its own: the timed backward (accumulate=False) must not
             # overwrite the caller's gradients (a sum over micro-batches, say)
@@ -601,7 +603,7 @@ class GpuRunner:
             st.owner = None
         self._states.clear()
         self.long.clear()
-        self._timing = None
+        self._timing = self._timing_key = None
         self.session.close()
 
 
