@@ -32,7 +32,6 @@ rounds: gx, gh, c, the saved gates, dh, dc, dx and the weight gradients are fp32
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
@@ -138,11 +137,3 @@ def round_to_storage(a, dtype) -> np.ndarray:
         return round_to_bfloat16(arr).astype(kind)
     with np.errstate(over="ignore"):   # overflow to Inf is the rounding's defined result
         return arr.astype(np.float32).astype(np.float16).astype(kind)
-
-
-def rounding(dtype) -> tuple:
-    """(store, op) of precision ``dtype``: ``round_to_storage`` (a store's rounding) and
-    ``gemm_operand`` (what a GEMM reads) with the precision bound — the two rounding points
-    the NumPy references (reference.py, varlen.py) apply."""
-    name = get_precision(dtype).name
-    return partial(round_to_storage, dtype=name), partial(gemm_operand, dtype=name)

@@ -40,11 +40,12 @@ included) while everything else reads them as stored.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from .cells import get_cell, layer_input_size
-from .precision import get_precision, rounding
+from .precision import gemm_operand, get_precision, round_to_storage
 
 PARAM_KEYS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
@@ -252,7 +253,8 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None, dtype: str = "fl
     spec = get_cell(cell)
     step, _ = STEPS[spec.name]
     prec = get_precision(dtype).name
-    store, op = rounding(prec)   # a store's rounding; what a GEMM reads (tf32: rounded)
+    store = partial(round_to_storage, dtype=prec)   # a store's rounding
+    op = partial(gemm_operand, dtype=prec)          # what a GEMM reads (tf32: rounded)
     x = np.asarray(x)
     num_layers, steps, batch, in_size, hidden = _sizes(params, x)
     dtype = x.dtype
@@ -329,7 +331,8 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
     prec = cache.dtype if dtype is None else get_precision(dtype).name
     require(prec == cache.dtype, f"reference: dtype {prec!r}, but the cache is from a "
                                  f"{cache.dtype!r} forward")
-    store, op = rounding(prec)   # a store's rounding; what a GEMM reads (tf32: rounded)
+    store = partial(round_to_storage, dtype=prec)   # a store's rounding
+    op = partial(gemm_operand, dtype=prec)          # what a GEMM reads (tf32: rounded)
     num_layers = len(cache.layers)
     require(len(params) == num_layers,
            f"reference: {len(params)} param dicts, but the cache has {num_layers} layers")

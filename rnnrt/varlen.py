@@ -40,12 +40,14 @@ before and after every step), trading memory for plainness.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from .cells import get_cell, layer_input_size
-from .precision import get_precision, rounding
+from .precision import gemm_operand, get_precision, round_to_storage
 from .reference import STEPS, layer_params, require, require_shape
+
 
 # --------------------------------------------------------------------------- schedule
 
@@ -167,7 +169,8 @@ def forward(cell: str, params: list[dict], x, batch_sizes, h0=None, c0=None, *,
     spec = get_cell(cell)
     step, _ = STEPS[spec.name]
     prec = get_precision(dtype).name
-    store, op = rounding(prec)   # a store's rounding; what a GEMM reads (tf32: rounded)
+    store = partial(round_to_storage, dtype=prec)   # a store's rounding
+    op = partial(gemm_operand, dtype=prec)          # what a GEMM reads (tf32: rounded)
     x = np.asarray(x)
     require(x.ndim == 2, f"varlen: x must be packed [N, I], got shape {x.shape}")
     require(x.dtype.kind == "f", f"varlen: x must be floating, got {x.dtype}")
@@ -262,7 +265,8 @@ def backward(cache: Cache, dy=None, dh_n=None, dc_n=None, *, need_dx: bool = Tru
     """
     require(isinstance(cache, Cache), f"varlen: cache must be the Cache of forward(train=True), "
                                      f"got {type(cache).__name__}")
-    store, op = rounding(cache.dtype)   # the forward's precision's rounding points
+    store = partial(round_to_storage, dtype=cache.dtype)   # the forward's precision
+    op = partial(gemm_operand, dtype=cache.dtype)          # what a GEMM reads (tf32: rounded)
     spec = get_cell(cache.cell)
     _, step_backward = STEPS[spec.name]
     bs, off = cache.batch_sizes, offsets(cache.batch_sizes)
