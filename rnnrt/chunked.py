@@ -32,6 +32,7 @@ bucketed or exact pattern unchunked, whatever their length.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -69,12 +70,24 @@ def _env_int(name: str) -> int | None:
     return n
 
 
-def step_bytes(key) -> int:
-    """Bytes of ``key``'s workspace that grow with its steps, per step (the workspace is
-    affine in the steps: two sizes give the slope)."""
-    from .sizes import workspace_bytes
+def growth(key) -> dict:
+    """{buffer name: bytes per step} of the buffers of ``key``'s workspace that grow with
+    its steps (the workspace is affine in the steps: two sizes give each slope)."""
+    from .plan.backward import workspace_buffers
     s = key.steps
-    return (workspace_bytes(replace(key, steps=2 * s)) - workspace_bytes(key)) // s
+    now = {b.name: b.size * b.itemsize(key.dtype) for b in workspace_buffers(key)}
+    twice = workspace_buffers(replace(key, steps=2 * s))
+    out = {}
+    for b in twice:
+        more = b.size * b.itemsize(key.dtype) - now.get(b.name, 0)
+        if more > 0:
+            out[b.name] = more // s
+    return out
+
+
+def step_bytes(key) -> int:
+    """Bytes of ``key``'s workspace that grow with its steps, per step."""
+    return sum(growth(key).values())
 
 
 def kept_buffers(fwd, bwd, grows) -> frozenset:
@@ -134,20 +147,14 @@ class ChunkedRunner:
 
     def _candidate_keys(self, batch, train):
         """The PlanKeys at MAX_CHUNK_STEPS of every schedule the runner may choose."""
-        from .kernels.choice import Shape, candidates
-        from .plan.model import PlanKey
-        r, m = self.runner, self.runner.model
+        from .kernels.choice import candidates
+        r = self.runner
         if r.switches == "auto":
-            shape = Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
-                          MAX_CHUNK_STEPS, bool(train), m.bias, r.dtype, r.executor_name,
-                          False)
+            shape = r.selector_shape(MAX_CHUNK_STEPS, batch, train)
             scheds = [(s.switches, s.family, s.backward) for s in candidates(shape, r.limits)]
         else:
             scheds = [(r.switches, None, None)]
-        return [PlanKey(m.cell_name, MAX_CHUNK_STEPS, int(batch), m.input_size, m.hidden_size,
-                        m.num_layers, m.bias, sw, bool(train), device=r.limits, family=fam,
-                        backward=bwd if train else None, dtype=r.dtype)
-                for sw, fam, bwd in scheds]
+        return [r.new_key(MAX_CHUNK_STEPS, batch, train, *sched) for sched in scheds]
 
     def pieces(self, steps: int, batch: int, train: bool):
         """The pieces of a fixed-length call, or None where it runs unchunked."""
@@ -164,30 +171,17 @@ class ChunkedRunner:
         from .plan.forward import forward_plan
         from .sizes import gpu_available, refuse_if
         r = self.runner
-        new = {}
-        for key in keys:
-            new[key] = new.get(key, 0) + 1
+        new = Counter(keys)   # states each key takes
         # idle states past what this pass takes go (of any key): what stays cached between
         # passes is the last pass's, reused (graphs and all) by a training loop's next step
-        dropped = 0
-        for k in list(self._states):
-            idle = [st for st in self._states[k] if not st.busy]
-            keep = [st for st in self._states[k] if st.busy] + idle[:new.get(k, 0)]
-            dropped += len(self._states[k]) - len(keep)
-            self._states[k] = keep
-            if not keep:
-                del self._states[k]
-        if dropped:
-            r.cp.get_default_memory_pool().free_all_blocks()
+        self._drop_idle(new)
         need = 0
         if len(self._kept) > 256:   # keys of many batches seen: start again
             self._kept.clear()
-        for key in keys:
+        for key in new:
             if key not in self._kept:
-                now = {b.name: b.size for b in workspace_buffers(key)}
-                twice = workspace_buffers(replace(key, steps=2 * key.steps))
-                grows = {b.name for b in twice if b.size > now.get(b.name, b.size)}
-                self._kept[key] = kept_buffers(forward_plan(key), backward_plan(key), grows)
+                self._kept[key] = kept_buffers(forward_plan(key), backward_plan(key),
+                                               growth(key))
         for key, count in new.items():
             have = self._states.get(key, [])
             free = sum(not st.busy for st in have)
@@ -201,10 +195,12 @@ class ChunkedRunner:
             refuse_if(need, gpu_available(r.cp),
                       f"the activations of a chunked training pass ({len(keys)} chunks, "
                       f"batch {keys[0].batch})", "GPU memory")
-        out, used = [], set()
+        free = {key: iter([st for st in self._states.get(key, []) if not st.busy])
+                for key in new}
+        out = []
         for key in keys:
             have = self._states.setdefault(key, [])
-            st = next((s for s in have if not s.busy and id(s) not in used), None)
+            st = next(free[key], None)
             if st is None:
                 if have:
                     ws = have[0].ws.with_own(self._kept[key])
@@ -213,15 +209,20 @@ class ChunkedRunner:
                 st = RunState(ws, partial(r.session.executor, r.executor_name))
                 st.owner = r
                 have.append(st)
-            used.add(id(st))
             out.append(st)
         return out
 
     def drop_idle(self) -> int:
         """Drop every training chunk state no live tape holds (to make room); -> how many."""
+        return self._drop_idle({})
+
+    def _drop_idle(self, take: dict) -> int:
+        """Drop the idle training states of each key past ``take[key]`` (0 where absent),
+        memory handed back to CuPy's pool; -> how many went."""
         n = 0
         for k in list(self._states):
-            keep = [st for st in self._states[k] if st.busy]
+            idle = [st for st in self._states[k] if not st.busy]
+            keep = [st for st in self._states[k] if st.busy] + idle[:take.get(k, 0)]
             n += len(self._states[k]) - len(keep)
             self._states[k] = keep
             if not keep:
@@ -247,14 +248,22 @@ class ChunkedRunner:
         T, B = int(x.shape[0]), int(x.shape[1])
         refuse_if(T * B * m.hidden_size * 4, gpu_available(cp),
                   f"y of {T} steps x batch {B} x hidden {m.hidden_size}", "GPU memory")
-        keys = [r.plan_key(n, B, train) for _, n in parts]
-        states = self._train_states(keys) if train else [r.state(k) for k in keys]
+        # a key, plan maker (and inference state) per piece length, not per piece: the
+        # pieces are a handful of lengths (the chunk, the remainder's powers of two)
+        by_n = {n: r.plan_key(n, B, train) for n in {n for _, n in parts}}
+        keys = [by_n[n] for _, n in parts]
+        plans = {k: partial(forward_plan, k) for k in by_n.values()}
+        if train:
+            states = self._train_states(keys)
+        else:   # no tape holds an inference state: every piece of a key runs on one
+            one = {k: r.state(k) for k in by_n.values()}
+            states = [one[k] for k in keys]
         has_c = m.cell.has_cell_state
         y = cp.full((T, B, m.hidden_size), float("nan"), dtype=cp.float32)
         h, c = h0, c0
         with _Chain(cp) as chain:
             for (t0, n), key, st in zip(parts, keys, states):
-                ex = st.executor_of(key, "fwd", partial(forward_plan, key))
+                ex = st.executor_of(key, "fwd", plans[key])
                 ws = ex.prepared.ws
                 with chain.on(ex.stream):
                     ws.load(x=x[t0:t0 + n], h0=h)
@@ -282,7 +291,7 @@ class ChunkedRunner:
         r, m = self.runner, self.runner.model
         cp = r.cp
         for st, gen in zip(tape.states, tape.generations):
-            if getattr(st, "owner", None) is not r:
+            if st.owner is not r:
                 raise ValueError("tape: it is not one of this runner's (a tape of another "
                                  "runner, or of one that was closed); run backward on the "
                                  "runner whose forward made it")
@@ -294,12 +303,13 @@ class ChunkedRunner:
               if need_dx else None)
         dh, dc = dh_n, dc_n
         last = len(tape.pieces) - 1
+        plans = {(k, acc): partial(backward_plan, k, acc, need_dx)
+                 for k in set(tape.keys) for acc in {accumulate, True}}
         with _Chain(cp) as chain:
             for i in range(last, -1, -1):
                 (t0, n), key, st = tape.pieces[i], tape.keys[i], tape.states[i]
                 acc = accumulate if i == last else True
-                ex = st.executor_of(key, ("bwd", acc, need_dx),
-                                    partial(backward_plan, key, acc, need_dx))
+                ex = st.executor_of(key, ("bwd", acc, need_dx), plans[key, acc])
                 ws = ex.prepared.ws
                 with chain.on(ex.stream):
                     ws.load(dy=None if dy is None else dy[t0:t0 + n], dh_n=dh)
@@ -316,21 +326,22 @@ class ChunkedRunner:
 class _Chain:
     """Orders the pieces' work across their executors' streams: the first after the caller's
     prior work, each after the previous one's, the caller's later work after the last (an
-    event where the stream changes; no host wait)."""
+    event recorded where the stream changes; no host wait). One event serves the whole
+    chain: a stream's wait takes the event's record at the time of the wait, so recording
+    it again for the next piece does not touch the earlier waits."""
 
     def __init__(self, cp):
-        self.cp = cp
         self.prev = cp.cuda.get_current_stream()
         self.caller = self.prev
+        self.event = cp.cuda.Event(disable_timing=True)
 
     def __enter__(self):
         return self
 
     def _follow(self, stream, after):
         if stream is not after:
-            ev = self.cp.cuda.Event(disable_timing=True)
-            ev.record(after)
-            stream.wait_event(ev)
+            self.event.record(after)
+            stream.wait_event(self.event)
 
     def on(self, stream):
         self._follow(stream, self.prev)

@@ -182,6 +182,8 @@ class GpuRunner:
         self._seen = OrderedDict()       # batch_sizes of recent packed batches
         self._events = None              # the two events _on_stream records, made once
         self._grad_views = None
+        self._compiled = False           # _precompile ran
+        self._timing = self._timing_key = None   # the timer's state and what it times
         self.long = ChunkedRunner(self)   # sequences longer than a chunk (chunked.py)
 
     def sync_params(self):
@@ -193,7 +195,8 @@ class GpuRunner:
         self.grads.fill(0)
 
     # -- the schedule --------------------------------------------------------------------------
-    def _shape(self, steps: int, batch: int, train: bool, varlen: bool = False):
+    def selector_shape(self, steps: int, batch: int, train: bool, varlen: bool = False):
+        """The schedule selector's Shape (kernels/choice.py) of a call of this runner."""
         from .kernels.choice import Shape
         m = self.model
         return Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
@@ -222,7 +225,7 @@ class GpuRunner:
         from .kernels.choice import Schedule, Selection
         if self.switches != "auto":
             return Selection(Schedule(self.switches.label(), self.switches), "explicit")
-        shape = self._shape(steps, batch, train, varlen)
+        shape = self.selector_shape(steps, batch, train, varlen)
         self._precompile()
         return self.selector.select(shape)
 
@@ -241,7 +244,6 @@ class GpuRunner:
         if entry is not None:
             self._keys.move_to_end(k)
             return entry
-        m = self.model
         if self.switches == "auto":
             sched = self.schedule(steps, batch, train, pattern is not None).schedule
             sw, family, backward = sched.switches, sched.family, sched.backward
@@ -251,20 +253,29 @@ class GpuRunner:
         if pattern is not None:
             from .kernels.choice import bucket_steps
             capacity = max(bucket_steps(len(pattern)), len(pattern))
-        # a pattern takes the per-step backward (PlanKey refuses a persistent one)
-        key = PlanKey(m.cell_name, int(steps), int(batch), m.input_size, m.hidden_size,
-                      m.num_layers, m.bias, sw, bool(train), device=self.limits, family=family,
-                      backward=backward if train and pattern is None else None,
-                      batch_sizes=pattern, capacity=capacity, dtype=self.dtype)
+        key = self.new_key(steps, batch, train, sw, family, backward, pattern, capacity)
         entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
         return entry
 
+    def new_key(self, steps: int, batch: int, train: bool, switches, family=None,
+                backward=None, pattern: tuple | None = None,
+                capacity: int | None = None) -> PlanKey:
+        """The PlanKey of this runner's model, limits and dtype for a schedule (switches,
+        family, backward) — the one place a runner's keys are made (``plan_key``, the
+        selector's timer, chunked.py's candidates). Not remembered: ``plan_key`` is."""
+        m = self.model
+        # a pattern takes the per-step backward (PlanKey refuses a persistent one)
+        return PlanKey(m.cell_name, int(steps), int(batch), m.input_size, m.hidden_size,
+                       m.num_layers, m.bias, switches, bool(train), device=self.limits,
+                       family=family, backward=backward if train and pattern is None else None,
+                       batch_sizes=pattern, capacity=capacity, dtype=self.dtype)
+
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes
         a while: kernels/library.py says so per file; CuPy keeps the result on disk)."""
-        if getattr(self, "_compiled", False):
+        if self._compiled:
             return
         from .kernels.registry import REGISTRY
         for k in REGISTRY:
@@ -311,20 +322,16 @@ class GpuRunner:
         from .kernels.choice import tuning_steps
         from .plan.backward import backward_plan
         from .session import time_events
-        m = self.model
         steps = tuning_steps(shape)
         pattern = None
         if shape.varlen:   # one representative pattern of the key (choice.Selector says why)
             from .plan.packing import staircase
             pattern = staircase(steps, shape.batch)
             steps = len(pattern)
-        key = PlanKey(m.cell_name, steps, shape.batch, m.input_size, m.hidden_size,
-                      m.num_layers, m.bias, sched.switches, shape.train, device=self.limits,
-                      family=sched.family,
-                      backward=sched.backward if shape.train and pattern is None else None,
-                      batch_sizes=pattern, dtype=self.dtype)
+        key = self.new_key(steps, shape.batch, shape.train, sched.switches, sched.family,
+                           sched.backward, pattern)
         tkey = (sched.name, shape.key(), steps)
-        if getattr(self, "_timing_key", None) != tkey:
+        if self._timing_key != tkey:
             self._timing = None   # free the last candidate's workspace first
             # a gradient buffer of its own: the timed backward (accumulate=False) must not
             # overwrite the caller's gradients (a sum over micro-batches, say)
@@ -532,16 +539,21 @@ class GpuRunner:
         """
         from .plan.backward import backward_plan
         m = self.model
-        if isinstance(tape, ChunkedTape):
-            return self._chunked_backward(tape, dy, dhx, accumulate, need_dx)
-        if not isinstance(tape, GpuTape):
+        if not isinstance(tape, (GpuTape, ChunkedTape)):
             raise TypeError(f"tape: expected the GpuTape of runner.forward(train=True), "
                             f"got {type(tape).__name__}")
         accumulate = check_flag("accumulate", accumulate)
         need_dx = check_flag("need_dx", need_dx)
+        dh_n, dc_n = split_hx(m, dhx, "dhx")
+        if isinstance(tape, ChunkedTape):   # chunked.py checks its states' owner and age
+            check_backward_inputs(m, tape.steps, tape.batch, dy, dh_n, dc_n)
+            if tape.batch_first and dy is not None:
+                dy = dy.transpose(1, 0, 2)
+            dx, dh0, dc0 = self.long.backward(tape, dy, dh_n, dc_n, accumulate, need_dx)
+            return self._grads(dx, dh0, dc0, tape.batch_first)
         st = tape.state
-        # its state's owner: this runner, open (a runner is on one device, in float32)
-        if st is None or getattr(st, "owner", None) is not self:
+        # its state's owner: this runner, open (a runner is on one device, in its dtype)
+        if st is None or st.owner is not self:
             raise ValueError("tape: it is not one of this runner's (a tape of another runner, "
                              "or of one that was closed); run backward on the runner whose "
                              "forward made it")
@@ -549,7 +561,6 @@ class GpuRunner:
             raise ValueError("tape: stale — a later training forward overwrote its "
                              "activations (a copy of a tape outlived the original, which "
                              "held them); run forward again")
-        dh_n, dc_n = split_hx(m, dhx, "dhx")
         packed = tape.rows is not None
         if packed:
             check_packed_backward_inputs(m, int(tape.rows.shape[0]), tape.key.batch, dy,
@@ -558,9 +569,8 @@ class GpuRunner:
             check_backward_inputs(m, tape.key.steps, tape.key.batch, dy, dh_n, dc_n)
             if tape.batch_first and dy is not None:
                 dy = dy.transpose(1, 0, 2)
-        acc = accumulate
-        ex = st.executor_of(tape.key, ("bwd", acc, need_dx),
-                            partial(backward_plan, tape.key, acc, need_dx))
+        ex = st.executor_of(tape.key, ("bwd", accumulate, need_dx),
+                            partial(backward_plan, tape.key, accumulate, need_dx))
         ws = ex.prepared.ws
 
         def run():
@@ -576,27 +586,15 @@ class GpuRunner:
             return dx, {name: ws.read(name) for name in ("dh0", "dc0") if name in ws.plan.outputs}
 
         dx, out = self._on_stream(ex, run)
-        if self._grad_views is None:
-            from .params import views
-            self._grad_views = views(self.grads, m.layout)
-        if tape.batch_first and dx is not None:
-            dx = dx.transpose(1, 0, 2)
-        return GpuGrads(dx, out["dh0"], out.get("dc0"), self.grads, self._grad_views)
+        return self._grads(dx, out["dh0"], out.get("dc0"), tape.batch_first)
 
-    def _chunked_backward(self, tape, dy, dhx, accumulate, need_dx) -> GpuGrads:
-        """``backward`` of a chunked training forward (chunked.py): checked as any."""
-        m = self.model
-        accumulate = check_flag("accumulate", accumulate)
-        need_dx = check_flag("need_dx", need_dx)
-        dh_n, dc_n = split_hx(m, dhx, "dhx")
-        check_backward_inputs(m, tape.steps, tape.batch, dy, dh_n, dc_n)
-        if tape.batch_first and dy is not None:
-            dy = dy.transpose(1, 0, 2)
-        dx, dh0, dc0 = self.long.backward(tape, dy, dh_n, dc_n, accumulate, need_dx)
+    def _grads(self, dx, dh0, dc0, batch_first: bool) -> GpuGrads:
+        """The GpuGrads of a backward: dx [T, B, I] time-major (or None; [B, T, I] back
+        with batch_first), dh0 / dc0 [L, B, H], the runner's gradient buffer and views."""
         if self._grad_views is None:
             from .params import views
-            self._grad_views = views(self.grads, m.layout)
-        if tape.batch_first and dx is not None:
+            self._grad_views = views(self.grads, self.model.layout)
+        if batch_first and dx is not None:
             dx = dx.transpose(1, 0, 2)
         return GpuGrads(dx, dh0, dc0, self.grads, self._grad_views)
 
@@ -605,7 +603,7 @@ class GpuRunner:
             st.owner = None
         self._states.clear()
         self.long.clear()
-        self._timing = None
+        self._timing = self._timing_key = None
         self.session.close()
 
 

@@ -120,7 +120,7 @@ class StateCache:
         for old in list(self._states):
             if self.nbytes <= self.budget and self.plan_bytes <= self.plan_budget:
                 break
-            if old == key or getattr(self._states[old], "busy", False):
+            if old == key or self._states[old].busy:
                 continue   # the newest, and states whose activations a tape still needs
             del self._states[old]
             self.evictions += 1
@@ -135,7 +135,7 @@ class StateCache:
     @property
     def plan_bytes(self) -> int:
         """Host bytes of the plans the states' executors hold."""
-        return sum(getattr(st, "plan_bytes", 0) for st in self._states.values())
+        return sum(st.plan_bytes for st in self._states.values())
 
     def __contains__(self, key) -> bool:
         return key in self._states
@@ -146,7 +146,7 @@ class StateCache:
 
     def drop_idle(self) -> int:
         """Evict every state no live tape needs (to make room for a large one); -> how many."""
-        idle = [k for k, st in self._states.items() if not getattr(st, "busy", False)]
+        idle = [k for k, st in self._states.items() if not st.busy]
         for k in idle:
             del self._states[k]
         self.evictions += len(idle)

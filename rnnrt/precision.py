@@ -84,28 +84,30 @@ def get_precision(dtype) -> Precision:
     return PRECISIONS[dtype]
 
 
-def round_to_bfloat16(a) -> np.ndarray:
-    """``a`` (any real array) rounded to the nearest bfloat16 (ties to even), as float32.
-
-    bfloat16 is float32's top 16 bits: add half an ulp of the dropped 16 bits (plus one where
-    the kept part is odd, for ties to even) and clear them. NaN stays NaN; a value that rounds
-    past the largest finite bfloat16 becomes Inf, as the GPU's conversion does."""
+def _drop_low_bits(a, n: int) -> np.ndarray:
+    """``a`` as float32 with the low ``n`` mantissa bits rounded off (to nearest, ties to
+    even: add half an ulp of the dropped bits, plus one where the kept part is odd, and
+    clear them), as float32. NaN stays NaN; a value that rounds past the largest finite
+    value becomes Inf, as the GPU's conversion does."""
     f = np.asarray(a, dtype=np.float32)
     bits = f.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    half = (1 << (n - 1)) - 1
+    rounded = (bits + half + ((bits >> n) & 1)) & (0xFFFFFFFF ^ ((1 << n) - 1))
     out = rounded.astype(np.uint32).view(np.float32)
     return np.where(np.isnan(f), f, out)
+
+
+def round_to_bfloat16(a) -> np.ndarray:
+    """``a`` (any real array) rounded to the nearest bfloat16 (ties to even), as float32:
+    bfloat16 is float32's top 16 bits."""
+    return _drop_low_bits(a, 16)
 
 
 def round_to_tf32(a) -> np.ndarray:
-    """``a`` rounded to TF32 (fp32 with a 10-bit mantissa: the low 13 bits cleared, to
+    """``a`` rounded to TF32 (fp32 with a 10-bit mantissa: the low 13 bits rounded off, to
     nearest, ties to even), as float32: what a TF32 tensor-core GEMM reads of an fp32
     operand. NaN stays NaN."""
-    f = np.asarray(a, dtype=np.float32)
-    bits = f.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & 0xFFFFE000
-    out = rounded.astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(f), f, out)
+    return _drop_low_bits(a, 13)
 
 
 def gemm_operand(a, dtype) -> np.ndarray:

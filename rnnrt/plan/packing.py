@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..varlen import check_batch_sizes
+from ..varlen import lengths as varlen_lengths  # the one sequence-length rule
 
 ROW_QUANTUM = 8
 """Rows of a pattern's groups are multiples of this (GEMM tiles, vector loads)."""
@@ -75,9 +76,9 @@ def step_grid(steps: int) -> int:
 
 
 def lengths(batch_sizes) -> np.ndarray:
-    """[B] each sequence's length (longest first) from batch_sizes [T] (B = batch_sizes[0])."""
-    bs = np.asarray(batch_sizes, dtype=np.int64)
-    return (bs[None, :] > np.arange(int(bs[0]))[:, None]).sum(axis=1)
+    """[B] each sequence's length (longest first) from batch_sizes [T] (B = batch_sizes[0]):
+    rnnrt.varlen.lengths, taking any sequence of ints."""
+    return varlen_lengths(np.asarray(batch_sizes, dtype=np.int64))
 
 
 def batch_sizes(lengths) -> tuple[int, ...]:

@@ -6,6 +6,10 @@ from rnnrt.gpu import StateCache
 
 
 class FakeState:
+    """What StateCache reads of a RunState: its bytes, host plan bytes and busy flag."""
+    busy = False
+    plan_bytes = 0
+
     def __init__(self, nbytes):
         self.nbytes = nbytes
 
