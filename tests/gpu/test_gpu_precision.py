@@ -50,23 +50,29 @@ def _plans(key):
 _CASES = {}
 
 
-def _case(cell, dtype):
+def reference_case(cell, dtype, shape=None):
     """Weights and inputs (random_layer_stack: fp32, never zero), output gradients, and the
-    float64 reference of ``dtype``'s rounding."""
-    if (cell, dtype) not in _CASES:
-        layout, flat, x, h0, c0, rng = random_layer_stack(cell, L, T, B, H, I)
-        dy = rng.standard_normal((T, B, H)).astype(np.float32)
-        dhn = rng.standard_normal((L, B, H)).astype(np.float32)
-        dcn = rng.standard_normal((L, B, H)).astype(np.float32) if cell == "lstm" else None
-        rdt = dtype
+    float64 reference of ``dtype``'s rounding, at ``shape`` (T, B, I, H, L; default the
+    module's), cached."""
+    shape = (T, B, I, H, L) if shape is None else tuple(shape)
+    if (cell, dtype, shape) not in _CASES:
+        t, b, i, h, nl = shape
+        layout, flat, x, h0, c0, rng = random_layer_stack(cell, nl, t, b, h, i)
+        dy = rng.standard_normal((t, b, h)).astype(np.float32)
+        dhn = rng.standard_normal((nl, b, h)).astype(np.float32)
+        dcn = rng.standard_normal((nl, b, h)).astype(np.float32) if cell == "lstm" else None
         d64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
         p64 = per_layer(flat.astype(np.float64), layout)
-        y, hn, cn, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0), dtype=rdt)
-        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn), dtype=rdt)
+        y, hn, cn, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0), dtype=dtype)
+        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn), dtype=dtype)
         ref = {"y": y, "h_n": hn, "c_n": cn, "dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
                "grads": to_flat(g["params"], layout)}
-        _CASES[cell, dtype] = (layout, flat, (x, h0, c0), (dy, dhn, dcn), ref)
-    return _CASES[cell, dtype]
+        _CASES[cell, dtype, shape] = (layout, flat, (x, h0, c0), (dy, dhn, dcn), ref)
+    return _CASES[cell, dtype, shape]
+
+
+def _case(cell, dtype):
+    return reference_case(cell, dtype)
 
 
 @pytest.fixture(scope="module")

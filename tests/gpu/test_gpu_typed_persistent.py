@@ -12,7 +12,6 @@ About 1-2 minutes on an H100 (24 instantiations compiled). Run:
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from rnnrt.device import gpu_available
@@ -20,13 +19,10 @@ from rnnrt.device import gpu_available
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
 
-from test_gpu_precision import check_rounded, run_graph  # noqa: E402
+from test_gpu_precision import check_rounded, reference_case, run_graph  # noqa: E402
 from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
-from testkit import random_layer_stack  # noqa: E402
 
-from rnnrt import reference  # noqa: E402
 from rnnrt.check import assert_close  # noqa: E402
-from rnnrt.params import per_layer, to_flat  # noqa: E402
 from rnnrt.plan.switches import ladder  # noqa: E402
 from rnnrt.precision import get_precision  # noqa: E402
 
@@ -34,26 +30,6 @@ CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 DTYPES = ("tf32", "bfloat16", "float16")
 PERSISTENT = ladder(input_batch=4)[-1].switches
 SHAPES = ((6, 4, 24, 40, 2), (12, 8, 128, 128, 1))   # T, B, I, H, L
-_CASES = {}
-
-
-def _case(cell, dtype, shape):
-    T, B, I, H, L = shape
-    if (cell, dtype, shape) not in _CASES:
-        layout, flat, x, h0, c0, rng = random_layer_stack(cell, L, T, B, H, I)
-        dy = rng.standard_normal((T, B, H)).astype(np.float32)
-        dhn = rng.standard_normal((L, B, H)).astype(np.float32)
-        dcn = rng.standard_normal((L, B, H)).astype(np.float32) if cell == "lstm" else None
-        d64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
-        p64 = per_layer(flat.astype(np.float64), layout)
-        y, hn, cn, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0), dtype=dtype)
-        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn), dtype=dtype)
-        ref = {"y": y, "h_n": hn, "c_n": cn, "dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
-               "grads": to_flat(g["params"], layout)}
-        _CASES[cell, dtype, shape] = (layout, flat, (x, h0, c0), (dy, dhn, dcn), ref)
-    return _CASES[cell, dtype, shape]
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"H{s[3]}B{s[1]}")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cell", CELLS)
@@ -62,7 +38,7 @@ def test_typed_persistent_against_the_rounding_aware_reference(cp, ctx, cell, dt
     from rnnrt.plan.backward import backward_plan
     T, B, I, H, L = shape
     p = get_precision(dtype)
-    case = _case(cell, dtype, shape)
+    case = reference_case(cell, dtype, shape)
     layout, ref = case[0], case[4]
     for family in ("grid", "cluster"):
         for train, backward in ((False, None), (True, family)):
