@@ -35,10 +35,12 @@ def one(cell, layers, hidden, batch, dtype, args):
     cud = rec.get("cudnn", {})
     plan = auto.get("plan", {})
     return {"cell": cell, "layers": layers, "hidden": hidden, "batch": batch, "steps": 100,
-            "pass": rec["pass"], "dtype": dtype, "auto_ms": auto["ms_median"],
+            "pass": rec["pass"], "dtype": dtype, "auto_ms": auto.get("ms_median"),
+            "refused": auto.get("refused"),
             "cudnn_ms": cud.get("ms_median"), "ratio_vs_cudnn": auto.get("ratio_vs_cudnn"),
             "schedule": auto.get("schedule"), "tune_s": auto.get("tune_s"),
-            "candidates": auto.get("candidates"), "fit": plan.get("fit") or auto.get("fit"),
+            "candidates": (auto.get("selection") or {}).get("candidates"),
+            "fit": plan.get("fit") or auto.get("fit"),
             "fallback": auto.get("fallback"), "check": auto.get("check"),
             "device": rec["device"]}
 
