@@ -1,12 +1,15 @@
 /*
- * persistent.cu: the per-layer persistent recurrent kernels (forward, fp32). ONE launch runs
+ * persistent.cu: the per-layer persistent recurrent kernels (forward; fp32, and typed: tf32,
+ * bf16, fp16 storage with fp32 math). ONE launch runs
  * ALL T steps of ONE layer's recurrence (or one input chunk of them): R stays in shared
  * memory for the whole sequence, every block works on every step, and the blocks meet at a
  * barrier between steps instead of ending a kernel. gx = W x_t for all t comes from one
  * cuBLAS GEMM before the launch. Design (decomposition, barrier contract): docs/kernels.md;
  * the host side (fit, NumPy emulation): rnnrt/kernels/persistent.py, emulate.py.
  *
- * Variants: one template persistent_fwd<G, CELL, CL>, two kernels a cell:
+ * Variants: one template persistent_fwd<G, CELL, CL, TS, TF32>, two kernels a cell, each
+ * with a typed instantiation K_t<TS, TF32> (bottom of the file; TS the storage of h: float,
+ * bf16, fp16; TF32: operands TF32-rounded; rnnrt/precision.py's rule, see persistent_fwd):
  *   grid kernels `*_persistent_fwd` (CL = 0): one block per SM over the whole GPU, h_t staged
  *     from L2 every step, a flag barrier in global memory between steps (any H whose R
  *     slice fits one SM);
@@ -210,5 +213,89 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__
     persistent_fwd<1, CELL_RNN_RELU, PK_CLUSTER>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, sync,
                                         gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
                                         units_per_block, k_tile);
+}
+#endif
+
+// The typed instantiations (NVRTC name expressions, rnnrt/kernels/typed.py
+// persistent_expression): `K_t<TS, TF32>` for each kernel K above, TS the element type of h
+// (float, bf16, fp16), TF32 whether the product reads its operands TF32-rounded; the same
+// arguments as K with h a TS*. K_t<float, false> compiles to K's PTX (a test holds it).
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* c, int ldc, float* act, int ldact,
+        unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh, int
+        ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T, int
+        units_per_block, int k_tile) {
+    persistent_fwd<4, CELL_LSTM, 0, TS, TF32>(rows, cols, h, ldh, c, ldc, act, ldact, sync,
+        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* act, int ldact, unsigned int* sync, int
+        ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
+        int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<3, CELL_GRU, 0, TS, TF32>(rows, cols, h, ldh, nullptr, 0, act, ldact,
+        sync, gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_tanh_persistent_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float*
+        gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const
+        float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<1, CELL_RNN_TANH, 0, TS, TF32>(rows, cols, h, ldh, nullptr, 0, nullptr,
+        0, sync, gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_relu_persistent_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float*
+        gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const
+        float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<1, CELL_RNN_RELU, 0, TS, TF32>(rows, cols, h, ldh, nullptr, 0, nullptr,
+        0, sync, gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) lstm_persistent_cluster_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* c, int ldc, float* act, int ldact,
+        unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh, int
+        ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T, int
+        units_per_block, int k_tile) {
+    persistent_fwd<4, CELL_LSTM, PK_CLUSTER, TS, TF32>(rows, cols, h, ldh, c, ldc, act,
+        ldact, sync, gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+        k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) gru_persistent_cluster_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* act, int ldact, unsigned int* sync, int
+        ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
+        int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<3, CELL_GRU, PK_CLUSTER, TS, TF32>(rows, cols, h, ldh, nullptr, 0, act,
+        ldact, sync, gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+        k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_tanh_persistent_cluster_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float*
+        gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const
+        float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<1, CELL_RNN_TANH, PK_CLUSTER, TS, TF32>(rows, cols, h, ldh, nullptr, 0,
+        nullptr, 0, sync, gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+        k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_relu_persistent_cluster_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float*
+        gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const
+        float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    persistent_fwd<1, CELL_RNN_RELU, PK_CLUSTER, TS, TF32>(rows, cols, h, ldh, nullptr, 0,
+        nullptr, 0, sync, gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+        k_tile);
 }
 #endif

@@ -1,6 +1,7 @@
 /*
- * persistent_bwd.cu: the per-layer persistent BACKWARD kernels (backpropagation through time,
- * fp32). ONE launch runs the recurrent chain of ONE layer over ALL T steps, last step first:
+ * persistent_bwd.cu: the per-layer persistent BACKWARD kernels (backpropagation through time;
+ * fp32, and typed: tf32, bf16, fp16 storage with fp32 math). ONE launch runs the recurrent
+ * chain of ONE layer over ALL T steps, last step first:
  * R^T stays in shared memory for the whole sequence, every block works on every step, and
  * the blocks meet at the grid barrier of the forward grid kernels (persistent_layer.cuh)
  * between steps. What is not recurrent is left to large GEMMs after the launch (the
@@ -9,7 +10,9 @@
  * barrier contract: docs/kernels.md ("The persistent backward kernels"); the host side (fit,
  * NumPy emulation): rnnrt/kernels/persistent_bwd.py, emulate_bwd.py.
  *
- * Variants: one template persistent_bwd<G, CELL, CL>, two kernels a cell:
+ * Variants: one template persistent_bwd<G, CELL, CL, TS, TF32>, two kernels a cell, each
+ * with a typed instantiation K_t<TS, TF32> (bottom of the file; TS the storage of dg and h:
+ * float, bf16, fp16; TF32: operands TF32-rounded; rnnrt/precision.py's rule):
  *   grid kernels `*_persistent_bwd` (CL = 0): one block per SM over the whole GPU, dg_t
  *     staged from L2 every step, the flag barrier in global memory;
  *   cluster kernels `*_persistent_cluster_bwd` (CL = PK_CLUSTER, sm_90+): clusters of 8
@@ -166,12 +169,18 @@
 // was measured, and anything shared would have to be called from it (tried: moving the
 // forward's into a shared helper let nvcc 13.0 reorder and renumber its PTX; no test pins
 // that PTX, the check was a manual one, docs/journal.md).
-template <int G, int CELL, int CL>
+// TS, TF32 (persistent_common.cuh): dg is stored rounded to TS (dgx, dgh), and what the
+// product reads of dg and R is rounded as the rungs' GEMMs read it (pk_operand); the state
+// input st is the forward's h (TS) for GRU / RNN, its c (fp32) for the LSTM. <float, false>
+// is the fp32 kernel.
+template <int G, int CELL, int CL, class TS = float, bool TF32 = false>
 __device__ __forceinline__ void persistent_bwd(
-        int Bfull, int H, float* dgx, long long lddgx, float* dgh, long long lddgh, float* dh0,
+        int Bfull, int H, TS* dgx, long long lddgx,
+        typename PkIf<true, TS, TS>::type* dgh, long long lddgh, float* dh0,
         long long lddh0, float* dc0, long long lddc0, unsigned int* sync, const float* dhin,
         long long lddhin, const float* dhn, long long lddhn, const float* dcn,
-        long long lddcn, const float* act, long long ldact, const float* st, long long ldst,
+        long long lddcn, const float* act, long long ldact,
+        const typename PkIf<CELL == CELL_LSTM, float, TS>::type* st, long long ldst,
         const float* w, long long ldw, int T, int U, int KT) {
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
@@ -215,9 +224,9 @@ __device__ __forceinline__ void persistent_bwd(
     const int lr = lane % g.LR, lb = (lane / g.LR) % g.LB, lk = lane / (g.LR * g.LB);
     const int kg = warp * g.LK + lk;
     // what multiplies R (staged or pushed every step): dgh for the GRU, dgx for the others
-    float* const dgs = CELL == CELL_GRU ? dgh : dgx;
+    TS* const dgs = CELL == CELL_GRU ? dgh : dgx;
     const long long lds = CELL == CELL_GRU ? lddgh : lddgx;
-    const bool vec = K % 4 == 0 && lds % 4 == 0 &&
+    const bool vec = PkRaw<TS, TF32>::v && K % 4 == 0 && lds % 4 == 0 &&
                      (reinterpret_cast<unsigned long long>(dgs) & 15ull) == 0;
 
     // The pointwise cells of this thread, as the forward: e = tid + i*nt, jj = e % U,
@@ -249,8 +258,8 @@ __device__ __forceinline__ void persistent_bwd(
                                            : 0.f;
             // LSTM: c[t+1], c[t]; GRU: h[t]; RNN: h[t+1]
             const long long r1 = CELL == CELL_GRU ? row : row + S;
-            ps1[i] = live ? __ldcs(st + r1 * ldst + j) : 0.f;
-            ps0[i] = (live && CELL == CELL_LSTM) ? __ldcs(st + row * ldst + j) : 0.f;
+            ps1[i] = live ? pk_ldcs(st + r1 * ldst + j) : 0.f;
+            ps0[i] = (live && CELL == CELL_LSTM) ? pk_ldcs(st + row * ldst + j) : 0.f;
         }
     };
     // Carried from step to step in registers: dh_rec (the product's sum, then the next
@@ -270,7 +279,8 @@ __device__ __forceinline__ void persistent_bwd(
     // threads take consecutive units of one row of R (the reads are U floats contiguous).
     for (int e = tid; e < g.M * g.SR; e += nt) {
         const int r = e / g.M, ju = e - r * g.M;
-        Rs[ju * g.SR + r] = (ju < Ub && r < K) ? w[(long long)r * ldw + j0 + ju] : 0.f;
+        Rs[ju * g.SR + r] = (ju < Ub && r < K) ? pk_operand<TS, TF32>(w[(long long)r * ldw + j0 + ju])
+                                               : 0.f;
     }
     if (CL) {
         // zeros in both buffers' columns past K (the last float4 chunk reads them; the
@@ -291,7 +301,7 @@ __device__ __forceinline__ void persistent_bwd(
             // kernel stages it from L2 after the barrier
             const float* const hcur = CL ? hs + ((s - 1) & 1) * BG * g.SH : hs;
             if (!CL) grid_barrier(sync, (unsigned int)s * gridDim.x);   // dg_{t+1} complete
-            const float* const src = dgs + (long long)(t + 1) * S * lds;
+            const TS* const src = dgs + (long long)(t + 1) * S * lds;
             // Warp w's chunks of the tile at column k0: [ca, cb), in halves [ca, cm), [cm, cb)
             auto range = [&](int k0, int& ca, int& cm, int& cb) {
                 const int CH = min(KT / 4, (K - k0 + 3) / 4);   // float4 chunks of this tile
@@ -302,9 +312,9 @@ __device__ __forceinline__ void persistent_bwd(
             int ca, cm, cb;
             range(0, ca, cm, cb);
             if (!CL) {
-                pk_stage(hs, g.SH, src, lds, B, K, 0, ca, cm, vec, lane);
+                pk_stage<TS, TF32>(hs, g.SH, src, lds, B, K, 0, ca, cm, vec, lane);
                 pk_cp_commit();
-                pk_stage(hs, g.SH, src, lds, B, K, 0, cm, cb, vec, lane);
+                pk_stage<TS, TF32>(hs, g.SH, src, lds, B, K, 0, cm, cb, vec, lane);
                 pk_cp_commit();
             }
             // as the forward kernels: one output tile keeps its sums in registers over all
@@ -348,12 +358,12 @@ __device__ __forceinline__ void persistent_bwd(
                     if (kn < K) range(kn, na, nm, nb);
                     half(k0, ca, cm, k0 == 0);
                     if (!CL) {
-                        pk_stage(hs, g.SH, src, lds, B, K, kn, na, nm, vec, lane);
+                        pk_stage<TS, TF32>(hs, g.SH, src, lds, B, K, kn, na, nm, vec, lane);
                         pk_cp_commit();
                     }
                     half(k0, cm, cb, false);
                     if (!CL) {
-                        pk_stage(hs, g.SH, src, lds, B, K, kn, nm, nb, vec, lane);
+                        pk_stage<TS, TF32>(hs, g.SH, src, lds, B, K, kn, nm, nb, vec, lane);
                         pk_cp_commit();
                     }
                     ca = na;
@@ -407,7 +417,8 @@ __device__ __forceinline__ void persistent_bwd(
                 for (int q = 0; q < G; ++q)
 #pragma unroll
                     for (int rr = 0; rr < CL; ++rr)
-                        pk_st_cluster(a + 4u * q * H, (unsigned int)rr, vr[q][i]);
+                        pk_st_cluster(a + 4u * q * H, (unsigned int)rr,
+                                      pk_operand<TS, TF32>(vr[q][i]));   // as staged
             }
         }
         // this step's dg to global memory (the GEMMs after the launch read them; the grid
@@ -417,13 +428,13 @@ __device__ __forceinline__ void persistent_bwd(
             for (int i = 0; i < PK_CPT; ++i) {
                 if (!cell_live[i]) continue;
                 const long long row = (long long)t * S + cell_b[i];
-                float* const y = dgs + row * lds + cell_j[i];
+                TS* const y = dgs + row * lds + cell_j[i];
 #pragma unroll
-                for (int q = 0; q < G; ++q) __stcg(y + q * (long long)H, vr[q][i]);
+                for (int q = 0; q < G; ++q) pk_stcg(y + q * (long long)H, vr[q][i]);   // rounded
                 if constexpr (CELL == CELL_GRU) {
-                    float* const x = dgx + row * lddgx + cell_j[i];
+                    TS* const x = dgx + row * lddgx + cell_j[i];
 #pragma unroll
-                    for (int q = 0; q < 3; ++q) x[q * (long long)H] = vx[q][i];
+                    for (int q = 0; q < 3; ++q) x[q * (long long)H] = from_f<TS>(vx[q][i]);
                 }
             }
         };
@@ -529,6 +540,101 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__
         int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const float* h,
         int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
     persistent_bwd<1, CELL_RNN_RELU, PK_CLUSTER>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0,
+                                                 nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                                 nullptr, 0, nullptr, 0, h, ldh, w_hh, ldw_hh,
+                                                 T, units_per_block, k_tile);
+}
+#endif
+
+// The typed instantiations (NVRTC name expressions, rnnrt/kernels/typed.py
+// persistent_expression): `K_t<TS, TF32>` for each kernel K above, TS the element type of dg
+// (dgx, dgh) and of the forward's h (float, bf16, fp16), TF32 whether the product reads its
+// operands TF32-rounded; the same arguments as K with those pointers TS. K_t<float, false>
+// compiles to K's PTX (a test holds it).
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_bwd_t(
+        int rows, int cols, TS* dgx, int lddgx, float* dh0, int lddh0, float* dc0, int lddc0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* dc_n, int lddc_n, const float* act, int ldact, const float* c,
+        int ldc, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<4, CELL_LSTM, 0, TS, TF32>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, dc0, lddc0,
+                                 sync, dhin, lddhin, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c,
+                                 ldc, w_hh, ldw_hh, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_bwd_t(
+        int rows, int cols, TS* dgx, int lddgx, TS* dgh, int lddgh, float* dh0, int lddh0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* act, int ldact, const TS* h, int ldh, const float* w_hh,
+        int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<3, CELL_GRU, 0, TS, TF32>(rows, cols, dgx, lddgx, dgh, lddgh, dh0, lddh0, nullptr, 0,
+                                sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, act, ldact, h, ldh,
+                                w_hh, ldw_hh, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_tanh_persistent_bwd_t(
+        int rows, int cols, TS* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const TS* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_TANH, 0, TS, TF32>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, nullptr, 0,
+                                     sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, nullptr, 0, h,
+                                     ldh, w_hh, ldw_hh, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) rnn_relu_persistent_bwd_t(
+        int rows, int cols, TS* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const TS* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_RELU, 0, TS, TF32>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, nullptr, 0,
+                                     sync, dhin, lddhin, dh_n, lddh_n, nullptr, 0, nullptr, 0, h,
+                                     ldh, w_hh, ldw_hh, T, units_per_block, k_tile);
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) lstm_persistent_cluster_bwd_t(
+        int rows, int cols, TS* dgx, int lddgx, float* dh0, int lddh0, float* dc0, int lddc0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* dc_n, int lddc_n, const float* act, int ldact, const float* c,
+        int ldc, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<4, CELL_LSTM, PK_CLUSTER, TS, TF32>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0, dc0,
+                                             lddc0, sync, dhin, lddhin, dh_n, lddh_n, dc_n,
+                                             lddc_n, act, ldact, c, ldc, w_hh, ldw_hh, T,
+                                             units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) gru_persistent_cluster_bwd_t(
+        int rows, int cols, TS* dgx, int lddgx, TS* dgh, int lddgh, float* dh0, int lddh0,
+        unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
+        int lddh_n, const float* act, int ldact, const TS* h, int ldh, const float* w_hh,
+        int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<3, CELL_GRU, PK_CLUSTER, TS, TF32>(rows, cols, dgx, lddgx, dgh, lddgh, dh0, lddh0,
+                                            nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                            nullptr, 0, act, ldact, h, ldh, w_hh, ldw_hh, T,
+                                            units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_tanh_persistent_cluster_bwd_t(
+        int rows, int cols, TS* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const TS* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_TANH, PK_CLUSTER, TS, TF32>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0,
+                                                 nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
+                                                 nullptr, 0, nullptr, 0, h, ldh, w_hh, ldw_hh,
+                                                 T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_relu_persistent_cluster_bwd_t(
+        int rows, int cols, TS* dgx, int lddgx, float* dh0, int lddh0, unsigned int* sync,
+        int ldsync, const float* dhin, int lddhin, const float* dh_n, int lddh_n, const TS* h,
+        int ldh, const float* w_hh, int ldw_hh, int T, int units_per_block, int k_tile) {
+    persistent_bwd<1, CELL_RNN_RELU, PK_CLUSTER, TS, TF32>(rows, cols, dgx, lddgx, nullptr, 0, dh0, lddh0,
                                                  nullptr, 0, sync, dhin, lddhin, dh_n, lddh_n,
                                                  nullptr, 0, nullptr, 0, h, ldh, w_hh, ldw_hh,
                                                  T, units_per_block, k_tile);

@@ -12,6 +12,12 @@
  *                         distributed shared-memory store (sm_90), L2 prefetch.
  *                         tests/kernels/persistent_host_sim.cpp defines PK_HOST_SIM and its
  *                         own versions of them, to run the kernels on CPU threads.
+ *   PkRaw, PkIf, pk_operand, pk_stored, pk_ldcg, pk_ldcs, pk_stcg
+ *                         the typed instantiations' storage (rnnrt/precision.py): TS, the
+ *                         element type of the sequence the on-chip product reads (h forward,
+ *                         dg backward: float, bf16, fp16; storage.cuh), and TF32, whether the
+ *                         product reads its operands TF32-rounded. <float, false> is the fp32
+ *                         kernel: every helper is the identity / the plain fp32 access there.
  */
 #ifndef RNNRT_PERSISTENT_COMMON_CUH
 #define RNNRT_PERSISTENT_COMMON_CUH
@@ -32,6 +38,42 @@
 #ifndef PK_SPIN_LIMIT
 #define PK_SPIN_LIMIT (1LL << 34)   // clock cycles one barrier may spin before it traps
 #endif
+
+#include "storage.cuh"
+
+// Whether <TS, TF32> is the plain fp32 kernel: operands read as stored, so h / dg may be
+// staged by 16-byte cp.async copies (the other instantiations convert on the way in).
+template <class TS, bool TF32> struct PkRaw { static constexpr bool v = false; };
+template <> struct PkRaw<float, false> { static constexpr bool v = true; };
+
+// v as the cuBLAS rungs store it (rounded to TS), and as their GEMMs read it as an operand
+// (then TF32-rounded where TF32): the product of two such values is exact in fp32 (8 x 8,
+// 11 x 11 significand bits), so fp32 FMAs of them are the rungs' math up to summation order.
+template <class TS> __device__ __forceinline__ float pk_stored(float v) {
+    return to_f(from_f<TS>(v));
+}
+template <class TS, bool TF32> __device__ __forceinline__ float pk_operand(float v) {
+    const float s = pk_stored<TS>(v);
+    if constexpr (TF32) return round_tf32(s);
+    return s;
+}
+// The cache-hinted (L2) load and store of one element of a TS sequence, as float.
+__device__ __forceinline__ float pk_ldcg(const float* p) { return __ldcg(p); }
+template <class T> __device__ __forceinline__ float pk_ldcg(const T* p) {
+    T v;
+    v.bits = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    return to_f(v);
+}
+__device__ __forceinline__ void pk_stcg(float* p, float v) { __stcg(p, v); }
+template <class T> __device__ __forceinline__ void pk_stcg(T* p, float v) {
+    __stcg(reinterpret_cast<unsigned short*>(p), from_f<T>(v).bits);
+}
+// A streamed (evict-first) load of one element of a sequence of type T, as float.
+__device__ __forceinline__ float pk_ldcs(const float* p) { return __ldcs(p); }
+template <class T> __device__ __forceinline__ float pk_ldcs(const T* p) { return to_f(*p); }
+// Type C where cond, else D (the backward's state input: c of the LSTM is fp32, h is TS).
+template <bool cond, class C, class D> struct PkIf { using type = C; };
+template <class C, class D> struct PkIf<false, C, D> { using type = D; };
 
 #define CELL_LSTM 0
 #define CELL_GRU 1

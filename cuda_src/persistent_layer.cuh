@@ -95,7 +95,16 @@ __device__ __forceinline__ PkGeom pk_geometry(int G, int U, int B, int H, int KT
 // h tile. 16-byte cp.async where every row of h_t starts 16-byte aligned and has whole
 // float4s (vec); else 4-byte loads (zeros past H) stored at once. A warp's consecutive lanes
 // take consecutive chunks of one row.
-__device__ __forceinline__ void pk_stage(float* hs, int SH, const float* ht, long long ldh,
+// Typed instantiations (PkRaw false) take the 4-byte path: each element converted to float
+// and rounded as the product reads it (pk_operand); vec is false for them.
+template <class TS, bool TF32>
+__device__ __forceinline__ void pk_stage4(float* dst, const TS* src, int k, int H) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) dst[u] = (k + u < H) ? pk_operand<TS, TF32>(pk_ldcg(src + u)) : 0.f;
+}
+
+template <class TS, bool TF32>
+__device__ __forceinline__ void pk_stage(float* hs, int SH, const TS* ht, long long ldh,
                                          int B, int H, int k0, int ca, int cb, bool vec,
                                          int lane) {
     if (PK_TIMING & 1) return;
@@ -107,17 +116,17 @@ __device__ __forceinline__ void pk_stage(float* hs, int SH, const float* ht, lon
     // 16-byte copy on dividing and 64-bit address arithmetic in the loop).
     int b = lane / n, cc = lane - b * n;
     const int dq = 32 / n, dr = 32 - dq * n;
-    const float* src = ht + b * ldh + k0 + 4 * (ca + cc);
+    const TS* src = ht + b * ldh + k0 + 4 * (ca + cc);
     float* dst = hs + b * SH + 4 * (ca + cc);
     const long long s_step = dq * ldh + 4 * dr, s_wrap = ldh - 4 * n;
     const int d_step = dq * SH + 4 * dr, d_wrap = SH - 4 * n;
     int k = k0 + 4 * (ca + cc);   // the column of src (only the 4-byte path needs it)
     while (b < B) {
-        if (vec) {
-            pk_cp_async16(dst, src);
+        if constexpr (PkRaw<TS, TF32>::v) {
+            if (vec) pk_cp_async16(dst, src);
+            else pk_stage4<TS, TF32>(dst, src, k, H);
         } else {
-#pragma unroll
-            for (int u = 0; u < 4; ++u) dst[u] = (k + u < H) ? __ldcg(src + u) : 0.f;
+            pk_stage4<TS, TF32>(dst, src, k, H);
         }
         b += dq;
         cc += dr;
@@ -225,9 +234,12 @@ __device__ __forceinline__ void pk_flush(const float (&acc)[PK_TM][PK_TB], const
 // CL = 0: the grid kernel (h_t staged from L2, the flag grid barrier); CL = PK_CLUSTER: the
 // cluster kernel (docs/kernels.md: h_t pushed into every block's shared memory, the cluster
 // barrier; cluster n owns batches [n*BC, n*BC + BC), BC = ceil(B / clusters)).
-template <int G, int CELL, int CL>
+// TS, TF32: the storage of h and of the product's operands (persistent_common.cuh); <float,
+// false> is the fp32 kernel. h is stored rounded to TS, and what the product reads of h
+// and R is rounded as the rungs' GEMMs read it (pk_operand); all else is fp32.
+template <int G, int CELL, int CL, class TS = float, bool TF32 = false>
 __device__ __forceinline__ void persistent_fwd(
-        int Bfull, int H, float* h, long long ldh, float* c, long long ldc, float* act,
+        int Bfull, int H, TS* h, long long ldh, float* c, long long ldc, float* act,
         long long ldact, unsigned int* sync, const float* gx, long long ldgx, const float* w,
         long long ldw, const float* bw, long long ldbw, const float* br, long long ldbr,
         int T, int U, int KT) {
@@ -267,7 +279,7 @@ __device__ __forceinline__ void persistent_fwd(
     const int kg = warp * g.LK + lk;
     // 16-byte staging where every row of h_t starts 16-byte aligned and has whole float4s
     // (H, ldh multiples of 4, h 16-byte aligned; the same for every block)
-    const bool vec = H % 4 == 0 && ldh % 4 == 0 &&
+    const bool vec = PkRaw<TS, TF32>::v && H % 4 == 0 && ldh % 4 == 0 &&
                      (reinterpret_cast<unsigned long long>(h) & 15ull) == 0;
 
     // Pointwise cells of this thread: e = tid + i*nt, jj = e % U, b = e / U (live: jj < Ub,
@@ -325,7 +337,7 @@ __device__ __forceinline__ void persistent_fwd(
         if constexpr (CELL == CELL_LSTM) {
             if (live) carry[i] = c[b * ldc + j];
         } else if constexpr (CELL == CELL_GRU) {
-            if (live) carry[i] = h[b * ldh + j];
+            if (live) carry[i] = to_f(h[b * ldh + j]);
         }
     }
     prefetch(0);   // step 0's: in flight during the copy of R
@@ -334,7 +346,8 @@ __device__ __forceinline__ void persistent_fwd(
     for (int e = tid; e < g.M * g.SR; e += nt) {
         const int row = e / g.SR, k = e - row * g.SR;
         const int q = row / U, ju = row - q * U;
-        Rs[e] = (ju < Ub && k < H) ? w[((long long)q * H + j0 + ju) * ldw + k] : 0.f;
+        Rs[e] = (ju < Ub && k < H) ? pk_operand<TS, TF32>(w[((long long)q * H + j0 + ju) * ldw + k])
+                                   : 0.f;
     }
     if (CL) {
         // h_0 of the cluster's batches into buffer 0; zeros in both buffers' columns past H
@@ -343,7 +356,7 @@ __device__ __forceinline__ void persistent_fwd(
             const int buf = e / (BG * g.SH), r = e - buf * BG * g.SH;
             const int b = r / g.SH, k = r - b * g.SH;
             if (k >= H) hs[e] = 0.f;
-            else if (buf == 0 && b < B) hs[e] = h[b * ldh + k];
+            else if (buf == 0 && b < B) hs[e] = pk_operand<TS, TF32>(to_f(h[b * ldh + k]));
         }
         pk_cluster_sync();   // every block of the cluster runs before any block pushes to it
     } else {
@@ -351,7 +364,7 @@ __device__ __forceinline__ void persistent_fwd(
     }
 
     for (int t = 0; t < T; ++t) {
-        const float* const ht = h + (long long)t * S * ldh;   // h_t: rows t*S .. t*S+B-1
+        const TS* const ht = h + (long long)t * S * ldh;   // h_t: rows t*S .. t*S+B-1
         float* const hcur = CL ? hs + (t & 1) * BG * g.SH : hs;   // the h tile of step t
         // This warp's columns of the h tile were last read by this warp (before the
         // __syncwarp that ended its previous tile), so it stages at once.
@@ -365,9 +378,9 @@ __device__ __forceinline__ void persistent_fwd(
         int ca, cm, cb;
         range(0, ca, cm, cb);
         if (!CL) {
-            pk_stage(hs, g.SH, ht, ldh, B, H, 0, ca, cm, vec, lane);
+            pk_stage<TS, TF32>(hs, g.SH, ht, ldh, B, H, 0, ca, cm, vec, lane);
             pk_cp_commit();
-            pk_stage(hs, g.SH, ht, ldh, B, H, 0, cm, cb, vec, lane);
+            pk_stage<TS, TF32>(hs, g.SH, ht, ldh, B, H, 0, cm, cb, vec, lane);
             pk_cp_commit();
         }
         // The halves are a ping-pong across the h tiles: each half of tile k+1 is staged as
@@ -427,12 +440,12 @@ __device__ __forceinline__ void persistent_fwd(
             if (kn < H) range(kn, na, nm, nb);
             half(k0, ca, cm, k0 == 0);
             if (!CL) {
-                pk_stage(hs, g.SH, ht, ldh, B, H, kn, na, nm, vec, lane);
+                pk_stage<TS, TF32>(hs, g.SH, ht, ldh, B, H, kn, na, nm, vec, lane);
                 pk_cp_commit();
             }
             half(k0, cm, cb, false);
             if (!CL) {
-                pk_stage(hs, g.SH, ht, ldh, B, H, kn, nm, nb, vec, lane);
+                pk_stage<TS, TF32>(hs, g.SH, ht, ldh, B, H, kn, nm, nb, vec, lane);
                 pk_cp_commit();
             }
             ca = na;
@@ -456,7 +469,7 @@ __device__ __forceinline__ void persistent_fwd(
             if constexpr (CELL == CELL_LSTM || CELL == CELL_GRU)
                 store_gates(act + row * ldact + j, H, keep_a[0][i], keep_a[1][i], keep_a[2][i],
                             keep_a[3][i]);
-            __stcg(h + (row + S) * ldh + j, keep_h[i]);   // h_{t+1}[b, j]
+            pk_stcg(h + (row + S) * ldh + j, keep_h[i]);   // h_{t+1}[b, j], rounded to TS
         };
 #pragma unroll
         for (int i = 0; i < PK_CPT; ++i) {
@@ -492,7 +505,7 @@ __device__ __forceinline__ void persistent_fwd(
                 const float hn = s[2];                      // gh_n + br_n
                 const float n = tanhf(xb[2] + r * hn);      // gx_n + bw_n + r * hn
                 hv = n + z * (carry[i] - n);
-                carry[i] = hv;
+                carry[i] = pk_stored<TS>(hv);   // h_{t+1} as gru_fwd reads it back
                 keep_a[0][i] = r, keep_a[1][i] = z, keep_a[2][i] = n, keep_a[3][i] = hn;
             } else if constexpr (CELL == CELL_RNN_TANH) {
                 hv = tanhf(s[0]);
@@ -504,8 +517,9 @@ __device__ __forceinline__ void persistent_fwd(
             if (!CL) store_cell(i);
             if (CL && !(PK_TIMING & 1)) {   // h_{t+1}[b, j] into every block's next buffer
                 const pk_saddr a = pk_smem_addr(hs + ((t + 1) & 1) * BG * g.SH + b * g.SH + j);
+                const float hop = pk_operand<TS, TF32>(hv);   // as staged from h_{t+1}
 #pragma unroll
-                for (int r = 0; r < CL; ++r) pk_st_cluster(a, (unsigned int)r, hv);
+                for (int r = 0; r < CL; ++r) pk_st_cluster(a, (unsigned int)r, hop);
             }
         }
         if (CL) {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 from ..kernels.registry import KERNELS, kernel_args
+from ..kernels.typed import persistent_types
 from ..plan.ops import Gemm, Kernel, Record, Wait
 from ..precision import get_precision
 from .cublas import CublasHandle
@@ -120,11 +121,13 @@ class Prepared:
                 # geometry from the plan's device fit; past 48 KB of dynamic shared memory
                 # the kernel must opt in, here (before any capture), not at launch
                 grid, block, smem = op.launch
-                bad = {t for t in self.types(op) if t not in ("float32", "uint32")}
-                if bad:
-                    raise ValueError(f"{op.name}: the persistent kernels take fp32 storage "
-                                     f"only, got views of {sorted(bad)}")
-                fn = self.ctx.kernels.with_shared(op.name, smem).kernel   # cupy...Function
+                # a tf32 / 16-bit key runs the kernel's typed instantiation, whose h / dg
+                # pointers are the storage type (kernels/typed.py)
+                want = persistent_types(op.name, self.dtype)
+                if self.types(op) != want:
+                    raise ValueError(f"{op.name}: a {self.dtype} plan's views are of "
+                                     f"{self.types(op)}, the kernel takes {want}")
+                fn = self.ctx.kernels.with_shared(op.name, smem, self.dtype).kernel
             else:
                 grid, block = info.launch(op.rows, op.cols)
                 fn = self.ctx.kernels.get_typed(op.name, self.types(op)).kernel

@@ -71,9 +71,12 @@ def run_op(op, ws: Workspace) -> None:
             prod = prod + op.beta * out
         out[...] = prod
     elif isinstance(op, Kernel):
-        fn = KERNELS[op.name].numpy_fn
-        fn(op.rows, op.cols, [ws.view(v) for v in op.outs], [ws.view(v) for v in op.ins],
-           *[v for _, v in op.scalars])
+        info = KERNELS[op.name]
+        # a persistent kernel rounds inside its recurrence (each step's h or dg, its product
+        # operands): its twin takes the key's precision
+        extra = {"dtype": ws.plan.key.dtype} if info.persistent else {}
+        info.numpy_fn(op.rows, op.cols, [ws.view(v) for v in op.outs],
+                      [ws.view(v) for v in op.ins], *[v for _, v in op.scalars], **extra)
         store = store_buffers(ws.plan)
         if store:
             round_stored(ws, [v for v in op.outs if v.buf in store], ws.plan.key.dtype)

@@ -34,16 +34,26 @@ from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .stack import PS_BMAX, StackFit, stack_fit
 
-PERSISTENT_STORAGE_REASON = ("the persistent kernels run fp32 only: fp32 storage and fp32 "
-                             "products on chip (TF32 and 16-bit storage are issue 24's)")
-"""Why a tf32, bfloat16 or float16 key runs no persistent kernel, forward or backward: their
-on-chip products are fp32 FMAs, so under tf32 they would compute other math than the
-rungs' TF32 GEMMs (a switch changes the schedule, never the math)."""
+PERSISTENT_STORAGE_REASON = ("the stack kernel runs fp32 only (its typed instantiation, "
+                             "x and h in 16-bit storage and TF32-rounded operands, is not "
+                             "written yet); the per-layer persistent kernels run every dtype")
+"""Why a tf32, bfloat16 or float16 key runs no stack kernel. The per-layer kernels (grid,
+cluster, forward and backward) run every precision with the rungs' math: under the storage
+rule every product operand is rounded to the storage type (bf16 / fp16 stored; tf32:
+TF32-rounded as read), and the product of two such values is exact in fp32 (8 x 8, 11 x 11
+significand bits), so fp32 FMAs over operands rounded where the rungs round them (h, and R,
+rounded as the typed kernels read them; dg in the backward) are the cuBLAS rungs' products
+with fp32 accumulation, up to summation order -- the difference the fp32 persistent kernels
+already have. The switch changes the schedule, not the math."""
 
 
-def persistent_storage_declines(dtype) -> str | None:
-    """PERSISTENT_STORAGE_REASON for every precision but float32, else None."""
-    return None if get_precision(dtype).name == "float32" else PERSISTENT_STORAGE_REASON
+def persistent_storage_declines(dtype, family: str = "stack") -> str | None:
+    """PERSISTENT_STORAGE_REASON where ``family`` ('stack', 'grid', 'cluster' or a backward)
+    cannot run precision ``dtype``: the stack kernel for every precision but float32; None
+    otherwise (the per-layer kernels' typed instantiations run every dtype)."""
+    if family != "stack" or get_precision(dtype).name == "float32":
+        return None
+    return PERSISTENT_STORAGE_REASON
 
 # --------------------------------------------------------------------------------------------
 # The persistent family of a plan key
@@ -114,11 +124,10 @@ def choose_persistent(key) -> PersistentChoice:
     if key.batch_sizes is not None:
         return declined("a per-step active batch (variable lengths): the persistent kernels "
                         "run the whole batch at every step")
-    storage = persistent_storage_declines(key.dtype)
-    if storage is not None:
-        return declined(f"{key.dtype}: {storage}")
-
     if family == "stack":
+        storage = persistent_storage_declines(key.dtype, "stack")
+        if storage is not None:
+            return declined(f"{key.dtype}: {storage}")
         st = _stack_fit(key)
         return (PersistentChoice("stack", None, st, False, T) if st.ok
                 else declined(st.reason))
@@ -128,7 +137,11 @@ def choose_persistent(key) -> PersistentChoice:
         return declined(fit.reason, fit)
     stack, note = None, ""
     if family is None and not fit.cluster and sw.wavefront and L > 1:
-        stack, note = stack_choice(key)
+        storage = persistent_storage_declines(key.dtype, "stack")
+        if storage is None:
+            stack, note = stack_choice(key)
+        else:
+            note = f"; stack kernel not used: {key.dtype}: {storage}"
     if stack is not None:
         return PersistentChoice("stack", fit, stack, False, T, note)
     # A grid kernel needs every SM, so two never run at once: one launch per layer over all
@@ -199,10 +212,6 @@ def choose_persistent_backward(key) -> BackwardChoice:
     cost model makes shorter) where it fits and the sequence fits its barrier counter, else
     a fallback saying why. (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses
     the pair, the kernel running the whole batch every step.)"""
-    storage = persistent_storage_declines(key.dtype)
-    if storage is not None:
-        return BackwardChoice(None, f"persistent backward declined on {key.device.name}: "
-                                    f"{key.dtype}: {storage}; ran the per-step backward")
     kind = None if key.backward == "persistent" else key.backward
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                              kind=kind)
@@ -300,14 +309,13 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
     (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
     lengths first: the persistent kernels run the whole batch every step, choose_persistent
-    declines a pattern). Nothing for a 16-bit ``shape.dtype`` (PERSISTENT_STORAGE_REASON)."""
-    if persistent_storage_declines(shape.dtype):
-        return {}
+    declines a pattern). No stack for a tf32 / 16-bit ``shape.dtype``
+    (PERSISTENT_STORAGE_REASON)."""
     props = device.props()
     out = {}
     st = stack_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
                    props, steps=shape.steps)
-    if st.ok:
+    if st.ok and not persistent_storage_declines(shape.dtype, "stack"):
         out["stack"] = st.reason
     for kind in ("cluster", "grid"):
         f = persistent_fit(shape.cell, shape.hidden, shape.batch, props, kind=kind)
@@ -336,8 +344,7 @@ def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     fams = fitting_families(shape, device)
     persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
                        if f in fams)
-    fit = (backward_fit(shape, device)
-           if shape.train and not persistent_storage_declines(shape.dtype) else None)
+    fit = backward_fit(shape, device) if shape.train else None
     if fit is None or not fit.ok:
         return persistent + paper_schedules()
     pbwd = tuple(with_persistent_backward(s)
@@ -377,8 +384,6 @@ def prefers_persistent_backward(shape: "Shape", device, fit: BwdFit | None = Non
     [64, 2048] for 64 blocks a step). ``fit``: ``backward_fit(shape, device)`` where the
     caller has it (a search over units, block sizes and tiles), else computed here."""
     if not shape.train or shape.varlen:   # the kernel runs the whole batch every step
-        return False
-    if persistent_storage_declines(shape.dtype):
         return False
     if fit is None:
         fit = backward_fit(shape, device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cells import get_cell
+from ..precision import gemm_operand, round_to_storage
 from .budget import ceil_div
 from .persistent import CLUSTER_BATCH, Fit, geometry, kernel_name
 from .twins import relu, sigmoid
@@ -76,13 +77,31 @@ def ownership(fit: Fit) -> np.ndarray:
 
 # --- the emulation ----------------------------------------------------------------------
 
-def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True):
+def operand_of(dtype):
+    """-> (stored, operand): a value as precision ``dtype`` stores it (rounded to storage)
+    and as its product reads it (stored, then TF32-rounded for tf32): the persistent kernels'
+    pk_stored and pk_operand (persistent_common.cuh). Both the identity for float32."""
+    def stored(a):
+        return round_to_storage(a, dtype)
+
+    def operand(a):
+        return gemm_operand(round_to_storage(a, dtype), dtype)
+    return stored, operand
+
+
+def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True,
+            dtype: str = "float32"):
     """Run the persistent kernel's decomposition with NumPy. -> (h, c, act)
 
     gx [T, B, G*H] (W x_t, no bias); R = weight_hh [G*H, H]; bw, br: b_ih, b_hh, each
     [G*H], [B, G*H] or None (zeros); h0 [B, H]; c0 [B, H] (LSTM only). Works in gx's dtype.
     Returns h [T+1, B, H] (h[0] = h0), c [T+1, B, H] (LSTM, else None) and act [T, B, 4H]
     (LSTM i,f,g,o; GRU r,z,n,hn; None for RNN or when not ``train``).
+
+    ``dtype`` (rnnrt.precision.DTYPES): the typed kernels' rounding -- h0 and every h_{t+1}
+    stored rounded to the storage type (what the GRU's h_t - n and the next step read), the
+    product's operands R and h_t as the rungs' GEMMs read them (operand_of); all else in
+    gx's dtype.
 
     Block by block, step by step: before the first step each block takes its G*U rows of R
     (its shared-memory copy); at step t it reads only h_t, sums its k-groups' partial dot
@@ -98,19 +117,21 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
         raise ValueError(f"emulate: gx must be [T, B, G*H], got shape {gx.shape}")
     T, B, GH = gx.shape
     H = GH // G
-    dtype = gx.dtype
+    precision, dtype = dtype, gx.dtype
     if fit.cell != spec.name or fit.hidden != H or fit.batch != B or GH != G * H:
         raise ValueError(f"emulate: fit is for {fit.cell} H {fit.hidden} B {fit.batch}, "
                          f"gx {gx.shape} is {spec.name} H {H} B {B}")
     R = np.asarray(R, dtype)
     if R.shape != (GH, H):
         raise ValueError(f"emulate: R has shape {R.shape}, expected {(GH, H)}")
+    stored, operand = operand_of(precision)
+    R = operand(R)
     bias = [np.zeros((B, GH), dtype) if v is None else np.broadcast_to(np.asarray(v, dtype),
                                                                         (B, GH))
             for v in (bw, br)]
     bw, br = bias
     h = np.full((T + 1, B, H), np.nan, dtype)
-    h[0] = h0
+    h[0] = stored(np.asarray(h0, dtype))
     c = None
     if spec.has_cell_state:
         if c0 is None:
@@ -131,7 +152,7 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
 
     for t in range(T):
         written = np.zeros((B, H), np.int64)
-        ht = h[t]
+        ht = operand(h[t])
         for rs, b, j, jj in blocks:
             gh = None
             for cols in groups:                     # k-group 0, 1, ... in the kernel's order
@@ -166,6 +187,7 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
             for q, v in enumerate(saved):
                 act[t, b, q * H + j] = v
             np.add.at(written, (b, j), 1)
+        h[t + 1] = stored(h[t + 1])   # the kernel's store (and the cluster's push) rounds
         # the grid barrier: h_{t+1} is complete, every element written exactly once
         if not (written == 1).all():
             bad = np.argwhere(written != 1)[0]
@@ -175,14 +197,15 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True)
 
 
 # --- NumPy twins of the registry's kernels ------------------------------------------------
-# fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile, cluster=False), the views as
+# fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile, cluster=False,
+# dtype='float32': the key's precision, the typed kernels' rounding), the views as
 # the registry hands them: h [(T+1)*B, H] (slot 0 = h0 read), c likewise (LSTM), act [T*B, 4H], sync
 # [1, 2]; gx [T*B, G*H], w_hh [G*H, H], bw and br [B, G*H] (ld 0 broadcasts). The block size
 # is the default for (B, U, k_tile): it only changes the order in which partial sums are
 # added.
 
 def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
-          cluster=False):
+          cluster=False, dtype="float32"):
     gx, w_hh, bw, br = ins
     B, H, G = rows, cols, get_cell(cell).gates
     name = kernel_name(cell, cluster)
@@ -197,7 +220,8 @@ def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
         raise ValueError(f"{name}: {fit.reason}")
     gx3 = np.asarray(gx).reshape(T, B, G * H)
     h_all, c_all, act_all = emulate(cell, fit, gx3, np.asarray(w_hh), bw, br,
-                                    np.array(h[:B]), None if c is None else np.array(c[:B]))
+                                    np.array(h[:B]), None if c is None else np.array(c[:B]),
+                                    dtype=dtype)
     # Every input is read: now write slots 1..T (slot 0, h0 and c0, is left as it was).
     h[B:] = h_all[1:].reshape(T * B, H)
     if c is not None:
@@ -211,14 +235,15 @@ def _twin_of(cell: str):
     (LSTM), act (LSTM, GRU), sync, as the registry lists them."""
     spec = get_cell(cell)
 
-    def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False):
+    def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False,
+             dtype="float32"):
         outs = list(outs)
         h = outs.pop(0)
         c = outs.pop(0) if spec.has_cell_state else None
         act = outs.pop(0) if spec.saved_gates else None
         (sync,) = outs
         _twin(spec.name, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
-              cluster)
+              cluster, dtype)
 
     twin.__name__ = twin.__qualname__ = kernel_name(cell)
     return twin

@@ -18,13 +18,13 @@ import numpy as np
 from ..cells import get_cell
 from . import twins as knp
 from .budget import ceil_div
-from .emulate import k_columns, owned
+from .emulate import k_columns, operand_of, owned
 from .persistent import CLUSTER_BATCH
 from .persistent_bwd import BwdFit, bwd_geometry, bwd_kernel_name
 
 
 def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=None,
-                block_order=None) -> dict:
+                block_order=None, dtype: str = "float32") -> dict:
     """Run the backward kernel's decomposition with NumPy. -> {"dgx", "dgh", "dh0", "dc0"}
 
     dhin [T, B, H]: the gradient of each step's output from above; dh_n [B, H]; R =
@@ -32,7 +32,10 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
     forward's c [T+1, B, H] (LSTM) or h [T+1, B, H] (GRU, RNN); dc_n [B, H] (LSTM only).
     Works in dhin's dtype. Returns dgx [T, B, G*H] (every step's gate gradients), dgh (GRU:
     the R side's; else None), dh0 [B, H], dc0 [B, H] (LSTM, else None). block_order: the
-    order of the blocks' products (default 0, 1, ...).
+    order of the blocks' products (default 0, 1, ...). dtype (rnnrt.precision.DTYPES): the
+    typed kernels' rounding -- each step's dg (dgx, dgh) stored rounded to the storage type,
+    the product's operands R and dg as the rungs' GEMMs read them (emulate.operand_of); st
+    is taken as stored (the forward's h was rounded when written).
     """
     spec = get_cell(cell)
     G = spec.gates
@@ -40,13 +43,15 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
     if dhin.ndim != 3:
         raise ValueError(f"emulate_bwd: dhin must be [T, B, H], got shape {dhin.shape}")
     T, B, H = dhin.shape
-    dtype = dhin.dtype
+    precision, dtype = dtype, dhin.dtype
+    stored, operand = operand_of(precision)
     if fit.cell != spec.name or fit.hidden != H or fit.batch != B:
         raise ValueError(f"emulate_bwd: fit is for {fit.cell} H {fit.hidden} B {fit.batch}, "
                          f"dhin {dhin.shape} is {spec.name} H {H} B {B}")
     R = np.asarray(R, dtype)
     if R.shape != (G * H, H):
         raise ValueError(f"emulate_bwd: R has shape {R.shape}, expected {(G * H, H)}")
+    R = operand(R)
     st = np.asarray(st, dtype)
     if st.shape != (T + 1, B, H):
         raise ValueError(f"emulate_bwd: st has shape {st.shape}, expected {(T + 1, B, H)}")
@@ -79,7 +84,7 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
     for s in range(T + 1):
         t = T - 1 - s
         if s > 0:
-            dg = dgs[t + 1]                     # [B, K]: complete at the barrier
+            dg = operand(dgs[t + 1])            # [B, K]: complete at the barrier
             new = np.full((B, H), np.nan, dtype)
             written = np.zeros((B, H), np.int64)
             for x in order:
@@ -108,6 +113,9 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
             knp.gru_bwd(B, H, (dgx[t], dgh[t], direct), (dhin[t], dhrec, a, st[t]))
         else:
             getattr(knp, f"{spec.name}_bwd")(B, H, (dgx[t],), (dhin[t], dhrec, st[t + 1]))
+        dgx[t] = stored(dgx[t])   # the kernel's stores (and the cluster's pushes) round
+        if gru:
+            dgh[t] = stored(dgh[t])
     return {"dgx": dgx, "dgh": dgh, "dh0": dhrec, "dc0": dc}
 
 
@@ -115,13 +123,15 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
 # fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile), the views as the registry
 # hands them (persistent_bwd.cu's header): outs dgx [T*B, G*H], dgh (GRU), dh0 [B, H], dc0
 # (LSTM), sync [1, 2]; ins dhin [T*B, H], dh_n [B, H], dc_n (LSTM), act [T*B, 4H] (LSTM,
-# GRU), c or h [(T+1)*B, H], w_hh [G*H, H]; cluster=True for the cluster kernels. The block
+# GRU), c or h [(T+1)*B, H], w_hh [G*H, H]; cluster=True for the cluster kernels; dtype:
+# the key's precision (the typed kernels' rounding, emulate_bwd's). The block
 # size is the default for (B, U, k_tile): it only changes the order of the partial sums.
 
 def _twin_of(cell: str):
     spec = get_cell(cell)
 
-    def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False):
+    def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False,
+             dtype="float32"):
         name = bwd_kernel_name(cell, cluster)
         outs, ins = list(outs), list(ins)
         B, H, G = rows, cols, spec.gates
@@ -147,7 +157,7 @@ def _twin_of(cell: str):
                           np.asarray(w_hh),
                           None if act is None else np.asarray(act).reshape(T, B, 4 * H),
                           np.asarray(st).reshape(T + 1, B, H),
-                          None if dc_n is None else np.array(dc_n))
+                          None if dc_n is None else np.array(dc_n), dtype=dtype)
         # every input is read: now write
         dgx[...] = out["dgx"].reshape(T * B, G * H)
         if dgh is not None:

@@ -186,11 +186,27 @@ class KernelLibrary:
         self._twins.move_to_end((name, types))
         return self._twins[name, types]
 
-    def with_shared(self, name: str, smem_bytes: int):
-        """The cupy.RawKernel ``name``, opted in (cudaFuncSetAttribute) to ``smem_bytes`` of
-        dynamic shared memory where that is past the default 48 KB and past what it already
-        allows. Call it before a launch or a graph capture, not inside one."""
-        fn = self.get(name)
+    def get_persistent(self, name: str, dtype="float32"):
+        """Persistent kernel ``name`` at precision ``dtype``: the ``extern "C"`` kernel for
+        float32, else its typed instantiation (``typed.persistent_expression``), compiled
+        on first use (one module per (file, instantiation)) and kept with the twins."""
+        expr = typed.persistent_expression(name, dtype)
+        if expr is None:
+            return self.get(name)
+        key = (name, ("persistent", expr))
+        if key not in self._twins:
+            file = get_kernel(name).file
+            module = compile_twins(file, source(file), self.options, (expr,))
+            self._remember(key, module.get_function(expr))
+        self._twins.move_to_end(key)
+        return self._twins[key]
+
+    def with_shared(self, name: str, smem_bytes: int, dtype="float32"):
+        """The cupy.RawKernel ``name`` (at precision ``dtype``: ``get_persistent``), opted in
+        (cudaFuncSetAttribute) to ``smem_bytes`` of dynamic shared memory where that is past
+        the default 48 KB and past what it already allows. Call it before a launch or a
+        graph capture, not inside one."""
+        fn = self.get_persistent(name, dtype)
         if smem_bytes > pk.DEFAULT_SHARED_BYTES and fn.max_dynamic_shared_size_bytes < smem_bytes:
             fn.max_dynamic_shared_size_bytes = smem_bytes
         return fn
@@ -201,7 +217,8 @@ class KernelLibrary:
         grid, block = kinfo.launch(rows, cols)
         self.get(name)(grid, block, kernel_args(kinfo, rows, cols, out_ptrs_lds, in_ptrs_lds))
 
-    def launch_persistent(self, fit, out_ptrs_lds, in_ptrs_lds, steps: int) -> None:
+    def launch_persistent(self, fit, out_ptrs_lds, in_ptrs_lds, steps: int,
+                          dtype="float32") -> None:
         """Launch ``fit``'s persistent kernel over ``steps`` steps of one layer (rows = B,
         cols = H from the fit) on CuPy's current stream. Sets the kernel's dynamic shared
         memory limit first when the fit needs more than the default 48 KB. For a grid
@@ -212,4 +229,4 @@ class KernelLibrary:
         fit.check_steps(steps)
         args = kernel_args(kinfo, fit.batch, fit.hidden, out_ptrs_lds, in_ptrs_lds,
                            fit.scalars(steps))
-        self.with_shared(fit.kernel, smem)(grid, block, args, shared_mem=smem)
+        self.with_shared(fit.kernel, smem, dtype)(grid, block, args, shared_mem=smem)

@@ -146,7 +146,8 @@ def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
                     f"in one launch", U, nb, smem, sms)
 
 
-def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block):
+def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block,
+                              dtype="float32"):
     """NumPy twin of the stack kernel (the registry's numpy_fn): rows = B, cols = H; outs
     h [L*(T+1)*B, H], c [L*(T+1)*B, H], act [L*T*B, 4H], sync [1, 2L], wt [L*H, 4H] (each
     layer's W^T), ht [(L+1)*(T+1)*H, 64] (k-major inputs: block m, slot s holds x_{s-1}^T
@@ -155,6 +156,8 @@ def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block):
     layer's h and c is read, slots 1..T written. Each step is the fused kernel's twin
     (kernels_np.lstm_fwd) on W.in and R.h, in the arrays' dtype: the same function as the
     kernel, whose sums run in another order (checked against the reference, not this)."""
+    if dtype != "float32":   # kernels/choice.py declines it (STACK_TYPED_REASON)
+        raise ValueError(f"lstm_persistent_stack_fwd: fp32 only, got dtype {dtype!r}")
     B, H = int(rows), int(cols)
     h, c, act, sync, wt, ht = outs
     x, w_ih, w_hh, bw, br = ins

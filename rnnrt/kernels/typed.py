@@ -7,9 +7,15 @@ template twin ``K_t<T_1, ..., T_n>``: one element type per pointer argument in c
 (cuda_src/storage.cuh). The executor asks for the combination its views' buffers have; an
 all-fp32 combination is the ``extern "C"`` kernel itself (what fp32 plans have always run),
 so only a plan with 16-bit buffers compiles a twin. Nothing here needs CuPy.
+
+The per-layer persistent kernels (persistent.cu, persistent_bwd.cu) are instantiated per
+precision instead (``persistent_expression``): ``K_t<TS, TF32>``, TS the storage type of the
+sequences their product reads (h, dg), TF32 whether it reads its operands TF32-rounded; a
+float32 key runs the ``extern "C"`` kernel. The stack kernel is fp32 only.
 """
 from __future__ import annotations
 
+from ..precision import get_precision
 from .registry import get_kernel
 
 ELEMENT_CTYPES = {"float32": "float", "bfloat16": "bf16", "float16": "fp16"}
@@ -51,3 +57,39 @@ def name_expression(name: str, types) -> str:
     if not has_twin(name):
         raise ValueError(f"{name}: a persistent kernel, fp32 only (no typed twin)")
     return f"{name}_t<{', '.join(ELEMENT_CTYPES[t] for t in types)}>"
+
+
+TYPED_PERSISTENT_ARGS = ("h", "dgx", "dgh")
+"""The persistent kernels' arguments that lie in 'store' buffers (the key's storage type);
+the others are fp32 (sync: uint32)."""
+
+
+def persistent_expression(name: str, dtype) -> str | None:
+    """The NVRTC name expression of persistent kernel ``name``'s instantiation for precision
+    ``dtype`` (rnnrt.precision.DTYPES), e.g. ``lstm_persistent_fwd_t<bf16, false>``; None
+    for float32 (the ``extern "C"`` kernel). ValueError for a kernel without typed
+    instantiations (not persistent, or the stack kernel) at another precision."""
+    p = get_precision(dtype)
+    kinfo = get_kernel(name)
+    if p.name == "float32":
+        return None
+    if not kinfo.persistent or kinfo.file not in TYPED_PERSISTENT_FILES:
+        raise ValueError(f"{name}: no typed persistent instantiation (dtype {p.name!r}: "
+                         f"the per-layer persistent kernels of {TYPED_PERSISTENT_FILES} "
+                         f"have them)")
+    tf32 = "true" if p.gemm == "tf32" else "false"
+    return f"{name}_t<{ELEMENT_CTYPES[p.storage]}, {tf32}>"
+
+
+TYPED_PERSISTENT_FILES = ("persistent.cu", "persistent_bwd.cu")
+"""The files whose persistent kernels have typed instantiations."""
+
+
+def persistent_types(name: str, dtype) -> tuple[str, ...]:
+    """The element type of each pointer argument (outputs, then inputs) of persistent kernel
+    ``name`` at precision ``dtype``: the storage type for TYPED_PERSISTENT_ARGS, uint32 for
+    the barrier counters, float32 for the rest."""
+    store = get_precision(dtype).storage
+    kinfo = get_kernel(name)
+    return tuple(store if a in TYPED_PERSISTENT_ARGS else "uint32" if a == "sync"
+                 else "float32" for a, _ in kinfo.outs + kinfo.ins)

@@ -47,8 +47,11 @@ weights the GEMMs read: params, or wT / rT, or wS / rS; the backward's dgx, dgh,
 everything else "float" (fp32). Rounding to 16-bit storage happens exactly where a value is written into a
 store buffer: x and h0 when loaded, each step's h by the step's pointwise kernel (so the
 next step's R.h, the next layer's W.x and y read the rounded h), W and R by their copy (or
-transpose) at the start of the pass. gx, gh, c, act and the biases stay fp32. For 16-bit
-storage the persistent kernels decline (kernels/choice.py: fp32 only).
+transpose) at the start of the pass. gx, gh, c, act and the biases stay fp32. A per-layer
+persistent kernel of a tf32 / 16-bit key is its typed instantiation: it stores h rounded and
+reads R from the fp32 params, rounding it as it loads it (the copy's values; rS is then
+unread), so it computes the rungs' math (kernels/choice.py PERSISTENT_STORAGE_REASON); the
+stack kernel is fp32 only.
 
 Persistent plans (switch 'persistent', when the device fit accepts the layer shape): with
 the grid kernel, per layer one W.x GEMM over all T steps (the kernel needs all of them before
@@ -160,8 +163,6 @@ class ForwardBuilder:
         # at the start of the pass (or from the pre-transpose, which writes storage itself);
         # fp32 / tf32 read the params as they are (no copy: the plans are the fp32 ones)
         self.copies = key.precision.rounds and not self.sw.pretranspose
-        if key.precision.rounds and self.persist:
-            raise AssertionError("a 16-bit plan with a persistent kernel")
 
     # -- streams ---------------------------------------------------------------------------
     def streams(self):

@@ -370,6 +370,24 @@ def gemm_operands(plan: Plan) -> set:
     return {v.buf for op in plan.ops if isinstance(op, Gemm) for v in (op.a, op.b)}
 
 
+PRODUCT_ARGS = ("h", "x", "dgx", "dgh")
+"""The arguments of a persistent kernel that its on-chip product reads as an operand (h, the
+stack kernel's x; the backward's dg): the typed kernels hold them in the storage type, as a
+GEMM's operand (kernels/choice.py PERSISTENT_STORAGE_REASON)."""
+
+
+def product_operands(plan: Plan) -> set:
+    """The buffers some persistent kernel of ``plan`` reads as a product operand
+    (PRODUCT_ARGS)."""
+    out = set()
+    for op in plan.ops:
+        if isinstance(op, Kernel) and get_kernel(op.name).persistent:
+            info = get_kernel(op.name)
+            names = [a for a, _ in info.outs] + [a for a, _ in info.ins]
+            out |= {v.buf for a, v in zip(names, op.outs + op.ins) if a in PRODUCT_ARGS}
+    return out
+
+
 def check_storage(plan: Plan, also=None) -> None:
     """The storage rule (Buffer's docstring): every GEMM operand lies in a 'store'
     buffer, no GEMM writes one, and -- where ``plan`` is all the GEMMs of its key (an
@@ -389,11 +407,12 @@ def check_storage(plan: Plan, also=None) -> None:
                              f"{op.out.buf!r} (a GEMM's output is fp32: split the buffer)")
     if plan.key.train and also is None:
         return   # a training key's other pass reads some of them
-    read = gemm_operands(plan) | (gemm_operands(also) if also is not None else set())
+    read = set().union(*(f(p) for p in (plan, also) if p is not None
+                         for f in (gemm_operands, product_operands)))
     unread = sorted(store - read)
     if unread:
-        raise ValueError(f"buffers {unread} are 'store' but no GEMM reads them (only GEMM "
-                         f"operands hold the storage type)")
+        raise ValueError(f"buffers {unread} are 'store' but no GEMM or persistent product "
+                         f"reads them (only product operands hold the storage type)")
 
 
 def validate(plan: Plan, also: Plan | None = None) -> None:

@@ -25,16 +25,19 @@ def store_names(b) -> set:
         names.add("x")
     if stack:
         names |= {"h"} if train else set()
-    else:   # R.h, the next layer's W.x, dR and dW (a persistent kernel reads its own)
-        names |= {f"h{lyr}" for lyr in range(L) if not b.persist or train
-                  or lyr < L - 1}
-    if b.xposed():   # a persistent kernel reads R from the params, never rT
+    else:   # R.h (a GEMM's or a persistent kernel's product), the next W.x, dR and dW
+        names |= {f"h{lyr}" for lyr in range(L)}
+    # a persistent kernel reads R from the params, never rT / rS (the typed ones round it
+    # as they load it: the copy's values), so R's copy is an operand only of the per-step
+    # GEMMs
+    step_bwd = train and not (b.key.backward is not None
+                              and choose_persistent_backward(b.key).runs)
+    r_read = {lyr for lyr in range(L) if not b.persist or step_bwd}
+    if b.xposed():
         names |= {f"wT{lyr}" for lyr in range(L)}
-        step_bwd = train and not (b.key.backward is not None
-                                  and choose_persistent_backward(b.key).runs)
-        names |= {f"rT{lyr}" for lyr in range(L) if not b.persist or step_bwd}
+        names |= {f"rT{lyr}" for lyr in r_read}
     elif b.copies:
-        names |= {f"{w}S{lyr}" for w in "wr" for lyr in range(L)}
+        names |= {f"wS{lyr}" for lyr in range(L)} | {f"rS{lyr}" for lyr in r_read}
     elif not stack or train:
         names.add("params")
     if train:   # the backward's gate gradients (and the ones of the bias sums)

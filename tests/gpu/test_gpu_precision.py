@@ -6,7 +6,7 @@ every output poisoned (NaN) before the run, the worst element reported (rnnrt.ch
 a 16-bit run's stored outputs (y, and h_n / dx where their buffer is 'store') are exactly
 representable in the storage type (they really were rounded); a 16-bit plan's store buffers
 are 2 bytes an element and its workspace smaller than the fp32 plan's; the persistent rung
-of a 16-bit key falls back to the cuBLAS schedule and says why. fp32 results are the existing
+of a 16-bit key runs the kernels' typed instantiations (issue 24; no fallback). fp32 results are the existing
 tests' (test_gpu_forward.py, test_gpu_backward.py: unchanged).
 
 All the typed twins the tests run are compiled up front, one NVRTC compile a file.
@@ -27,7 +27,6 @@ from testkit import random_layer_stack  # noqa: E402
 
 from rnnrt import reference  # noqa: E402
 from rnnrt.check import assert_close  # noqa: E402
-from rnnrt.kernels.choice import PERSISTENT_STORAGE_REASON  # noqa: E402
 from rnnrt.params import per_layer, to_flat  # noqa: E402
 from rnnrt.plan.switches import ladder  # noqa: E402
 from rnnrt.precision import get_precision, round_to_storage  # noqa: E402
@@ -51,23 +50,29 @@ def _plans(key):
 _CASES = {}
 
 
-def _case(cell, dtype):
+def reference_case(cell, dtype, shape=None):
     """Weights and inputs (random_layer_stack: fp32, never zero), output gradients, and the
-    float64 reference of ``dtype``'s rounding."""
-    if (cell, dtype) not in _CASES:
-        layout, flat, x, h0, c0, rng = random_layer_stack(cell, L, T, B, H, I)
-        dy = rng.standard_normal((T, B, H)).astype(np.float32)
-        dhn = rng.standard_normal((L, B, H)).astype(np.float32)
-        dcn = rng.standard_normal((L, B, H)).astype(np.float32) if cell == "lstm" else None
-        rdt = dtype
+    float64 reference of ``dtype``'s rounding, at ``shape`` (T, B, I, H, L; default the
+    module's), cached."""
+    shape = (T, B, I, H, L) if shape is None else tuple(shape)
+    if (cell, dtype, shape) not in _CASES:
+        t, b, i, h, nl = shape
+        layout, flat, x, h0, c0, rng = random_layer_stack(cell, nl, t, b, h, i)
+        dy = rng.standard_normal((t, b, h)).astype(np.float32)
+        dhn = rng.standard_normal((nl, b, h)).astype(np.float32)
+        dcn = rng.standard_normal((nl, b, h)).astype(np.float32) if cell == "lstm" else None
         d64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
         p64 = per_layer(flat.astype(np.float64), layout)
-        y, hn, cn, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0), dtype=rdt)
-        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn), dtype=rdt)
+        y, hn, cn, cache = reference.forward(cell, p64, d64(x), d64(h0), d64(c0), dtype=dtype)
+        g = reference.backward(cell, p64, cache, d64(dy), d64(dhn), d64(dcn), dtype=dtype)
         ref = {"y": y, "h_n": hn, "c_n": cn, "dx": g["dx"], "dh0": g["dh0"], "dc0": g["dc0"],
                "grads": to_flat(g["params"], layout)}
-        _CASES[cell, dtype] = (layout, flat, (x, h0, c0), (dy, dhn, dcn), ref)
-    return _CASES[cell, dtype]
+        _CASES[cell, dtype, shape] = (layout, flat, (x, h0, c0), (dy, dhn, dcn), ref)
+    return _CASES[cell, dtype, shape]
+
+
+def _case(cell, dtype):
+    return reference_case(cell, dtype)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +92,7 @@ def twins_compiled(cp, ctx):
     return len(requests)
 
 
-def _check_rounded(name, arr, dtype):
+def check_rounded(name, arr, dtype):
     """Every value of ``arr`` is one the storage type holds (exactly representable)."""
     a = np.asarray(arr.get() if hasattr(arr, "get") else arr, dtype=np.float32)
     r = round_to_storage(a, dtype)
@@ -96,7 +101,7 @@ def _check_rounded(name, arr, dtype):
                            f"the storage type, e.g. {a[bad][:3]}")
 
 
-def _run(cp, ctx, key, case):
+def run_graph(cp, ctx, key, case):
     """Forward (and backward for a training key) on the graph executor, every buffer but
     the constants poisoned first. -> ({output: numpy array}, the workspace)."""
     from rnnrt.exec.cuda_exec import EXECUTORS
@@ -126,7 +131,7 @@ def test_every_rung_against_the_rounding_aware_reference(cp, ctx, twins_compiled
     layout, ref = case[0], case[4]
     for rung in RUNGS:
         key = _key(cell, rung, dtype, train)
-        got, ws, plan = _run(cp, ctx, key, case)
+        got, ws, plan = run_graph(cp, ctx, key, case)
         what = f"{cell} {dtype} {rung.name} {'fwd+bwd' if train else 'fwd'}"
         for name in ("y", "h_n", "c_n", "dx", "dh0", "dc0"):
             if name in got and ref[name] is not None:
@@ -139,13 +144,12 @@ def test_every_rung_against_the_rounding_aware_reference(cp, ctx, twins_compiled
             bindings = {**plan.inputs, **plan.outputs}
             for name, arr in got.items():
                 if all(ws.elements[v.buf] == p.storage for v in bindings[name].views):
-                    _check_rounded(f"{what} {name}", arr, dtype)
+                    check_rounded(f"{what} {name}", arr, dtype)
             assert ws.elements[plan.outputs["y"].views[0].buf] == p.storage, \
                 f"{what}: y is not in a {p.storage} buffer"
-            if rung.switches.persistent:   # the forward's kernel declined (its fallback)
+            if rung.switches.persistent:   # the typed kernels ran (issue 24), no fallback
                 fallback = _plans(key)[0].fallback
-                assert fallback and PERSISTENT_STORAGE_REASON in fallback, \
-                    f"{what}: the persistent rung did not decline 16-bit storage"
+                assert fallback is None, f"{what}: the persistent rung fell back: {fallback}"
 
 
 def test_16bit_store_buffers_are_two_bytes(cp, ctx):
@@ -197,7 +201,7 @@ def test_runner_in_each_precision(cp, dtype):
         assert y.dtype == np.float32, f"{what}: y is {y.dtype}"
         assert_close(y, y_ref, p.atol, p.rtol, name=f"{what} y")
         if p.rounds:
-            _check_rounded(f"{what} y", y, dtype)
+            check_rounded(f"{what} y", y, dtype)
         grads = r.backward(tape, cp.asarray(dy))
         assert_close(grads.dx, g["dx"], p.atol, p.rtol, name=f"{what} dx")
         flat_ref = to_flat(g["params"], m.layout)

@@ -87,6 +87,10 @@ static float __ldcg(const float* p) {
 static float __ldcs(const float* p) { return *p; }
 static float __ldg(const float* p) { return *p; }
 static void __stcg(float* p, float v) { *p = v; }
+// the typed instantiations' 16-bit forms (persistent_common.cuh pk_ldcg / pk_stcg; the sim
+// runs the float32 kernels, but their templates must compile)
+[[maybe_unused]] static unsigned short __ldcg(const unsigned short* p) { return *p; }
+[[maybe_unused]] static void __stcg(unsigned short* p, unsigned short v) { *p = v; }
 [[maybe_unused]] static void __stcs(float* p, float v) { *p = v; }
 // the fast intrinsics (glibc has its own __expf: macros, not functions)
 [[maybe_unused]] static float sim_fdividef(float x, float y) { return std::isinf(y) ? 0.f : x / y; }

@@ -125,7 +125,7 @@ def test_the_kernel_computes_the_fits_formulas():
                  "BG = (Bfull + (int)pk_clusters() - 1) / (int)pk_clusters();",
                  "b_off = (int)pk_cluster_id() * BG;", "B = min(BG, Bfull - b_off);",
                  "if (B < 1 || KT < K) __trap();",
-                 "Rs[ju * g.SR + r] = (ju < Ub && r < K) ? w[(long long)r * ldw + j0 + ju] : 0.f;",
+                 "Rs[ju * g.SR + r] = (ju < Ub && r < K) ? pk_operand<TS, TF32>(w[(long long)r * ldw + j0 + ju])",
                  "const int e = tid + i * nt;", "const int jj = e % U;", "cell_b[i] = e / U;",
                  "grid_barrier(sync, (unsigned int)s * gridDim.x);", "if (!CL) grid_exit(sync);"):
         assert line in SRC, line
@@ -134,7 +134,8 @@ def test_the_kernel_computes_the_fits_formulas():
     bp = 32 * -(-(5 - lb) // 32) + lb
     assert f.smem_r == 4 * 4 * stride_r(111) and f.smem_tile == 4 * 5 * tile_stride(20)
     assert f.smem_partials == 4 * f.k_groups * 4 * bp and f.k_groups == 2 * lk
-    assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == len(BWD_KERNELS) == 8
+    # each kernel and its typed instantiation K_t<TS, TF32>
+    assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == 2 * len(BWD_KERNELS) == 16
     c = PB.bwd_geometry("lstm", 37, 19, 5, 64, clusters=3)   # 7, 7 and 5 batches
     assert c.ok and c.batch_per_block == 7 and c.blocks == 24 and c.kernel.endswith("cluster_bwd")
     assert c.smem_tile == 4 * 2 * 7 * tile_stride(c.k_tile) and c.k_tile >= 148

@@ -38,7 +38,8 @@ def test_constants_match_the_kernel():
     assert define("PK_CLUSTER") == P.PK_CLUSTER and define("PK_LR_MAX") == P.PK_LR_MAX
     for gone in ("PK_KT", "PK_BT", "PK_LD", "KS_MAX", "sts128"):
         assert not re.search(rf"\b{gone}\b", SRC), f"v2's {gone} is still in the .cu"
-    assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == len(PERSISTENT)
+    # each kernel and its typed instantiation K_t<TS, TF32>
+    assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == 2 * len(PERSISTENT)
     assert S.source("persistent_stack.cu").count("__launch_bounds__(PK_MAX_THREADS, 1)") == 1
     assert "return 4 * (((H + 3) / 4) | 1);" in SRC          # stride_r
     assert "g.SR = pk_stride_r(H);" in SRC and "g.SH = pk_stride_r(KT);" in SRC   # tile_stride

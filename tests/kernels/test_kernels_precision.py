@@ -1,8 +1,8 @@
 """Precision on the kernel side, without a GPU: the library instantiates typed twins (one
 compile per file for a plan's missing ones, fp32 requests none, the function cache bounded,
-least recently used out); choice.py declines the persistent kernels, forward and backward,
-for 16-bit storage with the reason (float32 and tf32 run them); the selector's candidates
-for a 16-bit shape are the cuBLAS schedules."""
+least recently used out); choice.py runs the per-layer persistent kernels, forward and backward,
+at every precision (their typed instantiations) and declines the stack kernel for all but
+float32 with the reason; the selector's candidates follow."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,34 +26,39 @@ def _key(dtype, **kw):
     return cpu_plan_key(**args, dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_persistent_declines_16bit_storage_with_the_reason(dtype):
-    ch = C.choose_persistent(_key(dtype))
+@pytest.mark.parametrize("dtype", ["tf32", "bfloat16", "float16"])
+def test_the_per_layer_persistent_kernels_run_every_dtype(dtype):
+    """Issue 24: the grid, cluster and backward kernels' typed instantiations compute the
+    rungs' math, so a tf32 / 16-bit key runs them (no fallback) and names the family."""
+    for family in ("grid", "cluster"):
+        ch = C.choose_persistent(_key(dtype, family=family))
+        assert ch.runs and ch.family == family and ch.fallback is None, (family, ch.fallback)
+    bw = C.choose_persistent_backward(_key(dtype, train=True, backward="persistent"))
+    assert bw.runs, bw.fallback
+
+
+@pytest.mark.parametrize("dtype", ["tf32", "bfloat16", "float16"])
+def test_the_stack_kernel_declines_other_dtypes_with_the_reason(dtype):
+    key = _key(dtype, num_layers=4, hidden_size=512, input_size=512, batch=64, family="stack")
+    assert C.choose_persistent(dataclasses.replace(key, dtype="float32")).runs   # planted
+    ch = C.choose_persistent(key)
     assert not ch.runs
     assert C.PERSISTENT_STORAGE_REASON in ch.fallback and dtype in ch.fallback
-    bw = C.choose_persistent_backward(_key(dtype, train=True, backward="persistent"))
-    assert not bw.runs
-    assert C.PERSISTENT_STORAGE_REASON in bw.fallback and "per-step backward" in bw.fallback
+    auto = C.choose_persistent(dataclasses.replace(key, family=None))
+    assert auto.runs and auto.family != "stack" and "stack kernel not used" in auto.describe()
 
 
-def test_persistent_runs_for_float32_only():
-    assert C.choose_persistent(_key("float32")).runs
-    assert C.choose_persistent_backward(_key("float32", train=True, backward="persistent")).runs
-    tf = C.choose_persistent(_key("tf32"))   # fp32 products on chip: not tf32's math
-    assert not tf.runs and C.PERSISTENT_STORAGE_REASON in tf.fallback
-
-
-def test_16bit_candidates_are_the_cublas_schedules():
+def test_typed_candidates_are_the_per_layer_families_and_the_cublas_schedules():
     base = dict(cell="lstm", layers=4, input_size=512, hidden=512, batch=64, steps=100)
     fp32 = C.candidates(C.Shape(**base), H100_SXM)
-    assert any(s.switches.persistent for s in fp32)     # the planted contrast: fp32 has them
-    for dtype in ("bfloat16", "float16"):
+    assert any(s.name == "stack" for s in fp32)     # the planted contrast: fp32 has it
+    for dtype in ("tf32", "bfloat16", "float16"):
         for train in (False, True):
             shape = C.Shape(**base, train=train, dtype=dtype)
             cands = C.candidates(shape, H100_SXM)
-            assert cands == C.paper_schedules()
-            assert not C.prefers_persistent_backward(shape, H100_SXM)
-            assert not C.heuristic(shape, H100_SXM).switches.persistent
+            names = [s.name for s in cands]
+            assert "grid" in names and not any(n.startswith("stack") for n in names), names
+            assert set(C.paper_schedules()) <= set(cands)
 
 
 @pytest.fixture

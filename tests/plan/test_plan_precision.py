@@ -21,7 +21,7 @@ from rnnrt.exec import numpy_exec
 from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
 from rnnrt.plan import backward_plan, forward_plan
-from rnnrt.plan.model import Buffer, PlanKey, gemm_operands, validate
+from rnnrt.plan.model import Buffer, PlanKey, gemm_operands, product_operands, validate
 from rnnrt.plan.ops import Gemm, Kernel, View
 from rnnrt.plan.switches import Switches, all_combinations, ladder
 from rnnrt.precision import DTYPES, PRECISIONS, round_to_storage
@@ -125,12 +125,14 @@ def sample_keys(dtypes=DTYPES):
 
 def test_store_buffers_are_exactly_the_gemm_operands():
     """The labels (plan/storage.py's rule, per key) against the plans' GEMMs: a buffer is
-    'store' iff some GEMM of the key's passes reads it; no GEMM writes one."""
+    'store' iff some GEMM (or persistent kernel's on-chip product) of the key's passes
+    reads it; no GEMM writes one."""
     n = 0
     for key in sample_keys():
         fwd = forward_plan(key)
         bwd = backward_plan(key) if key.train else None
-        read = gemm_operands(fwd) | (gemm_operands(bwd) if bwd else set())
+        read = set().union(*(f(p) for p in (fwd, bwd) if p is not None
+                             for f in (gemm_operands, product_operands)))
         plan = bwd or fwd
         store = {b.name for b in plan.buffers if b.dtype == "store"}
         assert store == read, f"{key}: store {sorted(store)} != GEMM operands {sorted(read)}"
@@ -159,7 +161,7 @@ def test_validate_refuses_a_broken_storage_rule():
     # a store buffer no GEMM reads
     bufs = tuple(dataclasses.replace(b, dtype="store") if b.name == "act0" else b
                  for b in plan.buffers)
-    with pytest.raises(ValueError, match=r"\['act0'\] are 'store' but no GEMM reads them"):
+    with pytest.raises(ValueError, match=r"\['act0'\] are 'store' but no GEMM or persistent product reads them"):
         validate(dataclasses.replace(plan, buffers=bufs))
 
 
@@ -189,8 +191,8 @@ def _as_fp32(plan):
 def test_fp32_and_tf32_plans_are_the_same_and_16_bit_only_adds_the_copies(cell):
     """tf32's plans are fp32's op for op; a 16-bit plan is the fp32 one plus a copy of each
     weight matrix (the GEMMs reading it, the copy's events) -- except the naive GRU
-    backward, which keeps dn' in fp32 (backward.py says why); at both, the persistent rung
-    falls back to the fused schedule, saying why (its on-chip products are fp32)."""
+    backward, which keeps dn' in fp32 (backward.py says why); the persistent rung runs its kernels' typed
+    instantiations at both (same ops, no fallback)."""
     for rung in ladder(2):
         for train in (False, True):
             k32 = key_of(cell, rung.switches, "float32", train)
@@ -199,11 +201,8 @@ def test_fp32_and_tf32_plans_are_the_same_and_16_bit_only_adds_the_copies(cell):
                 p32 = make(k32)
                 ptf = make(dataclasses.replace(k32, dtype="tf32"))
                 p16 = make(dataclasses.replace(k32, dtype="bfloat16"))
-                if rung.switches.persistent:
-                    for d in ("tf32", "bfloat16"):
-                        assert "run fp32 only" in (forward_plan(dataclasses.replace(
-                            k32, dtype=d)).fallback or ""), d
-                    continue
+                if rung.switches.persistent:   # the typed kernels run: no fallback
+                    assert ptf.fallback is None and p16.fallback is None, rung.name
                 assert ptf.ops == p32.ops and ptf.buffers == p32.buffers
                 if cell == "gru" and make is backward_plan and not rung.switches.fused:
                     continue
@@ -212,12 +211,14 @@ def test_fp32_and_tf32_plans_are_the_same_and_16_bit_only_adds_the_copies(cell):
                 assert strip == want, f"{cell} {rung.name} {make.__name__}"
 
 
-def test_persistent_backward_declines_16_bit_storage():
+def test_persistent_backward_runs_16_bit_storage():
+    """The persistent backward runs its typed instantiation at float16 (issue 24: the same
+    math as the per-step backward's GEMMs), as at float32: no fallback."""
     key = key_of("lstm", Switches(fused=True), "float16", True, backward="persistent")
     assert backward_plan(dataclasses.replace(key, dtype="float32")).fallback is None
     plan = backward_plan(key)
-    assert "persistent backward declined" in plan.fallback
-    assert "run fp32 only" in plan.fallback
+    assert plan.fallback is None
+    assert any(getattr(op, "kind", "") == "persistent" for op in plan.ops)
 
 
 # --------------------------------------------------------------------------- the executor

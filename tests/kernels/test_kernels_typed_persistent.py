@@ -1,0 +1,89 @@
+"""The per-layer persistent kernels' typed instantiations (persistent.cu, persistent_bwd.cu:
+K_t<TS, TF32>; rnnrt/kernels/typed.py persistent_expression), checked without a GPU through
+NVRTC as CuPy compiles them (name expressions):
+
+- K_t<float, false> compiles to the ``extern "C"`` kernel K's PTX, the entry's name aside
+  (the typed kernel at float32 is the fp32 kernel's math, not a second copy of it);
+- every kernel's tf32, bf16 and fp16 instantiations compile without warnings, and round
+  where the design says: a 16-bit instantiation stores h / dg with cvt.rn and a 2-byte
+  store and stages them with 2-byte loads (no 16-byte cp.async of them), tf32 rounds its
+  operands with the integer rounding (and->0xffffe000) and stages with 4-byte loads;
+- the expressions and element types the executor asks for.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_kernels_typed import entry, nvrtc_ptx
+from testkit import find_nvrtc
+
+from rnnrt.kernels import registry as K
+from rnnrt.kernels import sources as S
+from rnnrt.kernels import typed
+
+TYPED = [k for k in K.REGISTRY if k.persistent and k.file in typed.TYPED_PERSISTENT_FILES]
+DTYPES = ("float32", "tf32", "bfloat16", "float16")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    lib = find_nvrtc()
+    if lib is None:
+        pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc to run this check)")
+    out = {}
+    for f in typed.TYPED_PERSISTENT_FILES:
+        exprs = [f"{k.name}_t<float, false>" for k in TYPED if k.file == f]
+        exprs += [typed.persistent_expression(k.name, d) for k in TYPED if k.file == f
+                  for d in DTYPES[1:]]
+        out[f] = nvrtc_ptx(lib, S.source(f), f, exprs)
+    return out
+
+
+def test_every_per_layer_persistent_kernel_is_typed():
+    assert len(TYPED) == 16   # 4 cells x grid, cluster x forward, backward
+
+
+@pytest.mark.parametrize("kinfo", TYPED, ids=lambda k: k.name)
+def test_fp32_instantiation_is_the_fp32_kernel(kinfo, compiled):
+    ptx, lowered = compiled[kinfo.file]
+    low = lowered[f"{kinfo.name}_t<float, false>"]
+    assert entry(ptx, low) == entry(ptx, kinfo.name), \
+        f"{kinfo.name}_t<float, false> does not compile to {kinfo.name}'s PTX"
+
+
+@pytest.mark.parametrize("kinfo", TYPED, ids=lambda k: k.name)
+def test_typed_instantiations_round_where_the_design_says(kinfo, compiled):
+    ptx, lowered = compiled[kinfo.file]
+    fp32 = entry(ptx, kinfo.name)
+    body = {d: entry(ptx, lowered[typed.persistent_expression(kinfo.name, d)])
+            for d in DTYPES[1:]}
+    assert "cvt.rn.bf16.f32" in body["bfloat16"] and "cvt.rn.f16.f32" in body["float16"]
+    for d in ("bfloat16", "float16"):
+        assert re.search(r"st\.global(\.cg)?\.[ub]16", body[d]), d
+        if kinfo.name != "lstm_persistent_cluster_bwd":   # it loads no 16-bit sequence
+            assert re.search(r"ld\.global(\.cg|\.cs|\.nc)?\.[ub]16", body[d]), d
+    for d in DTYPES[1:]:   # no 16-byte staging of the typed sequence
+        assert "cp.async.cg.shared.global" not in body[d], d
+    if "cluster" not in kinfo.name:   # the contrast: the fp32 grid kernel stages 16 bytes
+        assert "cp.async.cg.shared.global" in fp32
+    assert "-8192" in body["tf32"] or "0xffffe000" in body["tf32"].lower() or \
+        "4294959104" in body["tf32"], "tf32: no TF32 rounding mask"
+    assert "cvt.rn.bf16" not in body["tf32"] and "cvt.rn.bf16" not in fp32
+
+
+def test_expressions_and_element_types():
+    assert typed.persistent_expression("lstm_persistent_fwd", "float32") is None
+    assert typed.persistent_expression("gru_persistent_cluster_bwd", "bfloat16") == \
+        "gru_persistent_cluster_bwd_t<bf16, false>"
+    assert typed.persistent_expression("lstm_persistent_bwd", "tf32") == \
+        "lstm_persistent_bwd_t<float, true>"
+    with pytest.raises(ValueError, match="no typed persistent instantiation"):
+        typed.persistent_expression("lstm_persistent_stack_fwd", "float16")
+    assert typed.persistent_types("lstm_persistent_fwd", "bfloat16") == (
+        "bfloat16", "float32", "float32", "uint32", "float32", "float32", "float32", "float32")
+    # the backward: dg and (GRU / RNN) the forward's h in storage, the LSTM's c fp32
+    assert typed.persistent_types("gru_persistent_bwd", "float16")[:2] == ("float16",) * 2
+    t = typed.persistent_types("lstm_persistent_bwd", "float16")
+    assert t[0] == "float16" and "float16" not in t[1:]
+    assert typed.persistent_types("rnn_tanh_persistent_bwd", "float16")[-2] == "float16"
