@@ -137,6 +137,10 @@
  */
 #include "persistent_layer.cuh"
 
+// The fp32 kernels (extern "C"), left out of a module compiled for the typed instantiations
+// only (-DRNNRT_TYPED_ONLY: rnnrt/kernels/library.py get_persistent compiles one module a
+// (file, precision) with every kernel's instantiation and none of these).
+#ifndef RNNRT_TYPED_ONLY
 // The grid kernels.
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_fwd(
         int rows, int cols, float* h, int ldh, float* c, int ldc, float* act, int ldact,
@@ -215,6 +219,7 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__
                                         units_per_block, k_tile);
 }
 #endif
+#endif  // RNNRT_TYPED_ONLY
 
 // The typed instantiations (NVRTC name expressions, rnnrt/kernels/typed.py
 // persistent_expression): `K_t<TS, TF32>` for each kernel K above, TS the element type of h

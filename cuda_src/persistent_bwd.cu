@@ -463,6 +463,10 @@ __device__ __forceinline__ void persistent_bwd(
     if (!CL) grid_exit(sync);
 }
 
+// The fp32 kernels (extern "C"), left out of a module compiled for the typed instantiations
+// only (-DRNNRT_TYPED_ONLY: rnnrt/kernels/library.py get_persistent compiles one module a
+// (file, precision) with every kernel's instantiation and none of these).
+#ifndef RNNRT_TYPED_ONLY
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_bwd(
         int rows, int cols, float* dgx, int lddgx, float* dh0, int lddh0, float* dc0, int lddc0,
         unsigned int* sync, int ldsync, const float* dhin, int lddhin, const float* dh_n,
@@ -545,6 +549,7 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__
                                                  T, units_per_block, k_tile);
 }
 #endif
+#endif  // RNNRT_TYPED_ONLY
 
 // The typed instantiations (NVRTC name expressions, rnnrt/kernels/typed.py
 // persistent_expression): `K_t<TS, TF32>` for each kernel K above, TS the element type of dg

@@ -27,7 +27,7 @@ from collections import OrderedDict
 
 from . import persistent as pk
 from . import typed
-from .registry import get_kernel, kernel_args
+from .registry import REGISTRY, get_kernel, kernel_args
 from .sources import source
 
 COMPILE_BYTES_PER_S = 5000
@@ -125,6 +125,26 @@ def compile_twins(file: str, text: str, options: tuple[str, ...], exprs: tuple[s
     return announced(f"{file} ({len(exprs)} typed twins)", text, build)
 
 
+TYPED_ONLY = "-DRNNRT_TYPED_ONLY"
+"""The option that leaves a persistent file's fp32 (``extern "C"``) kernels out of a module
+compiled for its typed instantiations (``KernelLibrary.get_persistent``)."""
+
+
+def typed_persistent_kernels(file: str, cluster: bool) -> tuple[str, ...]:
+    """The registered persistent kernels of ``file`` that have typed instantiations, the
+    cluster kernels only where ``cluster`` (they exist for sm_90 and later only)."""
+    return tuple(k.name for k in REGISTRY
+                 if k.persistent and k.file == file and file in typed.TYPED_PERSISTENT_FILES
+                 and (cluster or "_cluster_" not in k.name))
+
+
+def device_has_clusters() -> bool:
+    """Whether the current CUDA device runs thread-block clusters (compute capability 9.0+)."""
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability) >= 90
+
+
 class KernelLibrary:
     """Compiled kernels, loaded lazily by name: ``KernelLibrary().get('lstm_fwd')``.
 
@@ -188,16 +208,26 @@ class KernelLibrary:
 
     def get_persistent(self, name: str, dtype="float32"):
         """Persistent kernel ``name`` at precision ``dtype``: the ``extern "C"`` kernel for
-        float32, else its typed instantiation (``typed.persistent_expression``), compiled
-        on first use (one module per (file, instantiation)) and kept with the twins."""
+        float32, else its typed instantiation (``typed.persistent_expression``). The first
+        typed request of a (file, precision) compiles ONE module with the instantiations of
+        every persistent kernel of the file at that precision and without the file's fp32
+        kernels (``-DRNNRT_TYPED_ONLY``): a module an instantiation recompiled the whole file
+        each time (~6 s on the device's host), and the GPU test matrix spent ten minutes
+        compiling."""
         expr = typed.persistent_expression(name, dtype)
         if expr is None:
             return self.get(name)
         key = (name, ("persistent", expr))
         if key not in self._twins:
             file = get_kernel(name).file
-            module = compile_twins(file, source(file), self.options, (expr,))
-            self._remember(key, module.get_function(expr))
+            names = typed_persistent_kernels(file, cluster=device_has_clusters())
+            if name not in names:
+                names = names + (name,)
+            exprs = {typed.persistent_expression(n, dtype): n for n in names}
+            module = compile_twins(file, source(file), self.options + (TYPED_ONLY,),
+                                   tuple(sorted(exprs)))
+            for e, n in exprs.items():
+                self._remember((n, ("persistent", e)), module.get_function(e))
         self._twins.move_to_end(key)
         return self._twins[key]
 

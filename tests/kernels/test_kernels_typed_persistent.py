@@ -87,3 +87,55 @@ def test_expressions_and_element_types():
     t = typed.persistent_types("lstm_persistent_bwd", "float16")
     assert t[0] == "float16" and "float16" not in t[1:]
     assert typed.persistent_types("rnn_tanh_persistent_bwd", "float16")[-2] == "float16"
+
+
+@pytest.mark.parametrize("file", typed.TYPED_PERSISTENT_FILES)
+def test_typed_only_module_has_no_fp32_kernels(file):
+    """The module get_persistent compiles for one precision (-DRNNRT_TYPED_ONLY) holds every
+    kernel's instantiation and none of the file's fp32 kernels (each of those would be
+    compiled again for nothing)."""
+    from rnnrt.kernels.library import TYPED_ONLY, typed_persistent_kernels
+    from test_kernels_typed import OPTIONS
+
+    lib = find_nvrtc()
+    if lib is None:
+        pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc to run this check)")
+    names = typed_persistent_kernels(file, cluster=True)
+    assert names and all(get.file == file for get in map(K.get_kernel, names))
+    exprs = [typed.persistent_expression(n, "bfloat16") for n in names]
+    ptx, lowered = nvrtc_ptx(lib, S.source(file), file, exprs, [*OPTIONS, TYPED_ONLY])
+    entries = set(re.findall(r"\.entry\s+(\w+)\(", ptx))
+    assert entries == set(lowered.values()), entries ^ set(lowered.values())
+    assert not entries & set(names)   # no extern "C" kernel in the module
+
+
+def test_get_persistent_compiles_one_module_a_file_and_precision(monkeypatch):
+    """The first typed request of a (file, precision) compiles every kernel of the file at
+    that precision in one module; later requests of that precision compile nothing; fp32
+    asks for the extern "C" kernel."""
+    from rnnrt.kernels import library as L
+
+    calls = []
+
+    class Module:
+        def get_function(self, expr):
+            return ("fn", expr)
+
+    def fake_compile(file, text, options, exprs):
+        calls.append((file, options, exprs))
+        return Module()
+
+    monkeypatch.setattr(L, "compile_twins", fake_compile)
+    monkeypatch.setattr(L, "device_has_clusters", lambda: True)
+    lib = L.KernelLibrary()
+    a = lib.get_persistent("gru_persistent_fwd", "bfloat16")
+    b = lib.get_persistent("lstm_persistent_cluster_fwd", "bfloat16")
+    assert a == ("fn", "gru_persistent_fwd_t<bf16, false>")
+    assert b == ("fn", "lstm_persistent_cluster_fwd_t<bf16, false>")
+    assert len(calls) == 1
+    file, options, exprs = calls[0]
+    assert file == "persistent.cu" and L.TYPED_ONLY in options and len(exprs) == 8
+    lib.get_persistent("gru_persistent_fwd", "tf32")
+    lib.get_persistent("gru_persistent_bwd", "tf32")
+    assert [c[0] for c in calls] == ["persistent.cu", "persistent.cu", "persistent_bwd.cu"]
+    assert "gru_persistent_fwd_t<float, true>" in calls[1][2]
