@@ -151,10 +151,12 @@ class ChunkedRunner:
         r = self.runner
         if r.switches == "auto":
             shape = r.selector_shape(MAX_CHUNK_STEPS, batch, train)
-            scheds = [(s.switches, s.family, s.backward) for s in candidates(shape, r.limits)]
+            scheds = [(s.switches, s.family, s.backward, s.clusters)
+                      for s in candidates(shape, r.limits)]
         else:
-            scheds = [(r.switches, None, None)]
-        return [r.new_key(MAX_CHUNK_STEPS, batch, train, *sched) for sched in scheds]
+            scheds = [(r.switches, None, None, None)]
+        return [r.new_key(MAX_CHUNK_STEPS, batch, train, sw, fam, bwd, clusters=n)
+                for sw, fam, bwd, n in scheds]
 
     def pieces(self, steps: int, batch: int, train: bool):
         """The pieces of a fixed-length call, or None where it runs unchunked."""

@@ -215,8 +215,17 @@ class GpuRunner:
                 cache = ScheduleCache(device_key({**self.session.info, "rnnrt": __version__}))
             elif cache is False:   # memory only (not `or None`: an empty cache is falsy)
                 cache = None
-            self._selector = Selector(self._time_schedule, self.limits, cache, log=_log)
+            self._selector = Selector(self._time_schedule, self.limits, cache, log=_log,
+                                      cluster_cap=self._cluster_cap)
         return self._selector
+
+    def _cluster_cap(self, fit):
+        """The selector's cap on the cluster counts it times: the driver's count of
+        co-resident clusters for the compiled cluster kernel of ``fit`` (kernels/occupancy.py;
+        the rule's cap, saying why, where the driver cannot answer)."""
+        from .kernels.occupancy import cluster_cap
+        lib = self.session.ctx.kernels
+        return cluster_cap(fit, self.limits.props(), lib.with_shared(fit.kernel, fit.smem_bytes))
 
     def schedule(self, steps: int, batch: int, train: bool = False, varlen: bool = False):
         """What runs for (steps, batch, train) — and with varlen, for packed sequences of
@@ -247,13 +256,15 @@ class GpuRunner:
         if self.switches == "auto":
             sched = self.schedule(steps, batch, train, pattern is not None).schedule
             sw, family, backward = sched.switches, sched.family, sched.backward
+            clusters = sched.clusters
         else:
-            sw, family, backward = self.switches, None, None
+            sw, family, backward, clusters = self.switches, None, None, None
         capacity = None
         if pattern is not None:
             from .kernels.choice import bucket_steps
             capacity = max(bucket_steps(len(pattern)), len(pattern))
-        key = self.new_key(steps, batch, train, sw, family, backward, pattern, capacity)
+        key = self.new_key(steps, batch, train, sw, family, backward, pattern, capacity,
+                           clusters)
         entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
@@ -261,16 +272,17 @@ class GpuRunner:
 
     def new_key(self, steps: int, batch: int, train: bool, switches, family=None,
                 backward=None, pattern: tuple | None = None,
-                capacity: int | None = None) -> PlanKey:
+                capacity: int | None = None, clusters: int | None = None) -> PlanKey:
         """The PlanKey of this runner's model, limits and dtype for a schedule (switches,
-        family, backward) — the one place a runner's keys are made (``plan_key``, the
+        family, backward, the cluster count) — the one place a runner's keys are made (``plan_key``, the
         selector's timer, chunked.py's candidates). Not remembered: ``plan_key`` is."""
         m = self.model
         # a pattern takes the per-step backward (PlanKey refuses a persistent one)
         return PlanKey(m.cell_name, int(steps), int(batch), m.input_size, m.hidden_size,
                        m.num_layers, m.bias, switches, bool(train), device=self.limits,
                        family=family, backward=backward if train and pattern is None else None,
-                       batch_sizes=pattern, capacity=capacity, dtype=self.dtype)
+                       batch_sizes=pattern, capacity=capacity, dtype=self.dtype,
+                       clusters=clusters)
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes
@@ -329,7 +341,7 @@ class GpuRunner:
             pattern = staircase(steps, shape.batch)
             steps = len(pattern)
         key = self.new_key(steps, shape.batch, shape.train, sched.switches, sched.family,
-                           sched.backward, pattern)
+                           sched.backward, pattern, clusters=sched.clusters)
         tkey = (sched.name, shape.key(), steps)
         if self._timing_key != tkey:
             self._timing = None   # free the last candidate's workspace first

@@ -236,7 +236,10 @@ class CpuSession:
         self.cp = NumpyCupy()
         self.limits = H100_SXM
         self.info = {"device": "cpu (CpuSession)"}
-        self.ctx = types.SimpleNamespace(kernels=types.SimpleNamespace(get=lambda name: None))
+        # no compiled kernels: the cluster count cap is derived from the limits
+        # (kernels/occupancy.py cluster_cap without a kernel)
+        self.ctx = types.SimpleNamespace(kernels=types.SimpleNamespace(
+            get=lambda name: None, with_shared=lambda name, smem_bytes: None))
         self.executors_made = 0
 
     def workspace(self, plan, params, grads=None):

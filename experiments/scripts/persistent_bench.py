@@ -10,6 +10,10 @@ TFLOPS of the recurrent GEMMs) and writes JSON with --out.
 
 Usage (GPU): python experiments/scripts/persistent_bench.py [--cell lstm] [--hidden 512] [--batch 64]
              [--steps 100] [--out PATH]
+The cluster kernel's count: ``--kinds cluster --clusters sweep`` prints the device's
+co-resident cap for the cluster fit (kernels/occupancy.py: cuOccupancyMaxActiveClusters for
+the compiled kernel) and times every count from the rule's to one past the cap (the first
+that runs in two waves) and the counts the schedule selector would time.
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
+from rnnrt.kernels import occupancy as O  # noqa: E402
 from rnnrt.kernels import persistent as P  # noqa: E402
+from rnnrt.kernels.choice import extra_cluster_counts  # noqa: E402
 from rnnrt import reference  # noqa: E402
 from rnnrt.bench.timing import time_gpu  # noqa: E402
 from rnnrt.cells import get_cell  # noqa: E402
@@ -51,7 +57,8 @@ def main(argv=None):
                          "kernel); --units / --threads configurations are grid kernels")
     ap.add_argument("--clusters", default="",
                     help="comma list of cluster counts to try with the cluster kernel "
-                         "(its knob; default: the fit's)")
+                         "(its knob; default: the fit's), or 'sweep': the rule's to one "
+                         "past the device's co-resident cap, and the selector's counts")
     ap.add_argument("--cluster-threads", default="",
                     help="comma list of block sizes to try with the cluster kernel (its "
                          "default: the fit's)")
@@ -100,6 +107,19 @@ def main(argv=None):
 
     # (variant, label, persistent_fit's keyword arguments)
     split = lambda s: [x for x in s.split(",") if x]   # noqa: E731
+    cap = None
+    base = P.persistent_fit(a.cell, H, B, props, kind="cluster")
+    if base.ok:
+        cap = O.cluster_cap(base, props, libs[variants[0]].with_shared(base.kernel,
+                                                                         base.smem_bytes))
+        print(f"cluster fit {base.clusters} clusters ({base.threads} threads, "
+              f"{base.smem_bytes} B shared): {cap.describe()}", flush=True)
+    if a.clusters == "sweep":
+        if cap is None:
+            raise SystemExit(f"--clusters sweep: the cluster kernel does not fit: {base.reason}")
+        counts = set(range(base.clusters, cap.clusters + 2)) | set(
+            extra_cluster_counts(B, base.clusters, cap.clusters))
+        a.clusters = ",".join(str(n) for n in sorted(counts))
     configs = [(v, k, {"kind": None if k == "auto" else k}) for v in variants
                for k in split(a.kinds)] + [
         (v, "grid", {"units_per_block": int(u), "threads": int(t)}) for v in variants
@@ -112,6 +132,7 @@ def main(argv=None):
         lib = libs[variant]
         fit = P.persistent_fit(a.cell, H, B, props, **knobs)
         row = {"variant": variant, "kind": kind, "knobs": knobs, "kernel": fit.kernel,
+               "clusters": fit.clusters if fit.cluster else None,
                "units_per_block": fit.units_per_block, "threads": fit.threads,
                "k_tile": getattr(fit, "k_tile", None),
                "blocks": fit.blocks, "k_split": fit.k_split, "smem_bytes": fit.smem_bytes,
@@ -149,9 +170,12 @@ def main(argv=None):
               flush=True)
 
     rec = {"device": session.info, "command": " ".join(sys.argv),
-           "config": {"cell": a.cell, "hidden": H, "batch": B, "steps": T}, "rows": rows}
+           "config": {"cell": a.cell, "hidden": H, "batch": B, "steps": T}, "rows": rows,
+           "cluster_cap": None if cap is None else cap.as_dict()}
     print("variant: PK_TIMING mask, phases left out (1 staging, 2 FMAs, 4 barrier); "
           "0 is the real kernel, the only one checked")
+    if cap is not None:
+        print(f"cluster kernel: {cap.describe()}")
     print("| variant | kernel | U | threads | blocks | KS | shared B | us/step | ms/launch | "
           "TFLOPS | max err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

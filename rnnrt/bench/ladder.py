@@ -290,12 +290,13 @@ class RungRun:
 
     def __init__(self, cfg, rung, xp, make_executor, params, inputs, device: DeviceLimits,
                  family: str | None = None, backward: str | None = None,
-                 ws_dtype=np.float32):
+                 ws_dtype=np.float32, clusters: int | None = None):
         from ..exec.workspace import Workspace
         from ..plan.backward import backward_plan
         key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
                       rung.switches, train=cfg.backward, device=device, family=family,
-                      backward=backward if cfg.backward else None, dtype=cfg.dtype)
+                      backward=backward if cfg.backward else None, dtype=cfg.dtype,
+                      clusters=clusters)
         self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
         self.ws = Workspace(self.plans[-1], xp, ws_dtype, params)
         self.ws.poison()
@@ -361,15 +362,16 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
             entries.append((None, None, None))   # selected after the rungs (it times its own)
         for rung, family, selection in entries:
             n += 1
-            backward = None
+            backward = clusters = None
             if rung is None:
                 selection = _select(cfg, executor, make_executor, xp, params, inputs, device,
                                     samples_fn, progress)
                 sched = selection.schedule
                 rung, family = Rung(AUTO, sched.switches), sched.family
-                backward = sched.backward
+                backward, clusters = sched.backward, sched.clusters
             rr = RungRun(cfg, rung, xp, lambda plan, ws: make_executor(executor, plan, ws),
-                         params, inputs, device, family=family, backward=backward)
+                         params, inputs, device, family=family, backward=backward,
+                         clusters=clusters)
             if rr.plans[0].fallback:
                 progress(f"{n}/{total} {rung.name} {executor}: {rr.plans[0].fallback}")
             rr.run()
@@ -428,14 +430,15 @@ def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn
             last["rr"] = RungRun(cfg_t, Rung(sched.name, sched.switches), xp,
                                  lambda plan, ws: make_executor(executor, plan, ws), params,
                                  inputs_t, device, family=sched.family,
-                                 backward=sched.backward)
+                                 backward=sched.backward, clusters=sched.clusters)
             return samples_fn(last["rr"], repeats, warmup=1)
         return samples_fn(last["rr"], repeats, warmup=0)
 
     sel = Selector(timer, device, cache=None, autotune=True).select(shape)
     last.clear()
     if steps != cfg.steps:
-        sel.note = f"tuned on the first {steps} of {cfg.steps} steps"
+        sel.note = "; ".join(x for x in (f"tuned on the first {steps} of {cfg.steps} steps",
+                                         sel.note) if x)
     progress(f"auto {executor}: {sel.schedule.name} of "
              + ", ".join(f"{r['name']} {r['ms']:.3f}" if r["ms"] is not None else
                          f"{r['name']} ({r['status']})" for r in sel.candidates)

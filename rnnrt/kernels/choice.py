@@ -27,11 +27,13 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from ..plan.model import BACKWARD_FAMILIES, PERSISTENT_FAMILIES
-from ..plan.switches import Switches
 from ..precision import get_precision
+from .budget import ceil_div
+from .occupancy import ClusterCap, derived_cap
 from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
+from .schedules import (Schedule, cluster_schedule, paper_schedule, paper_schedules,
+                        persistent_schedule, varlen_schedules)
 from .stack import PS_BMAX, StackFit, stack_fit
 
 PERSISTENT_STORAGE_REASON = ("the stack kernel runs fp32 only (its typed instantiation, "
@@ -132,9 +134,12 @@ def choose_persistent(key) -> PersistentChoice:
         return (PersistentChoice("stack", None, st, False, T) if st.ok
                 else declined(st.reason))
     kind = family if family in ("grid", "cluster") else None
-    fit = persistent_fit(key.cell, H, B, props, kind=kind)
+    # PlanKey.clusters (family 'cluster' only): exactly that count, wherever it fits
+    fit = persistent_fit(key.cell, H, B, props, kind=kind, clusters=key.clusters)
     if not fit.ok:
         return declined(fit.reason, fit)
+    given = (f"; {key.clusters} cluster{'' if key.clusters == 1 else 's'} as the key names "
+             f"(PlanKey.clusters)" if key.clusters is not None else "")
     stack, note = None, ""
     if family is None and not fit.cluster and sw.wavefront and L > 1:
         storage = persistent_storage_declines(key.dtype, "stack")
@@ -151,15 +156,23 @@ def choose_persistent(key) -> PersistentChoice:
     name = "cluster" if fit.cluster else "grid"
     chunked = bool(fit.cluster) and sw.wavefront and L > 1 and k < T
     if not chunked:
-        return PersistentChoice(name, fit, None, False, T, note)
-    # every layer's launch resident at once: each gets 1/L of the SMs (other cluster counts
-    # than one launch's), where that still fits and pays
-    n = cluster_count(B, props["multiProcessorCount"], L)
+        return PersistentChoice(name, fit, None, False, T, note + given)
+    if key.clusters is None:
+        fit = layer_share_fit(key.cell, H, B, props, L, fit)
+    return PersistentChoice(name, fit, None, True, k, note + given)
+
+
+def layer_share_fit(cell: str, H: int, B: int, props: dict, layers: int, fit: Fit) -> Fit:
+    """The cluster fit of each layer of a chunked plan (``layers`` launches overlapping along
+    the wavefront): every layer's launch resident at once, each on 1/layers of the SMs
+    (``cluster_count(B, SMs, layers)``) where that still fits and pays, else ``fit`` (one
+    launch's)."""
+    n = cluster_count(B, props["multiProcessorCount"], layers)
     if n != fit.clusters:
-        share = persistent_fit(key.cell, H, B, props, clusters=n)
+        share = persistent_fit(cell, H, B, props, clusters=n)
         if share.ok and share.fmas_per_thread <= CLUSTER_MAX_FMAS:
-            fit = share
-    return PersistentChoice(name, fit, None, True, k, note)
+            return share
+    return fit
 
 
 def _stack_fit(key) -> StackFit:
@@ -228,81 +241,59 @@ def choose_persistent_backward(key) -> BackwardChoice:
 
 
 # --------------------------------------------------------------------------------------------
-# Schedules and their candidates
+# Candidates (the schedules themselves: schedules.py)
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """One way to run a shape: the switches, and with the persistent switch the family it
-    names (None: choose_persistent's rules); for a training shape the backward it runs
-    (``backward``: None, the switches' per-step backward; else the persistent backward
-    kernel, as PlanKey.backward names it). ``name`` is what records and tables show."""
-
-    name: str
-    switches: Switches
-    family: str | None = None
-    backward: str | None = None
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "switches": self.switches.as_dict(), "family": self.family,
-                "backward": self.backward}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Schedule":
-        """The inverse of ``as_dict`` (raises ValueError / TypeError on a damaged entry)."""
-        if not isinstance(d, dict) or not isinstance(d.get("name"), str):
-            raise ValueError(f"schedule: expected a dict with a name, got {d!r}")
-        sw = d.get("switches")
-        if not isinstance(sw, dict):
-            raise ValueError(f"schedule {d['name']!r}: switches missing")
-        switches = Switches(**sw)
-        family = d.get("family")
-        if family is not None and (family not in PERSISTENT_FAMILIES or not switches.persistent):
-            raise ValueError(f"schedule {d['name']!r}: family {family!r} is not a persistent "
-                             f"family of its switches ({list(PERSISTENT_FAMILIES)})")
-        backward = d.get("backward")
-        if backward is not None and backward not in BACKWARD_FAMILIES:
-            raise ValueError(f"schedule {d['name']!r}: backward {backward!r} is not one of "
-                             f"{list(BACKWARD_FAMILIES)}")
-        return cls(d["name"], switches, family, backward)
+MAX_EXTRA_COUNTS = 3
+"""Cluster counts a key times besides the rule's (each one run of the budget where slower)."""
 
 
-_PAPER = dict(grouped=True, streams=True, fused=True, wavefront=True)
+def extra_cluster_counts(batch: int, rule: int, cap: int,
+                         most: int = MAX_EXTRA_COUNTS) -> tuple[int, ...]:
+    """Cluster counts worth timing besides the rule's ``rule``: each the fewest clusters
+    that give a cluster fewer batches than the rule's (ceil(B / BG) for BG < ceil(B / rule):
+    more clusters at the same batches a cluster only add copies of R), above ``rule`` and at
+    most ``cap``; of more than ``most``, the one nearest each of ``most`` even steps from
+    the rule's to the largest (which is always kept). Measured on the H100 (GRU/LSTM L1 H
+    128): at B 256, 14 clusters 10-12% faster than the rule's 8; at B 128, 10 better and 12
+    worse than 8: the best count depends on the shape, so it is timed."""
+    bg0 = ceil_div(batch, rule)
+    opts = sorted({n for n in (ceil_div(batch, bg) for bg in range(1, bg0)) if rule < n <= cap})
+    if len(opts) <= most:
+        return tuple(opts)
+    top, picks = opts[-1], set()
+    for i in range(1, most + 1):
+        target = rule + (top - rule) * i / most
+        picks.add(min(opts, key=lambda n: (abs(n - target), n)))
+    return tuple(sorted(picks))
 
 
-def paper_schedules() -> tuple[Schedule, ...]:
-    """The cuBLAS schedules every shape can run: the ladder's best paper rung (every switch
-    of the paper, input chunks of 10 steps) and input-batching variants without the
-    pre-transposition (which loses under graphs on Hopper): chunks of 10, of 2 (layers start
-    sooner), and one W.x GEMM a layer ('all': fewest launches, no overlap of layers)."""
-    return (Schedule("paper", Switches(**_PAPER, pretranspose=True, input_batch=10)),
-            Schedule("ib10", Switches(**_PAPER, input_batch=10)),
-            Schedule("ib2", Switches(**_PAPER, input_batch=2)),
-            Schedule("iball", Switches(**_PAPER, input_batch="all")))
-
-
-def paper_schedule(name: str) -> Schedule:
-    """The paper schedule called ``name`` ('paper', 'ib10', 'ib2', 'iball')."""
-    for s in paper_schedules():
-        if s.name == name:
-            return s
-    raise ValueError(f"paper_schedule: {name!r} is not one of "
-                     f"{[s.name for s in paper_schedules()]}")
-
-
-def varlen_schedules() -> tuple[Schedule, ...]:
-    """The candidates of a variable-length key: the cuBLAS schedules (no persistent kernel
-    takes a per-step batch), with a pre-transposed variant of chunks of 2 besides the paper
-    rung: a pattern's late steps run few rows, where cuBLAS's kernel for the product with
-    the weights used transposed is slow (journal: ~35 us a step at 8 rows against the
-    pre-transposed one's few)."""
-    return paper_schedules() + (
-        Schedule("pt-ib2", Switches(**_PAPER, pretranspose=True, input_batch=2)),)
-
-
-def persistent_schedule(family: str) -> Schedule:
-    """The schedule that runs ``family``'s persistent kernel (falls back to ib10)."""
-    return Schedule(family, Switches(**_PAPER, input_batch=10, persistent=True), family)
+def cluster_count_schedules(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
+    """The cluster kernel at other counts than the rule's, for ``shape`` on ``device``
+    (DeviceLimits), where the kernel fits (as ``fitting_families`` sees it): the
+    ``extra_cluster_counts`` up to the device's co-resident cap — for one layer's launch,
+    ``cluster_cap(fit)`` (an occupancy.ClusterCap; default ``occupancy.derived_cap`` from
+    the properties), for a chunked plan (several layers' launches overlapping) each layer's
+    1/L share of it — each count's own fit within its own cap. Nothing for a training
+    shape's persistent backward: the count is the forward kernel's."""
+    if shape.varlen or persistent_storage_declines(shape.dtype, "cluster"):
+        return ()
+    props = device.props()
+    cap_of = cluster_cap or (lambda f: derived_cap(f, props))
+    fit = persistent_fit(shape.cell, shape.hidden, shape.batch, props, kind="cluster")
+    if not fit.ok:
+        return ()
+    sched = persistent_schedule("cluster")
+    layers = 1
+    if shape.layers > 1 and sched.switches.steps_per_input_gemm(shape.steps) < shape.steps:
+        layers = shape.layers   # chunked: every layer's launch resident at once
+        fit = layer_share_fit(shape.cell, shape.hidden, shape.batch, props, layers, fit)
+    out = []
+    for n in extra_cluster_counts(shape.batch, fit.clusters, cap_of(fit).clusters // layers):
+        f = persistent_fit(shape.cell, shape.hidden, shape.batch, props, clusters=n)
+        if f.ok and n <= cap_of(f).clusters // layers:
+            out.append(cluster_schedule(n))
+    return tuple(out)
 
 
 def fitting_families(shape: "Shape", device) -> dict[str, str]:
@@ -330,9 +321,11 @@ def with_persistent_backward(schedule: Schedule) -> Schedule:
     return replace(schedule, name=f"{schedule.name}+pbwd", backward="persistent")
 
 
-def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
+def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
-    cluster, grid: each runs the recurrence with R on chip), then the paper schedules. For
+    cluster, grid: each runs the recurrence with R on chip) and the cluster kernel at other
+    counts (``cluster_count_schedules``, capped by ``cluster_cap(fit)``: an
+    occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
     it (or, where none fits, ib10 with it): first where its cost model expects it to win
     (``prefers_persistent_backward``), else after the persistent families. A variable-length
@@ -344,14 +337,18 @@ def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     fams = fitting_families(shape, device)
     persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
                        if f in fams)
+    counts = cluster_count_schedules(shape, device, cluster_cap) if "cluster" in fams else ()
     fit = backward_fit(shape, device) if shape.train else None
     if fit is None or not fit.ok:
-        return persistent + paper_schedules()
+        return persistent + counts + paper_schedules()
     pbwd = tuple(with_persistent_backward(s)
                  for s in persistent or (paper_schedule("ib10"),))
+    # the other counts once each, with the backward the cost model prefers (the count is
+    # the forward kernel's: the backward does not change which count is fastest)
     if prefers_persistent_backward(shape, device, fit):
-        return pbwd + persistent + paper_schedules()
-    return persistent + pbwd + paper_schedules()
+        return pbwd + tuple(with_persistent_backward(s) for s in counts) + persistent \
+            + paper_schedules()
+    return persistent + counts + pbwd + paper_schedules()
 
 
 def backward_fit(shape: "Shape", device) -> BwdFit:
@@ -508,6 +505,7 @@ class Selection:
 
     def as_dict(self) -> dict:
         return {"schedule": self.schedule.name, "family": self.schedule.family,
+                "clusters": self.schedule.clusters,
                 "switches": self.schedule.switches.as_dict(), "source": self.source,
                 "candidates": self.candidates, "tune_s": self.tune_s, "note": self.note}
 
@@ -565,13 +563,18 @@ class Selector:
     autotune: None reads RNNRT_AUTOTUNE. clock: seconds (tests pass a fake).
     candidates_fn: ``candidates_fn(shape, device) -> schedules`` to time (default: this
     module's ``candidates``; a benchmark passes fewer to measure a choice without some).
+    cluster_cap: ``cluster_cap(fit) -> occupancy.ClusterCap``, the co-resident cap of the
+    cluster kernel's fit that bounds the cluster counts timed (the GPU runner queries the
+    driver for the compiled kernel, ``occupancy.cluster_cap``); None: derived from the
+    device properties. The cap a tuning used is in its Selection's note.
     """
 
     def __init__(self, timer, device, cache=None, autotune: bool | None = None,
                  budget_s: float = TUNE_BUDGET_S, clock=time.perf_counter, log=None,
-                 candidates_fn=None):
+                 candidates_fn=None, cluster_cap=None):
         self.timer, self.device, self.cache = timer, device, cache
-        self.candidates_fn = candidates if candidates_fn is None else candidates_fn
+        self.candidates_fn = candidates_fn
+        self.cluster_cap = cluster_cap
         self.autotune = autotune_enabled() if autotune is None else bool(autotune)
         self.budget_s, self.clock = float(budget_s), clock
         self.log = log or (lambda msg: None)
@@ -609,7 +612,17 @@ class Selector:
         """Time every candidate (most promising first) within the budget; the fastest."""
         t0 = self.clock()
         best, best_ms, rows = None, float("inf"), []
-        for sched in self.candidates_fn(shape, self.device):
+        caps: list[ClusterCap] = []
+
+        def cap_of(fit):
+            c = (self.cluster_cap(fit) if self.cluster_cap is not None
+                 else derived_cap(fit, self.device.props()))
+            caps.append(c)
+            return c
+
+        scheds = (candidates(shape, self.device, cap_of) if self.candidates_fn is None
+                  else self.candidates_fn(shape, self.device))
+        for sched in scheds:
             spent = self.clock() - t0
             if best is not None and spent > self.budget_s:
                 rows.append({"name": sched.name, "ms": None,
@@ -633,12 +646,16 @@ class Selector:
             if ms < best_ms:
                 best, best_ms = sched, ms
         tune_s = self.clock() - t0
+        # the cap the cluster counts were bounded by (the rule's count's fit), or why the
+        # rule's cap stood in for the device's
+        cap = f"cluster counts: {caps[0].describe()}" if caps else ""
         if best is None:   # nothing ran: the heuristic, and say so
             return Selection(heuristic(shape, self.device), "heuristic", rows, tune_s,
-                             note="no candidate could be timed")
+                             note="; ".join(x for x in ("no candidate could be timed", cap)
+                                            if x))
         self.log(f"tuned {shape.key()}: {best.name} {best_ms:.3f} ms of "
                  f"{', '.join(r['name'] for r in rows)} in {tune_s:.2f} s")
-        return Selection(best, "tuned", rows, tune_s)
+        return Selection(best, "tuned", rows, tune_s, note=cap)
 
 
 def _median(xs):
@@ -648,7 +665,8 @@ def _median(xs):
 
 
 def with_family(key, schedule: Schedule):
-    """``key`` (a PlanKey) running ``schedule``: its switches and family, and for a training
-    key the backward it names."""
+    """``key`` (a PlanKey) running ``schedule``: its switches, family and cluster count, and
+    for a training key the backward it names."""
     return replace(key, switches=schedule.switches, family=schedule.family,
-                   backward=schedule.backward if key.train else None)
+                   backward=schedule.backward if key.train else None,
+                   clusters=schedule.clusters)

@@ -97,8 +97,15 @@ def cluster_count(batch: int, sms: int, layers: int = 1) -> int:
     doubles its steps). With ``layers`` launches overlapping along the wavefront (chunked
     plans) each takes its 1/layers share of the SMs instead: one not yet resident only
     waits for the layers beside it to finish a chunk."""
+    return max(1, min(ceil_div(int(batch), CLUSTER_BATCH), rule_cluster_cap(sms, layers)))
+
+
+def rule_cluster_cap(sms: int, layers: int = 1) -> int:
+    """The most clusters ``cluster_count``'s rule gives a launch: half the SMs' worth for one
+    layer, the 1/layers share for several (at least one). The cap where the device's own
+    count of co-resident clusters (occupancy.cluster_cap) cannot be had."""
     cap = int(sms) // (2 * PK_CLUSTER) if layers == 1 else (int(sms) // layers) // PK_CLUSTER
-    return max(1, min(ceil_div(int(batch), CLUSTER_BATCH), cap))
+    return max(1, cap)
 
 
 def stride_r(hidden: int) -> int:

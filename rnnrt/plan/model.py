@@ -63,6 +63,10 @@ class PlanKey:
     dtype: the precision (rnnrt.precision.DTYPES: 'float32', 'tf32', 'bfloat16',
     'float16'): the element type of the plan's "store" buffers (Buffer) and the GEMMs' math.
     Part of the key (its hash, so plans, workspaces and executors are per dtype).
+    clusters: with family 'cluster', the forward cluster kernel's cluster count, run exactly
+    (the schedule selector times a few: kernels/choice.py); None: the rule's
+    (kernels/persistent.py ``cluster_count``). A count past what the device holds at once is
+    still correct (a cluster waits only for its own blocks); it runs in waves.
     """
 
     cell: str
@@ -80,6 +84,7 @@ class PlanKey:
     batch_sizes: tuple[int, ...] | None = None
     capacity: int | None = None
     dtype: str = "float32"
+    clusters: int | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -118,6 +123,13 @@ class PlanKey:
             if not self.switches.persistent:
                 raise ValueError(f"PlanKey.family: {self.family!r} names a persistent kernel "
                                  f"family, but the persistent switch is off")
+        n = self.clusters
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"PlanKey.clusters: expected an int >= 1 or None, got {n!r}")
+            if self.family != "cluster":
+                raise ValueError(f"PlanKey.clusters: the cluster kernel's count, but family is "
+                                 f"{self.family!r} (expected 'cluster')")
         if self.backward is not None:
             if self.backward not in BACKWARD_FAMILIES:
                 raise ValueError(f"PlanKey.backward: expected one of {BACKWARD_FAMILIES} or "
