@@ -7,7 +7,8 @@ family runs — the stack kernel (every layer of an LSTM stack in one launch, ``
 the cluster kernel or the grid kernel (one launch a layer, ``persistent.py``) — whether
 cluster launches are cut into input chunks that overlap along the wavefront, and, where
 nothing fits, why the plan falls back to the schedule without the switch. A key may name the
-family (``PlanKey.family``); else the rules below pick one. The plan builders follow the
+family (``PlanKey.family``: the register-resident cluster kernel, 'regs', runs only where
+named, as the selector's candidates name it); else the rules below pick one. The plan builders follow the
 answer; they decide nothing about kernels themselves.
 
 ``choose_persistent_backward(key)``: for a training key that names the persistent backward
@@ -32,6 +33,7 @@ from ..plan.switches import Switches
 from ..precision import get_precision
 from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
+from .regs import regs_fit
 from .stack import PS_BMAX, StackFit, stack_fit
 
 PERSISTENT_STORAGE_REASON = ("the persistent kernels run fp32 only: fp32 storage and fp32 "
@@ -53,7 +55,7 @@ def persistent_storage_declines(dtype) -> str | None:
 class PersistentChoice:
     """What the persistent switch runs for one plan key.
 
-    family: 'stack', 'grid' or 'cluster' — what runs — or None: nothing persistent fits and
+    family: 'stack', 'grid', 'cluster' or 'regs' — what runs — or None: nothing persistent fits and
     the plan is the schedule without the switch (``fallback`` says why).
     fit: the per-layer fit (grid or cluster kernel; for the stack, the per-layer fit the
     rules looked at, if any). stack: the stack kernel's fit when it runs (then no per-layer
@@ -122,6 +124,8 @@ def choose_persistent(key) -> PersistentChoice:
         st = _stack_fit(key)
         return (PersistentChoice("stack", None, st, False, T) if st.ok
                 else declined(st.reason))
+    if family == "regs":
+        return _regs_choice(key, declined)
     kind = family if family in ("grid", "cluster") else None
     fit = persistent_fit(key.cell, H, B, props, kind=kind)
     if not fit.ok:
@@ -147,6 +151,28 @@ def choose_persistent(key) -> PersistentChoice:
         if share.ok and share.fmas_per_thread <= CLUSTER_MAX_FMAS:
             fit = share
     return PersistentChoice(name, fit, None, True, k, note)
+
+
+def _regs_choice(key, declined) -> PersistentChoice:
+    """The register-resident cluster kernel for ``key`` (named as its family): one launch a
+    layer, or, like the cluster kernel (it too waits on nothing outside its clusters), one
+    per input chunk with the wavefront and several layers, each layer on its 1/L share of
+    the SMs where that still fits."""
+    sw, T, B, L = key.switches, key.steps, key.batch, key.num_layers
+    props = key.device.props()
+    k = sw.steps_per_input_gemm(T)
+    fit = regs_fit(key.cell, key.hidden_size, B, props)
+    if not fit.ok:
+        return declined(fit.reason, fit)
+    chunked = sw.wavefront and L > 1 and k < T
+    if not chunked:
+        return PersistentChoice("regs", fit, None, False, T)
+    n = cluster_count(B, props["multiProcessorCount"], L)
+    if n != fit.clusters:
+        share = regs_fit(key.cell, key.hidden_size, B, props, clusters=n)
+        if share.ok:
+            fit = share
+    return PersistentChoice("regs", fit, None, True, k)
 
 
 def _stack_fit(key) -> StackFit:
@@ -313,6 +339,9 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
         f = persistent_fit(shape.cell, shape.hidden, shape.batch, props, kind=kind)
         if f.ok:
             out[kind] = f.reason
+    rf = regs_fit(shape.cell, shape.hidden, shape.batch, props)
+    if rf.ok:
+        out["regs"] = rf.reason
     return out
 
 
@@ -324,7 +353,7 @@ def with_persistent_backward(schedule: Schedule) -> Schedule:
 
 def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
-    cluster, grid: each runs the recurrence with R on chip), then the paper schedules. For
+    cluster, regs, grid: each runs the recurrence with R on chip), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
     it (or, where none fits, ib10 with it): first where its cost model expects it to win
     (``prefers_persistent_backward``), else after the persistent families. A variable-length
@@ -334,7 +363,7 @@ def candidates(shape: "Shape", device) -> tuple[Schedule, ...]:
     if shape.varlen:
         return varlen_schedules()
     fams = fitting_families(shape, device)
-    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
+    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "regs", "grid")
                        if f in fams)
     fit = (backward_fit(shape, device)
            if shape.train and not persistent_storage_declines(shape.dtype) else None)

@@ -27,8 +27,8 @@ def names(scheds):
 
 def test_training_shapes_get_the_persistent_backward_candidates(monkeypatch):
     got = names(C.candidates(SMALL, H100_SXM))
-    assert got[:2] == ["cluster+pbwd", "grid+pbwd"], got          # preferred: first
-    assert got[2:] == names(C.candidates(dataclasses.replace(SMALL, train=False), H100_SXM))
+    assert got[:3] == ["cluster+pbwd", "regs+pbwd", "grid+pbwd"], got   # preferred: first
+    assert got[3:] == names(C.candidates(dataclasses.replace(SMALL, train=False), H100_SXM))
     paper = names(C.candidates(PAPER, H100_SXM))
     assert paper[:2] == ["stack", "grid"] and paper[2:4] == ["stack+pbwd", "grid+pbwd"]
     assert not any("pbwd" in n for n in names(C.candidates(
