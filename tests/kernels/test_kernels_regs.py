@@ -246,6 +246,9 @@ def test_the_named_family_runs_exactly_the_regs_kernel():
     ops = [op for op in plan.ops if getattr(op, "kind", "") == "persistent"]
     assert ops and {op.name for op in ops} == {"gru_persistent_regs_fwd"}
     assert plan.fallback is None
+    chunked = C.choose_persistent(_key("regs", layers=4, steps=40, batch=64))
+    assert chunked.family == "regs" and chunked.chunked and chunked.steps_per_launch == 10
+    assert chunked.fit.clusters == cluster_count(64, 132, 4), chunked.describe()
     plan = forward_plan(_key("regs", hidden=192))
     assert plan.fallback and "hidden 192 > 128" in plan.fallback
     assert not [op for op in plan.ops if getattr(op, "kind", "") == "persistent"]
