@@ -1,8 +1,9 @@
 /*
  * persistent_layer.cuh: the body of the per-layer persistent kernels, persistent_fwd<G, CELL,
  * CL> and its helpers (register tiles, the grid barrier and its exit, the partial sums, the
- * cell updates). #included by persistent.cu, whose header documents the kernels, their
- * arguments and variants; rnnrt's loader inlines it. No kernels of its own.
+ * cell updates, pk_cell_update). #included by persistent.cu and persistent_regs.cu, whose
+ * headers document the kernels, their arguments and variants; rnnrt's loader inlines it. No
+ * kernels of its own.
  *   PK_TM, PK_TB, PK_CPT, PK_LR_MAX   register tile and pointwise geometry
  *   PK_CLUSTER                        blocks a cluster of the cluster kernels
  */
@@ -25,6 +26,40 @@ __device__ __forceinline__ void store_gates(float* a, int H, float v0, float v1,
     a[H] = v1;
     a[2 * (long long)H] = v2;
     a[3 * (long long)H] = v3;
+}
+
+// One (b, j) cell's update from its gate sums: s[q] = ((gx + bw) + gh) + br (GRU's n gate:
+// gh_n + br_n), xb[q] = gx + bw. Returns h_{t+1}; updates the carried state (LSTM c_t, GRU
+// h_t), sets c_{t+1} (LSTM: cn) and the saved gates a0..a3 (LSTM i, f, g, o; GRU r, z, n,
+// hn). The fused kernels' arithmetic (lstm_fwd, gru_fwd, rnn_*_fwd); every persistent
+// forward kernel of a layer calls it. TS: the storage of h; GRU carries h_{t+1} as stored
+// (rounded to TS), the value gru_fwd reads back the next step.
+template <int G, int CELL, class TS = float>
+__device__ __forceinline__ float pk_cell_update(const float (&s)[G], const float (&xb)[G],
+                                                float& carry, float& cn_out, float& a0,
+                                                float& a1, float& a2, float& a3) {
+    if constexpr (CELL == CELL_LSTM) {
+        const float ig = sigmoidf(s[0]), fg = sigmoidf(s[1]);
+        const float gg = tanhf(s[2]), og = sigmoidf(s[3]);
+        const float cn = fg * carry + ig * gg;
+        carry = cn;
+        cn_out = cn;
+        a0 = ig, a1 = fg, a2 = gg, a3 = og;
+        return og * tanhf(cn);
+    } else if constexpr (CELL == CELL_GRU) {
+        const float r = sigmoidf(s[0]), z = sigmoidf(s[1]);
+        const float hn = s[2];                      // gh_n + br_n
+        const float n = tanhf(xb[2] + r * hn);      // gx_n + bw_n + r * hn
+        const float hv = n + z * (carry - n);
+        carry = pk_stored<TS>(hv);
+        a0 = r, a1 = z, a2 = n, a3 = hn;
+        return hv;
+    } else if constexpr (CELL == CELL_RNN_TANH) {
+        return tanhf(s[0]);
+    } else {
+        const float v = s[0];
+        return v < 0.f ? 0.f : v;   // NaN stays NaN, as rnn_relu_fwd
+    }
 }
 
 // Row stride (floats) of a shared-memory array whose rows hold n floats: n rounded up to
@@ -491,28 +526,9 @@ __device__ __forceinline__ void persistent_fwd(
                 // r * (gh_n + br_n) is added to gx_n + bw_n below)
                 s[q] = (CELL == CELL_GRU && q == 2) ? v + brq : (xb[q] + v) + brq;
             }
-            float hv;
-            if constexpr (CELL == CELL_LSTM) {
-                const float ig = sigmoidf(s[0]), fg = sigmoidf(s[1]);
-                const float gg = tanhf(s[2]), og = sigmoidf(s[3]);
-                const float cn = fg * carry[i] + ig * gg;
-                carry[i] = cn;
-                keep_c[i] = cn;
-                hv = og * tanhf(cn);
-                keep_a[0][i] = ig, keep_a[1][i] = fg, keep_a[2][i] = gg, keep_a[3][i] = og;
-            } else if constexpr (CELL == CELL_GRU) {
-                const float r = sigmoidf(s[0]), z = sigmoidf(s[1]);
-                const float hn = s[2];                      // gh_n + br_n
-                const float n = tanhf(xb[2] + r * hn);      // gx_n + bw_n + r * hn
-                hv = n + z * (carry[i] - n);
-                carry[i] = pk_stored<TS>(hv);   // h_{t+1} as gru_fwd reads it back
-                keep_a[0][i] = r, keep_a[1][i] = z, keep_a[2][i] = n, keep_a[3][i] = hn;
-            } else if constexpr (CELL == CELL_RNN_TANH) {
-                hv = tanhf(s[0]);
-            } else {
-                const float v = s[0];
-                hv = v < 0.f ? 0.f : v;   // NaN stays NaN, as rnn_relu_fwd
-            }
+            const float hv = pk_cell_update<G, CELL, TS>(s, xb, carry[i], keep_c[i],
+                                                         keep_a[0][i], keep_a[1][i],
+                                                         keep_a[2][i], keep_a[3][i]);
             keep_h[i] = hv;
             if (!CL) store_cell(i);
             if (CL && !(PK_TIMING & 1)) {   // h_{t+1}[b, j] into every block's next buffer

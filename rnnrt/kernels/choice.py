@@ -7,7 +7,8 @@ family runs — the stack kernel (every layer of an LSTM stack in one launch, ``
 the cluster kernel or the grid kernel (one launch a layer, ``persistent.py``) — whether
 cluster launches are cut into input chunks that overlap along the wavefront, and, where
 nothing fits, why the plan falls back to the schedule without the switch. A key may name the
-family (``PlanKey.family``); else the rules below pick one. The plan builders follow the
+family (``PlanKey.family``: the register-resident cluster kernel, 'regs', runs only where
+named, as the selector's candidates name it); else the rules below pick one. The plan builders follow the
 answer; they decide nothing about kernels themselves.
 
 ``choose_persistent_backward(key)``: for a training key that names the persistent backward
@@ -32,14 +33,18 @@ from .budget import ceil_div
 from .occupancy import ClusterCap, derived_cap
 from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
+from .regs import regs_fit
 from .schedules import (Schedule, cluster_schedule, paper_schedule, paper_schedules,
                         persistent_schedule, varlen_schedules)
 from .stack import PS_BMAX, StackFit, stack_fit
 
-PERSISTENT_STORAGE_REASON = ("the stack kernel runs fp32 only (its typed instantiation, "
-                             "x and h in 16-bit storage and TF32-rounded operands, is not "
-                             "written yet); the per-layer persistent kernels run every dtype")
-"""Why a tf32, bfloat16 or float16 key runs no stack kernel. The per-layer kernels (grid,
+PERSISTENT_STORAGE_REASON = ("the stack and the register-resident kernels run fp32 only "
+                             "(their typed instantiations, h in the storage type and "
+                             "operands rounded as the rungs read them, are not written yet); "
+                             "the grid and cluster kernels run every dtype")
+FP32_ONLY_FAMILIES = ("stack", "regs")
+"""The persistent families without typed instantiations."""
+"""Why a tf32, bfloat16 or float16 key runs no stack or regs kernel. The per-layer kernels (grid,
 cluster, forward and backward) run every precision with the rungs' math: under the storage
 rule every product operand is rounded to the storage type (bf16 / fp16 stored; tf32:
 TF32-rounded as read), and the product of two such values is exact in fp32 (8 x 8, 11 x 11
@@ -50,10 +55,11 @@ already have. The switch changes the schedule, not the math."""
 
 
 def persistent_storage_declines(dtype, family: str = "stack") -> str | None:
-    """PERSISTENT_STORAGE_REASON where ``family`` ('stack', 'grid', 'cluster' or a backward)
-    cannot run precision ``dtype``: the stack kernel for every precision but float32; None
-    otherwise (the per-layer kernels' typed instantiations run every dtype)."""
-    if family != "stack" or get_precision(dtype).name == "float32":
+    """PERSISTENT_STORAGE_REASON where ``family`` ('stack', 'grid', 'cluster', 'regs' or a
+    backward) cannot run precision ``dtype``: the FP32_ONLY_FAMILIES for every precision but
+    float32; None otherwise (the grid and cluster kernels' typed instantiations run every
+    dtype)."""
+    if family not in FP32_ONLY_FAMILIES or get_precision(dtype).name == "float32":
         return None
     return PERSISTENT_STORAGE_REASON
 
@@ -65,7 +71,7 @@ def persistent_storage_declines(dtype, family: str = "stack") -> str | None:
 class PersistentChoice:
     """What the persistent switch runs for one plan key.
 
-    family: 'stack', 'grid' or 'cluster' — what runs — or None: nothing persistent fits and
+    family: 'stack', 'grid', 'cluster' or 'regs' — what runs — or None: nothing persistent fits and
     the plan is the schedule without the switch (``fallback`` says why).
     fit: the per-layer fit (grid or cluster kernel; for the stack, the per-layer fit the
     rules looked at, if any). stack: the stack kernel's fit when it runs (then no per-layer
@@ -133,6 +139,8 @@ def choose_persistent(key) -> PersistentChoice:
         st = _stack_fit(key)
         return (PersistentChoice("stack", None, st, False, T) if st.ok
                 else declined(st.reason))
+    if family == "regs":
+        return _regs_choice(key, declined)
     kind = family if family in ("grid", "cluster") else None
     # PlanKey.clusters (family 'cluster' only): exactly that count, wherever it fits
     fit = persistent_fit(key.cell, H, B, props, kind=kind, clusters=key.clusters)
@@ -173,6 +181,31 @@ def layer_share_fit(cell: str, H: int, B: int, props: dict, layers: int, fit: Fi
         if share.ok and share.fmas_per_thread <= CLUSTER_MAX_FMAS:
             return share
     return fit
+
+
+def _regs_choice(key, declined) -> PersistentChoice:
+    """The register-resident cluster kernel for ``key`` (named as its family): one launch a
+    layer, or, like the cluster kernel (it too waits on nothing outside its clusters), one
+    per input chunk with the wavefront and several layers, each layer on its 1/L share of
+    the SMs where that still fits."""
+    sw, T, B, L = key.switches, key.steps, key.batch, key.num_layers
+    props = key.device.props()
+    k = sw.steps_per_input_gemm(T)
+    storage = persistent_storage_declines(key.dtype, "regs")
+    if storage is not None:
+        return declined(f"{key.dtype}: {storage}")
+    fit = regs_fit(key.cell, key.hidden_size, B, props)
+    if not fit.ok:
+        return declined(fit.reason, fit)
+    chunked = sw.wavefront and L > 1 and k < T
+    if not chunked:
+        return PersistentChoice("regs", fit, None, False, T)
+    n = cluster_count(B, props["multiProcessorCount"], L)
+    if n != fit.clusters:
+        share = regs_fit(key.cell, key.hidden_size, B, props, clusters=n)
+        if share.ok:
+            fit = share
+    return PersistentChoice("regs", fit, None, True, k)
 
 
 def _stack_fit(key) -> StackFit:
@@ -312,6 +345,9 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
         f = persistent_fit(shape.cell, shape.hidden, shape.batch, props, kind=kind)
         if f.ok:
             out[kind] = f.reason
+    rf = regs_fit(shape.cell, shape.hidden, shape.batch, props)
+    if rf.ok and not persistent_storage_declines(shape.dtype, "regs"):
+        out["regs"] = rf.reason
     return out
 
 
@@ -323,8 +359,8 @@ def with_persistent_backward(schedule: Schedule) -> Schedule:
 
 def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
-    cluster, grid: each runs the recurrence with R on chip) and the cluster kernel at other
-    counts (``cluster_count_schedules``, capped by ``cluster_cap(fit)``: an
+    cluster, regs, grid: each runs the recurrence with R on chip) and the cluster kernel at
+    other counts (``cluster_count_schedules``, capped by ``cluster_cap(fit)``: an
     occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
     it (or, where none fits, ib10 with it): first where its cost model expects it to win
@@ -335,7 +371,7 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     if shape.varlen:
         return varlen_schedules()
     fams = fitting_families(shape, device)
-    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "grid")
+    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "regs", "grid")
                        if f in fams)
     counts = cluster_count_schedules(shape, device, cluster_cap) if "cluster" in fams else ()
     fit = backward_fit(shape, device) if shape.train else None

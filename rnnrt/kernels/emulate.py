@@ -90,7 +90,7 @@ def operand_of(dtype):
 
 
 def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True,
-            dtype: str = "float32"):
+            dtype: str = "float32", products=None, owners=None):
     """Run the persistent kernel's decomposition with NumPy. -> (h, c, act)
 
     gx [T, B, G*H] (W x_t, no bias); R = weight_hh [G*H, H]; bw, br: b_ih, b_hh, each
@@ -109,6 +109,11 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True,
     thread that owns it. The
     end of a step is the barrier: there every element of h_{t+1} must have been written by
     exactly one thread (checked), and only then does step t+1 read it.
+
+    ``products(rs, ht) -> gh`` (rs [G, Ub, H] a block's rows of R, ht [B, H]; gh [G, Ub, B]) and
+    ``owners(fit, block) -> (tid, b, jj)``: another kernel's order of the sums over k and its
+    cells (emulate_regs: the register-resident kernel's); by default this kernel's k-groups
+    (``k_columns``) and cells (``owned``).
     """
     spec = get_cell(cell)
     G = spec.gates
@@ -142,23 +147,27 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True,
         raise ValueError(f"emulate: c0 given, but {cell} has no cell state")
     act = np.full((T, B, 4 * H), np.nan, dtype) if spec.saved_gates else None
 
-    groups = [k_columns(fit, g) for g in range(fit.k_split)]
+    if products is None:
+        groups = [k_columns(fit, g) for g in range(fit.k_split)]
+
+        def products(rs, ht):
+            gh = None
+            for cols in groups:                     # k-group 0, 1, ... in the kernel's order
+                part = rs[:, :, cols] @ ht[:, cols].T   # [G, Ub, B]
+                gh = part if gh is None else gh + part
+            return gh
     blocks = []
     for x in range(fit.blocks):
         units = fit.units(x)
         rows = (np.arange(G)[:, None] * H + np.asarray(units, np.int64)[None, :])   # [G, Ub]
-        _, b_own, jj_own = owned(fit, x)
+        _, b_own, jj_own = (owners or owned)(fit, x)
         blocks.append((R[rows], b_own, units.start + jj_own, jj_own))   # R slice [G, Ub, H]
 
     for t in range(T):
         written = np.zeros((B, H), np.int64)
         ht = operand(h[t])
         for rs, b, j, jj in blocks:
-            gh = None
-            for cols in groups:                     # k-group 0, 1, ... in the kernel's order
-                part = rs[:, :, cols] @ ht[:, cols].T   # [G, Ub, B]
-                gh = part if gh is None else gh + part
-            gh = gh[:, jj, b]                       # [G, n]: this block's (b, j) elements
+            gh = products(rs, ht)[:, jj, b]          # [G, n]: this block's (b, j) elements
 
             def pre(q):   # ((gx + bw) + gh) + br, the fused kernels' order
                 k = q * H + j
@@ -204,24 +213,32 @@ def emulate(cell: str, fit: Fit, gx, R, bw, br, h0, c0=None, train: bool = True,
 # is the default for (B, U, k_tile): it only changes the order in which partial sums are
 # added.
 
-def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
-          cluster=False, dtype="float32"):
-    gx, w_hh, bw, br = ins
-    B, H, G = rows, cols, get_cell(cell).gates
-    name = kernel_name(cell, cluster)
-    if np.any(np.asarray(sync) != 0):
-        raise ValueError(f"{name}: the sync counters must be zero on entry, "
-                         f"got {np.asarray(sync).ravel().tolist()}")
+def _grid_or_cluster_fit(cell, B, H, units_per_block, k_tile, cluster):
+    """(kernel name, fit, emulate's keywords) of the grid or cluster kernel's twin."""
     # the cluster twin assumes one cluster per CLUSTER_BATCH batches, the default without
     # an SM cap (the launch's own count only changes the order of the partial sums)
     fit = geometry(cell, H, B, units_per_block, k_tile=k_tile,
                    clusters=ceil_div(B, CLUSTER_BATCH) if cluster else 0)
+    return kernel_name(cell, cluster), fit, {}
+
+
+def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
+          cluster=False, fit_of=_grid_or_cluster_fit, dtype="float32"):
+    """Run a persistent forward kernel's twin on the registry's views; ``fit_of(cell, B,
+    H, units_per_block, k_tile, cluster) -> (name, fit, emulate's keywords)``; ``dtype``
+    the key's precision (the typed kernels' rounding)."""
+    gx, w_hh, bw, br = ins
+    B, H, G = rows, cols, get_cell(cell).gates
+    name, fit, emu = fit_of(cell, B, H, units_per_block, k_tile, cluster)
+    if np.any(np.asarray(sync) != 0):
+        raise ValueError(f"{name}: the sync counters must be zero on entry, "
+                         f"got {np.asarray(sync).ravel().tolist()}")
     if not fit.ok:
         raise ValueError(f"{name}: {fit.reason}")
     gx3 = np.asarray(gx).reshape(T, B, G * H)
     h_all, c_all, act_all = emulate(cell, fit, gx3, np.asarray(w_hh), bw, br,
                                     np.array(h[:B]), None if c is None else np.array(c[:B]),
-                                    dtype=dtype)
+                                    dtype=dtype, **emu)
     # Every input is read: now write slots 1..T (slot 0, h0 and c0, is left as it was).
     h[B:] = h_all[1:].reshape(T * B, H)
     if c is not None:
@@ -230,9 +247,10 @@ def _twin(cell, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
         act[...] = act_all.reshape(T * B, 4 * H)
 
 
-def _twin_of(cell: str):
-    """The registry's NumPy twin of ``cell``'s persistent kernel: its outs are h, then c
-    (LSTM), act (LSTM, GRU), sync, as the registry lists them."""
+def twin_of(cell: str, fit_of=_grid_or_cluster_fit, name: str | None = None):
+    """The registry's NumPy twin of ``cell``'s persistent forward kernel (``fit_of`` makes
+    its fit: by default the grid or cluster kernel's; ``name`` the twin's name): its outs
+    are h, then c (LSTM), act (LSTM, GRU), sync, as the registry lists them."""
     spec = get_cell(cell)
 
     def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False,
@@ -243,13 +261,13 @@ def _twin_of(cell: str):
         act = outs.pop(0) if spec.saved_gates else None
         (sync,) = outs
         _twin(spec.name, rows, cols, h, c, act, sync, ins, T, units_per_block, k_tile,
-              cluster, dtype)
+              cluster, fit_of, dtype)
 
-    twin.__name__ = twin.__qualname__ = kernel_name(cell)
+    twin.__name__ = twin.__qualname__ = name or kernel_name(cell)
     return twin
 
 
-lstm_persistent_fwd = _twin_of("lstm")
-gru_persistent_fwd = _twin_of("gru")
-rnn_tanh_persistent_fwd = _twin_of("rnn_tanh")
-rnn_relu_persistent_fwd = _twin_of("rnn_relu")
+lstm_persistent_fwd = twin_of("lstm")
+gru_persistent_fwd = twin_of("gru")
+rnn_tanh_persistent_fwd = twin_of("rnn_tanh")
+rnn_relu_persistent_fwd = twin_of("rnn_relu")

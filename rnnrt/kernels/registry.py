@@ -37,8 +37,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import emulate, emulate_bwd
+from . import emulate, emulate_bwd, emulate_regs
 from . import persistent as pk
+from . import regs
 from . import stack
 from . import twins as knp
 
@@ -266,6 +267,13 @@ REGISTRY += tuple(
     replace(k, name=k.name.replace("_persistent_fwd", "_persistent_cluster_fwd"),
             numpy_fn=functools.partial(k.numpy_fn, cluster=True))
     for k in REGISTRY if k.persistent)
+
+# the register-resident cluster kernels (persistent_regs.cu; regs.py, emulate_regs.py): the
+# cluster kernels' arguments, R in registers
+REGISTRY += tuple(
+    replace(k, name=regs.kernel_name(k.name.split("_persistent")[0]), file="persistent_regs.cu",
+            numpy_fn=emulate_regs.regs_twin(k.name.split("_persistent")[0]))
+    for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
 
 # the stack kernel: every layer of an LSTM stack in one launch (stack.py)
 REGISTRY += (

@@ -53,6 +53,7 @@ static int sim_cluster = 0;                 // blocks a cluster (0: the grid ker
 static std::vector<float*> sim_block_smem;  // every block's shared memory
 
 #define __global__
+#define __host__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(a, b)
@@ -63,6 +64,20 @@ using std::min;
 
 static void __syncthreads() { sim_block_barrier->arrive_and_wait(); }
 static void __syncwarp() { sim_warp_barrier->arrive_and_wait(); }
+// a warp shuffle: every lane of the warp calls it (the kernels shuffle in warp-uniform code)
+static thread_local float* sim_warp_slots;
+static float sim_shfl(float v, int src) {
+    const int lane = threadIdx.x & 31;
+    sim_warp_slots[lane] = v;
+    __syncwarp();
+    const float r = sim_warp_slots[src & 31];
+    __syncwarp();   // every lane has read before the next shuffle overwrites a slot
+    return r;
+}
+[[maybe_unused]] static float __shfl_sync(unsigned int, float v, int src) { return sim_shfl(v, src); }
+[[maybe_unused]] static float __shfl_xor_sync(unsigned int, float v, int mask) {
+    return sim_shfl(v, (threadIdx.x & 31) ^ mask);
+}
 static void __trap() {
     std::fprintf(stderr, "__trap() in block %u thread %u\n", blockIdx.x, threadIdx.x);
     std::abort();
@@ -124,7 +139,7 @@ static float4 pk_lds128(pk_saddr a) {
 }
 static unsigned int dynamic_smem_bytes() { return sim_smem_bytes; }
 static float* dynamic_smem() { return sim_smem; }
-static void pk_cp_async16(float* dst, const float* src) {
+[[maybe_unused]] static void pk_cp_async16(float* dst, const float* src) {
     for (const void* p : {static_cast<const void*>(dst), static_cast<const void*>(src)})
         if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {   // the GPU faults on this
             std::fprintf(stderr, "misaligned 16-byte cp.async at %p\n", p);
@@ -156,6 +171,17 @@ static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
 }
 
 #include PK_SOURCE
+
+#ifdef PK_SIM_REGS   // the forward main runs the register-resident kernels in their stead
+#define lstm_persistent_fwd lstm_persistent_regs_fwd
+#define lstm_persistent_cluster_fwd lstm_persistent_regs_fwd
+#define gru_persistent_fwd gru_persistent_regs_fwd
+#define gru_persistent_cluster_fwd gru_persistent_regs_fwd
+#define rnn_tanh_persistent_fwd rnn_tanh_persistent_regs_fwd
+#define rnn_tanh_persistent_cluster_fwd rnn_tanh_persistent_regs_fwd
+#define rnn_relu_persistent_fwd rnn_relu_persistent_regs_fwd
+#define rnn_relu_persistent_cluster_fwd rnn_relu_persistent_regs_fwd
+#endif
 
 static std::vector<float> read_f32(const std::string& path) {
     std::vector<float> v;
@@ -203,6 +229,8 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
     gridDim = {(unsigned)blocks, 1, 1};
     blockDim = {(unsigned)threads, 1, 1};
     std::vector<std::unique_ptr<std::barrier<>>> bars, warp_bars, cluster_bars;
+    const int warps = (threads + 31) / 32;
+    std::vector<float> warp_slots((size_t)blocks * warps * 32, 0.f);
     std::vector<std::vector<float4>> smem(blocks);
     if (sim_cluster && blocks % sim_cluster) {
         std::fprintf(stderr, "%d blocks are not whole clusters of %d\n", blocks, sim_cluster);
@@ -226,7 +254,8 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
                 blockIdx = {(unsigned)b, 1, 1};
                 threadIdx = {(unsigned)t, 1, 1};
                 sim_block_barrier = bars[b].get();
-                sim_warp_barrier = warp_bars[b * ((threads + 31) / 32) + t / 32].get();
+                sim_warp_barrier = warp_bars[b * warps + t / 32].get();
+                sim_warp_slots = warp_slots.data() + ((size_t)b * warps + t / 32) * 32;
                 sim_smem = reinterpret_cast<float*>(smem[b].data());
                 sim_smem_bytes = smem_bytes;
                 sim_cluster_barrier = sim_cluster ? cluster_bars[b / sim_cluster].get() : nullptr;

@@ -33,7 +33,7 @@ def test_candidates_are_the_fitting_families_then_the_paper_schedules():
     assert names(C.candidates(PAPER, H100_SXM)) == ["stack", "grid", "paper", "ib10", "ib2",
                                                     "iball"]
     small = C.Shape("lstm", 1, 128, 128, 32, 100)   # one layer: no stack; R fits a cluster
-    assert names(C.candidates(small, H100_SXM))[:2] == ["cluster", "grid"]
+    assert names(C.candidates(small, H100_SXM))[:3] == ["cluster", "regs", "grid"]
     gru = C.Shape("gru", 4, 512, 512, 64, 100)      # the stack kernel is LSTM only
     assert "stack" not in names(C.candidates(gru, H100_SXM))
     big = C.Shape("lstm", 4, 2048, 2048, 64, 100)   # R of H 2048 fits no SM: cuBLAS only
@@ -304,7 +304,7 @@ def test_a_family_needs_the_persistent_switch():
                 device=H100_SXM, family="warp")
 
 
-@pytest.mark.parametrize("family", ["stack", "grid", "cluster"])
+@pytest.mark.parametrize("family", ["stack", "grid", "cluster", "regs"])
 def test_a_named_family_computes_the_reference(family):
     key = _key(family, batch=5, layers=2, steps=4)
     plan = forward_plan(key)

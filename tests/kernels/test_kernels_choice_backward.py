@@ -27,11 +27,11 @@ def names(scheds):
 
 def test_training_shapes_get_the_persistent_backward_candidates(monkeypatch):
     got = names(C.candidates(SMALL, H100_SXM))
-    assert got[:2] == ["cluster+pbwd", "grid+pbwd"], got          # preferred: first
+    assert got[:3] == ["cluster+pbwd", "regs+pbwd", "grid+pbwd"], got   # preferred: first
     fwd = names(C.candidates(dataclasses.replace(SMALL, train=False), H100_SXM))
     counts = [n for n in fwd if n.startswith("cluster/")]   # the other cluster counts: once
-    assert counts and got[2:2 + len(counts)] == [f"{n}+pbwd" for n in counts]   # each
-    assert got[2 + len(counts):] == [n for n in fwd if n not in counts]
+    assert counts and got[3:3 + len(counts)] == [f"{n}+pbwd" for n in counts]   # each
+    assert got[3 + len(counts):] == [n for n in fwd if n not in counts]
     paper = names(C.candidates(PAPER, H100_SXM))
     assert paper[:2] == ["stack", "grid"] and paper[2:4] == ["stack+pbwd", "grid+pbwd"]
     assert not any("pbwd" in n for n in names(C.candidates(
