@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 from rnnrt.kernels import occupancy as O  # noqa: E402
 from rnnrt.kernels import persistent as P  # noqa: E402
-from rnnrt.kernels.choice import extra_cluster_counts  # noqa: E402
+from rnnrt.kernels.counts import extra_cluster_counts  # noqa: E402
 from rnnrt import reference  # noqa: E402
 from rnnrt.bench.timing import time_gpu  # noqa: E402
 from rnnrt.cells import get_cell  # noqa: E402

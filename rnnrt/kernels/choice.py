@@ -28,14 +28,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
+from ..plan.model import CLUSTER_FAMILIES
 from ..precision import get_precision
-from .budget import ceil_div
+from .counts import count_schedules, layer_share_fit
 from .occupancy import ClusterCap, derived_cap
-from .persistent import CLUSTER_MAX_FMAS, Fit, cluster_count, persistent_fit
+from .persistent import Fit, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .regs import regs_fit
-from .schedules import (Schedule, cluster_schedule, paper_schedule, paper_schedules,
-                        persistent_schedule, varlen_schedules)
+from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
+                        varlen_schedules)
 from .stack import PS_BMAX, StackFit, stack_fit
 
 PERSISTENT_STORAGE_REASON = ("the stack and the register-resident kernels run fp32 only "
@@ -146,8 +147,7 @@ def choose_persistent(key) -> PersistentChoice:
     fit = persistent_fit(key.cell, H, B, props, kind=kind, clusters=key.clusters)
     if not fit.ok:
         return declined(fit.reason, fit)
-    given = (f"; {key.clusters} cluster{'' if key.clusters == 1 else 's'} as the key names "
-             f"(PlanKey.clusters)" if key.clusters is not None else "")
+    given = given_count(key)
     stack, note = None, ""
     if family is None and not fit.cluster and sw.wavefront and L > 1:
         storage = persistent_storage_declines(key.dtype, "stack")
@@ -170,42 +170,33 @@ def choose_persistent(key) -> PersistentChoice:
     return PersistentChoice(name, fit, None, True, k, note + given)
 
 
-def layer_share_fit(cell: str, H: int, B: int, props: dict, layers: int, fit: Fit) -> Fit:
-    """The cluster fit of each layer of a chunked plan (``layers`` launches overlapping along
-    the wavefront): every layer's launch resident at once, each on 1/layers of the SMs
-    (``cluster_count(B, SMs, layers)``) where that still fits and pays, else ``fit`` (one
-    launch's)."""
-    n = cluster_count(B, props["multiProcessorCount"], layers)
-    if n != fit.clusters:
-        share = persistent_fit(cell, H, B, props, clusters=n)
-        if share.ok and share.fmas_per_thread <= CLUSTER_MAX_FMAS:
-            return share
-    return fit
+def given_count(key) -> str:
+    """The fit string's note of an explicit cluster count (PlanKey.clusters), else ''."""
+    if key.clusters is None:
+        return ""
+    return (f"; {key.clusters} cluster{'' if key.clusters == 1 else 's'} as the key names "
+            f"(PlanKey.clusters)")
 
 
 def _regs_choice(key, declined) -> PersistentChoice:
-    """The register-resident cluster kernel for ``key`` (named as its family): one launch a
-    layer, or, like the cluster kernel (it too waits on nothing outside its clusters), one
-    per input chunk with the wavefront and several layers, each layer on its 1/L share of
-    the SMs where that still fits."""
+    """The register-resident cluster kernel for ``key`` (named as its family), at
+    ``key.clusters`` clusters where given: one launch a layer, or, like the cluster kernel (it
+    too waits on nothing outside its clusters), one per input chunk with the wavefront and
+    several layers, each layer on its 1/L share of the SMs where that still fits (unless the
+    key names the count)."""
     sw, T, B, L = key.switches, key.steps, key.batch, key.num_layers
     props = key.device.props()
     k = sw.steps_per_input_gemm(T)
     storage = persistent_storage_declines(key.dtype, "regs")
     if storage is not None:
         return declined(f"{key.dtype}: {storage}")
-    fit = regs_fit(key.cell, key.hidden_size, B, props)
+    fit = regs_fit(key.cell, key.hidden_size, B, props, clusters=key.clusters)
     if not fit.ok:
         return declined(fit.reason, fit)
     chunked = sw.wavefront and L > 1 and k < T
-    if not chunked:
-        return PersistentChoice("regs", fit, None, False, T)
-    n = cluster_count(B, props["multiProcessorCount"], L)
-    if n != fit.clusters:
-        share = regs_fit(key.cell, key.hidden_size, B, props, clusters=n)
-        if share.ok:
-            fit = share
-    return PersistentChoice("regs", fit, None, True, k)
+    if chunked and key.clusters is None:
+        fit = layer_share_fit(key.cell, key.hidden_size, B, props, L, fit, "regs")
+    return PersistentChoice("regs", fit, None, chunked, k if chunked else T, given_count(key))
 
 
 def _stack_fit(key) -> StackFit:
@@ -277,58 +268,6 @@ def choose_persistent_backward(key) -> BackwardChoice:
 # Candidates (the schedules themselves: schedules.py)
 
 
-MAX_EXTRA_COUNTS = 3
-"""Cluster counts a key times besides the rule's (each one run of the budget where slower)."""
-
-
-def extra_cluster_counts(batch: int, rule: int, cap: int,
-                         most: int = MAX_EXTRA_COUNTS) -> tuple[int, ...]:
-    """Cluster counts worth timing besides the rule's ``rule``: each the fewest clusters
-    that give a cluster fewer batches than the rule's (ceil(B / BG) for BG < ceil(B / rule):
-    more clusters at the same batches a cluster only add copies of R), above ``rule`` and at
-    most ``cap``; of more than ``most``, the one nearest each of ``most`` even steps from
-    the rule's to the largest (which is always kept). Measured on the H100 (GRU/LSTM L1 H
-    128): at B 256, 14 clusters 10-12% faster than the rule's 8; at B 128, 10 better and 12
-    worse than 8: the best count depends on the shape, so it is timed."""
-    bg0 = ceil_div(batch, rule)
-    opts = sorted({n for n in (ceil_div(batch, bg) for bg in range(1, bg0)) if rule < n <= cap})
-    if len(opts) <= most:
-        return tuple(opts)
-    top, picks = opts[-1], set()
-    for i in range(1, most + 1):
-        target = rule + (top - rule) * i / most
-        picks.add(min(opts, key=lambda n: (abs(n - target), n)))
-    return tuple(sorted(picks))
-
-
-def cluster_count_schedules(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
-    """The cluster kernel at other counts than the rule's, for ``shape`` on ``device``
-    (DeviceLimits), where the kernel fits (as ``fitting_families`` sees it): the
-    ``extra_cluster_counts`` up to the device's co-resident cap — for one layer's launch,
-    ``cluster_cap(fit)`` (an occupancy.ClusterCap; default ``occupancy.derived_cap`` from
-    the properties), for a chunked plan (several layers' launches overlapping) each layer's
-    1/L share of it — each count's own fit within its own cap. Nothing for a training
-    shape's persistent backward: the count is the forward kernel's."""
-    if shape.varlen or persistent_storage_declines(shape.dtype, "cluster"):
-        return ()
-    props = device.props()
-    cap_of = cluster_cap or (lambda f: derived_cap(f, props))
-    fit = persistent_fit(shape.cell, shape.hidden, shape.batch, props, kind="cluster")
-    if not fit.ok:
-        return ()
-    sched = persistent_schedule("cluster")
-    layers = 1
-    if shape.layers > 1 and sched.switches.steps_per_input_gemm(shape.steps) < shape.steps:
-        layers = shape.layers   # chunked: every layer's launch resident at once
-        fit = layer_share_fit(shape.cell, shape.hidden, shape.batch, props, layers, fit)
-    out = []
-    for n in extra_cluster_counts(shape.batch, fit.clusters, cap_of(fit).clusters // layers):
-        f = persistent_fit(shape.cell, shape.hidden, shape.batch, props, clusters=n)
-        if f.ok and n <= cap_of(f).clusters // layers:
-            out.append(cluster_schedule(n))
-    return tuple(out)
-
-
 def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
     (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
@@ -359,8 +298,8 @@ def with_persistent_backward(schedule: Schedule) -> Schedule:
 
 def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
-    cluster, regs, grid: each runs the recurrence with R on chip) and the cluster kernel at
-    other counts (``cluster_count_schedules``, capped by ``cluster_cap(fit)``: an
+    cluster, regs, grid: each runs the recurrence with R on chip) and the cluster families at
+    other counts (``counts.count_schedules``, capped by ``cluster_cap(fit)``: an
     occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
     it (or, where none fits, ib10 with it): first where its cost model expects it to win
@@ -373,7 +312,8 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     fams = fitting_families(shape, device)
     persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "regs", "grid")
                        if f in fams)
-    counts = cluster_count_schedules(shape, device, cluster_cap) if "cluster" in fams else ()
+    counts = tuple(c for f in CLUSTER_FAMILIES if f in fams
+                   for c in count_schedules(shape, device, f, cluster_cap))
     fit = backward_fit(shape, device) if shape.train else None
     if fit is None or not fit.ok:
         return persistent + counts + paper_schedules()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..plan.model import BACKWARD_FAMILIES, PERSISTENT_FAMILIES
+from ..plan.model import BACKWARD_FAMILIES, CLUSTER_FAMILIES, PERSISTENT_FAMILIES
 from ..plan.switches import Switches
 
 
@@ -15,9 +15,9 @@ class Schedule:
     """One way to run a shape: the switches, and with the persistent switch the family it
     names (None: choose_persistent's rules); for a training shape the backward it runs
     (``backward``: None, the switches' per-step backward; else the persistent backward
-    kernel, as PlanKey.backward names it); with family 'cluster' the cluster count
+    kernel, as PlanKey.backward names it); with family 'cluster' or 'regs' the cluster count
     (``clusters``: None, the rule's; else exactly that, PlanKey.clusters). ``name`` is what
-    records and tables show ('cluster/14' for 14 clusters)."""
+    records and tables show ('cluster/14' for 14 clusters, 'regs/30')."""
 
     name: str
     switches: Switches
@@ -48,9 +48,9 @@ class Schedule:
                              f"{list(BACKWARD_FAMILIES)}")
         n = d.get("clusters")   # absent in entries written before the count was a choice
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1
-                              or family != "cluster"):
+                              or family not in CLUSTER_FAMILIES):
             raise ValueError(f"schedule {d['name']!r}: clusters {n!r} is not a cluster count "
-                             f"(an int >= 1 with family 'cluster')")
+                             f"(an int >= 1 with family one of {list(CLUSTER_FAMILIES)})")
         return cls(d["name"], switches, family, backward, n)
 
 
@@ -92,7 +92,10 @@ def persistent_schedule(family: str) -> Schedule:
     return Schedule(family, Switches(**_PAPER, input_batch=10, persistent=True), family)
 
 
-def cluster_schedule(clusters: int) -> Schedule:
-    """The cluster kernel's schedule at exactly ``clusters`` clusters ('cluster/14')."""
-    return replace(persistent_schedule("cluster"), name=f"cluster/{clusters}",
+def cluster_schedule(clusters: int, family: str = "cluster") -> Schedule:
+    """Cluster family ``family``'s schedule ('cluster' or 'regs') at exactly ``clusters``
+    clusters ('cluster/14')."""
+    if family not in CLUSTER_FAMILIES:
+        raise ValueError(f"family: expected one of {CLUSTER_FAMILIES}, got {family!r}")
+    return replace(persistent_schedule(family), name=f"{family}/{clusters}",
                    clusters=int(clusters))

@@ -30,6 +30,8 @@ STATE_INPUTS = ("h0", "c0", "dh_n", "dc_n")
 None state (zeros) once and skips the fill while the caller keeps passing None
 (gpu.py ``_load_states``), which is right only while nothing overwrites them."""
 PERSISTENT_FAMILIES = ("stack", "grid", "cluster", "regs")
+CLUSTER_FAMILIES = ("cluster", "regs")
+"""The persistent families whose count of clusters is a launch parameter (PlanKey.clusters)."""
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
 BACKWARD_FAMILIES = ("persistent", "grid", "cluster")
 """The persistent backward kernels a training PlanKey may name (``PlanKey.backward``):
@@ -128,9 +130,9 @@ class PlanKey:
         if n is not None:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"PlanKey.clusters: expected an int >= 1 or None, got {n!r}")
-            if self.family != "cluster":
-                raise ValueError(f"PlanKey.clusters: the cluster kernel's count, but family is "
-                                 f"{self.family!r} (expected 'cluster')")
+            if self.family not in CLUSTER_FAMILIES:
+                raise ValueError(f"PlanKey.clusters: a cluster family's count, but family is "
+                                 f"{self.family!r} (expected one of {CLUSTER_FAMILIES})")
         if self.backward is not None:
             if self.backward not in BACKWARD_FAMILIES:
                 raise ValueError(f"PlanKey.backward: expected one of {BACKWARD_FAMILIES} or "

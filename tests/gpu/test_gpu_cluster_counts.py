@@ -23,7 +23,7 @@ from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close  # noqa: E402
 from rnnrt.gpu import GpuRunner  # noqa: E402
 from rnnrt.kernels import occupancy as O  # noqa: E402
 from rnnrt.kernels import persistent as P  # noqa: E402
-from rnnrt.kernels.choice import cluster_schedule  # noqa: E402
+from rnnrt.kernels.schedules import cluster_schedule  # noqa: E402
 from rnnrt.kernels.tuning import ScheduleCache  # noqa: E402
 from rnnrt.plan import forward_plan  # noqa: E402
 from testkit import gpu_forward_case as case  # noqa: E402
@@ -57,23 +57,26 @@ def _launch_grids(plan):
     return [op.launch[0] for op in plan.ops if getattr(op, "launch", None)]
 
 
-CASES = [  # (cell, layers, steps, batch, clusters): one layer, and chunked (2 layers, T 30)
-    ("lstm", 1, 20, 256, 14), ("gru", 1, 20, 256, 14), ("lstm", 1, 20, 128, 10),
-    ("gru", 1, 20, 128, 5), ("lstm", 2, 30, 64, 6), ("gru", 2, 30, 64, 3)]
+CASES = [  # (cell, layers, steps, batch, clusters, family): one layer, chunked (2 layers)
+    ("lstm", 1, 20, 256, 14, "cluster"), ("gru", 1, 20, 256, 14, "cluster"),
+    ("lstm", 1, 20, 128, 10, "cluster"), ("gru", 1, 20, 128, 5, "cluster"),
+    ("lstm", 2, 30, 64, 6, "cluster"), ("gru", 2, 30, 64, 3, "cluster"),
+    ("gru", 1, 20, 256, 29, "regs"), ("lstm", 1, 20, 256, 22, "regs"),
+    ("gru", 2, 30, 128, 9, "regs"), ("rnn_tanh", 1, 20, 64, 16, "regs")]
 
 
-@pytest.mark.parametrize("case_", CASES, ids=[f"{c}-L{L}-T{T}-B{B}-n{n}"
-                                             for c, L, T, B, n in CASES])
+@pytest.mark.parametrize("case_", CASES, ids=[f"{c}-L{L}-T{T}-B{B}-{f}{n}"
+                                             for c, L, T, B, n, f in CASES])
 def test_an_explicit_count_runs_exactly_that_count_and_equals_the_reference(cp, ctx, case_):
-    cell, layers, steps, batch, n = case_
-    sched = cluster_schedule(n)
+    cell, layers, steps, batch, n, family = case_
+    sched = cluster_schedule(n, family)
     key = PlanKey(cell, steps, batch, 128, 128, layers, True, sched.switches,
-                  family="cluster", clusters=n)
+                  family=family, clusters=n)
     plan = forward_plan(key)
     assert plan.fallback is None, plan.fallback
     grids = _launch_grids(plan)
     assert grids and all(g == (P.PK_CLUSTER * n, 1, 1) for g in grids), grids
-    assert f"{n} clusters of {P.PK_CLUSTER} blocks" in plan.fit
+    assert f"{n} cluster{'' if n == 1 else 's'} of {P.PK_CLUSTER} blocks" in plan.fit, plan.fit
     run_case(cp, ctx, key, "graph", case(cell, layers, steps, batch, 128, 128))
 
 

@@ -53,7 +53,8 @@ def test_regs_kernel_matches_the_reference(cp, props, lib, cell, H, B):   # noqa
         layer.check(fit.describe())
     assert fits[0].clusters == P.cluster_count(B, props["multiProcessorCount"])
     if B == 64:
-        assert fits[2].threads == 512 and fits[2].clusters == 1, fits[2].describe()
+        assert fits[2].clusters == 1 and fits[2].threads == (512 if H == 128 else 256), \
+            fits[2].describe()   # 2 cells a lane: H 128 needs 512 threads for 64 batches
 
 
 def _model(cell, layers, H, seed=0):

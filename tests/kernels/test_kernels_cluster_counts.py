@@ -13,6 +13,7 @@ import json
 import pytest
 
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import counts as CN
 from rnnrt.kernels import occupancy as O
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.persistent import PK_CLUSTER, cluster_count, persistent_fit
@@ -32,24 +33,25 @@ def cap(n, source="driver"):
     return lambda fit: O.ClusterCap(n, source, f"fake {source}")
 
 
-def counts(shape, cap_fn=None):
-    return [s.clusters for s in C.candidates(shape, H100_SXM, cap_fn) if s.clusters]
+def counts(shape, cap_fn=None, family="cluster"):
+    return [s.clusters for s in C.candidates(shape, H100_SXM, cap_fn)
+            if s.clusters and s.family == family]
 
 
 # --- which counts are timed ----------------------------------------------------------------
 
 def test_extra_counts_give_fewer_batches_a_cluster_up_to_the_cap():
     # B 256, rule 8 (32 a cluster), cap 15: spread over 9..15, the largest kept
-    assert C.extra_cluster_counts(256, 8, 15) == (10, 13, 15)
-    assert C.extra_cluster_counts(256, 8, 10) == (9, 10)        # few: all of them
-    assert C.extra_cluster_counts(256, 8, 8) == ()               # the cap is the rule's
-    assert C.extra_cluster_counts(256, 8, 4) == ()               # a cap below the rule
-    assert C.extra_cluster_counts(8, 2, 16) == (3, 4, 8)         # 3, 2, 1 batches a cluster
+    assert CN.extra_cluster_counts(256, 8, 15) == (10, 13, 15)
+    assert CN.extra_cluster_counts(256, 8, 10) == (9, 10)        # few: all of them
+    assert CN.extra_cluster_counts(256, 8, 8) == ()               # the cap is the rule's
+    assert CN.extra_cluster_counts(256, 8, 4) == ()               # a cap below the rule
+    assert CN.extra_cluster_counts(8, 2, 16) == (3, 4, 8)         # 3, 2, 1 batches a cluster
     for b in (1, 7, 32, 100, 128, 256, 1000):
         for rule in (1, 2, 8):
             for top in (1, 8, 15, 40):
-                got = C.extra_cluster_counts(b, rule, top)
-                assert len(got) <= C.MAX_EXTRA_COUNTS and all(rule < n <= top for n in got)
+                got = CN.extra_cluster_counts(b, rule, top)
+                assert len(got) <= CN.MAX_EXTRA_COUNTS and all(rule < n <= top for n in got)
                 # each the fewest clusters for its batches a cluster: no empty cluster
                 for n in got:
                     bg = -(-b // n)
@@ -63,7 +65,7 @@ def test_candidates_carry_counts_under_the_cap_and_only_where_the_cluster_kernel
     assert counts(GRU256, cap(14)) == [10, 12, 14]
     for s in got:
         if s.clusters:
-            assert s.name == f"cluster/{s.clusters}" and s.family == "cluster"
+            assert s.name == f"{s.family}/{s.clusters}" and s.family in ("cluster", "regs")
     assert all(n <= 14 for n in counts(GRU256, cap(14)))
     assert counts(GRU256, cap(9)) == [9]
     assert counts(GRU256, cap(8)) == []                        # nothing above the rule fits
@@ -125,7 +127,7 @@ def test_the_key_names_the_count_and_refuses_a_bad_one():
         with pytest.raises(ValueError, match="PlanKey.clusters: expected an int >= 1"):
             key(clusters=bad)
     for fam in (None, "grid", "stack"):
-        with pytest.raises(ValueError, match="PlanKey.clusters: the cluster kernel's count"):
+        with pytest.raises(ValueError, match="PlanKey.clusters: a cluster family's count"):
             key(family=fam, clusters=8)
 
 
@@ -187,7 +189,7 @@ def test_the_fastest_count_is_chosen_and_survives_the_cache(tmp_path):
     assert got.name == "cluster" and got.clusters is None
     # a damaged count is refused (and tuned again)
     for bad in ({"clusters": 0}, {"clusters": 8, "family": "grid", "name": "grid"}):
-        d = {**C.cluster_schedule(8).as_dict(), **bad}
+        d = {**CN.cluster_schedule(8).as_dict(), **bad}
         with pytest.raises(ValueError, match="is not a cluster count"):
             C.Schedule.from_dict(d)
 
@@ -267,3 +269,23 @@ def test_the_derived_cap_counts_blocks_an_sm_holds():
     assert (d.clusters, d.source) == (16, "derived") and "upper bound" in d.note
     with pytest.raises(ValueError, match="not a cluster kernel"):
         O.cluster_cap(persistent_fit("gru", 128, 256, PROPS, kind="grid"), PROPS)
+
+
+def test_the_register_resident_kernel_gets_its_own_counts():
+    """The regs family times counts too (its blocks are small: its cap may pass the cluster
+    kernel's); an explicit count runs exactly that many clusters; typed keys get none (the
+    regs kernel is fp32 only) and the cluster kernel's counts stay."""
+    got = counts(GRU256, cap(30), "regs")
+    assert got and all(8 < n <= 30 for n in got) and len(got) <= CN.MAX_EXTRA_COUNTS, got
+    assert counts(GRU256, cap(8), "regs") == []
+    bf16 = C.Shape("gru", 1, 128, 128, 256, 100, dtype="bfloat16")
+    assert counts(bf16, cap(30), "regs") == [] and counts(bf16, cap(14)) == [10, 12, 14]
+    names_ = names(C.candidates(GRU256, H100_SXM, cap(30)))
+    assert [n for n in names_ if n.startswith("regs/")] == [f"regs/{n}" for n in got]
+    key = PlanKey("gru", 100, 256, 128, 128, 1, True, C.persistent_schedule("regs").switches,
+                  family="regs", clusters=got[-1], device=H100_SXM)
+    plan = forward_plan(key)
+    assert plan.fallback is None and f"{got[-1]} clusters as the key names" in plan.fit, plan.fit
+    with pytest.raises(ValueError, match="PlanKey.clusters"):
+        PlanKey("gru", 100, 256, 128, 128, 1, True, C.persistent_schedule("grid").switches,
+                family="grid", clusters=4, device=H100_SXM)
