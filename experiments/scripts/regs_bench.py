@@ -132,7 +132,7 @@ def main(argv=None):
            "config": {"hidden": H, "steps": T, "repeats": a.repeats}, "rows": rows}
     if a.out:
         slug = records.device_slug(session.info["device"])
-        path = Path(a.out) / f"regs-bench-H{H}-T{T}-{slug}-{records.stamp(created)}.json"
+        path = Path(a.out) / f"persistent-regs-bench-H{H}-T{T}-{slug}-{records.stamp(created)}.json"
         records.write_json(rec, path)
         print(f"record: {path}", file=sys.stderr)
     print("| cell | B | cluster us/step | regs us/step | regs512 us/step | regs / cluster | "

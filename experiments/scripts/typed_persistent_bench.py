@@ -6,7 +6,7 @@ against the rounding-aware reference by the ladder (row check.ok).
 
 Usage (device, repo root): python experiments/scripts/typed_persistent_bench.py --out DIR
   [--shapes lstm:1:128:8,...] [--dtypes float32,bfloat16] [--backward] [--repeats 10]
-Prints a table last; writes DIR/typed-persistent-<device>-<stamp>.json (kind
+Prints a table last; writes DIR/persistent-typed-bench-<device>-<stamp>.json (kind
 "typed_persistent_bench": the device, versions, one row per shape x dtype with auto's
 schedule and fit, its time, cuDNN's, the ratio, the check).
 """
@@ -72,7 +72,8 @@ def main(argv=None) -> int:
               "created": now_iso(), "command": " ".join(sys.argv), "device": device,
               "versions": versions(cupy), "rows": [{k: v for k, v in r.items() if k != "device"}
                                                    for r in rows]}
-    path = (Path(args.out) / f"typed-persistent-{device_slug(device.get('name', 'gpu'))}-"
+    name = device.get("device") or device.get("name") or "gpu"   # the session's device dict
+    path = (Path(args.out) / f"persistent-typed-bench-{device_slug(name)}-"
                              f"{stamp(record['created'])}.json")
     write_json(record, path)
     print(f"\nrecord: {path}")
