@@ -171,7 +171,7 @@ def _persistent_runs(key):
     """The persistent choice of ``key`` when its kernel runs (kernels/choice.py), else None."""
     if not key.switches.persistent:
         return None
-    # kernels/choice.py's choice, or the decline of 16-bit storage
+    # kernels/choice.py's choice, or its decline (e.g. the stack kernel at 16-bit storage)
     from .kernels.choice import choose_persistent
     choice = choose_persistent(key)
     return choice if choice.runs else None

@@ -55,7 +55,7 @@ with fp32 accumulation, up to summation order -- the difference the fp32 persist
 already have. The switch changes the schedule, not the math."""
 
 
-def persistent_storage_declines(dtype, family: str = "stack") -> str | None:
+def persistent_storage_declines(dtype, family: str) -> str | None:
     """PERSISTENT_STORAGE_REASON where ``family`` ('stack', 'grid', 'cluster', 'regs' or a
     backward) cannot run precision ``dtype``: the FP32_ONLY_FAMILIES for every precision but
     float32; None otherwise (the grid and cluster kernels' typed instantiations run every
@@ -272,7 +272,7 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
     (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
     lengths first: the persistent kernels run the whole batch every step, choose_persistent
-    declines a pattern). No stack for a tf32 / 16-bit ``shape.dtype``
+    declines a pattern). No stack or regs kernel for a tf32 / 16-bit ``shape.dtype``
     (PERSISTENT_STORAGE_REASON)."""
     props = device.props()
     out = {}
@@ -588,12 +588,12 @@ class Selector:
         """Time every candidate (most promising first) within the budget; the fastest."""
         t0 = self.clock()
         best, best_ms, rows = None, float("inf"), []
-        caps: list[ClusterCap] = []
+        caps: dict[str, ClusterCap] = {}   # kernel -> the cap of its rule's count's fit
 
         def cap_of(fit):
             c = (self.cluster_cap(fit) if self.cluster_cap is not None
                  else derived_cap(fit, self.device.props()))
-            caps.append(c)
+            caps.setdefault(fit.kernel, c)
             return c
 
         scheds = (candidates(shape, self.device, cap_of) if self.candidates_fn is None
@@ -622,9 +622,11 @@ class Selector:
             if ms < best_ms:
                 best, best_ms = sched, ms
         tune_s = self.clock() - t0
-        # the cap the cluster counts were bounded by (the rule's count's fit), or why the
-        # rule's cap stood in for the device's
-        cap = f"cluster counts: {caps[0].describe()}" if caps else ""
+        # the caps the cluster counts were bounded by (each family's rule's count's fit: the
+        # register-resident kernel's blocks may share an SM, the cluster kernel's not), or why
+        # the rule's cap stood in for the device's
+        cap = ("cluster counts: " + "; ".join(f"{k} {c.describe()}" for k, c in caps.items())
+               if caps else "")
         if best is None:   # nothing ran: the heuristic, and say so
             return Selection(heuristic(shape, self.device), "heuristic", rows, tune_s,
                              note="; ".join(x for x in ("no candidate could be timed", cap)

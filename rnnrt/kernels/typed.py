@@ -11,7 +11,8 @@ so only a plan with 16-bit buffers compiles a twin. Nothing here needs CuPy.
 The per-layer persistent kernels (persistent.cu, persistent_bwd.cu) are instantiated per
 precision instead (``persistent_expression``): ``K_t<TS, TF32>``, TS the storage type of the
 sequences their product reads (h, dg), TF32 whether it reads its operands TF32-rounded; a
-float32 key runs the ``extern "C"`` kernel. The stack kernel is fp32 only.
+float32 key runs the ``extern "C"`` kernel. The stack and register-resident kernels are fp32
+only.
 """
 from __future__ import annotations
 

@@ -174,6 +174,9 @@ def test_the_fastest_count_is_chosen_and_survives_the_cache(tmp_path):
                      cluster_cap=cap(14)).select(GRU256)
     assert sel.schedule.name == "cluster/12" and sel.schedule.clusters == 12
     assert sel.as_dict()["clusters"] == 12 and "co-resident cap 14" in sel.note
+    # each family's cap, named by its kernel (the regs kernel's may differ from the cluster's)
+    assert "gru_persistent_cluster_fwd co-resident cap 14" in sel.note, sel.note
+    assert "gru_persistent_regs_fwd co-resident cap 14" in sel.note, sel.note
     assert {"cluster/10", "cluster/12", "cluster/14"} <= set(timer.calls)
     again = Timer({})
     back = C.Selector(again, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(GRU256)
