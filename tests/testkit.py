@@ -537,7 +537,8 @@ _SHAPE = r"[a-z_]+-L\d+-H\d+-B\d+-T\d+"
 RECORD_KINDS = {  # kind: (stem, extension)
     "ladder": (rf"ladder-{_SHAPE}-(?:fwd|fwdbwd)(?:-(?:tf32|bfloat16|float16))?", "json"),
     "sweep": (rf"sweep{_WORDS}+", "jsonl"),
-    "kernels": (rf"(?:persistent|stack-bench){_WORDS}+|gemm-layouts|pretranspose-probe", "json"),
+    "kernels": (rf"(?:persistent|stack-bench|schedule-probe){_WORDS}+|gemm-layouts|pretranspose-probe",
+                "json"),
     "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}", "json"),
     "training": ((rf"charlm-{_SHAPE}-S\d+|train-step-{_SHAPE}"
                   rf"|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
