@@ -30,6 +30,7 @@ from rnnrt.bench import records  # noqa: E402
 from rnnrt.bench.cudnn import torch_module  # noqa: E402
 from rnnrt.bench.timing import time_torch  # noqa: E402
 from rnnrt.gpu import GpuRunner  # noqa: E402
+from rnnrt.kernels.choice import tuning_steps  # noqa: E402
 from rnnrt.kernels.schedules import Schedule, paper_schedules  # noqa: E402
 from rnnrt.plan.switches import Switches  # noqa: E402
 
@@ -74,28 +75,38 @@ def trace(runner, sched, T, B) -> list:
     cp.cuda.runtime.deviceSynchronize()
     ops = ex.trace()
     print(f"trace {sched.name}: {plan.fit if hasattr(plan, 'fit') else ''}", file=sys.stderr)
-    last = {}
+    last, kinds = {}, {}
     for o in ops:
         idle = o.t_start_ms - last.get(o.stream, 0.0)
         last[o.stream] = o.t_end_ms
+        k = kinds.setdefault(o.kind, [0, 0.0])
+        k[0] += 1
+        k[1] += o.t_end_ms - o.t_start_ms
+        if len(ops) > 200:   # a long plan: the sums by kind below, not every op
+            continue
         print(f"  op {o.index:4d} s{o.stream} {o.kind:10s} L{o.layer} t{o.steps[0]}-{o.steps[1]}"
               f" {o.t_start_ms:8.3f} {o.t_end_ms:8.3f} ms  ran {1e3 * (o.t_end_ms - o.t_start_ms):7.1f}"
               f" us  idle before {1e3 * idle:7.1f} us", file=sys.stderr)
+    for kind, (n, ms) in kinds.items():
+        print(f"  {kind:10s} {n:5d} ops, {ms:8.3f} ms busy in all, {1e3 * ms / n:7.1f} us each",
+              file=sys.stderr)
     print(f"  total {ex.info['total_ms']:.3f} ms, host-bound {ex.info['host_bound']}",
           file=sys.stderr)
     return [list(o) for o in ops]
 
 
-def cudnn_ms(model, T, B, train, repeats):
-    """(median ms, kernels) of torch.nn (cuDNN) at fp32, TF32 off, forward (+ backward):
+def cudnn_ms(model, T, B, train, repeats, dtype="float32"):
+    """(median ms, kernels) of torch.nn (cuDNN) at ``dtype`` (fp32: TF32 off), forward (+
+    backward):
     kernels = [{kernel, calls, us_total}] of one pass, from torch's profiler, longest first
     (which algorithm cuDNN ran: a persistent kernel or per-step GEMMs)."""
     import torch
-    m = torch_module(torch, model, "float32")
+    m = torch_module(torch, model, dtype)
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(T, B, model.input_size, device="cuda", generator=g,
-                    requires_grad=train)
-    dy = torch.randn(T, B, model.hidden_size, device="cuda", generator=g)
+    tdt = next(m.parameters()).dtype
+    x = torch.randn(T, B, model.input_size, device="cuda", generator=g).to(tdt)
+    x.requires_grad_(train)
+    dy = torch.randn(T, B, model.hidden_size, device="cuda", generator=g).to(tdt)
 
     def run():
         y, _ = m(x)
@@ -134,6 +145,8 @@ def main(argv=None):
     ap.add_argument("--chunks", default="2,5,10,20,25,50")
     ap.add_argument("--clusters", default="0", help="cluster counts; 0 = the rule's")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--dtype", default="float32",
+                    help="precision of rnnrt and of cuDNN (rnnrt/precision.py's names)")
     ap.add_argument("--trace", default="",
                     help="names of probed schedules to trace op by op (forward, eager under "
                          "the tracer's hold: rnnrt/exec/trace_exec.py)")
@@ -141,7 +154,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     cls = {"lstm": rnnrt.LSTM, "gru": rnnrt.GRU}[a.cell]
     model = cls(a.hidden, a.hidden, num_layers=a.layers, seed=0)
-    runner = GpuRunner(model, schedule_cache=False)
+    runner = GpuRunner(model, schedule_cache=False, dtype=a.dtype)
     shape = runner.selector_shape(a.steps, a.batch, a.train)
     timer = runner.selector.timer
     chunks = [c if c == "all" else int(c) for c in a.chunks.split(",") if c]
@@ -159,7 +172,7 @@ def main(argv=None):
     for sched in schedules([f for f in a.families.split(",") if f], chunks, counts):
         if sched.name in a.trace.split(","):
             traces[sched.name] = trace(runner, sched, a.steps, a.batch)
-    cd, cudnn_kernels = cudnn_ms(model, a.steps, a.batch, a.train, a.repeats)
+    cd, cudnn_kernels = cudnn_ms(model, a.steps, a.batch, a.train, a.repeats, a.dtype)
     created = records.now_iso()
     rec = {"kind": "schedule_probe", "created": created, "device": runner.session.info,
            "versions": records.versions(runner.cp), "command": " ".join(sys.argv),
@@ -167,12 +180,16 @@ def main(argv=None):
     if a.out:
         slug = records.device_slug(runner.session.info["device"])
         what = f"{a.cell}-L{a.layers}-H{a.hidden}-B{a.batch}-{'fwdbwd' if a.train else 'fwd'}"
+        if a.dtype != "float32":
+            what += f"-{a.dtype}"
         path = Path(a.out) / f"schedule-probe-{what}-{slug}-{records.stamp(created)}.json"
         records.write_json(rec, path)
         print(f"record: {path}", file=sys.stderr)
     print(f"| {a.cell} L{a.layers} H{a.hidden} B{a.batch} {'fwd+bwd' if a.train else 'fwd'} "
           f"| ms | vs cuDNN {cd:.3f} ms |")
     print("|---|---|---|")
+    print(f"(rnnrt timed over {tuning_steps(shape)} of {a.steps} steps: the selector's "
+          f"prefix; cuDNN over all)")
     for r in sorted(rows, key=lambda r: r["ms"] if r["ms"] is not None else np.inf)[:12]:
         ms = r["ms"]
         print(f"| {r['name']} | {'-' if ms is None else f'{ms:.3f}'} | "
