@@ -1,7 +1,8 @@
 /*
  * persistent_layer.cuh: the body of the per-layer persistent kernels, persistent_fwd<G, CELL,
- * CL> and its helpers (register tiles, the grid barrier and its exit, the partial sums, the
- * cell updates, pk_cell_update). #included by persistent.cu and persistent_regs.cu, whose
+ * CL, TS, TF32, MMA> and its helpers (register tiles, the grid barrier and its exit, the
+ * partial sums, the cell updates, pk_cell_update; the tensor-core product phase in
+ * persistent_mma.cuh). #included by persistent.cu, persistent_mma.cu and persistent_regs.cu, whose
  * headers document the kernels, their arguments and variants; rnnrt's loader inlines it. No
  * kernels of its own.
  *   PK_TM, PK_TB, PK_CPT, PK_LR_MAX   register tile and pointwise geometry
@@ -124,6 +125,33 @@ __device__ __forceinline__ PkGeom pk_geometry(int G, int U, int B, int H, int KT
     g.SH = pk_stride_r(KT);
     g.BP = 32 * ((B - g.LB + 31) / 32) + g.LB;
     return g;
+}
+
+#include "persistent_mma.cuh"
+
+// The decomposition of the tensor-core grid kernel (MMA: persistent_mma.cuh): every warp is
+// one k-group (NKG = NW; LR = LB = LK = 1) that owns the same CPW chunks of every h tile as
+// the FMA path; RT x BT are its m16 x n8 tiles of the partial sums; the strides are
+// pk_mma_stride's (8-byte fragment loads without bank conflicts). rnnrt/kernels/mma.py's
+// mma_geometry computes the same numbers for the host.
+template <bool MMA>
+__device__ __forceinline__ PkGeom pk_geom(int G, int U, int B, int H, int KT, int nt) {
+    if constexpr (!MMA) {
+        return pk_geometry(G, U, B, H, KT, nt);
+    } else {
+        PkGeom g;
+        g.M = G * U;
+        g.LR = g.LB = g.LK = 1;
+        g.NW = nt / 32;
+        g.NKG = g.NW;
+        g.RT = (g.M + 15) / 16;
+        g.BT = (B + 7) / 8;
+        g.CPW = (KT / 4 + g.NW - 1) / g.NW;
+        g.SR = pk_mma_stride(H);
+        g.SH = pk_mma_stride(KT);
+        g.BP = pk_mma_stride(B);
+        return g;
+    }
 }
 
 // One warp stages chunks [ca, cb) (float4 columns k0 + 4*cc) of rows [0, B) of h_t into the
@@ -272,7 +300,10 @@ __device__ __forceinline__ void pk_flush(const float (&acc)[PK_TM][PK_TB], const
 // TS, TF32: the storage of h and of the product's operands (persistent_common.cuh); <float,
 // false> is the fp32 kernel. h is stored rounded to TS, and what the product reads of h
 // and R is rounded as the rungs' GEMMs read it (pk_operand); all else is fp32.
-template <int G, int CELL, int CL, class TS = float, bool TF32 = false>
+// MMA: the product on tensor cores (persistent_mma.cuh; grid kernel, TS bf16 / fp16 only):
+// each warp one k-group, mma.sync over its chunks of every h tile into the same partial
+// sums red[kg][r][b]; staging, barrier, pointwise phase and stores are the FMA path's.
+template <int G, int CELL, int CL, class TS = float, bool TF32 = false, bool MMA = false>
 __device__ __forceinline__ void persistent_fwd(
         int Bfull, int H, TS* h, long long ldh, float* c, long long ldc, float* act,
         long long ldact, unsigned int* sync, const float* gx, long long ldgx, const float* w,
@@ -293,7 +324,8 @@ __device__ __forceinline__ void persistent_fwd(
         B = min(BG, Bfull - b_off);
         if (B < 1 || KT < H) __trap();   // an empty cluster; the cluster kernel's one tile
     }
-    const PkGeom g = pk_geometry(G, U, BG, H, KT, nt);
+    static_assert(!MMA || (CL == 0 && !TF32), "the mma product: grid kernel, bf16 / fp16");
+    const PkGeom g = pk_geom<MMA>(G, U, BG, H, KT, nt);
     const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH
                                   + (long long)g.NKG * g.M * g.BP);
     if ((long long)ranks * U < H || (long long)U * BG > (long long)PK_CPT * nt ||
@@ -311,7 +343,7 @@ __device__ __forceinline__ void persistent_fwd(
     float* const hs = Rs + g.M * g.SR;                // [B][SH] (cluster kernel: [2][BG][SH])
     float* const red = hs + (CL ? 2 : 1) * BG * g.SH;   // [NKG][M][BP]
     const int lr = lane % g.LR, lb = (lane / g.LR) % g.LB, lk = lane / (g.LR * g.LB);
-    const int kg = warp * g.LK + lk;
+    const int kg = MMA ? warp : warp * g.LK + lk;
     // 16-byte staging where every row of h_t starts 16-byte aligned and has whole float4s
     // (H, ldh multiples of 4, h 16-byte aligned; the same for every block)
     const bool vec = PkRaw<TS, TF32>::v && H % 4 == 0 && ldh % 4 == 0 &&
@@ -428,12 +460,17 @@ __device__ __forceinline__ void persistent_fwd(
         // several, each half's sums of each output tile are added into red. The cluster
         // kernel has all of h_t in its buffer already (one tile, nothing to stage or wait
         // for) and multiplies the same halves in the same order.
-        const bool one_tile = g.RT * g.BT == 1;
+        // The mma path (MMA): one group of register tiles (M <= 16 PK_MMA_MT rows, B <= 8
+        // PK_MMA_NT batches) is kept over all h tiles, like one output tile here.
+        const bool one_tile = MMA ? g.RT <= PK_MMA_MT && g.BT <= PK_MMA_NT
+                                  : g.RT * g.BT == 1;
         float acc1[PK_TM][PK_TB];
 #pragma unroll
         for (int i = 0; i < PK_TM; ++i)
 #pragma unroll
             for (int jb = 0; jb < PK_TB; ++jb) acc1[i][jb] = 0.f;
+        float macc[PK_MMA_MT][PK_MMA_NT][4];
+        if constexpr (MMA) pk_mma_zero(macc);
         // Output tile (rt, bt) of this lane over chunks [c0, c1) and then [c2, c3) of the h
         // tile at column k0, added into (first: stored as) its k-group's partial sums.
         auto tile_sums = [&](int rt, int bt, int k0, int c0, int c1, int c2, int c3,
@@ -453,7 +490,20 @@ __device__ __forceinline__ void persistent_fwd(
                 pk_cp_wait<1>();   // this half has landed (this lane's part of it) ...
                 __syncwarp();      // ... and every lane's
             }
-            if (one_tile) {
+            if constexpr (MMA) {
+                if (one_tile) {
+                    pk_mma_span<TS>(macc, g, Rs, hcur, B, H, k0, c0, c1, 0, 0, lane);
+                } else {   // each group of tiles: this half's sums added into red
+                    for (int mt0 = 0; mt0 < g.RT; mt0 += PK_MMA_MT)
+                        for (int nt0 = 0; nt0 < g.BT; nt0 += PK_MMA_NT) {
+                            float acc[PK_MMA_MT][PK_MMA_NT][4];
+                            pk_mma_zero(acc);
+                            pk_mma_span<TS>(acc, g, Rs, hcur, B, H, k0, c0, c1, mt0, nt0,
+                                            lane);
+                            pk_mma_flush(acc, g, red, B, mt0, nt0, kg, lane, first);
+                        }
+                }
+            } else if (one_tile) {
                 pk_fma_span(acc1, g, Rs, hcur, B, k0, c0, c1, lr, lb, lk);
             } else {
                 for (int rt = 0; rt < g.RT; ++rt)
@@ -487,7 +537,11 @@ __device__ __forceinline__ void persistent_fwd(
             cm = nm;
             cb = nb;
         }
-        if (one_tile) pk_flush(acc1, g, red, B, lr, lb, kg, true);
+        if constexpr (MMA) {
+            if (one_tile) pk_mma_flush(macc, g, red, B, 0, 0, kg, lane, true);
+        } else if (one_tile) {
+            pk_flush(acc1, g, red, B, lr, lb, kg, true);
+        }
         __syncthreads();   // every k-group's partial sums are in red
 
         // This step's outputs of cell i to global memory: h_{t+1}, c_{t+1} (LSTM) and the saved

@@ -7,9 +7,9 @@ family runs — the stack kernel (every layer of an LSTM stack in one launch, ``
 the cluster kernel or the grid kernel (one launch a layer, ``persistent.py``) — whether
 cluster launches are cut into input chunks that overlap along the wavefront, and, where
 nothing fits, why the plan falls back to the schedule without the switch. A key may name the
-family (``PlanKey.family``: the register-resident cluster kernel, 'regs', runs only where
-named, as the selector's candidates name it); else the rules below pick one. The plan builders follow the
-answer; they decide nothing about kernels themselves.
+family (``PlanKey.family``: the register-resident cluster kernel, 'regs', and the tensor-core
+grid kernel, 'mma', run only where named, as the selector's candidates name them); else the
+rules below pick one. The plan builders follow the answer; they decide nothing about kernels themselves.
 
 ``choose_persistent_backward(key)``: for a training key that names the persistent backward
 (``PlanKey.backward``), the kernel's fit, or why the plan keeps the per-step backward.
@@ -34,6 +34,7 @@ from .counts import count_schedules, layer_share_fit
 from .occupancy import ClusterCap, derived_cap
 from .persistent import Fit, persistent_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
+from .mma import mma_fit
 from .regs import regs_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
                         varlen_schedules)
@@ -72,7 +73,7 @@ def persistent_storage_declines(dtype, family: str) -> str | None:
 class PersistentChoice:
     """What the persistent switch runs for one plan key.
 
-    family: 'stack', 'grid', 'cluster' or 'regs' — what runs — or None: nothing persistent fits and
+    family: 'stack', 'grid', 'cluster', 'regs' or 'mma' — what runs — or None: nothing persistent fits and
     the plan is the schedule without the switch (``fallback`` says why).
     fit: the per-layer fit (grid or cluster kernel; for the stack, the per-layer fit the
     rules looked at, if any). stack: the stack kernel's fit when it runs (then no per-layer
@@ -142,6 +143,8 @@ def choose_persistent(key) -> PersistentChoice:
                 else declined(st.reason))
     if family == "regs":
         return _regs_choice(key, declined)
+    if family == "mma":
+        return _mma_choice(key, declined)
     kind = family if family in ("grid", "cluster") else None
     # PlanKey.clusters (family 'cluster' only): exactly that count, wherever it fits
     fit = persistent_fit(key.cell, H, B, props, kind=kind, clusters=key.clusters)
@@ -197,6 +200,16 @@ def _regs_choice(key, declined) -> PersistentChoice:
     if chunked and key.clusters is None:
         fit = layer_share_fit(key.cell, key.hidden_size, B, props, L, fit, "regs")
     return PersistentChoice("regs", fit, None, chunked, k if chunked else T, given_count(key))
+
+
+def _mma_choice(key, declined) -> PersistentChoice:
+    """The tensor-core grid kernel for ``key`` (named as its family): bfloat16 / float16 keys
+    only (mma.MMA_DTYPES_REASON says why not the others). A grid kernel: one launch a layer
+    over all T steps (it needs every SM, so layers never overlap), as the grid family."""
+    fit = mma_fit(key.cell, key.hidden_size, key.batch, key.device.props(), key.dtype)
+    if not fit.ok:
+        return declined(fit.reason, fit)
+    return PersistentChoice("mma", fit, None, False, key.steps)
 
 
 def _stack_fit(key) -> StackFit:
@@ -273,7 +286,8 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
     lengths first: the persistent kernels run the whole batch every step, choose_persistent
     declines a pattern). No stack or regs kernel for a tf32 / 16-bit ``shape.dtype``
-    (PERSISTENT_STORAGE_REASON)."""
+    (PERSISTENT_STORAGE_REASON); the tensor-core grid kernel ('mma') for bfloat16 / float16
+    only (mma.MMA_DTYPES_REASON)."""
     props = device.props()
     out = {}
     st = stack_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
@@ -287,6 +301,9 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     rf = regs_fit(shape.cell, shape.hidden, shape.batch, props)
     if rf.ok and not persistent_storage_declines(shape.dtype, "regs"):
         out["regs"] = rf.reason
+    mf = mma_fit(shape.cell, shape.hidden, shape.batch, props, shape.dtype)
+    if mf.ok:
+        out["mma"] = mf.reason
     return out
 
 
@@ -298,7 +315,7 @@ def with_persistent_backward(schedule: Schedule) -> Schedule:
 
 def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
-    cluster, regs, grid: each runs the recurrence with R on chip) and the cluster families at
+    cluster, regs, mma (bf16 / fp16), grid: each runs the recurrence with R on chip) and the cluster families at
     other counts (``counts.count_schedules``, capped by ``cluster_cap(fit)``: an
     occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
@@ -310,7 +327,7 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     if shape.varlen:
         return varlen_schedules()
     fams = fitting_families(shape, device)
-    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "regs", "grid")
+    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "regs", "mma", "grid")
                        if f in fams)
     counts = tuple(c for f in CLUSTER_FAMILIES if f in fams
                    for c in count_schedules(shape, device, f, cluster_cap))

@@ -134,7 +134,8 @@ def typed_persistent_kernels(file: str, cluster: bool) -> tuple[str, ...]:
     """The registered persistent kernels of ``file`` that have typed instantiations, the
     cluster kernels only where ``cluster`` (they exist for sm_90 and later only)."""
     return tuple(k.name for k in REGISTRY
-                 if k.persistent and k.file == file and file in typed.TYPED_PERSISTENT_FILES
+                 if k.persistent and k.file == file
+                 and file in typed.TYPED_PERSISTENT_FILES + typed.MMA_FILES
                  and (cluster or "_cluster_" not in k.name))
 
 
@@ -161,6 +162,10 @@ class KernelLibrary:
         """The cupy.RawKernel ``name``."""
         if name not in self._kernels:
             kinfo = get_kernel(name)
+            if kinfo.file in typed.MMA_FILES:
+                raise ValueError(f"{name}: no fp32 kernel (the tensor-core kernels of "
+                                 f"{kinfo.file} are bf16 / fp16 instantiations: "
+                                 f"get_persistent(name, dtype))")
             module = compile_module(kinfo.file, source(kinfo.file), self.options)
             self._kernels[name] = module.get_function(name)
         return self._kernels[name]

@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import emulate, emulate_bwd, emulate_regs
+from . import emulate, emulate_bwd, emulate_regs, mma
 from . import persistent as pk
 from . import regs
 from . import stack
@@ -274,6 +274,14 @@ REGISTRY += tuple(
     replace(k, name=regs.kernel_name(k.name.split("_persistent")[0]), file="persistent_regs.cu",
             numpy_fn=emulate_regs.regs_twin(k.name.split("_persistent")[0]))
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
+
+# the tensor-core grid kernels (persistent_mma.cu; mma.py): the grid kernels' arguments, bf16
+# / fp16 instantiations only (typed.py), the grid kernel's emulation over their cut as twins
+REGISTRY += tuple(
+    replace(k, name=mma.kernel_name(k.name.split("_persistent")[0]), file="persistent_mma.cu",
+            numpy_fn=mma.mma_twin(k.name.split("_persistent")[0]))
+    for k in REGISTRY if k.persistent and k.name.endswith("_persistent_fwd")
+    and k.file == "persistent.cu")
 
 # the stack kernel: every layer of an LSTM stack in one launch (stack.py)
 REGISTRY += (

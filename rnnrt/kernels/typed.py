@@ -12,7 +12,7 @@ The per-layer persistent kernels (persistent.cu, persistent_bwd.cu) are instanti
 precision instead (``persistent_expression``): ``K_t<TS, TF32>``, TS the storage type of the
 sequences their product reads (h, dg), TF32 whether it reads its operands TF32-rounded; a
 float32 key runs the ``extern "C"`` kernel. The stack and register-resident kernels are fp32
-only.
+only; the tensor-core grid kernels (persistent_mma.cu) are bf16 / fp16 only (``MMA_FILES``).
 """
 from __future__ import annotations
 
@@ -69,9 +69,15 @@ def persistent_expression(name: str, dtype) -> str | None:
     """The NVRTC name expression of persistent kernel ``name``'s instantiation for precision
     ``dtype`` (rnnrt.precision.DTYPES), e.g. ``lstm_persistent_fwd_t<bf16, false>``; None
     for float32 (the ``extern "C"`` kernel). ValueError for a kernel without typed
-    instantiations (not persistent, or the stack kernel) at another precision."""
+    instantiations (not persistent, or the stack kernel) at another precision, and for a
+    tensor-core kernel (MMA_FILES) at any precision but MMA_DTYPES."""
     p = get_precision(dtype)
     kinfo = get_kernel(name)
+    if kinfo.file in MMA_FILES:   # bf16 / fp16 only: no fp32 kernel to fall back on
+        if p.name not in MMA_DTYPES:
+            raise ValueError(f"{name}: no {p.name} instantiation (the tensor-core kernels "
+                             f"of {MMA_FILES} run {list(MMA_DTYPES)})")
+        return f"{name}_t<{ELEMENT_CTYPES[p.storage]}, false>"
     if p.name == "float32":
         return None
     if not kinfo.persistent or kinfo.file not in TYPED_PERSISTENT_FILES:
@@ -84,6 +90,10 @@ def persistent_expression(name: str, dtype) -> str | None:
 
 TYPED_PERSISTENT_FILES = ("persistent.cu", "persistent_bwd.cu")
 """The files whose persistent kernels have typed instantiations."""
+MMA_FILES = ("persistent_mma.cu",)
+"""The files whose persistent kernels are typed instantiations only, at MMA_DTYPES (the
+tensor-core grid kernels: no ``extern "C"`` fp32 kernel)."""
+MMA_DTYPES = ("bfloat16", "float16")
 
 
 def persistent_types(name: str, dtype) -> tuple[str, ...]:

@@ -7,7 +7,9 @@
 // The kernel source is compiled as is (PK_HOST_SIM swaps in the primitives below), so
 // its indexing, shared-memory layout, h staging, k-split reduction and barrier protocol run
 // for real. Used by tests/kernels/test_kernels_persistent_sim.py, test_kernels_stack.py and
-// test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below)
+// test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below) and
+// test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
+// emulated over the warp's exchange buffer)
 // (g++ -std=c++20 -pthread); not part of rnnrt.
 // The cluster kernels (CLUSTER > 0: blocks x of one cluster are x / CLUSTER alike): their
 // barrier is a std::barrier over the cluster's threads, and a store into another block's
@@ -40,6 +42,7 @@
 
 struct Dim3 { unsigned int x = 1, y = 1, z = 1; };
 struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
 [[maybe_unused]] static float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 static Dim3 gridDim, blockDim;
@@ -170,6 +173,54 @@ static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
     sim_block_smem[pk_cluster_id() * sim_cluster + rank][off] = v;
 }
 
+// The tensor-core kernels' primitives (persistent_mma.cuh leaves them to PK_HOST_SIM): two
+// floats packed as the 16-bit type's bits (lo in the low half), and mma.sync m16n8k16
+// emulated over the warp: every lane deposits its A and B fragment registers in the warp's
+// exchange buffer, a warp barrier, each lane rebuilds A [16][16] and B [16][8] by the PTX
+// ISA's fragment layout (g = lane >> 2, c = lane & 3) and computes its own four D elements
+// (fp32 accumulation of exact products), a warp barrier. A kernel that loads its fragments
+// in another layout multiplies the wrong elements: its sums come out wrong.
+template <class T> inline T from_f(float v);
+static thread_local unsigned int* sim_mma_slots;   // the warp's 32 lanes x 6 words
+template <class TS> static unsigned int pk_pack2(float lo, float hi) {
+    return (static_cast<unsigned int>(from_f<TS>(hi).bits) << 16) | from_f<TS>(lo).bits;
+}
+template <class TS> static float sim_unpack(unsigned int r, int half) {
+    TS v;
+    v.bits = static_cast<unsigned short>(r >> (16 * half));
+    return to_f(v);
+}
+template <class TS>
+static void pk_mma16816(float (&d)[4], const unsigned int (&a)[4], const unsigned int (&b)[2]) {
+    const int lane = threadIdx.x & 31;
+    unsigned int* const mine = sim_mma_slots + 6 * lane;
+    for (int i = 0; i < 4; ++i) mine[i] = a[i];
+    mine[4] = b[0];
+    mine[5] = b[1];
+    __syncwarp();
+    float A[16][16], Bm[16][8];
+    for (int l = 0; l < 32; ++l) {
+        const unsigned int* const f = sim_mma_slots + 6 * l;
+        const int g = l >> 2, c = l & 3;
+        for (int e = 0; e < 2; ++e) {
+            A[g][2 * c + e] = sim_unpack<TS>(f[0], e);
+            A[g + 8][2 * c + e] = sim_unpack<TS>(f[1], e);
+            A[g][2 * c + 8 + e] = sim_unpack<TS>(f[2], e);
+            A[g + 8][2 * c + 8 + e] = sim_unpack<TS>(f[3], e);
+            Bm[2 * c + e][g] = sim_unpack<TS>(f[4], e);
+            Bm[2 * c + 8 + e][g] = sim_unpack<TS>(f[5], e);
+        }
+    }
+    __syncwarp();   // every lane has gathered before the next mma overwrites a slot
+    const int g = lane >> 2, c = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i >> 1), n = 2 * c + (i & 1);
+        float acc = d[i];
+        for (int k = 0; k < 16; ++k) acc += A[r][k] * Bm[k][n];
+        d[i] = acc;
+    }
+}
+
 #include PK_SOURCE
 
 #ifdef PK_SIM_REGS   // the forward main runs the register-resident kernels in their stead
@@ -207,7 +258,7 @@ static void write_f32(const std::string& path, const std::vector<float>& v) {
 
 // n floats at `offset` floats past a 16-byte boundary, in `store` (float4: 16-byte aligned,
 // zeroed): the kernels must take 4-byte loads where a row is not 16-byte aligned
-static float* at_offset(std::vector<float4>& store, size_t n, int offset) {
+[[maybe_unused]] static float* at_offset(std::vector<float4>& store, size_t n, int offset) {
     store.assign((offset + n) / 4 + 1, float4{0, 0, 0, 0});
     return reinterpret_cast<float*>(store.data()) + offset;
 }
@@ -231,6 +282,7 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
     std::vector<std::unique_ptr<std::barrier<>>> bars, warp_bars, cluster_bars;
     const int warps = (threads + 31) / 32;
     std::vector<float> warp_slots((size_t)blocks * warps * 32, 0.f);
+    std::vector<unsigned int> mma_slots((size_t)blocks * warps * 32 * 6, 0u);
     std::vector<std::vector<float4>> smem(blocks);
     if (sim_cluster && blocks % sim_cluster) {
         std::fprintf(stderr, "%d blocks are not whole clusters of %d\n", blocks, sim_cluster);
@@ -256,6 +308,7 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
                 sim_block_barrier = bars[b].get();
                 sim_warp_barrier = warp_bars[b * warps + t / 32].get();
                 sim_warp_slots = warp_slots.data() + ((size_t)b * warps + t / 32) * 32;
+                sim_mma_slots = mma_slots.data() + ((size_t)b * warps + t / 32) * 32 * 6;
                 sim_smem = reinterpret_cast<float*>(smem[b].data());
                 sim_smem_bytes = smem_bytes;
                 sim_cluster_barrier = sim_cluster ? cluster_bars[b / sim_cluster].get() : nullptr;
@@ -404,6 +457,70 @@ int main(int argc, char** argv) {
     write_f32(dir + "/dc0.out", dc0);
     std::printf("ldcg128 %lld ldcg32 %lld\n", sim_ldcg128.load(), sim_ldcg32.load());
     return 0;
+}
+#elif defined(PK_SIM_MMA)
+// The tensor-core grid kernels (persistent_mma.cu, `*_persistent_mma_fwd_t<TS, false>`):
+//   persistent_host_sim_mma CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR K_TILE TS
+// (TS: bf16 or fp16) reads DIR/{h,c,act,gx,w,bw,br}.f32 (dense: ld = H, 4H, G*H; biases one
+// row, ld 0), h converted to TS (its slot 0 must be representable), launches LAUNCHES times
+// (outputs poisoned with NaN before each, the counters checked after each), writes
+// DIR/{h,c,act}.out (h back as float).
+template <class TS>
+static int run_mma(const std::string& cell, int B, int H, int T, int U, int blocks,
+                   int threads, unsigned smem, int launches, const std::string& dir, int kt) {
+    const int G = cell == "lstm" ? 4 : cell == "gru" ? 3 : 1;
+    const std::vector<float> h_in = read_f32(dir + "/h.f32");
+    std::vector<float> c = read_f32(dir + "/c.f32"), act = read_f32(dir + "/act.f32");
+    std::vector<float> gx = read_f32(dir + "/gx.f32"), w = read_f32(dir + "/w.f32");
+    std::vector<float> bw = read_f32(dir + "/bw.f32"), br = read_f32(dir + "/br.f32");
+    std::vector<TS> h(h_in.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = from_f<TS>(h_in[i]);
+    unsigned int sync[2] = {0, 0};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int l = 0; l < launches; ++l) {
+        std::fill(h.begin() + (size_t)B * H, h.end(), from_f<TS>(nan));
+        if (!c.empty()) std::fill(c.begin() + (size_t)B * H, c.end(), nan);
+        std::fill(act.begin(), act.end(), nan);
+        std::function<void()> k;
+        if (cell == "lstm")
+            k = [&] { lstm_persistent_mma_fwd_t<TS, false>(B, H, h.data(), H, c.data(), H,
+                      act.data(), 4 * H, sync, 2, gx.data(), G * H, w.data(), H, bw.data(), 0,
+                      br.data(), 0, T, U, kt); };
+        else if (cell == "gru")
+            k = [&] { gru_persistent_mma_fwd_t<TS, false>(B, H, h.data(), H, act.data(), 4 * H,
+                      sync, 2, gx.data(), G * H, w.data(), H, bw.data(), 0, br.data(), 0, T, U,
+                      kt); };
+        else if (cell == "rnn_tanh")
+            k = [&] { rnn_tanh_persistent_mma_fwd_t<TS, false>(B, H, h.data(), H, sync, 2,
+                      gx.data(), H, w.data(), H, bw.data(), 0, br.data(), 0, T, U, kt); };
+        else
+            k = [&] { rnn_relu_persistent_mma_fwd_t<TS, false>(B, H, h.data(), H, sync, 2,
+                      gx.data(), H, w.data(), H, bw.data(), 0, br.data(), 0, T, U, kt); };
+        launch(blocks, threads, smem, k);
+        if (!counters_zero(sync, 2, l)) return 3;
+    }
+    std::vector<float> h_out(h.size());
+    for (size_t i = 0; i < h.size(); ++i) h_out[i] = to_f(h[i]);
+    write_f32(dir + "/h.out", h_out);
+    write_f32(dir + "/c.out", c);
+    write_f32(dir + "/act.out", act);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 13) {
+        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_MMA)\n");
+        return 2;
+    }
+    const std::string cell = argv[1], dir = argv[10], ts = argv[12];
+    const int B = std::atoi(argv[2]), H = std::atoi(argv[3]), T = std::atoi(argv[4]);
+    const int U = std::atoi(argv[5]), blocks = std::atoi(argv[6]), threads = std::atoi(argv[7]);
+    const unsigned smem = (unsigned)std::atol(argv[8]);
+    const int launches = std::atoi(argv[9]), kt = std::atoi(argv[11]);
+    if (ts == "bf16") return run_mma<bf16>(cell, B, H, T, U, blocks, threads, smem, launches, dir, kt);
+    if (ts == "fp16") return run_mma<fp16>(cell, B, H, T, U, blocks, threads, smem, launches, dir, kt);
+    std::fprintf(stderr, "TS: bf16 or fp16, got %s\n", ts.c_str());
+    return 2;
 }
 #else
 int main(int argc, char** argv) {

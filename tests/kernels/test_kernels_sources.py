@@ -18,6 +18,7 @@ import pytest
 
 from rnnrt.kernels import registry as K
 from rnnrt.kernels import sources as S
+from rnnrt.kernels import typed
 from testkit import find_nvrtc, nvrtc_compile
 
 CU_FILES = sorted(p.name for p in S.cuda_src_dir().glob("*.cu"))
@@ -59,13 +60,28 @@ _DEFINITION = re.compile(r'extern\s+"C"\s+__global__\s+void\s+'
                          r'(?:__cluster_dims__\s*\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)', re.S)
 
 
-def _signatures(text):
+# the typed-only files' kernels (typed.MMA_FILES): template <class TS, bool TF32> K_t(...),
+# h a TS* (read as the registry's float* output)
+_TYPED_DEFINITION = re.compile(r'template\s*<class TS, bool TF32>\s*__global__\s+void\s+'
+                               r'(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)_t\s*\(([^)]*)\)',
+                               re.S)
+
+
+def _file_signatures(file, text):
+    """_signatures of ``file``: its `extern "C"` kernels, or for a typed-only file
+    (typed.MMA_FILES) its template kernels K_t, named K, TS* read as float*."""
+    if file not in typed.MMA_FILES:
+        return _signatures(text)
+    return _signatures(text.replace("TS*", "float*"), _TYPED_DEFINITION)
+
+
+def _signatures(text, definition=None):
     """{kernel: (outs, ins, scalars, uint pointers)} from the `extern "C" __global__`
     signatures, checking the calling convention on the way: int rows, int cols, then
     (pointer, int ld) pairs, non-const outputs before const float* inputs, then int scalars.
     Outputs are float*, or unsigned int* (returned as the uint pointers: barrier counters)."""
     found = {}
-    for name, params in _DEFINITION.findall(text):
+    for name, params in (definition or _DEFINITION).findall(text):
         ps = [" ".join(p.split()) for p in params.split(",")]
         assert ps[:2] == ["int rows", "int cols"], f"{name}: starts with {ps[:2]}"
         outs, ins, scalars, uints = [], [], [], []
@@ -102,7 +118,8 @@ def _definitions(text):
 @pytest.mark.parametrize("file", CU_FILES)
 def test_header_lists_what_the_file_defines(file):
     text = S.source(file)
-    header, code = S.parse_header(text), _definitions(text)
+    header = S.parse_header(text)
+    code = {k: (o, i) for k, (o, i, _, _) in _file_signatures(file, text).items()}
     assert list(header) == list(code), \
         f"{file}: header lists {list(header)}, code defines {list(code)}"
     assert S.header_kernels(file) == list(code)
@@ -116,7 +133,7 @@ def test_header_lists_what_the_file_defines(file):
         assert reg == (outs, ins), f"{name}: registry args {reg} != code {(outs, ins)}"
     # scalars after the pairs, and the unsigned int* pointers: header, code and registry
     header_scalars = S.parse_header_scalars(text)
-    for name, (_, _, scalars, uints) in _signatures(text).items():
+    for name, (_, _, scalars, uints) in _file_signatures(file, text).items():
         kinfo = K.KERNELS[name]
         assert header_scalars[name] == scalars == kinfo.scalars, \
             f"{name}: scalars header {header_scalars[name]}, code {scalars}, " \
