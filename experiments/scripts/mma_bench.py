@@ -53,8 +53,10 @@ def point(cp, m, family, dtype, x, y_ref, repeats):
     y = np.asarray(y.get() if hasattr(y, "get") else y)
     p = get_precision(dtype)
     c = compare(y, y_ref, p.atol, p.rtol, name=f"{family} y")
+    # timed on a device copy of x: a NumPy x would add its host-to-device copy to every run
+    xd = cp.asarray(x)
     stream = cp.cuda.get_current_stream()
-    t = time_gpu(cp, lambda: r.forward(x), stream, repeats=repeats)
+    t = time_gpu(cp, lambda: r.forward(xd), stream, repeats=repeats)
     return {"us_step": 1e3 * t.ms_median / T, "check": {"ok": c.ok, "text": str(c)},
             "fit": choice.describe()}
 
@@ -108,14 +110,13 @@ def main(argv=None) -> int:
                 row["mma_vs_grid"] = g / a if a and g else None
                 rows.append(row)
                 print(f"{dtype} H{H} B{B}: mma {a} grid {g}", flush=True)
-    from rnnrt.session import GpuSession
-    device = GpuSession().describe() if hasattr(GpuSession, "describe") else {
-        "name": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()}
+    from rnnrt.session import device_info
+    device = device_info()
     record = {"schema": "rnnrt.mma_bench/1", "kind": "mma_bench", "created": now_iso(),
               "command": " ".join(sys.argv), "device": device, "versions": versions(cp),
               "rows": rows}
-    name = device.get("device") or device.get("name") or "gpu"
-    path = Path(args.out) / f"mma-bench-{device_slug(name)}-{stamp(record['created'])}.json"
+    path = Path(args.out) / (f"persistent-mma-bench-L1-T{args.steps}-{device_slug(device['device'])}"
+                             f"-{stamp(record['created'])}.json")
     write_json(record, path)
     print(f"\nrecord: {path}")
     print(f"{'dtype':<10}{'H':>6}{'B':>5}{'mma us':>9}{'grid us':>9}{'cuDNN us':>10}"
