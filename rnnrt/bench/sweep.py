@@ -51,6 +51,7 @@ from ..precision import get_precision
 from . import ladder as ladder_mod
 from .recordio import read_jsonl, valid_input_batch
 from .records import device_slug, now_iso, record_path, results_root
+from .second_opinion import SECOND_OPINION
 
 SCHEMA = "rnnrt.sweep/1"
 DEFAULT_HIDDEN = (128, 256, 512, 1024, 2048, 4096)
@@ -477,7 +478,10 @@ def _best(record) -> str:
     if b.get("ratio_vs_cudnn"):
         s += f" ({b['ratio_vs_cudnn']:.2f}x cuDNN)"
     refused = [r["rung"] for r in record["rows"] if "refused" in r]
-    return s + (f"; REFUSED: {', '.join(refused)}" if refused else "")
+    second = [r["rung"] for r in rows if (r.get("check") or {}).get("accepted_by") ==
+              SECOND_OPINION]
+    return (s + (f"; accepted by the {SECOND_OPINION}: {', '.join(second)}" if second else "")
+            + (f"; REFUSED: {', '.join(refused)}" if refused else ""))
 
 
 def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = False,
