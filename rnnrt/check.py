@@ -105,3 +105,90 @@ def compare_all(got, ref, against: str = "the reference", rows: int = 1,
         if worst is None or (not c.ok and worst.ok) or c.max_excess > worst.max_excess:
             worst = c
     return worst
+
+
+PEER_RATIO = 2.0
+"""The issue's precision goal: a result's error against a high-precision reference may be at
+most this many times a peer's (cuDNN's at the same precision) against the same reference."""
+
+
+def max_abs_errors(got: dict, ref: dict, against: str = "the reference") -> dict:
+    """Each array of the dict ``ref`` (a None one skipped) against ``got``'s of the same name
+    with no tolerance: name -> Comparison (named '<name> vs <against>') whose max_abs_err is
+    the worst absolute error and worst_index where it is; a non-finite element of ``got``
+    where ``ref`` is finite is an infinite error (compare())."""
+    missing = [name for name, r in ref.items() if r is not None and name not in got]
+    if missing:
+        raise ValueError(f"got: no array {missing[0]!r} (the reference has {sorted(ref)})")
+    return {name: compare(got[name], r, 0.0, 0.0, name=f"{name} vs {against}")
+            for name, r in ref.items() if r is not None}
+
+
+@dataclass(frozen=True)
+class PeerComparison:
+    """A result and a peer of the same precision, each against one higher-precision
+    reference (``against``): per array name, the result's worst absolute error and where it
+    is, the peer's, their ratio and whether the result's is within ``ratio`` x the peer's."""
+    against: str
+    peer: str
+    ratio: float
+    arrays: dict             # name -> {max_abs_err, worst_index, ..., peer_max_abs_err, ok}
+    ok: bool
+
+    def __str__(self):
+        parts = ", ".join(f"{n} {a['max_abs_err']:.3g} vs {a['peer_max_abs_err']:.3g}" + (
+            "" if a["ok"] else f" WORSE (worst at {tuple(a['worst_index'])}: got "
+                               f"{a['worst_actual']!r} want {a['worst_ref']!r})")
+            for n, a in self.arrays.items())
+        return (f"vs {self.against}: {'ok' if self.ok else 'MISMATCH'} max|err| (its vs "
+                f"{self.peer}'s, limit {self.ratio:g}x): {parts}")
+
+    def as_dict(self) -> dict:
+        """The fields a benchmark record keeps (JSON: a ratio where the peer's error is 0 is
+        None)."""
+        return {"ok": self.ok, "against": self.against, "peer": self.peer,
+                "rule": f"max|err| <= {self.ratio:g} x the peer's, every array",
+                "arrays": self.arrays}
+
+
+def compare_with_peer(got: dict, ref: dict, peer: dict, against: str, peer_name: str,
+                      ratio: float = PEER_RATIO) -> PeerComparison:
+    """Whether ``got`` is no further from ``ref`` than ``ratio`` x its peer, array by array.
+
+    Why: at 16 bits (and tf32) a result and cuDNN's output at the same precision both carry
+    the precision's rounding error (a weight gradient sums T*B rounded terms), so holding
+    one to the other with the precision's tolerance adds two errors and cannot say which
+    side errs. Against a higher-precision reference (cuDNN at float32) each error is measured
+    on its own; the result passes where, for every array, its worst absolute error is at most
+    ``ratio`` x the peer's (the issue's goal: no worse than 2x cuDNN at the same precision).
+
+    got, ref: name -> array, NumPy or CuPy (y [T, B, H]; dx [T, B, I]; grads [n] flat), the
+    same shapes name by name; every array of ``ref`` is judged. peer: name -> Comparison,
+    ``max_abs_errors(peer's outputs, ref)``, taken once for every result judged. NaN or Inf
+    in the result never passes (not even where the reference has one too), and a peer whose
+    error is not finite is no yardstick (refused).
+    """
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
+            not np.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"ratio: expected a finite number > 0, got {ratio!r}")
+    missing = [name for name, r in ref.items() if r is not None and name not in peer]
+    if missing:
+        raise ValueError(f"peer: no error for {missing[0]!r} (it has {sorted(peer)})")
+    arrays = {name: _against_peer(c, bool(np.isfinite(_to_numpy(got[name])).all()),
+                                  peer[name].max_abs_err, ratio)
+              for name, c in max_abs_errors(got, ref, against).items()}
+    return PeerComparison(against, peer_name, float(ratio), arrays,
+                          all(a["ok"] for a in arrays.values()))
+
+
+def _against_peer(c: Comparison, all_finite: bool, theirs: float, ratio: float) -> dict:
+    """One array's entry of a PeerComparison: the result's Comparison ``c`` (no tolerance;
+    ``all_finite``: no NaN or Inf in the result, where even a NaN reference element would
+    have let a NaN through as error 0) beside the peer's worst absolute error ``theirs``."""
+    ours = c.max_abs_err
+    finite = bool(all_finite and np.isfinite(ours) and np.isfinite(theirs))
+    return {"max_abs_err": ours, "worst_index": list(c.worst_index),
+            "worst_actual": c.worst_actual, "worst_ref": c.worst_ref,
+            "peer_max_abs_err": theirs,
+            "ratio": ours / theirs if finite and theirs > 0 else None,
+            "ok": finite and ours <= ratio * theirs}

@@ -276,6 +276,9 @@ def _sweep_parser(sub):
     g.add_argument("--overwrite", action="store_true", help="start the file again")
     p.add_argument("--retry-errors", action="store_true",
                    help="with --resume: run again the points that raised")
+    p.add_argument("--retry-refused", action="store_true",
+                   help="with --resume: run again the points whose last run has a refused "
+                        "row (after the check or the kernels changed)")
     p.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                    help="stop cleanly before a point that would not finish within SECONDS "
                         "of the start (estimated from finished points); resume later")
@@ -299,8 +302,9 @@ def _sweep_config(a):
     if a.backward and a.passes is not None and "fwd+bwd" not in a.passes:
         raise UsageError(f"--backward and --pass {','.join(a.passes)} contradict each other; "
                          f"use --pass fwd+bwd (or drop --backward)")
-    if a.retry_errors and not a.resume:
-        raise UsageError("--retry-errors goes with --resume")
+    for flag in ("retry_errors", "retry_refused"):
+        if getattr(a, flag) and not a.resume:
+            raise UsageError(f"--{flag.replace('_', '-')} goes with --resume")
     kw = {}
     if a.preset:
         kw.update(sw.PRESETS[a.preset])
@@ -319,7 +323,8 @@ def _sweep_config(a):
     kw["executors"] = ("eager", "graph") if executor == "both" else (executor,)
     try:
         return sw.SweepConfig(cudnn=not a.no_cudnn, cpu=a.cpu, retry_errors=a.retry_errors,
-                              verbose=a.verbose, backward=a.backward, dtype=a.dtype, **kw)
+                              retry_refused=a.retry_refused, verbose=a.verbose,
+                              backward=a.backward, dtype=a.dtype, **kw)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
 
@@ -344,7 +349,8 @@ def _cmd_sweep(a) -> int:
             created = now_iso()
             path = sw.default_path(cfg, device, a.quick, preset=a.preset, created=created)
     if a.dry_run:
-        done = sw.done_keys(sw.read_lines(path), cfg.retry_errors) if path.is_file() else set()
+        done = (sw.done_keys(sw.read_lines(path), cfg.retry_errors, cfg.retry_refused)
+                if path.is_file() else set())
         pts = sw.grid(cfg)
         for p in pts:
             print(f"{'done' if p.key() in done else 'todo'}  {p.label():40s} "

@@ -27,10 +27,11 @@ class CudnnBench:
     cuDNN's time moves between calls far more than ours (on the H100 its paper-shape forward
     took 5.6 to 11.8 ms across processes), so the row pools every sample."""
 
-    def __init__(self, cfg, model, x, h0, c0, dy):
+    def __init__(self, cfg, model, x, h0, c0, dy, dtype: str | None = None):
         import torch
         self.torch, self.cfg, self.layout = torch, cfg, model.layout
-        self.dtype = getattr(cfg, "dtype", "float32")
+        # dtype: the precision, where it is not cfg's (float32_outputs)
+        self.dtype = dtype or getattr(cfg, "dtype", "float32")
         tdt = TORCH_DTYPES[self.dtype](torch)
         self.module = torch_module(torch, model, self.dtype, "cuda")
         self.x = torch.from_numpy(x).cuda().to(tdt)
@@ -134,6 +135,23 @@ def cudnn_missing(cfg, cuda: bool = True) -> str | None:
     if cuda and not torch.cuda.is_available():
         return "torch has no CUDA"
     return None
+
+
+def float32_outputs(cfg, model, x, h0, c0, dy) -> dict:
+    """cuDNN's outputs (CudnnBench.outputs: {'y'} + {'dx', 'grads'} with cfg.backward) of
+    ``model`` on x [T, B, I], h0 [L, B, H], c0 [L, B, H] or None, dy [T, B, H] at float32 with
+    TF32 off, whatever cfg.dtype: the high-precision reference of a tf32 or 16-bit ladder too
+    large for the float64 one (bench/second_opinion.py). The module and its tensors are freed
+    before this returns (the largest ladders, L4 H2048 B256 fwd+bwd, need the room for their
+    rungs), and torch's TF32 flags are put back (a tf32 CudnnBench built before runs on them)."""
+    import torch
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    bench = CudnnBench(cfg, model, x, h0, c0, dy, dtype="float32")
+    try:
+        return bench.outputs()
+    finally:
+        bench.close()
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
 
 
 def cudnn_bench(cfg, model, x, h0, c0, dy):

@@ -14,9 +14,11 @@ Precision (``dtype``, one of precision.DTYPES; default float32, the paper's arit
 rung and the auto row run at it, cuDNN at the same precision in the same process
 (bench/cudnn.py), the check is against the rounding-aware float64 reference of that precision
 (tf32: the plain one; TF32's operand rounding is not emulated) with its tolerance
-(precision.get_precision), and every row and the record carry ``dtype``. A rung that
-declines the precision (the persistent kernels take fp32 storage only) runs its fallback
-schedule and its row says why (``fallback``), as for any decline.
+(precision.get_precision), and every row and the record carry ``dtype``. Above
+REFERENCE_FLOP_LIMIT, held to cuDNN's same-precision output, a tf32 / 16-bit rung that check
+refuses may still pass a second opinion against cuDNN at float32 (bench/second_opinion.py).
+A rung that declines the precision (the persistent kernels take fp32 storage only) runs its
+fallback schedule and its row says why (``fallback``), as for any decline.
 
 Rungs past the paper's Table 1 (``switches.PAPER_RUNGS``; today '+persistent') are marked so
 in the table. A rung whose plan declined its fast path (the persistent kernel on a shape the
@@ -46,6 +48,7 @@ from ..session import GpuSession, time_events
 from .cudnn import cudnn_bench, cudnn_missing
 from .dtypes import CUDNN_MODE, PRECISION_WORDS, dtype_suffix, reference_name, tolerance
 from .recordio import valid_input_batch
+from .second_opinion import second_opinion, verdict
 from .records import now_iso, record_path, versions, write_json
 from .timing import gemm_ceiling, time_cpu, time_gpu, time_in_turn
 
@@ -346,10 +349,12 @@ class RungRun:
 
 
 def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_name, flops,
-                 ceiling_tflops, time_fn, sync, progress, device, label="", samples_fn=None):
+                 ceiling_tflops, time_fn, sync, progress, device, label="", samples_fn=None,
+                 second=None):
     """Verify then time every rung (and the auto row) for every executor; the rows (see the
     module docstring). samples_fn(rr, repeats) -> ms of each run: the auto row's selector
-    times its candidates through it."""
+    times its candidates through it. second: a second_opinion.SecondOpinion for the rows
+    held to ``ref`` (cuDNN's same-precision output of a large tf32 / 16-bit ladder), or None."""
     rows = []
     rungs = [r for r in ladder(cfg.input_batch) if cfg.rungs is None or r.name in cfg.rungs]
     auto = cfg.rungs is None or AUTO in cfg.rungs
@@ -383,13 +388,15 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
             else:
                 c = compare_all(got, naive_out, "naive rung", rows=cfg.steps * cfg.batch,
                                 **tol)
+            v = verdict(c, got, second if naive_out is None else None)
             extra = ({"schedule": selection.schedule.name, "tune_s": selection.tune_s,
                       "selection": selection.as_dict()} if selection is not None else {})
-            if not c.ok:
-                progress(f"{n}/{total} {rung.name} {executor}: REFUSED, output disagrees: {c}")
+            if not v.ok:
+                progress(f"{n}/{total} {rung.name} {executor}: REFUSED, output disagrees: "
+                         f"{v.reason}")
                 rows.append({"rung": rung.name, "executor": executor, "dtype": cfg.dtype,
-                             "switches": rung.switches.as_dict(), "refused": str(c),
-                             "check": c.as_dict(), **extra})
+                             "switches": rung.switches.as_dict(), "refused": v.reason,
+                             "check": v.check, **extra})
                 del rr
                 continue
             if naive_out is None and rung.name == "naive":
@@ -398,13 +405,14 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
             if naive_ms is None and rung.name == "naive":
                 naive_ms = t.ms_median
             row = _row(rung, executor, t, flops, naive_ms, ceiling_tflops,
-                       c.as_dict(), rr.plan_summary(), cfg.dtype)
+                       v.check, rr.plan_summary(), cfg.dtype)
             row.update(extra)
             rows.append(row)
             what = f" ({selection.schedule.name})" if selection is not None else ""
             progress(f"{n}/{total} {rung.name + what:14s} {executor:5s} {t.ms_median:9.3f} ms "
                      f"{row['tflops']:7.3g} TFLOPS  x{row['speedup_vs_naive'] or 0:.2f} naive"
-                     f"{label}")
+                     f"{label}" + (f"; accepted by the {v.accepted_by}: {v.reason}"
+                                   if v.accepted_by else ""))
             del rr
     return rows
 
@@ -459,12 +467,15 @@ def _run_gpu(cfg, progress, session: BenchSession):
     flops = _flops(cfg)
     params = cp.asarray(model.flat)
     bench = cudnn_bench(cfg, model, x, h0, c0, dy)
+    second = None
     if not reference_runs(cfg, bench):
         # the float64 NumPy reference would take minutes here: hold the naive rung against
         # cuDNN's output instead (and say so in every row's check)
         ref = bench.outputs()
         ref_name = f"cuDNN output (NumPy reference skipped: {flops:.2e} FLOPs)"
         cudnn_check = compare_all(ref, ref, "itself: it is the reference here")
+        # tf32 / 16 bits: both sides carry the precision's error; cuDNN at fp32 arbitrates
+        second = second_opinion(cfg, ref, model, inputs, progress)
     else:
         progress("computing the float64 reference")
         ref = _reference(cfg, model, x, h0, c0, dy)
@@ -492,7 +503,7 @@ def _run_gpu(cfg, progress, session: BenchSession):
 
     rows = _ladder_rows(cfg, cfg.executors, make_executor, cp, params, inputs, ref, ref_name,
                         flops, ceiling["tflops"], time_fn, sync, progress, session.limits,
-                        samples_fn=samples_fn)
+                        samples_fn=samples_fn, second=second)
     cp.get_default_memory_pool().free_all_blocks()
     if isinstance(bench, str):
         cudnn = {"skipped": bench}
@@ -500,6 +511,8 @@ def _run_gpu(cfg, progress, session: BenchSession):
         t = bench.time()
         progress(f"cudnn (after the rungs)  {t.ms_median:9.3f} ms")
         cudnn = bench.row(flops, ceiling["tflops"], cudnn_check)
+        if second is not None:
+            cudnn["check"]["second_opinion"] = second.peer_record()
         bench.close()
         for row in rows:
             if "ms_median" in row:

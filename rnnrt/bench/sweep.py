@@ -27,9 +27,11 @@ The JSON-lines file (schema 'rnnrt.sweep/1'), one object a line, three types:
   {"type": "error", ...}    a point that raised: its configuration, device, error (type and
         message), traceback (last lines), point_seconds
 A point is done when the file has a row or an error line for it (``--retry-errors`` redoes
-the errors). Reading goes through recordio (the one loader of records): a damaged line is
-skipped with a warning naming its file and line (its point runs again); a last line cut short
-by a kill is skipped with a note.
+the errors; ``--retry-refused`` the points whose last run has a refused row: a check may have
+changed since, as the float32 second opinion of large 16-bit points did; a point's later rows
+win in `rnnrt plot`). Reading goes through recordio (the one loader of records): a damaged
+line is skipped with a warning naming its file and line (its point runs again); a last line
+cut short by a kill is skipped with a note.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ from ..precision import get_precision
 from . import ladder as ladder_mod
 from .recordio import read_jsonl, valid_input_batch
 from .records import device_slug, now_iso, record_path, results_root
+from .second_opinion import SECOND_OPINION
 
 SCHEMA = "rnnrt.sweep/1"
 DEFAULT_HIDDEN = (128, 256, 512, 1024, 2048, 4096)
@@ -103,6 +106,7 @@ class SweepConfig:
     cpu: bool = False
     time_budget: float | None = None    # seconds; stop before a point that would not fit
     retry_errors: bool = False
+    retry_refused: bool = False         # resume: run again the points with a refused row
     dtype: str = "float32"              # the precision of every point (precision.DTYPES)
     seed: int = 0
     verbose: bool = False
@@ -240,14 +244,28 @@ def read_lines(path, warn=None, note=None, missing_ok: bool = True) -> list[dict
     return loaded.objects()
 
 
-def done_keys(lines, retry_errors: bool = False) -> set:
-    """Point keys that the file already has results for."""
-    done = set()
+def done_keys(lines, retry_errors: bool = False, retry_refused: bool = False) -> set:
+    """Point keys that the file already has results for: a row, or an error line unless
+    ``retry_errors``; with ``retry_refused`` rows count only where the point's last run has
+    no refused row (``last_run_refused``), so a point that passed when run again is done."""
+    errors = set() if retry_errors else {key_of(ln) for ln in lines
+                                         if ln.get("type") == "error"}
+    return errors | {k for k, refused in last_run_refused(lines).items()
+                     if not (retry_refused and refused)}
+
+
+def last_run_refused(lines) -> dict:
+    """Point key -> whether the point's last run has a refused row, for every point with a
+    row. A run is the point's rows in a row of lines: one write per point, a session line
+    opening every sweep (two sweeps may share a 'created' second, so stamps cannot tell)."""
+    refused, prev = {}, None
     for ln in lines:
-        t = ln.get("type")
-        if t == "row" or (t == "error" and not retry_errors):
-            done.add(key_of(ln))
-    return done
+        k = key_of(ln) if ln.get("type") == "row" else None
+        if k is not None:
+            # the first row of a run: the point's earlier runs no longer decide
+            refused[k] = (refused[k] if k == prev else False) or "refused" in ln
+        prev = k
+    return refused
 
 
 class JsonlWriter:
@@ -477,7 +495,10 @@ def _best(record) -> str:
     if b.get("ratio_vs_cudnn"):
         s += f" ({b['ratio_vs_cudnn']:.2f}x cuDNN)"
     refused = [r["rung"] for r in record["rows"] if "refused" in r]
-    return s + (f"; REFUSED: {', '.join(refused)}" if refused else "")
+    second = [r["rung"] for r in rows if (r.get("check") or {}).get("accepted_by") ==
+              SECOND_OPINION]
+    return (s + (f"; accepted by the {SECOND_OPINION}: {', '.join(second)}" if second else "")
+            + (f"; REFUSED: {', '.join(refused)}" if refused else ""))
 
 
 def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = False,
@@ -501,7 +522,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
         path.unlink()
     points = grid(cfg)
     lines = read_lines(path) if resume else []
-    done = done_keys(lines, cfg.retry_errors)
+    done = done_keys(lines, cfg.retry_errors, cfg.retry_refused)
     todo = [p for p in points if p.key() not in done]
     skipped = len(points) - len(todo)
     model = CostModel()

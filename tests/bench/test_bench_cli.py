@@ -51,9 +51,9 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
                  ["trace", "--cell", "xlstm"]):
         with pytest.raises(SystemExit):
             cli.main(argv)
-    assert cli.main(["sweep", "--cpu", "--retry-errors", "--out",
-                     str(tmp_path / "a.jsonl")]) == 2
-    assert "--resume" in capsys.readouterr().err
+    for flag in ("--retry-errors", "--retry-refused"):
+        assert cli.main(["sweep", "--cpu", flag, "--out", str(tmp_path / "a.jsonl")]) == 2
+        assert f"{flag} goes with --resume" in capsys.readouterr().err
     assert cli.main(["plot", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
 

@@ -142,3 +142,37 @@ def test_gpu_ladder_small_with_cudnn(backward):
     assert last["plan"]["counts"]["kernel:persistent"] == cfg.layers * chunks
     if torch.cuda.is_available():
         assert rows[-1]["rung"] == "cudnn" and rows[-1]["check"]["ok"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")
+@pytest.mark.parametrize("dtype", ["bfloat16", "tf32"])
+def test_gpu_ladder_without_float64_asks_cudnn_at_float32(monkeypatch, dtype):
+    """Where no float64 reference runs (every size past the limit here), a tf32 / 16-bit
+    ladder builds cuDNN at float32: the rung held to cuDNN's output records the second
+    opinion, the cuDNN row its own error against float32, and a tf32 run keeps TF32 on for
+    its own cuDNN after the float32 one (bench/second_opinion.py)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    from rnnrt.bench import second_opinion as so
+    monkeypatch.setattr(lb, "REFERENCE_FLOP_LIMIT", 0)
+    cfg = small_cfg(cell="lstm", cpu=False, executors=("graph",), backward=True, dtype=dtype,
+                    rungs=("naive", "auto"))
+    said = []
+    rows = {r["rung"]: r for r in lb.run_ladder(cfg, progress=said.append)["rows"]}
+    naive = rows["naive"]["check"]
+    assert naive["ok"] and naive["accepted_by"] in (so.SAME_PRECISION, so.SECOND_OPINION)
+    assert naive["against"].endswith("vs cuDNN output (NumPy reference skipped: "
+                                     f"{lb._flops(cfg):.2e} FLOPs)")
+    opinion = naive["second_opinion"]
+    assert opinion["against"] == so.AGAINST and set(opinion["arrays"]) == {"y", "dx", "grads"}
+    assert "second_opinion" not in rows["auto"]["check"]          # held to the naive rung
+    own = rows["cudnn"]["check"]["second_opinion"]["arrays"]
+    assert set(own) == {"y", "dx", "grads"}
+    assert all(math.isfinite(a["max_abs_err"]) for a in own.values())
+    assert {n: a["peer_max_abs_err"] for n, a in opinion["arrays"].items()} == \
+        {n: a["max_abs_err"] for n, a in own.items()}
+    assert any("second opinion" in m for m in said)
+    if dtype == "tf32":
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32

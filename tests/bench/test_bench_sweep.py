@@ -141,6 +141,45 @@ def test_a_point_that_raises_is_recorded_and_the_sweep_resumes(tmp_path, monkeyp
     assert len(counts) == 4 and set(counts.values()) == {1}      # no point's rows twice
 
 
+def test_retry_refused_runs_again_only_points_whose_last_run_was_refused(tmp_path,
+                                                                         monkeypatch):
+    """A point with a refused row is done on --resume (and --retry-errors); --retry-refused
+    runs it again, and again while its newest run is refused, never once that one passed."""
+    path = tmp_path / "s.jsonl"
+    refuse = {(8, 2)}
+
+    def run(cfg, progress=lb._progress, session=None):
+        calls.append((cfg.hidden, cfg.batch))
+        record = real(cfg, progress, session)
+        if (cfg.hidden, cfg.batch) in refuse:      # a row as the ladder writes a refusal
+            row = record["rows"][1]
+            record["rows"][1] = {"rung": row["rung"], "executor": row["executor"],
+                                 "refused": "y vs naive rung: MISMATCH (planted)",
+                                 "check": {**row["check"], "ok": False}}
+        return record
+
+    calls, real = [], lb.run_ladder
+    monkeypatch.setattr(sw.ladder_mod, "run_ladder", run)
+    out = io.StringIO()
+    sw.run_sweep(tiny(), path, stream=out)
+    assert len(calls) == 4 and "REFUSED" in out.getvalue()
+
+    def resume(**kw):
+        calls.clear()
+        return sw.run_sweep(tiny(**kw), path, resume=True, stream=io.StringIO())
+
+    assert resume().skipped == 4 and calls == []
+    assert resume(retry_errors=True).skipped == 4 and calls == []
+    res = resume(retry_refused=True)                # still refused when run again
+    assert calls == [(8, 2)] and res.done == 1 and res.skipped == 3
+    refuse.clear()                                  # the check mended: it passes now
+    assert resume(retry_refused=True).done == 1 and calls == [(8, 2)]
+    assert resume(retry_refused=True).skipped == 4 and calls == []
+    last = sw.last_run_refused(sw.read_lines(path))
+    assert len(last) == 4 and not any(last.values())
+    assert sw.done_keys(sw.read_lines(path), retry_refused=True) == set(last)
+
+
 def test_time_budget_stops_before_a_point_that_would_not_fit_then_resumes(tmp_path,
                                                                            monkeypatch):
     path = tmp_path / "s.jsonl"
