@@ -37,13 +37,15 @@ from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .regs import regs_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
                         varlen_schedules)
+from .solo import solo_fit
 from .stack import PS_BMAX, StackFit, stack_fit
 
-PERSISTENT_STORAGE_REASON = ("the stack and the register-resident kernels run fp32 only "
+PERSISTENT_STORAGE_REASON = ("the stack, the register-resident and the block-persistent kernels "
+                             "run fp32 only "
                              "(their typed instantiations, h in the storage type and "
                              "operands rounded as the rungs read them, are not written yet); "
                              "the grid and cluster kernels run every dtype")
-FP32_ONLY_FAMILIES = ("stack", "regs")
+FP32_ONLY_FAMILIES = ("stack", "regs", "solo")
 """The persistent families without typed instantiations."""
 """Why a tf32, bfloat16 or float16 key runs no stack or regs kernel. The per-layer kernels (grid,
 cluster, forward and backward) run every precision with the rungs' math: under the storage
@@ -142,6 +144,8 @@ def choose_persistent(key) -> PersistentChoice:
                 else declined(st.reason))
     if family == "regs":
         return _regs_choice(key, declined)
+    if family == "solo":
+        return _solo_choice(key, declined)
     kind = family if family in ("grid", "cluster") else None
     # PlanKey.clusters (family 'cluster' only): exactly that count, wherever it fits
     fit = persistent_fit(key.cell, H, B, props, kind=kind, clusters=key.clusters)
@@ -197,6 +201,20 @@ def _regs_choice(key, declined) -> PersistentChoice:
     if chunked and key.clusters is None:
         fit = layer_share_fit(key.cell, key.hidden_size, B, props, L, fit, "regs")
     return PersistentChoice("regs", fit, None, chunked, k if chunked else T, given_count(key))
+
+
+def _solo_choice(key, declined) -> PersistentChoice:
+    """The block-persistent kernel for ``key`` (named as its family): one launch a layer over
+    all T steps, never chunked, even with the wavefront (each launch wants every SM: its
+    blocks hold all of R for their batches, so a layer's share of the SMs would only cut
+    its batch into more waves), after one W.x GEMM a layer; fp32 only."""
+    storage = persistent_storage_declines(key.dtype, "solo")
+    if storage is not None:
+        return declined(f"{key.dtype}: {storage}")
+    fit = solo_fit(key.cell, key.hidden_size, key.batch, key.device.props())
+    if not fit.ok:
+        return declined(fit.reason, fit)
+    return PersistentChoice("solo", fit, None, False, key.steps)
 
 
 def _stack_fit(key) -> StackFit:
@@ -287,6 +305,9 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     rf = regs_fit(shape.cell, shape.hidden, shape.batch, props)
     if rf.ok and not persistent_storage_declines(shape.dtype, "regs"):
         out["regs"] = rf.reason
+    so = solo_fit(shape.cell, shape.hidden, shape.batch, props)
+    if so.ok and not persistent_storage_declines(shape.dtype, "solo"):
+        out["solo"] = so.reason
     return out
 
 
@@ -310,8 +331,9 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     if shape.varlen:
         return varlen_schedules()
     fams = fitting_families(shape, device)
-    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "regs", "grid")
-                       if f in fams)
+    # solo first: it fits at hidden <= 128 only, where it is expected to win at batch >= 128
+    persistent = tuple(persistent_schedule(f)
+                       for f in ("solo", "stack", "cluster", "regs", "grid") if f in fams)
     counts = tuple(c for f in CLUSTER_FAMILIES if f in fams
                    for c in count_schedules(shape, device, f, cluster_cap))
     fit = backward_fit(shape, device) if shape.train else None

@@ -40,6 +40,7 @@ import numpy as np
 from . import emulate, emulate_bwd, emulate_regs
 from . import persistent as pk
 from . import regs
+from . import solo
 from . import stack
 from . import twins as knp
 
@@ -273,6 +274,13 @@ REGISTRY += tuple(
 REGISTRY += tuple(
     replace(k, name=regs.kernel_name(k.name.split("_persistent")[0]), file="persistent_regs.cu",
             numpy_fn=emulate_regs.regs_twin(k.name.split("_persistent")[0]))
+    for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
+
+# the block-persistent kernels (persistent_solo.cu; solo.py): the cluster kernels' arguments,
+# each block all of R and its own batches
+REGISTRY += tuple(
+    replace(k, name=solo.kernel_name(k.name.split("_persistent")[0]), file="persistent_solo.cu",
+            numpy_fn=solo.solo_twin(k.name.split("_persistent")[0]))
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
 
 # the stack kernel: every layer of an LSTM stack in one launch (stack.py)
