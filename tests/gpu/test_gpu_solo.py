@@ -27,7 +27,7 @@ from rnnrt.gpu import GpuRunner  # noqa: E402
 from rnnrt.kernels import choice as C  # noqa: E402
 from rnnrt.kernels import solo as SO  # noqa: E402
 from test_gpu_persistent import Layer, lib, props  # noqa: E402, F401 - fixtures
-from test_gpu_regs import _model  # noqa: E402
+from testkit import cell_model  # noqa: E402
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
@@ -71,7 +71,7 @@ def test_gpu_runner_runs_the_named_solo_family(cp, cell, layers, H, B):
     if cell == "lstm" and H == 128:
         H = 112   # LSTM's R at 128 is past a block's shared memory
     T = 12
-    m = _model(cell, layers, H)
+    m = cell_model(cell, H, H, layers)
     r = GpuRunner(m, schedule_cache=False)
     solo = C.persistent_schedule("solo")
     r.selector.candidates_fn = lambda shape, device: (
