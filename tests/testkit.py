@@ -161,6 +161,28 @@ SMALL = dict(multiProcessorCount=6, sharedMemPerBlockOptin=49152,
              regsPerMultiprocessor=32768, regsPerBlock=32768)
 
 
+def nvcc_usage(text, tmp_path):
+    """Compile CUDA source ``text`` with nvcc for sm_90a (skipping the test where nvcc is not
+    on PATH): [(entry, stack bytes, spill stores, spill loads, registers)] as -Xptxas -v
+    reports them, strings."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    (tmp_path / "k.cu").write_text(text)
+    r = subprocess.run([nvcc, "-arch=sm_90a", "--cubin", "-std=c++17", "-Xptxas", "-v",
+                        "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) "
+                      r"bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers",
+                      r.stdout + r.stderr, re.S)
+
+
 def ceil(a, b):
     """ceil(a / b) for positive ints (written here, not imported from the code under test)."""
     return -(-a // b)
@@ -607,7 +629,7 @@ def assert_refused(call, exc, words, arrays=(), folders=(), spies=(), within_s=2
 
 
 from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from testkit)
-    BWD_OUTPUTS, GPU_SHAPE, gpu_backward_case, gpu_forward_case, gpu_plan_key,
+    BWD_OUTPUTS, GPU_SHAPE, cell_model, gpu_backward_case, gpu_forward_case, gpu_plan_key,
     random_layer_stack, run_gpu_backward_case, run_gpu_forward_case)
 from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
     CpuSession, NumpyCupy, NumpyPlanExecutor, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)

@@ -15,6 +15,16 @@ from rnnrt.params import make_layout, per_layer, to_flat
 
 # --- plans on the GPU ---------------------------------------------------------------------------
 
+def cell_model(cell, inp, hidden, layers=1, seed=0):
+    """The rnnrt model of ``cell`` ('lstm', 'gru', 'rnn_tanh', 'rnn_relu')."""
+    import rnnrt
+    if cell == "lstm":
+        return rnnrt.LSTM(inp, hidden, num_layers=layers, seed=seed)
+    if cell == "gru":
+        return rnnrt.GRU(inp, hidden, num_layers=layers, seed=seed)
+    return rnnrt.RNN(inp, hidden, num_layers=layers, nonlinearity=cell.split("_")[1], seed=seed)
+
+
 def gpu_plan_key(*args, **kw):
     """rnnrt.plan.PlanKey for the GPU the tests run on (its limits, which the persistent
     switch's fit reads)."""

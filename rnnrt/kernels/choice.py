@@ -38,13 +38,15 @@ from .mma import mma_fit
 from .regs import regs_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
                         varlen_schedules)
+from .solo import solo_fit
 from .stack import PS_BMAX, StackFit, stack_fit
 
-PERSISTENT_STORAGE_REASON = ("the stack and the register-resident kernels run fp32 only "
+PERSISTENT_STORAGE_REASON = ("the stack, the register-resident and the block-persistent kernels "
+                             "run fp32 only "
                              "(their typed instantiations, h in the storage type and "
                              "operands rounded as the rungs read them, are not written yet); "
                              "the grid and cluster kernels run every dtype")
-FP32_ONLY_FAMILIES = ("stack", "regs")
+FP32_ONLY_FAMILIES = ("stack", "regs", "solo")
 """The persistent families without typed instantiations."""
 """Why a tf32, bfloat16 or float16 key runs no stack or regs kernel. The per-layer kernels (grid,
 cluster, forward and backward) run every precision with the rungs' math: under the storage
@@ -73,8 +75,9 @@ def persistent_storage_declines(dtype, family: str) -> str | None:
 class PersistentChoice:
     """What the persistent switch runs for one plan key.
 
-    family: 'stack', 'grid', 'cluster', 'regs' or 'mma' — what runs — or None: nothing persistent fits and
-    the plan is the schedule without the switch (``fallback`` says why).
+    family: 'stack', 'grid', 'cluster', 'regs', 'mma' or 'solo' — what runs — or None:
+    nothing persistent fits and the plan is the schedule without the switch (``fallback``
+    says why).
     fit: the per-layer fit (grid or cluster kernel; for the stack, the per-layer fit the
     rules looked at, if any). stack: the stack kernel's fit when it runs (then no per-layer
     launches and no input GEMMs); ``stack_note`` says why it was not taken where it was
@@ -145,6 +148,8 @@ def choose_persistent(key) -> PersistentChoice:
         return _regs_choice(key, declined)
     if family == "mma":
         return _mma_choice(key, declined)
+    if family == "solo":
+        return _solo_choice(key, declined)
     kind = family if family in ("grid", "cluster") else None
     # PlanKey.clusters (family 'cluster' only): exactly that count, wherever it fits
     fit = persistent_fit(key.cell, H, B, props, kind=kind, clusters=key.clusters)
@@ -210,6 +215,20 @@ def _mma_choice(key, declined) -> PersistentChoice:
     if not fit.ok:
         return declined(fit.reason, fit)
     return PersistentChoice("mma", fit, None, False, key.steps)
+
+
+def _solo_choice(key, declined) -> PersistentChoice:
+    """The block-persistent kernel for ``key`` (named as its family): one launch a layer over
+    all T steps, never chunked, even with the wavefront (each launch wants every SM: its
+    blocks hold all of R for their batches, so a layer's share of the SMs would only cut
+    its batch into more waves), after one W.x GEMM a layer; fp32 only."""
+    storage = persistent_storage_declines(key.dtype, "solo")
+    if storage is not None:
+        return declined(f"{key.dtype}: {storage}")
+    fit = solo_fit(key.cell, key.hidden_size, key.batch, key.device.props())
+    if not fit.ok:
+        return declined(fit.reason, fit)
+    return PersistentChoice("solo", fit, None, False, key.steps)
 
 
 def _stack_fit(key) -> StackFit:
@@ -304,6 +323,9 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     mf = mma_fit(shape.cell, shape.hidden, shape.batch, props, shape.dtype)
     if mf.ok:
         out["mma"] = mf.reason
+    so = solo_fit(shape.cell, shape.hidden, shape.batch, props)
+    if so.ok and not persistent_storage_declines(shape.dtype, "solo"):
+        out["solo"] = so.reason
     return out
 
 
@@ -314,9 +336,9 @@ def with_persistent_backward(schedule: Schedule) -> Schedule:
 
 
 def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
-    """Every schedule worth timing for ``shape``: the persistent families that fit (stack,
-    cluster, regs, mma (bf16 / fp16), grid: each runs the recurrence with R on chip) and the cluster families at
-    other counts (``counts.count_schedules``, capped by ``cluster_cap(fit)``: an
+    """Every schedule worth timing for ``shape``: the persistent families that fit (solo,
+    stack, cluster, regs, mma (bf16 / fp16), grid: each runs the recurrence with R on chip)
+    and the cluster families at other counts (``counts.count_schedules``, capped by ``cluster_cap(fit)``: an
     occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
     it (or, where none fits, ib10 with it): first where its cost model expects it to win
@@ -327,7 +349,9 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     if shape.varlen:
         return varlen_schedules()
     fams = fitting_families(shape, device)
-    persistent = tuple(persistent_schedule(f) for f in ("stack", "cluster", "regs", "mma", "grid")
+    # solo first: it fits at hidden <= 128 only, where it is expected to win at batch >= 128
+    persistent = tuple(persistent_schedule(f)
+                       for f in ("solo", "stack", "cluster", "regs", "mma", "grid")
                        if f in fams)
     counts = tuple(c for f in CLUSTER_FAMILIES if f in fams
                    for c in count_schedules(shape, device, f, cluster_cap))

@@ -40,6 +40,7 @@ import numpy as np
 from . import emulate, emulate_bwd, emulate_regs, mma
 from . import persistent as pk
 from . import regs
+from . import solo
 from . import stack
 from . import twins as knp
 
@@ -282,6 +283,13 @@ REGISTRY += tuple(
             numpy_fn=mma.mma_twin(k.name.split("_persistent")[0]))
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_fwd")
     and k.file == "persistent.cu")
+
+# the block-persistent kernels (persistent_solo.cu; solo.py): the cluster kernels' arguments,
+# each block all of R and its own batches
+REGISTRY += tuple(
+    replace(k, name=solo.kernel_name(k.name.split("_persistent")[0]), file="persistent_solo.cu",
+            numpy_fn=solo.solo_twin(k.name.split("_persistent")[0]))
+    for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
 
 # the stack kernel: every layer of an LSTM stack in one launch (stack.py)
 REGISTRY += (

@@ -21,13 +21,13 @@ from rnnrt.device import gpu_available
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
 
-import rnnrt  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close  # noqa: E402
 from rnnrt.gpu import GpuRunner  # noqa: E402
 from rnnrt.kernels import choice as C  # noqa: E402
 from rnnrt.kernels import persistent as P  # noqa: E402
 from rnnrt.kernels import regs as RG  # noqa: E402
 from test_gpu_persistent import Layer, lib, props  # noqa: E402, F401 - fixtures
+from testkit import cell_model  # noqa: E402
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
@@ -58,11 +58,7 @@ def test_regs_kernel_matches_the_reference(cp, props, lib, cell, H, B):   # noqa
 
 
 def _model(cell, layers, H, seed=0):
-    if cell == "lstm":
-        return rnnrt.LSTM(H, H, num_layers=layers, seed=seed)
-    if cell == "gru":
-        return rnnrt.GRU(H, H, num_layers=layers, seed=seed)
-    return rnnrt.RNN(H, H, num_layers=layers, nonlinearity=cell.split("_")[1], seed=seed)
+    return cell_model(cell, H, H, layers, seed)
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)

@@ -61,7 +61,7 @@ def test_extra_counts_give_fewer_batches_a_cluster_up_to_the_cap():
 def test_candidates_carry_counts_under_the_cap_and_only_where_the_cluster_kernel_fits():
     got = C.candidates(GRU256, H100_SXM, cap(14))
     rule = cluster_count(256, H100_SXM.sms)
-    assert names(got)[:3] == ["cluster", "regs", "grid"] and rule == 8
+    assert names(got)[:4] == ["solo", "cluster", "regs", "grid"] and rule == 8
     assert counts(GRU256, cap(14)) == [10, 12, 14]
     for s in got:
         if s.clusters:

@@ -10,12 +10,10 @@ family 'regs' named, fallback with the reason, chosen by a fake timer).
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from testkit import CELLS, H100, ceil, layer_case
+from testkit import nvcc_usage, CELLS, H100, ceil, layer_case
 
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.kernels import choice as C
@@ -216,17 +214,7 @@ def test_constants_match_the_kernel():
 
 
 def test_nvcc_compiles_without_spills_within_the_fit_registers(tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH")
-    (tmp_path / "r.cu").write_text(SRC)
-    r = subprocess.run([nvcc, "-arch=sm_90a", "--cubin", "-std=c++17", "-Xptxas", "-v",
-                        "-o", str(tmp_path / "r.cubin"), str(tmp_path / "r.cu")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    usage = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) "
-                       r"bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers",
-                       r.stdout + r.stderr, re.S)
+    usage = nvcc_usage(SRC, tmp_path)
     assert {u[0] for u in usage} == {f"{c}_persistent_regs_fwd" for c in CELLS}, usage
     for name, stack, st, ld, regs in usage:
         assert (stack, st, ld) == ("0", "0", "0"), (name, stack, st, ld)

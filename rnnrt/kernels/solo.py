@@ -1,0 +1,239 @@
+"""The block-persistent ("solo") kernels (cuda_src/persistent_solo.cu, ``*_persistent_solo_fwd``):
+how one layer is cut (the fit, ``solo_fit``), each lane's part in it, the NumPy emulation of
+that cut (``emulate_solo``) and the registry's twins.
+
+Each block holds ALL of R (G*H rows, stride SR = 4*ceil(H/4) floats) in shared memory and runs
+its own batches [x*BG, x*BG + BG) (BG = ceil(B / blocks)) for all T steps; blocks never wait for
+each other (no grid barrier, no cluster), so any block count is correct and the fit takes one
+wave where it can. Thread tid = 8*j + s is k-split s of unit j: its FMA chains multiply rows
+q*H + j (q < G) over the float4 chunks s, s + 8, s + 16, s + 24 (< ceil(H/4)) by h_t of each
+of the block's BB = pow2(BG) batches (h_t double-buffered in shared memory); a shuffle
+reduce-scatter over the 8 k-split lanes (masks 4, 2, 1, in whole batches) leaves lane s the
+G gate sums of batch s >> (3 - log2 BB), and the lanes with s % (8 / BB) == 0 update those
+cells (``lane_cells``). One __syncthreads a step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..cells import get_cell
+from .budget import DeviceBudget, ceil_div
+from .emulate import emulate, twin_of
+from .persistent import Fit, full_tile, pow2ceil
+
+# The kernel's compile-time constants (cuda_src/persistent_solo.cu; a test holds them equal).
+SO_KS = 8               # k-split lanes of a unit (adjacent lanes)
+SO_NCH = 4              # most float4 chunks of a row a lane multiplies
+SO_MAX_H = 128          # SO_KS * SO_NCH * 4 columns
+SO_BB_MAX = 4           # most batches a block (GRU, RNNs)
+SO_BB_MAX_LSTM = 2      # most batches a block (LSTM)
+SO_MAX_THREADS = 1024   # __launch_bounds__(SO_MAX_THREADS, 1): at most 64 registers
+
+NVCC_REGS = {"lstm": 64, "gru": 64, "rnn_tanh": 54, "rnn_relu": 54}
+"""Registers a thread (nvcc 13.0, sm_90a, -Xptxas -v: no spills; a test holds nvcc to at most
+these). The 8-batch bodies spilled at 64 (LSTM's 4-batch one too): hence SO_BB_MAX."""
+
+
+def kernel_name(cell: str) -> str:
+    """'lstm' -> 'lstm_persistent_solo_fwd'."""
+    return f"{get_cell(cell).name}_persistent_solo_fwd"
+
+
+def batch_max(cell: str) -> int:
+    """The most batches a block of ``cell`` takes (the kernel's so_bb_max(G))."""
+    return SO_BB_MAX_LSTM if get_cell(cell).gates == 4 else SO_BB_MAX
+
+
+def threads_for(hidden: int) -> int:
+    """The block: SO_KS threads a unit, whole warps."""
+    return 32 * ceil_div(SO_KS * int(hidden), 32)
+
+
+@dataclass(frozen=True)
+class SoloFit(Fit):
+    """How one layer runs as one block-persistent launch (a ``persistent.Fit``: the plan
+    builders read its kernel, grid, block, shared memory and scalars as any per-layer fit's).
+    units_per_block = H (every block owns every unit), blocks = ``clusters`` (each its batch
+    slice: ``batch_per_block`` BG = ceil(B / blocks)), lanes (1, 1, SO_KS), k_groups SO_KS,
+    cells_per_thread 1, k_tile = 4*ceil(H/4) (the kernel's argument: R's and h's row stride),
+    smem_r all of R, smem_tile the two h buffers of BB rows; cluster 0 (no clusters)."""
+
+    @property
+    def kernel(self) -> str:
+        return kernel_name(self.cell)
+
+    @property
+    def batch_group(self) -> int:
+        """BB: the block's batches rounded up to a power of two (the body the kernel runs)."""
+        return pow2ceil(self.batch_per_block)
+
+    def units(self, block: int) -> range:
+        return range(self.hidden)
+
+    def batches(self, block: int) -> range:
+        b0 = block * self.batch_per_block
+        return range(min(b0, self.batch), min(self.batch, b0 + self.batch_per_block))
+
+    def barrier_arrivals(self, steps: int) -> int:
+        return 0   # no barrier between blocks
+
+    def describe(self) -> str:
+        head = (f"{self.cell} H {self.hidden} B {self.batch}: block-persistent, {self.blocks} "
+                f"block{'' if self.blocks == 1 else 's'} of {self.batch_per_block} batch"
+                f"{'' if self.batch_per_block == 1 else 'es'} x {self.threads} threads (all "
+                f"of R on chip, {SO_KS} k-splits a unit), shared {self.smem_bytes} B "
+                f"(R {self.smem_r} + h {self.smem_tile})")
+        return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
+
+
+def solo_geometry(cell: str, hidden: int, batch: int, blocks: int = 1) -> SoloFit:
+    """The kernel's cut over ``blocks`` blocks, no device checks (ok False where the kernel
+    would trap or has no body: hidden > SO_MAX_H, more than ``batch_max`` batches a block,
+    an empty last block)."""
+    for what, v in (("hidden", hidden), ("batch", batch), ("blocks", blocks)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"solo: {what} must be a positive int, got {v!r}")
+    spec = get_cell(cell)
+    H, B, n = int(hidden), int(batch), int(blocks)
+    BG = ceil_div(B, n)
+    kt = full_tile(H)
+    fit = SoloFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
+                  units_per_block=H, blocks=n, threads=threads_for(H), lanes=(1, 1, SO_KS),
+                  k_groups=SO_KS, cells_per_thread=1, k_tile=kt,
+                  smem_r=4 * spec.gates * H * kt, smem_tile=4 * 2 * pow2ceil(BG) * kt,
+                  smem_partials=0, cluster=0, clusters=n)
+    problem = None
+    if H > SO_MAX_H:
+        problem = (f"hidden {H} > {SO_MAX_H}: {SO_KS} lanes a unit hold at most {SO_NCH} "
+                   f"float4 chunks of a row each")
+    elif BG > batch_max(spec.name):
+        problem = (f"{BG} batches a block > {batch_max(spec.name)} (the kernel's bodies: more "
+                   f"batches spill its 64 registers): more blocks")
+    elif (n - 1) * BG >= B:
+        problem = f"{n} blocks of {BG} batches leave the last empty (batch {B})"
+    return replace(fit, ok=False, reason=problem) if problem else fit
+
+
+def blocks_per_sm(fit: SoloFit, dev: DeviceBudget, props: dict) -> int:
+    """How many blocks of ``fit`` one SM holds at once (threads, shared memory, registers)."""
+    by_threads = int(props.get("maxThreadsPerMultiProcessor", fit.threads)) // fit.threads
+    by_smem = dev.per_sm // (fit.smem_bytes + dev.reserved)
+    by_regs = dev.regs_sm // (ceil_div(fit.threads, 32) * dev.per_warp)
+    return max(0, min(by_threads, by_smem, by_regs))
+
+
+def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | None = None,
+             regs_per_thread: int | None = None) -> SoloFit:
+    """Fit one layer onto the device ``props`` (CuPy's getDeviceProperties keys, as
+    persistent.persistent_fit): hidden <= SO_MAX_H; all of R and two h buffers within a
+    block's shared memory (LSTM H 128's R alone is 256 KiB: declined); SO_KS * H threads
+    within the device's block and the registers (NVCC_REGS[cell] unless given) within the
+    SM's. Blocks: ``blocks`` if given, else one wave, SMs x ``blocks_per_sm`` blocks, with
+    the batch spread evenly (BG = ceil(B / wave) batches a block, at most ``batch_max``: past
+    it more blocks, which run in waves, still correct: blocks never wait for each other)."""
+    name = get_cell(cell).name
+    H, B = int(hidden), int(batch)
+    nt = threads_for(H)
+    dev = DeviceBudget(props, NVCC_REGS[name] if regs_per_thread is None else regs_per_thread,
+                       SO_MAX_THREADS, (nt,), nt)
+    where = f"{name} hidden {H}, batch {B}, block-persistent"
+    first = solo_geometry(name, H, B, 1 if blocks is None else int(blocks))
+    first = replace(first, sms=dev.sms, regs_per_thread=dev.regs)
+
+    def no(fit, why):
+        return replace(fit, ok=False, reason=f"{where}: {why}")
+
+    if H > SO_MAX_H:
+        return no(first, first.reason)
+    one = solo_geometry(name, H, B, B)   # one batch a block: the least shared memory
+    if one.smem_bytes > dev.limit:
+        return no(first, f"R alone is {first.gates} x {H} x {H} floats = {one.smem_r} bytes; "
+                         f"with the h buffers {one.smem_bytes} bytes of shared memory > "
+                         f"{dev.limit} a block can have (a block holds all of R)")
+    if nt > dev.max_threads:
+        return no(first, f"{nt} threads ({SO_KS} a unit) > {dev.max_threads} a block")
+    if not dev.regs_ok(nt):
+        return no(first, f"{nt} threads x {dev.regs} registers > {dev.regs_sm} per SM")
+    if blocks is None:
+        wave = dev.sms * max(1, blocks_per_sm(one, dev, props))
+        bg = min(ceil_div(B, wave), batch_max(name))
+        while bg > 1 and solo_geometry(name, H, B, ceil_div(B, bg)).smem_bytes > dev.limit:
+            bg -= 1
+        blocks = ceil_div(B, bg)
+    fit = replace(solo_geometry(name, H, B, int(blocks)), sms=dev.sms, regs_per_thread=dev.regs)
+    if not fit.ok:
+        return no(fit, fit.reason)
+    if fit.smem_bytes > dev.limit:
+        return no(fit, f"R and the h buffers of {fit.batch_per_block} batches = "
+                       f"{fit.smem_bytes} bytes of shared memory > {dev.limit} a block can have")
+    waves = ceil_div(fit.blocks, dev.sms * max(1, blocks_per_sm(fit, dev, props)))
+    return replace(fit, reason=f"fits: {fit.blocks} independent blocks ({dev.sms} SMs, "
+                               f"{waves} wave{'' if waves == 1 else 's'}), all of R in each "
+                               f"block's shared memory")
+
+
+# --- the lanes, and the kernel's cut in NumPy ----------------------------------------------
+
+def lane_cells(fit: SoloFit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tid, b, jj) of every (b, j) cell block ``block`` updates, as the kernel assigns them:
+    batch bb of the block (bb < its batches) and unit j are lane s = bb << (3 - log2 BB) of
+    unit j's 8 (tid = 8*j + s); b is returned as the batch row (the block's start added)."""
+    batches = fit.batches(block)
+    shift = 3 - (fit.batch_group.bit_length() - 1)
+    bb, j = np.meshgrid(np.arange(len(batches)), np.arange(fit.hidden), indexing="ij")
+    bb, j = bb.ravel(), j.ravel()
+    return SO_KS * j + (bb << shift), bb + batches.start, j
+
+
+def lane_tree(rs: np.ndarray, ht: np.ndarray) -> np.ndarray:
+    """gh [G, Ub, B] of rows rs [G, Ub, H] and h_t ht [B, H], summed as the kernel sums: lane s
+    (of 8) runs one FMA chain over columns 4c .. 4c+3 of its chunks c = s, s + 8, s + 16, s + 24
+    (each FMA computed in float64 and rounded once to the working dtype: an fp32 FMA but for
+    rare double roundings; columns past H are zeros, which leave a chain unchanged), then the
+    reduce-scatter's tree over the lanes: s and s + 4, then + 2, then + 1."""
+    dtype = np.result_type(rs, ht)
+    G, Ub, H = rs.shape
+    B = ht.shape[0]
+    K = SO_KS * SO_NCH * 4
+    r = np.zeros((G, Ub, K), dtype)
+    r[:, :, :H] = rs
+    h = np.zeros((B, K), dtype)
+    h[:, :H] = ht
+    # column 32i + 4s + e: chunk s + 8i, element e
+    r = r.reshape(G, Ub, 1, SO_NCH, SO_KS, 4).astype(np.float64)
+    h = h.reshape(1, 1, B, SO_NCH, SO_KS, 4).astype(np.float64)
+    p = np.zeros((G, Ub, B, SO_KS), dtype)
+    for i in range(SO_NCH):
+        for e in range(4):
+            p = (p.astype(np.float64) + r[..., i, :, e] * h[..., i, :, e]).astype(dtype)
+    for half in (4, 2, 1):
+        p = p[..., :half] + p[..., half:2 * half]
+    return p[..., 0]
+
+
+def emulate_solo(cell: str, fit: SoloFit, gx, R, bw, br, h0, c0=None, train: bool = True):
+    """``emulate.emulate`` with the block-persistent kernel's sums and cells (same arguments
+    and results: (h [T+1, B, H], c, act))."""
+    return emulate(cell, fit, gx, R, bw, br, h0, c0, train, products=lane_tree,
+                   owners=lane_cells)
+
+
+def twin_fit(cell: str, batch: int, hidden: int) -> SoloFit:
+    """The fit the twins assume: ``batch_max`` batches a block (the fewest blocks; the block
+    count does not change the order of any sum)."""
+    return solo_geometry(cell, hidden, batch, ceil_div(batch, batch_max(cell)))
+
+
+def _fit_of(cell, B, H, units_per_block, k_tile, cluster):
+    fit = twin_fit(cell, B, H)
+    if fit.ok and (units_per_block != H or k_tile != full_tile(H)):
+        fit = replace(fit, ok=False, reason=f"units_per_block {units_per_block} / k_tile "
+                                            f"{k_tile}: the kernel takes H and 4*ceil(H/4)")
+    return kernel_name(cell), fit, {"products": lane_tree, "owners": lane_cells}
+
+
+def solo_twin(cell: str):
+    """The registry's NumPy twin of ``cell``'s block-persistent kernel."""
+    return twin_of(get_cell(cell).name, _fit_of, kernel_name(cell))
