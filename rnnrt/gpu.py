@@ -289,17 +289,8 @@ class GpuRunner:
         a while: kernels/library.py says so per file; CuPy keeps the result on disk)."""
         if self._compiled:
             return
-        from .kernels import typed
-        from .kernels.registry import REGISTRY
-        lib = self.session.ctx.kernels
-        for k in REGISTRY:
-            if k.file not in typed.MMA_FILES:
-                lib.get(k.name)
-            elif self.dtype in typed.MMA_DTYPES:
-                # typed instantiations only (no fp32 kernel): the module of this precision,
-                # compiled once for the file, so the selector's timing of the family is not
-                # a compile
-                lib.get_persistent(k.name, self.dtype)
+        from .kernels.library import precompile
+        precompile(self.session.ctx.kernels, self.dtype, cluster=self.limits.cc_major >= 9)
         self._compiled = True
 
     # -- states ----------------------------------------------------------------------------------

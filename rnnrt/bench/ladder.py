@@ -501,6 +501,11 @@ def _run_gpu(cfg, progress, session: BenchSession):
     def samples_fn(rr, repeats, warmup):
         return time_events(cp, rr.run, rr.stream, repeats, warmup)
 
+    if cfg.rungs is None or AUTO in cfg.rungs:
+        # the auto row's selector times kernels, not their first compile (library.precompile)
+        from ..kernels.library import precompile
+        precompile(session.ctx.kernels, cfg.dtype, cluster=session.limits.cc_major >= 9)
+
     rows = _ladder_rows(cfg, cfg.executors, make_executor, cp, params, inputs, ref, ref_name,
                         flops, ceiling["tflops"], time_fn, sync, progress, session.limits,
                         samples_fn=samples_fn, second=second)

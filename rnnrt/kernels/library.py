@@ -139,6 +139,32 @@ def typed_persistent_kernels(file: str, cluster: bool) -> tuple[str, ...]:
                  and (cluster or "_cluster_" not in k.name))
 
 
+def precompile(lib, dtype="float32", cluster: bool = True) -> None:
+    """Compile every kernel file ``lib`` (a KernelLibrary) runs at precision ``dtype`` once,
+    before anything is timed: the schedule selector's budget (a few seconds a shape) is for
+    timing kernels, and a file's first use compiles it (~15 s; CuPy caches the result on
+    disk, but a fresh machine has none). The ``extern "C"`` kernels of every file but the
+    typed-only ones (``lib.get``); at a precision other than float32 also the module of typed
+    instantiations of each persistent file that has one (``lib.get_persistent``: one module
+    a (file, precision) holds them all), the tensor-core kernels at their precisions only.
+    cluster: whether the device runs thread-block clusters (its typed cluster kernels exist:
+    ``typed_persistent_kernels``). The pointwise kernels' typed twins compile when a plan's
+    executor is made (exec/cuda_exec.py), not here."""
+    from ..precision import get_precision
+    name = get_precision(dtype).name
+    for k in REGISTRY:
+        if k.file not in typed.MMA_FILES:
+            lib.get(k.name)
+    if name == "float32":
+        return
+    files = typed.TYPED_PERSISTENT_FILES + (typed.MMA_FILES if name in typed.MMA_DTYPES
+                                            else ())
+    for file in files:
+        names = typed_persistent_kernels(file, cluster)
+        if names:
+            lib.get_persistent(names[0], name)
+
+
 def device_has_clusters() -> bool:
     """Whether the current CUDA device runs thread-block clusters (compute capability 9.0+)."""
     import cupy

@@ -1,5 +1,5 @@
-"""GpuRunner compiles every kernel file once before its first choice (the selector must time
-kernels, not compiles), on the CPU (testkit.CpuSession, a fake kernel library that behaves as
+"""GpuRunner compiles every kernel file once before its first choice (kernels/library.py
+``precompile``: the selector must time kernels, not compiles), on the CPU (testkit.CpuSession, a fake kernel library that behaves as
 the real one does for the typed-only tensor-core kernels: ``get`` refuses them)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import rnnrt
 from rnnrt.kernels import typed
-from rnnrt.kernels.registry import REGISTRY
+from rnnrt.kernels.registry import REGISTRY, get_kernel
 from testkit import CpuSession
 
 MMA_KERNELS = {k.name for k in REGISTRY if k.file in typed.MMA_FILES}
@@ -59,9 +59,10 @@ def test_every_kernel_file_is_compiled_once_for_the_runners_precision(session, d
     s = session[-1]
     fp32 = {k.name for k in REGISTRY} - MMA_KERNELS
     assert set(s.got) == fp32
-    if dtype in typed.MMA_DTYPES:
-        assert set(s.typed) == {(n, dtype) for n in MMA_KERNELS}
-    else:
-        assert s.typed == []
+    # one typed module a (persistent file, precision): the tensor-core file's at bf16 / fp16
+    files = () if dtype == "float32" else typed.TYPED_PERSISTENT_FILES + (
+        typed.MMA_FILES if dtype in typed.MMA_DTYPES else ())
+    assert sorted(get_kernel(n).file for n, _ in s.typed) == sorted(files)
+    assert all(d == dtype for _, d in s.typed)
     r.schedule(7, 4)   # once: a second shape compiles nothing more
     assert len(s.got) == len(fp32)
