@@ -21,6 +21,7 @@ executor), the last row read wins.
 """
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -61,12 +62,26 @@ def ladder_record_rows(record: dict) -> list[dict]:
     return [{"type": "row", **r, **base} for r in record["rows"]]
 
 
+_STAMP = re.compile(r"-(\d{8}T\d{6})\.jsonl?$")
+
+
+def _by_stamp(files):
+    """``files`` oldest record first, by the stamp their names end with (records' naming
+    scheme; names without one first, by name): a figure keeps the last row read for a point,
+    which must be the newest run's, not the alphabetically last file's (a 0.4.0 sweep named
+    'sweep-wide-lstm-gru-...' sorted after the newer 'sweep-wide-h128-...')."""
+    def key(p):
+        m = _STAMP.search(p.name)
+        return (m.group(1) if m else "", p.name)
+    return sorted(files, key=key)
+
+
 def _expand(paths):
     for p in paths:
         p = Path(p)
         if p.is_dir():   # and its subfolders (results/<kind>/)
-            yield from sorted(p.rglob("*.jsonl"))
-            yield from sorted(p.rglob("ladder-*.json"))
+            yield from _by_stamp(p.rglob("*.jsonl"))
+            yield from _by_stamp(p.rglob("ladder-*.json"))
         else:
             yield p
 
@@ -419,12 +434,14 @@ def _heat_panel(ax, hiddens, batches, grid, norm, cmap):
     return im
 
 
-def auto_grids(rows, executor="graph") -> dict:
+def auto_grids(rows, executor="graph", dtype="float32") -> dict:
     """{(cell, layers, pass): {(hidden, batch): (cuDNN ms / auto ms, chosen schedule)}} from
-    the rows of the 'auto' rung that have a cuDNN ratio (the wide sweep's)."""
+    the rows of the 'auto' rung at precision ``dtype`` that have a cuDNN ratio (the wide
+    sweep's; a bfloat16 row's ratio is against cuDNN's bf16, not to be drawn as fp32's)."""
     out = defaultdict(dict)
     for r in rows:
-        if r.get("rung") == AUTO and r.get("executor") == executor and r.get("ratio_vs_cudnn"):
+        if (r.get("rung") == AUTO and r.get("executor") == executor
+                and r.get("ratio_vs_cudnn") and r.get("dtype", "float32") == dtype):
             k = (r["cell"], r["layers"], r.get("pass", "fwd"))
             out[k][(r["hidden"], r["batch"])] = (r["ratio_vs_cudnn"], r.get("schedule", "?"))
     return dict(out)

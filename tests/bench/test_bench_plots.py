@@ -138,3 +138,33 @@ def test_plot_reports_inputs_it_cannot_use(tmp_path):
     assert plots.load_rows([other], note=notes.append) == [] and "skipped" in notes[0]
     with pytest.raises(ValueError, match="no result rows"):
         plots.plot_all([other], tmp_path, note=notes.append)
+
+
+def test_a_folder_is_read_oldest_record_first_so_the_newest_row_wins(tmp_path):
+    """The figures keep the last row read for a point: within a folder, files go by the stamp
+    their names end with, not by name (a 0.4.0 sweep named 'sweep-wide-lstm-gru-...' sorted
+    after a newer 'sweep-wide-h128-...' and its old rows were drawn)."""
+    committed = Path(__file__).resolve().parents[2] / "experiments" / "results" / "sweep" / \
+        "sweep-wide-h128-fwdbwd-lstm-gru-nvidia-h100-80gb-hbm3-20261127T173710.jsonl"
+    lines = [json.loads(x) for x in committed.read_text().splitlines()]
+    session = lines[0]
+    auto = next(r for r in lines if r.get("rung") == "auto" and r.get("ratio_vs_cudnn"))
+    point = (auto["cell"], auto["layers"], auto.get("pass", "fwd"))
+
+    def row(ratio):
+        return json.dumps(session) + "\n" + json.dumps({**auto, "ratio_vs_cudnn": ratio,
+                                                         "schedule": "s"}) + "\n"
+    old = tmp_path / "sweep-wide-z-old-nvidia-h100-20261124T150633.jsonl"
+    new = tmp_path / "sweep-wide-a-new-nvidia-h100-20261127T173710.jsonl"
+    old.write_text(row(0.5))
+    new.write_text(row(2.0))
+    grids = plots.auto_grids(plots.load_rows([tmp_path], note=lambda m: None))
+    assert grids[point][(auto["hidden"], auto["batch"])] == (2.0, "s")
+    assert [p.name for p in plots._expand([tmp_path])] == [old.name, new.name]
+    # a newer run at another precision is not drawn over float32's (its ratio is against
+    # cuDNN at that precision)
+    (tmp_path / "sweep-wide-bf16-nvidia-h100-20261128T000000.jsonl").write_text(
+        json.dumps(session) + "\n" + json.dumps({**auto, "ratio_vs_cudnn": 9.0,
+                                                 "dtype": "bfloat16"}) + "\n")
+    grids = plots.auto_grids(plots.load_rows([tmp_path], note=lambda m: None))
+    assert grids[point][(auto["hidden"], auto["batch"])] == (2.0, "s")
