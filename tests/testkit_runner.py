@@ -239,7 +239,8 @@ class CpuSession:
         # no compiled kernels: the cluster count cap is derived from the limits
         # (kernels/occupancy.py cluster_cap without a kernel)
         self.ctx = types.SimpleNamespace(kernels=types.SimpleNamespace(
-            get=lambda name: None, with_shared=lambda name, smem_bytes: None))
+            get=lambda name: None, get_persistent=lambda name, dtype: None,
+            with_shared=lambda name, smem_bytes: None))
         self.executors_made = 0
 
     def workspace(self, plan, params, grads=None):

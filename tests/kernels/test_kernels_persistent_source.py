@@ -55,7 +55,8 @@ def test_constants_match_the_kernel():
                  # thread_roles
                  "const int lr = lane % g.LR, lb = (lane / g.LR) % g.LB, "
                  "lk = lane / (g.LR * g.LB);",
-                 "const int kg = warp * g.LK + lk;",
+                 # the FMA path's k-group (the tensor-core path's is the warp: kernels/mma.py)
+                 "const int kg = MMA ? warp : warp * g.LK + lk;",
                  # owned: e = tid + i*threads, jj = e % U, b = e / U
                  "const int e = tid + i * nt;",
                  "const int jj = e % U;",
