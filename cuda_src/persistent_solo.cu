@@ -4,13 +4,14 @@
  * of R in its shared memory and runs its own slice of the batch for every step, with no
  * communication between blocks: no grid barrier, no cluster, no co-residency requirement (any
  * number of blocks is correct; one wave is fastest). A step is the block's own product, a
- * warp-shuffle sum over k, the cell update and ONE __syncthreads (h_t double-buffered in
- * shared memory). cuDNN's RNN_blockPersist_fp_* kernels work this way (~0.95 us a step at
+ * warp-shuffle sum over k, the gate sums into shared memory, a __syncthreads, the cell updates
+ * (one thread a cell, whole warps) and a second __syncthreads (h_t double-buffered in shared
+ * memory). cuDNN's RNN_blockPersist_fp_* kernels work this way (~0.95 us a step at
  * GRU H 128 B 128 on the H100). Design and budget: docs/kernels.md ("The block-persistent
  * kernels"); host side: rnnrt/kernels/solo.py (fit, lane map, NumPy cut).
  *
  * Variants: one template solo_fwd<G, CELL, BB> per cell, dispatched at run time on BB (the
- *   block's batches rounded up to a power of two: 1, 2, 4; LSTM 1, 2) (solo_dispatch); a single
+ *   block's batches rounded up to a power of two: 1, 2, 4; LSTM 1) (solo_dispatch); a single
  *   entry point `*_persistent_solo_fwd` a cell.
  *   Compile-time: SO_* below.
  *
@@ -82,7 +83,7 @@
 #define SO_NCH 4             // most float4 chunks of a row one lane multiplies (chunks s + 8i)
 #define SO_MAX_H 128         // SO_KS * SO_NCH * 4 columns; SO_KS * H threads <= 1024
 #define SO_BB_MAX 4          // most batches a block (LSTM: SO_BB_MAX_LSTM): 8 spill at 64
-#define SO_BB_MAX_LSTM 2     // registers (the 32 / 16 FMA chains and their loads)
+#define SO_BB_MAX_LSTM 1     // registers (the FMA chains, their loads, the prefetched gx: LSTM 2 spilt 32 B)
 #define SO_MAX_THREADS 1024  // __launch_bounds__; the fit takes 32 * ceil(SO_KS * H / 32)
 
 __host__ __device__ constexpr int so_log2(int x) { return x <= 1 ? 0 : 1 + so_log2(x / 2); }
@@ -121,16 +122,20 @@ __device__ __forceinline__ void so_reduce(float (&v)[N], int lane) {
 // The body: a block of batches [b_off, b_off + B) of Bfull (the layout sized for BG). Thread
 // tid is k-split s = tid % 8 of unit j = tid / 8 (lanes 8u .. 8u+7 of a warp: one unit):
 // it multiplies the G rows q*H + j of R over the float4 chunks s, s + 8, ... (< CH) of the
-// row, for the block's BB = pow2(BG) <= 8 batches (one FMA chain a (batch, gate)), then
-// so_reduce leaves the lanes s with s % (8 / BB) == 0 one cell each: batch s >> (3 - log2 BB)
-// (rows past B: padding, dropped).
+// row, for the block's BB = pow2(BG) <= 4 batches (one FMA chain a (batch, gate)), then
+// so_reduce leaves the lanes s with s % (8 / BB) == 0 the sums of batch s >> (3 - log2 BB)
+// (rows past B: padding, dropped), which they write to shared memory; after a __syncthreads
+// thread bb*H + j updates cell (bb, j).
 // Why this cut: a quarter warp's 16-byte loads are one row's 8 consecutive chunks (R) or one
 // batch's (h, the same 8 for the warp's 4 units): 128 contiguous bytes, no bank conflict and
-// no padding; the k-split sum stays in the warp (3 shuffle stages), so the gate sums need no
-// shared array and a step one __syncthreads; the lane that holds a cell's G gate sums runs
-// its update, as the regs kernel's gather does. R is read from shared memory once a step:
-// the step's floor is M*H*4 bytes / 128 B a clock (GRU H 128: 1,536 clocks, ~0.78 us),
-// past which BG's FMAs (M*H*BG / 128 a clock) take over at BG = 4.
+// no padding; the k-split sum stays in the warp (3 shuffle stages). The first version ran the
+// cell update in the lane that held the sums (one lane in 8 / BB of every warp, as the regs
+// kernel's gather does, one barrier a step): 3.0 us a step at GRU H 128 B 128, ncu 400
+// instructions a warp-step, a third of them the cell update issued by every warp for its 4
+// live lanes; the cell updates in whole warps cost a second barrier and save those issues.
+// R is read from shared memory once a step: the step's floor is M*H*4 bytes / 128 B a clock
+// (GRU H 128: 1,536 clocks, ~0.78 us), past which BG's FMAs (M*H*BG / 128 a clock) take over
+// at BG = 4.
 template <int G, int CELL, int BB>
 __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long ldh, float* c,
                                          long long ldc, float* act, long long ldact,
@@ -147,35 +152,50 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
     const int BGP = BB;                   // rows of an h buffer (BG <= BB: one pass a step)
     float* const Rs = smem;               // [M][SR]: row q*H + j is R[q*H + j, :]
     float* const hs = Rs + M * SR;        // [2][BGP][SR]: h_t in buffer t & 1
+    float* const gs = hs + 2 * BGP * SR;  // [BB][M]: the gate sums of a step, batch-major
     const bool unit_live = j < H;
     const int cbb = s >> (3 - LB);        // the batch of a pass whose sums this lane ends with
-    const bool cell_lane = unit_live && (s & ((SO_KS >> LB) - 1)) == 0;
+    const bool sum_lane = unit_live && (s & ((SO_KS >> LB) - 1)) == 0 && cbb < B;
 
-    // The lane's cell (at most one a step): gx of step t+1 is loaded before the barrier that
-    // ends step t (streamed); c_t (LSTM) / h_t (GRU) carried in a register; the biases read
-    // at each update (__ldg: L1 hits after the first step; 64 registers a thread at 1024
-    // threads leave no room to keep G x 2 of them).
-    const int b = cbb;
-    const bool lv = cell_lane && b < B;
+    // The cell thread: thread tid updates cell (b, jc) = (tid / H, tid % H), B*H <= SO_KS*H
+    // <= threads, so the cell updates fill whole warps (the first ceil(B*H / 32)) instead of
+    // 1 lane in 8 / BB of every warp: the first profile (GRU H 128 B 128, 400 instructions a
+    // warp-step, issue slots 45% busy) spent a third of every warp's step issuing the cell
+    // update for its 4 live lanes. gx of step t+1 is loaded before the barrier that ends step
+    // t (streamed); c_t (LSTM) / h_t (GRU) carried in a register; the biases read at each
+    // update (__ldg: L1 hits after the first step; 64 registers a thread at 1024 threads leave
+    // no room to keep G x 2 of them).
+    const int b = tid / H, jc = tid - b * H;
+    const bool lv = b < B;
     float xg[G], carry = 0.f;
     auto prefetch = [&](int t) {
-        const float* const x = gx + ((long long)t * S + b) * ldgx + j;
+        const float* const x = gx + ((long long)t * S + b) * ldgx + jc;
 #pragma unroll
         for (int q = 0; q < G; ++q) xg[q] = lv ? __ldcs(x + q * (long long)H) : 0.f;
     };
     if constexpr (CELL == CELL_LSTM) {
-        if (lv) carry = c[b * ldc + j];
+        if (lv) carry = c[b * ldc + jc];
     } else if constexpr (CELL == CELL_GRU) {
-        if (lv) carry = h[b * ldh + j];
+        if (lv) carry = h[b * ldh + jc];
     }
     prefetch(0);   // in flight during the copy of R
 
-    // R once, zeros in the columns past H (the last chunk reads them); h_0 of the block's
-    // batches into buffer 0, zeros everywhere else (columns past H, rows past B: a pass's
-    // padded batches are multiplied and their sums dropped)
-    for (int e = tid; e < M * SR; e += nt) {
-        const int row = e / SR, k = e - row * SR;
-        Rs[e] = k < H ? __ldg(w + (long long)row * ldw + k) : 0.f;
+    // R once, zeros in the columns past H (the last chunk reads them): 16-byte loads where
+    // every row starts 16-byte aligned and H is whole float4s (one division a float4, not a
+    // float: the prologue was the top stall of the first profile at 20 steps); h_0 of the
+    // block's batches into buffer 0, zeros everywhere else (columns past H, rows past B: a
+    // pass's padded batches are multiplied and their sums dropped)
+    if (H % 4 == 0 && ldw % 4 == 0 && (reinterpret_cast<unsigned long long>(w) & 15ull) == 0) {
+        for (int e = tid; e < M * CH; e += nt) {
+            const int row = e / CH, c4 = e - row * CH;
+            *reinterpret_cast<float4*>(Rs + row * SR + 4 * c4) =
+                __ldg(reinterpret_cast<const float4*>(w + (long long)row * ldw) + c4);
+        }
+    } else {
+        for (int e = tid; e < M * SR; e += nt) {
+            const int row = e / SR, k = e - row * SR;
+            Rs[e] = k < H ? __ldg(w + (long long)row * ldw + k) : 0.f;
+        }
     }
     for (int e = tid; e < 2 * BGP * SR; e += nt) {
         const int buf = e / (BGP * SR), r = e - buf * BGP * SR;
@@ -217,30 +237,38 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
             }
         }
         so_reduce<G, BB, 4>(acc, lane);   // every lane of the warp takes part
+        if (sum_lane) {
+#pragma unroll
+            for (int q = 0; q < G; ++q) gs[cbb * M + q * H + j] = acc[q];
+        }
+        __syncthreads();   // the step's gate sums are in gs
         if (lv) {
             float sg[G], xb[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 // ((gx + bw) + gh) + br, the fused kernels' order (GRU's n gate: gh_n + br_n)
-                const long long k = j + q * (long long)H;
+                const long long k = jc + q * (long long)H;
+                const float gh = gs[b * M + q * H + jc];
                 xb[q] = xg[q] + __ldg(bw + b * ldbw + k);
                 const float brq = __ldg(br + b * ldbr + k);
-                sg[q] = (CELL == CELL_GRU && q == 2) ? acc[q] + brq : (xb[q] + acc[q]) + brq;
+                sg[q] = (CELL == CELL_GRU && q == 2) ? gh + brq : (xb[q] + gh) + brq;
             }
             float cn = 0.f, a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
             const float hv = pk_cell_update<G, CELL>(sg, xb, carry, cn, a0, a1, a2, a3);
-            hnext[b * SR + j] = hv;   // h_{t+1}[b, j]: read after the barrier
+            hnext[b * SR + jc] = hv;   // h_{t+1}[b, jc]: read after the barrier
             // the step's global stores: nothing in the launch reads them back
             const long long row = (long long)t * S + b;   // step t, batch b
-            if constexpr (CELL == CELL_LSTM) c[(row + S) * ldc + j] = cn;
+            if constexpr (CELL == CELL_LSTM) c[(row + S) * ldc + jc] = cn;
             if constexpr (CELL == CELL_LSTM || CELL == CELL_GRU)
-                store_gates(act + row * ldact + j, H, a0, a1, a2, a3);
-            __stcg(h + (row + S) * ldh + j, hv);
+                store_gates(act + row * ldact + jc, H, a0, a1, a2, a3);
+            __stcg(h + (row + S) * ldh + jc, hv);
         }
         // step t+1's gx before the barrier: its latency overlaps the other warps' work
         if (t + 1 < T) prefetch(t + 1);
-        // One barrier a step is enough: step t+1 reads buffer (t+1) & 1, complete after it,
-        // and writes buffer t & 1, which every thread finished reading before it.
+        // Two barriers a step: the one above (gate sums written -> read) and this one: step
+        // t+1 reads h buffer (t+1) & 1, complete after it, and writes buffer t & 1 (at its
+        // cell updates, after its first barrier), which every thread finished reading before
+        // that; gs is rewritten only after the next step's product, past this barrier.
         __syncthreads();
     }
 }
@@ -262,7 +290,7 @@ __device__ __forceinline__ void solo_dispatch(int Bfull, int H, float* h, long l
     const int b_off = (int)blockIdx.x * BG;
     const int B = min(BG, Bfull - b_off);
     const int BB = pk_pow2ceil(BG);
-    const long long need = 4LL * ((long long)G * H * KT + 2LL * BB * KT);
+    const long long need = 4LL * ((long long)G * H * KT + 2LL * BB * KT + (long long)BB * G * H);
     if (B < 1 || BB > so_bb_max(G) || (long long)dynamic_smem_bytes() < need) __trap();
     h += b_off * ldh;   // row b of step t of every array is now row t*S + b
     if (c) c += b_off * ldc;

@@ -9,8 +9,9 @@ wave where it can. Thread tid = 8*j + s is k-split s of unit j: its FMA chains m
 q*H + j (q < G) over the float4 chunks s, s + 8, s + 16, s + 24 (< ceil(H/4)) by h_t of each
 of the block's BB = pow2(BG) batches (h_t double-buffered in shared memory); a shuffle
 reduce-scatter over the 8 k-split lanes (masks 4, 2, 1, in whole batches) leaves lane s the
-G gate sums of batch s >> (3 - log2 BB), and the lanes with s % (8 / BB) == 0 update those
-cells (``lane_cells``). One __syncthreads a step.
+G gate sums of batch s >> (3 - log2 BB); the lanes with s % (8 / BB) == 0 write them to shared
+memory, a __syncthreads, and thread bb*H + j updates cell (bb, j) (``lane_cells``: the cell
+updates fill whole warps), a second __syncthreads ends the step.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ SO_KS = 8               # k-split lanes of a unit (adjacent lanes)
 SO_NCH = 4              # most float4 chunks of a row a lane multiplies
 SO_MAX_H = 128          # SO_KS * SO_NCH * 4 columns
 SO_BB_MAX = 4           # most batches a block (GRU, RNNs)
-SO_BB_MAX_LSTM = 2      # most batches a block (LSTM)
+SO_BB_MAX_LSTM = 1      # most batches a block (LSTM)
 SO_MAX_THREADS = 1024   # __launch_bounds__(SO_MAX_THREADS, 1): at most 64 registers
 
 NVCC_REGS = {"lstm": 64, "gru": 64, "rnn_tanh": 54, "rnn_relu": 54}
@@ -84,7 +85,7 @@ class SoloFit(Fit):
                 f"block{'' if self.blocks == 1 else 's'} of {self.batch_per_block} batch"
                 f"{'' if self.batch_per_block == 1 else 'es'} x {self.threads} threads (all "
                 f"of R on chip, {SO_KS} k-splits a unit), shared {self.smem_bytes} B "
-                f"(R {self.smem_r} + h {self.smem_tile})")
+                f"(R {self.smem_r} + h {self.smem_tile} + gate sums {self.smem_partials})")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
@@ -103,7 +104,7 @@ def solo_geometry(cell: str, hidden: int, batch: int, blocks: int = 1) -> SoloFi
                   units_per_block=H, blocks=n, threads=threads_for(H), lanes=(1, 1, SO_KS),
                   k_groups=SO_KS, cells_per_thread=1, k_tile=kt,
                   smem_r=4 * spec.gates * H * kt, smem_tile=4 * 2 * pow2ceil(BG) * kt,
-                  smem_partials=0, cluster=0, clusters=n)
+                  smem_partials=4 * pow2ceil(BG) * spec.gates * H, cluster=0, clusters=n)
     problem = None
     if H > SO_MAX_H:
         problem = (f"hidden {H} > {SO_MAX_H}: {SO_KS} lanes a unit hold at most {SO_NCH} "
@@ -178,13 +179,13 @@ def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | N
 
 def lane_cells(fit: SoloFit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tid, b, jj) of every (b, j) cell block ``block`` updates, as the kernel assigns them:
-    batch bb of the block (bb < its batches) and unit j are lane s = bb << (3 - log2 BB) of
-    unit j's 8 (tid = 8*j + s); b is returned as the batch row (the block's start added)."""
+    batch bb of the block (bb < its batches) and unit j are thread tid = bb*H + j (the cell
+    updates fill whole warps; the gate sums reach them through shared memory); b is returned
+    as the batch row (the block's start added)."""
     batches = fit.batches(block)
-    shift = 3 - (fit.batch_group.bit_length() - 1)
     bb, j = np.meshgrid(np.arange(len(batches)), np.arange(fit.hidden), indexing="ij")
     bb, j = bb.ravel(), j.ravel()
-    return SO_KS * j + (bb << shift), bb + batches.start, j
+    return bb * fit.hidden + j, bb + batches.start, j
 
 
 def lane_tree(rs: np.ndarray, ht: np.ndarray) -> np.ndarray:
