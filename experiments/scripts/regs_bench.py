@@ -76,6 +76,27 @@ def fits(cell, H, B, props):
     return out
 
 
+def run_one(cp, lib, stream, d, outs, ins, fit, B, T, repeats):
+    """Check ``fit``'s launch against the reference, then time it: the row's results."""
+    with stream:
+        for name in ("h", "c", "act"):
+            if d[name] is not None:
+                d[name].fill(np.nan)
+        d["h"][:B] = cp.asarray(d["h0"])
+        if d["c"] is not None:
+            d["c"][:B] = cp.asarray(d["c0"])
+        lib.launch_persistent(fit, outs, ins, T)
+        stream.synchronize()
+        checks = [compare(d[n].get().reshape(d["ref"][n].shape), d["ref"][n], FP32_ATOL,
+                          FP32_RTOL, name=n) for n in ("h", "c", "act") if d[n] is not None]
+        t = time_gpu(cp, lambda: lib.launch_persistent(fit, outs, ins, T), stream,
+                     repeats=repeats, warmup=3)
+    return dict(us_per_step=t.ms_median * 1e3 / T, ms_median=t.ms_median, ms_min=t.ms_min,
+                ms_max=t.ms_max, correct=all(ch.ok for ch in checks),
+                checks=[str(ch) for ch in checks],
+                max_abs_err=max(ch.max_abs_err for ch in checks))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default="gru,lstm")
@@ -104,25 +125,7 @@ def main(argv=None):
                 if not fit.ok:
                     print(f"skip: {fit.describe()}", file=sys.stderr)
                     continue
-                with stream:
-                    for name in ("h", "c", "act"):
-                        if d[name] is not None:
-                            d[name].fill(np.nan)
-                    d["h"][:B] = cp.asarray(d["h0"])
-                    if d["c"] is not None:
-                        d["c"][:B] = cp.asarray(d["c0"])
-                    lib.launch_persistent(fit, outs, ins, T)
-                    stream.synchronize()
-                    checks = [compare(d[n].get().reshape(d["ref"][n].shape), d["ref"][n],
-                                      FP32_ATOL, FP32_RTOL, name=n)
-                              for n in ("h", "c", "act") if d[n] is not None]
-                    t = time_gpu(cp, lambda fit=fit: lib.launch_persistent(fit, outs, ins, T),
-                                 stream, repeats=a.repeats, warmup=3)
-                row.update(us_per_step=t.ms_median * 1e3 / T, ms_median=t.ms_median,
-                           ms_min=t.ms_min, ms_max=t.ms_max,
-                           correct=all(ch.ok for ch in checks),
-                           checks=[str(ch) for ch in checks],
-                           max_abs_err=max(ch.max_abs_err for ch in checks))
+                row.update(run_one(cp, lib, stream, d, outs, ins, fit, B, T, a.repeats))
                 print(f"{cell} B {B} {label}: {row['us_per_step']:.2f} us/step "
                       f"{'ok' if row['correct'] else 'WRONG'} {row['checks']}",
                       file=sys.stderr, flush=True)

@@ -22,12 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import numpy as np  # noqa: E402
-from regs_bench import layer_data  # noqa: E402 - this folder: one layer's buffers, reference
+from regs_bench import layer_data, run_one  # noqa: E402 - this folder: buffers, check + time
 
 from rnnrt.bench import records  # noqa: E402
-from rnnrt.bench.timing import time_gpu  # noqa: E402
-from rnnrt.check import FP32_ATOL, FP32_RTOL, compare  # noqa: E402
 from rnnrt.kernels import persistent as P  # noqa: E402
 from rnnrt.kernels import regs as RG  # noqa: E402
 from rnnrt.kernels import solo as SO  # noqa: E402
@@ -47,27 +44,6 @@ def fits(cell, H, B, props):
             out.append(("solo-half", half))
     return out + [("regs", RG.regs_fit(cell, H, B, props)),
                   ("cluster", P.persistent_fit(cell, H, B, props, kind="cluster"))]
-
-
-def run_one(cp, lib, stream, d, outs, ins, fit, B, T, repeats):
-    """Check ``fit``'s launch against the reference, then time it: the row's results."""
-    with stream:
-        for name in ("h", "c", "act"):
-            if d[name] is not None:
-                d[name].fill(np.nan)
-        d["h"][:B] = cp.asarray(d["h0"])
-        if d["c"] is not None:
-            d["c"][:B] = cp.asarray(d["c0"])
-        lib.launch_persistent(fit, outs, ins, T)
-        stream.synchronize()
-        checks = [compare(d[n].get().reshape(d["ref"][n].shape), d["ref"][n], FP32_ATOL,
-                          FP32_RTOL, name=n) for n in ("h", "c", "act") if d[n] is not None]
-        t = time_gpu(cp, lambda: lib.launch_persistent(fit, outs, ins, T), stream,
-                     repeats=repeats, warmup=3)
-    return dict(us_per_step=t.ms_median * 1e3 / T, ms_median=t.ms_median, ms_min=t.ms_min,
-                ms_max=t.ms_max, correct=all(ch.ok for ch in checks),
-                checks=[str(ch) for ch in checks],
-                max_abs_err=max(ch.max_abs_err for ch in checks))
 
 
 def main(argv=None):
