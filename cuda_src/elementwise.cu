@@ -64,6 +64,15 @@
  *     in  mask [rows, 1]
  *     in  a    [rows, cols]
  *     in  b    [rows, cols]
+ *   kernel ew_sum_splits(rows, cols)  out = base + parts[0] + ... + parts[splits - 1], in
+ *                                  that order (the split-K recurrent backward GEMM's partial
+ *                                  products, rnnrt/plan/backward.py: the same bits every run);
+ *                                  base may be out itself (a GRU's direct part of dh_{t-1},
+ *                                  already there) or the first partial
+ *     out out   [rows, cols]
+ *     in  base  [rows, cols]
+ *     in  parts [splits*rows, cols]  part s is rows s*rows .. (s+1)*rows - 1
+ *     int splits                     >= 1
  */
 
 // for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh)
@@ -149,6 +158,22 @@ __device__ __forceinline__ void ew_select_rows(int rows, int cols, TOUT* out, in
     });
 }
 
+// ew_sum_splits's loop: base first, then the parts in order (an exact alias of base and
+// out is safe: each element is read before it is written, by the same thread).
+template <class TOUT, class TBASE, class TPARTS>
+__device__ __forceinline__ void ew_sum_splits_rows(int rows, int cols, TOUT* out, int ldout,
+                                                   const TBASE* base, int ldbase,
+                                                   const TPARTS* parts, int ldparts,
+                                                   int splits) {
+    for_each_element(rows, cols, [=](long long r, long long c) {
+        float acc = to_f(base[r * ldbase + c]);
+        for (int s = 0; s < splits; ++s) {
+            acc += to_f(parts[(s * (long long)rows + r) * ldparts + c]);
+        }
+        out[r * ldout + c] = from_f<TOUT>(acc);
+    });
+}
+
 extern "C" __global__ void ew_add(int rows, int cols, float* out, int ldout,
                                   const float* a, int lda, const float* b, int ldb) {
     ew_binary<op_add>(rows, cols, out, ldout, a, lda, b, ldb);
@@ -203,6 +228,12 @@ extern "C" __global__ void ew_select(int rows, int cols, float* out, int ldout,
                                      const float* mask, int ldmask, const float* a, int lda,
                                      const float* b, int ldb) {
     ew_select_rows(rows, cols, out, ldout, mask, ldmask, a, lda, b, ldb);
+}
+
+extern "C" __global__ void ew_sum_splits(int rows, int cols, float* out, int ldout,
+                                         const float* base, int ldbase, const float* parts,
+                                         int ldparts, int splits) {
+    ew_sum_splits_rows(rows, cols, out, ldout, base, ldbase, parts, ldparts, splits);
 }
 
 // --- the typed twins (see the header): the same operations through the same loops
@@ -267,4 +298,10 @@ template <class TOUT, class TMASK, class TA, class TB>
 __global__ void ew_select_t(int rows, int cols, TOUT* out, int ldout, const TMASK* mask,
                             int ldmask, const TA* a, int lda, const TB* b, int ldb) {
     ew_select_rows(rows, cols, out, ldout, mask, ldmask, a, lda, b, ldb);
+}
+
+template <class TOUT, class TBASE, class TPARTS>
+__global__ void ew_sum_splits_t(int rows, int cols, TOUT* out, int ldout, const TBASE* base,
+                                int ldbase, const TPARTS* parts, int ldparts, int splits) {
+    ew_sum_splits_rows(rows, cols, out, ldout, base, ldbase, parts, ldparts, splits);
 }

@@ -191,9 +191,10 @@ def plan_ops_bound(key, backward: bool = False) -> int:
     if choice is not None:
         chunks = -(-T // choice.steps_per_launch)
         return L * (chunks * (g + 1 + 6) + per_layer) + 16
-    # per step: the R.h (or dh) GEMMs, the pointwise kernels, events of the cell's task;
-    # per chunk: the W.x (or dx) GEMMs and their task's events
-    return L * (T * (g + pointwise + 3) + chunks * (g + 3) + per_layer) + 16
+    # per step: the R.h (or dh) GEMMs, the pointwise kernels (a backward's split dh GEMM:
+    # one more, its sum), events of the cell's task; per chunk: the W.x (or dx) GEMMs and
+    # their task's events
+    return L * (T * (g + pointwise + 3 + backward) + chunks * (g + 3) + per_layer) + 16
 
 
 def check_index_range(key) -> None:

@@ -21,8 +21,9 @@ the default): A and B of the storage type (CUDA_R_32F for tf32, CUDA_R_16BF, CUD
 CUDA_R_32F, compute CUBLAS_COMPUTE_32F_FAST_TF32 for tf32 (TF32 tensor cores, fp32
 accumulation) and CUBLAS_COMPUTE_32F for the 16-bit types (tensor cores, fp32 accumulation),
 alpha and beta fp32, CUBLAS_GEMM_DEFAULT. Like Sgemm it allocates nothing outside the
-handle's workspace, so it is as capture-safe. The plans batch no GEMMs (one GEMM an op), so
-there is no strided-batched call.
+handle's workspace, so it is as capture-safe. A batched Gemm op (plan/ops.py: the split-K
+recurrent backward GEMM) is ``cublasSgemmStridedBatched`` / ``cublasGemmStridedBatchedEx``
+with the same arguments plus a stride after each matrix and the batch count.
 """
 from __future__ import annotations
 
@@ -91,9 +92,16 @@ def _declare(lib):
     # handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype,
     # ldc, computeType, algo
     lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+    ll = ctypes.c_longlong
+    # the same with a stride (elements) after each matrix's ld, and the batch count after C's
+    lib.cublasSgemmStridedBatched.argtypes = [vp, i, i, i, i, i, fp, vp, i, ll, vp, i, ll, fp,
+                                              vp, i, ll, i]
+    lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i,
+                                               ll, vp, vp, i, i, ll, i, i, i]
     for name in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2",
                  "cublasSetWorkspace_v2", "cublasSetMathMode", "cublasGetVersion_v2",
-                 "cublasSgemm_v2", "cublasGemmEx"):
+                 "cublasSgemm_v2", "cublasGemmEx", "cublasSgemmStridedBatched",
+                 "cublasGemmStridedBatchedEx"):
         getattr(lib, name).restype = i
     return lib
 
@@ -128,10 +136,13 @@ class CublasHandle:
         return v.value
 
     def prepare_gemm(self, out_ptr, out_ld, a_ptr, a_ld, b_ptr, b_ld, M, N, K,
-                     trans_a=False, trans_b=False, alpha=1.0, beta=0.0, dtype="float32"):
+                     trans_a=False, trans_b=False, alpha=1.0, beta=0.0, dtype="float32",
+                     batch=1, strides=(0, 0, 0)):
         """Prebuild the argument tuple of row-major out[N, M] = op(a) @ op(b) (+ beta*out),
         so the time loop only calls ``gemm(args)``. Keeps alpha/beta objects alive.
-        dtype: the precision (GEMM_TYPES): a and b hold its storage type, out is fp32."""
+        dtype: the precision (GEMM_TYPES): a and b hold its storage type, out is fp32.
+        batch > 1: that many products, product i on a, b, out moved by i * strides (a, b,
+        out; elements): the strided-batched call."""
         if dtype not in GEMM_TYPES:
             raise ValueError(f"dtype: expected one of {list(GEMM_TYPES)}, got {dtype!r}")
         al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
@@ -139,14 +150,23 @@ class CublasHandle:
         # Sgemm's arguments are GemmEx's without the types (after each matrix, and at the end)
         ab, c, tail = ((), (), ()) if ex is None else ((ex[0],), (CUDA_R_32F,),
                                                        (ex[1], CUBLAS_GEMM_DEFAULT))
+        # the batched calls: a stride after each matrix's ld, the count after C's
+        sa, sb, so = ((), (), ()) if batch == 1 else ((strides[0],), (strides[1],),
+                                                      (strides[2], batch))
         args = (self.handle,
                 CUBLAS_OP_T if trans_b else CUBLAS_OP_N,
                 CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
                 M, N, K, ctypes.byref(al),
-                ctypes.c_void_p(b_ptr), *ab, b_ld,
-                ctypes.c_void_p(a_ptr), *ab, a_ld,
+                ctypes.c_void_p(b_ptr), *ab, b_ld, *sb,
+                ctypes.c_void_p(a_ptr), *ab, a_ld, *sa,
                 ctypes.byref(be),
-                ctypes.c_void_p(out_ptr), *c, out_ld, *tail)
+                ctypes.c_void_p(out_ptr), *c, out_ld, *so, *tail)
+        if batch > 1:
+            if ex is None:
+                return (args, al, be, self.lib.cublasSgemmStridedBatched,
+                        "cublasSgemmStridedBatched")
+            return (args, al, be, self.lib.cublasGemmStridedBatchedEx,
+                    "cublasGemmStridedBatchedEx")
         if ex is None:
             return (args, al, be, self._sgemm, "cublasSgemm")
         return (args, al, be, self._gemm_ex, "cublasGemmEx")

@@ -112,7 +112,8 @@ class Prepared:
             h = self.handles[op.stream]
             prepared = h.prepare_gemm(self.ptr(op.out), op.out.ld, self.ptr(op.a), op.a.ld,
                                       self.ptr(op.b), op.b.ld, m, n, k, op.trans_a,
-                                      op.trans_b, op.alpha, op.beta, dtype=self.dtype)
+                                      op.trans_b, op.alpha, op.beta, dtype=self.dtype,
+                                      batch=op.batch, strides=op.strides)
             return functools.partial(h.gemm, prepared)
         if isinstance(op, Kernel):
             info = KERNELS[op.name]

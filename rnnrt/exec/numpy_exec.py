@@ -59,17 +59,18 @@ def run_op(op, ws: Workspace) -> None:
     in store buffers are rounded to the storage type (the module's docstring)."""
     if isinstance(op, Gemm):
         dtype = ws.plan.key.dtype   # tf32: the product reads its operands TF32-rounded
-        a = gemm_operand(ws.view(op.a), dtype)
-        b = gemm_operand(ws.view(op.b), dtype)
-        a = a.T if op.trans_a else a
-        b = b.T if op.trans_b else b
-        out = ws.view(op.out)
-        prod = a @ b
-        if op.alpha != 1.0:
-            prod = op.alpha * prod
-        if op.beta != 0.0:
-            prod = prod + op.beta * out
-        out[...] = prod
+        for va, vb, vo in op.entries():   # a batched GEMM: its products one by one
+            a = gemm_operand(ws.view(va), dtype)
+            b = gemm_operand(ws.view(vb), dtype)
+            a = a.T if op.trans_a else a
+            b = b.T if op.trans_b else b
+            out = ws.view(vo)
+            prod = a @ b
+            if op.alpha != 1.0:
+                prod = op.alpha * prod
+            if op.beta != 0.0:
+                prod = prod + op.beta * out
+            out[...] = prod
     elif isinstance(op, Kernel):
         info = KERNELS[op.name]
         # a persistent kernel rounds inside its recurrence (each step's h or dg, its product

@@ -10,4 +10,5 @@
   emulate.py     their decomposition in NumPy, and their twins
   stack.py       the stack kernel (every layer in one launch): fit and twin
   choice.py      the one place that decides which kernel runs for a shape
+  gemm_split.py  how the per-step backward splits its recurrent GEMM along K
 """

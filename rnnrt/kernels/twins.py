@@ -224,6 +224,15 @@ def ew_copy(rows, cols, outs, ins):
     out[...] = a
 
 
+def ew_sum_splits(rows, cols, outs, ins, splits):
+    """base, then each part in order (float32 sums, as the kernel adds)."""
+    (out,), (base, parts) = outs, ins
+    acc = base.astype(out.dtype, copy=True)   # a copy: base may be out itself
+    for s in range(splits):
+        acc += parts[s * rows:(s + 1) * rows]
+    out[...] = acc
+
+
 def ew_select(rows, cols, outs, ins):
     (out,), (mask, a, b) = outs, ins
     on = mask[:, 0] != 0

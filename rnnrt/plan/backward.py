@@ -57,6 +57,7 @@ does (the rounding is only where dn' is stored for the GEMMs).
 from __future__ import annotations
 
 from ..cells import backward_flops, get_cell
+from ..kernels.gemm_split import dh_splits
 from ..sizes import check_plan
 from .cache import plan_cache
 from .forward import ForwardBuilder, forward_plan
@@ -119,6 +120,8 @@ class BackwardBuilder(ForwardBuilder):
         self.k = self.sw.steps_per_input_gemm(self.T)
         self.accumulate = accumulate
         self.gru = self.cell.name == "gru"
+        # the recurrent GEMM dh = dG_h @ R split along K (kernels/gemm_split.py)
+        self.splits = dh_splits(key) if self.sw.grouped else 1
 
     # -- buffers -----------------------------------------------------------------------------
     def buffers(self):
@@ -138,6 +141,8 @@ class BackwardBuilder(ForwardBuilder):
                 bufs.append(Buffer(f"dgh{layer}", T * B * GH, "scratch"))
             if not self.sw.fused:
                 bufs.append(Buffer(f"dtmp{layer}", 4 * B * H, "scratch"))
+            if self.splits > 1:
+                bufs.append(Buffer(f"dpart{layer}", self.splits * B * H, "scratch"))
         bufs += [Buffer("dx", T * B * self.key.input_size, "io"),
                  Buffer("grads", self.layout.size, "grad"),
                  Buffer("ones", T * B, "ones")]
@@ -200,11 +205,15 @@ class BackwardBuilder(ForwardBuilder):
         # the GRU's pointwise kernel (and every masked one) wrote the direct part of dh_{t-1}
         # into dhr[t]: add to it
         first_beta = 1.0 if (self.gru or self.varlen) else 0.0
-        for i, (w, trans_b, c0) in enumerate(self.data_weight_blocks(layer, "hh")):
-            width = w.rows if not trans_b else w.cols
-            a = View(dgh_t.buf, dgh_t.offset + c0, B, width, GH)
-            ops.append(Gemm(s, out, a, w, trans_b=trans_b, beta=first_beta if i == 0 else 1.0,
-                            kind="dh", layer=layer, steps=(t, t + 1)))
+        if self.splits > 1:
+            ops += self.split_dh(layer, t, s, dgh_t, out, first_beta)
+        else:
+            for i, (w, trans_b, c0) in enumerate(self.data_weight_blocks(layer, "hh")):
+                width = w.rows if not trans_b else w.cols
+                a = View(dgh_t.buf, dgh_t.offset + c0, B, width, GH)
+                ops.append(Gemm(s, out, a, w, trans_b=trans_b,
+                                beta=first_beta if i == 0 else 1.0, kind="dh", layer=layer,
+                                steps=(t, t + 1)))
         deps = []
         if t < self.T - 1:
             deps.append(("cellb", layer, t + 1))
@@ -213,6 +222,31 @@ class BackwardBuilder(ForwardBuilder):
         if layer < self.L - 1:
             deps.append(("dxb", layer + 1, (t // self.k) * self.k))
         return Task(("cellb", layer, t), s, deps, self.prio(layer, t, 1), ops)
+
+    def split_dh(self, layer, t, s, dgh_t, out, beta):
+        """dh_rec of step t-1 = dG_h[t] @ R as S products of K / S rows of R (K = G*H), one
+        strided-batched GEMM writing S partial sums into dpart, then their sum in order
+        (ew_sum_splits) into ``out`` (beta 1: after what is there, the GRU's direct part).
+        Why: at batch <= 64 the one GEMM has a handful of output tiles (B/64 x H/64), so it
+        ran on ~8 of 132 SMs at ~44 us a step, the backward's critical path."""
+        S, B, H, GH = self.splits, dgh_t.rows, self.H, self.GH
+        ks = GH // S
+        (w, trans_b, _), = self.data_weight_blocks(layer, "hh")
+        if trans_b:   # rT [H, G*H]: K slices are column blocks
+            b, sb = View(w.buf, w.offset, H, ks, w.ld), ks
+        else:         # R [G*H, H]: K slices are row blocks
+            b, sb = View(w.buf, w.offset, ks, H, w.ld), ks * w.ld
+        a = View(dgh_t.buf, dgh_t.offset, B, ks, GH)
+        part = View(f"dpart{layer}", 0, B, H, H)
+        ops = [Gemm(s, part, a, b, trans_b=trans_b, kind="dh", layer=layer, steps=(t, t + 1),
+                    batch=S, strides=(ks, sb, B * H))]
+        if beta:
+            base, parts, n = out, View(part.buf, 0, S * B, H, H), S
+        else:
+            base, parts, n = part, View(part.buf, B * H, (S - 1) * B, H, H), S - 1
+        ops.append(Kernel(s, "ew_sum_splits", B, H, (out,), (base, parts), kind="reduce",
+                          layer=layer, steps=(t, t + 1), scalars=(("splits", n),)))
+        return ops
 
     def dxb_task(self, layer, t0, t1):
         GH, r0 = self.GH, self.off[t0]

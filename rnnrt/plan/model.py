@@ -71,6 +71,8 @@ class PlanKey:
     (the schedule selector times a few: kernels/choice.py); None: the rule's
     (kernels/persistent.py ``cluster_count``). A count past what the device holds at once is
     still correct (a cluster waits only for its own blocks); it runs in waves.
+    bwd_splits: a training key's per-step backward: the K slices of its recurrent GEMM
+    (kernels/gemm_split.py), run exactly (1: one GEMM); None: the rule's.
     """
 
     cell: str
@@ -89,6 +91,7 @@ class PlanKey:
     capacity: int | None = None
     dtype: str = "float32"
     clusters: int | None = None
+    bwd_splits: int | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -134,6 +137,9 @@ class PlanKey:
             if self.family not in CLUSTER_FAMILIES:
                 raise ValueError(f"PlanKey.clusters: a cluster family's count, but family is "
                                  f"{self.family!r} (expected one of {CLUSTER_FAMILIES})")
+        n = self.bwd_splits
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"PlanKey.bwd_splits: expected an int >= 1 or None, got {n!r}")
         if self.backward is not None:
             if self.backward not in BACKWARD_FAMILIES:
                 raise ValueError(f"PlanKey.backward: expected one of {BACKWARD_FAMILIES} or "
@@ -289,8 +295,7 @@ class Plan:
         total = 0
         for op in self.ops:
             if isinstance(op, Gemm) and op.kind != "db":
-                m, n, k = op.mnk()
-                total += 2 * m * n * k
+                total += op.flops()
             elif isinstance(op, Kernel):
                 total += op.flops          # R.h inside a persistent kernel
         return total
@@ -329,7 +334,8 @@ def op_str(op) -> str:
     if isinstance(op, Gemm):
         return (f"gemm:{op.kind} L{op.layer} t{op.steps} {vs(op.out)} = "
                 f"{vs(op.a)}{'^T' if op.trans_a else ''} @ {vs(op.b)}{'^T' if op.trans_b else ''}"
-                + (f" + {op.beta}*out" if op.beta else ""))
+                + (f" + {op.beta}*out" if op.beta else "")
+                + (f" x{op.batch} strides {op.strides}" if op.batch > 1 else ""))
     if isinstance(op, Kernel):
         return (f"{op.name} L{op.layer} t{op.steps} [{op.rows}x{op.cols}] "
                 f"out({', '.join(map(vs, op.outs))}) in({', '.join(map(vs, op.ins))})")

@@ -55,6 +55,11 @@ class Gemm:
     op(a) is a.T when trans_a, op(b) is b.T when trans_b; op(a) is [N, K], op(b) is [K, M].
     kind tags what it is for tracing and counting ('wx', 'rh', ...); layer and steps say
     which cells of the (layer, step) grid it serves (steps = (first, last+1)).
+
+    batch > 1: ``batch`` such products in one call (cuBLAS strided-batched), product i on
+    the views moved by i * strides = (a, b, out) elements; ``entries()`` lists them. The
+    split-K recurrent backward GEMM uses it: product i takes the i-th K slice of a and b
+    and writes its own partial sum (plan/backward.py).
     """
 
     stream: int
@@ -68,19 +73,50 @@ class Gemm:
     kind: str = "gemm"
     layer: int = -1
     steps: tuple[int, int] = (-1, -1)
+    batch: int = 1
+    strides: tuple[int, int, int] = (0, 0, 0)
+
+    def __post_init__(self):
+        b = self.batch
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"Gemm.batch: expected an int >= 1, got {b!r}")
+        if (len(self.strides) != 3 or any(not isinstance(s, int) or s < 0 for s in self.strides)
+                or (b > 1 and self.strides[2] == 0)):
+            raise ValueError(f"Gemm.strides: expected 3 ints >= 0 (a, b, out), out's > 0 "
+                             f"when batch > 1, got {self.strides!r}")
+
+    def entries(self) -> tuple[tuple[View, View, View], ...]:
+        """(a, b, out) of each of the batch's products."""
+        if self.batch == 1:
+            return ((self.a, self.b, self.out),)
+        sa, sb, so = self.strides
+
+        def moved(v, i, s):
+            return View(v.buf, v.offset + i * s, v.rows, v.cols, v.ld)
+
+        return tuple((moved(self.a, i, sa), moved(self.b, i, sb), moved(self.out, i, so))
+                     for i in range(self.batch))
 
     @property
     def reads(self):
-        return (self.a, self.b) + ((self.out,) if self.beta != 0.0 else ())
+        if self.batch == 1:
+            return (self.a, self.b) + ((self.out,) if self.beta != 0.0 else ())
+        return tuple(v for a, b, o in self.entries()
+                     for v in ((a, b, o) if self.beta != 0.0 else (a, b)))
 
     @property
     def writes(self):
-        return (self.out,)
+        return tuple(o for _, _, o in self.entries())
 
     def mnk(self):
-        """(M, N, K) of the product, for FLOP counts."""
+        """(M, N, K) of one product of the batch, for FLOP counts."""
         k = self.a.rows if self.trans_a else self.a.cols
         return self.out.cols, self.out.rows, k
+
+    def flops(self) -> int:
+        """2 M N K for each product of the batch."""
+        m, n, k = self.mnk()
+        return 2 * m * n * k * self.batch
 
 
 @dataclass(frozen=True, slots=True)

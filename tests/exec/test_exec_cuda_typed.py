@@ -29,7 +29,7 @@ class _Handle:
     def __init__(self):
         self.prepared = []
 
-    def prepare_gemm(self, *args, dtype="float32"):
+    def prepare_gemm(self, *args, dtype="float32", batch=1, strides=(0, 0, 0)):
         self.prepared.append(dtype)
         return (args, dtype)
 

@@ -63,6 +63,42 @@ def test_odd_sizes_every_rung_backward(cp, ctx, shape, cell, executor):
                      case(cell, 2, steps, batch, hidden, inp, bias=bias, seed=1))
 
 
+SPLIT_RUNGS = [r for r in ladder(input_batch=4) if r.switches.grouped]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_split_dh_gemm_backward(cp, ctx, cell, executor):
+    """The recurrent backward GEMM split along K (cuBLAS strided-batched, then the ordered
+    sum kernel; PlanKey.bwd_splits 2 and 5 of K = G*40), every grouped rung, against the
+    reference; the two runs of each give the same bits (no atomics)."""
+    import dataclasses
+    data = case(cell, 4)
+    for rung in SPLIT_RUNGS:
+        for s in (2, 5):
+            key = dataclasses.replace(PlanKey(cell, T, B, I, H, 4, True, rung.switches,
+                                              train=True), bwd_splits=s)
+            runs = run_gpu_backward_case(cp, ctx, key, executor, data)
+            for i, got in enumerate(runs):
+                check_bwd_outputs(got, data[0], data[4], f"{rung.name} S={s} {executor} {i}",
+                                  FP32_ATOL, FP32_RTOL)
+            for name in runs[0]:
+                assert np.array_equal(runs[0][name], runs[1][name], equal_nan=True), \
+                    f"{rung.name} S={s}: {name} differs between two runs"
+
+
+def test_split_rule_at_a_size_it_splits(cp, ctx):
+    """Hidden 256, batch 8: the rule itself splits (K = 1024 or 768 into 16 slices)."""
+    from rnnrt.kernels.gemm_split import dh_splits
+    for cell in ("lstm", "gru"):
+        key = PlanKey(cell, 5, 8, 256, 256, 2, True, ladder()[-2].switches, train=True)
+        assert dh_splits(key) > 1
+        data = case(cell, 2, 5, 8, 256, 256, seed=3)
+        for got in run_gpu_backward_case(cp, ctx, key, "graph", data):
+            check_bwd_outputs(got, data[0], data[4], f"{cell} rule S={dh_splits(key)}",
+                              FP32_ATOL, FP32_RTOL)
+
+
 def test_runner_training_api(cp):
     import rnnrt
     from rnnrt.gpu import GpuRunner

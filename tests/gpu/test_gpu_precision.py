@@ -152,6 +152,26 @@ def test_every_rung_against_the_rounding_aware_reference(cp, ctx, twins_compiled
                 assert fallback is None, f"{what}: the persistent rung fell back: {fallback}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+def test_split_dh_gemm_in_each_precision(cp, ctx, cell, dtype):
+    """The split-K recurrent backward GEMM (cublasGemmStridedBatchedEx on the storage type,
+    kernels/gemm_split.py) against the rounding-aware reference."""
+    import dataclasses
+    p = get_precision(dtype)
+    case = _case(cell, dtype)
+    layout, ref = case[0], case[4]
+    key = dataclasses.replace(_key(cell, RUNGS[-2], dtype, True), bwd_splits=5)
+    got, _, plan = run_graph(cp, ctx, key, case)
+    assert {op.batch for op in plan.ops if getattr(op, "kind", "") == "dh"} == {5}
+    for name in ("dx", "dh0", "dc0"):
+        if ref[name] is not None:
+            assert_close(got[name], ref[name], p.atol, p.rtol, name=f"{dtype} split {name}")
+    for e in layout.entries:
+        assert_close(got["grads"][e.offset:e.end], ref["grads"][e.offset:e.end], p.atol,
+                     p.rtol, name=f"{cell} {dtype} split {e.name}")
+
+
 def test_16bit_store_buffers_are_two_bytes(cp, ctx):
     """A 16-bit plan's store buffers hold 2 bytes an element (bfloat16's arrays: uint16
     bits), its other buffers 4; at the paper shape (LSTM L4 H512 B64 T100, training) its

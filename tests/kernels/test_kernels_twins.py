@@ -99,6 +99,8 @@ def _masked_ref(plain, frozen):
 
 REF.update({
     "ew_copy": lambda x: {"out": x["a"]},
+    "ew_sum_splits": lambda x: {"out": x["base"] + x["parts"].reshape(
+        SCALARS["ew_sum_splits"]["splits"], len(x["base"]), -1).sum(axis=0)},
     "ew_select": lambda x: {"out": np.where(x["mask"] != 0, x["a"], x["b"])},
     "lstm_fwd_mask": _masked_ref("lstm_fwd", lambda x: {"h": x["h_prev"], "c": x["c_prev"],
                                                          "act": 0}),
@@ -151,6 +153,10 @@ def assert_close(got, ref, atol, rtol, what):
                     f"allowed {allowed[idx]:.3g})")
 
 
+# the scalars of the step kernels that take any
+SCALARS = {"ew_sum_splits": {"splits": 3}}
+
+
 def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, seed=0):
     """Lay every argument of a [rows, cols] launch of ``name`` out in one NaN-filled flat
     buffer (with padding between rows and views when ``strided``; biases with ld 0 when
@@ -159,7 +165,8 @@ def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, se
     and check that nothing outside the outputs changed."""
     kinfo = K.KERNELS[name]
     rng = np.random.default_rng(seed)
-    out_shapes, in_shapes = kinfo.arg_shapes(rows, cols)
+    scalars = SCALARS.get(name, {})
+    out_shapes, in_shapes = kinfo.arg_shapes(rows, cols, **scalars)
     args = ([(a, s, False) for (a, _), s in zip(kinfo.ins, in_shapes)]
             + [(a, s, True) for (a, _), s in zip(kinfo.outs, out_shapes)])
     place, offset = {}, 3
@@ -192,7 +199,7 @@ def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, se
     outs = [knp.view(buf, *place[a]) for a, _ in kinfo.outs]
     ins = [knp.view(buf, *place[a]) for a, _ in kinfo.ins]
     with np.errstate(over="raise", divide="raise", invalid="raise"):
-        kinfo.numpy_fn(rows, cols, outs, ins)
+        kinfo.numpy_fn(rows, cols, outs, ins, *[scalars[n] for n in kinfo.scalars])
 
     atol, rtol = _tol(name, dtype)
     for (a, _), got in zip(kinfo.outs, outs):
@@ -222,7 +229,7 @@ IN_PLACE = {"ew_add": ("out", "a"), "ew_sub": ("out", "b"), "ew_mul": ("out", "a
             "ew_dsigmoid": ("out", "y"), "ew_dtanh": ("out", "dy"), "ew_drelu": ("out", "y"),
             "lstm_bwd": ("dgx", "act"), "gru_bwd": ("dh_prev", "dh_rec"),
             "rnn_tanh_bwd": ("dg", "h"), "rnn_relu_bwd": ("dg", "dh_above"),
-            "ew_copy": ("out", "a"), "ew_select": ("out", "b"),
+            "ew_copy": ("out", "a"), "ew_select": ("out", "b"), "ew_sum_splits": ("out", "base"),
             "lstm_fwd_mask": ("c", "c_prev"), "gru_fwd_mask": ("h", "h_prev"),
             "rnn_tanh_fwd_mask": ("h", "h_prev"), "rnn_relu_fwd_mask": ("h", "gx"),
             "lstm_bwd_mask": ("dgx", "act"), "gru_bwd_mask": ("dh_prev", "dh_rec"),

@@ -1,0 +1,219 @@
+"""Where a forward+backward pass's backward time goes, and what splitting its recurrent GEMM
+along K buys: per shape, the selector's training schedule (and the forward's choice, where
+another) timed forward + backward with the per-step backward's dh GEMM split S ways
+(PlanKey.bwd_splits; 'rule': kernels/gemm_split.py), optionally the backward traced op by
+op (sums by kind); cuDNN forward and forward + backward (TF32 off) in the same process.
+
+Usage (GPU): python experiments/scripts/backward_probe.py --shapes lstm:4:512:64,gru:1:1024:8
+    [--steps 100] [--splits 1,2,4,8,16,rule] [--trace] [--out DIR]
+Prints a table last; writes a JSON record (kind 'backward_probe') into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+
+import rnnrt  # noqa: E402
+from rnnrt.bench import records  # noqa: E402
+from rnnrt.bench.cudnn import torch_module  # noqa: E402
+from rnnrt.bench.timing import time_torch  # noqa: E402
+from rnnrt.gpu import GpuRunner  # noqa: E402
+from rnnrt.session import time_events  # noqa: E402
+
+
+def trace_backward(runner, sched, T, B, splits="rule"):
+    """The backward plan of ``sched`` traced op by op (after one forward on random inputs):
+    (sums by kind {kind: [ops, busy ms]}, the traced ops, total ms)."""
+    from rnnrt.exec.cuda_exec import EagerExecutor
+    from rnnrt.exec.trace_exec import TracingExecutor
+    from rnnrt.exec.workspace import Workspace
+    from rnnrt.plan.backward import backward_plan
+    from rnnrt.plan.forward import forward_plan
+    cp = runner.cp
+    key = runner.new_key(T, B, True, sched.switches, sched.family, sched.backward,
+                         clusters=sched.clusters)
+    key = dataclasses.replace(key, bwd_splits=None if splits == "rule" else int(splits))
+    bplan, fplan = backward_plan(key), forward_plan(key)
+    ws = Workspace(bplan, cp, np.float32, runner.params)
+    ws.poison()
+    rng = cp.random.default_rng(0)
+    ws.load(**{name: rng.standard_normal(b.shape, dtype=cp.float32)
+               for name, b in bplan.inputs.items()})
+    EagerExecutor(fplan, ws, runner.session.ctx).run()
+    cp.cuda.runtime.deviceSynchronize()
+    ex = TracingExecutor(bplan, ws, runner.session.ctx)
+    ops = ex.trace()
+    kinds = {}
+    for o in ops:
+        k = kinds.setdefault(o.kind, [0, 0.0])
+        k[0] += 1
+        k[1] += o.t_end_ms - o.t_start_ms
+    for kind, (n, ms) in kinds.items():
+        print(f"  bwd {kind:10s} {n:5d} ops, {ms:8.3f} ms busy, {1e3 * ms / n:7.1f} us each",
+              file=sys.stderr)
+    print(f"  bwd total {ex.info['total_ms']:.3f} ms, host-bound {ex.info['host_bound']}",
+          file=sys.stderr)
+    return kinds, [list(o) for o in ops], ex.info["total_ms"]
+
+
+def cudnn_ms(model, T, B, train, repeats):
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    m = torch_module(torch, model, "float32")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, B, model.input_size, device="cuda", generator=g, requires_grad=train)
+    dy = torch.randn(T, B, model.hidden_size, device="cuda", generator=g)
+
+    def run():
+        y, _ = m(x)
+        if train:
+            y.backward(dy)
+
+    return time_torch(torch, run, repeats=repeats, warmup=3).ms_median
+
+
+def time_splits(runner, sched, T, B, splits, repeats):
+    """{S: median ms} of forward + backward (graph executor, all T steps) of ``sched``'s
+    forward with the per-step backward whose recurrent GEMM is split S ways
+    (PlanKey.bwd_splits; 'rule': kernels/gemm_split.py's choice), and the forward alone."""
+    from rnnrt.kernels.gemm_split import dh_splits
+    from rnnrt.plan.backward import backward_plan
+    from rnnrt.plan.forward import forward_plan
+    cp, ses = runner.cp, runner.session
+    out = {}
+    for s in splits:
+        key = runner.new_key(T, B, True, sched.switches, sched.family, None,
+                             clusters=sched.clusters)
+        key = dataclasses.replace(key, bwd_splits=None if s == "rule" else int(s))
+        try:
+            n = dh_splits(key) if key.switches.grouped else 1
+        except ValueError as e:
+            out[str(s)] = {"error": str(e)}
+            continue
+        bplan, fplan = backward_plan(key), forward_plan(key)
+        ws = ses.workspace(bplan, runner.params)
+        rng = cp.random.default_rng(0)
+        ws.load(**{name: rng.standard_normal(b.shape, dtype=cp.float32)
+                   for name, b in bplan.inputs.items()})
+        fx, bx = ses.executor("graph", fplan, ws), ses.executor("graph", bplan, ws)
+
+        def both():
+            fx.run()
+            bx.run()
+
+        ms = statistics.median(time_events(cp, both, fx.stream, repeats, 2))
+        fms = statistics.median(time_events(cp, fx.run, fx.stream, repeats, 2))
+        out[str(s)] = {"splits": n, "fwdbwd_ms": ms, "fwd_ms": fms}
+        print(f"  splits {s} (S={n}): fwd+bwd {ms:.3f} ms, fwd {fms:.3f}", file=sys.stderr,
+              flush=True)
+        del fx, bx, ws
+    return out
+
+
+def time_chunks(runner, sched, T, B, chunks, repeats):
+    """{k: median ms} of forward + backward of ``sched`` with its switches' input chunk k
+    (the per-step backward's dx GEMM covers k steps: layer l-1 starts k steps after layer
+    l; a stack-kernel forward does not use k)."""
+    out = {}
+    for k in chunks:
+        kk = k if k == "all" else int(k)
+        sc = dataclasses.replace(sched, name=f"{sched.name}/ib{k}", backward=None,
+                                 switches=dataclasses.replace(sched.switches, input_batch=kk))
+        ms = time_splits(runner, sc, T, B, ["rule"], repeats)["rule"]
+        out[str(k)] = ms
+    return out
+
+
+def probe(a, cell, layers, hidden, batch):
+    cls = {"lstm": rnnrt.LSTM, "gru": rnnrt.GRU}[cell]
+    model = cls(hidden, hidden, num_layers=layers, seed=0)
+    runner = GpuRunner(model, schedule_cache=False)
+    sel = runner.schedule(a.steps, batch, train=True)
+    sched = sel.schedule
+    fwd_sched = runner.schedule(a.steps, batch, train=False).schedule
+    splits = [s for s in a.splits.split(",") if s]
+    rows = {"chosen": time_splits(runner, sched, a.steps, batch, splits, a.repeats)}
+    if fwd_sched.name != sched.name.split("+pbwd")[0]:
+        rows["fwd_choice"] = time_splits(runner, fwd_sched, a.steps, batch, splits,
+                                         a.repeats)
+    if a.chunks:
+        rows["chunks"] = time_chunks(runner, sched, a.steps, batch,
+                                     [c for c in a.chunks.split(",") if c], a.repeats)
+    trace = None
+    if a.trace:
+        trace = {}
+        for s in ("1", "rule"):
+            sc = dataclasses.replace(sched, backward=None)
+            kinds, ops, traced = trace_backward(runner, sc, a.steps, batch, s)
+            trace[s] = {"kinds": kinds, "traced_ms": traced}
+    cd_f = cudnn_ms(model, a.steps, batch, False, a.repeats)
+    cd_fb = cudnn_ms(model, a.steps, batch, True, a.repeats)
+    runner.close()
+    return {"cell": cell, "layers": layers, "hidden": hidden, "batch": batch,
+            "schedule": sched.as_dict(), "fwd_schedule": fwd_sched.as_dict(),
+            "candidates": sel.candidates, "splits": rows, "trace": trace,
+            "cudnn_fwd_ms": cd_f, "cudnn_fwdbwd_ms": cd_fb}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="lstm:4:512:64",
+                    help="cell:layers:hidden:batch, comma-separated")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--splits", default="1,2,4,8,16,rule")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--chunks", default="",
+                    help="also time the chosen schedule with these input chunks k (e.g. "
+                         "1,2,5,10), the split rule's backward")
+    ap.add_argument("--trace", action="store_true", help="trace the backward (S 1 and rule)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    results = []
+    for spec in a.shapes.split(","):
+        cell, layers, hidden, batch = spec.split(":")
+        print(f"== {spec}", file=sys.stderr, flush=True)
+        results.append(probe(a, cell, int(layers), int(hidden), int(batch)))
+    import cupy as cp
+    from rnnrt.session import device_info
+    info = device_info(cp)
+    created = records.now_iso()
+    rec = {"kind": "backward_probe", "created": created, "device": info,
+           "versions": records.versions(cp), "command": " ".join(sys.argv), "config": vars(a),
+           "results": results,
+           "note": "rnnrt: graph executor, all steps, forward then backward, CUDA events, "
+                   "median; cuDNN fp32 with TF32 off, same process"}
+    if a.out:
+        slug = records.device_slug(info["device"])
+        path = Path(a.out) / f"backward-probe-splits-{slug}-{records.stamp(created)}.json"
+        records.write_json(rec, path)
+        print(f"record: {path}", file=sys.stderr)
+    print("| shape | schedule | cuDNN fwd+bwd | " + " | ".join(
+        f"S {s}" for s in a.splits.split(",")) + " |")
+    for r in results:
+        for k, v in r["splits"].get("chunks", {}).items():
+            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
+                  f"{r['schedule']['name']} chunk {k} | {r['cudnn_fwdbwd_ms']:.3f} | "
+                  f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
+        for which, rows in r["splits"].items():
+            if which == "chunks":
+                continue
+            cells = []
+            for s in a.splits.split(","):
+                v = rows.get(s, {})
+                cells.append(f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x"
+                             f" S{v['splits']})" if "fwdbwd_ms" in v else "-")
+            name = r["schedule"]["name"] if which == "chosen" else r["fwd_schedule"]["name"]
+            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | {name} | "
+                  f"{r['cudnn_fwdbwd_ms']:.3f} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

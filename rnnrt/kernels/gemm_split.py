@@ -1,0 +1,59 @@
+"""How the per-step backward splits its recurrent GEMM along K: ``dh_splits(key)``.
+
+The per-step backward's critical path is, every step of every layer, the pointwise backward
+and then dh_{t-1} = dG_h[t] @ R: [B, G*H] @ [G*H, H]. Its output has only B x H elements
+(64 x 512 at the paper's shape: ~8 output tiles of cuBLAS's 64 x 64), so cuBLAS runs it on a
+handful of the GPU's SMs (44 us a step on the H100, 60% of the backward's time there) while
+its K = G*H is long. Split along K into S slices, it is one strided-batched GEMM of S x as
+many tiles, each S x shorter, writing S partial sums, and a small kernel adding them in a
+fixed order (plan/backward.py ``split_dh``; the same bits every run, no atomics).
+
+The rule, from measurements (forward + backward, graph executor, 100 steps, one GPU of 132
+SMs; experiments/results/kernels/backward-probe-splits-*): split 16 ways, else 8, where each
+slice keeps >= MIN_SLICE_K of K (a multiple of SLICE_ALIGN elements: 16-byte aligned at every
+precision) and the split GEMM has <= SPLIT_CTAS_PER_SM x SMs tiles; else not at all. Where the
+step is latency-bound (one layer, small batch) it pays: LSTM L1 H1024 B8 3.65 -> 2.84 ms (S 8),
+L1 H512 B32 2.61 -> 2.50 (S 16); in a 4-layer wavefront the GPU is already busy with the
+other layers and the dx / dW GEMMs, and 16 slices change little (paper shape 9.98 -> 9.98,
+GRU L4 H512 B64 9.94 -> 9.56). Two or four slices were slower than one GEMM at every shape
+measured (paper shape 12.8 and 11.1 ms), so the rule never takes them. ``PlanKey.bwd_splits``
+sets S exactly (1: one GEMM), for tests and probes. A grouped plan only: ungrouped plans
+already run one GEMM a gate.
+"""
+from __future__ import annotations
+
+from .limits import H100_SXM
+
+SPLITS = (16, 8)
+"""The split counts the rule takes, first that fits first."""
+MAX_SPLITS = SPLITS[0]
+MIN_SLICE_K = 64
+SLICE_ALIGN = 8
+SPLIT_CTAS_PER_SM = 2
+TILE = 64
+"""The output tile edge the rule assumes cuBLAS uses at these shapes (rows and columns)."""
+
+
+def dh_splits(key) -> int:
+    """S, the K slices of ``key``'s recurrent backward GEMM (1: not split): PlanKey.bwd_splits
+    where set, else the rule (module docstring). A key without device limits (a CPU plan)
+    is split as for the H100."""
+    gh = _gates(key.cell) * key.hidden_size
+    if key.bwd_splits is not None:
+        s = key.bwd_splits
+        if gh % s:   # alignment is the rule's concern (speed), not correctness
+            raise ValueError(f"PlanKey.bwd_splits: {s} does not divide K = gates x hidden = "
+                             f"{gh} into equal slices")
+        return s
+    sms = (key.device or H100_SXM).sms
+    tiles = -(-key.batch // TILE) * -(-key.hidden_size // TILE)
+    for s in SPLITS:
+        if (gh % s == 0 and gh // s >= MIN_SLICE_K and (gh // s) % SLICE_ALIGN == 0
+                and s * tiles <= SPLIT_CTAS_PER_SM * sms):
+            return s
+    return 1
+
+
+def _gates(cell: str) -> int:
+    from ..cells import get_cell
+    return get_cell(cell).gates
