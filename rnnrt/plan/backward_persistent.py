@@ -87,8 +87,8 @@ class PersistentBackwardBuilder(BackwardBuilder):
 
     def chunks(self):
         """[(t0, t1)]: a layer's launches in the order they run, the last chunk first. The
-        chunks start at multiples of k (those of the forward's input GEMMs); where k does not
-        divide T the last one, [k * (T // k), T), is short, and runs first."""
+        chunks start at multiples of k (as the input chunks); where k does not divide T the
+        last one, [k * (T // k), T), is short, and runs first."""
         return [(t0, min(t0 + self.k, self.T)) for t0 in reversed(range(0, self.T, self.k))]
 
     def pbwd_task(self, layer, t0, t1):
@@ -130,12 +130,15 @@ class PersistentBackwardBuilder(BackwardBuilder):
 
     def chunk_prio(self, layer, t1, kind):
         """The reverse wavefront's priority of the chunk ending at t1 (backward.py's
-        ``prio`` by anti-diagonal, in chunks): equal for layer l's chunk c and layer l-1's
-        chunk c-1 from the end, so a layer's launch is issued as soon as it may run."""
+        ``prio`` by anti-diagonal, counted in chunks from the end): layer l's chunk c and
+        layer l-1's chunk c-1 share a diagonal, so layer l-1's launches are issued between
+        layer l's, each on the diagonal after the dx GEMM it waits for."""
         rl, rc = self.L - 1 - layer, -(-(self.T - t1) // self.k)
         return (rl + rc, rl, kind)
 
     def tasks(self) -> list[Task]:
+        """Every task of the pass: per layer its launches with their dx GEMMs, last chunk
+        first, then its weight gradients."""
         tasks = []
         for layer in range(self.L):
             for t0, t1 in self.chunks():
