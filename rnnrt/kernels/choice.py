@@ -12,7 +12,10 @@ grid kernel, 'mma', run only where named, as the selector's candidates name them
 rules below pick one. The plan builders follow the answer; they decide nothing about kernels themselves.
 
 ``choose_persistent_backward(key)``: for a training key that names the persistent backward
-(``PlanKey.backward``), the kernel's fit, or why the plan keeps the per-step backward.
+(``PlanKey.backward``), the kernel's fit and the steps a launch covers (chunked along the
+reverse wavefront for a multi-layer cluster plan), or why the plan keeps the per-step
+backward. It and the backward's cost model live in ``choice_backward.py`` (imported here:
+``choice.choose_persistent_backward`` and the rest are the same objects).
 
 ``Selector``: the schedule ``switches='auto'`` runs for a shape. Its candidates
 (``candidates``) are the best paper rung, input-batching variants and every persistent family
@@ -33,7 +36,11 @@ from ..precision import get_precision
 from .counts import count_schedules, layer_share_fit
 from .occupancy import ClusterCap, derived_cap
 from .persistent import Fit, persistent_fit
-from .persistent_bwd import BwdFit, persistent_bwd_fit
+# the backward's decisions (re-exported: callers and tests name them through this module)
+from .choice_backward import (CUBLAS_BWD_LAYER_STEP_US, CUBLAS_BWD_STEP_US,  # noqa: F401
+                              CUBLAS_SLOW_ROWS, BackwardChoice, backward_fit,
+                              backward_steps_per_launch, choose_persistent_backward,
+                              prefers_persistent_backward)
 from .mma import mma_fit
 from .regs import regs_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
@@ -252,51 +259,6 @@ def stack_choice(key) -> tuple[StackFit | None, str]:
 
 
 # --------------------------------------------------------------------------------------------
-# The persistent backward of a training plan key
-
-
-@dataclass(frozen=True)
-class BackwardChoice:
-    """What ``PlanKey.backward`` runs: the persistent backward kernel's ``fit`` where it
-    runs, else ``fallback`` (why the plan keeps the per-step backward)."""
-
-    fit: BwdFit | None
-    fallback: str | None = None
-
-    @property
-    def runs(self) -> bool:
-        return self.fallback is None
-
-    def describe(self) -> str:
-        """The backward plan's ``fit`` string."""
-        if self.fit is None:
-            return self.fallback or ""
-        return self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
-
-
-def choose_persistent_backward(key) -> BackwardChoice:
-    """The persistent backward for ``key`` (a training plan.PlanKey with ``backward`` set):
-    the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit: the grid or the
-    cluster kernel as ``key.backward`` names it, or for 'persistent' the one whose step its
-    cost model makes shorter) where it fits and the sequence fits its barrier counter, else
-    a fallback saying why. (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses
-    the pair, the kernel running the whole batch every step.)"""
-    kind = None if key.backward == "persistent" else key.backward
-    fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
-                             kind=kind)
-    why = None if fit.ok else fit.reason
-    if why is None:
-        try:
-            fit.check_steps(key.steps)
-        except ValueError as e:
-            why = str(e)
-    if why is not None:
-        return BackwardChoice(fit, f"persistent backward declined on {key.device.name}: {why}; "
-                                   f"ran the per-step backward")
-    return BackwardChoice(fit)
-
-
-# --------------------------------------------------------------------------------------------
 # Candidates (the schedules themselves: schedules.py)
 
 
@@ -366,49 +328,6 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
         return pbwd + tuple(with_persistent_backward(s) for s in counts) + persistent \
             + paper_schedules()
     return persistent + counts + pbwd + paper_schedules()
-
-
-def backward_fit(shape: "Shape", device) -> BwdFit:
-    """The persistent backward kernel's fit for ``shape`` on ``device`` (DeviceLimits)."""
-    return persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props())
-
-
-CUBLAS_BWD_STEP_US = 9.2
-"""The per-step backward (cuBLAS GEMM + fused pointwise kernel a step, graph-replayed) of one
-layer never went below ~9.2 us a step in the wide sweep (LSTM and GRU L1 at H 128-256 B 8-64:
-0.92-0.97 ms for 100 steps)."""
-CUBLAS_BWD_LAYER_STEP_US = 3.7
-"""With several layers the reverse wavefront overlaps them: ~3.7 us a layer-step at the
-small shapes of the wide sweep (LSTM L4 H 128 B 32: 1.49 ms for 4 x 100)."""
-CUBLAS_SLOW_ROWS = (8, 128, 6.0)
-"""(batch, hidden, factor): at batch <= 8 and hidden <= 128 cuBLAS's kernels for the
-per-step products of so few rows are slow in both layouts: ~55 us a step (LSTM and GRU L1
-H 128 B 8: 5.4-5.9 ms for 100 steps of backward, L4 8.2-8.6 ms): 6 x the floor."""
-
-
-def prefers_persistent_backward(shape: "Shape", device, fit: BwdFit | None = None) -> bool:
-    """The cost models' verdict for a training shape: the persistent backward kernel when it
-    fits and its modelled recurrent chain (layers x steps x ``BwdFit.step_us``: the kernel's
-    layers run one after another) is shorter than the per-step backward's (steps x the larger
-    of CUBLAS_BWD_STEP_US and layers x CUBLAS_BWD_LAYER_STEP_US, times CUBLAS_SLOW_ROWS'
-    factor at small batch and hidden). The GEMMs for dx and the weights are alike in both
-    and left out. From the models (LSTM, 100 steps): L1 H 128 B 8 0.32 against 5.5 ms
-    (taken: the cluster kernel), L4 H 128 B 32 1.3 against 1.5 (taken), L4 H 128 B 256 3.3
-    against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: the grid kernel, staging dg_t
-    [64, 2048] for 64 blocks a step). ``fit``: ``backward_fit(shape, device)`` where the
-    caller has it (a search over units, block sizes and tiles), else computed here."""
-    if not shape.train or shape.varlen:   # the kernel runs the whole batch every step
-        return False
-    if fit is None:
-        fit = backward_fit(shape, device)
-    if not fit.ok:
-        return False
-    kernel_us = shape.layers * shape.steps * fit.step_us()
-    cublas_us = shape.steps * max(CUBLAS_BWD_STEP_US, shape.layers * CUBLAS_BWD_LAYER_STEP_US)
-    rows, hidden, factor = CUBLAS_SLOW_ROWS
-    if shape.batch <= rows and shape.hidden <= hidden:
-        cublas_us *= factor
-    return kernel_us < cublas_us
 
 
 GRID_MAX_WORK = 16384

@@ -2,32 +2,45 @@
 one the cost model prefers; a schedule the selector offers for training shapes, no switch
 turns it on, so the rungs' backward is unchanged).
 
-Per layer, from the top (kernels/choice.py's ``choose_persistent_backward`` says whether the
-kernel fits; where it does not, the plan is backward.py's per-step schedule with the reason
-in ``Plan.fallback``):
-  ('pbwd', l)   one launch of the cell's persistent backward kernel, grid or cluster
-                (cuda_src/persistent_bwd.cu) on the recurrence stream: the whole recurrent
-                chain of layer l, t = T-1 .. 0, reading dhin{l} (every step's gradient from
-                above), dh_n (dhr{l}[T]), dc_n (dc{l}[T]), the forward's act, c or h and R;
-                writing dg of every step (dgx{l}, and dgh{l} for the GRU), dh0 (dhr{l}[0])
-                and dc0 (dc{l}[0]). After layer l+1's dx GEMM (it writes dhin{l}).
-  ('dxb', l, 0) the gradient into layer l's input, ONE GEMM over all T*B rows: dgx{l} W,
-                into dhin{l-1} (dx for layer 0) — input stream, after ('pbwd', l).
+Per layer, from the top (kernels/choice_backward.py's ``choose_persistent_backward`` says
+whether the kernel fits and the steps k one launch covers; where it does not fit, the plan
+is backward.py's per-step schedule with the reason in ``Plan.fallback``), chunks [t0, t1) of
+k steps from the last to the first (k = T: one chunk, one launch a layer):
+  ('pbwd', l, t0) one launch of the cell's persistent backward kernel, grid or cluster
+                (cuda_src/persistent_bwd.cu) on the recurrence stream: the recurrent chain
+                of layer l over t = t1-1 .. t0, on views offset to the chunk (the kernel's
+                T = t1 - t0): reading dhin{l} rows t0..t1 (the gradient from above), dh_n =
+                dhr{l}[t1] and dc_n = dc{l}[t1] (slot T: the plan's inputs dh_n, dc_n; else
+                what the chunk after wrote), the forward's act rows t0..t1, c or h slots
+                t0..t1 (inclusive: the kernel reads slot t and t+1 of step t) and R; writing
+                dg of its steps (dgx{l}, and dgh{l} for the GRU), dh0 -> dhr{l}[t0] and dc0
+                -> dc{l}[t0] (the gradients into h_t0, c_t0: the chunk before reads them as
+                its dh_n, dc_n; the GRU's direct part z*dh is in the kernel's dh0, as in its
+                carried dh_rec). After the layer's previous chunk (same stream) and layer
+                l+1's dx GEMM of the same rows (it writes dhin{l} there).
+  ('dxb', l, t0) the gradient into layer l's input of the chunk's rows, one GEMM: dgx{l} W,
+                into dhin{l-1} (dx for layer 0) — input stream, after ('pbwd', l, t0).
   ('wgrad', l)  backward.py's: one GEMM a weight matrix and one reduction a bias over all
                 T*B rows (fp32 accumulation in a fixed order: the same bits every run), on
-                the input stream after ('pbwd', l), overlapping layer l-1's kernel.
-Two persistent backward launches never run at once (a grid kernel needs its blocks resident
-on their own SMs): layer l-1's waits for layer l's dx GEMM, which waits for layer l's launch.
-(The cluster kernels do not touch bsync.)
+                the input stream after the layer's last launch ('pbwd', l, 0), overlapping
+                the layers below.
+k = T for the grid kernel: it needs every block resident on its own SM, so two of its
+launches never run at once: layer l-1's waits for layer l's dx GEMM, which waits for layer
+l's launch. The cluster kernels wait only for their own cluster (no grid barrier, no
+counters): with several layers and the wavefront they run chunked (k = the switches' input
+chunk), layer l-1's chunk issued as soon as layer l's dx of those rows is, so the layers'
+chains overlap along the reverse wavefront (priority by anti-diagonal of (layer, chunk) from
+the top-right corner, as backward.py's per-step one) instead of running one after another.
 Buffers: backward.py's, plus
-  bsync  [2*L] unsigned  a layer's barrier counters (zero between launches)
-(dhr{l}[1..T-1] are not written: nothing reads them in this plan).
+  bsync  [2*L] unsigned  a layer's barrier counters (zero between launches; the cluster
+                         kernels never touch them; a layer's launches are on one stream)
+(dhr{l} and dc{l} are written at the chunk boundaries only: nothing reads the other slots).
 """
 from __future__ import annotations
 
 import dataclasses
 
-from ..kernels.choice import choose_persistent_backward
+from ..kernels.choice_backward import choose_persistent_backward
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from .backward import BackwardBuilder
@@ -53,56 +66,91 @@ def backward_builder(key: PlanKey, accumulate: bool = False, need_dx: bool = Tru
     choice = choose_persistent_backward(key)   # 16-bit storage: declined
     if not choice.runs:
         return BackwardBuilder(key, accumulate, need_dx), choice
-    return PersistentBackwardBuilder(key, accumulate, choice.fit, need_dx), choice
+    return PersistentBackwardBuilder(key, accumulate, choice, need_dx), choice
 
 
 class PersistentBackwardBuilder(BackwardBuilder):
-    """backward.py's builder with the recurrent chain of each layer in one persistent launch
-    (``fit``: the kernel's persistent_bwd.BwdFit) and each layer's dx in one GEMM."""
+    """backward.py's builder with the recurrent chain of each layer in persistent launches
+    of ``choice.steps_per_launch`` steps (``choice``: kernels/choice_backward.py's
+    BackwardChoice, its ``fit`` the kernel's persistent_bwd.BwdFit) and the dx of each
+    launch's rows in one GEMM."""
 
-    def __init__(self, key: PlanKey, accumulate: bool, fit, need_dx: bool = True):
+    def __init__(self, key: PlanKey, accumulate: bool, choice, need_dx: bool = True):
         super().__init__(key, accumulate, need_dx)
-        self.bfit = fit
-        self.k = self.T   # one dx GEMM a layer: the kernel writes all of dg before it
+        self.bfit = choice.fit
+        # the chunk a launch covers is the chunk of its dx GEMM (the launch writes all of
+        # its rows of dg before it)
+        self.k = choice.steps_per_launch
 
     def buffers(self):
         return super().buffers() + (Buffer("bsync", SYNC_WORDS * self.L, "sync", "uint32"),)
 
-    def pbwd_task(self, layer):
-        """Layer ``layer``'s recurrent chain, all T steps, as one launch."""
-        T, B, H, GH, fit = self.T, self.B, self.H, self.GH, self.bfit
+    def chunks(self):
+        """[(t0, t1)]: a layer's launches in the order they run, the last chunk first. The
+        chunks start at multiples of k (as the input chunks); where k does not divide T the
+        last one, [k * (T // k), T), is short, and runs first."""
+        return [(t0, min(t0 + self.k, self.T)) for t0 in reversed(range(0, self.T, self.k))]
+
+    def pbwd_task(self, layer, t0, t1):
+        """Layer ``layer``'s recurrent chain over steps [t0, t1) as one launch, on views of
+        the chunk's rows (the kernel's calling convention with T = t1 - t0)."""
+        B, H, GH, fit = self.B, self.H, self.GH, self.bfit
+        n = t1 - t0
         lstm = self.cell.has_cell_state
-        outs = [View(f"dgx{layer}", 0, T * B, GH, GH)]
+        outs = [View(f"dgx{layer}", t0 * B * GH, n * B, GH, GH)]
         if self.gru:
-            outs.append(View(f"dgh{layer}", 0, T * B, GH, GH))
-        outs.append(self.slot("dhr", layer, 0))              # dh0
+            outs.append(View(f"dgh{layer}", t0 * B * GH, n * B, GH, GH))
+        outs.append(self.slot("dhr", layer, t0))             # dh0: into h_t0
         if lstm:
-            outs.append(self.slot("dc", layer, 0))           # dc0
+            outs.append(self.slot("dc", layer, t0))          # dc0: into c_t0
         outs.append(View("bsync", SYNC_WORDS * layer, 1, SYNC_WORDS, SYNC_WORDS))
-        ins = [View(f"dhin{layer}", 0, T * B, H, H), self.slot("dhr", layer, T)]
+        ins = [View(f"dhin{layer}", t0 * B * H, n * B, H, H),
+               self.slot("dhr", layer, t1)]                  # dh_n: the chunk after's dh0
         if lstm:
-            ins.append(self.slot("dc", layer, T))            # dc_n
+            ins.append(self.slot("dc", layer, t1))           # dc_n
         nsave = self.cell.saved_gates
         if nsave:
-            ins.append(self.seq("act", layer, 0, T * B, nsave * H))
-        ins.append(self.seq("c" if lstm else "h", layer, 0, (T + 1) * B, H))
+            ins.append(self.seq("act", layer, t0 * B, n * B, nsave * H))
+        # slots t0 .. t1: step t reads slot t and t + 1 (c_t, c_{t+1}; h_t; h_{t+1})
+        ins.append(self.seq("c" if lstm else "h", layer, t0 * B, (n + 1) * B, H))
         r = self.param(layer, "weight_hh")
         ins.append(View("params", r.offset, GH, H, H))
-        known = fit.scalars(T)
+        known = fit.scalars(n)
         scalars = tuple((k, known[k]) for k in get_kernel(fit.kernel).scalars)
         stream = self.rec(layer)
         op = Kernel(stream, fit.kernel, B, H, tuple(outs), tuple(ins), kind="persistent",
-                    layer=layer, steps=(0, T), scalars=scalars,
-                    launch=(fit.grid, fit.block, fit.smem_bytes), flops=2 * GH * H * B * T)
-        deps = [("dxb", layer + 1, 0)] if layer < self.L - 1 else []
-        return Task(("pbwd", layer), stream, deps, (self.L - 1 - layer, 0, 1), [op])
+                    layer=layer, steps=(t0, t1), scalars=scalars,
+                    launch=(fit.grid, fit.block, fit.smem_bytes), flops=2 * GH * H * B * n)
+        deps = []
+        if t1 < self.T:
+            deps.append(("pbwd", layer, t1))   # the chunk after: its dh0 is our dh_n
+        if layer < self.L - 1:
+            deps.append(("dxb", layer + 1, t0))   # dhin{layer} of these rows
+        return Task(("pbwd", layer, t0), stream, deps, self.chunk_prio(layer, t1, 1), [op])
+
+    def chunk_prio(self, layer, t1, kind):
+        """The reverse wavefront's priority of the chunk ending at t1 (backward.py's
+        ``prio`` by anti-diagonal, counted in chunks from the end): layer l's chunk c and
+        layer l-1's chunk c-1 share a diagonal, so layer l-1's launches are issued between
+        layer l's, each on the diagonal after the dx GEMM it waits for."""
+        rl, rc = self.L - 1 - layer, -(-(self.T - t1) // self.k)
+        return (rl + rc, rl, kind)
 
     def tasks(self) -> list[Task]:
+        """Every task of the pass: per layer its launches with their dx GEMMs, last chunk
+        first, then its weight gradients."""
         tasks = []
         for layer in range(self.L):
-            tasks.append(self.pbwd_task(layer))
-            dx = (self.dxb_task(layer, 0, self.T),) if self.wants_dx(layer) else ()
-            for task in (*dx, self.wgrad_task(layer)):
-                task.deps = [("pbwd", layer)]   # both read the dg the launch wrote
-                tasks.append(task)
+            for t0, t1 in self.chunks():
+                tasks.append(self.pbwd_task(layer, t0, t1))
+                if self.wants_dx(layer):
+                    dx = self.dxb_task(layer, t0, t1)
+                    dx.deps = [("pbwd", layer, t0)]   # it reads the dg the launch wrote
+                    dx.prio = self.chunk_prio(layer, t1, 0)
+                    tasks.append(dx)
+            wgrad = self.wgrad_task(layer)
+            # it reads every step's dg: after the layer's last launch (the chunk at t0 = 0,
+            # after all the others on its stream)
+            wgrad.deps = [("pbwd", layer, 0)]
+            tasks.append(wgrad)
         return tasks

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import choice_backward as CB
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.tuning import ScheduleCache
 from rnnrt.plan import PlanKey, forward_plan
@@ -51,13 +52,13 @@ def test_the_backward_fit_is_searched_once_a_shape(monkeypatch):
     """candidates and the heuristic fit the backward kernel (a search over units, block
     sizes and tiles) once a shape, not again for the cost model's verdict."""
     calls = []
-    fit = C.persistent_bwd_fit
+    fit = CB.persistent_bwd_fit   # the backward's decisions live in choice_backward.py
 
     def counted(*args, **kw):
         calls.append(args[:3])
         return fit(*args, **kw)
 
-    monkeypatch.setattr(C, "persistent_bwd_fit", counted)
+    monkeypatch.setattr(CB, "persistent_bwd_fit", counted)
     assert names(C.candidates(SMALL, H100_SXM))[0] == "cluster+pbwd"
     assert calls == [("lstm", 128, 8)]
     calls.clear()
@@ -74,7 +75,13 @@ def test_every_backward_candidate_is_a_plan_that_runs_the_kernel(shape):
         forward_plan(key)
         plan = backward_plan(key)
         assert plan.fallback is None, (s.name, plan.fallback)
-        assert (plan.counts()["kernel:persistent"] == shape.layers) == (s.backward is not None)
+        launches = plan.counts()["kernel:persistent"]
+        if s.backward is None:
+            assert launches == 0, s.name
+        else:   # one launch a layer, or (cluster kernel, several layers) one a chunk
+            k = C.choose_persistent_backward(key).steps_per_launch
+            assert launches == shape.layers * -(-12 // k), (s.name, plan.fit)
+            assert ("launches of" in plan.fit) == (k < 12)
         assert C.Schedule.from_dict(json.loads(json.dumps(s.as_dict()))) == s
 
 

@@ -1,0 +1,130 @@
+"""The persistent backward of a training plan key: which kernel runs it and how it is cut
+(``choose_persistent_backward``), and the cost models' verdict on whether it pays
+(``prefers_persistent_backward``). Part of the one place that decides which kernel runs
+(``choice.py``, which re-exports every name here: its callers import them from there too).
+
+``choose_persistent_backward(key)``: for a training key that names the persistent backward
+(``PlanKey.backward``), the kernel's fit and the steps one launch covers (a multi-layer
+cluster plan runs each layer in chunks that overlap the layers beside it along the reverse
+wavefront: ``backward_steps_per_launch``), or why the plan keeps the per-step backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .persistent_bwd import BwdFit, persistent_bwd_fit
+
+if TYPE_CHECKING:   # choice.py imports this module: its Shape only for the annotations
+    from .choice import Shape
+
+
+@dataclass(frozen=True)
+class BackwardChoice:
+    """What ``PlanKey.backward`` runs: the persistent backward kernel's ``fit`` where it
+    runs, else ``fallback`` (why the plan keeps the per-step backward). steps_per_launch:
+    the steps k one launch covers where it runs (``backward_steps_per_launch``; T: one
+    launch a layer); chunked: k < T (each layer's chain as launches of k steps, last chunk
+    first, overlapping the layers beside it along the reverse wavefront)."""
+
+    fit: BwdFit | None
+    fallback: str | None = None
+    steps_per_launch: int = 0
+    chunked: bool = False
+
+    @property
+    def runs(self) -> bool:
+        return self.fallback is None
+
+    def describe(self) -> str:
+        """The backward plan's ``fit`` string (the chunking too, so records show it)."""
+        if self.fit is None:
+            return self.fallback or ""
+        s = self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
+        if self.chunked:
+            s += (f"; layers overlap along the reverse wavefront, launches of "
+                  f"{self.steps_per_launch} steps")
+        return s
+
+
+def backward_steps_per_launch(key, fit: BwdFit) -> int:
+    """The steps k one persistent backward launch covers for ``key`` (a training PlanKey)
+    with ``fit`` (its kernel's): the switches' input-batching chunk
+    (``steps_per_input_gemm(T)``, as the chunked forward) where the cluster kernel runs a
+    stack of several layers with the wavefront, so that layer l-1's chunk starts as soon as
+    layer l's launch and dx GEMM of that chunk are done instead of after layer l's whole
+    chain (issue 22: at LSTM L4 H128 B32 the four 260 us launches ran back to back); else T,
+    one launch a layer: the grid kernel needs every SM (two launches may never run at once,
+    so chunks would only add launches), one layer has nothing to overlap, and without the
+    wavefront the layers share one recurrence stream."""
+    T = key.steps
+    if not fit.cluster or key.num_layers < 2 or not key.switches.wavefront:
+        return T
+    return key.switches.steps_per_input_gemm(T)
+
+
+def choose_persistent_backward(key) -> BackwardChoice:
+    """The persistent backward for ``key`` (a training plan.PlanKey with ``backward`` set):
+    the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit: the grid or the
+    cluster kernel as ``key.backward`` names it, or for 'persistent' the one whose step its
+    cost model makes shorter) where it fits and the sequence fits its barrier counter, with
+    the steps a launch covers (``backward_steps_per_launch``), else a fallback saying why.
+    (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses the pair, the kernel
+    running the whole batch every step.)"""
+    kind = None if key.backward == "persistent" else key.backward
+    fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
+                             kind=kind)
+    why = None if fit.ok else fit.reason
+    if why is None:
+        try:
+            fit.check_steps(key.steps)
+        except ValueError as e:
+            why = str(e)
+    if why is not None:
+        return BackwardChoice(fit, f"persistent backward declined on {key.device.name}: {why}; "
+                                   f"ran the per-step backward")
+    k = backward_steps_per_launch(key, fit)
+    return BackwardChoice(fit, steps_per_launch=k, chunked=k < key.steps)
+
+
+def backward_fit(shape: "Shape", device) -> BwdFit:
+    """The persistent backward kernel's fit for ``shape`` on ``device`` (DeviceLimits)."""
+    return persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props())
+
+
+CUBLAS_BWD_STEP_US = 9.2
+"""The per-step backward (cuBLAS GEMM + fused pointwise kernel a step, graph-replayed) of one
+layer never went below ~9.2 us a step in the wide sweep (LSTM and GRU L1 at H 128-256 B 8-64:
+0.92-0.97 ms for 100 steps)."""
+CUBLAS_BWD_LAYER_STEP_US = 3.7
+"""With several layers the reverse wavefront overlaps them: ~3.7 us a layer-step at the
+small shapes of the wide sweep (LSTM L4 H 128 B 32: 1.49 ms for 4 x 100)."""
+CUBLAS_SLOW_ROWS = (8, 128, 6.0)
+"""(batch, hidden, factor): at batch <= 8 and hidden <= 128 cuBLAS's kernels for the
+per-step products of so few rows are slow in both layouts: ~55 us a step (LSTM and GRU L1
+H 128 B 8: 5.4-5.9 ms for 100 steps of backward, L4 8.2-8.6 ms): 6 x the floor."""
+
+
+def prefers_persistent_backward(shape: "Shape", device, fit: BwdFit | None = None) -> bool:
+    """The cost models' verdict for a training shape: the persistent backward kernel when it
+    fits and its modelled recurrent chain (layers x steps x ``BwdFit.step_us``: the kernel's
+    layers run one after another) is shorter than the per-step backward's (steps x the larger
+    of CUBLAS_BWD_STEP_US and layers x CUBLAS_BWD_LAYER_STEP_US, times CUBLAS_SLOW_ROWS'
+    factor at small batch and hidden). The GEMMs for dx and the weights are alike in both
+    and left out. From the models (LSTM, 100 steps): L1 H 128 B 8 0.32 against 5.5 ms
+    (taken: the cluster kernel), L4 H 128 B 32 1.3 against 1.5 (taken), L4 H 128 B 256 3.3
+    against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: the grid kernel, staging dg_t
+    [64, 2048] for 64 blocks a step). ``fit``: ``backward_fit(shape, device)`` where the
+    caller has it (a search over units, block sizes and tiles), else computed here."""
+    if not shape.train or shape.varlen:   # the kernel runs the whole batch every step
+        return False
+    if fit is None:
+        fit = backward_fit(shape, device)
+    if not fit.ok:
+        return False
+    kernel_us = shape.layers * shape.steps * fit.step_us()
+    cublas_us = shape.steps * max(CUBLAS_BWD_STEP_US, shape.layers * CUBLAS_BWD_LAYER_STEP_US)
+    rows, hidden, factor = CUBLAS_SLOW_ROWS
+    if shape.batch <= rows and shape.hidden <= hidden:
+        cublas_us *= factor
+    return kernel_us < cublas_us
