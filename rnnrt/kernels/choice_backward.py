@@ -105,16 +105,34 @@ per-step products of so few rows are slow in both layouts: ~55 us a step (LSTM a
 H 128 B 8: 5.4-5.9 ms for 100 steps of backward, L4 8.2-8.6 ms): 6 x the floor."""
 
 
+CANDIDATE_CHUNK = 10
+"""The input chunk k of the selector's persistent candidates (schedules.persistent_schedule:
+input_batch 10): a chunked cluster backward's layers start k steps apart."""
+
+
+def modelled_chain_us(shape: "Shape", fit: BwdFit) -> float:
+    """The persistent backward's modelled recurrent chain: one layer's steps after another
+    (layers x steps x ``BwdFit.step_us``) for the grid kernel or one layer; for the cluster
+    kernel with several layers, chunked along the reverse wavefront (the candidates' chunk
+    CANDIDATE_CHUNK; backward_steps_per_launch), the last layer finishes (layers - 1) chunks
+    after the first: (steps + (layers - 1) x k) x step_us."""
+    if fit.cluster and shape.layers > 1:
+        k = min(CANDIDATE_CHUNK, shape.steps)
+        return (shape.steps + (shape.layers - 1) * k) * fit.step_us()
+    return shape.layers * shape.steps * fit.step_us()
+
+
 def prefers_persistent_backward(shape: "Shape", device, fit: BwdFit | None = None) -> bool:
     """The cost models' verdict for a training shape: the persistent backward kernel when it
-    fits and its modelled recurrent chain (layers x steps x ``BwdFit.step_us``: the kernel's
-    layers run one after another) is shorter than the per-step backward's (steps x the larger
+    fits and its modelled recurrent chain (``modelled_chain_us``: chunked along the reverse
+    wavefront for the cluster kernel) is shorter than the per-step backward's (steps x the larger
     of CUBLAS_BWD_STEP_US and layers x CUBLAS_BWD_LAYER_STEP_US, times CUBLAS_SLOW_ROWS'
     factor at small batch and hidden). The GEMMs for dx and the weights are alike in both
     and left out. From the models (LSTM, 100 steps): L1 H 128 B 8 0.32 against 5.5 ms
-    (taken: the cluster kernel), L4 H 128 B 32 1.3 against 1.5 (taken), L4 H 128 B 256 3.3
-    against 1.5 (not), L4 H 512 B 64 7.5 against 1.5 (not: the grid kernel, staging dg_t
-    [64, 2048] for 64 blocks a step). ``fit``: ``backward_fit(shape, device)`` where the
+    (taken: the cluster kernel), L4 H 128 B 32 0.42 against 1.5 (taken), L4 H 128 B 256
+    1.07 against 1.5 (taken: measured on the H100, the chunked cluster+pbwd 5.04 ms against
+    the per-step ib2 5.07), L4 H 512 B 64 7.5 against 1.5 (not: the grid kernel, staging
+    dg_t [64, 2048] for 64 blocks a step). ``fit``: ``backward_fit(shape, device)`` where the
     caller has it (a search over units, block sizes and tiles), else computed here."""
     if not shape.train or shape.varlen:   # the kernel runs the whole batch every step
         return False
@@ -122,7 +140,7 @@ def prefers_persistent_backward(shape: "Shape", device, fit: BwdFit | None = Non
         fit = backward_fit(shape, device)
     if not fit.ok:
         return False
-    kernel_us = shape.layers * shape.steps * fit.step_us()
+    kernel_us = modelled_chain_us(shape, fit)
     cublas_us = shape.steps * max(CUBLAS_BWD_STEP_US, shape.layers * CUBLAS_BWD_LAYER_STEP_US)
     rows, hidden, factor = CUBLAS_SLOW_ROWS
     if shape.batch <= rows and shape.hidden <= hidden:

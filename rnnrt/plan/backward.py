@@ -21,8 +21,11 @@ reduction (a GEMM with a ones vector; kind 'db', not counted in FLOPs). With acc
 they add into the 'grads' buffer (beta = 1), so a caller can sum over minibatches.
 
 A key with ``backward`` set gets the persistent backward instead (backward_persistent.py:
-per layer one kernel launch for the recurrent chain, then one GEMM each for dx and the
-weight and bias gradients), or this schedule with the reason where its kernel does not fit.
+per layer one kernel launch for the recurrent chain, or with the cluster kernel in a stack
+one launch an input chunk along the reverse wavefront, each followed by its dx GEMM; then
+one GEMM each for the weight and bias gradients), or this schedule with the reason where its
+kernel does not fit. The recurrent GEMM of this schedule may be split along K
+(kernels/gemm_split.py; ``split_dh``).
 
 Buffers added to the forward's (sizes in elements):
   dhin{l}  [T, B, H]   gradient arriving at h{l}[t+1] from above (top layer: dy)
