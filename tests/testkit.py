@@ -305,6 +305,12 @@ def cancelling_case():
     return fit, data
 
 
+# for running a host simulation: a planted race's test needs TSan's first report only, and a
+# binary that ran on after it took twice as long (a TSan-free binary ignores the variable)
+SIM_ENV = {**os.environ,
+           "TSAN_OPTIONS": (os.environ.get("TSAN_OPTIONS", "") + " halt_on_error=1").strip()}
+
+
 def build_host_sim(exe, src, tsan=False, define=None):
     """Compile tests/kernels/persistent_host_sim.cpp with the kernel source ``src``
     (g++ -std=c++20; ``define``: the main to build, e.g. 'PK_SIM_BWD'), with

@@ -18,7 +18,7 @@ import numpy as np
 from ..cells import get_cell
 from . import twins as knp
 from .budget import ceil_div
-from .emulate import k_columns, operand_of, owned
+from .emulate import k_group_runs, operand_of, owned, sum_k_groups
 from .persistent import CLUSTER_BATCH
 from .persistent_bwd import BwdFit, bwd_geometry, bwd_kernel_name
 
@@ -70,7 +70,7 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
     dc = np.array(dc_n, dtype) if spec.has_cell_state else None
     direct = np.zeros((B, H), dtype)
 
-    groups = [k_columns(fit, g) for g in range(fit.k_split)]
+    runs = k_group_runs(fit)
     blocks = []
     for x in range(fit.blocks):
         units = fit.units(x)
@@ -90,10 +90,9 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
             for x in order:
                 rs, rows, b, j, jj = blocks[x]  # rs [Ub, K]: the block's rows of R^T
                 mine = dg[rows.start:rows.stop]   # its (cluster's) batches of dg_{t+1}
-                acc = None
-                for cols in groups:             # k-group 0, 1, ... in the kernel's order
-                    part = rs[:, cols] @ mine[:, cols].T    # [Ub, batches]
-                    acc = part if acc is None else acc + part
+                # k-group 0, 1, ... in the kernel's order: [Ub, batches]
+                acc = sum_k_groups(runs, lambda cols: rs[:, cols] @ mine[:, cols].T,
+                                   (rs.shape[0], mine.shape[0]), np.result_type(rs, mine))
                 v = acc[jj, b - rows.start]
                 new[b, j] = v + direct[b, j] if gru else v   # the GEMM, then + dh*z
                 np.add.at(written, (b, j), 1)

@@ -22,8 +22,8 @@ from rnnrt.cells import get_cell
 from rnnrt.kernels import emulate as E
 from rnnrt.kernels import persistent_bwd as PB
 from rnnrt.kernels import sources as S
-from testkit import (CELLS, build_host_sim, bwd_layer_case, ceil, check_bwd_against_reference,
-                     emulated)
+from testkit import (CELLS, SIM_ENV, build_host_sim, bwd_layer_case, ceil,
+                     check_bwd_against_reference, emulated)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,8 @@ def run_bwd_sim(exe, tmp_path, cell, fit, data, launches=2, pad=3, dg_offset=0):
     args = [exe, cell, B, H, T, fit.units_per_block, fit.blocks, fit.threads, fit.smem_bytes,
             launches, tmp_path, ld["g"], ld["h"], ld["a"], ld["w"], fit.k_tile, dg_offset,
             fit.cluster]
-    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600,
+                       env=SIM_ENV)
     assert r.returncode == 0, f"host simulation failed ({r.returncode}):\n{r.stderr}"
     loads = dict(zip(r.stdout.split()[::2], map(int, r.stdout.split()[1::2])))
     raw = {name: np.fromfile(tmp_path / f"{name}.out", np.float32).reshape(arrays[name].shape)

@@ -19,7 +19,8 @@ from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.kernels import emulate as E
 from rnnrt.kernels import persistent as P
 from rnnrt.kernels import sources as S
-from testkit import CELLS, build_host_sim, cancelling_case, ceil, chunk_cols, layer_case
+from testkit import (CELLS, SIM_ENV, build_host_sim, cancelling_case, ceil, chunk_cols,
+                     layer_case)
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,13 @@ def host_sim(tmp_path_factory):
     """tests/kernels/persistent_host_sim.cpp compiled with cuda_src/persistent.cu."""
     exe = tmp_path_factory.mktemp("sim") / "persistent_host_sim"
     return build_host_sim(exe, S.cuda_src_dir() / "persistent.cu")
+
+
+@pytest.fixture(scope="module")
+def tsan_sim(tmp_path_factory):
+    """The same with ThreadSanitizer (the grid and the cluster protocol tests run it)."""
+    exe = tmp_path_factory.mktemp("sim_tsan") / "persistent_host_sim_tsan"
+    return build_host_sim(exe, S.cuda_src_dir() / "persistent.cu", tsan=True)
 
 
 def run_host_sim(exe, tmp_path, cell, fit, data, T, launches=2, pad=3, h_offset=0):
@@ -55,7 +63,8 @@ def run_host_sim(exe, tmp_path, cell, fit, data, T, launches=2, pad=3, h_offset=
             fit.smem_bytes, launches,
             tmp_path, ld["h"], ld["c"], ld["act"], ld["gx"], ld["w"], 0, 0, fit.k_tile, h_offset,
             fit.cluster]
-    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600,
+                       env=SIM_ENV)
     assert r.returncode == 0, f"host simulation failed ({r.returncode}):\n{r.stderr}"
     loads = dict(zip(r.stdout.split()[::2], map(int, r.stdout.split()[1::2])))
     raw = {name: np.fromfile(tmp_path / f"{name}.out", np.float32).reshape(arrays[name].shape)
@@ -152,7 +161,7 @@ def test_staging_falls_back_to_4_byte_loads(host_sim, tmp_path, pad, h_offset, v
     assert (loads["ldcg128"] > 0, loads["ldcg32"] > 0) == (vec, not vec), loads
 
 
-def test_barrier_protocol_has_no_data_race(tmp_path):
+def test_barrier_protocol_has_no_data_race(tsan_sim, tmp_path):
     """ThreadSanitizer over the kernel on CPU threads: the writes of h_{t+1} and the next
     step's reads are ordered by the barrier (no report), with either staging path, with one
     tile or several, and with several warps a block (each stages and reads only its own
@@ -160,8 +169,7 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
     the checker is not vacuous: without the __syncthreads before thread 0 arrives, or
     without the __syncwarp after a half is multiplied (the next tile's half would land on
     columns other lanes still read), it reports a data race."""
-    src = S.cuda_src_dir() / "persistent.cu"
-    exe = build_host_sim(tmp_path / "sim_tsan", src, tsan=True)
+    exe = tsan_sim
     T, B, U = 4, 3, 5
     for cell, H, pad, k_tile, nt in (("lstm", 37, 3, None, 32), ("gru", 37, 3, 12, 32),
                                      ("rnn_tanh", 40, 4, None, 32), ("rnn_relu", 40, 4, 12, 32),
@@ -240,13 +248,12 @@ def test_cluster_sim_cases_cover_the_variants():
                     "cpt": {1, P.PK_CPT}}, seen
 
 
-def test_cluster_protocol_has_no_data_race(tmp_path):
+def test_cluster_protocol_has_no_data_race(tsan_sim, tmp_path):
     """ThreadSanitizer over the cluster kernels on CPU threads: the pushes of h_{t+1} into
     the other blocks' buffers and their reads next step are ordered by the cluster barrier
     (no report); without the barrier at the end of each step (its arrive and its wait), it
     reports a data race."""
-    src = S.cuda_src_dir() / "persistent.cu"
-    exe = build_host_sim(tmp_path / "sim_tsan", src, tsan=True)
+    exe = tsan_sim
     T, B, H = 3, 5, 20
     fit = P.geometry("lstm", H, B, ceil(H, P.PK_CLUSTER), 32, k_tile=P.full_tile(H),
                      clusters=2)

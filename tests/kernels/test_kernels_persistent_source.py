@@ -1,11 +1,11 @@
 """The per-layer persistent kernels' CUDA source (cuda_src/persistent.cu v3), checked without a
 GPU: its constants and its decomposition formulas are rnnrt.kernels.persistent's; it compiles
-for sm_90 with nvcc and NVRTC, ptxas reports no spills and no more registers than the fit
-assumes (__launch_bounds__(256, 1)); the PTX stages h_t with 16-byte cp.async (and a 4-byte
-fallback), multiplies the first half of its chunks while the second is in flight, prefetches
-gx before the grid barrier, whose fences are acq_rel and whose spin is a relaxed load; the
-cluster kernels push h and meet at the cluster barrier; the SASS keeps LDGSTS and no
-MEMBAR.SC.
+for sm_90 with NVRTC (with nvcc: test_kernels_sources.py), ptxas reports no spills and no
+more registers than the fit assumes (__launch_bounds__(256, 1)); the PTX stages h_t with
+16-byte cp.async (and a 4-byte fallback), multiplies the first half of its chunks while the
+second is in flight, prefetches gx before the grid barrier, whose fences are acq_rel and
+whose spin is a relaxed load; the cluster kernels push h and meet at the cluster barrier;
+the SASS keeps LDGSTS and no MEMBAR.SC.
 """
 from __future__ import annotations
 
@@ -79,20 +79,6 @@ def test_constants_match_the_kernel():
         assert line in SRC, line
 
 
-def _nvcc():
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH")
-    return nvcc
-
-
-def test_nvcc_compiles_sm90(tmp_path):
-    cmd = [_nvcc(), "-arch=sm_90", "--cubin", "-std=c++17", "-Werror", "all-warnings",
-           "-o", str(tmp_path / "k.cubin"), str(S.cuda_src_dir() / "persistent.cu")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
-
-
 def test_nvrtc_compiles_sm90():
     lib = find_nvrtc()
     if lib is None:
@@ -111,18 +97,13 @@ def _resource_usage(text):
     return {m[0]: (int(m[4]), int(m[1]), int(m[2]), int(m[3])) for m in _USAGE.findall(text)}
 
 
-def test_nvcc_resource_usage_no_spills_within_the_launch_bounds(tmp_path):
+def test_nvcc_resource_usage_no_spills_within_the_launch_bounds(nvcc_sm90):
     """ptxas: no stack, no spills, and no more registers than the fit assumes
     (NVCC_REGS), which is at most what the header's __launch_bounds__(PK_MAX_THREADS = 256,
     1) allows a thread: 255 (256 threads x 255 registers fit one SM's 64 K)."""
-    nvcc = _nvcc()
     usage = {}
     for file in ("persistent.cu", "persistent_stack.cu", "persistent_bwd.cu"):
-        cmd = [nvcc, "-arch=sm_90", "--cubin", "-std=c++17", "--resource-usage",
-               "-o", str(tmp_path / "k.cubin"), str(S.cuda_src_dir() / file)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        usage.update(_resource_usage(r.stdout + r.stderr))
+        usage.update(_resource_usage(nvcc_sm90(file)[1]))
     assert set(usage) == set(PERSISTENT) | {STACK_KERNEL} | set(BWD_KERNELS), usage
     assert "__launch_bounds__(PK_MAX_THREADS = 256, 1)" in SRC, "the header's Resources"
     assert P.PK_MAX_THREADS * 255 <= 65536 and set(P.NVCC_REGS) == set(CELLS)
@@ -172,22 +153,11 @@ def test_nvrtc_ptx_resource_usage_no_spills(tmp_path, file, kernels):
         assert regs <= _regs_limit(name), (name, regs)
 
 
-def _nvcc_ptx(tmp_path):
-    out = tmp_path / "k.ptx"
-    r = subprocess.run([_nvcc(), "-arch=sm_90", "-ptx", "-std=c++17", "-o", str(out),
-                        str(S.cuda_src_dir() / "persistent.cu")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    text = out.read_text()
-    bodies = re.split(r"\.entry\s+", text)[1:]
-    return {b[:b.index("(")].strip(): b for b in bodies}
-
-
 @pytest.fixture(scope="module")
-def nvcc_ptx(tmp_path_factory):
-    """{kernel: its PTX body} of persistent.cu's per-layer kernels, compiled once for the
-    PTX tests."""
-    return {k: v for k, v in _nvcc_ptx(tmp_path_factory.mktemp("ptx")).items()
+def nvcc_ptx(nvcc_sm90):
+    """{kernel: its PTX body} of persistent.cu's per-layer kernels (the session's compile)."""
+    bodies = re.split(r"\.entry\s+", nvcc_sm90("persistent.cu")[2])[1:]
+    return {k: v for k, v in ((b[:b.index("(")].strip(), b) for b in bodies)
             if k in PERSISTENT}
 
 
@@ -319,19 +289,16 @@ def _cuobjdump():
     return exe
 
 
-def test_sass_stages_with_ldgsts(tmp_path):
+def test_sass_stages_with_ldgsts(nvcc_sm90):
     """What ptxas makes of it: each kernel's SASS stages h_t with LDGSTS.E.BYPASS.128
     (16-byte global-to-shared copies past L1), closes its groups (LDGDEPBAR) and waits on
     them (DEPBAR); the barrier's fence is MEMBAR.ALL.GPU, not __threadfence's MEMBAR.SC,
     and the spin between the arrival (ATOMG.E.ADD) and the acquire fence polls with plain
     loads, no L1 invalidation (CCTL) every time round."""
-    cubin = tmp_path / "k.cubin"
-    r = subprocess.run([_nvcc(), "-arch=sm_90", "--cubin", "-std=c++17", "-o", str(cubin),
-                        str(S.cuda_src_dir() / "persistent.cu")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    cuobjdump = _cuobjdump()   # before the compile: where it is missing, nothing to compile for
+    cubin = nvcc_sm90("persistent.cu")[0]
     for name in GRID_KERNELS:
-        r = subprocess.run([_cuobjdump(), "-sass", "-fun", name, str(cubin)],
+        r = subprocess.run([cuobjdump, "-sass", "-fun", name, str(cubin)],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()

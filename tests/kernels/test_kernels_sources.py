@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,14 +26,8 @@ REPO = Path(S.__file__).resolve().parents[2]
 # --- compiling ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("file", CU_FILES)
-def test_nvcc_compiles_sm90(file, tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH")
-    cmd = [nvcc, "-arch=sm_90", "--cubin", "-std=c++17", "-Werror", "all-warnings",
-           "-o", str(tmp_path / "k.cubin"), str(S.cuda_src_dir() / file)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+def test_nvcc_compiles_sm90(file, nvcc_sm90):
+    nvcc_sm90(file)   # -Werror all-warnings; conftest.py keeps the compile for other tests
 
 
 
