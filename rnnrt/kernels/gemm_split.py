@@ -22,6 +22,7 @@ already run one GEMM a gate.
 """
 from __future__ import annotations
 
+from ..cells import get_cell
 from .limits import H100_SXM
 
 SPLITS = (16, 8)
@@ -38,7 +39,7 @@ def dh_splits(key) -> int:
     """S, the K slices of ``key``'s recurrent backward GEMM (1: not split): PlanKey.bwd_splits
     where set, else the rule (module docstring). A key without device limits (a CPU plan)
     is split as for the H100."""
-    gh = _gates(key.cell) * key.hidden_size
+    gh = get_cell(key.cell).gates * key.hidden_size
     if key.bwd_splits is not None:
         s = key.bwd_splits
         if gh % s:   # alignment is the rule's concern (speed), not correctness
@@ -53,7 +54,3 @@ def dh_splits(key) -> int:
             return s
     return 1
 
-
-def _gates(cell: str) -> int:
-    from ..cells import get_cell
-    return get_cell(cell).gates

@@ -77,6 +77,8 @@ class PersistentBackwardBuilder(BackwardBuilder):
 
     def __init__(self, key: PlanKey, accumulate: bool, choice, need_dx: bool = True):
         super().__init__(key, accumulate, need_dx)
+        # the kernel does dh = dG_h @ R itself: no split GEMM, so no dpart buffers
+        self.splits = 1
         self.bfit = choice.fit
         # the chunk a launch covers is the chunk of its dx GEMM (the launch writes all of
         # its rows of dg before it)

@@ -127,3 +127,18 @@ def test_sum_twin_order_and_alias():
     other = np.full((rows, cols), np.nan, np.float32)
     twins.ew_sum_splits(rows, cols, [other], [parts[:rows], parts[rows:]], s - 1)
     assert np.allclose(other, parts.reshape(s, rows, cols).sum(0), rtol=1e-6)
+
+
+def test_the_persistent_backward_has_no_partial_buffers():
+    """Where the persistent backward kernel runs the recurrent product, no split GEMM runs,
+    so its workspace holds no dpart buffer (the per-step plan of the same shape does)."""
+    from rnnrt.kernels.schedules import persistent_schedule
+    sw = persistent_schedule("grid").switches
+    key = PlanKey("lstm", 10, 64, 512, 512, 2, True, sw, train=True, device=H100_SXM)
+    assert dh_splits(key) > 1
+    per_step = backward_plan(key)
+    assert {b.name for b in per_step.buffers} >= {"dpart0", "dpart1"}
+    pbwd = backward_plan(dataclasses.replace(key, backward="grid"))
+    assert pbwd.fallback is None
+    assert not any(b.name.startswith("dpart") for b in pbwd.buffers)
+    assert not any(isinstance(op, Gemm) and op.batch > 1 for op in pbwd.ops)
