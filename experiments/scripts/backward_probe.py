@@ -5,7 +5,8 @@ another) timed forward + backward with the per-step backward's dh GEMM split S w
 op (sums by kind); cuDNN forward and forward + backward (TF32 off) in the same process.
 
 Usage (GPU): python experiments/scripts/backward_probe.py --shapes lstm:4:512:64,gru:1:1024:8
-    [--steps 100] [--splits 1,2,4,8,16,rule] [--trace] [--out DIR]
+    [--steps 100] [--splits 1,2,4,8,16,rule] [--chunks 1,2,5,10] [--bwd-clusters rule,2,4,8]
+    [--trace] [--out DIR]
 Prints a table last; writes a JSON record (kind 'backward_probe') into --out.
 """
 from __future__ import annotations
@@ -80,14 +81,33 @@ def cudnn_ms(model, T, B, train, repeats):
     return time_torch(torch, run, repeats=repeats, warmup=3).ms_median
 
 
+def time_key(runner, key, repeats):
+    """Median ms of forward + backward (graph executor, all steps) of training ``key`` and
+    of its forward alone, and the backward plan's fit string."""
+    from rnnrt.plan.backward import backward_plan
+    from rnnrt.plan.forward import forward_plan
+    cp, ses = runner.cp, runner.session
+    bplan, fplan = backward_plan(key), forward_plan(key)
+    ws = ses.workspace(bplan, runner.params)
+    rng = cp.random.default_rng(0)
+    ws.load(**{name: rng.standard_normal(b.shape, dtype=cp.float32)
+               for name, b in bplan.inputs.items()})
+    fx, bx = ses.executor("graph", fplan, ws), ses.executor("graph", bplan, ws)
+
+    def both():
+        fx.run()
+        bx.run()
+
+    ms = statistics.median(time_events(cp, both, fx.stream, repeats, 2))
+    fms = statistics.median(time_events(cp, fx.run, fx.stream, repeats, 2))
+    return {"fwdbwd_ms": ms, "fwd_ms": fms, "bwd_fit": bplan.fit, "fallback": bplan.fallback}
+
+
 def time_splits(runner, sched, T, B, splits, repeats):
     """{S: median ms} of forward + backward (graph executor, all T steps) of ``sched``'s
     forward with the per-step backward whose recurrent GEMM is split S ways
     (PlanKey.bwd_splits; 'rule': kernels/gemm_split.py's choice), and the forward alone."""
     from rnnrt.kernels.gemm_split import dh_splits
-    from rnnrt.plan.backward import backward_plan
-    from rnnrt.plan.forward import forward_plan
-    cp, ses = runner.cp, runner.session
     out = {}
     for s in splits:
         key = runner.new_key(T, B, True, sched.switches, sched.family, None,
@@ -98,23 +118,29 @@ def time_splits(runner, sched, T, B, splits, repeats):
         except ValueError as e:
             out[str(s)] = {"error": str(e)}
             continue
-        bplan, fplan = backward_plan(key), forward_plan(key)
-        ws = ses.workspace(bplan, runner.params)
-        rng = cp.random.default_rng(0)
-        ws.load(**{name: rng.standard_normal(b.shape, dtype=cp.float32)
-                   for name, b in bplan.inputs.items()})
-        fx, bx = ses.executor("graph", fplan, ws), ses.executor("graph", bplan, ws)
+        out[str(s)] = dict(time_key(runner, key, repeats), splits=n)
+        print(f"  splits {s} (S={n}): fwd+bwd {out[str(s)]['fwdbwd_ms']:.3f} ms, fwd "
+              f"{out[str(s)]['fwd_ms']:.3f}", file=sys.stderr, flush=True)
+    return out
 
-        def both():
-            fx.run()
-            bx.run()
 
-        ms = statistics.median(time_events(cp, both, fx.stream, repeats, 2))
-        fms = statistics.median(time_events(cp, fx.run, fx.stream, repeats, 2))
-        out[str(s)] = {"splits": n, "fwdbwd_ms": ms, "fwd_ms": fms}
-        print(f"  splits {s} (S={n}): fwd+bwd {ms:.3f} ms, fwd {fms:.3f}", file=sys.stderr,
-              flush=True)
-        del fx, bx, ws
+def time_bwd_clusters(runner, sched, T, B, counts, repeats):
+    """{n: median ms} of forward + backward of ``sched`` with its persistent backward's
+    cluster count n (PlanKey.bwd_clusters; 'rule': kernels/choice_backward.py's), where
+    ``sched`` has a persistent backward."""
+    out = {}
+    for n in counts:
+        key = runner.new_key(T, B, True, sched.switches, sched.family,
+                             sched.backward or "cluster", clusters=sched.clusters)
+        key = dataclasses.replace(key, bwd_clusters=None if n == "rule" else int(n))
+        try:
+            out[str(n)] = time_key(runner, key, repeats)
+        except ValueError as e:
+            out[str(n)] = {"error": str(e)}
+            continue
+        v = out[str(n)]
+        print(f"  bwd clusters {n}: fwd+bwd {v['fwdbwd_ms']:.3f} ms ({v['bwd_fit']})",
+              file=sys.stderr, flush=True)
     return out
 
 
@@ -144,6 +170,10 @@ def probe(a, cell, layers, hidden, batch):
     if fwd_sched.name != sched.name.split("+pbwd")[0]:
         rows["fwd_choice"] = time_splits(runner, fwd_sched, a.steps, batch, splits,
                                          a.repeats)
+    if a.bwd_clusters:
+        rows["bwd_clusters"] = time_bwd_clusters(
+            runner, sched, a.steps, batch, [c for c in a.bwd_clusters.split(",") if c],
+            a.repeats)
     if a.chunks:
         rows["chunks"] = time_chunks(runner, sched, a.steps, batch,
                                      [c for c in a.chunks.split(",") if c], a.repeats)
@@ -173,6 +203,9 @@ def main(argv=None):
     ap.add_argument("--chunks", default="",
                     help="also time the chosen schedule with these input chunks k (e.g. "
                          "1,2,5,10), the split rule's backward")
+    ap.add_argument("--bwd-clusters", default="",
+                    help="also time the chosen schedule's forward with the cluster backward "
+                         "kernel at these cluster counts (e.g. rule,2,4,8; PlanKey.bwd_clusters)")
     ap.add_argument("--trace", action="store_true", help="trace the backward (S 1 and rule)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -198,12 +231,17 @@ def main(argv=None):
     print("| shape | schedule | cuDNN fwd+bwd | " + " | ".join(
         f"S {s}" for s in a.splits.split(",")) + " |")
     for r in results:
+        for k, v in r["splits"].get("bwd_clusters", {}).items():
+            if "fwdbwd_ms" in v:
+                print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
+                      f"{r['schedule']['name']} bwd clusters {k} | {r['cudnn_fwdbwd_ms']:.3f} | "
+                      f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
         for k, v in r["splits"].get("chunks", {}).items():
             print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
                   f"{r['schedule']['name']} chunk {k} | {r['cudnn_fwdbwd_ms']:.3f} | "
                   f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
         for which, rows in r["splits"].items():
-            if which == "chunks":
+            if which in ("chunks", "bwd_clusters"):
                 continue
             cells = []
             for s in a.splits.split(","):

@@ -72,8 +72,14 @@ def choose_persistent_backward(key) -> BackwardChoice:
     (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses the pair, the kernel
     running the whole batch every step.)"""
     kind = None if key.backward == "persistent" else key.backward
+    clusters = key.bwd_clusters
+    if clusters is not None:
+        if kind == "grid":
+            raise ValueError(f"PlanKey.bwd_clusters {clusters}: a cluster count, but backward "
+                             f"is 'grid'")
+        kind = "cluster"
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
-                             kind=kind)
+                             kind=kind, clusters=clusters)
     why = None if fit.ok else fit.reason
     if why is None:
         try:

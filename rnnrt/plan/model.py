@@ -73,6 +73,9 @@ class PlanKey:
     still correct (a cluster waits only for its own blocks); it runs in waves.
     bwd_splits: a training key's per-step backward: the K slices of its recurrent GEMM
     (kernels/gemm_split.py), run exactly (1: one GEMM); None: the rule's.
+    bwd_clusters: a key with ``backward``: the cluster backward kernel's cluster count, run
+    exactly (the kernel is then the cluster one); None: the rule's
+    (kernels/choice_backward.py ``backward_clusters``).
     """
 
     cell: str
@@ -92,6 +95,7 @@ class PlanKey:
     dtype: str = "float32"
     clusters: int | None = None
     bwd_splits: int | None = None
+    bwd_clusters: int | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -140,6 +144,14 @@ class PlanKey:
         n = self.bwd_splits
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"PlanKey.bwd_splits: expected an int >= 1 or None, got {n!r}")
+        n = self.bwd_clusters
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"PlanKey.bwd_clusters: expected an int >= 1 or None, got "
+                                 f"{n!r}")
+            if self.backward is None:
+                raise ValueError("PlanKey.bwd_clusters: the cluster backward kernel's count, "
+                                 "but backward is None (no persistent backward)")
         if self.backward is not None:
             if self.backward not in BACKWARD_FAMILIES:
                 raise ValueError(f"PlanKey.backward: expected one of {BACKWARD_FAMILIES} or "

@@ -137,3 +137,28 @@ def test_the_heuristic_follows_the_cost_models():
         assert (kernel < cublas) == want or not shape.train
     sel = C.Selector(FakeTimer({}), H100_SXM, autotune=False).select(SMALL)
     assert sel.source == "heuristic" and sel.schedule.name.endswith("+pbwd")
+
+
+def test_bwd_clusters_runs_the_cluster_kernel_with_that_count():
+    """PlanKey.bwd_clusters (the probe's knob): the cluster backward kernel with exactly that
+    many clusters, the plan's fit string saying so; None keeps the rule's; bad values and a
+    count without a persistent backward (or with 'grid') are refused with the field named."""
+    from rnnrt.plan.switches import Switches
+    sw = Switches(grouped=True, streams=True, fused=True, wavefront=True, persistent=True,
+                  input_batch=10)
+    key = PlanKey("lstm", 30, 32, 128, 128, 4, True, sw, train=True, device=H100_SXM,
+                  backward="persistent")
+    rule = CB.choose_persistent_backward(key)
+    assert rule.runs and rule.fit.cluster
+    for n in (2, 4, rule.fit.clusters):
+        got = CB.choose_persistent_backward(dataclasses.replace(key, bwd_clusters=n))
+        assert got.runs and got.fit.cluster and got.fit.clusters == n, got.describe()
+        assert f"fits: {n} cluster" in got.describe()
+        assert backward_plan(dataclasses.replace(key, bwd_clusters=n)).fit == got.describe()
+    with pytest.raises(ValueError, match="PlanKey.bwd_clusters: expected an int >= 1"):
+        dataclasses.replace(key, bwd_clusters=0)
+    with pytest.raises(ValueError, match="PlanKey.bwd_clusters: .*backward is None"):
+        dataclasses.replace(key, backward=None, bwd_clusters=2)
+    with pytest.raises(ValueError, match="backward is 'grid'"):
+        CB.choose_persistent_backward(dataclasses.replace(key, backward="grid",
+                                                          bwd_clusters=2))
