@@ -47,6 +47,13 @@ class BackwardChoice:
         return s
 
 
+def overlapping_layers(key) -> int:
+    """The layers whose cluster backward launches overlap along the reverse wavefront for
+    ``key`` (the cluster kernel's rule count is then their 1/layers share of the SMs): the
+    stack's with the wavefront, else 1 (backward_steps_per_launch's condition)."""
+    return key.num_layers if key.switches.wavefront else 1
+
+
 def backward_steps_per_launch(key, fit: BwdFit) -> int:
     """The steps k one persistent backward launch covers for ``key`` (a training PlanKey)
     with ``fit`` (its kernel's): the switches' input-batching chunk
@@ -79,7 +86,7 @@ def choose_persistent_backward(key) -> BackwardChoice:
                              f"is 'grid'")
         kind = "cluster"
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
-                             kind=kind, clusters=clusters)
+                             kind=kind, clusters=clusters, layers=overlapping_layers(key))
     why = None if fit.ok else fit.reason
     if why is None:
         try:
@@ -95,7 +102,8 @@ def choose_persistent_backward(key) -> BackwardChoice:
 
 def backward_fit(shape: "Shape", device) -> BwdFit:
     """The persistent backward kernel's fit for ``shape`` on ``device`` (DeviceLimits)."""
-    return persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props())
+    return persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props(),
+                              layers=shape.layers)   # the candidates run the wavefront
 
 
 CUBLAS_BWD_STEP_US = 9.2

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 
 from ..cells import get_cell
 from .budget import DeviceBudget, ceil_div
-from .persistent import (BLOCK_SIZES, PK_CLUSTER, PK_CPT, PK_MAX_THREADS, Fit, cluster_fit,
-                         grid_fit, layout)
+from .persistent import (BLOCK_SIZES, PK_CLUSTER, PK_CPT, PK_MAX_THREADS, Fit, cluster_count,
+                         cluster_fit, grid_fit, layout)
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes (the most __launch_bounds__(256, 1) allows; nvcc
@@ -153,11 +153,13 @@ def bwd_geometry(cell: str, hidden: int, batch: int, units_per_block: int,
 def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
                        kind: str | None = None, units_per_block: int | None = None,
                        threads: int | None = None, regs_per_thread: int | None = None,
-                       k_tile: int | None = None, clusters: int | None = None) -> BwdFit:
+                       k_tile: int | None = None, clusters: int | None = None,
+                       layers: int = 1) -> BwdFit:
     """Fit one layer's backward onto the device described by ``props`` (CuPy's
     getDeviceProperties keys, as persistent.persistent_fit). ``kind``: 'grid', 'cluster',
     or None: of the two that fit, the one whose step the cost model makes shorter (the grid
-    kernel on a tie); given ``units_per_block`` or ``k_tile`` mean 'grid', ``clusters``
+    kernel on a tie; with ``layers`` > 1 the grid kernel's step times layers, since the
+    cluster kernel's chunked launches overlap the layers and the grid kernel's cannot); given ``units_per_block`` or ``k_tile`` mean 'grid', ``clusters``
     'cluster'.
     The grid kernel, rules in order (the first that fails is the reason):
       1. U: given (knob), else of U0 = ceil(H / SMs) and its doublings (fewer blocks: less
@@ -172,8 +174,13 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
          fewest k-groups past KG_MAX, then the largest.
       4. Registers (NVCC_REGS unless given, per warp in units of 256) fit a block and an SM.
     The cluster kernel: compute capability >= 9.0 and >= PK_CLUSTER SMs; U =
-    ceil(H / PK_CLUSTER), ``persistent.cluster_count(B, SMs)`` clusters (the forward's: one
-    per 4 batches, on at most half the SMs) unless given, all of dg_t in one tile (two
+    ceil(H / PK_CLUSTER), ``persistent.cluster_count(B, SMs, layers)`` clusters (the
+    forward's: one per 4 batches, on at most half the SMs, or with ``layers`` > 1 launches
+    overlapping along the reverse wavefront their 1/layers share: measured on the H100 at
+    LSTM / GRU L4 H128 B32-128, 4 clusters a layer beat 8 by 2-14% and 2, 6, 12 lost too:
+    experiments/results/kernels/backward-probe-splits-nvidia-h100-...-20261127T221123.json;
+    where that many do not fit, the fewest more up to the one-layer count that do) unless
+    given, all of dg_t in one tile (two
     buffers); then rules 2-4 for its layout (block: the fewest k-groups past KG_MAX, then the
     largest). A cluster is scheduled whole and waits only for itself: no co-residency rule.
     """
@@ -194,10 +201,19 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
     if kind in (None, "cluster"):
         if clusters is not None and int(clusters) < 1:
             raise ValueError(f"persistent_bwd_fit: clusters must be >= 1, got {clusters!r}")
-        cl = cluster_fit(dev, BwdFit, name, H, B, clusters)
+        if clusters is not None:
+            cl = cluster_fit(dev, BwdFit, name, H, B, clusters)
+        else:   # the layers' share, else the fewest more clusters that fit (fewer batches each)
+            for n in range(cluster_count(B, dev.sms, int(layers)), cluster_count(B, dev.sms) + 1):
+                cl = cluster_fit(dev, BwdFit, name, H, B, n)
+                if cl.ok:
+                    break
     if kind is not None:
         return grid if kind == "grid" else cl
-    if cl.ok and (not grid.ok or cl.step_us() < grid.step_us()):
+    # with several layers the cluster kernel's chunked launches overlap them; the grid
+    # kernel's run one after another (it needs every SM): compare a layer-step of each
+    grid_us = grid.step_us() * int(layers) if grid.ok else 0.0
+    if cl.ok and (not grid.ok or cl.step_us() < grid_us):
         other = "the grid kernel " + (f"~{grid.step_us():.1f} us a step" if grid.ok
                                       else f"does not fit: {grid.reason}")
         return replace(cl, reason=f"{cl.reason}; {other}")

@@ -92,21 +92,23 @@ def test_three_layers(cp, ctx, cell, variant):
         np.testing.assert_array_equal(second[name], a, err_msg=name)
 
 
-# (layers, T, B, input chunk k): 23 = 4 x 5 + 3 (a short last chunk), 20 = 4 x 5; B 32: eight
-# clusters a layer, so four layers' launches cannot all be resident at once (they queue)
-CHUNKED = [(3, 23, 8, 5), (4, 20, 32, 5), (4, 17, 8, 1)]
+# (layers, T, B, input chunk k, PlanKey.bwd_clusters): 23 = 4 x 5 + 3 (a short last chunk),
+# 20 = 4 x 5; B 32: the rule's four clusters a layer (the layers' share of the SMs), and
+# eight a layer, so that four layers' launches cannot all be resident at once (they queue)
+CHUNKED = [(3, 23, 8, 5, None), (4, 20, 32, 5, None), (4, 20, 32, 5, 8), (4, 17, 8, 1, None)]
 
 
 @pytest.mark.parametrize("executor", ["eager", "graph"])
-@pytest.mark.parametrize("layers, T, B, k", CHUNKED,
-                         ids=[f"L{c[0]}T{c[1]}B{c[2]}k{c[3]}" for c in CHUNKED])
+@pytest.mark.parametrize("layers, T, B, k, ncl", CHUNKED,
+                         ids=[f"L{c[0]}T{c[1]}B{c[2]}k{c[3]}cl{c[4]}" for c in CHUNKED])
 @pytest.mark.parametrize("cell", CELLS)
-def test_chunked_cluster_backward(cp, ctx, cell, layers, T, B, k, executor):
+def test_chunked_cluster_backward(cp, ctx, cell, layers, T, B, k, ncl, executor):
     """The cluster kernel's chunked plan (launches of k steps on views of their chunk,
     layers overlapping along the reverse wavefront, no grid barrier anywhere) gives the
     reference gradients, bitwise the same in two runs."""
     H, I = 128, 64
-    key = key_of(cell, layers, T, B, H, I, "cluster", input_batch=k)
+    key = dataclasses.replace(key_of(cell, layers, T, B, H, I, "cluster", input_batch=k),
+                              bwd_clusters=ncl)
     choice = choose_persistent_backward(key)
     assert choice.chunked and choice.steps_per_launch == k, choice.describe()
     data = case(cell, layers, T, B, H, I, seed=2)

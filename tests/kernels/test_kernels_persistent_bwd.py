@@ -296,3 +296,23 @@ def test_launch_refuses_a_fit_that_does_not_fit():
         kinfo.launch_persistent(bad)
     with pytest.raises(ValueError, match="the fit is for"):
         K.KERNELS["gru_persistent_bwd"].launch_persistent(good)
+
+
+def test_cluster_rule_takes_the_layers_share_where_it_fits():
+    """With several layers (chunked launches overlapping along the reverse wavefront) the
+    cluster kernel's rule count is the layers' share of the SMs (measured faster on the
+    H100 at L4 H128 B32-128), else the fewest more clusters that fit, up to the one-layer
+    count; one layer keeps the one-layer count; the grid kernel is weighed a layer-step."""
+    from rnnrt.kernels.persistent import cluster_count
+    sms = H9["multiProcessorCount"]
+    for cell, B in (("lstm", 32), ("gru", 128)):
+        one = PB.persistent_bwd_fit(cell, 128, B, H9, kind="cluster")
+        four = PB.persistent_bwd_fit(cell, 128, B, H9, kind="cluster", layers=4)
+        assert one.ok and one.clusters == cluster_count(B, sms)
+        assert four.ok and four.clusters == cluster_count(B, sms, 4) < one.clusters
+        assert PB.persistent_bwd_fit(cell, 128, B, H9, layers=4).cluster   # kind None
+    # LSTM H128 B256: the share (4 clusters, 64 batches each) has too many cells a thread
+    assert not PB.persistent_bwd_fit("lstm", 128, 256, H9, clusters=4).ok
+    got = PB.persistent_bwd_fit("lstm", 128, 256, H9, kind="cluster", layers=4)
+    assert got.ok and got.clusters == min(n for n in range(4, 9) if PB.persistent_bwd_fit(
+        "lstm", 128, 256, H9, clusters=n).ok)
