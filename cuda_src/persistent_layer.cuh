@@ -494,14 +494,7 @@ __device__ __forceinline__ void persistent_fwd(
                 if (one_tile) {
                     pk_mma_span<TS>(macc, g, Rs, hcur, B, H, k0, c0, c1, 0, 0, lane);
                 } else {   // each group of tiles: this half's sums added into red
-                    for (int mt0 = 0; mt0 < g.RT; mt0 += PK_MMA_MT)
-                        for (int nt0 = 0; nt0 < g.BT; nt0 += PK_MMA_NT) {
-                            float acc[PK_MMA_MT][PK_MMA_NT][4];
-                            pk_mma_zero(acc);
-                            pk_mma_span<TS>(acc, g, Rs, hcur, B, H, k0, c0, c1, mt0, nt0,
-                                            lane);
-                            pk_mma_flush(acc, g, red, B, mt0, nt0, kg, lane, first);
-                        }
+                    pk_mma_groups<TS>(g, Rs, hcur, B, H, k0, c0, c1, red, kg, lane, first);
                 }
             } else if (one_tile) {
                 pk_fma_span(acc1, g, Rs, hcur, B, k0, c0, c1, lr, lb, lk);

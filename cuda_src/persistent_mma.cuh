@@ -10,9 +10,12 @@
  *                            accumulation). tests/kernels/persistent_host_sim.cpp defines
  *                            PK_HOST_SIM and emulates both (the mma through the warp's
  *                            exchange buffer: a wrong fragment layout gives wrong sums).
- *   pk_mma_span, pk_mma_flush
+ *   pk_mma_span, pk_mma_flush, pk_mma_groups
  *                            a warp's partial sums over one half of its chunks of an h tile;
- *                            its register tiles added into red[kg = warp][r][b].
+ *                            its register tiles added into red[kg = warp][r][b]; both for
+ *                            each group of register tiles where one group does not cover
+ *                            M x B. The backward grid kernel (persistent_bwd.cuh, MMA) calls
+ *                            them with its own operands: A = the R^T slice, B = dg_t^T.
  *
  * Why it is the same math as the FMA path: the R slice and the h tile hold the operands
  * already rounded as the rungs' GEMMs read them (pk_operand: bf16 / fp16 values as fp32),
@@ -183,6 +186,23 @@ __device__ __forceinline__ void pk_mma_zero(float (&acc)[PK_MMA_MT][PK_MMA_NT][4
         for (int nt = 0; nt < PK_MMA_NT; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+}
+
+// A warp's sums over chunks [c0, c1) of the tile at column k0 where M x B needs more than
+// one group of register tiles (MT > PK_MMA_MT or NT > PK_MMA_NT): group by group, each
+// group's sums added into red (stored when `first`), as the FMA path does with several
+// output tiles. The forward and the backward grid kernels' "not one group" branch.
+template <class TS>
+__device__ __forceinline__ void pk_mma_groups(const PkGeom& g, const float* Rs, const float* hs,
+                                              int B, int H, int k0, int c0, int c1, float* red,
+                                              int kg, int lane, bool first) {
+    for (int mt0 = 0; mt0 < g.RT; mt0 += PK_MMA_MT)
+        for (int nt0 = 0; nt0 < g.BT; nt0 += PK_MMA_NT) {
+            float acc[PK_MMA_MT][PK_MMA_NT][4];
+            pk_mma_zero(acc);
+            pk_mma_span<TS>(acc, g, Rs, hs, B, H, k0, c0, c1, mt0, nt0, lane);
+            pk_mma_flush(acc, g, red, B, mt0, nt0, kg, lane, first);
+        }
 }
 
 #endif  // RNNRT_PERSISTENT_MMA_CUH

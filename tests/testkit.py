@@ -183,6 +183,48 @@ def nvcc_usage(text, tmp_path):
                       r.stdout + r.stderr, re.S)
 
 
+def nvcc_instantiations(tmp_path, file, declarations):
+    """Compile cuda_src/``file`` with the explicit instantiations ``declarations`` (each
+    'K_t<TS, false>(parameter types)') for sm_90a, strictly (-Werror all-warnings), with
+    --resource-usage, skipping the test where nvcc is not on PATH. -> ({entry: (registers,
+    stack bytes, spill stores, spill loads)}, the PTX ptxas compiled)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from rnnrt.kernels import sources
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    inst = [f'#include "{sources.cuda_src_dir() / file}"']
+    inst += [f"template __global__ void {d};" for d in declarations]
+    (tmp_path / "inst.cu").write_text("\n".join(inst) + "\n")
+    # -keep leaves the PTX that ptxas compiled (the text -ptx gives): one compile, not two
+    cmd = [nvcc, "-arch=sm_90a", "--cubin", "-std=c++17", "--resource-usage", "-Werror",
+           "all-warnings", "-keep", "-keep-dir", str(tmp_path), "-o",
+           str(tmp_path / "k.cubin"), str(tmp_path / "inst.cu")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    found = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) "
+                       r"bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers",
+                       r.stdout + r.stderr, re.S)
+    return ({m[0]: (int(m[4]), int(m[1]), int(m[2]), int(m[3])) for m in found},
+            (tmp_path / "inst.ptx").read_text())
+
+
+def check_no_spills(found, kernel_name, regs):
+    """``found`` (nvcc_instantiations' entries) is every cell's kernel at bf16 and fp16, each
+    without stack or spills and within the registers its fit assumes (``regs[cell]``, at
+    most 255); ``kernel_name(cell)`` names a cell's kernel (its entries are mangled
+    ``K_t<...>``)."""
+    assert len(found) == 2 * len(CELLS), found
+    for name, (n, stack, st, ld) in found.items():
+        cell = next(c for c in CELLS if f"{len(kernel_name(c)) + 2}{kernel_name(c)}_t" in name)
+        assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
+        assert n <= regs[cell] <= 255, (name, n)
+
+
 def ceil(a, b):
     """ceil(a / b) for positive ints (written here, not imported from the code under test)."""
     return -(-a // b)

@@ -10,9 +10,10 @@ wavefront: ``backward_steps_per_launch``), or why the plan keeps the per-step ba
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from .mma_bwd import mma_bwd_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
 
 if TYPE_CHECKING:   # choice.py imports this module: its Shape only for the annotations
@@ -77,7 +78,11 @@ def choose_persistent_backward(key) -> BackwardChoice:
     cost model makes shorter) where it fits and the sequence fits its barrier counter, with
     the steps a launch covers (``backward_steps_per_launch``), else a fallback saying why.
     (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses the pair, the kernel
-    running the whole batch every step.)"""
+    running the whole batch every step.)
+    A key of the tensor-core family (``family`` 'mma') with ``backward`` 'persistent' runs the
+    tensor-core backward grid kernel (mma_bwd.mma_bwd_fit) where it fits, else the above with
+    the reason it was not used in the fit string (``mma_backward``); 'grid' and 'cluster'
+    name the FMA kernels whatever the family."""
     kind = None if key.backward == "persistent" else key.backward
     clusters = key.bwd_clusters
     if clusters is not None:
@@ -85,19 +90,44 @@ def choose_persistent_backward(key) -> BackwardChoice:
             raise ValueError(f"PlanKey.bwd_clusters {clusters}: a cluster count, but backward "
                              f"is 'grid'")
         kind = "cluster"
+    note = ""
+    if key.family == "mma" and kind is None:
+        mma, note = mma_backward(key)
+        if mma is not None:
+            return mma
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                              kind=kind, clusters=clusters, layers=overlapping_layers(key))
-    why = None if fit.ok else fit.reason
-    if why is None:
-        try:
-            fit.check_steps(key.steps)
-        except ValueError as e:
-            why = str(e)
+    why = _declines(fit, key.steps)
     if why is not None:
-        return BackwardChoice(fit, f"persistent backward declined on {key.device.name}: {why}; "
-                                   f"ran the per-step backward")
+        return BackwardChoice(fit, f"persistent backward declined on {key.device.name}: {why}"
+                                   f"{note}; ran the per-step backward")
+    if note:
+        fit = replace(fit, reason=f"{fit.reason}{note}")
     k = backward_steps_per_launch(key, fit)
     return BackwardChoice(fit, steps_per_launch=k, chunked=k < key.steps)
+
+
+def mma_backward(key) -> tuple[BackwardChoice | None, str]:
+    """(the tensor-core backward grid kernel's choice for ``key`` where its fit holds and the
+    sequence fits its barrier counter, else None; '' or the note saying why not). One
+    launch a layer over all T steps (a grid kernel: it needs every SM)."""
+    fit = mma_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(), key.dtype)
+    why = _declines(fit, key.steps)
+    if why is not None:
+        return None, f"; tensor-core backward not used: {why}"
+    return BackwardChoice(fit, steps_per_launch=key.steps), ""
+
+
+def _declines(fit: BwdFit, steps: int) -> str | None:
+    """Why ``fit`` cannot run a launch of ``steps`` steps (it does not fit, or the sequence
+    overflows its barrier counter), or None."""
+    if not fit.ok:
+        return fit.reason
+    try:
+        fit.check_steps(steps)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def backward_fit(shape: "Shape", device) -> BwdFit:

@@ -126,32 +126,42 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
 # the key's precision (the typed kernels' rounding, emulate_bwd's). The block
 # size is the default for (B, U, k_tile): it only changes the order of the partial sums.
 
-def _twin_of(cell: str):
+def _grid_or_cluster_fit(cell, B, H, units_per_block, k_tile, cluster):
+    """(kernel name, fit) of the FMA grid or cluster kernel's twin."""
+    # the cluster twin: one cluster per CLUSTER_BATCH batches, the default without an SM
+    # cap (the launch's own count only changes the order of the partial sums)
+    fit = bwd_geometry(cell, H, B, units_per_block, k_tile=k_tile,
+                       clusters=ceil_div(B, CLUSTER_BATCH) if cluster else 0)
+    return bwd_kernel_name(cell, cluster), fit
+
+
+def twin_of(cell: str, fit_of=_grid_or_cluster_fit, name: str | None = None):
+    """The registry's NumPy twin of ``cell``'s persistent backward kernel: ``emulate_bwd``
+    over the cut ``fit_of(cell, B, H, units_per_block, k_tile, cluster) -> (kernel name,
+    fit)`` makes (by default the FMA grid or cluster kernel's; mma_bwd.py passes the
+    tensor-core kernel's); ``name`` the twin's name."""
     spec = get_cell(cell)
 
     def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False,
              dtype="float32"):
-        name = bwd_kernel_name(cell, cluster)
+        B, H = rows, cols
+        kname, fit = fit_of(cell, B, H, units_per_block, k_tile, cluster)
         outs, ins = list(outs), list(ins)
-        B, H, G = rows, cols, spec.gates
+        G = spec.gates
         dgx = outs.pop(0)
         dgh = outs.pop(0) if spec.name == "gru" else None
         dh0 = outs.pop(0)
         dc0 = outs.pop(0) if spec.has_cell_state else None
         (sync,) = outs
         if np.any(np.asarray(sync) != 0):
-            raise ValueError(f"{name}: the sync counters must be zero on entry, "
+            raise ValueError(f"{kname}: the sync counters must be zero on entry, "
                              f"got {np.asarray(sync).ravel().tolist()}")
         dhin, dh_n = ins.pop(0), ins.pop(0)
         dc_n = ins.pop(0) if spec.has_cell_state else None
         act = ins.pop(0) if spec.saved_gates else None
         st, w_hh = ins
-        # the cluster twin: one cluster per CLUSTER_BATCH batches, the default without an SM
-        # cap (the launch's own count only changes the order of the partial sums)
-        fit = bwd_geometry(cell, H, B, units_per_block, k_tile=k_tile,
-                           clusters=ceil_div(B, CLUSTER_BATCH) if cluster else 0)
         if not fit.ok:
-            raise ValueError(f"{name}: {fit.reason}")
+            raise ValueError(f"{kname}: {fit.reason}")
         out = emulate_bwd(cell, fit, np.asarray(dhin).reshape(T, B, H), np.array(dh_n),
                           np.asarray(w_hh),
                           None if act is None else np.asarray(act).reshape(T, B, 4 * H),
@@ -165,11 +175,11 @@ def _twin_of(cell: str):
         if dc0 is not None:
             dc0[...] = out["dc0"]
 
-    twin.__name__ = twin.__qualname__ = bwd_kernel_name(cell)
+    twin.__name__ = twin.__qualname__ = name or bwd_kernel_name(cell)
     return twin
 
 
-lstm_persistent_bwd = _twin_of("lstm")
-gru_persistent_bwd = _twin_of("gru")
-rnn_tanh_persistent_bwd = _twin_of("rnn_tanh")
-rnn_relu_persistent_bwd = _twin_of("rnn_relu")
+lstm_persistent_bwd = twin_of("lstm")
+gru_persistent_bwd = twin_of("gru")
+rnn_tanh_persistent_bwd = twin_of("rnn_tanh")
+rnn_relu_persistent_bwd = twin_of("rnn_relu")

@@ -14,7 +14,9 @@ phase sums the warps' partial sums in warp order, as the FMA kernel sums its k-g
 bfloat16 and float16 keys only: the operands are then exact in the tensor core's input type
 (the typed grid kernel reads R and h rounded to the storage type; their products are exact
 in fp32), so the kernel computes the FMA kernel's math up to summation order. float32 and
-tf32 keys decline (MMA_DTYPES_REASON). Forward only: the backward keeps its FMA kernels.
+tf32 keys decline (MMA_DTYPES_REASON). The backward's tensor-core grid kernel
+(persistent_mma_bwd.cu) is mma_bwd.py's: the same layout (``mma_layout``) and block choice
+(``mma_grid_fit``) over its product (one row of R^T a unit, depth G*H).
 """
 from __future__ import annotations
 
@@ -115,20 +117,32 @@ def mma_geometry(cell: str, hidden: int, batch: int, units_per_block: int,
     cells a thread, k_tile not a positive multiple of 4). The layout is the kernel's
     pk_geom<true>: R slice [M][mma_stride(H)], h tile [B][mma_stride(k_tile)], partial sums
     [NW][M][mma_stride(B)] floats."""
+    return mma_layout(MmaFit, cell, hidden, batch, units_per_block, threads, k_tile)
+
+
+def mma_layout(fit_class: type[MmaFit], cell: str, hidden: int, batch: int,
+               units_per_block: int, threads: int = BLOCK_SIZES[0],
+               k_tile: int | None = None) -> MmaFit:
+    """The tensor-core grid kernels' cut (pk_geom<true>) over the product ``fit_class``
+    names (``Fit.product``: M = rows a unit x U rows of depth K; the forward's MmaFit G*U x
+    H, the backward's mma_bwd.MmaBwdFit U x G*H): slice [M][mma_stride(K)], tile
+    [B][mma_stride(k_tile)] (k_tile default: all K, rounded up to 4), partial sums
+    [NW][M][mma_stride(B)] floats; ok False where the kernel would trap."""
     for what, v in (("hidden", hidden), ("batch", batch), ("units_per_block", units_per_block),
                     ("threads", threads), ("k_tile", 4 if k_tile is None else k_tile)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"mma: {what} must be a positive int, got {v!r}")
     spec = get_cell(cell)
     H, B, U, nt = int(hidden), int(batch), int(units_per_block), int(threads)
-    kt = full_tile(H) if k_tile is None else int(k_tile)
+    per_unit, K = fit_class.product(spec.gates, H)
+    kt = full_tile(K) if k_tile is None else int(k_tile)
     nw = max(1, nt // 32)
-    M = spec.gates * U
-    fit = MmaFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
-                 units_per_block=U, blocks=ceil_div(H, U), threads=nt, lanes=(1, 1, 1),
-                 k_groups=nw, cells_per_thread=ceil_div(U * B, nt), k_tile=kt,
-                 smem_r=4 * M * mma_stride(H), smem_tile=4 * B * mma_stride(kt),
-                 smem_partials=4 * nw * M * mma_stride(B))
+    M = per_unit * U
+    fit = fit_class(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
+                    units_per_block=U, blocks=ceil_div(H, U), threads=nt, lanes=(1, 1, 1),
+                    k_groups=nw, cells_per_thread=ceil_div(U * B, nt), k_tile=kt,
+                    smem_r=4 * M * mma_stride(K), smem_tile=4 * B * mma_stride(kt),
+                    smem_partials=4 * nw * M * mma_stride(B))
     problem = block_problem(kt, nt, PK_MAX_THREADS, U, B)
     return replace(fit, ok=False, reason=problem) if problem else fit
 
@@ -179,17 +193,28 @@ def mma_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", *
                        PK_MAX_THREADS, BLOCK_SIZES, threads)
     U = int(units_per_block) if units_per_block is not None else ceil_div(H, dev.sms)
     where = f"{name} hidden {H}, batch {B}, tensor-core grid kernel on {dev.sms} SMs"
+    return mma_grid_fit(dev, MmaFit, name, H, B, U, k_tile, where, dtype)
+
+
+def mma_grid_fit(dev: DeviceBudget, fit_class: type[MmaFit], name: str, H: int, B: int,
+                 U: int, k_tile: int | None, where: str, dtype) -> MmaFit:
+    """A tensor-core grid kernel's fit of class ``fit_class`` (MmaFit, or the backward's
+    mma_bwd.MmaBwdFit) at U units a block on ``dev``: of the block sizes, the fewest tiles a
+    step, then the largest (k_tile given, else ``whole_step_tile`` over the depth K, else
+    ``fewest_tiles``); then mma_fit's rules 0, 1 and ``finish_fit`` (shared memory,
+    registers); ``where`` opens every refusal."""
+    K = fit_class.product(get_cell(name).gates, H)[1]
     scored = []
     for t in dev.candidates:
         def smem_of(k, t=t):
-            return mma_geometry(name, H, B, U, t, k).smem_bytes
+            return mma_layout(fit_class, name, H, B, U, t, k).smem_bytes
 
         # whole k16 steps where they fit, else the FMA fit's narrower even tiles (the last
         # step of a warp's half partly masked: correct, fewer tensor-core steps of use)
-        kt = k_tile if k_tile is not None else (whole_step_tile(H, t, smem_of, dev.limit)
-                                                or fewest_tiles(H, smem_of, dev.limit)
+        kt = k_tile if k_tile is not None else (whole_step_tile(K, t, smem_of, dev.limit)
+                                                or fewest_tiles(K, smem_of, dev.limit)
                                                 or k_step_quantum(t))
-        f = mma_geometry(name, H, B, U, t, kt)
+        f = mma_layout(fit_class, name, H, B, U, t, kt)
         fits = f.ok and f.smem_bytes <= dev.limit
         scored.append(((not fits, f.tiles, -t), f))
     fit = replace(min(scored, key=lambda x: x[0])[1], sms=dev.sms, regs_per_thread=dev.regs)
@@ -210,7 +235,7 @@ def mma_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", *
     if not fit.ok:
         return fit
     return replace(fit, reason=f"fits: {fit.blocks} of {dev.sms} SMs, {fit.tiles} tile"
-                               f"{'' if fit.tiles == 1 else 's'} of h_t a step, "
+                               f"{'' if fit.tiles == 1 else 's'} of {fit.STAGED}_t a step, "
                                f"{'whole' if fit.whole_steps else 'partly masked'} k16 steps")
 
 

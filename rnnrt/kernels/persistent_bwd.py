@@ -226,10 +226,17 @@ def _grid_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block, k_t
     """The grid kernel's fit (rules 1-4)."""
     if units_per_block is not None:
         return grid_fit(dev, BwdFit, name, H, B, int(units_per_block), k_tile)
-    u0 = ceil_div(H, dev.sms)
-    tried, u = [], u0
+    return by_cost_model(dev, H, B, lambda u: grid_fit(dev, BwdFit, name, H, B, u, k_tile))
+
+
+def by_cost_model(dev: DeviceBudget, H: int, B: int, fit_at) -> BwdFit:
+    """Of ``fit_at(U)`` (a grid kernel's fit at U units a block) for U0 = ceil(H / SMs) and
+    its doublings (while U < H and U * B cells fit PK_CPT a thread), the one whose step its
+    cost model (``step_us``) makes shortest among those that fit (more blocks on a tie),
+    its reason naming the U tried; else the fit at U0 (saying why not)."""
+    tried, u = [], ceil_div(H, dev.sms)
     while True:
-        tried.append(grid_fit(dev, BwdFit, name, H, B, u, k_tile))
+        tried.append(fit_at(u))
         if u >= H or u * B > PK_CPT * dev.max_threads:
             break
         u *= 2

@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import emulate, emulate_bwd, emulate_regs, mma
+from . import emulate, emulate_bwd, emulate_regs, mma, mma_bwd
 from . import persistent as pk
 from . import regs
 from . import solo
@@ -334,6 +334,14 @@ REGISTRY += tuple(
     replace(k, name=k.name.replace("_persistent_bwd", "_persistent_cluster_bwd"),
             numpy_fn=functools.partial(k.numpy_fn, cluster=True))
     for k in REGISTRY if k.file == "persistent_bwd.cu")
+
+# the tensor-core backward grid kernels (persistent_mma_bwd.cu; mma_bwd.py): the backward grid
+# kernels' arguments, bf16 / fp16 instantiations only (typed.py), emulate_bwd's twin over
+# their cut
+REGISTRY += tuple(
+    replace(k, name=mma_bwd.kernel_name(k.name.split("_persistent")[0]),
+            file="persistent_mma_bwd.cu", numpy_fn=mma_bwd.mma_bwd_twin(k.name.split("_persistent")[0]))
+    for k in REGISTRY if k.file == "persistent_bwd.cu" and k.name.endswith("_persistent_bwd"))
 
 KERNELS: dict[str, KernelInfo] = {k.name: k for k in REGISTRY}
 

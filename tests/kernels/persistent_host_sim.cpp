@@ -9,7 +9,8 @@
 // for real. Used by tests/kernels/test_kernels_persistent_sim.py, test_kernels_stack.py and
 // test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below) and
 // test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
-// emulated over the warp's exchange buffer)
+// emulated over the warp's exchange buffer) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
+// the tensor-core backward kernels, likewise)
 // (g++ -std=c++20 -pthread); not part of rnnrt.
 // The cluster kernels (CLUSTER > 0: blocks x of one cluster are x / CLUSTER alike): their
 // barrier is a std::barrier over the cluster's threads, and a store into another block's
@@ -458,7 +459,8 @@ int main(int argc, char** argv) {
     std::printf("ldcg128 %lld ldcg32 %lld\n", sim_ldcg128.load(), sim_ldcg32.load());
     return 0;
 }
-#elif defined(PK_SIM_MMA)
+#elif defined(PK_SIM_MMA) || defined(PK_SIM_MMA_BWD)
+#ifdef PK_SIM_MMA
 // The tensor-core grid kernels (persistent_mma.cu, `*_persistent_mma_fwd_t<TS, false>`):
 //   persistent_host_sim_mma CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR K_TILE TS
 // (TS: bf16 or fp16) reads DIR/{h,c,act,gx,w,bw,br}.f32 (dense: ld = H, 4H, G*H; biases one
@@ -507,9 +509,68 @@ static int run_mma(const std::string& cell, int B, int H, int T, int U, int bloc
     return 0;
 }
 
+#else   // PK_SIM_MMA_BWD
+// The tensor-core backward grid kernels (persistent_mma_bwd.cu, `*_persistent_mma_bwd_t<TS,
+// false>`), one layer, dense arrays (ld = G*H for dgx / dgh, H, 4H for act, H for w):
+//   persistent_host_sim_mma_bwd CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR K_TILE TS
+// reads DIR/{dhin,dhn,dcn,act,st,w}.f32 (st: c for the LSTM, fp32; h for the others,
+// converted to TS: it must be representable), launches LAUNCHES times (dgx, dgh, dh0, dc0
+// poisoned with NaN before each, the counters checked after each), writes
+// DIR/{dgx,dgh,dh0,dc0}.out (dgx, dgh back as float; the arrays a cell has not: empty).
+template <class TS>
+static int run_mma(const std::string& cell, int B, int H, int T, int U, int blocks,
+                       int threads, unsigned smem, int launches, const std::string& dir,
+                       int kt) {
+    const int G = cell == "lstm" ? 4 : cell == "gru" ? 3 : 1;
+    auto load = [&](const char* name) { return read_f32(dir + "/" + name + ".f32"); };
+    const std::vector<float> dhin = load("dhin"), dhn = load("dhn"), dcn = load("dcn");
+    const std::vector<float> act = load("act"), st = load("st"), w = load("w");
+    std::vector<TS> hts(cell == "lstm" ? 0 : st.size());
+    for (size_t i = 0; i < hts.size(); ++i) hts[i] = from_f<TS>(st[i]);
+    const size_t ng = (size_t)T * B * G * H;
+    std::vector<TS> dgx(ng), dgh(cell == "gru" ? ng : 0);
+    std::vector<float> dh0((size_t)B * H), dc0(cell == "lstm" ? (size_t)B * H : 0);
+    unsigned int sync[2] = {0, 0};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int l = 0; l < launches; ++l) {   // every output poisoned: this launch writes it
+        std::fill(dgx.begin(), dgx.end(), from_f<TS>(nan));
+        std::fill(dgh.begin(), dgh.end(), from_f<TS>(nan));
+        std::fill(dh0.begin(), dh0.end(), nan);
+        std::fill(dc0.begin(), dc0.end(), nan);
+        std::function<void()> k;
+        if (cell == "lstm")
+            k = [&] { lstm_persistent_mma_bwd_t<TS, false>(B, H, dgx.data(), G * H, dh0.data(),
+                      H, dc0.data(), H, sync, 2, dhin.data(), H, dhn.data(), H, dcn.data(), H,
+                      act.data(), 4 * H, st.data(), H, w.data(), H, T, U, kt); };
+        else if (cell == "gru")
+            k = [&] { gru_persistent_mma_bwd_t<TS, false>(B, H, dgx.data(), G * H, dgh.data(),
+                      G * H, dh0.data(), H, sync, 2, dhin.data(), H, dhn.data(), H, act.data(),
+                      4 * H, hts.data(), H, w.data(), H, T, U, kt); };
+        else
+            k = [&] { (cell == "rnn_tanh" ? rnn_tanh_persistent_mma_bwd_t<TS, false>
+                                          : rnn_relu_persistent_mma_bwd_t<TS, false>)(
+                      B, H, dgx.data(), H, dh0.data(), H, sync, 2, dhin.data(), H, dhn.data(),
+                      H, hts.data(), H, w.data(), H, T, U, kt); };
+        launch(blocks, threads, smem, k);
+        if (!counters_zero(sync, 2, l)) return 3;
+    }
+    auto as_float = [](const std::vector<TS>& v) {
+        std::vector<float> out(v.size());
+        for (size_t i = 0; i < v.size(); ++i) out[i] = to_f(v[i]);
+        return out;
+    };
+    write_f32(dir + "/dgx.out", as_float(dgx));
+    write_f32(dir + "/dgh.out", as_float(dgh));
+    write_f32(dir + "/dh0.out", dh0);
+    write_f32(dir + "/dc0.out", dc0);
+    return 0;
+}
+
+#endif
+// either main's (the kernels' run above, at TS bf16 or fp16)
 int main(int argc, char** argv) {
     if (argc != 13) {
-        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_MMA)\n");
+        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_MMA, PK_SIM_MMA_BWD)\n");
         return 2;
     }
     const std::string cell = argv[1], dir = argv[10], ts = argv[12];

@@ -7,8 +7,6 @@ reason; whole k16 steps where they fit; one block per SM); the NVRTC expressions
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import pytest
 
@@ -16,11 +14,9 @@ from rnnrt.kernels import mma as MM
 from rnnrt.kernels import sources as S
 from rnnrt.kernels import typed
 from rnnrt.kernels.limits import H100_SXM
-from testkit import CELLS
+from testkit import CELLS, check_no_spills, nvcc_instantiations
 
 SRC = S.source("persistent_mma.cu")
-_USAGE = re.compile(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) bytes "
-                    r"spill stores, (\d+) bytes spill loads.*?Used (\d+) registers", re.S)
 _ARGS = {"lstm": "int, int, {T}*, int, float*, int, float*, int, unsigned int*, int, "
                  "const float*, int, const float*, int, const float*, int, const float*, int, "
                  "int, int, int",
@@ -42,34 +38,15 @@ def test_constants_match_the_kernel():
 
 @pytest.fixture(scope="module")
 def usage(tmp_path_factory):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH")
-    tmp = tmp_path_factory.mktemp("mma")
-    inst = [f'#include "{S.cuda_src_dir() / "persistent_mma.cu"}"']
-    for cell in CELLS:
-        for t in ("bf16", "fp16"):
-            inst.append(f"template __global__ void {MM.kernel_name(cell)}_t<{t}, false>("
-                        f"{_ARGS[cell].format(T=t)});")
-    (tmp / "inst.cu").write_text("\n".join(inst) + "\n")
-    # -keep leaves the PTX that ptxas compiled (the text -ptx gives): one compile, not two
-    cmd = [nvcc, "-arch=sm_90a", "--cubin", "-std=c++17", "--resource-usage", "-Werror",
-           "all-warnings", "-keep", "-keep-dir", str(tmp), "-o", str(tmp / "k.cubin"),
-           str(tmp / "inst.cu")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    return r.stdout + r.stderr, (tmp / "inst.ptx").read_text()
+    return nvcc_instantiations(
+        tmp_path_factory.mktemp("mma"), "persistent_mma.cu",
+        [f"{MM.kernel_name(c)}_t<{t}, false>({_ARGS[c].format(T=t)})"
+         for c in CELLS for t in ("bf16", "fp16")])
 
 
 def test_every_instantiation_compiles_without_spills(usage):
-    out, ptx = usage
-    found = {m[0]: (int(m[4]), int(m[1]), int(m[2]), int(m[3])) for m in _USAGE.findall(out)}
-    assert len(found) == 2 * len(CELLS), found
-    for name, (regs, stack, st, ld) in found.items():
-        cell = next(c for c in CELLS if f"{len(MM.kernel_name(c)) + 2}{MM.kernel_name(c)}_t"
-                    in name)
-        assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
-        assert regs <= MM.NVCC_REGS[cell] <= 255, (name, regs)
+    found, ptx = usage
+    check_no_spills(found, MM.kernel_name, MM.NVCC_REGS)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
     assert "cvt.rn.bf16x2.f32" in ptx and "cvt.rn.f16x2.f32" in ptx

@@ -11,6 +11,7 @@ two registers swapped (rows g+8 and columns 2c+8 exchanged) is refused.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -28,9 +29,11 @@ from testkit import CELLS, build_host_sim
 TS = {"bfloat16": "bf16", "float16": "fp16"}
 
 
-def build(tmp_path_factory, src_dir):
-    exe = tmp_path_factory.mktemp("simmma") / "persistent_host_sim_mma"
-    return build_host_sim(exe, src_dir / "persistent_mma.cu", define="PK_SIM_MMA")
+def build(tmp_path_factory, src_dir, file="persistent_mma.cu", define="PK_SIM_MMA"):
+    """The host simulation of cuda_src/``file`` (the forward's, or with PK_SIM_MMA_BWD the
+    backward's tensor-core kernels) from ``src_dir``."""
+    exe = tmp_path_factory.mktemp("simmma") / f"persistent_host_sim_{define.lower()}"
+    return build_host_sim(exe, src_dir / file, define=define)
 
 
 @pytest.fixture(scope="module")
@@ -119,21 +122,27 @@ def test_sim_cases_cover_the_paths():
     assert {w for _, _, w in seen} == {False, True}
 
 
+def swapped_fragment(tmp_path_factory, first, second):
+    """A copy of cuda_src/ whose persistent_mma.cuh loads fragment register ``first`` (e.g.
+    'a[mt][1]') with what ``second`` should hold and ``second`` with ``first``'s: one
+    register holds what the other should. -> the folder."""
+    bad = tmp_path_factory.mktemp("bad_src")
+    for f in S.cuda_src_dir().iterdir():
+        shutil.copy(f, bad / f.name)
+    path = bad / "persistent_mma.cuh"
+    text = path.read_text()
+    a, b = (re.search(rf"{re.escape(r)} = [^;]*;", text)[0] for r in (first, second))
+    assert text.count(a) == 1 and text.count(b) == 1, (a, b)
+    text = text.replace(a, "@SWAP@").replace(b, a.replace(first, second, 1))
+    path.write_text(text.replace("@SWAP@", b.replace(second, first, 1)))
+    return bad
+
+
 def test_a_wrong_fragment_layout_is_refused(tmp_path_factory, tmp_path):
     """a1 and a2 swapped in the kernel's A fragment (rows g+8, columns 2c..: one register
     holds what the other should): the emulated mma multiplies the wrong elements, and the
     result is refused."""
-    bad = tmp_path_factory.mktemp("bad_src")
-    for f in S.cuda_src_dir().iterdir():
-        shutil.copy(f, bad / f.name)
-    text = (bad / "persistent_mma.cuh").read_text()
-    a1 = "a[mt][1] = pk_mma_pair<TS>(rrow[mt][1] + ka, rlive[mt][1], ka, kend);"
-    a2 = "a[mt][2] = pk_mma_pair<TS>(rrow[mt][0] + kb, rlive[mt][0], kb, kend);"
-    assert a1 in text and a2 in text
-    text = text.replace(a1, "@A1@").replace(a2, a1.replace("a[mt][1]", "a[mt][2]"))
-    text = text.replace("@A1@", a2.replace("a[mt][2]", "a[mt][1]"))
-    (bad / "persistent_mma.cuh").write_text(text)
-    exe = build(tmp_path_factory, bad)
+    exe = build(tmp_path_factory, swapped_fragment(tmp_path_factory, "a[mt][1]", "a[mt][2]"))
     H, B, T, U, threads, k_tile = SIM_CASES[2]   # whole k16 steps, rows g+8 live (M 32)
     fit = MM.mma_geometry("lstm", H, B, U, threads, k_tile)
     assert fit.whole_steps and fit.rows > 16

@@ -118,7 +118,9 @@ def test_the_kernel_computes_the_fits_formulas():
     the dg tile [BG][SH] (two of them in the cluster kernel), the partial sums
     [NKG][U][BP]; ranks x U >= H; cells <= PK_CPT a thread; the cluster's batch slice."""
     for line in ("const int K = G * H;",
-                 "const PkGeom g = pk_geometry(1, U, BG, K, KT, nt);",
+                 # pk_geom<false> is pk_geometry (the tensor-core kernels' MMA: mma_bwd.py)
+                 "const PkGeom g = pk_geom<MMA>(1, U, BG, K, KT, nt);",
+                 "return pk_geometry(G, U, B, H, KT, nt);",
                  "const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH\n"
                  "                                  + (long long)g.NKG * g.M * g.BP);",
                  "if ((long long)ranks * U < H || (long long)U * BG > (long long)PK_CPT * nt ||",

@@ -4,7 +4,11 @@ executor's plan (the kernel's twin: the grid kernel's emulation over its cut) eq
 rounding-aware reference to float64 agreement (the twin runs in the workspace's float64, so
 the tensor core's summation order, which the GPU tests allow for, does not show here);
 float32 and tf32 keys fall back to the schedule without the switch, saying why; the
-selector's candidates and the fitting families name it for 16-bit shapes only.
+selector's candidates and the fitting families name it for 16-bit shapes only. The backward:
+a training key of the family with the persistent backward runs the tensor-core backward grid
+kernel (mma_bwd.py; its twin: emulate_bwd over its cut) and equals the reference likewise;
+float32 / tf32 keys run the FMA backward and say why; 'grid' / 'cluster' still name the FMA
+kernels; the selector's 'mma+pbwd' candidate runs both tensor-core kernels.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from test_plan_precision import EXACT, case, check, key_of, run_plans
 
 from rnnrt.kernels import choice
 from rnnrt.kernels import mma as MM
+from rnnrt.kernels import mma_bwd as MB
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.plan import forward_plan
 from rnnrt.plan.switches import Switches
@@ -75,3 +80,90 @@ def test_candidates_name_mma_for_16_bit_shapes_only():
         assert "mma" not in [s.name for s in choice.candidates(_shape(dtype), H100_SXM)]
     # a shape the kernel cannot hold: no candidate
     assert "mma" not in choice.fitting_families(_shape("bfloat16", 1024, 256), H100_SXM)
+
+
+# --- the backward: the tensor-core backward grid kernel (mma_bwd.py) -------------------------
+
+def _bwd_kernels(plan):
+    return {op.name for op in plan.ops if getattr(op, "kind", "") == "persistent"}
+
+
+@pytest.mark.parametrize("dtype", MM.MMA_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+def test_mma_family_training_runs_the_tensor_core_backward(cell, dtype):
+    """A training key of family 'mma' with the persistent backward runs the tensor-core
+    backward grid kernel (one launch a layer, no fallback), and the NumPy executor's plans
+    (its twin: emulate_bwd over mma_bwd's cut) equal the rounding-aware reference to float64
+    agreement, in program order and in a random legal order; the plan has no races."""
+    from rnnrt.exec.racecheck import find_races
+    from rnnrt.plan.backward import backward_plan
+    c = case(cell, dtype, seed=6)
+    key = key_of(cell, PERSISTENT, dtype, True, family="mma", backward="persistent")
+    bwd = backward_plan(key)
+    assert bwd.fallback is None, bwd.fallback
+    assert _bwd_kernels(bwd) == {MB.kernel_name(cell)}, _bwd_kernels(bwd)
+    assert "tensor-core grid kernel" in bwd.fit and "backward" in bwd.fit, bwd.fit
+    launches = [op for op in bwd.ops if getattr(op, "kind", "") == "persistent"]
+    assert len(launches) == key.num_layers and all(op.steps == (0, key.steps) for op in launches)
+    what = f"{cell} {dtype} mma+mma-bwd"
+    check(run_plans(key, c), c, what, EXACT["atol"], EXACT["rtol"])
+    check(run_plans(key, c, "random", seed=3), c, what + " random", EXACT["atol"],
+          EXACT["rtol"])
+    races = find_races(bwd)
+    assert not races, races[0].describe(bwd)
+
+
+def test_named_fma_backward_and_other_families_keep_their_kernels():
+    """'grid' / 'cluster' name the FMA backward kernels whatever the family; a family other
+    than 'mma' with 'persistent' runs the FMA kernel the cost model prefers."""
+    from rnnrt.plan.backward import backward_plan
+    for family, backward, want in (("mma", "grid", "lstm_persistent_bwd"),
+                                   ("mma", "cluster", "lstm_persistent_cluster_bwd"),
+                                   ("grid", "persistent", None)):
+        key = key_of("lstm", PERSISTENT, "bfloat16", True, family=family, backward=backward)
+        ran = _bwd_kernels(backward_plan(key))
+        assert ran and not any("_mma_" in n for n in ran), (family, backward, ran)
+        assert want is None or ran == {want}, (family, backward, ran)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "tf32"))
+def test_fp32_and_tf32_keys_run_the_fma_backward_saying_why(dtype):
+    from rnnrt.plan.backward import backward_plan
+    key = key_of("gru", PERSISTENT, dtype, True, family="mma", backward="persistent")
+    bwd = backward_plan(key)
+    assert bwd.fallback is None and not any("_mma_" in n for n in _bwd_kernels(bwd))
+    assert "tensor-core backward not used" in bwd.fit and MM.MMA_DTYPES_REASON in bwd.fit, \
+        bwd.fit
+    c = case("gru", dtype, seed=6)
+    check(run_plans(key, c), c, f"gru {dtype} mma fallback backward")
+
+
+def test_a_planted_backward_twin_fault_is_caught(monkeypatch):
+    """The check can fail: a twin of the tensor-core backward that drops warp 0's last
+    column (the forward's twin untouched) differs from the reference."""
+    from rnnrt.kernels import emulate as E
+    real = E.k_columns
+
+    def short(fit, group):
+        cols = real(fit, group)
+        return cols[:-1] if isinstance(fit, MB.MmaBwdFit) and group == 0 and len(cols) else cols
+    monkeypatch.setattr(E, "k_columns", short)
+    c = case("lstm", "bfloat16", seed=6)
+    key = key_of("lstm", PERSISTENT, "bfloat16", True, family="mma", backward="persistent")
+    with pytest.raises(AssertionError, match="MISMATCH"):
+        check(run_plans(key, c), c, "planted")
+
+
+def test_the_selector_offers_and_runs_mma_with_its_backward():
+    """A 16-bit training shape's candidates include 'mma+pbwd' (the forward and backward
+    tensor-core kernels); the key the selector builds from it runs both."""
+    from rnnrt.plan import backward_plan
+    shape = _shape("bfloat16", train=True)
+    scheds = {s.name: s for s in choice.candidates(shape, H100_SXM)}
+    assert "mma+pbwd" in scheds, list(scheds)
+    s = scheds["mma+pbwd"]
+    assert (s.family, s.backward) == ("mma", "persistent")
+    key = choice.with_family(key_of("lstm", PERSISTENT, "bfloat16", True), s)
+    assert _bwd_kernels(backward_plan(key)) == {MB.kernel_name("lstm")}
+    assert "mma+pbwd" not in [s.name for s in choice.candidates(_shape("float32", train=True),
+                                                                H100_SXM)]
