@@ -44,8 +44,13 @@ class GpuSession:
         is a contiguous CuPy float32 array (shared, not copied), else copied; ``grads``:
         likewise, for backward plans."""
         from .exec.workspace import Workspace
-        with self.ctx.stream(0, plan.stream_priority[0])[0]:
-            return Workspace(plan, self.cp, np.float32, params, grads=grads)
+        stream = self.ctx.stream(0, plan.stream_priority[0])[0]
+        with stream:
+            ws = Workspace(plan, self.cp, np.float32, params, grads=grads)
+        # the poison is queued on that stream: a caller's first load on another one (CuPy's
+        # current stream; the plan's streams are non-blocking) must not be overwritten by it
+        stream.synchronize()
+        return ws
 
     def executor(self, name: str, plan, ws):
         """The executor ``name`` ('eager' or 'graph') of ``plan`` on workspace ``ws``."""

@@ -89,3 +89,26 @@ def test_a_first_compile_says_so_once_and_a_cached_one_says_nothing(tmp_path):
     assert len(first) == 1 and "persistent.cu" in first[0] and " s" in first[0], first
     again = [ln for ln in _compile_once(tmp_path).splitlines() if ln.startswith("[rnnrt]")]
     assert again == [], again
+
+
+def test_a_new_workspace_is_poisoned_before_the_caller_loads_it(cp):
+    """GpuSession.workspace poisons the buffers on the plan's first stream (non-blocking); a
+    load right after it, on CuPy's current stream, must not be overwritten by that poison
+    (a benchmark's inputs once read back NaN at LSTM H512 B64). A large workspace, so the
+    poison runs long enough to race, and the load read back exactly."""
+    from rnnrt.plan.forward import forward_plan
+    m = rnnrt.LSTM(1024, 1024, num_layers=1, seed=0)
+    runner = GpuRunner(m, switches=WAVE, schedule_cache=False)
+    key = runner.new_key(100, 64, True, WAVE)
+    plan = forward_plan(key)
+    x = cp.asarray(np.random.default_rng(1).standard_normal((100, 64, 1024)),
+                   dtype=cp.float32)
+    for _ in range(3):
+        ws = runner.session.workspace(plan, runner.params)
+        ws.load(x=x)   # CuPy's current stream, right away
+        cp.cuda.Device().synchronize()
+        got = ws.read("x")
+        assert not bool(cp.isnan(got).any()), "the poison overwrote the load"
+        assert bool((got == x).all())
+        del ws
+    runner.close()
