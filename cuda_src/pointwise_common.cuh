@@ -22,20 +22,27 @@
 // k = 0, 1, ..., exactly those of a loop over i, as (row r, column c). Why not i / cols: a
 // 64-bit division is a long software sequence on the GPU, and one an element held the weight
 // copies (ew_copy_t<bf16, float>) to ~0.45 TB/s on the H100. Here the start and the stride
-// are divided once a thread; a step adds the stride's row and column parts with one carry.
+// are divided once a thread (the stride only where a thread has a second element: a grid
+// that covers the problem, e.g. a step kernel's B*H, divides once); a step adds the stride's
+// row and column parts with one carry.
 // Rows 64-bit (r * ld passes 2^31 in views over [T*B, G*H] buffers; r + dr cannot wrap);
 // columns 32-bit unsigned: c, dc < cols <= 2^31 - 1, so c + dc < 2^32 cannot wrap.
 struct element_walk {
     long long r, dr;        // the row, and the stride's whole rows
     unsigned c, dc, cols;   // the column, and the stride's columns past them
-    __device__ __forceinline__ explicit element_walk(int ncols) : cols((unsigned)ncols) {
+    __device__ __forceinline__ element_walk(int rows, int ncols) : cols((unsigned)ncols) {
         const unsigned long long i =
             (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
         const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
         r = (long long)(i / cols);
         c = (unsigned)(i - (unsigned long long)r * cols);
-        dr = (long long)(stride / cols);
-        dc = (unsigned)(stride - (unsigned long long)dr * cols);
+        if ((unsigned long long)rows * cols > stride) {
+            dr = (long long)(stride / cols);
+            dc = (unsigned)(stride - (unsigned long long)dr * cols);
+        } else {   // no thread has a second element: one step ends every walk
+            dr = rows;
+            dc = 0;
+        }
     }
     __device__ __forceinline__ void next() {
         r += dr;
@@ -52,29 +59,31 @@ struct element_walk {
 // rows*ld reaches past 2^31 for views over [T*B, G*H] buffers.
 template <class F>
 __device__ __forceinline__ void for_each_element(int rows, int cols, F f) {
-    for (element_walk w(cols); w.r < rows; w.next()) {
+    for (element_walk w(rows, cols); w.r < rows; w.next()) {
         f(w.r, (long long)w.c);
     }
 }
 
 // for_each_element for a kernel whose element is one load and one store: a thread's next U
 // elements (each its grid stride after the one before, so a warp's accesses stay coalesced)
-// are all loaded (load(r, c) -> float) before any is stored (store(r, c, v)), U loads in
-// flight a thread instead of one load's latency waited out per element. The U elements are
-// distinct, so an output that aliases its input exactly is still read before it is written.
+// are all loaded (load(r, c) -> a value, e.g. a float) before any is stored (store(r, c, v)),
+// U loads in flight a thread instead of one load's latency waited out per element. The U
+// elements are distinct, so an output that aliases its input exactly is still read before it
+// is written.
 template <int U, class LOAD, class STORE>
 __device__ __forceinline__ void for_each_element_batched(int rows, int cols, LOAD load,
                                                          STORE store) {
-    element_walk w(cols);
+    using V = decltype(load(0LL, 0LL));
+    element_walk w(rows, cols);
     while (w.r < rows) {
         long long r[U];
         unsigned c[U];
-        float v[U];
+        V v[U];
 #pragma unroll
         for (int k = 0; k < U; ++k) {
             r[k] = w.r;
             c[k] = w.c;
-            v[k] = 0.f;
+            v[k] = V{};
             w.next();
         }
 #pragma unroll

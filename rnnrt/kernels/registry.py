@@ -50,7 +50,9 @@ MAX_POINTWISE_BLOCKS = 4096
 """Grid cap of the grid-stride kernels: ~4 waves of 256-thread blocks on an H100 (132 SMs x 8
 resident); larger problems loop, so the grid never depends on the time-batched sizes."""
 TILE = 32
-"""Transpose tile edge (must match TILE in transpose.cu); block (TILE, 8)."""
+"""Transpose tile edge (must match TILE in transpose.cu); block (TILE, TILE_ROWS)."""
+TILE_ROWS = 8
+"""Transpose block rows (must match TILE_ROWS in transpose.cu: its loops count on it)."""
 _MAX_GRID_X, _MAX_GRID_Y = 2**31 - 1, 65535
 _INT32_MAX = 2**31 - 1
 
@@ -132,7 +134,8 @@ class KernelInfo:
         _check_problem(self.name, rows, cols)
         if self.tiled:
             tiles_r, tiles_c = -(-rows // TILE), -(-cols // TILE)
-            return (min(tiles_c, _MAX_GRID_X), min(tiles_r, _MAX_GRID_Y), 1), (TILE, 8, 1)
+            return ((min(tiles_c, _MAX_GRID_X), min(tiles_r, _MAX_GRID_Y), 1),
+                    (TILE, TILE_ROWS, 1))
         blocks = -(-(rows * cols) // POINTWISE_BLOCK)
         return (min(blocks, MAX_POINTWISE_BLOCKS), 1, 1), (POINTWISE_BLOCK, 1, 1)
 
