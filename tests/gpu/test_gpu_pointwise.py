@@ -124,10 +124,19 @@ NOACT = {"lstm_fwd_noact": "lstm_fwd", "gru_fwd_noact": "gru_fwd",
          "lstm_fwd_mask_noact": "lstm_fwd_mask", "gru_fwd_mask_noact": "gru_fwd_mask"}
 
 
+COPY_TYPES = [("float32", "float32"), ("bfloat16", "float32"), ("float32", "bfloat16")]
+
+
 @pytest.fixture(scope="module")
 def lib(cp):
+    """A KernelLibrary with every typed twin the module launches compiled up front (one
+    NVRTC compile a file, not one a twin)."""
     from rnnrt.kernels.library import KernelLibrary
-    return KernelLibrary()
+    lib = KernelLibrary()
+    lib.instantiate([(name, ["bfloat16" if a in ("h", "h_prev") else "float32"
+                             for a, _ in KERNELS[name].outs + KERNELS[name].ins])
+                     for name in sorted(NOACT)] + [("ew_copy", ts) for ts in COPY_TYPES])
+    return lib
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-h"])
@@ -173,12 +182,14 @@ COPY_CASES = ([(s, PAD, 0) for s in WALK] + [(s, 0, 0) for s in ALIGNED]
 
 @pytest.mark.parametrize("shape, pad, skew", COPY_CASES,
                          ids=[f"{r}x{c}-pad{p}-skew{s}" for (r, c), p, s in COPY_CASES])
-@pytest.mark.parametrize("types", [("float32", "float32"), ("bfloat16", "float32")],
-                         ids=["fp32", "bf16<-fp32"])
+@pytest.mark.parametrize("types", COPY_TYPES, ids=["fp32", "bf16<-fp32", "fp32<-bf16"])
 def test_ew_copy_exact_on_odd_shapes(cp, lib, types, shape, pad, skew):
+    """The weights' copies (bf16 <- fp32), fp32 copies, and a 16-bit plan's final states
+    (fp32 <- bf16: a widening, exact)."""
     rows, cols = shape
-    v = Views(cp, "ew_copy", rows, cols, np.random.default_rng(cols),
-              bf16=("out",) if types[0] == "bfloat16" else (), pad=pad, skew=skew)
+    bf16 = [a for a, ty in zip(("out", "a"), types) if ty == "bfloat16"]
+    v = Views(cp, "ew_copy", rows, cols, np.random.default_rng(cols), bf16=bf16, pad=pad,
+              skew=skew)
     v.launch(lib, rows, cols)
     want = v._view("a", np.float32)
     if types[0] == "bfloat16":   # round to nearest even, as precision rounds
