@@ -7,7 +7,9 @@
  *   row-major: element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row.
  *   Each element is read completely before it is written, so an output may alias an input
  *   exactly (same pointer, same ld): in place is safe. Partial overlaps are not.
- *   Launch: a 1-D grid-stride loop over rows*cols, 256 threads a block.
+ *   Launch: a 1-D grid-stride loop over rows*cols, 256 threads a block (each thread walks its
+ *   elements as (row, column): pointwise_common.cuh's element_walk; ew_copy loads 4 of them
+ *   before it stores any, and 4 elements an access where the views are aligned to it).
  *
  * Element types: each kernel K below has two entry points over one templated loop:
  * `extern "C"` K with every pointer float* (the fp32 plans' kernel, unchanged) and its typed
@@ -75,7 +77,7 @@
  *     int splits                     >= 1
  */
 
-// for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh)
+// for_each_element, for_each_element_batched, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh)
 #include "pointwise_common.cuh"
 
 // Each kernel's loop is written once, below, as a template over the element types: K (all
@@ -88,7 +90,6 @@ struct op_sub { __device__ float operator()(float a, float b) const { return a -
 struct op_mul { __device__ float operator()(float a, float b) const { return a * b; } };
 struct op_sigmoid { __device__ float operator()(float a) const { return sigmoidf(a); } };
 struct op_tanh { __device__ float operator()(float a) const { return tanhf(a); } };
-struct op_copy { __device__ float operator()(float a) const { return a; } };
 
 // out = op(a), elementwise.
 template <class OP, class TOUT, class TA>
@@ -145,6 +146,46 @@ __device__ __forceinline__ void ew_drelu_rows(int rows, int cols, TOUT* out, int
         // not dy * (y > 0): NaN * 0 is NaN
         out[r * ldout + c] = from_f<TOUT>(to_f(y[r * ldy + c]) > 0.f ? g : 0.f);
     });
+}
+
+// ew_copy's loop: COPY_BATCH elements a thread loaded, then stored (for_each_element_batched:
+// the copy has no arithmetic to hide a load's latency behind; the 16-bit weight copies at the
+// start of each pass are its largest launches), four at a time (quad: one 16-byte fp32 or
+// 8-byte 16-bit access) where every row's start is aligned to a quad: cols and both lds
+// multiples of 4, both pointers aligned (a uniform test, once a launch); else one at a time.
+#ifndef COPY_BATCH   // (experiments/scripts/pointwise_bench.py times other batches)
+#define COPY_BATCH 4
+#endif
+
+// 4 consecutive elements of T, one aligned access
+template <class T>
+struct alignas(4 * sizeof(T)) quad {
+    T e[4];
+};
+
+template <class TOUT, class TA>
+__device__ __forceinline__ void ew_copy_rows(int rows, int cols, TOUT* out, int ldout,
+                                             const TA* a, int lda) {
+    const bool by4 = cols % 4 == 0 && lda % 4 == 0 && ldout % 4 == 0 &&
+                     reinterpret_cast<unsigned long long>(a) % sizeof(quad<TA>) == 0 &&
+                     reinterpret_cast<unsigned long long>(out) % sizeof(quad<TOUT>) == 0;
+    if (by4) {
+        const quad<TA>* a4 = reinterpret_cast<const quad<TA>*>(a);
+        quad<TOUT>* out4 = reinterpret_cast<quad<TOUT>*>(out);
+        const int lda4 = lda / 4, ldout4 = ldout / 4;
+        for_each_element_batched<COPY_BATCH>(
+            rows, cols / 4, [=](long long r, long long c) { return a4[r * lda4 + c]; },
+            [=](long long r, long long c, quad<TA> v) {
+                quad<TOUT> w;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) w.e[q] = from_f<TOUT>(to_f(v.e[q]));
+                out4[r * ldout4 + c] = w;
+            });
+        return;
+    }
+    for_each_element_batched<COPY_BATCH>(
+        rows, cols, [=](long long r, long long c) { return to_f(a[r * lda + c]); },
+        [=](long long r, long long c, float v) { out[r * ldout + c] = from_f<TOUT>(v); });
 }
 
 // ew_select's loop: the side not taken is not read.
@@ -221,7 +262,7 @@ extern "C" __global__ void ew_drelu(int rows, int cols, float* out, int ldout,
 
 extern "C" __global__ void ew_copy(int rows, int cols, float* out, int ldout,
                                    const float* a, int lda) {
-    ew_unary<op_copy>(rows, cols, out, ldout, a, lda);
+    ew_copy_rows(rows, cols, out, ldout, a, lda);
 }
 
 extern "C" __global__ void ew_select(int rows, int cols, float* out, int ldout,
@@ -291,7 +332,7 @@ __global__ void ew_drelu_t(int rows, int cols, TOUT* out, int ldout, const TDY* 
 
 template <class TOUT, class TA>
 __global__ void ew_copy_t(int rows, int cols, TOUT* out, int ldout, const TA* a, int lda) {
-    ew_unary<op_copy>(rows, cols, out, ldout, a, lda);
+    ew_copy_rows(rows, cols, out, ldout, a, lda);
 }
 
 template <class TOUT, class TMASK, class TA, class TB>

@@ -20,7 +20,8 @@
  * (to_f), a store rounds to its output's type (from_f); K_t<float, ...> compiles to K's code (a
  * test compares PTX).
  *
- * Kernels (each plain kernel and, below, its masked variant; each with its typed twin):
+ * Kernels (each plain kernel and, below, its masked variant; the forward's also without act,
+ * the _noact variants; each with its typed twin):
  *   kernel gru_fwd(rows = B, cols = H)
  *       r = sigma(((gx_r + bw_r) + gh_r) + br_r);  z = sigma(((gx_z + bw_z) + gh_z) + br_z)
  *       hn = gh_n + br_n;  n = tanh((gx_n + bw_n) + r * hn);  h = n + z * (h_prev - n)
@@ -31,6 +32,14 @@
  *     in  bw     [B, 3H]   b_ih, usually ld 0 (one row broadcast)
  *     in  br     [B, 3H]   b_hh, usually ld 0
  *     in  h_prev [B, H]    previous hidden state
+ *   kernel gru_fwd_noact(rows = B, cols = H)   gru_fwd without act (an inference plan: nothing
+ *       reads the gates there); h is gru_fwd's, the same code
+ *     out h      [B, H]
+ *     in  gx     [B, 3H]
+ *     in  gh     [B, 3H]
+ *     in  bw     [B, 3H]
+ *     in  br     [B, 3H]
+ *     in  h_prev [B, H]
  *   kernel gru_bwd(rows = B, cols = H)   one step of backprop through time, in this order:
  *       dh = dh_above + dh_rec;  dhz = dh * z;  dn = dh - dhz;  dn_p = dn * (1 - n*n)
  *       d = h_prev - n;  dz = dh * d;  dz_p = dz * (z*(1-z))
@@ -61,6 +70,14 @@
  *     in  br     [B, 3H]
  *     in  h_prev [B, H]
  *     in  mask   [B, 1]    1 where the row's sequence runs this step, 0 where it has ended
+ *   kernel gru_fwd_mask_noact(rows = B, cols = H)   gru_fwd_mask without act (inference)
+ *     out h      [B, H]
+ *     in  gx     [B, 3H]
+ *     in  gh     [B, 3H]
+ *     in  bw     [B, 3H]
+ *     in  br     [B, 3H]
+ *     in  h_prev [B, H]
+ *     in  mask   [B, 1]
  *   kernel gru_bwd_mask(rows = B, cols = H)   gru_bwd where mask != 0; frozen rows pass the
  *       gradient through: dgx = dgh = 0, dh_prev = dh_rec (dh_above, act and h_prev are
  *       not read there: a frozen row has no output at this step)
@@ -80,8 +97,9 @@
 #include "cell_bwd.cuh"
 
 // One element (b, j) of gru_fwd, shared by the plain and the masked kernel: every input of
-// the element is read before anything is written (outputs may alias inputs).
-template <class TH, class TACT, class TGX, class TGH, class TBW, class TBR, class THP>
+// the element is read before anything is written (outputs may alias inputs). SAVE: whether
+// it stores the gates into act (false: the _noact kernels, act unused).
+template <bool SAVE, class TH, class TACT, class TGX, class TGH, class TBW, class TBR, class THP>
 __device__ __forceinline__ void gru_fwd_element(
         long long b, long long j, int cols, TH* h, int ldh, TACT* act, int ldact,
         const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw, int ldbw,
@@ -100,6 +118,7 @@ __device__ __forceinline__ void gru_fwd_element(
     const float r = sigmoidf(pre_r), z = sigmoidf(pre_z);
     const float n = tanhf(xn + r * hn);
     h[b * ldh + j] = from_f<TH>(n + z * (hp - n));
+    if (!SAVE) return;
     TACT* a = act + b * ldact + j;
     a[0] = from_f<TACT>(r);
     a[cols] = from_f<TACT>(z);
@@ -133,14 +152,15 @@ __device__ __forceinline__ void gru_bwd_element(
     dh_prev[b * lddh_prev + j] = from_f<TDHP>(dhz);
 }
 
-// A frozen row (mask 0) of gru_fwd_mask: h = h_prev, act = 0.
-template <class TH, class TACT, class THP>
+// A frozen row (mask 0) of gru_fwd_mask: h = h_prev, act = 0 (where SAVE).
+template <bool SAVE, class TH, class TACT, class THP>
 __device__ __forceinline__ void gru_fwd_frozen_element(
         long long b, long long j, int cols, TH* h, int ldh, TACT* act, int ldact,
         const THP* h_prev, int ldh_prev) {
     const float hp = to_f(h_prev[b * ldh_prev + j]);
     // All reads are done: from here on only writes (outputs may alias inputs).
     h[b * ldh + j] = from_f<TH>(hp);
+    if (!SAVE) return;
     TACT* a = act + b * ldact + j;
     a[0] = from_f<TACT>(0.f);
     a[cols] = from_f<TACT>(0.f);
@@ -169,19 +189,19 @@ __device__ __forceinline__ void gru_bwd_frozen_element(
 // One element (b, j) of gru_fwd_mask: gru_fwd's where mask != 0, else the frozen row's.
 // The pointers in the order the element code first reads them (mask first): the kernels'
 // closures then keep them in that order, and the fp32 kernel's PTX is the one it had when this
-// code stood in each kernel.
-template <class TH, class TACT, class TGX, class TGH, class TBW, class TBR, class THP,
-          class TMASK>
+// code stood in each kernel. SAVE: as gru_fwd_element's.
+template <bool SAVE, class TH, class TACT, class TGX, class TGH, class TBW, class TBR,
+          class THP, class TMASK>
 __device__ __forceinline__ void gru_fwd_mask_element(
         long long b, long long j, const TMASK* mask, int ldmask, int cols, TH* h, int ldh,
         TACT* act, int ldact, const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw,
         int ldbw, const TBR* br, int ldbr, const THP* h_prev, int ldh_prev) {
     if (to_f(mask[b * ldmask]) != 0.f) {
-        gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
-                        h_prev, ldh_prev);
+        gru_fwd_element<SAVE>(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br,
+                              ldbr, h_prev, ldh_prev);
         return;
     }
-    gru_fwd_frozen_element(b, j, cols, h, ldh, act, ldact, h_prev, ldh_prev);
+    gru_fwd_frozen_element<SAVE>(b, j, cols, h, ldh, act, ldact, h_prev, ldh_prev);
 }
 
 // One element (b, j) of gru_bwd_mask: gru_bwd's where mask != 0, else the frozen row's.
@@ -206,8 +226,21 @@ extern "C" __global__ void gru_fwd(int rows, int cols, float* h, int ldh, float*
                                    const float* bw, int ldbw, const float* br, int ldbr,
                                    const float* h_prev, int ldh_prev) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
-                        h_prev, ldh_prev);
+        gru_fwd_element<true>(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br,
+                              ldbr, h_prev, ldh_prev);
+    });
+}
+
+// act as a float* the element code never stores through (SAVE false): the _noact kernels
+#define NO_ACT static_cast<float*>(nullptr), 0
+
+extern "C" __global__ void gru_fwd_noact(int rows, int cols, float* h, int ldh,
+                                         const float* gx, int ldgx, const float* gh, int ldgh,
+                                         const float* bw, int ldbw, const float* br, int ldbr,
+                                         const float* h_prev, int ldh_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_fwd_element<false>(b, j, cols, h, ldh, NO_ACT, gx, ldgx, gh, ldgh, bw, ldbw, br,
+                               ldbr, h_prev, ldh_prev);
     });
 }
 
@@ -230,8 +263,19 @@ extern "C" __global__ void gru_fwd_mask(int rows, int cols, float* h, int ldh,
                                         const float* h_prev, int ldh_prev,
                                         const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        gru_fwd_mask_element(b, j, mask, ldmask, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh,
-                             bw, ldbw, br, ldbr, h_prev, ldh_prev);
+        gru_fwd_mask_element<true>(b, j, mask, ldmask, cols, h, ldh, act, ldact, gx, ldgx, gh,
+                                   ldgh, bw, ldbw, br, ldbr, h_prev, ldh_prev);
+    });
+}
+
+extern "C" __global__ void gru_fwd_mask_noact(int rows, int cols, float* h, int ldh,
+                                              const float* gx, int ldgx, const float* gh,
+                                              int ldgh, const float* bw, int ldbw,
+                                              const float* br, int ldbr, const float* h_prev,
+                                              int ldh_prev, const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_fwd_mask_element<false>(b, j, mask, ldmask, cols, h, ldh, NO_ACT, gx, ldgx, gh,
+                                    ldgh, bw, ldbw, br, ldbr, h_prev, ldh_prev);
     });
 }
 
@@ -256,8 +300,18 @@ __global__ void gru_fwd_t(int rows, int cols, TH* h, int ldh, TACT* act, int lda
                           const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw,
                           int ldbw, const TBR* br, int ldbr, const THP* h_prev, int ldh_prev) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        gru_fwd_element(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br, ldbr,
-                        h_prev, ldh_prev);
+        gru_fwd_element<true>(b, j, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw, br,
+                              ldbr, h_prev, ldh_prev);
+    });
+}
+
+template <class TH, class TGX, class TGH, class TBW, class TBR, class THP>
+__global__ void gru_fwd_noact_t(int rows, int cols, TH* h, int ldh, const TGX* gx, int ldgx,
+                                const TGH* gh, int ldgh, const TBW* bw, int ldbw,
+                                const TBR* br, int ldbr, const THP* h_prev, int ldh_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_fwd_element<false>(b, j, cols, h, ldh, NO_ACT, gx, ldgx, gh, ldgh, bw, ldbw, br,
+                               ldbr, h_prev, ldh_prev);
     });
 }
 
@@ -279,8 +333,19 @@ __global__ void gru_fwd_mask_t(int rows, int cols, TH* h, int ldh, TACT* act, in
                                int ldbw, const TBR* br, int ldbr, const THP* h_prev,
                                int ldh_prev, const TMASK* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        gru_fwd_mask_element(b, j, mask, ldmask, cols, h, ldh, act, ldact, gx, ldgx, gh, ldgh,
-                             bw, ldbw, br, ldbr, h_prev, ldh_prev);
+        gru_fwd_mask_element<true>(b, j, mask, ldmask, cols, h, ldh, act, ldact, gx, ldgx, gh,
+                                   ldgh, bw, ldbw, br, ldbr, h_prev, ldh_prev);
+    });
+}
+
+template <class TH, class TGX, class TGH, class TBW, class TBR, class THP, class TMASK>
+__global__ void gru_fwd_mask_noact_t(int rows, int cols, TH* h, int ldh, const TGX* gx,
+                                     int ldgx, const TGH* gh, int ldgh, const TBW* bw, int ldbw,
+                                     const TBR* br, int ldbr, const THP* h_prev, int ldh_prev,
+                                     const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_fwd_mask_element<false>(b, j, mask, ldmask, cols, h, ldh, NO_ACT, gx, ldgx, gh,
+                                    ldgh, bw, ldbw, br, ldbr, h_prev, ldh_prev);
     });
 }
 

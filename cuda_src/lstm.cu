@@ -21,7 +21,8 @@
  * a store rounds to its output's type (from_f); K_t<float, ...> compiles to K's code (a test
  * compares PTX).
  *
- * Kernels (each plain kernel and, below, its masked variant; each with its typed twin):
+ * Kernels (each plain kernel and, below, its masked variant; the forward's also without act,
+ * the _noact variants; each with its typed twin):
  *   kernel lstm_fwd(rows = B, cols = H)
  *       pre_q = ((gx + bw) + gh) + br            (in that order, per gate q)
  *       i, f, g, o = sigma(pre_0), sigma(pre_1), tanh(pre_2), sigma(pre_3)
@@ -34,6 +35,16 @@
  *     in  bw     [B, 4H]   b_ih, usually ld 0 (one row broadcast)
  *     in  br     [B, 4H]   b_hh, usually ld 0
  *     in  c_prev [B, H]    previous cell state
+ *   kernel lstm_fwd_noact(rows = B, cols = H)   lstm_fwd without act (an inference plan: nothing
+ *       reads the gates there, and their store was a third of the step's traffic); h and c
+ *       are lstm_fwd's, the same code
+ *     out h      [B, H]
+ *     out c      [B, H]
+ *     in  gx     [B, 4H]
+ *     in  gh     [B, 4H]
+ *     in  bw     [B, 4H]
+ *     in  br     [B, 4H]
+ *     in  c_prev [B, H]
  *   kernel lstm_bwd(rows = B, cols = H)   one step of backprop through time, in this order:
  *       dh = dh_above + dh_rec;  tc = tanh(c);  dho = dh * o;  t = dho * (1 - tc*tc)
  *       dcc = dc_next + t;  do = dh * tc;  di = dcc * g;  df = dcc * c_prev;  dg = dcc * i
@@ -67,6 +78,16 @@
  *     in  c_prev [B, H]
  *     in  h_prev [B, H]    previous hidden state (passed through on frozen rows)
  *     in  mask   [B, 1]    1 where the row's sequence runs this step, 0 where it has ended
+ *   kernel lstm_fwd_mask_noact(rows = B, cols = H)   lstm_fwd_mask without act (inference)
+ *     out h      [B, H]
+ *     out c      [B, H]
+ *     in  gx     [B, 4H]
+ *     in  gh     [B, 4H]
+ *     in  bw     [B, 4H]
+ *     in  br     [B, 4H]
+ *     in  c_prev [B, H]
+ *     in  h_prev [B, H]
+ *     in  mask   [B, 1]
  *   kernel lstm_bwd_mask(rows = B, cols = H)   lstm_bwd where mask != 0, and dh_prev = 0
  *       there; frozen rows pass the gradients through: dgx = 0, dc_prev = dc_next,
  *       dh_prev = dh_rec (dh_above, act, c and c_prev are not read there: a frozen row
@@ -90,8 +111,9 @@
 #include "cell_bwd.cuh"
 
 // One element (b, j) of lstm_fwd, shared by the plain and the masked kernel: every input of
-// the element is read before anything is written (outputs may alias inputs).
-template <class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR, class TCP>
+// the element is read before anything is written (outputs may alias inputs). SAVE: whether
+// it stores the gates into act (false: the _noact kernels, act unused).
+template <bool SAVE, class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR, class TCP>
 __device__ __forceinline__ void lstm_fwd_element(
         long long b, long long j, int cols, TH* h, int ldh, TC* c, int ldc, TACT* act,
         int ldact, const TGX* gx, int ldgx, const TGH* gh, int ldgh, const TBW* bw,
@@ -110,6 +132,7 @@ __device__ __forceinline__ void lstm_fwd_element(
     const float cn = f * cp + i * g;
     c[b * ldc + j] = from_f<TC>(cn);
     h[b * ldh + j] = from_f<TH>(o * tanhf(cn));
+    if (!SAVE) return;
     TACT* a = act + b * ldact + j;
     a[0] = from_f<TACT>(i);
     a[cols] = from_f<TACT>(f);
@@ -138,8 +161,8 @@ __device__ __forceinline__ void lstm_bwd_element(
     dc_prev[b * lddc_prev + j] = from_f<TDCP>(dcp);
 }
 
-// A frozen row (mask 0) of lstm_fwd_mask: h = h_prev, c = c_prev, act = 0.
-template <class TH, class TC, class TACT, class TCP, class THP>
+// A frozen row (mask 0) of lstm_fwd_mask: h = h_prev, c = c_prev, act = 0 (where SAVE).
+template <bool SAVE, class TH, class TC, class TACT, class TCP, class THP>
 __device__ __forceinline__ void lstm_fwd_frozen_element(
         long long b, long long j, int cols, TH* h, int ldh, TC* c, int ldc, TACT* act,
         int ldact, const TCP* c_prev, int ldc_prev, const THP* h_prev, int ldh_prev) {
@@ -147,6 +170,7 @@ __device__ __forceinline__ void lstm_fwd_frozen_element(
     // All reads are done: from here on only writes (outputs may alias inputs).
     h[b * ldh + j] = from_f<TH>(hp);
     c[b * ldc + j] = from_f<TC>(cp);
+    if (!SAVE) return;
     TACT* a = act + b * ldact + j;
     a[0] = from_f<TACT>(0.f);
     a[cols] = from_f<TACT>(0.f);
@@ -174,20 +198,20 @@ __device__ __forceinline__ void lstm_bwd_frozen_element(
 // One element (b, j) of lstm_fwd_mask: lstm_fwd's where mask != 0, else the frozen row's.
 // The pointers in the order the element code first reads them (mask first): the kernels'
 // closures then keep them in that order, and the fp32 kernel's PTX is the one it had when this
-// code stood in each kernel.
-template <class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR, class TCP,
-          class THP, class TMASK>
+// code stood in each kernel. SAVE: as lstm_fwd_element's.
+template <bool SAVE, class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR,
+          class TCP, class THP, class TMASK>
 __device__ __forceinline__ void lstm_fwd_mask_element(
         long long b, long long j, const TMASK* mask, int ldmask, int cols, TH* h, int ldh,
         TC* c, int ldc, TACT* act, int ldact, const TGX* gx, int ldgx, const TGH* gh, int ldgh,
         const TBW* bw, int ldbw, const TBR* br, int ldbr, const TCP* c_prev, int ldc_prev,
         const THP* h_prev, int ldh_prev) {
     if (to_f(mask[b * ldmask]) != 0.f) {
-        lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw,
-                         br, ldbr, c_prev, ldc_prev);
+        lstm_fwd_element<SAVE>(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw,
+                               ldbw, br, ldbr, c_prev, ldc_prev);
         return;
     }
-    lstm_fwd_frozen_element(b, j, cols, h, ldh, c, ldc, act, ldact, c_prev, ldc_prev, h_prev,
+    lstm_fwd_frozen_element<SAVE>(b, j, cols, h, ldh, c, ldc, act, ldact, c_prev, ldc_prev, h_prev,
                             ldh_prev);
 }
 
@@ -217,8 +241,21 @@ extern "C" __global__ void lstm_fwd(int rows, int cols,
                                     const float* bw, int ldbw, const float* br, int ldbr,
                                     const float* c_prev, int ldc_prev) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw,
-                         br, ldbr, c_prev, ldc_prev);
+        lstm_fwd_element<true>(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw,
+                               ldbw, br, ldbr, c_prev, ldc_prev);
+    });
+}
+
+// act as a float* the element code never stores through (SAVE false): the _noact kernels
+#define NO_ACT static_cast<float*>(nullptr), 0
+
+extern "C" __global__ void lstm_fwd_noact(int rows, int cols, float* h, int ldh, float* c,
+                                          int ldc, const float* gx, int ldgx, const float* gh,
+                                          int ldgh, const float* bw, int ldbw, const float* br,
+                                          int ldbr, const float* c_prev, int ldc_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_fwd_element<false>(b, j, cols, h, ldh, c, ldc, NO_ACT, gx, ldgx, gh, ldgh, bw,
+                                ldbw, br, ldbr, c_prev, ldc_prev);
     });
 }
 
@@ -245,8 +282,23 @@ extern "C" __global__ void lstm_fwd_mask(int rows, int cols,
                                          const float* h_prev, int ldh_prev,
                                          const float* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        lstm_fwd_mask_element(b, j, mask, ldmask, cols, h, ldh, c, ldc, act, ldact, gx, ldgx,
-                              gh, ldgh, bw, ldbw, br, ldbr, c_prev, ldc_prev, h_prev, ldh_prev);
+        lstm_fwd_mask_element<true>(b, j, mask, ldmask, cols, h, ldh, c, ldc, act, ldact, gx,
+                                    ldgx, gh, ldgh, bw, ldbw, br, ldbr, c_prev, ldc_prev, h_prev,
+                                    ldh_prev);
+    });
+}
+
+extern "C" __global__ void lstm_fwd_mask_noact(int rows, int cols, float* h, int ldh,
+                                               float* c, int ldc, const float* gx, int ldgx,
+                                               const float* gh, int ldgh, const float* bw,
+                                               int ldbw, const float* br, int ldbr,
+                                               const float* c_prev, int ldc_prev,
+                                               const float* h_prev, int ldh_prev,
+                                               const float* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_fwd_mask_element<false>(b, j, mask, ldmask, cols, h, ldh, c, ldc, NO_ACT, gx, ldgx,
+                                     gh, ldgh, bw, ldbw, br, ldbr, c_prev, ldc_prev, h_prev,
+                                     ldh_prev);
     });
 }
 
@@ -274,8 +326,19 @@ __global__ void lstm_fwd_t(int rows, int cols, TH* h, int ldh, TC* c, int ldc, T
                            const TBW* bw, int ldbw, const TBR* br, int ldbr, const TCP* c_prev,
                            int ldc_prev) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        lstm_fwd_element(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw, ldbw,
-                         br, ldbr, c_prev, ldc_prev);
+        lstm_fwd_element<true>(b, j, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, gh, ldgh, bw,
+                               ldbw, br, ldbr, c_prev, ldc_prev);
+    });
+}
+
+template <class TH, class TC, class TGX, class TGH, class TBW, class TBR, class TCP>
+__global__ void lstm_fwd_noact_t(int rows, int cols, TH* h, int ldh, TC* c, int ldc,
+                                 const TGX* gx, int ldgx, const TGH* gh, int ldgh,
+                                 const TBW* bw, int ldbw, const TBR* br, int ldbr,
+                                 const TCP* c_prev, int ldc_prev) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_fwd_element<false>(b, j, cols, h, ldh, c, ldc, NO_ACT, gx, ldgx, gh, ldgh, bw,
+                                ldbw, br, ldbr, c_prev, ldc_prev);
     });
 }
 
@@ -301,8 +364,23 @@ __global__ void lstm_fwd_mask_t(int rows, int cols, TH* h, int ldh, TC* c, int l
                                 const TCP* c_prev, int ldc_prev, const THP* h_prev,
                                 int ldh_prev, const TMASK* mask, int ldmask) {
     for_each_element(rows, cols, [=](long long b, long long j) {
-        lstm_fwd_mask_element(b, j, mask, ldmask, cols, h, ldh, c, ldc, act, ldact, gx, ldgx,
-                              gh, ldgh, bw, ldbw, br, ldbr, c_prev, ldc_prev, h_prev, ldh_prev);
+        lstm_fwd_mask_element<true>(b, j, mask, ldmask, cols, h, ldh, c, ldc, act, ldact, gx,
+                                    ldgx, gh, ldgh, bw, ldbw, br, ldbr, c_prev, ldc_prev, h_prev,
+                                    ldh_prev);
+    });
+}
+
+template <class TH, class TC, class TGX, class TGH, class TBW, class TBR, class TCP, class THP,
+          class TMASK>
+__global__ void lstm_fwd_mask_noact_t(int rows, int cols, TH* h, int ldh, TC* c, int ldc,
+                                      const TGX* gx, int ldgx, const TGH* gh, int ldgh,
+                                      const TBW* bw, int ldbw, const TBR* br, int ldbr,
+                                      const TCP* c_prev, int ldc_prev, const THP* h_prev,
+                                      int ldh_prev, const TMASK* mask, int ldmask) {
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_fwd_mask_element<false>(b, j, mask, ldmask, cols, h, ldh, c, ldc, NO_ACT, gx, ldgx,
+                                     gh, ldgh, bw, ldbw, br, ldbr, c_prev, ldc_prev, h_prev,
+                                     ldh_prev);
     });
 }
 

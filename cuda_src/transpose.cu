@@ -6,7 +6,10 @@
  * (float* p, int ld) pair, element (r, c) at p[r*ld + c]; ld = 0 broadcasts one row of
  * `in`. rows and cols are the INPUT's. `out` must not overlap `in` (no in-place transpose).
  * Launch: block (32, 8); grid (column tiles, row tiles), each capped, the kernel loops over
- * any tiles beyond the grid. blockDim.x must be 32 (one thread per tile column).
+ * any tiles beyond the grid. The block must be (TILE, TILE_ROWS) = (32, 8): one thread per
+ * tile column, each thread TILE / TILE_ROWS = 4 rows of a tile, a count fixed at compile time
+ * so that its 4 loads are issued together (a loop over blockDim.y made one load, waited for,
+ * at a time); another block shape traps.
  *
  * Element types: `extern "C"` transpose takes float pointers (the fp32 plans' kernel); its
  * typed twin, the template transpose_t<TOUT, TIN> (each float, bf16 or fp16: storage.cuh),
@@ -23,6 +26,7 @@
 #include "storage.cuh"
 
 #define TILE 32
+#define TILE_ROWS 8   // blockDim.y (rnnrt/kernels/registry.py launches (TILE, TILE_ROWS))
 
 // The tiled transpose of both kernels (TOUT, TIN: the element types), through `tile`, the
 // kernel's shared [TILE][TILE + 1] floats (+1 column: the column-wise reads below then fall
@@ -34,21 +38,30 @@ __device__ __forceinline__ void transpose_tiles(int rows, int cols, TOUT* __rest
     const int tiles_r = (rows + TILE - 1) / TILE;
     const int tiles_c = (cols + TILE - 1) / TILE;
     const int tx = threadIdx.x;
+    if (blockDim.x != TILE || blockDim.y != TILE_ROWS) __trap();
     for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
         for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
             const long long r0 = (long long)tr * TILE, c0 = (long long)tc * TILE;
-            // Read: a warp takes one row of the tile, consecutive addresses of `in`.
-            for (int k = threadIdx.y; k < TILE; k += blockDim.y) {
-                if (r0 + k < rows && c0 + tx < cols) {
-                    tile[k][tx] = to_f(in[(r0 + k) * ldin + c0 + tx]);
-                }
+            // Read: a warp takes one row of the tile, consecutive addresses of `in`; a thread's
+            // TILE / TILE_ROWS loads all issued before the first lands (a value outside the
+            // problem is a 0 the write below never reads)
+            float v[TILE / TILE_ROWS];
+#pragma unroll
+            for (int m = 0; m < TILE / TILE_ROWS; ++m) {
+                const int k = threadIdx.y + m * TILE_ROWS;
+                v[m] = (r0 + k < rows && c0 + tx < cols) ? to_f(in[(r0 + k) * ldin + c0 + tx])
+                                                         : 0.f;
             }
+#pragma unroll
+            for (int m = 0; m < TILE / TILE_ROWS; ++m) tile[threadIdx.y + m * TILE_ROWS][tx] = v[m];
             __syncthreads();
             // Write: a warp takes one row of `out` (a column of the tile), consecutive addresses.
-            for (int k = threadIdx.y; k < TILE; k += blockDim.y) {
+#pragma unroll
+            for (int m = 0; m < TILE / TILE_ROWS; ++m) {
+                const int k = threadIdx.y + m * TILE_ROWS;
                 if (c0 + k < cols && r0 + tx < rows) {
-                    const float v = tile[tx][k];
-                    out[(c0 + k) * ldout + r0 + tx] = from_f<TOUT>(v);
+                    const float w = tile[tx][k];
+                    out[(c0 + k) * ldout + r0 + tx] = from_f<TOUT>(w);
                 }
             }
             __syncthreads();  // the next tile overwrites `tile`

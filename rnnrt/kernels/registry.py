@@ -50,7 +50,9 @@ MAX_POINTWISE_BLOCKS = 4096
 """Grid cap of the grid-stride kernels: ~4 waves of 256-thread blocks on an H100 (132 SMs x 8
 resident); larger problems loop, so the grid never depends on the time-batched sizes."""
 TILE = 32
-"""Transpose tile edge (must match TILE in transpose.cu); block (TILE, 8)."""
+"""Transpose tile edge (must match TILE in transpose.cu); block (TILE, TILE_ROWS)."""
+TILE_ROWS = 8
+"""Transpose block rows (must match TILE_ROWS in transpose.cu: its loops count on it)."""
 _MAX_GRID_X, _MAX_GRID_Y = 2**31 - 1, 65535
 _INT32_MAX = 2**31 - 1
 
@@ -132,7 +134,8 @@ class KernelInfo:
         _check_problem(self.name, rows, cols)
         if self.tiled:
             tiles_r, tiles_c = -(-rows // TILE), -(-cols // TILE)
-            return (min(tiles_c, _MAX_GRID_X), min(tiles_r, _MAX_GRID_Y), 1), (TILE, 8, 1)
+            return ((min(tiles_c, _MAX_GRID_X), min(tiles_r, _MAX_GRID_Y), 1),
+                    (TILE, TILE_ROWS, 1))
         blocks = -(-(rows * cols) // POINTWISE_BLOCK)
         return (min(blocks, MAX_POINTWISE_BLOCKS), 1, 1), (POINTWISE_BLOCK, 1, 1)
 
@@ -185,6 +188,14 @@ _RNN_BWD = dict(outs=(("dg", "R,C"),), ins=(("dh_above", "R,C"), ("dh_rec", "R,C
 # the masked variants (variable-length plans) take h_prev and a row mask [B, 1] besides
 _MASK = ("mask", "R,1")
 _RNN_MASK = dict(outs=(("h", "R,C"),), ins=_RNN["ins"] + (("h_prev", "R,C"), _MASK))
+# the fused forward step kernels: LSTM's and GRU's ins (3H: GRU's gate blocks), and their
+# outs without act (the _noact variants an inference plan runs: no gates saved)
+_LSTM_FWD_INS = (("gx", "R,4C"), ("gh", "R,4C"), ("bw", "R,4C"), ("br", "R,4C"),
+                 ("c_prev", "R,C"))
+_GRU_FWD_INS = (("gx", "R,3C"), ("gh", "R,3C"), ("bw", "R,3C"), ("br", "R,3C"),
+                ("h_prev", "R,C"))
+_LSTM_STATE = (("h", "R,C"), ("c", "R,C"))
+_ACT = ("act", "R,4C")
 _RNN_BWD_MASK = dict(outs=(("dg", "R,C"), ("dh_prev", "R,C")), ins=_RNN_BWD["ins"] + (_MASK,))
 # persistent kernels: one layer's whole sequence (rows = B, cols = H; scalars T, U, k_tile)
 _PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block", "k_tile"),
@@ -210,14 +221,10 @@ REGISTRY: tuple[KernelInfo, ...] = (
     KernelInfo("ew_drelu", "elementwise.cu", numpy_fn=knp.ew_drelu, **_DACT),
     KernelInfo("transpose", "transpose.cu", outs=(("out", "C,R"),), ins=(("in", "R,C"),),
                numpy_fn=knp.transpose, tiled=True),
-    KernelInfo("lstm_fwd", "lstm.cu", numpy_fn=knp.lstm_fwd,
-               outs=(("h", "R,C"), ("c", "R,C"), ("act", "R,4C")),
-               ins=(("gx", "R,4C"), ("gh", "R,4C"), ("bw", "R,4C"), ("br", "R,4C"),
-                    ("c_prev", "R,C"))),
-    KernelInfo("gru_fwd", "gru.cu", numpy_fn=knp.gru_fwd,
-               outs=(("h", "R,C"), ("act", "R,4C")),
-               ins=(("gx", "R,3C"), ("gh", "R,3C"), ("bw", "R,3C"), ("br", "R,3C"),
-                    ("h_prev", "R,C"))),
+    KernelInfo("lstm_fwd", "lstm.cu", numpy_fn=knp.lstm_fwd, outs=_LSTM_STATE + (_ACT,),
+               ins=_LSTM_FWD_INS),
+    KernelInfo("gru_fwd", "gru.cu", numpy_fn=knp.gru_fwd, outs=(("h", "R,C"), _ACT),
+               ins=_GRU_FWD_INS),
     KernelInfo("rnn_tanh_fwd", "rnn.cu", numpy_fn=knp.rnn_tanh_fwd, **_RNN),
     KernelInfo("rnn_relu_fwd", "rnn.cu", numpy_fn=knp.rnn_relu_fwd, **_RNN),
     KernelInfo("lstm_bwd", "lstm.cu", numpy_fn=knp.lstm_bwd,
@@ -237,17 +244,13 @@ REGISTRY: tuple[KernelInfo, ...] = (
     KernelInfo("ew_select", "elementwise.cu", numpy_fn=knp.ew_select, outs=(("out", "R,C"),),
                ins=(_MASK, ("a", "R,C"), ("b", "R,C"))),
     KernelInfo("lstm_fwd_mask", "lstm.cu", numpy_fn=knp.lstm_fwd_mask,
-               outs=(("h", "R,C"), ("c", "R,C"), ("act", "R,4C")),
-               ins=(("gx", "R,4C"), ("gh", "R,4C"), ("bw", "R,4C"), ("br", "R,4C"),
-                    ("c_prev", "R,C"), ("h_prev", "R,C"), _MASK)),
+               outs=_LSTM_STATE + (_ACT,), ins=_LSTM_FWD_INS + (("h_prev", "R,C"), _MASK)),
     KernelInfo("lstm_bwd_mask", "lstm.cu", numpy_fn=knp.lstm_bwd_mask,
                outs=(("dgx", "R,4C"), ("dc_prev", "R,C"), ("dh_prev", "R,C")),
                ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("dc_next", "R,C"),
                     ("act", "R,4C"), ("c", "R,C"), ("c_prev", "R,C"), _MASK)),
     KernelInfo("gru_fwd_mask", "gru.cu", numpy_fn=knp.gru_fwd_mask,
-               outs=(("h", "R,C"), ("act", "R,4C")),
-               ins=(("gx", "R,3C"), ("gh", "R,3C"), ("bw", "R,3C"), ("br", "R,3C"),
-                    ("h_prev", "R,C"), _MASK)),
+               outs=(("h", "R,C"), _ACT), ins=_GRU_FWD_INS + (_MASK,)),
     KernelInfo("gru_bwd_mask", "gru.cu", numpy_fn=knp.gru_bwd_mask,
                outs=(("dgx", "R,3C"), ("dgh", "R,3C"), ("dh_prev", "R,C")),
                ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), ("act", "R,4C"),
@@ -256,6 +259,15 @@ REGISTRY: tuple[KernelInfo, ...] = (
     KernelInfo("rnn_relu_fwd_mask", "rnn.cu", numpy_fn=knp.rnn_relu_fwd_mask, **_RNN_MASK),
     KernelInfo("rnn_tanh_bwd_mask", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd_mask, **_RNN_BWD_MASK),
     KernelInfo("rnn_relu_bwd_mask", "rnn.cu", numpy_fn=knp.rnn_relu_bwd_mask, **_RNN_BWD_MASK),
+    # the forward step kernels without act (inference plans, plan/forward.py)
+    KernelInfo("lstm_fwd_noact", "lstm.cu", numpy_fn=knp.lstm_fwd_noact, outs=_LSTM_STATE,
+               ins=_LSTM_FWD_INS),
+    KernelInfo("gru_fwd_noact", "gru.cu", numpy_fn=knp.gru_fwd_noact, outs=(("h", "R,C"),),
+               ins=_GRU_FWD_INS),
+    KernelInfo("lstm_fwd_mask_noact", "lstm.cu", numpy_fn=knp.lstm_fwd_mask_noact,
+               outs=_LSTM_STATE, ins=_LSTM_FWD_INS + (("h_prev", "R,C"), _MASK)),
+    KernelInfo("gru_fwd_mask_noact", "gru.cu", numpy_fn=knp.gru_fwd_mask_noact,
+               outs=(("h", "R,C"),), ins=_GRU_FWD_INS + (_MASK,)),
     KernelInfo("lstm_persistent_fwd", numpy_fn=emulate.lstm_persistent_fwd, **_PERSISTENT,
                outs=(_H_SEQ, ("c", "(T+1)*R,C"), ("act", "T*R,4C"), _SYNC), ins=_pins(4)),
     KernelInfo("gru_persistent_fwd", numpy_fn=emulate.gru_persistent_fwd, **_PERSISTENT,

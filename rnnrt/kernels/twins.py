@@ -129,32 +129,59 @@ def _pre(gx, gh, bw, br, q, cols):
     return ((_gate(gx, q, cols) + _gate(bw, q, cols)) + _gate(gh, q, cols)) + _gate(br, q, cols)
 
 
-def lstm_fwd(rows, cols, outs, ins):
-    h, c, act = outs
+def _lstm_step(cols, ins):
+    """(h, c, (i, f, g, o)) of one LSTM step, new arrays (nothing written)."""
     gx, gh, bw, br, c_prev = ins
     i, f, o = (sigmoid(_pre(gx, gh, bw, br, q, cols)) for q in (0, 1, 3))
     g = np.tanh(_pre(gx, gh, bw, br, 2, cols))
     c_new = f * c_prev + i * g
-    h_new = o * np.tanh(c_new)
-    # Every input is read: now write.
-    c[...] = c_new
-    h[...] = h_new
-    for q, v in enumerate((i, f, g, o)):
-        _gate(act, q, cols)[...] = v
+    return o * np.tanh(c_new), c_new, (i, f, g, o)
 
 
-def gru_fwd(rows, cols, outs, ins):
-    h, act = outs
+def _gru_step(cols, ins):
+    """(h, (r, z, n, hn)) of one GRU step, new arrays (nothing written)."""
     gx, gh, bw, br, h_prev = ins
     r = sigmoid(_pre(gx, gh, bw, br, 0, cols))
     z = sigmoid(_pre(gx, gh, bw, br, 1, cols))
     hn = _gate(gh, 2, cols) + _gate(br, 2, cols)
     n = np.tanh((_gate(gx, 2, cols) + _gate(bw, 2, cols)) + r * hn)
-    h_new = n + z * (h_prev - n)
+    return n + z * (h_prev - n), (r, z, n, hn)
+
+
+def _save(act, cols, gates):
+    for q, v in enumerate(gates):
+        _gate(act, q, cols)[...] = v
+
+
+def lstm_fwd(rows, cols, outs, ins):
+    h, c, act = outs
+    h_new, c_new, gates = _lstm_step(cols, ins)
+    # Every input is read: now write.
+    c[...] = c_new
+    h[...] = h_new
+    _save(act, cols, gates)
+
+
+def lstm_fwd_noact(rows, cols, outs, ins):
+    """lstm_fwd without act (inference)."""
+    h, c = outs
+    h_new, c_new, _ = _lstm_step(cols, ins)
+    c[...] = c_new
+    h[...] = h_new
+
+
+def gru_fwd(rows, cols, outs, ins):
+    h, act = outs
+    h_new, gates = _gru_step(cols, ins)
     # Every input is read: now write.
     h[...] = h_new
-    for q, v in enumerate((r, z, n, hn)):
-        _gate(act, q, cols)[...] = v
+    _save(act, cols, gates)
+
+
+def gru_fwd_noact(rows, cols, outs, ins):
+    """gru_fwd without act (inference)."""
+    (h,) = outs
+    h[...] = _gru_step(cols, ins)[0]
 
 
 def rnn_tanh_fwd(rows, cols, outs, ins):
@@ -270,10 +297,23 @@ def lstm_fwd_mask(rows, cols, outs, ins):
     _masked(lstm_fwd, cols, outs, plain_ins, on, frozen)
 
 
+def lstm_fwd_mask_noact(rows, cols, outs, ins):
+    *plain_ins, h_prev, mask = ins
+    on = mask[:, 0] != 0
+    frozen = (np.array(h_prev[~on]), np.array(plain_ins[4][~on]))   # h_prev, c_prev
+    _masked(lstm_fwd_noact, cols, outs, plain_ins, on, frozen)
+
+
 def gru_fwd_mask(rows, cols, outs, ins):
     *plain_ins, mask = ins
     on = mask[:, 0] != 0
     _masked(gru_fwd, cols, outs, plain_ins, on, (np.array(plain_ins[4][~on]), 0))
+
+
+def gru_fwd_mask_noact(rows, cols, outs, ins):
+    *plain_ins, mask = ins
+    on = mask[:, 0] != 0
+    _masked(gru_fwd_noact, cols, outs, plain_ins, on, (np.array(plain_ins[4][~on]),))
 
 
 def rnn_tanh_fwd_mask(rows, cols, outs, ins):

@@ -26,7 +26,11 @@ Buffers of a forward plan (sizes in elements; G gates, H hidden, B batch, T step
   gx{l}       [T, B, G*H]      W.x (no bias) for every step
   gh{l}       [B, G*H]         R.h_{t-1} (no bias), reused each step
   act{l}      [S, B, 4*H]      gates kept for backward (LSTM: i,f,g,o; GRU: r,z,n,W_hn h+b_hn);
-                               S = T when training, 1 for inference (then reused each step)
+                               S = T when training, 1 for the naive rung's inference (its
+                               temporaries: reused each step); none for a fused inference
+                               plan, whose step kernels are the _noact ones (cuda_src/lstm.cu,
+                               gru.cu: no gates stored, 4*B*H floats a step less to write;
+                               ``keeps_act``)
 
 What a training forward keeps beyond inference, per layer per step: act (4*B*H floats for
 LSTM and GRU, none for RNN) and LSTM's c (B*H). h{l} and gx{l} are kept in both modes (the
@@ -150,6 +154,11 @@ class ForwardBuilder:
         # (c0 kept, then two alternating) and act 1
         self.varlen = key.varlen
         self.all_slots = key.train or self.persist or self.varlen
+        # act{l}: the gates a training pass's backward reads, which a persistent (or the
+        # stack) kernel writes whatever the pass and the naive rung computes through; a fused
+        # inference plan keeps none: its step kernels are the _noact variants
+        self.keeps_act = bool(self.cell.saved_gates) and (
+            key.train or self.persist or not self.sw.fused)
         # the per-step geometry: step t's rows (bs[t]) and its first packed row (off[t])
         self.bs = key.batch_sizes if self.varlen else (self.B,) * self.T
         self.off = [0]
@@ -229,7 +238,7 @@ class ForwardBuilder:
                                    "io"))
             bufs += [Buffer(f"gx{layer}", T * B * GH, "scratch"),
                      Buffer(f"gh{layer}", B * GH, "scratch")]
-            if self.cell.saved_gates:
+            if self.keeps_act:
                 bufs.append(Buffer(f"act{layer}", slots * B * self.cell.saved_gates * H,
                                    "scratch"))
             if not self.sw.fused:
@@ -452,22 +461,25 @@ class ForwardBuilder:
         hprev, hnew = self.h(layer, t, B), self.h(layer, t + 1)
         row = self.off[t] if self.all_slots else 0
         nsave = self.cell.saved_gates
-        act = self.seq("act", layer, row, B, nsave * H) if nsave else None
+        act = self.seq("act", layer, row, B, nsave * H) if self.keeps_act else None
+        saved = (act,) if act is not None else ()
         meta = dict(layer=layer, steps=(t, t + 1))
         name = self.cell.name
+        # a cell with saved gates whose plan keeps none runs the kernel without act
+        noact = "_noact" if nsave and act is None else ""
         if self.sw.fused and self.varlen:   # the masked kernels: frozen rows pass through
             cprev = (self.c(layer, t, B),) if name == "lstm" else ()
-            outs = (hnew,) + ((self.c(layer, t + 1),) if name == "lstm" else ()) + (
-                (act,) if nsave else ())
+            outs = (hnew,) + ((self.c(layer, t + 1),) if name == "lstm" else ()) + saved
             ins = (gx, gh, bw, br) + cprev + (hprev, self.mask(t))
-            return [Kernel(s, f"{name}_fwd_mask", B, H, outs, ins, **meta)]
+            return [Kernel(s, f"{name}_fwd_mask{noact}", B, H, outs, ins, **meta)]
         if self.sw.fused:
             if name == "lstm":
-                outs = (hnew, self.c(layer, t + 1), act)
+                outs = (hnew, self.c(layer, t + 1)) + saved
                 ins = (gx, gh, bw, br, self.c(layer, t))
-                return [Kernel(s, "lstm_fwd", B, H, outs, ins, **meta)]
+                return [Kernel(s, f"lstm_fwd{noact}", B, H, outs, ins, **meta)]
             if name == "gru":
-                return [Kernel(s, "gru_fwd", B, H, (hnew, act), (gx, gh, bw, br, hprev), **meta)]
+                return [Kernel(s, f"gru_fwd{noact}", B, H, (hnew,) + saved,
+                               (gx, gh, bw, br, hprev), **meta)]
             return [Kernel(s, f"{name}_fwd", B, H, (hnew,), (gx, gh, bw, br), **meta)]
         ops = self.naive_pointwise(layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta)
         if self.varlen:   # frozen rows: the state they had (the naive rung's select)

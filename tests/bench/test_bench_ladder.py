@@ -80,23 +80,24 @@ def test_cpu_ladder_backward_record():
 
 
 def test_a_disagreeing_rung_is_refused(monkeypatch):
-    """Break one rung's math (its fused GRU kernel's twin): the ladder must refuse to time it."""
+    """Break one rung's math (its fused GRU kernel's twin: the ladder's inference pass runs
+    gru_fwd_noact): the ladder must refuse to time it."""
     from rnnrt.kernels.registry import KERNELS
-    info = KERNELS["gru_fwd"]
+    info = KERNELS["gru_fwd_noact"]
     real = info.numpy_fn
 
     def broken(rows, cols, outs, ins):
         real(rows, cols, outs, ins)
         outs[0][...] += 1e-2
 
-    monkeypatch.setitem(KERNELS, "gru_fwd", dataclasses.replace(info, numpy_fn=broken))
+    monkeypatch.setitem(KERNELS, "gru_fwd_noact", dataclasses.replace(info, numpy_fn=broken))
     rec = lb.run_ladder(small_cfg(), progress=lambda m: None)
     by = {r["rung"]: r for r in rec["rows"]}
     assert "refused" not in by["naive"] and "ms_median" in by["+grouped"]
     fused_rungs = [r.name for r in ladder() if r.switches.fused and not r.switches.persistent]
     for name in fused_rungs:
         assert "refused" in by[name] and "ms_median" not in by[name]
-    # the persistent rung runs its own kernel, not gru_fwd: held to naive, it agrees
+    # the persistent rung runs its own kernel, not gru_fwd_noact: held to naive, it agrees
     assert "ms_median" in by["+persistent"] and by["+persistent"]["check"]["ok"]
 
 

@@ -70,7 +70,8 @@ def test_the_selectors_choice_and_shared_workspaces(cp, tmp_path):
 
 @pytest.mark.parametrize("name", ["lstm_fwd_mask", "gru_fwd_mask", "rnn_relu_fwd_mask",
                                   "lstm_bwd_mask", "gru_bwd_mask", "rnn_tanh_bwd_mask",
-                                  "ew_select", "ew_copy"])
+                                  "ew_select", "ew_copy", "lstm_fwd_mask_noact",
+                                  "gru_fwd_mask_noact"])
 def test_masked_kernels_equal_their_twins_and_skip_frozen_rows(cp, name):
     """One launch on random inputs (mask rows 1, 0, 1, 1, 0, ...), NaN in every input a frozen
     row must not read (all but h_prev / c_prev / dh_rec / dc_next, and ew_select's other

@@ -79,6 +79,7 @@ def test_launch_geometry():
     assert tr.launch(1, 1) == ((1, 1, 1), (32, 8, 1))
     assert tr.launch(2**23, 33) == ((2, 65535, 1), (32, 8, 1))   # y capped; the kernel loops
     assert K.TILE == int(re.search(r"#define TILE (\d+)", source("transpose.cu"))[1])
+    assert K.TILE_ROWS == int(re.search(r"#define TILE_ROWS (\d+)", source("transpose.cu"))[1])
 
 
 def test_check_views():

@@ -116,6 +116,9 @@ REF.update({
     "rnn_relu_bwd_mask": _masked_ref("rnn_relu_bwd", lambda x: {"dg": 0,
                                                                  "dh_prev": x["dh_rec"]}),
 })
+# the forward kernels without act: their act twin's formula (the outputs they have)
+NOACT = {f"{k}_noact": k for k in ("lstm_fwd", "gru_fwd", "lstm_fwd_mask", "gru_fwd_mask")}
+REF.update({noact: REF[k] for noact, k in NOACT.items()})
 TOL = {np.float32: (2e-6, 2e-5), np.float64: (1e-13, 1e-12)}   # (atol, rtol)
 # The fused backward kernels multiply up to four N(0, 4) inputs after sums that may cancel
 # (dh_above + dh_rec, dc_next + t, 1 - tanh(c)^2, dh - dh*z): fp32 rounding of terms near
@@ -233,7 +236,9 @@ IN_PLACE = {"ew_add": ("out", "a"), "ew_sub": ("out", "b"), "ew_mul": ("out", "a
             "lstm_fwd_mask": ("c", "c_prev"), "gru_fwd_mask": ("h", "h_prev"),
             "rnn_tanh_fwd_mask": ("h", "h_prev"), "rnn_relu_fwd_mask": ("h", "gx"),
             "lstm_bwd_mask": ("dgx", "act"), "gru_bwd_mask": ("dh_prev", "dh_rec"),
-            "rnn_tanh_bwd_mask": ("dh_prev", "dh_rec"), "rnn_relu_bwd_mask": ("dg", "h")}
+            "rnn_tanh_bwd_mask": ("dh_prev", "dh_rec"), "rnn_relu_bwd_mask": ("dg", "h"),
+            "lstm_fwd_noact": ("c", "c_prev"), "gru_fwd_noact": ("h", "h_prev"),
+            "lstm_fwd_mask_noact": ("h", "h_prev"), "gru_fwd_mask_noact": ("h", "h_prev")}
 # and a second output in place, for the kernels with more than one
 IN_PLACE_2 = {"lstm_bwd": ("dc_prev", "dc_next"), "gru_bwd": ("dh_prev", "dh_above"),
               "lstm_bwd_mask": ("dc_prev", "dc_next"), "gru_bwd_mask": ("dh_prev", "dh_above")}
@@ -252,6 +257,28 @@ def test_twin_in_place_second_output(name):
 
 def test_every_kernel_but_transpose_has_an_in_place_case():
     assert set(IN_PLACE) == set(STEP_KERNELS) - {"transpose"}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("noact", sorted(NOACT))
+def test_noact_twin_is_its_act_twin_without_act(noact, dtype):
+    """K_noact's outputs are K's outputs but act, bit for bit (the same arithmetic: an
+    inference plan's h and c are a training plan's), on inputs with frozen rows (mask 0) for
+    the masked ones; K_noact has exactly K's arguments less act."""
+    k, kn = K.KERNELS[NOACT[noact]], K.KERNELS[noact]
+    assert kn.ins == k.ins and kn.outs == tuple(o for o in k.outs if o[0] != "act")
+    rows, cols, rng = 6, 5, np.random.default_rng(4)
+    out_shapes, in_shapes = k.arg_shapes(rows, cols)
+    ins = [(rng.standard_normal(s) * 2).astype(dtype) for s in in_shapes]
+    if k.ins[-1][0] == "mask":
+        ins[-1] = ((np.arange(rows) % 3 != 1)[:, None]).astype(dtype)
+    want = [np.full(s, np.nan, dtype) for s in out_shapes]
+    k.numpy_fn(rows, cols, want, [a.copy() for a in ins])
+    got = [np.full(s, np.nan, dtype) for (a, _), s in zip(k.outs, out_shapes) if a != "act"]
+    kn.numpy_fn(rows, cols, got, [a.copy() for a in ins])
+    want = [w for (a, _), w in zip(k.outs, want) if a != "act"]
+    for (a, _), g, w in zip(kn.outs, got, want):
+        np.testing.assert_array_equal(g, w, err_msg=f"{noact} {a}")
 
 
 def test_ew_add_in_place_same_view_twice():

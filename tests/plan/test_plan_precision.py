@@ -158,10 +158,10 @@ def test_validate_refuses_a_broken_storage_rule():
         gemm, b=dataclasses.replace(gemm.b, buf="params")),) + plan.ops[i + 1:])
     with pytest.raises(ValueError, match="operand b 'params' is not a 'store' buffer"):
         validate(bad)
-    # a store buffer no GEMM reads
-    bufs = tuple(dataclasses.replace(b, dtype="store") if b.name == "act0" else b
+    # a store buffer no GEMM reads (the cell state: an inference plan has no act0)
+    bufs = tuple(dataclasses.replace(b, dtype="store") if b.name == "c0" else b
                  for b in plan.buffers)
-    with pytest.raises(ValueError, match=r"\['act0'\] are 'store' but no GEMM or persistent product reads them"):
+    with pytest.raises(ValueError, match=r"\['c0'\] are 'store' but no GEMM or persistent product reads them"):
         validate(dataclasses.replace(plan, buffers=bufs))
 
 
