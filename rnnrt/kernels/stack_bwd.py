@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import twins as knp
-from .budget import DeviceBudget, Launch1D, ceil_div
+from .budget import DeviceBudget, ceil_div
 from .persistent import PK_MAX_THREADS
-from .stack import stack_fit
+from .stack import StackFit, stack_fit
 
 # The kernel's compile-time constants (cuda_src/persistent_stack_bwd.cu, SB_*).
 SB_U = 16             # units of a block
@@ -50,45 +50,18 @@ STACK_BWD_KERNEL = "lstm_persistent_stack_bwd"
 
 
 @dataclass(frozen=True)
-class StackBwdFit(Launch1D):
-    """How a stack of ``layers`` layers (hidden H, batch B) runs its backward as one launch.
+class StackBwdFit(StackFit):
+    """How a stack of ``layers`` layers (hidden H, batch B) runs its backward as one launch:
+    the stack kernel's fit's fields (stack.StackFit: the same grid, U, blocks, threads), its
+    own kernel and shared memory: R's U columns k-major (4H x U floats) + SB_NS stages of
+    SB_KT k rows of W's U columns and of dg^T's 64 batches (the dg^T tile and the partial
+    sums reuse them)."""
 
-    ok / reason: whether it fits (reason says why not, or what was chosen).
-    units_per_block U, blocks_per_layer NB = H / U, blocks = L*NB (one block a SM, all
-    resident), smem_bytes: R's U columns k-major (4H x U floats) + SB_NS stages of SB_KT k
-    rows of W's U columns and of dg^T's 64 batches (the dg^T tile and the partial sums
-    reuse them). sms: the device's SM count.
-    """
-
-    cell: str
-    hidden: int
-    batch: int
-    layers: int
-    ok: bool
-    reason: str
-    units_per_block: int
-    blocks_per_layer: int
-    smem_bytes: int
-    sms: int
-    threads: int = PK_MAX_THREADS
-
-    @property
-    def blocks(self) -> int:
-        return self.layers * self.blocks_per_layer
+    label = "stack backward"
 
     @property
     def kernel(self) -> str:
         return STACK_BWD_KERNEL
-
-    def scalars(self, steps: int) -> dict:
-        """The kernel's int scalars by name (order: the registry's)."""
-        return {"T": int(steps), "L": self.layers, "units_per_block": self.units_per_block}
-
-    def describe(self) -> str:
-        head = (f"stack backward {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "
-                f"{self.units_per_block}, {self.layers} x {self.blocks_per_layer} blocks x "
-                f"{self.threads} threads, shared {self.smem_bytes} B")
-        return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
 def stack_bwd_smem_bytes(hidden: int) -> int:

@@ -105,7 +105,7 @@ static float __ldcg(const float* p) {
     return *p;
 }
 static float __ldcs(const float* p) { return *p; }
-static float __ldg(const float* p) { return *p; }
+[[maybe_unused]] static float __ldg(const float* p) { return *p; }
 [[maybe_unused]] static float4 __ldg(const float4* p) { return *p; }
 static void __stcg(float* p, float v) { *p = v; }
 // the typed instantiations' 16-bit forms (persistent_common.cuh pk_ldcg / pk_stcg; the sim
@@ -158,17 +158,17 @@ static float* dynamic_smem() { return sim_smem; }
 static void pk_cp_commit() {}
 [[maybe_unused]] static void pk_prefetch_l2(const void*) {}
 template <int N> static void pk_cp_wait() {}
-static unsigned int pk_cluster_rank() { return blockIdx.x % sim_cluster; }
+[[maybe_unused]] static unsigned int pk_cluster_rank() { return blockIdx.x % sim_cluster; }
 static unsigned int pk_cluster_id() { return blockIdx.x / sim_cluster; }
-static unsigned int pk_clusters() { return gridDim.x / sim_cluster; }
-static void pk_cluster_sync() { sim_cluster_barrier->arrive_and_wait(); }
+[[maybe_unused]] static unsigned int pk_clusters() { return gridDim.x / sim_cluster; }
+[[maybe_unused]] static void pk_cluster_sync() { sim_cluster_barrier->arrive_and_wait(); }
 static thread_local std::optional<std::barrier<>::arrival_token> sim_cluster_token;
 [[maybe_unused]] static void pk_cluster_arrive() { sim_cluster_token.emplace(sim_cluster_barrier->arrive()); }
 [[maybe_unused]] static void pk_cluster_wait() {
     sim_cluster_barrier->wait(std::move(*sim_cluster_token));
     sim_cluster_token.reset();
 }
-static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
+[[maybe_unused]] static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
     const std::ptrdiff_t off = reinterpret_cast<float*>(local) - sim_smem;
     if (rank >= (unsigned)sim_cluster || off < 0 || (std::size_t)off * 4 >= sim_smem_bytes) {
         std::fprintf(stderr, "st.shared::cluster out of range: rank %u offset %td\n", rank, off);
@@ -267,6 +267,15 @@ static void write_f32(const std::string& path, const std::vector<float>& v) {
     return reinterpret_cast<float*>(store.data()) + offset;
 }
 
+// The floats of file `path` in `store`, 16-byte aligned: (their first, how many)
+[[maybe_unused]] static std::pair<float*, size_t> load_aligned(const std::string& path,
+                                                               std::vector<float4>& store) {
+    const std::vector<float> v = read_f32(path);
+    float* const p = at_offset(store, v.size(), 0);
+    std::copy(v.begin(), v.end(), p);
+    return {p, v.size()};
+}
+
 // false (and why, on stderr) unless the n barrier counters are back to zero after `launch`
 static bool counters_zero(const unsigned int* sync, size_t n, int launch) {
     for (size_t i = 0; i < n; ++i)
@@ -342,11 +351,8 @@ int main(int argc, char** argv) {
     const std::string dir = argv[8];
     const int ldwih = std::atoi(argv[9]), ldwhh = std::atoi(argv[10]);
     const int ldbw = std::atoi(argv[11]), ldbr = std::atoi(argv[12]);
-    auto load16 = [&](const char* name, std::vector<float4>& store) {   // 16-byte aligned
-        const std::vector<float> v = read_f32(dir + "/" + name + ".f32");
-        float* const p = at_offset(store, v.size(), 0);
-        std::copy(v.begin(), v.end(), p);
-        return std::make_pair(p, v.size());
+    auto load16 = [&](const char* name, std::vector<float4>& store) {
+        return load_aligned(dir + "/" + name + ".f32", store);
     };
     std::vector<float4> xs, hs, cs, wis, whs, bws, brs;
     auto [x, nx] = load16("x", xs);
@@ -406,11 +412,8 @@ int main(int argc, char** argv) {
     const std::string dir = argv[8];
     const int ldw = std::atoi(argv[9]);
     std::vector<float4> stores[3];
-    auto load16 = [&](const char* name, std::vector<float4>& store) {   // 16-byte aligned
-        const std::vector<float> v = read_f32(dir + "/" + name + ".f32");
-        float* const p = at_offset(store, v.size(), 0);
-        std::copy(v.begin(), v.end(), p);
-        return p;
+    auto load16 = [&](const char* name, std::vector<float4>& store) {
+        return load_aligned(dir + "/" + name + ".f32", store).first;
     };
     std::vector<float> dhin = read_f32(dir + "/dhin.f32"), dhn = read_f32(dir + "/dhn.f32");
     const std::vector<float> dcn = read_f32(dir + "/dcn.f32"), act = read_f32(dir + "/act.f32");

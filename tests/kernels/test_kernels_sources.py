@@ -166,12 +166,14 @@ def test_device_helpers_are_written_once_or_identical(helper, where):
 
 def test_pointwise_backward_is_written_once():
     """The cells' pointwise backward arithmetic is cell_bwd.cuh's alone: the fused kernels'
-    *_bwd_element (lstm.cu, gru.cu, rnn.cu) and the persistent backward (persistent_bwd.cu)
-    include it and call its functions, and the non-contracted operations that pin its
-    rounding (__fadd_rn, __fsub_rn) appear in no other file."""
+    *_bwd_element (lstm.cu, gru.cu, rnn.cu) and the persistent backward kernels
+    (persistent_bwd.cu, persistent_stack_bwd.cu) include it and call its functions, and
+    the non-contracted operations that pin its rounding (__fadd_rn, __fsub_rn) appear in no
+    other file."""
     calls = {"lstm.cu": ["lstm_bwd_point("], "gru.cu": ["gru_bwd_point("],
              "rnn.cu": ["rnn_bwd_point<RELU>("],
-             "persistent_bwd.cu": ["lstm_bwd_point(", "gru_bwd_point(", "rnn_bwd_point<"]}
+             "persistent_bwd.cu": ["lstm_bwd_point(", "gru_bwd_point(", "rnn_bwd_point<"],
+             "persistent_stack_bwd.cu": ["lstm_bwd_point("]}
     folder = S.cuda_src_dir()
     for file, names in calls.items():
         text = (folder / file).read_text()
