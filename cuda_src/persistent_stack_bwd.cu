@@ -48,9 +48,10 @@
  *     int L                      layers
  *     int units_per_block        U = 16
  *
- * Resources (sm_90, nvcc 13.0): see rnnrt.kernels.stack_bwd.SB_REGS (the fit's registers, a
- *   test holds ptxas to it, no spills) under __launch_bounds__(PK_MAX_THREADS = 256, 1);
- *   dynamic shared memory 4H*16*4 (R slice) + SB_NS * 20 KB (stages): 192,512 bytes at H 512.
+ * Resources (sm_90, nvcc 13.0): 254 registers, no spills (rnnrt.kernels.stack_bwd.SB_REGS = 255,
+ *   the fit's: tests hold nvcc's and NVRTC's builds to it) under
+ *   __launch_bounds__(PK_MAX_THREADS = 256, 1);
+ *   dynamic shared memory 4H*16*4 (R slice) + SB_NS * 20,544 (stages): 192,704 bytes at H 512.
  */
 #include "persistent_common.cuh"
 #include "cell_bwd.cuh"
@@ -58,11 +59,12 @@
 // Block x is layer l = x / NB, rank x % NB (NB = H / SB_U blocks a layer), as the forward.
 // Its product each step is [R_l[:, J] | W_l[:, J]]^T (SB_M = 32 rows) x dg_t^T (4H x B):
 // every operand k-major (a k's 16 units of R, of W, a k's 64 batches contiguous), so a lane's
-// step is an outer product per k from 4 float4 loads (8 rows x 8 batches, 64 FMAs).
+// step is an outer product per k from 6 float4 loads (16 rows x 8 batches, 128 FMAs: the
+// forward's tile; a warp's two half-warps take alternate k rows).
 #define SB_U 16                    // units of a block
 #define SB_M (2 * SB_U)            // product rows: R's 16 columns, then W's
 #define SB_BMAX 64                 // most batches (and the width of a dgt row)
-#define SB_TM 8                    // register tile: rows a lane accumulates (2 float4s)
+#define SB_TM 16                   // register tile: rows a lane accumulates (4 float4s)
 #define SB_TB 8                    // register tile: batches a lane accumulates (2 float4s)
 #ifndef SB_KT                      // (overridable for experiments; rnnrt.kernels.stack_bwd
 #define SB_KT 64                   //  mirrors the defaults; a test holds them)
@@ -71,46 +73,52 @@
 #define SB_NS 3                    // pipeline stages (tiles in flight: SB_NS - 1)
 #endif
 #define SB_KG (PK_MAX_THREADS / 32)   // k-groups (8): one a warp, each the block's 32 x 64
-#define SB_KPW (SB_KT / SB_KG)     // k rows of a tile a warp takes (8)
-#define SB_WS (SB_KT * SB_U)       // floats of a stage's W part: [SB_KT][16]
-#define SB_STAGE (SB_KT * (SB_U + SB_BMAX))   // one stage: W part, then dg^T [SB_KT][64]
+#define SB_KPW (SB_KT / SB_KG)     // k rows of a tile a warp takes (8: 4 a half-warp)
+// One stage: 4 floats of padding (a quarter warp's R and W loads of one k row then hit
+// different banks), W's part [SB_KT][16], dg^T's [SB_KT][64], padding to a multiple of 16
+// floats (every stage at 0 or 16 mod 32 banks, so the 4-float shift holds in each)
+#define SB_WOFF 4                  // the W part's offset in a stage
+#define SB_XOFF (SB_WOFF + SB_KT * SB_U)   // the dg^T part's
+#define SB_STAGE ((SB_XOFF + SB_KT * SB_BMAX + 15) / 16 * 16)
 #define SB_RP 36                   // stride of a batch's partial sums (see the flush)
 #define SB_TP 68                   // stride of a gate row of the dg^T tile (see the pointwise)
 #define SB_CPT 4                   // pointwise cells a thread: U * B / PK_MAX_THREADS at most
 static_assert(4 * SB_BMAX * SB_RP <= SB_NS * SB_STAGE, "the partial sums reuse the stages");
 static_assert(4 * SB_U * SB_TP <= SB_NS * SB_STAGE, "the dg^T tile reuses the stages");
 static_assert(SB_KPW == 8 && SB_KT % SB_KG == 0, "a warp's 8 rows: 32 lanes x 1 W float4, "
-              "x 4 dg float4s");
+              "x 4 dg float4s; 4 a half-warp");
+static_assert(SB_STAGE % 16 == 0 && SB_XOFF % 4 == 0, "16-byte rows, stages at 0 / 16 banks");
 
 // A 16-byte store through L2 (other blocks read it during this launch).
 __device__ __forceinline__ void sb_stcg4(float* p, float4 v) {
     __stcg(reinterpret_cast<float4*>(p), v);
 }
 
-// acc += A^T[k]^T X^T[k] over the warp's SB_KPW k rows of one staged tile. r, w and x are
-// the shared addresses of the lane's first float4 at the warp's first k row of R's slice, of
-// the stage's W part and of its dg^T part: the lane's rows are 16g + 4lr + e (g = 0: R's
-// column 4lr + e, g = 1: W's), its batches 32h + 4lb + f (float4 h < 2). The next k's four
-// float4s are loaded before this k's 64 FMAs.
-__device__ __forceinline__ void sb_tile_fma(float (&acc)[SB_TM][SB_TB], pk_saddr r,
-                                            pk_saddr w, pk_saddr x) {
+// acc += A^T[k]^T X^T[k] over the half-warp's SB_KPW / 2 k rows of one staged tile (rows
+// lk, lk + 2, ... of the warp's: lk = lane / 16). a and x are the shared addresses of the
+// lane's first float4 at its first k row: of R's slice (lr = 0) or the stage's W part (lr =
+// 1), and of the stage's dg^T part; the lane's rows are 16lr + 4g + e (its 16 columns of R
+// or of W: float4 g < 4), its batches 32h + 4lb + f (float4 h < 2). The next k's six
+// float4s are loaded before this k's 128 FMAs.
+__device__ __forceinline__ void sb_tile_fma(float (&acc)[SB_TM][SB_TB], pk_saddr a,
+                                            pk_saddr x) {
     if (PK_TIMING & 2) return;
-    float4 av[2], xv[2], an[2], xn[2];
-    av[0] = pk_lds128(r);
-    av[1] = pk_lds128(w);
+    constexpr unsigned int da = 2u * 4u * SB_U, dx = 2u * 4u * SB_BMAX;   // two k rows
+    float4 av[4], xv[2], an[4], xn[2];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) av[g] = pk_lds128(a + 16u * g);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) xv[hh] = pk_lds128(x + 128u * hh);
 #pragma unroll
-    for (int kk = 0; kk < SB_KPW; ++kk) {
-        if (kk + 1 < SB_KPW) {
-            an[0] = pk_lds128(r + 4u * SB_U * (kk + 1));
-            an[1] = pk_lds128(w + 4u * SB_U * (kk + 1));
+    for (int kk = 0; kk < SB_KPW / 2; ++kk) {
+        if (kk + 1 < SB_KPW / 2) {
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-                xn[hh] = pk_lds128(x + 4u * SB_BMAX * (kk + 1) + 128u * hh);
+            for (int g = 0; g < 4; ++g) an[g] = pk_lds128(a + da * (kk + 1) + 16u * g);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + dx * (kk + 1) + 128u * hh);
         }
 #pragma unroll
-        for (int g = 0; g < 2; ++g) {
+        for (int g = 0; g < 4; ++g) {
             const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
@@ -122,9 +130,11 @@ __device__ __forceinline__ void sb_tile_fma(float (&acc)[SB_TM][SB_TB], pk_saddr
                         acc[4 * g + e][4 * hh + f] = fmaf(ar[e], xr[f], acc[4 * g + e][4 * hh + f]);
             }
         }
-        if (kk + 1 < SB_KPW) {
+        if (kk + 1 < SB_KPW / 2) {
 #pragma unroll
-            for (int g = 0; g < 2; ++g) av[g] = an[g], xv[g] = xn[g];
+            for (int g = 0; g < 4; ++g) av[g] = an[g];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) xv[hh] = xn[hh];
         }
     }
 }
@@ -208,9 +218,9 @@ __device__ __forceinline__ void persistent_stack_bwd(
     // cp.async group a tile (empty past the last).
     const int krw = SB_KPW * warp + (lane >> 2), qw = lane & 3;
     const float* const w_thr = wih + (long long)krw * H + j0 + 4 * qw;
-    const int dst_w = krw * U + 4 * qw;
+    const int dst_w = SB_WOFF + krw * U + 4 * qw;
     const int kr0 = SB_KPW * warp + (lane >> 4), q4 = lane & 15;
-    const int dst_x = SB_WS + kr0 * SB_BMAX + 4 * q4;
+    const int dst_x = SB_XOFF + kr0 * SB_BMAX + 4 * q4;
     const bool x_ok = q4 < nbc;
     auto issue = [&](int n, const float* dg) {
         if (n < NT && !(PK_TIMING & 1)) {
@@ -227,10 +237,14 @@ __device__ __forceinline__ void persistent_stack_bwd(
     };
     __syncthreads();   // Rs is read by every warp
 
-    const int lr = lane & 3, lb = lane >> 2;
-    const pk_saddr r_lane = pk_smem_addr(Rs) + 16u * lr + 4u * U * (SB_KPW * warp);
-    const pk_saddr w_lane = 16u * lr + 4u * U * (SB_KPW * warp);
-    const pk_saddr x_lane = 16u * lb + 4u * SB_BMAX * (SB_KPW * warp) + 4u * SB_WS;
+    // The lane: lk = lane / 16 its k rows (lk, lk + 2, .. of the warp's), lr = lane % 2 its
+    // 16 rows (R's columns or W's), lb = lane / 2 % 8 its batches (a quarter warp: lr 0, 1
+    // and lb 0..3 of one k row: 2 A float4s in different banks, 4 contiguous dg^T float4s)
+    const int lk = lane >> 4, lr = lane & 1, lb = (lane >> 1) & 7;
+    const int k_lane = SB_KPW * warp + lk;   // the lane's first k row of a tile
+    const pk_saddr r_lane = pk_smem_addr(Rs) + 4u * U * k_lane;
+    const pk_saddr w_lane = 4u * (SB_WOFF + U * k_lane);
+    const pk_saddr x_lane = 16u * lb + 4u * (SB_XOFF + SB_BMAX * k_lane);
     const pk_saddr st_a = pk_smem_addr(st);
     for (int s = 0; s < T; ++s) {
         const int t = T - 1 - s;
@@ -303,29 +317,30 @@ __device__ __forceinline__ void persistent_stack_bwd(
             __syncwarp();              // ... the warp's; the warp has read its rows of n-1
             issue(n + SB_NS - 1, dgs);
             const pk_saddr sa = st_a + 4u * ((n % SB_NS) * SB_STAGE);
-            sb_tile_fma(acc, r_lane + 4u * (n * SB_KT * U), sa + w_lane, sa + x_lane);
+            sb_tile_fma(acc, lr ? sa + w_lane : r_lane + 4u * (n * SB_KT * U), sa + x_lane);
         }
         pk_cp_wait<0>();
         __syncthreads();   // every tile is read: the stages become the partial sums
-        // Eight k-groups into four partial sums: warps 4..7 store, warps 0..3 add theirs.
-        // red[m][b][row], row stride SB_RP: a quarter warp's 16-byte accesses (lr 0..3, two
-        // batches 4 apart: 4 * SB_RP = 16 mod 32 banks) fill 32 banks.
-        for (int pass = 0; pass < 2; ++pass) {
-            if ((warp >= 4) == (pass == 0)) {
-                float* const r0 = red + (warp & 3) * SB_BMAX * SB_RP + 4 * lr;
+        // Sixteen half-warp partial sums into four, in four passes: (warps 4..7, lk = 1)
+        // store theirs, then (4..7, lk = 0), (0..3, 1), (0..3, 0) add theirs in place.
+        // red[m][b][row], row stride SB_RP: a quarter warp's 16-byte accesses (lr 0, 1, lb
+        // 0..3: batches 4 apart, 4 * SB_RP = 16 mod 32 banks) meet two at a bank at most.
+        for (int pass = 0; pass < 4; ++pass) {
+            if ((warp >= 4) == (pass < 2) && lk == 1 - (pass & 1)) {
+                float* const r0 = red + (warp & 3) * SB_BMAX * SB_RP + 16 * lr;
 #pragma unroll
-                for (int g = 0; g < 2; ++g)
+                for (int g = 0; g < 4; ++g)
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
                         for (int f = 0; f < 4; ++f) {
                             float4* const p = reinterpret_cast<float4*>(
-                                r0 + (32 * hh + 4 * lb + f) * SB_RP + 16 * g);
+                                r0 + (32 * hh + 4 * lb + f) * SB_RP + 4 * g);
                             float4 v = make_float4(acc[4 * g][4 * hh + f],
                                                    acc[4 * g + 1][4 * hh + f],
                                                    acc[4 * g + 2][4 * hh + f],
                                                    acc[4 * g + 3][4 * hh + f]);
-                            if (pass == 1) {
+                            if (pass > 0) {
                                 const float4 o = *p;
                                 v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
                             }

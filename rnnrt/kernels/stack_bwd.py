@@ -41,9 +41,11 @@ SB_BMAX = 64          # most batches (the width of a dgt row)
 SB_KT = 64            # k rows of a staged tile
 SB_NS = 3             # pipeline stages
 SB_KG = PK_MAX_THREADS // 32   # k-groups: one a warp
-SB_KPW = SB_KT // SB_KG        # k rows of a tile a k-group takes
-# registers a thread at most (nvcc 13.0 -arch=sm_90: 243; the fit assumes the launch
-# bounds' 255, and a test holds ptxas's build to it)
+SB_KPW = SB_KT // SB_KG        # k rows of a tile a k-group takes (half each a half-warp)
+SB_WOFF = 4                    # a stage: padding, W's part [SB_KT][SB_U], dg^T's
+SB_STAGE = -(-(SB_WOFF + SB_KT * (SB_U + SB_BMAX)) // 16) * 16   # [SB_KT][64], to 16 floats
+# registers a thread at most (nvcc 13.0 -arch=sm_90 and NVRTC 13.5 + ptxas 13.0: 254; the
+# launch bounds' limit: a test holds ptxas's build to it, no spills)
 SB_REGS = 255
 
 STACK_BWD_KERNEL = "lstm_persistent_stack_bwd"
@@ -66,8 +68,8 @@ class StackBwdFit(StackFit):
 
 def stack_bwd_smem_bytes(hidden: int) -> int:
     """Dynamic shared memory of one block (bytes): R's U columns k-major + pipeline stages
-    (W's U columns and dg^T's 64 batches of SB_KT k rows)."""
-    return 4 * (4 * int(hidden) * SB_U + SB_NS * SB_KT * (SB_U + SB_BMAX))
+    (W's U columns and dg^T's 64 batches of SB_KT k rows, padded: SB_STAGE floats)."""
+    return 4 * (4 * int(hidden) * SB_U + SB_NS * SB_STAGE)
 
 
 def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
@@ -105,21 +107,25 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
                        f"layer's backward chain in one launch", U, nb, smem, dev.sms)
 
 
-def k_groups(depth: int) -> list[np.ndarray]:
-    """The gate rows k of dg_t each k-group (warp) multiplies, in its order: tile by tile
-    (SB_KT rows), its SB_KPW rows of each."""
-    return [np.array([n + w * SB_KPW + kk for n in range(0, depth, SB_KT)
-                      for kk in range(SB_KPW)], np.int64) for w in range(SB_KG)]
+def k_groups(depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The gate rows k of dg_t each k-group (warp) multiplies, as its two half-warps take
+    them, each in its order: tile by tile (SB_KT rows), of the warp's SB_KPW rows of each
+    the even ones (half 0) and the odd ones (half 1)."""
+    def rows(w, half):
+        return np.array([n + w * SB_KPW + kk for n in range(0, depth, SB_KT)
+                         for kk in range(half, SB_KPW, 2)], np.int64)
+    return [(rows(w, 0), rows(w, 1)) for w in range(SB_KG)]
 
 
 def product(dg, M, groups):
-    """dg [B, K] @ M [K, N] summed as the kernel sums it: each k-group's partial (``groups``,
-    ``k_groups``), warps 4..7's added to warps 0..3's (p_m + p_{m+4}), then those four in
-    order. Within a k-group a matmul, where the kernel chains FMAs over its rows in order:
-    close to the kernel's sums, not bitwise."""
-    p = [dg[:, g] @ M[g] for g in groups]
+    """dg [B, K] @ M [K, N] summed as the kernel sums it: each half-warp's partial (``groups``,
+    ``k_groups``), added in the kernel's four passes into four sums (q_m = a(m, 0) + (a(m, 1)
+    + (a(m+4, 0) + a(m+4, 1))), a(w, h): warp w's half h), then those four in order. Within a
+    half-warp a matmul, where the kernel chains FMAs over its rows in order: close to the
+    kernel's sums, not bitwise."""
+    a = [(dg[:, r0] @ M[r0], dg[:, r1] @ M[r1]) for r0, r1 in groups]
     half = SB_KG // 2
-    q = [p[m] + p[m + half] for m in range(half)]
+    q = [a[m][0] + (a[m][1] + (a[m + half][0] + a[m + half][1])) for m in range(half)]
     acc = q[0]
     for v in q[1:]:
         acc = acc + v

@@ -3,8 +3,8 @@ in one launch) without a GPU: the .cu on CPU threads (tests/kernels/persistent_h
 PK_SIM_STACK_BWD) and the NumPy twin, each against the float64 reference (rnnrt.reference) on
 random data with poisoned outputs: dx, dh0, dc0, and every weight and bias gradient from the
 kernel's dg (the GEMMs the plan runs after the launch, here in float64); the sim twice on one
-sync buffer; the same source with its waits removed must be caught; the constants and the
-fit's rules."""
+sync buffer; under ThreadSanitizer no data race, and the same source with its waits removed
+reported; the constants and the fit's rules."""
 from __future__ import annotations
 
 import re
@@ -42,12 +42,6 @@ def without_waits(text):
     cut = re.sub(r"ps_wait\((above|dg_done), done\);", "(void)done;", text)
     assert cut.count("(void)done;") == 2
     return cut
-
-
-@pytest.fixture(scope="module")
-def sim_no_waits(tmp_path_factory):
-    return _build(tmp_path_factory, without_waits(source("persistent_stack_bwd.cu")),
-                  "stack_bwd_sim_no_waits")
 
 
 def make_case(B, H, T, L, seed=0):
@@ -148,7 +142,9 @@ def run_twin(case):
             "dhin": dhin.reshape(L, T, B, H)}
 
 
-SHAPES = [(64, 64, 3, 2), (5, 64, 4, 3), (37, 64, 3, 2)]   # (B, H, T, L): full, B < 8, odd B
+# (B, H, T, L): an odd batch past 32 (both lane halves of the batches, a part-filled float4),
+# a middle layer, both dg^T slots reused; the ThreadSanitizer test runs B 3, T 3, L 2
+SHAPES = [(37, 64, 4, 3)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
@@ -168,17 +164,6 @@ def test_stack_bwd_twin_matches_reference():
     check_against_reference(run_twin(case), case, p, cache, "twin")
 
 
-def test_stack_bwd_kernel_without_its_waits_is_caught(sim_no_waits, tmp_path):
-    """Layers below the top then read dh_above before the layer above wrote it (NaN poison)
-    and every block the layer's dg_t^T before the other blocks wrote it: the comparison must
-    fail."""
-    case, p, cache = make_case(16, 64, 4, 3, seed=1)
-    got = run_sim(sim_no_waits, tmp_path, case, launches=1)
-    g = reference.backward("lstm", p, cache, case["dy"].astype(f64), case["dhn"].astype(f64),
-                           case["dcn"].astype(f64))
-    assert not compare(got["dx"], g["dx"], FP32_ATOL, FP32_RTOL).ok
-
-
 def test_constants_match_the_kernel():
     text = source("persistent_stack_bwd.cu")
     for name in ("SB_U", "SB_BMAX", "SB_KT", "SB_NS"):
@@ -187,7 +172,9 @@ def test_constants_match_the_kernel():
     assert "#define SB_M (2 * SB_U)" in text and SB.SB_M == 2 * SB.SB_U
     # the shared memory the kernel checks for is the fit's
     assert "const long long need = 4LL * ((long long)K * U + SB_NS * SB_STAGE);" in text
-    assert "#define SB_STAGE (SB_KT * (SB_U + SB_BMAX))" in text
+    assert "#define SB_STAGE ((SB_XOFF + SB_KT * SB_BMAX + 15) / 16 * 16)" in text
+    assert "#define SB_XOFF (SB_WOFF + SB_KT * SB_U)" in text
+    assert f"#define SB_WOFF {SB.SB_WOFF} " in text and SB.SB_STAGE == 5136
 
 
 def test_fit_rules_name_what_is_wrong():
@@ -195,7 +182,7 @@ def test_fit_rules_name_what_is_wrong():
     ok = SB.stack_bwd_fit("lstm", 512, 64, 4, 512, p)
     assert ok.ok and ok.blocks == 128 and ok.smem_bytes == SB.stack_bwd_smem_bytes(512)
     assert ok.grid == (128, 1, 1) and ok.block == (256, 1, 1)
-    assert ok.smem_bytes == 192512 and ok.kernel == SB.STACK_BWD_KERNEL
+    assert ok.smem_bytes == 192704 and ok.kernel == SB.STACK_BWD_KERNEL
     cases = [(("gru", 512, 64, 4, 512), "stack kernel's fit: .*LSTM only"),
              (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
              (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
@@ -216,9 +203,11 @@ def test_fit_rules_name_what_is_wrong():
 
 def test_stack_bwd_protocol_has_no_data_race(tmp_path_factory, tmp_path):
     """ThreadSanitizer over the stack backward on CPU threads: the dg^T slots' writes and
-    the other blocks' staged reads, dh_above's writes and the layer below's reads, are
-    ordered by the progress counters (no report); with the waits removed it reports a data
-    race (the checker is not vacuous)."""
+    the other blocks' staged reads (T 3: slot 1 written again after step 2's reads), dh_above's
+    writes and the layer below's reads, are ordered by the progress counters (no report, and
+    the reference gradients); with the waits removed (the layer above's dg W read before it
+    is written, the layer's dg^T before the other blocks wrote it) it reports a data race
+    (the checker is not vacuous)."""
     exe = _build(tmp_path_factory, source("persistent_stack_bwd.cu"), "tsan", tsan=True)
     case, p, cache = make_case(3, 64, 3, 2, seed=5)
     check_against_reference(run_sim(exe, tmp_path, case, launches=1), case, p, cache, "tsan")
