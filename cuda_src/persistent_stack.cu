@@ -120,19 +120,6 @@ __device__ unsigned long long pk_trace[PS_TRACE_BLOCKS * PS_TRACE_STEPS * PS_TRA
 #define PS_NOTE(t, point) ((void)0)
 #endif
 
-// Wait until *p >= target (lane 0 of a warp; the __syncwarp after it shows the wait to the
-// warp). The acquire side of the progress counters: a relaxed poll, then one acquire load
-// (not a fence: fence.acq_rel would wait for the warp's cp.async copies in flight; the
-// profile of the first per-warp version: the waits cost 3.3 us a step, 0.75 us seen).
-__device__ __forceinline__ void ps_wait(const unsigned int* p, unsigned int target) {
-    if (PK_TIMING & 4) return;
-    const long long start = clock64();
-    while (ld_relaxed_gpu(p) < target) {
-        if (clock64() - start > PK_SPIN_LIMIT) __trap();   // not co-resident: fail, not hang
-    }
-    if (ld_acquire_gpu(p) < target) __trap();   // counters only grow during a launch
-}
-
 // out[cc, r] = in[r, cc] for r < rows, cc < cols over the 32 x 32 tile at (r0, c0), through
 // the shared tile s (32 x 33: conflict-free both ways); every thread of the block calls it.
 __device__ __forceinline__ void ps_transpose_tile(const float* in, long long ldi, float* out,

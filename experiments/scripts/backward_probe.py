@@ -7,6 +7,11 @@ op (sums by kind); cuDNN forward and forward + backward (TF32 off) in the same p
 Usage (GPU): python experiments/scripts/backward_probe.py --shapes lstm:4:512:64,gru:1:1024:8
     [--steps 100] [--splits 1,2,4,8,16,rule] [--chunks 1,2,5,10] [--bwd-clusters rule,2,4,8]
     [--trace] [--out DIR]
+    [--backwards step,stack,grid [--trace-backwards]]
+--backwards: the stack forward (family 'stack', where it fits) with each backward named
+(PlanKey.backward: 'step' the per-step one, 'stack' the stack backward, 'grid' / 'cluster' /
+'persistent'), timed forward + backward and the backward alone, beside cuDNN; with
+--trace-backwards each of those backward plans traced op by op (sums by kind).
 Prints a table last; writes a JSON record (kind 'backward_probe') into --out.
 """
 from __future__ import annotations
@@ -27,6 +32,56 @@ from rnnrt.bench.cudnn import torch_module  # noqa: E402
 from rnnrt.bench.timing import time_torch  # noqa: E402
 from rnnrt.gpu import GpuRunner  # noqa: E402
 from rnnrt.session import time_events  # noqa: E402
+
+
+def time_key(runner, key, repeats, backward_alone=False):
+    """Median ms of ``key``'s forward + backward and forward alone (graph executor, all
+    steps, random inputs), and with ``backward_alone`` its backward's graph alone, re-run on
+    one forward's outputs (it only reads them): -> ({fwdbwd_ms, fwd_ms[, bwd_ms]}, the
+    backward plan)."""
+    from rnnrt.plan.backward import backward_plan
+    from rnnrt.plan.forward import forward_plan
+    cp, ses = runner.cp, runner.session
+    bplan, fplan = backward_plan(key), forward_plan(key)
+    ws = ses.workspace(bplan, runner.params)
+    rng = cp.random.default_rng(0)
+    ws.load(**{name: rng.standard_normal(b.shape, dtype=cp.float32)
+               for name, b in bplan.inputs.items()})
+    fx, bx = ses.executor("graph", fplan, ws), ses.executor("graph", bplan, ws)
+
+    def both():
+        fx.run()
+        bx.run()
+
+    out = {"fwdbwd_ms": statistics.median(time_events(cp, both, fx.stream, repeats, 2)),
+           "fwd_ms": statistics.median(time_events(cp, fx.run, fx.stream, repeats, 2))}
+    if backward_alone:
+        out["bwd_ms"] = statistics.median(time_events(cp, bx.run, bx.stream, repeats, 2))
+    return out, bplan
+
+
+def time_backwards(runner, T, B, names, repeats, trace=False):
+    """{name: {fwdbwd_ms, fwd_ms, bwd_ms, fit, fallback[, kinds]}} of the stack forward
+    (persistent_schedule('stack')) with each backward of ``names`` ('step': None, the
+    per-step backward; else a PlanKey.backward), graph executor, all T steps; bwd_ms: the
+    backward's graph alone, re-run on one forward's outputs (it only reads them)."""
+    from rnnrt.kernels.schedules import persistent_schedule
+    base = persistent_schedule("stack")
+    out = {}
+    for name in names:
+        backward = None if name == "step" else name
+        key = runner.new_key(T, B, True, base.switches, base.family, backward)
+        row, bplan = time_key(runner, key, repeats, backward_alone=True)
+        row.update(fit=bplan.fit, fallback=bplan.fallback)
+        print(f"  stack forward + {name} backward: fwd+bwd {row['fwdbwd_ms']:.3f} ms, fwd "
+              f"{row['fwd_ms']:.3f}, bwd {row['bwd_ms']:.3f} ({bplan.fit or bplan.fallback})",
+              file=sys.stderr, flush=True)
+        if trace:
+            sc = dataclasses.replace(base, backward=backward)
+            kinds, _, traced = trace_backward(runner, sc, T, B)
+            row.update(kinds=kinds, traced_ms=traced)
+        out[name] = row
+    return out
 
 
 def trace_backward(runner, sched, T, B, splits="rule"):
@@ -81,28 +136,6 @@ def cudnn_ms(model, T, B, train, repeats):
     return time_torch(torch, run, repeats=repeats, warmup=3).ms_median
 
 
-def time_key(runner, key, repeats):
-    """Median ms of forward + backward (graph executor, all steps) of training ``key`` and
-    of its forward alone, and the backward plan's fit string."""
-    from rnnrt.plan.backward import backward_plan
-    from rnnrt.plan.forward import forward_plan
-    cp, ses = runner.cp, runner.session
-    bplan, fplan = backward_plan(key), forward_plan(key)
-    ws = ses.workspace(bplan, runner.params)
-    rng = cp.random.default_rng(0)
-    ws.load(**{name: rng.standard_normal(b.shape, dtype=cp.float32)
-               for name, b in bplan.inputs.items()})
-    fx, bx = ses.executor("graph", fplan, ws), ses.executor("graph", bplan, ws)
-
-    def both():
-        fx.run()
-        bx.run()
-
-    ms = statistics.median(time_events(cp, both, fx.stream, repeats, 2))
-    fms = statistics.median(time_events(cp, fx.run, fx.stream, repeats, 2))
-    return {"fwdbwd_ms": ms, "fwd_ms": fms, "bwd_fit": bplan.fit, "fallback": bplan.fallback}
-
-
 def time_splits(runner, sched, T, B, splits, repeats):
     """{S: median ms} of forward + backward (graph executor, all T steps) of ``sched``'s
     forward with the per-step backward whose recurrent GEMM is split S ways
@@ -118,28 +151,30 @@ def time_splits(runner, sched, T, B, splits, repeats):
         except ValueError as e:
             out[str(s)] = {"error": str(e)}
             continue
-        out[str(s)] = dict(time_key(runner, key, repeats), splits=n)
-        print(f"  splits {s} (S={n}): fwd+bwd {out[str(s)]['fwdbwd_ms']:.3f} ms, fwd "
-              f"{out[str(s)]['fwd_ms']:.3f}", file=sys.stderr, flush=True)
+        row, _ = time_key(runner, key, repeats)
+        ms, fms = row["fwdbwd_ms"], row["fwd_ms"]
+        out[str(s)] = {"splits": n, "fwdbwd_ms": ms, "fwd_ms": fms}
+        print(f"  splits {s} (S={n}): fwd+bwd {ms:.3f} ms, fwd {fms:.3f}", file=sys.stderr,
+              flush=True)
     return out
 
 
 def time_bwd_clusters(runner, sched, T, B, counts, repeats):
     """{n: median ms} of forward + backward of ``sched`` with its persistent backward's
-    cluster count n (PlanKey.bwd_clusters; 'rule': kernels/choice_backward.py's), where
-    ``sched`` has a persistent backward."""
+    cluster count n (PlanKey.bwd_clusters; 'rule': kernels/choice_backward.py's), the
+    backward plan's fit string with it."""
     out = {}
     for n in counts:
         key = runner.new_key(T, B, True, sched.switches, sched.family,
                              sched.backward or "cluster", clusters=sched.clusters)
         key = dataclasses.replace(key, bwd_clusters=None if n == "rule" else int(n))
         try:
-            out[str(n)] = time_key(runner, key, repeats)
+            row, bplan = time_key(runner, key, repeats)
         except ValueError as e:
             out[str(n)] = {"error": str(e)}
             continue
-        v = out[str(n)]
-        print(f"  bwd clusters {n}: fwd+bwd {v['fwdbwd_ms']:.3f} ms ({v['bwd_fit']})",
+        out[str(n)] = dict(row, bwd_fit=bplan.fit, fallback=bplan.fallback)
+        print(f"  bwd clusters {n}: fwd+bwd {row['fwdbwd_ms']:.3f} ms ({bplan.fit})",
               file=sys.stderr, flush=True)
     return out
 
@@ -184,12 +219,18 @@ def probe(a, cell, layers, hidden, batch):
             sc = dataclasses.replace(sched, backward=None)
             kinds, ops, traced = trace_backward(runner, sc, a.steps, batch, s)
             trace[s] = {"kinds": kinds, "traced_ms": traced}
+    backwards = None
+    if a.backwards:
+        backwards = time_backwards(runner, a.steps, batch,
+                                   [n for n in a.backwards.split(",") if n], a.repeats,
+                                   a.trace_backwards)
     cd_f = cudnn_ms(model, a.steps, batch, False, a.repeats)
     cd_fb = cudnn_ms(model, a.steps, batch, True, a.repeats)
     runner.close()
     return {"cell": cell, "layers": layers, "hidden": hidden, "batch": batch,
             "schedule": sched.as_dict(), "fwd_schedule": fwd_sched.as_dict(),
             "candidates": sel.candidates, "splits": rows, "trace": trace,
+            "backwards": backwards,
             "cudnn_fwd_ms": cd_f, "cudnn_fwdbwd_ms": cd_fb}
 
 
@@ -207,6 +248,11 @@ def main(argv=None):
                     help="also time the chosen schedule's forward with the cluster backward "
                          "kernel at these cluster counts (e.g. rule,2,4,8; PlanKey.bwd_clusters)")
     ap.add_argument("--trace", action="store_true", help="trace the backward (S 1 and rule)")
+    ap.add_argument("--backwards", default="",
+                    help="also time the stack forward with these backwards (step, stack, grid, "
+                         "cluster, persistent), e.g. step,stack")
+    ap.add_argument("--trace-backwards", action="store_true",
+                    help="trace each of the --backwards plans op by op")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     results = []
@@ -231,6 +277,10 @@ def main(argv=None):
     print("| shape | schedule | cuDNN fwd+bwd | " + " | ".join(
         f"S {s}" for s in a.splits.split(",")) + " |")
     for r in results:
+        for k, v in (r["backwards"] or {}).items():
+            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | stack fwd + "
+                  f"{k} bwd (bwd {v['bwd_ms']:.3f}) | {r['cudnn_fwdbwd_ms']:.3f} | "
+                  f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
         for k, v in r["splits"].get("bwd_clusters", {}).items():
             if "fwdbwd_ms" in v:
                 print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "

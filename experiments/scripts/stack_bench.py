@@ -1,4 +1,4 @@
-"""Time the stack kernel (cuda_src/persistent.cu, lstm_persistent_stack_fwd: every layer of
+"""Time the stack kernel (cuda_src/persistent_stack.cu, lstm_persistent_stack_fwd: every layer of
 an LSTM stack in one launch, W.x inside) against cuDNN in the same process.
 
 Each configuration: one launch over T steps on outputs poisoned with NaN, the last layer's
@@ -124,7 +124,7 @@ def main(argv=None):
     grid, block, smem = fit.grid, fit.block, fit.smem_bytes
     rows = []
     for variant in [int(v) for v in a.variants.split(",")]:
-        mod = cp.RawModule(code=source("persistent.cu"),
+        mod = cp.RawModule(code=source("persistent_stack.cu"),
                            options=("-std=c++17", f"-DPK_TIMING={variant}",
                                     *(("-DPK_TRACE",) if a.trace else ()),
                                     *(f"-D{d}" for d in a.define)))

@@ -7,6 +7,9 @@
 (``PlanKey.backward``), the kernel's fit and the steps one launch covers (a multi-layer
 cluster plan runs each layer in chunks that overlap the layers beside it along the reverse
 wavefront: ``backward_steps_per_launch``), or why the plan keeps the per-step backward.
+Where the forward runs the stack kernel (every layer in one launch) and the stack backward
+fits (``stack_bwd.stack_bwd_fit``), 'persistent' and 'stack' take the stack backward: every
+layer's chain in one launch (``stack_backward``).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .mma_bwd import mma_bwd_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
+from .stack_bwd import StackBwdFit, stack_bwd_fit
 
 if TYPE_CHECKING:   # choice.py imports this module: its Shape only for the annotations
     from .choice import Shape
@@ -32,6 +36,7 @@ class BackwardChoice:
     fallback: str | None = None
     steps_per_launch: int = 0
     chunked: bool = False
+    stack: StackBwdFit | None = None   # the stack backward runs (then fit is None)
 
     @property
     def runs(self) -> bool:
@@ -39,6 +44,8 @@ class BackwardChoice:
 
     def describe(self) -> str:
         """The backward plan's ``fit`` string (the chunking too, so records show it)."""
+        if self.stack is not None:
+            return f"{self.stack.describe()}; {self.stack.reason}"
         if self.fit is None:
             return self.fallback or ""
         s = self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
@@ -71,18 +78,43 @@ def backward_steps_per_launch(key, fit: BwdFit) -> int:
     return key.switches.steps_per_input_gemm(T)
 
 
+def stack_backward(key) -> tuple[StackBwdFit | None, str]:
+    """(the stack backward's fit where it runs for ``key``, else None; why not): it runs
+    where the key's forward runs the stack kernel (kernels/choice.py ``choose_persistent``:
+    it reads the act and c that kernel saved, all layers in one buffer each) and
+    ``stack_bwd_fit`` accepts the shape."""
+    from .choice import choose_persistent   # choice.py imports this module at its top
+    if not key.switches.persistent:
+        return None, "the forward runs no persistent kernel (the persistent switch is off)"
+    fwd = choose_persistent(key)
+    if fwd.stack is None:
+        return None, f"the forward does not run the stack kernel ({fwd.describe()})"
+    fit = stack_bwd_fit(key.cell, key.hidden_size, key.batch, key.num_layers, key.input_size,
+                        key.device.props(), steps=key.steps)
+    return (fit, "") if fit.ok else (None, fit.reason)
+
+
 def choose_persistent_backward(key) -> BackwardChoice:
     """The persistent backward for ``key`` (a training plan.PlanKey with ``backward`` set):
-    the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit: the grid or the
-    cluster kernel as ``key.backward`` names it, or for 'persistent' the one whose step its
-    cost model makes shorter) where it fits and the sequence fits its barrier counter, with
-    the steps a launch covers (``backward_steps_per_launch``), else a fallback saying why.
-    (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses the pair, the kernel
-    running the whole batch every step.)
+    for 'stack', or 'persistent' where the forward runs the stack kernel, the stack backward
+    where it fits (``stack_backward``; 'stack' falls back to the per-step backward with the
+    reason where not); else the kernel's fit on ``key.device`` (persistent_bwd.persistent_bwd_fit:
+    the grid or the cluster kernel as ``key.backward`` names it, or for 'persistent' the one
+    whose step its cost model makes shorter) where it fits and the sequence fits its barrier
+    counter, with the steps a launch covers (``backward_steps_per_launch``), else a fallback
+    saying why. (A key with ``backward`` has no ``batch_sizes``: PlanKey refuses the pair,
+    the kernel running the whole batch every step.)
     A key of the tensor-core family (``family`` 'mma') with ``backward`` 'persistent' runs the
     tensor-core backward grid kernel (mma_bwd.mma_bwd_fit) where it fits, else the above with
     the reason it was not used in the fit string (``mma_backward``); 'grid' and 'cluster'
     name the FMA kernels whatever the family."""
+    if key.backward in ("stack", "persistent"):
+        st, why = stack_backward(key)
+        if st is not None:
+            return BackwardChoice(None, stack=st, steps_per_launch=key.steps)
+        if key.backward == "stack":
+            return BackwardChoice(None, f"stack backward declined on {key.device.name}: {why}; "
+                                        f"ran the per-step backward")
     kind = None if key.backward == "persistent" else key.backward
     clusters = key.bwd_clusters
     if clusters is not None:

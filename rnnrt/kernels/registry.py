@@ -3,7 +3,8 @@
 ``REGISTRY`` is the one list of kernels; ``KERNELS`` (by name) and everything else derive
 from it. Each kernel lives in a file of cuda_src/ whose header lists it with its arguments
 (a test holds registry, headers and code to each other), and has a NumPy twin
-(``twins.py``; the persistent kernels' in ``emulate.py`` and ``stack.py``).
+(``twins.py``; the persistent kernels' in ``emulate.py``, ``stack.py`` and
+``stack_bwd.py``).
 
 Calling convention, uniform for every kernel (as registered: fp32; every non-persistent
 kernel also has a typed twin with one element type per pointer, fp32 / bf16 / fp16, which a
@@ -22,7 +23,7 @@ T and units_per_block). Argument shapes are written in terms of the problem: 'R,
 The persistent kernels (``persistent=True``) run T steps of a layer (all of them, or one
 input-batching chunk in a chunked plan), of a whole stack, or of one layer's backward in one
 launch whose grid, block and dynamic shared memory come from a fit (``persistent.Fit``,
-``stack.StackFit``, ``persistent_bwd.BwdFit``):
+``stack.StackFit``, ``stack_bwd.StackBwdFit``, ``persistent_bwd.BwdFit``):
 ``launch_persistent(fit)``, not ``launch(rows, cols)``. Their barrier counters ``sync`` are
 the one pointer that is not float* (``uint_args``).
 
@@ -42,6 +43,7 @@ from . import persistent as pk
 from . import regs
 from . import solo
 from . import stack
+from . import stack_bwd
 from . import twins as knp
 
 POINTWISE_BLOCK = 256
@@ -317,6 +319,19 @@ REGISTRY += (
                      ("wt", "L*C,4C"), ("ht", f"(L+1)*(T+1)*C,{stack.PS_BMAX}")),
                ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
                     ("br", "L,4C"))),
+)
+
+# the stack backward: every layer's backward chain of an LSTM stack in one launch (stack_bwd.py)
+REGISTRY += (
+    KernelInfo(stack_bwd.STACK_BWD_KERNEL, "persistent_stack_bwd.cu",
+               numpy_fn=stack_bwd.lstm_persistent_stack_bwd,
+               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               outs=(("dgx", "L*T*R,4C"), ("dhin", "L*T*R,C"), ("dx", "T*R,C"), ("dh0", "L*R,C"),
+                     ("dc0", "L*R,C"), ("sync", f"1,{pk.SYNC_WORDS}*L"),
+                     # scratch the kernel writes: each layer's dg_t^T, two slots
+                     ("dgt", f"8*L*C,{stack_bwd.SB_BMAX}")),
+               ins=(("dh_n", "L*R,C"), ("dc_n", "L*R,C"), ("act", "L*T*R,4C"),
+                    ("c", "L*(T+1)*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"))),
 )
 
 # the persistent backward kernels: one layer's recurrent chain, all T steps, last first

@@ -78,8 +78,10 @@ class StackFit(Launch1D):
         """The kernel's int scalars by name (order: the registry's)."""
         return {"T": int(steps), "L": self.layers, "units_per_block": self.units_per_block}
 
+    label = "stack"   # what describe() calls the kernel (not a field)
+
     def describe(self) -> str:
-        head = (f"stack {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "
+        head = (f"{self.label} {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "
                 f"{self.units_per_block}, {self.layers} x {self.blocks_per_layer} blocks x "
                 f"{self.threads} threads, shared {self.smem_bytes} B")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"

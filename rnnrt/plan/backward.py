@@ -176,6 +176,13 @@ class BackwardBuilder(ForwardBuilder):
     def dgh_name(self, layer):
         return f"dgh{layer}" if self.gru else f"dgx{layer}"
 
+    def dg_rows(self, layer, row, rows, side="x"):
+        """Rows [row, row + rows) of layer ``layer``'s gate gradients [*, G*H]: of the W side
+        (dgx{layer}), or ``side`` 'h' of the R side (the GRU's dgh{layer}; the others share
+        dgx). The stack backward's builder keeps every layer's in one buffer."""
+        name = self.dgh_name(layer) if side == "h" else f"dgx{layer}"
+        return View(name, row * self.GH, rows, self.GH, self.GH)
+
     def data_weight_blocks(self, layer, which):
         """(view, trans_b, first gate column) per GEMM for out = dG @ W (or R): plain
         [G*H, K] used as is; pre-transposed [K, G*H] used transposed. Made once a layer."""
@@ -282,8 +289,8 @@ class BackwardBuilder(ForwardBuilder):
         else:
             I = H
             X = self.seq("h", layer - 1, B, n, H)
-        dgx = View(f"dgx{layer}", 0, n, GH, GH)
-        dgh = View(self.dgh_name(layer), 0, n, GH, GH)
+        dgx = self.dg_rows(layer, 0, n)
+        dgh = self.dg_rows(layer, 0, n, "h")
         ones = View("ones", 0, 1, n, n)
 
         def entry(kind):
@@ -297,7 +304,7 @@ class BackwardBuilder(ForwardBuilder):
         for i, (r0, t0, t1) in enumerate(self.hprev_blocks()):
             rows = self.off[t1] - self.off[t0]
             ops.append(Gemm(s, View("grads", e.offset, GH, H, H),
-                            View(dgh.buf, self.off[t0] * GH, rows, GH, GH),
+                            View(dgh.buf, dgh.offset + self.off[t0] * GH, rows, GH, GH),
                             self.seq("h", layer, r0, rows, H), trans_a=True,
                             beta=beta if i == 0 else 1.0, kind="dw", **meta))
         if self.key.bias:
@@ -477,6 +484,17 @@ class BackwardBuilder(ForwardBuilder):
     def build(self) -> Plan:
         ops, nev = schedule(self.tasks())
         names, prio = self.streams()
+        inputs, outputs = self.backward_bindings()
+        # the forward's bindings too: one workspace (built from this plan's buffers, a
+        # superset of the forward's) serves both passes
+        fwd = forward_plan(self.key)
+        inputs = {**fwd.inputs, **inputs}
+        outputs = {**fwd.outputs, **outputs}
+        return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs)
+
+    def backward_bindings(self):
+        """(inputs, outputs) of the backward's own arrays: {name: Binding} (Plan's
+        docstring)."""
         T, B, H, L, N = self.T, self.B, self.H, self.L, self.N
         I = self.key.input_size
         state = (L, B, H)
@@ -494,9 +512,4 @@ class BackwardBuilder(ForwardBuilder):
             outputs["dc0"] = Binding(state, tuple(self.slot("dc", lyr, 0) for lyr in range(L)))
         if self.need_dx:
             outputs = {"dx": Binding(seqs + (I,), (View("dx", 0, N, I, I),)), **outputs}
-        # the forward's bindings too: one workspace (built from this plan's buffers, a
-        # superset of the forward's) serves both passes
-        fwd = forward_plan(self.key)
-        inputs = {**fwd.inputs, **inputs}
-        outputs = {**fwd.outputs, **outputs}
-        return Plan(self.key, self.buffers(), ops, names, prio, nev, inputs, outputs)
+        return inputs, outputs

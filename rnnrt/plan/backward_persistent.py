@@ -1,6 +1,7 @@
 """The persistent backward plan: ``PlanKey.backward`` 'grid', 'cluster' or 'persistent' (the
 one the cost model prefers; a schedule the selector offers for training shapes, no switch
-turns it on, so the rungs' backward is unchanged).
+turns it on, so the rungs' backward is unchanged). Where the forward runs the stack kernel
+and the stack backward fits ('stack', or 'persistent'), the plan is backward_stack.py's.
 
 Per layer, from the top (kernels/choice_backward.py's ``choose_persistent_backward`` says
 whether the kernel fits and the steps k one launch covers; where it does not fit, the plan
@@ -44,6 +45,7 @@ from ..kernels.choice_backward import choose_persistent_backward
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from .backward import BackwardBuilder
+from .backward_stack import StackBackwardBuilder
 from .model import Buffer, Plan, PlanKey
 from .ops import Kernel, View
 from .schedule import Task
@@ -61,11 +63,14 @@ def persistent_backward(key: PlanKey, accumulate: bool, need_dx: bool = True) ->
 
 def backward_builder(key: PlanKey, accumulate: bool = False, need_dx: bool = True):
     """-> (the builder of the backward plan of a key with ``backward`` set, the persistent
-    choice): PersistentBackwardBuilder where the kernel fits, else backward.py's per-step
+    choice): backward_stack.py's StackBackwardBuilder where the choice is the stack backward,
+    PersistentBackwardBuilder where a per-layer kernel fits, else backward.py's per-step
     BackwardBuilder. Nothing is built (the workspace's size reads the builder's buffers)."""
     choice = choose_persistent_backward(key)   # 16-bit storage: declined
     if not choice.runs:
         return BackwardBuilder(key, accumulate, need_dx), choice
+    if choice.stack is not None:
+        return StackBackwardBuilder(key, accumulate, choice, need_dx), choice
     return PersistentBackwardBuilder(key, accumulate, choice, need_dx), choice
 
 

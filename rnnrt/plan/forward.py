@@ -91,7 +91,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..cells import forward_flops, get_cell, layer_input_size
-from ..kernels.choice import choose_persistent
+from ..kernels.choice import choose_persistent, choose_persistent_backward
 from ..kernels.persistent import SYNC_WORDS
 from ..kernels.registry import get_kernel
 from ..params import make_layout
@@ -149,6 +149,11 @@ class ForwardBuilder:
         self.fallback = self.choice.fallback if self.choice else None
         if self.persist:
             self.k = self.choice.steps_per_launch
+        # a training key whose backward is the stack backward (kernels/choice_backward.py):
+        # it reads R and W from the params itself, so the forward transposes nothing for it
+        self.stack_backward = bool(
+            self.stack is not None and key.train and key.backward in ("stack", "persistent")
+            and choose_persistent_backward(key).stack is not None)
         # slots of c and act: every step's when training, when a persistent kernel writes
         # them all or with a pattern (each row's last slot is its final state); else c has 3
         # (c0 kept, then two alternating) and act 1
@@ -537,9 +542,10 @@ class ForwardBuilder:
     # -- assembly --------------------------------------------------------------------------
     def xposed(self):
         """Whether the forward transposes W and R once (pretranspose switch): for its own
-        GEMMs, or with the stack kernel (no GEMMs) only for a training pass's backward,
-        which reads wT / rT."""
-        return self.sw.pretranspose and (self.stack is None or self.key.train)
+        GEMMs, or with the stack kernel (no GEMMs) only for a training pass's per-step
+        backward, which reads wT / rT (the stack backward reads the params)."""
+        return self.sw.pretranspose and (self.stack is None
+                                         or (self.key.train and not self.stack_backward))
 
     def stack_scratch(self):
         """{name: (rows, cols)} of the stack kernel's scratch outputs (wt, ht), from its
@@ -549,24 +555,26 @@ class ForwardBuilder:
         return {name: shape for (name, _), shape in zip(info.outs, outs)
                 if name in ("wt", "ht")}
 
+    def stack_param_rows(self, kind, cols):
+        """[L, cols] view of parameter ``kind`` of every layer, as the stack kernels read
+        them: layer l's at (layer 0's offset + l * stride), row l of one view (every layer's
+        entries have one size: I = H; L > 1, kernels/choice.py's condition); the zeros
+        buffer (ld 0) for a missing bias."""
+        L = self.L
+        stride = self.param(1, "weight_ih").offset - self.param(0, "weight_ih").offset
+        e0 = self.param(0, kind)
+        if e0 is None:
+            return View("zeros", 0, L, cols, 0)
+        for layer in range(L):
+            if self.param(layer, kind).offset != e0.offset + layer * stride:
+                raise AssertionError(f"stack plan: {kind} of layer {layer} is not at "
+                                     f"a uniform stride")
+        return View("params", e0.offset, L, cols, stride)
+
     def stack_task(self):
         """Every layer and step as one launch of the stack kernel (kernels/stack.py)."""
         T, B, H, L, GH, st = self.T, self.B, self.H, self.L, self.GH, self.stack
-        # each parameter kind of layer l at (layer 0's offset + l * stride): the kernel reads
-        # layer l's matrix at row l of one view (every layer's entries have one size: I = H;
-        # L > 1, kernels/choice.py's condition)
-        stride = self.param(1, "weight_ih").offset - self.param(0, "weight_ih").offset
-
-        def rows_of(kind, cols):
-            e0 = self.param(0, kind)
-            if e0 is None:
-                return View("zeros", 0, L, cols, 0)
-            for layer in range(L):
-                if self.param(layer, kind).offset != e0.offset + layer * stride:
-                    raise AssertionError(f"stack plan: {kind} of layer {layer} is not at "
-                                         f"a uniform stride")
-            return View("params", e0.offset, L, cols, stride)
-
+        rows_of = self.stack_param_rows
         ins = (View("x", 0, T * B, H, H), rows_of("weight_ih", GH * H),
                rows_of("weight_hh", GH * H), rows_of("bias_ih", GH), rows_of("bias_hh", GH))
         outs = (View("h", 0, L * (T + 1) * B, H, H), View("c", 0, L * (T + 1) * B, H, H),

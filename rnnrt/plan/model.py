@@ -33,9 +33,11 @@ PERSISTENT_FAMILIES = ("stack", "grid", "cluster", "regs", "mma", "solo")
 CLUSTER_FAMILIES = ("cluster", "regs")
 """The persistent families whose count of clusters is a launch parameter (PlanKey.clusters)."""
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
-BACKWARD_FAMILIES = ("persistent", "grid", "cluster")
+BACKWARD_FAMILIES = ("persistent", "grid", "cluster", "stack")
 """The persistent backward kernels a training PlanKey may name (``PlanKey.backward``):
-'grid' or 'cluster', or 'persistent' for the one kernels/choice.py's cost model prefers."""
+'grid' or 'cluster', 'stack' (the stack backward: every layer in one launch, after the stack
+forward), or 'persistent': the stack backward where the forward runs the stack kernel and it
+fits, else the one of grid and cluster kernels/choice.py's cost model prefers."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,11 @@ class PlanKey:
     backward kernel, or 'persistent', the one of them the cost model prefers (one launch a
     layer for the recurrent chain, then one GEMM a layer for each of dx, dW, dR and the
     biases; plan/backward_persistent.py), where its fit accepts the shape, else the
-    per-step schedule with the reason (Plan.fallback). A schedule of its own, not a
-    switch: the rungs' backward is unchanged; the selector offers it as a candidate. Not
-    with batch_sizes (refused: the kernel runs the whole batch every step).
+    per-step schedule with the reason (Plan.fallback); 'stack', the stack backward (every
+    layer's chain in one launch, plan/backward_stack.py) after a stack forward, which
+    'persistent' also takes where it fits (kernels/choice_backward.py decides). A schedule
+    of its own, not a switch: the rungs' backward is unchanged; the selector offers it as a
+    candidate. Not with batch_sizes (refused: the kernel runs the whole batch every step).
     batch_sizes: a variable-length plan's pattern (plan/packing.py), [steps] ints,
     non-increasing, batch_sizes[0] = batch: step t runs on its batch_sizes[t] rows only,
     packed step after step, with the masked step kernels; None: every step runs the whole

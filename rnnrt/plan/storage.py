@@ -38,10 +38,11 @@ def store_names(b) -> set:
         names |= {f"rT{lyr}" for lyr in r_read}
     elif b.copies:
         names |= {f"wS{lyr}" for lyr in range(L)} | {f"rS{lyr}" for lyr in r_read}
-    elif not stack or train:
-        names.add("params")
-    if train:   # the backward's gate gradients (and the ones of the bias sums)
-        names |= {f"dgx{lyr}" for lyr in range(L)}
+    elif (not stack or train) and not b.stack_backward:   # the stack kernels read params
+        names.add("params")                                 # themselves, fp32
+    if train:   # the backward's gate gradients (and the ones of the bias sums); the stack
+        # backward's, every layer's, in one buffer
+        names |= {"dgx"} if b.stack_backward else {f"dgx{lyr}" for lyr in range(L)}
         if b.cell.name == "gru":
             names |= {f"dgh{lyr}" for lyr in range(L)}
         if b.key.bias:

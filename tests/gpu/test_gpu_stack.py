@@ -2,7 +2,8 @@
 plan at shapes where it takes the stack kernel (every layer in one launch, W.x inside),
 eager and captured into a CUDA graph, against the float64 reference in fp32 tolerance on
 outputs poisoned with NaN, twice in a row on one sync buffer; forward + backward of a
-training pass against the reference gradients; the fit agrees with the occupancy API.
+training pass against the reference gradients; the fit (and the stack backward's,
+tests/gpu/test_gpu_stack_bwd.py) agrees with the occupancy API.
 Run on the device: pytest -m gpu tests/gpu/test_gpu_stack.py
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from rnnrt.device import gpu_available
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with CuPy")]
 
-from rnnrt.kernels import stack  # noqa: E402
+from rnnrt.kernels import stack, stack_bwd  # noqa: E402
 from rnnrt.plan import forward_plan  # noqa: E402
 from rnnrt.plan.ops import Kernel  # noqa: E402
 from rnnrt.plan.switches import ladder  # noqa: E402
@@ -36,18 +37,23 @@ def test_stack_plan_matches_reference(cp, ctx, shape, executor):
     run_case(cp, ctx, key, executor, case("lstm", L, T, B, H, H))
 
 
-def test_stack_fit_agrees_with_the_occupancy_api(cp):
+# the stack kernel's fit and registers, and its backward twin's (stack_bwd.py)
+FITS = [(stack.stack_fit, stack.PS_REGS), (stack_bwd.stack_bwd_fit, stack_bwd.SB_REGS)]
+
+
+@pytest.mark.parametrize("fit_of, regs", FITS, ids=["forward", "backward"])
+def test_stack_fit_agrees_with_the_occupancy_api(cp, fit_of, regs):
     """Every fit that says ok is co-resident by the driver's count; the kernel as NVRTC
     builds it uses no more registers than the fit assumes and does not spill."""
     from rnnrt.kernels.library import KernelLibrary
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     lib, sms, checked = KernelLibrary(), props["multiProcessorCount"], 0
     for H, L in ((256, 4), (512, 4), (512, 2), (384, 3)):
-        fit = stack.stack_fit("lstm", H, 64, L, H, props)
+        fit = fit_of("lstm", H, 64, L, H, props)
         assert fit.ok, fit.reason
-        raw = lib.with_shared(stack.STACK_KERNEL, fit.smem_bytes)
+        raw = lib.with_shared(fit.kernel, fit.smem_bytes)
         attrs = raw.attributes
-        assert attrs["num_regs"] <= stack.PS_REGS and attrs["local_size_bytes"] == 0, attrs
+        assert attrs["num_regs"] <= regs and attrs["local_size_bytes"] == 0, attrs
         per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
             raw.kernel.ptr, fit.threads, fit.smem_bytes)
         assert per_sm >= 1 and fit.blocks <= sms * per_sm, fit.describe()

@@ -1,4 +1,5 @@
-// Runs cuda_src/persistent.cu's, persistent_bwd.cu's and persistent_stack.cu's kernels on the
+// Runs cuda_src/persistent.cu's, persistent_bwd.cu's, persistent_stack.cu's and
+// persistent_stack_bwd.cu's kernels on the
 // CPU: one std::thread per CUDA thread, every block of the grid at once (co-resident, as the
 // kernel requires), __syncthreads as a std::barrier per block, __syncwarp as one per 32
 // threads, cp.async as an immediate copy (its commit / wait as no-ops: a copy that has
@@ -6,7 +7,8 @@
 // std::atomic_ref.
 // The kernel source is compiled as is (PK_HOST_SIM swaps in the primitives below), so
 // its indexing, shared-memory layout, h staging, k-split reduction and barrier protocol run
-// for real. Used by tests/kernels/test_kernels_persistent_sim.py, test_kernels_stack.py and
+// for real. Used by tests/kernels/test_kernels_persistent_sim.py, test_kernels_stack.py,
+// test_kernels_stack_bwd.py (PK_SIM_STACK_BWD) and
 // test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below) and
 // test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
 // emulated over the warp's exchange buffer) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
@@ -104,13 +106,15 @@ static float __ldcg(const float* p) {
     return *p;
 }
 static float __ldcs(const float* p) { return *p; }
-static float __ldg(const float* p) { return *p; }
+[[maybe_unused]] static float __ldg(const float* p) { return *p; }
+[[maybe_unused]] static float4 __ldg(const float4* p) { return *p; }
 static void __stcg(float* p, float v) { *p = v; }
 // the typed instantiations' 16-bit forms (persistent_common.cuh pk_ldcg / pk_stcg; the sim
 // runs the float32 kernels, but their templates must compile)
 [[maybe_unused]] static unsigned short __ldcg(const unsigned short* p) { return *p; }
 [[maybe_unused]] static void __stcg(unsigned short* p, unsigned short v) { *p = v; }
 [[maybe_unused]] static void __stcs(float* p, float v) { *p = v; }
+[[maybe_unused]] static void __stcg(float4* p, float4 v) { *p = v; }
 // the fast intrinsics (glibc has its own __expf: macros, not functions)
 [[maybe_unused]] static float sim_fdividef(float x, float y) { return std::isinf(y) ? 0.f : x / y; }
 #define __expf(x) std::exp(x)
@@ -155,17 +159,17 @@ static float* dynamic_smem() { return sim_smem; }
 static void pk_cp_commit() {}
 [[maybe_unused]] static void pk_prefetch_l2(const void*) {}
 template <int N> static void pk_cp_wait() {}
-static unsigned int pk_cluster_rank() { return blockIdx.x % sim_cluster; }
+[[maybe_unused]] static unsigned int pk_cluster_rank() { return blockIdx.x % sim_cluster; }
 static unsigned int pk_cluster_id() { return blockIdx.x / sim_cluster; }
-static unsigned int pk_clusters() { return gridDim.x / sim_cluster; }
-static void pk_cluster_sync() { sim_cluster_barrier->arrive_and_wait(); }
+[[maybe_unused]] static unsigned int pk_clusters() { return gridDim.x / sim_cluster; }
+[[maybe_unused]] static void pk_cluster_sync() { sim_cluster_barrier->arrive_and_wait(); }
 static thread_local std::optional<std::barrier<>::arrival_token> sim_cluster_token;
 [[maybe_unused]] static void pk_cluster_arrive() { sim_cluster_token.emplace(sim_cluster_barrier->arrive()); }
 [[maybe_unused]] static void pk_cluster_wait() {
     sim_cluster_barrier->wait(std::move(*sim_cluster_token));
     sim_cluster_token.reset();
 }
-static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
+[[maybe_unused]] static void pk_st_cluster(pk_saddr local, unsigned int rank, float v) {
     const std::ptrdiff_t off = reinterpret_cast<float*>(local) - sim_smem;
     if (rank >= (unsigned)sim_cluster || off < 0 || (std::size_t)off * 4 >= sim_smem_bytes) {
         std::fprintf(stderr, "st.shared::cluster out of range: rank %u offset %td\n", rank, off);
@@ -264,6 +268,15 @@ static void write_f32(const std::string& path, const std::vector<float>& v) {
     return reinterpret_cast<float*>(store.data()) + offset;
 }
 
+// The floats of file `path` in `store`, 16-byte aligned: (their first, how many)
+[[maybe_unused]] static std::pair<float*, size_t> load_aligned(const std::string& path,
+                                                               std::vector<float4>& store) {
+    const std::vector<float> v = read_f32(path);
+    float* const p = at_offset(store, v.size(), 0);
+    std::copy(v.begin(), v.end(), p);
+    return {p, v.size()};
+}
+
 // false (and why, on stderr) unless the n barrier counters are back to zero after `launch`
 static bool counters_zero(const unsigned int* sync, size_t n, int launch) {
     for (size_t i = 0; i < n; ++i)
@@ -339,11 +352,8 @@ int main(int argc, char** argv) {
     const std::string dir = argv[8];
     const int ldwih = std::atoi(argv[9]), ldwhh = std::atoi(argv[10]);
     const int ldbw = std::atoi(argv[11]), ldbr = std::atoi(argv[12]);
-    auto load16 = [&](const char* name, std::vector<float4>& store) {   // 16-byte aligned
-        const std::vector<float> v = read_f32(dir + "/" + name + ".f32");
-        float* const p = at_offset(store, v.size(), 0);
-        std::copy(v.begin(), v.end(), p);
-        return std::make_pair(p, v.size());
+    auto load16 = [&](const char* name, std::vector<float4>& store) {
+        return load_aligned(dir + "/" + name + ".f32", store);
     };
     std::vector<float4> xs, hs, cs, wis, whs, bws, brs;
     auto [x, nx] = load16("x", xs);
@@ -382,6 +392,57 @@ int main(int argc, char** argv) {
     write_f32(dir + "/act.out", act);
     write_f32(dir + "/wt.out", std::vector<float>(wt, wt + nwt));
     write_f32(dir + "/ht.out", std::vector<float>(ht, ht + nht));
+    return 0;
+}
+#elif defined(PK_SIM_STACK_BWD)
+// The stack backward (lstm_persistent_stack_bwd), all layers in one launch:
+//   persistent_host_sim_stack_bwd B H T L U SMEM_BYTES LAUNCHES DIR LDW
+// reads DIR/{dhin,dhn,dcn,act,c,wih,whh}.f32 (dhin [L, T, B, H]: layer L-1's rows dy, the
+// others poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each), launches
+// LAUNCHES times with one sync buffer (re-poisoning every output and the dgt scratch in
+// between, checking the counters are back to zero), writes DIR/{dgx,dhin,dx,dh0,dc0}.out.
+int main(int argc, char** argv) {
+    if (argc != 10) {
+        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK_BWD)\n");
+        return 2;
+    }
+    const int B = std::atoi(argv[1]), H = std::atoi(argv[2]), T = std::atoi(argv[3]);
+    const int L = std::atoi(argv[4]), U = std::atoi(argv[5]);
+    const unsigned smem = (unsigned)std::atol(argv[6]);
+    const int launches = std::atoi(argv[7]);
+    const std::string dir = argv[8];
+    const int ldw = std::atoi(argv[9]);
+    std::vector<float4> stores[3];
+    auto load16 = [&](const char* name, std::vector<float4>& store) {
+        return load_aligned(dir + "/" + name + ".f32", store).first;
+    };
+    std::vector<float> dhin = read_f32(dir + "/dhin.f32"), dhn = read_f32(dir + "/dhn.f32");
+    const std::vector<float> dcn = read_f32(dir + "/dcn.f32"), act = read_f32(dir + "/act.f32");
+    const std::vector<float> c = read_f32(dir + "/c.f32");
+    const float* const wih = load16("wih", stores[0]);
+    const float* const whh = load16("whh", stores[1]);
+    const size_t TBH = (size_t)T * B * H, ngt = (size_t)8 * L * H * SB_BMAX;
+    float* const dgt = at_offset(stores[2], ngt, 0);
+    std::vector<float> dgx(L * TBH * 4), dx(TBH), dh0((size_t)L * B * H), dc0(dh0.size());
+    std::vector<unsigned int> sync(2 * L, 0u);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int n = 0; n < launches; ++n) {
+        for (auto* v : {&dgx, &dx, &dh0, &dc0}) std::fill(v->begin(), v->end(), nan);
+        std::fill(dhin.begin(), dhin.begin() + (L - 1) * TBH, nan);   // not layer L-1's (dy)
+        std::fill(dgt, dgt + ngt, nan);
+        launch(L * (H / U), 256, smem, [&] {
+            lstm_persistent_stack_bwd(B, H, dgx.data(), 4 * H, dhin.data(), H, dx.data(), H,
+                                      dh0.data(), H, dc0.data(), H, sync.data(), 2 * L, dgt,
+                                      SB_BMAX, dhn.data(), H, dcn.data(), H, act.data(), 4 * H,
+                                      c.data(), H, wih, ldw, whh, ldw, T, L, U);
+        });
+        if (!counters_zero(sync.data(), sync.size(), n)) return 3;
+    }
+    write_f32(dir + "/dgx.out", dgx);
+    write_f32(dir + "/dhin.out", dhin);
+    write_f32(dir + "/dx.out", dx);
+    write_f32(dir + "/dh0.out", dh0);
+    write_f32(dir + "/dc0.out", dc0);
     return 0;
 }
 #elif defined(PK_SIM_BWD)

@@ -78,6 +78,8 @@ def test_every_backward_candidate_is_a_plan_that_runs_the_kernel(shape):
         launches = plan.counts()["kernel:persistent"]
         if s.backward is None:
             assert launches == 0, s.name
+        elif C.choose_persistent_backward(key).stack is not None:   # after a stack forward
+            assert launches == 1 and plan.fit.startswith("stack backward"), (s.name, plan.fit)
         else:   # one launch a layer, or (cluster kernel, several layers) one a chunk
             k = C.choose_persistent_backward(key).steps_per_launch
             assert launches == shape.layers * -(-12 // k), (s.name, plan.fit)

@@ -166,13 +166,15 @@ def test_device_helpers_are_written_once_or_identical(helper, where):
 
 def test_pointwise_backward_is_written_once():
     """The cells' pointwise backward arithmetic is cell_bwd.cuh's alone: the fused kernels'
-    *_bwd_element (lstm.cu, gru.cu, rnn.cu) and the persistent backward's body
-    (persistent_bwd.cuh: persistent_bwd.cu's and persistent_mma_bwd.cu's kernels) include it
-    and call its functions, and the non-contracted operations that pin its rounding
-    (__fadd_rn, __fsub_rn) appear in no other file."""
+    *_bwd_element (lstm.cu, gru.cu, rnn.cu), the persistent backward's body
+    (persistent_bwd.cuh: persistent_bwd.cu's and persistent_mma_bwd.cu's kernels) and the
+    stack backward (persistent_stack_bwd.cu) include it and call its functions, and the
+    non-contracted operations that pin its rounding (__fadd_rn, __fsub_rn) appear in no
+    other file."""
     calls = {"lstm.cu": ["lstm_bwd_point("], "gru.cu": ["gru_bwd_point("],
              "rnn.cu": ["rnn_bwd_point<RELU>("],
-             "persistent_bwd.cuh": ["lstm_bwd_point(", "gru_bwd_point(", "rnn_bwd_point<"]}
+             "persistent_bwd.cuh": ["lstm_bwd_point(", "gru_bwd_point(", "rnn_bwd_point<"],
+             "persistent_stack_bwd.cu": ["lstm_bwd_point("]}
     folder = S.cuda_src_dir()
     for file, names in calls.items():
         text = (folder / file).read_text()

@@ -138,7 +138,7 @@ def test_a_shape_it_cannot_take_falls_back_and_says_why():
 def test_bad_keys_refused():
     sw = ladder()[PAPER_RUNGS - 1].switches
     with pytest.raises(ValueError, match="expected one of"):
-        key_of("lstm", 1, sw, backward="stack")
+        key_of("lstm", 1, sw, backward="stacked")
     with pytest.raises(ValueError, match="train is False"):
         PlanKey("lstm", T, B, I, H, 1, True, sw, train=False, backward="grid")
     with pytest.raises(ValueError, match="needs switches.fused"):

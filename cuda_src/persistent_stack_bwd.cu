@@ -1,0 +1,407 @@
+/*
+ * persistent_stack_bwd.cu: the stack kernel's backward twin (fp32): the recurrent chain of ALL L
+ * layers of an LSTM stack's backward in ONE persistent launch, along the REVERSE wavefront,
+ * with dx = dg.W inside the kernel. The SMs are cut into L groups of H/16 blocks as the forward
+ * (persistent_stack.cu); block (l, rank) owns units J = [rank*16, rank*16 + 16) of layer l and
+ * each step t (T-1 down to 0) runs the pointwise backward of its cells, then the product of
+ * dg_t (all 4H gate rows, every batch) with [R_l[:, J] | W_l[:, J]]: R's half is the gradient
+ * into its own units of h_t (kept in registers: the next step's dh_rec), W's half the gradient
+ * into the layer below's h_{t+1} at the same units (dh_above of block (l-1, rank)), or dx for
+ * layer 0. R[:, J] stays in shared memory, W[:, J] and dg_t^T stream through cp.async stages.
+ * Design: docs/kernels.md ("The stack backward"); the host side (fit, NumPy twin):
+ * rnnrt/kernels/stack_bwd.py.
+ *
+ * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bench.py --define):
+ * SB_KT (k rows a staged tile), SB_NS (stages), PK_TIMING (persistent_common.cuh).
+ *
+ * Calling convention: as persistent.cu's (rnnrt/kernels/registry.py builds the arguments):
+ *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),
+ *   each view a (pointer, int ld) pair, row-major; `sync` is unsigned int*.
+ *
+ * Kernels:
+ *   Views of all L layers at once: layer l's rows of dgx, dhin and act are l*T*B + t*B + b,
+ *   of c l*(T+1)*B + s*B + b, of dh0, dc0, dh_n, dc_n l*B + b; input size = hidden:
+ *   kernel lstm_persistent_stack_bwd(rows = B, cols = H)
+ *       per layer from the top, steps T-1 .. 0: lstm_bwd's arithmetic on dh = dh_above +
+ *       dh_rec (dh_rec of step T-1: dh_n), then dh_rec of step t-1 = dg_t R_l and the
+ *       gradient into the input of step t = dg_t W_l (both sums over the 4H gate rows)
+ *     out dgx    [L*T*B, 4H]     every layer's and step's gate gradients (for the dW GEMMs)
+ *     out dhin   [L*T*B, H]      the gradient from above into each layer's h_{t+1}: layer
+ *                                L-1's rows are read (dy), the others written (dg W of the
+ *                                layer above)
+ *     out dx     [T*B, H]        the gradient into the input sequence (layer 0's dg W)
+ *     out dh0    [L*B, H]        the gradient into h0 of every layer
+ *     out dc0    [L*B, H]        the gradient into c0 of every layer
+ *     out sync   [1, 2L]         word 2l: layer l's dg progress (blocks x steps done); word
+ *                                2l+1 (l >= 1): layer l's dx progress; word 1: blocks gone.
+ *                                Zero on entry, zero on exit
+ *     out dgt    [8*L*H, 64]     scratch, ld 64: dg_t^T k-major, two slots a layer (slot
+ *                                l*2 + (t & 1) of 4H rows, row k: batches 0..B-1)
+ *     in  dh_n   [L*B, H]        the gradient into the last h of every layer
+ *     in  dc_n   [L*B, H]        the gradient into the last c of every layer
+ *     in  act    [L*T*B, 4H]     the forward's gates i, f, g, o
+ *     in  c      [L*(T+1)*B, H]  the forward's c (slot 0 = c0)
+ *     in  w_ih   [L, 4*H*H]      row l: layer l's weight_ih [4H, H], row-major (ld: the
+ *                                distance between layers in the flat parameters)
+ *     in  w_hh   [L, 4*H*H]      row l: layer l's weight_hh
+ *     int T                      steps (>= 1)
+ *     int L                      layers
+ *     int units_per_block        U = 16
+ *
+ * Resources (sm_90, nvcc 13.0): 254 registers, no spills (rnnrt.kernels.stack_bwd.SB_REGS = 255,
+ *   the fit's: tests hold nvcc's and NVRTC's builds to it) under
+ *   __launch_bounds__(PK_MAX_THREADS = 256, 1);
+ *   dynamic shared memory 4H*16*4 (R slice) + SB_NS * 20,544 (stages): 192,704 bytes at H 512.
+ */
+#include "persistent_common.cuh"
+#include "cell_bwd.cuh"
+
+// Block x is layer l = x / NB, rank x % NB (NB = H / SB_U blocks a layer), as the forward.
+// Its product each step is [R_l[:, J] | W_l[:, J]]^T (SB_M = 32 rows) x dg_t^T (4H x B):
+// every operand k-major (a k's 16 units of R, of W, a k's 64 batches contiguous), so a lane's
+// step is an outer product per k from 6 float4 loads (16 rows x 8 batches, 128 FMAs: the
+// forward's tile; a warp's two half-warps take alternate k rows).
+#define SB_U 16                    // units of a block
+#define SB_M (2 * SB_U)            // product rows: R's 16 columns, then W's
+#define SB_BMAX 64                 // most batches (and the width of a dgt row)
+#define SB_TM 16                   // register tile: rows a lane accumulates (4 float4s)
+#define SB_TB 8                    // register tile: batches a lane accumulates (2 float4s)
+#ifndef SB_KT                      // (overridable for experiments; rnnrt.kernels.stack_bwd
+#define SB_KT 64                   //  mirrors the defaults; a test holds them)
+#endif                             // k rows of a staged tile
+#ifndef SB_NS
+#define SB_NS 3                    // pipeline stages (tiles in flight: SB_NS - 1)
+#endif
+#define SB_KG (PK_MAX_THREADS / 32)   // k-groups (8): one a warp, each the block's 32 x 64
+#define SB_KPW (SB_KT / SB_KG)     // k rows of a tile a warp takes (8: 4 a half-warp)
+// One stage: 4 floats of padding (a quarter warp's R and W loads of one k row then hit
+// different banks), W's part [SB_KT][16], dg^T's [SB_KT][64], padding to a multiple of 16
+// floats (every stage at 0 or 16 mod 32 banks, so the 4-float shift holds in each)
+#define SB_WOFF 4                  // the W part's offset in a stage
+#define SB_XOFF (SB_WOFF + SB_KT * SB_U)   // the dg^T part's
+#define SB_STAGE ((SB_XOFF + SB_KT * SB_BMAX + 15) / 16 * 16)
+#define SB_RP 36                   // stride of a batch's partial sums (see the flush)
+#define SB_TP 68                   // stride of a gate row of the dg^T tile (see the pointwise)
+#define SB_CPT 4                   // pointwise cells a thread: U * B / PK_MAX_THREADS at most
+static_assert(4 * SB_BMAX * SB_RP <= SB_NS * SB_STAGE, "the partial sums reuse the stages");
+static_assert(4 * SB_U * SB_TP <= SB_NS * SB_STAGE, "the dg^T tile reuses the stages");
+static_assert(SB_KPW == 8 && SB_KT % SB_KG == 0, "a warp's 8 rows: 32 lanes x 1 W float4, "
+              "x 4 dg float4s; 4 a half-warp");
+static_assert(SB_STAGE % 16 == 0 && SB_XOFF % 4 == 0, "16-byte rows, stages at 0 / 16 banks");
+
+// A 16-byte store through L2 (other blocks read it during this launch).
+__device__ __forceinline__ void sb_stcg4(float* p, float4 v) {
+    __stcg(reinterpret_cast<float4*>(p), v);
+}
+
+// acc += A^T[k]^T X^T[k] over the half-warp's SB_KPW / 2 k rows of one staged tile (rows
+// lk, lk + 2, ... of the warp's: lk = lane / 16). a and x are the shared addresses of the
+// lane's first float4 at its first k row: of R's slice (lr = 0) or the stage's W part (lr =
+// 1), and of the stage's dg^T part; the lane's rows are 16lr + 4g + e (its 16 columns of R
+// or of W: float4 g < 4), its batches 32h + 4lb + f (float4 h < 2). The next k's six
+// float4s are loaded before this k's 128 FMAs.
+__device__ __forceinline__ void sb_tile_fma(float (&acc)[SB_TM][SB_TB], pk_saddr a,
+                                            pk_saddr x) {
+    if (PK_TIMING & 2) return;
+    constexpr unsigned int da = 2u * 4u * SB_U, dx = 2u * 4u * SB_BMAX;   // two k rows
+    float4 av[4], xv[2], an[4], xn[2];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) av[g] = pk_lds128(a + 16u * g);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) xv[hh] = pk_lds128(x + 128u * hh);
+#pragma unroll
+    for (int kk = 0; kk < SB_KPW / 2; ++kk) {
+        if (kk + 1 < SB_KPW / 2) {
+#pragma unroll
+            for (int g = 0; g < 4; ++g) an[g] = pk_lds128(a + da * (kk + 1) + 16u * g);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + dx * (kk + 1) + 128u * hh);
+        }
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const float xr[4] = {xv[hh].x, xv[hh].y, xv[hh].z, xv[hh].w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+#pragma unroll
+                    for (int f = 0; f < 4; ++f)
+                        acc[4 * g + e][4 * hh + f] = fmaf(ar[e], xr[f], acc[4 * g + e][4 * hh + f]);
+            }
+        }
+        if (kk + 1 < SB_KPW / 2) {
+#pragma unroll
+            for (int g = 0; g < 4; ++g) av[g] = an[g];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) xv[hh] = xn[hh];
+        }
+    }
+}
+
+// One layer-block of the stack's backward. Views as the header's lstm_persistent_stack_bwd.
+__device__ __forceinline__ void persistent_stack_bwd(
+        int B, int H, float* dgx, long long lddgx, float* dhin, long long lddhin, float* dx,
+        long long lddx, float* dh0, long long lddh0, float* dc0, long long lddc0,
+        unsigned int* sync, float* dgt, long long ldgt, const float* dhn, long long lddhn,
+        const float* dcn, long long lddcn, const float* act, long long ldact, const float* c,
+        long long ldc, const float* wih, long long ldwih, const float* whh, long long ldwhh,
+        int T, int L, int u_arg) {
+    constexpr int U = SB_U;
+    float* const smem = dynamic_smem();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int NB = H / U;                 // blocks a layer
+    const int K = 4 * H;                  // the product's depth: the gate rows
+    const int NT = K / SB_KT;             // tiles a step
+    const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
+    const long long need = 4LL * ((long long)K * U + SB_NS * SB_STAGE);
+    auto aligned = [](const void* p) {
+        return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+    };
+    if (blockDim.x != PK_MAX_THREADS || u_arg != U || H % SB_KT != 0 || B < 1 ||
+        B > SB_BMAX || L < 1 || T < 1 || (long long)gridDim.x != (long long)L * NB ||
+        (long long)dynamic_smem_bytes() < need || ldgt != SB_BMAX || !aligned(dgt) ||
+        !aligned(wih) || !aligned(whh) || ldwih % 4 || ldwhh % 4)
+        __trap();
+    const int l = blockIdx.x / NB, j0 = (blockIdx.x % NB) * U;
+    unsigned int* const dg_done = sync + 2 * l;            // this layer's dg_t published
+    unsigned int* const dx_done = sync + 2 * l + 1;        // ... its dg_t W (l >= 1)
+    const unsigned int* const above = l + 1 < L ? sync + 2 * (l + 1) + 1 : nullptr;
+    const long long TB = (long long)T * B;
+    act += l * TB * ldact;
+    c += l * (TB + B) * ldc;
+    dgx += l * TB * lddgx;
+    const float* const dh_above = dhin + l * TB * lddhin;   // layer L-1's: dy (read)
+    // where dg_t W goes: the layer below's dh_above, or dx
+    float* const down = l ? dhin + (l - 1) * TB * lddhin : dx;
+    const long long lddown = l ? lddhin : lddx;
+    dgt += (long long)l * 2 * K * ldgt;
+    wih += l * ldwih;
+    whh += l * ldwhh;
+
+    float* const Rs = smem;                        // [4H][U]: R[:, J], k-major
+    float* const st = Rs + K * U;                  // [SB_NS][SB_STAGE] stages
+    float* const red = st;                         // [4][SB_BMAX][SB_RP], after the K loop
+    float* const tile = st;                        // [4U][SB_TP]: dg_t^T of the block's rows
+
+    // The R slice, once: Rs[k][ju] = R[k, j0 + ju] (a row of R's 16 columns is 4 float4s)
+    for (int e = tid; e < K * (U / 4); e += PK_MAX_THREADS) {
+        const int k = e / (U / 4), q = e % (U / 4);
+        *reinterpret_cast<float4*>(Rs + k * U + 4 * q) =
+            __ldg(reinterpret_cast<const float4*>(whh + (long long)k * H + j0 + 4 * q));
+    }
+
+    // Pointwise cells of this thread, as the forward's: e = tid + i*PK_MAX_THREADS, jj = e %
+    // U, r = e / U, b = the r-th of 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, ... (a warp's two batches
+    // are 4 apart: its partial-sum reads hit 32 different banks), live while b < B. Carried
+    // in registers: dh_rec (the R half of the last product: these cells are this block's own
+    // units) and dc.
+    auto cell_of = [&](int i, int& b, int& jj) {
+        const int e = tid + i * PK_MAX_THREADS, r = e / U, k = r & 7;
+        jj = e - r * U;
+        b = (r & ~7) + (k >> 1) + 4 * (k & 1);
+    };
+    float dhrec[SB_CPT], dcar[SB_CPT];
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        cell_of(i, b, jj);
+        const long long row = (long long)l * B + b;
+        dhrec[i] = b < B ? dhn[row * lddhn + j0 + jj] : 0.f;
+        dcar[i] = b < B ? dcn[row * lddcn + j0 + jj] : 0.f;
+    }
+
+    // The float4s this thread copies of each tile: each warp copies only the SB_KPW k rows of
+    // a tile it multiplies (no block barrier in the K loop, as the forward). W part: k row
+    // SB_KPW*warp + lane/4, float4 lane % 4 of the 16 columns at j0; dg^T part: k rows
+    // kr0 + 2i (i < 4), float4 q4 = lane % 16 (batches 4*q4, only float4s below nbc). One
+    // cp.async group a tile (empty past the last).
+    const int krw = SB_KPW * warp + (lane >> 2), qw = lane & 3;
+    const float* const w_thr = wih + (long long)krw * H + j0 + 4 * qw;
+    const int dst_w = SB_WOFF + krw * U + 4 * qw;
+    const int kr0 = SB_KPW * warp + (lane >> 4), q4 = lane & 15;
+    const int dst_x = SB_XOFF + kr0 * SB_BMAX + 4 * q4;
+    const bool x_ok = q4 < nbc;
+    auto issue = [&](int n, const float* dg) {
+        if (n < NT && !(PK_TIMING & 1)) {
+            float* const s = st + (n % SB_NS) * SB_STAGE;
+            pk_cp_async16(s + dst_w, w_thr + (long long)n * SB_KT * H);
+            if (x_ok) {
+                const float* const xs = dg + (long long)(n * SB_KT + kr0) * SB_BMAX + 4 * q4;
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    pk_cp_async16(s + dst_x + i * 2 * SB_BMAX, xs + i * 2 * SB_BMAX);
+            }
+        }
+        pk_cp_commit();
+    };
+    __syncthreads();   // Rs is read by every warp
+
+    // The lane: lk = lane / 16 its k rows (lk, lk + 2, .. of the warp's), lr = lane % 2 its
+    // 16 rows (R's columns or W's), lb = lane / 2 % 8 its batches (a quarter warp: lr 0, 1
+    // and lb 0..3 of one k row: 2 A float4s in different banks, 4 contiguous dg^T float4s)
+    const int lk = lane >> 4, lr = lane & 1, lb = (lane >> 1) & 7;
+    const int k_lane = SB_KPW * warp + lk;   // the lane's first k row of a tile
+    const pk_saddr r_lane = pk_smem_addr(Rs) + 4u * U * k_lane;
+    const pk_saddr w_lane = 4u * (SB_WOFF + U * k_lane);
+    const pk_saddr x_lane = 16u * lb + 4u * (SB_XOFF + SB_BMAX * k_lane);
+    const pk_saddr st_a = pk_smem_addr(st);
+    for (int s = 0; s < T; ++s) {
+        const int t = T - 1 - s;
+        const unsigned int done = (unsigned int)(s + 1) * NB;   // counts after step t
+        // --- the pointwise backward of step t. The forward's values first (nothing waits
+        // for them), then the wait for the layer above's dg_t W (its dh_above).
+        float gates[SB_CPT][4], cn[SB_CPT], cp[SB_CPT];
+#pragma unroll
+        for (int i = 0; i < SB_CPT; ++i) {
+            int b, jj;
+            cell_of(i, b, jj);
+            if (b >= B) continue;
+            const long long row = (long long)t * B + b;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) gates[i][q] = __ldcs(act + row * ldact + q * H + j0 + jj);
+            cn[i] = __ldcs(c + (row + B) * ldc + j0 + jj);
+            cp[i] = __ldcs(c + row * ldc + j0 + jj);
+        }
+        if (tid == 0 && above) ps_wait(above, done);
+        __syncthreads();   // ... for every thread (and the last step's partial sums are read)
+#pragma unroll
+        for (int i = 0; i < SB_CPT; ++i) {
+            int b, jj;
+            cell_of(i, b, jj);
+            if ((PK_TIMING & 8) || b >= B) continue;
+            const long long row = (long long)t * B + b;
+            const float dh = __ldcg(dh_above + row * lddhin + j0 + jj) + dhrec[i];
+            float* const g_out = dgx + row * lddgx + j0 + jj;
+            float* const t_out = tile + jj * SB_TP + b;
+            // the gate gradients: into dgx (streaming: only the dW GEMMs after the launch
+            // read it) and the block's dg^T tile, row q*U + jj (a warp's 16 units x 2
+            // batches: 4-way bank conflicts at most, 16 stores a thread a step)
+            dcar[i] = lstm_bwd_point(dh, dcar[i], gates[i][0], gates[i][1], gates[i][2],
+                                     gates[i][3], cn[i], cp[i], [&](int q, float v) {
+                                         __stcs(g_out + q * H, v);
+                                         t_out[q * U * SB_TP] = v;
+                                     });
+        }
+        __syncthreads();   // the tile is written
+        // The tile into this layer's dgt slot t & 1, 16 bytes a copy: gate row q*U + jj is
+        // dg^T row q*H + j0 + jj (its first nbc float4s). Slot t & 1 was last read by every
+        // block of the layer at step t+2's product, before each counted step t+1 (which this
+        // block waited for before its product of step t+1).
+        float* const dgs = dgt + (long long)(t & 1) * K * SB_BMAX;
+        for (int e = tid; e < 4 * U * (SB_BMAX / 4); e += PK_MAX_THREADS) {
+            const int rr = e / (SB_BMAX / 4), cc = e % (SB_BMAX / 4);
+            if (cc >= nbc) continue;
+            const int q = rr / U, jj = rr % U;
+            sb_stcg4(dgs + (long long)(q * H + j0 + jj) * SB_BMAX + 4 * cc,
+                     *reinterpret_cast<const float4*>(tile + rr * SB_TP + 4 * cc));
+        }
+        __syncthreads();   // the block's dg_t^T is issued (and the tile read)
+        if (tid == 0) {
+            pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
+            atomicAdd(dg_done, 1u);
+        }
+
+        // --- the product of step t: [R | W][:, J]^T dg_t^T, every block of the layer's
+        // dg_t (each warp waits for itself: it issues and reads only its own rows)
+        if (lane == 0) ps_wait(dg_done, done);
+        __syncwarp();
+        for (int n = 0; n < SB_NS - 1; ++n) issue(n, dgs);
+        float acc[SB_TM][SB_TB];
+#pragma unroll
+        for (int i = 0; i < SB_TM; ++i)
+#pragma unroll
+            for (int jb = 0; jb < SB_TB; ++jb) acc[i][jb] = 0.f;
+        for (int n = 0; n < NT; ++n) {
+            pk_cp_wait<SB_NS - 2>();   // tile n landed (this lane's part) ...
+            __syncwarp();              // ... the warp's; the warp has read its rows of n-1
+            issue(n + SB_NS - 1, dgs);
+            const pk_saddr sa = st_a + 4u * ((n % SB_NS) * SB_STAGE);
+            sb_tile_fma(acc, lr ? sa + w_lane : r_lane + 4u * (n * SB_KT * U), sa + x_lane);
+        }
+        pk_cp_wait<0>();
+        __syncthreads();   // every tile is read: the stages become the partial sums
+        // Sixteen half-warp partial sums into four, in four passes: (warps 4..7, lk = 1)
+        // store theirs, then (4..7, lk = 0), (0..3, 1), (0..3, 0) add theirs in place.
+        // red[m][b][row], row stride SB_RP: a quarter warp's 16-byte accesses (lr 0, 1, lb
+        // 0..3: batches 4 apart, 4 * SB_RP = 16 mod 32 banks) meet two at a bank at most.
+        for (int pass = 0; pass < 4; ++pass) {
+            if ((warp >= 4) == (pass < 2) && lk == 1 - (pass & 1)) {
+                float* const r0 = red + (warp & 3) * SB_BMAX * SB_RP + 16 * lr;
+#pragma unroll
+                for (int g = 0; g < 4; ++g)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                        for (int f = 0; f < 4; ++f) {
+                            float4* const p = reinterpret_cast<float4*>(
+                                r0 + (32 * hh + 4 * lb + f) * SB_RP + 4 * g);
+                            float4 v = make_float4(acc[4 * g][4 * hh + f],
+                                                   acc[4 * g + 1][4 * hh + f],
+                                                   acc[4 * g + 2][4 * hh + f],
+                                                   acc[4 * g + 3][4 * hh + f]);
+                            if (pass > 0) {
+                                const float4 o = *p;
+                                v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+                            }
+                            *p = v;
+                        }
+            }
+            __syncthreads();
+        }
+        // Each cell's sums over the 4 partials in order: R's row jj is the next step's
+        // dh_rec (this block's own units), W's row U + jj the gradient into the input of
+        // step t at unit j0 + jj (the layer below's dh_above, or dx).
+#pragma unroll
+        for (int i = 0; i < SB_CPT; ++i) {
+            int b, jj;
+            cell_of(i, b, jj);
+            if ((PK_TIMING & 8) || b >= B) continue;
+            const float* const p = red + b * SB_RP + jj;
+            float vr = p[0], vw = p[U];
+#pragma unroll
+            for (int k = 1; k < 4; ++k) {
+                vr += p[k * SB_BMAX * SB_RP];
+                vw += p[k * SB_BMAX * SB_RP + U];
+            }
+            dhrec[i] = vr;
+            __stcg(down + ((long long)t * B + b) * lddown + j0 + jj, vw);
+        }
+        if (l) {   // the layer below waits for this
+            __syncthreads();   // the block's dg_t W is issued (and red is read)
+            if (tid == 0) {
+                pk_fence_acq_rel();
+                atomicAdd(dx_done, 1u);
+            }
+        }
+        // (layer 0: the next step's first __syncthreads orders red's reads before the tile)
+    }
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        cell_of(i, b, jj);
+        if (b >= B) continue;
+        const long long row = (long long)l * B + b;
+        dh0[row * lddh0 + j0 + jj] = dhrec[i];
+        dc0[row * lddc0 + j0 + jj] = dcar[i];
+    }
+    // The last block out zeroes every counter for the next launch: by then every block has
+    // passed its last wait.
+    if (tid == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
+        for (int k = 0; k < L; ++k) atomicExch(sync + 2 * k, 0u);
+        for (int k = 1; k < L; ++k) atomicExch(sync + 2 * k + 1, 0u);
+        atomicExch(sync + 1, 0u);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dhin, int lddhin, float* dx, int lddx,
+        float* dh0, int lddh0, float* dc0, int lddc0, unsigned int* sync, int ldsync,
+        float* dgt, int ldgt, const float* dh_n, int lddh_n, const float* dc_n, int lddc_n,
+        const float* act, int ldact, const float* c, int ldc, const float* w_ih, int ldw_ih,
+        const float* w_hh, int ldw_hh, int T, int L, int units_per_block) {
+    (void)ldsync;
+    persistent_stack_bwd(rows, cols, dgx, lddgx, dhin, lddhin, dx, lddx, dh0, lddh0, dc0,
+                         lddc0, sync, dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c,
+                         ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L, units_per_block);
+}

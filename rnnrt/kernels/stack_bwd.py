@@ -1,0 +1,180 @@
+"""The stack backward (cuda_src/persistent_stack_bwd.cu, ``lstm_persistent_stack_bwd``): the
+recurrent chain of every layer of an LSTM stack's backward in ONE persistent launch, along the
+reverse wavefront, with dx = dg.W inside the kernel: the stack kernel's (stack.py) backward
+twin.
+
+Why: after the stack forward (3.1 ms at the paper's shape) the per-step backward is ~7 ms of
+per-step cuBLAS GEMMs and pointwise kernels, and the per-layer persistent backward kernels
+either do not hold R^T at H 512 (cluster) or run the layers one after another (grid). Here,
+as in the forward, the SMs are cut into L groups of NB = H / U blocks, all resident at once.
+Block (l, rank) owns units J = [rank*U, rank*U + U) of layer l (U = 16) and each step t
+(T-1 .. 0) runs the pointwise backward of its cells, then multiplies dg_t (every gate row,
+every batch; all ranks' pointwise of the layer) by [R_l[:, J] | W_l[:, J]]: R's half is
+the gradient into h_t at its own units (the next step's dh_rec: it never leaves the block),
+W's half the gradient into the layer below's h_{t+1} at the same units (what block
+(l-1, rank) adds as dh_above at its step t), or dx for layer 0. Layer l's step t waits for
+layer l+1's product of step t and for its own layer's dg_t; the top layer waits only on
+itself, so the stack cannot deadlock once every block is resident (induction from the top).
+The weight and bias gradients stay GEMMs after the launch (plan/backward_stack.py).
+
+``stack_bwd_fit(cell, hidden, batch, layers, input_size, props, steps)`` says whether a
+shape runs (and why not): where the forward stack kernel's fit holds (the backward runs only
+after it, on the forward's saved act and c) and its own shared memory fits;
+``lstm_persistent_stack_bwd`` is the registry's NumPy twin. The kernel's constants are
+mirrored below; a test holds them equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import twins as knp
+from .budget import DeviceBudget, ceil_div
+from .persistent import PK_MAX_THREADS
+from .stack import StackFit, stack_fit
+
+# The kernel's compile-time constants (cuda_src/persistent_stack_bwd.cu, SB_*).
+SB_U = 16             # units of a block
+SB_M = 2 * SB_U       # product rows: R's U columns, then W's
+SB_BMAX = 64          # most batches (the width of a dgt row)
+SB_KT = 64            # k rows of a staged tile
+SB_NS = 3             # pipeline stages
+SB_KG = PK_MAX_THREADS // 32   # k-groups: one a warp
+SB_KPW = SB_KT // SB_KG        # k rows of a tile a k-group takes (half each a half-warp)
+SB_WOFF = 4                    # a stage: padding, W's part [SB_KT][SB_U], dg^T's
+SB_STAGE = -(-(SB_WOFF + SB_KT * (SB_U + SB_BMAX)) // 16) * 16   # [SB_KT][64], to 16 floats
+# registers a thread at most (nvcc 13.0 -arch=sm_90 and NVRTC 13.5 + ptxas 13.0: 254; the
+# launch bounds' limit: a test holds ptxas's build to it, no spills)
+SB_REGS = 255
+
+STACK_BWD_KERNEL = "lstm_persistent_stack_bwd"
+
+
+@dataclass(frozen=True)
+class StackBwdFit(StackFit):
+    """How a stack of ``layers`` layers (hidden H, batch B) runs its backward as one launch:
+    the stack kernel's fit's fields (stack.StackFit: the same grid, U, blocks, threads), its
+    own kernel and shared memory: R's U columns k-major (4H x U floats) + SB_NS stages of
+    SB_KT k rows of W's U columns and of dg^T's 64 batches (the dg^T tile and the partial
+    sums reuse them)."""
+
+    label = "stack backward"
+
+    @property
+    def kernel(self) -> str:
+        return STACK_BWD_KERNEL
+
+
+def stack_bwd_smem_bytes(hidden: int) -> int:
+    """Dynamic shared memory of one block (bytes): R's U columns k-major + pipeline stages
+    (W's U columns and dg^T's 64 batches of SB_KT k rows, padded: SB_STAGE floats)."""
+    return 4 * (4 * int(hidden) * SB_U + SB_NS * SB_STAGE)
+
+
+def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
+                  props: dict, steps: int = 1) -> StackBwdFit:
+    """Fit a whole stack's backward onto the device described by ``props`` (as
+    stack.stack_fit). Rules in order (the first that fails is the reason):
+      1. the forward stack kernel's fit (stack_fit: LSTM, 2 or more layers, input size =
+         hidden, hidden a multiple of 64, batch <= 64, L x H/16 blocks <= SMs, its shared
+         memory and registers, the counters): the backward reads what that kernel saved,
+         as it saved it, and has its grid;
+      2. its own shared memory <= what a block can have;
+      3. registers of 256 threads (SB_REGS each) <= one SM's.
+    """
+    H, B, L = int(hidden), int(batch), int(layers)
+    dev = DeviceBudget(props, SB_REGS, PK_MAX_THREADS, threads=PK_MAX_THREADS)
+    U = SB_U
+    nb = ceil_div(H, U)
+    smem = stack_bwd_smem_bytes(H)
+    fwd = stack_fit(cell, H, B, L, input_size, props, steps=steps)
+
+    def no(reason):
+        return StackBwdFit(cell, H, B, L, False, reason, U, nb, smem, dev.sms)
+
+    if not fwd.ok:
+        return no(f"the stack kernel's fit: {fwd.reason}")
+    where = f"stack backward {cell} hidden {H}, batch {B}, {L} layers on {dev.sms} SMs"
+    if smem > dev.limit:
+        return no(f"{where}: {smem} bytes of shared memory (R slice {4 * 4 * H * U} + "
+                  f"stages) > {dev.limit} a block can have")
+    if not dev.regs_ok(PK_MAX_THREADS):
+        return no(f"{where}: {PK_MAX_THREADS} threads x {SB_REGS} registers > {dev.regs_sm} "
+                  f"a SM")
+    return StackBwdFit(cell, H, B, L, True,
+                       f"fits: {L * nb} of {dev.sms} SMs ({L} layers x {nb} blocks), every "
+                       f"layer's backward chain in one launch", U, nb, smem, dev.sms)
+
+
+def k_groups(depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The gate rows k of dg_t each k-group (warp) multiplies, as its two half-warps take
+    them, each in its order: tile by tile (SB_KT rows), of the warp's SB_KPW rows of each
+    the even ones (half 0) and the odd ones (half 1)."""
+    def rows(w, half):
+        return np.array([n + w * SB_KPW + kk for n in range(0, depth, SB_KT)
+                         for kk in range(half, SB_KPW, 2)], np.int64)
+    return [(rows(w, 0), rows(w, 1)) for w in range(SB_KG)]
+
+
+def product(dg, M, groups):
+    """dg [B, K] @ M [K, N] summed as the kernel sums it: each half-warp's partial (``groups``,
+    ``k_groups``), added in the kernel's four passes into four sums (q_m = a(m, 0) + (a(m, 1)
+    + (a(m+4, 0) + a(m+4, 1))), a(w, h): warp w's half h), then those four in order. Within a
+    half-warp a matmul, where the kernel chains FMAs over its rows in order: close to the
+    kernel's sums, not bitwise."""
+    a = [(dg[:, r0] @ M[r0], dg[:, r1] @ M[r1]) for r0, r1 in groups]
+    half = SB_KG // 2
+    q = [a[m][0] + (a[m][1] + (a[m + half][0] + a[m + half][1])) for m in range(half)]
+    acc = q[0]
+    for v in q[1:]:
+        acc = acc + v
+    return acc
+
+
+def lstm_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block,
+                              dtype="float32"):
+    """NumPy twin of the stack backward (the registry's numpy_fn): rows = B, cols = H; outs
+    dgx [L*T*B, 4H], dhin [L*T*B, H] (layer L-1's rows read: dy; the others written), dx
+    [T*B, H], dh0 [L*B, H], dc0 [L*B, H], sync [1, 2L], dgt [8*L*H, 64] (scratch: left as the
+    kernel leaves it, slot l*2 + (t & 1) holding dg_t^T of steps 1 and 0 in its first B
+    columns); ins dh_n [L*B, H], dc_n [L*B, H], act [L*T*B, 4H], c [L*(T+1)*B, H], w_ih
+    [L, 4*H*H], w_hh [L, 4*H*H]. The kernel's schedule: steps T-1 .. 0, each layer from the
+    top (the reverse wavefront), lstm_bwd's arithmetic on dh_above + dh_rec, then dg_t R and
+    dg_t W summed over the kernel's k-groups in its order (``product``), in the arrays'
+    dtype."""
+    if dtype != "float32":   # kernels/choice_backward.py declines it
+        raise ValueError(f"{STACK_BWD_KERNEL}: fp32 only, got dtype {dtype!r}")
+    B, H = int(rows), int(cols)
+    dgx, dhin, dx, dh0, dc0, sync, dgt = outs
+    dh_n, dc_n, act, c, w_ih, w_hh = ins
+    if np.any(np.asarray(sync) != 0):
+        raise ValueError(f"{STACK_BWD_KERNEL}: the sync counters must be zero on entry, got "
+                         f"{np.asarray(sync).ravel().tolist()}")
+    if int(units_per_block) != SB_U:
+        raise ValueError(f"{STACK_BWD_KERNEL}: units_per_block {units_per_block} != {SB_U}")
+    K = 4 * H
+    groups = k_groups(K)
+    Ws = [np.asarray(w_ih[n]).reshape(K, H) for n in range(L)]
+    Rs = [np.asarray(w_hh[n]).reshape(K, H) for n in range(L)]
+    dgxs = dgx.reshape(L, T, B, K)
+    dhins = dhin.reshape(L, T, B, H)
+    acts = np.asarray(act).reshape(L, T, B, K)
+    cs = np.asarray(c).reshape(L, T + 1, B, H)
+    dgts = dgt.reshape(L, 2, K, dgt.shape[-1])
+    dhrec = [np.array(dh_n[n * B:(n + 1) * B]) for n in range(L)]
+    dc = [np.array(dc_n[n * B:(n + 1) * B]) for n in range(L)]
+    for t in reversed(range(T)):
+        for n in reversed(range(L)):
+            dc_prev = np.empty_like(dc[n])
+            knp.lstm_bwd(B, H, (dgxs[n, t], dc_prev),
+                         (dhins[n, t], dhrec[n], dc[n], acts[n, t], cs[n, t + 1], cs[n, t]))
+            dc[n] = dc_prev
+            dg = dgxs[n, t]
+            dgts[n, t & 1, :, :B] = dg.T
+            dhrec[n] = product(dg, Rs[n], groups)
+            down = dhins[n - 1, t] if n else dx.reshape(T, B, H)[t]
+            down[...] = product(dg, Ws[n], groups)
+    for n in range(L):
+        dh0[n * B:(n + 1) * B] = dhrec[n]
+        dc0[n * B:(n + 1) * B] = dc[n]

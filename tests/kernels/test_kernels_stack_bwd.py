@@ -1,0 +1,217 @@
+"""The stack backward (lstm_persistent_stack_bwd: every layer's backward chain of an LSTM stack
+in one launch) without a GPU: the .cu on CPU threads (tests/kernels/persistent_host_sim.cpp,
+PK_SIM_STACK_BWD) and the NumPy twin, each against the float64 reference (rnnrt.reference) on
+random data with poisoned outputs: dx, dh0, dc0, and every weight and bias gradient from the
+kernel's dg (the GEMMs the plan runs after the launch, here in float64); the sim twice on one
+sync buffer; under ThreadSanitizer no data race, and the same source with its waits removed
+reported; the constants and the fit's rules."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from rnnrt import reference
+from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, compare
+from rnnrt.kernels import stack_bwd as SB
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.kernels.sources import source
+from testkit import SIM_ENV, build_host_sim
+
+f32, f64 = np.float32, np.float64
+
+
+def _build(tmp_path_factory, src_text, name, tsan=False):
+    d = tmp_path_factory.mktemp(name)
+    src = d / "persistent_stack_bwd.cu"
+    # under TSan 2048 threads on two cores: a wait may take longer than the GPU's trap limit
+    src.write_text(("#define PK_SPIN_LIMIT (1LL << 40)\n" if tsan else "") + src_text)
+    return build_host_sim(d / "sim", src, tsan=tsan, define="PK_SIM_STACK_BWD")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    return _build(tmp_path_factory, source("persistent_stack_bwd.cu"), "stack_bwd_sim")
+
+
+def without_waits(text):
+    """The source with its two waits on other blocks gone: for the layer above's dg W and
+    for the layer's own dg."""
+    cut = re.sub(r"ps_wait\((above|dg_done), done\);", "(void)done;", text)
+    assert cut.count("(void)done;") == 2
+    return cut
+
+
+def make_case(B, H, T, L, seed=0):
+    """Random fp32 weights, inputs and output gradients; the forward (act, c) from the float64
+    reference, rounded to fp32 as the stack kernel would have stored them. -> (case dict of
+    fp32 arrays, params in float64, the reference's cache)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, B, H)).astype(f32)
+    W = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
+    R = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
+    bw = (0.1 * rng.standard_normal((L, 4 * H))).astype(f32)
+    br = (0.1 * rng.standard_normal((L, 4 * H))).astype(f32)
+    h0 = (0.5 * rng.standard_normal((L, B, H))).astype(f32)
+    c0 = (0.5 * rng.standard_normal((L, B, H))).astype(f32)
+    dy = rng.standard_normal((T, B, H)).astype(f32)
+    dhn = rng.standard_normal((L, B, H)).astype(f32)
+    dcn = rng.standard_normal((L, B, H)).astype(f32)
+    p = [{"weight_ih": W[n].astype(f64), "weight_hh": R[n].astype(f64),
+          "bias_ih": bw[n].astype(f64), "bias_hh": br[n].astype(f64)} for n in range(L)]
+    _, _, _, cache = reference.forward("lstm", p, x.astype(f64), h0.astype(f64),
+                                       c0.astype(f64))
+    act = np.stack([lc.gates for lc in cache.layers]).astype(f32)     # [L, T, B, 4H]
+    c = np.stack([lc.c for lc in cache.layers]).astype(f32)           # [L, T+1, B, H]
+    # the kernel reads these as stored: the reference's backward runs on them too
+    for n, lc in enumerate(cache.layers):
+        lc.gates[...] = act[n]
+        lc.c[...] = c[n]
+    case = dict(x=x, W=W, R=R, dy=dy, dhn=dhn, dcn=dcn, act=act, c=c, h0=h0)
+    return case, p, cache
+
+
+def check_against_reference(got, case, p, cache, what):
+    """dx, dh0, dc0 against reference.backward; the weight and bias gradients from the
+    kernel's dgx [L, T, B, 4H] (dW = dg^T x_l, dR = dg^T h_prev, biases = sums, in float64)
+    against the reference's."""
+    g = reference.backward("lstm", p, cache, case["dy"].astype(f64), case["dhn"].astype(f64),
+                           case["dcn"].astype(f64))
+    for name in ("dx", "dh0", "dc0"):
+        assert_close(got[name], g[name], FP32_ATOL, FP32_RTOL, name=f"{what} {name}")
+    dgx = got["dgx"].astype(f64)
+    L, T, B, K = dgx.shape
+    for n, lc in enumerate(cache.layers):
+        d = dgx[n].reshape(T * B, K)
+        derived = {"weight_ih": d.T @ lc.x.reshape(T * B, -1),
+                   "weight_hh": d.T @ lc.h[:-1].reshape(T * B, -1),
+                   "bias_ih": d.sum(0), "bias_hh": d.sum(0)}
+        for name, v in derived.items():
+            assert_close(v, g["params"][n][name], FP32_ATOL, FP32_RTOL,
+                         name=f"{what} layer {n} {name}")
+
+
+def run_sim(exe, tmp_path, case, launches=2):
+    """The sim on ``case``; -> {dgx [L, T, B, 4H], dx [T, B, H], dh0, dc0 [L, B, H], dhin}.
+    A failed run (or a ThreadSanitizer report) fails with its stderr's end."""
+    L, T, B, K = case["act"].shape
+    H = K // 4
+    ldw = 4 * H * H + 64   # a layer's stride in the flat parameters (as the plan's)
+    wih, whh = np.zeros((L, ldw), f32), np.zeros((L, ldw), f32)
+    wih[:, :4 * H * H], whh[:, :4 * H * H] = case["W"].reshape(L, -1), case["R"].reshape(L, -1)
+    dhin = np.full((L, T, B, H), np.nan, f32)
+    dhin[L - 1] = case["dy"]
+    files = dict(dhin=dhin, dhn=case["dhn"], dcn=case["dcn"], act=case["act"], c=case["c"],
+                 wih=wih, whh=whh)
+    for n, a in files.items():
+        np.ascontiguousarray(a).tofile(tmp_path / f"{n}.f32")
+    r = subprocess.run([str(exe), str(B), str(H), str(T), str(L), str(SB.SB_U),
+                        str(SB.stack_bwd_smem_bytes(H)), str(launches), str(tmp_path),
+                        str(ldw)], capture_output=True, text=True, timeout=600, env=SIM_ENV)
+    assert r.returncode == 0 and "ThreadSanitizer" not in r.stderr, r.stderr[-2000:]
+
+    def out(name, shape):
+        return np.fromfile(tmp_path / f"{name}.out", f32).reshape(shape)
+    return {"dgx": out("dgx", (L, T, B, K)), "dx": out("dx", (T, B, H)),
+            "dh0": out("dh0", (L, B, H)), "dc0": out("dc0", (L, B, H)),
+            "dhin": out("dhin", (L, T, B, H))}
+
+
+def run_twin(case):
+    """The registry's NumPy twin on ``case`` (fp32, poisoned outputs); the same dict."""
+    L, T, B, K = case["act"].shape
+    H = K // 4
+    outs = [np.full(s, np.nan, f32) for s in ((L * T * B, K), (L * T * B, H), (T * B, H),
+                                              (L * B, H), (L * B, H))]
+    outs[1].reshape(L, T, B, H)[L - 1] = case["dy"]
+    sync = np.zeros((1, 2 * L), np.uint32)
+    dgt = np.full((8 * L * H, SB.SB_BMAX), np.nan, f32)
+    ins = [case["dhn"].reshape(L * B, H), case["dcn"].reshape(L * B, H),
+           case["act"].reshape(L * T * B, K), case["c"].reshape(L * (T + 1) * B, H),
+           case["W"].reshape(L, -1), case["R"].reshape(L, -1)]
+    SB.lstm_persistent_stack_bwd(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U)
+    dgx, dhin, dx, dh0, dc0 = outs
+    # the scratch as the kernel leaves it: dg^T of steps 0 and 1 in slots 0 and 1
+    dgts = dgt.reshape(L, 2, K, SB.SB_BMAX)
+    for t in range(min(T, 2)):
+        assert np.array_equal(dgts[:, t, :, :B], dgx.reshape(L, T, B, K)[:, t].transpose(0, 2, 1))
+    return {"dgx": dgx.reshape(L, T, B, K), "dx": dx.reshape(T, B, H),
+            "dh0": dh0.reshape(L, B, H), "dc0": dc0.reshape(L, B, H),
+            "dhin": dhin.reshape(L, T, B, H)}
+
+
+# (B, H, T, L): an odd batch past 32 (both lane halves of the batches, a part-filled float4),
+# a middle layer, both dg^T slots reused; the ThreadSanitizer test runs B 3, T 3, L 2
+SHAPES = [(37, 64, 4, 3)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
+def test_stack_bwd_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape):
+    case, p, cache = make_case(*shape)
+    got = run_sim(sim, tmp_path, case)
+    check_against_reference(got, case, p, cache, f"sim {shape}")
+    # the twin sums as the kernel does, up to FMA contraction within a k-group
+    twin = run_twin(case)
+    for name in ("dgx", "dx", "dh0", "dc0", "dhin"):
+        r = compare(got[name], twin[name], 1e-5, 1e-4)
+        assert r.ok, f"sim vs twin {name}: {r}"
+
+
+def test_stack_bwd_twin_matches_reference():
+    case, p, cache = make_case(16, 64, 5, 3, seed=4)
+    check_against_reference(run_twin(case), case, p, cache, "twin")
+
+
+def test_constants_match_the_kernel():
+    text = source("persistent_stack_bwd.cu")
+    for name in ("SB_U", "SB_BMAX", "SB_KT", "SB_NS"):
+        m = re.search(rf"#define {name} (\d+)", text)
+        assert m and int(m[1]) == getattr(SB, name), name
+    assert "#define SB_M (2 * SB_U)" in text and SB.SB_M == 2 * SB.SB_U
+    # the shared memory the kernel checks for is the fit's
+    assert "const long long need = 4LL * ((long long)K * U + SB_NS * SB_STAGE);" in text
+    assert "#define SB_STAGE ((SB_XOFF + SB_KT * SB_BMAX + 15) / 16 * 16)" in text
+    assert "#define SB_XOFF (SB_WOFF + SB_KT * SB_U)" in text
+    assert f"#define SB_WOFF {SB.SB_WOFF} " in text and SB.SB_STAGE == 5136
+
+
+def test_fit_rules_name_what_is_wrong():
+    p = H100_SXM.props()
+    ok = SB.stack_bwd_fit("lstm", 512, 64, 4, 512, p)
+    assert ok.ok and ok.blocks == 128 and ok.smem_bytes == SB.stack_bwd_smem_bytes(512)
+    assert ok.grid == (128, 1, 1) and ok.block == (256, 1, 1)
+    assert ok.smem_bytes == 192704 and ok.kernel == SB.STACK_BWD_KERNEL
+    cases = [(("gru", 512, 64, 4, 512), "stack kernel's fit: .*LSTM only"),
+             (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
+             (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
+             (("lstm", 512, 64, 5, 512), "160 > 132 SMs"),
+             (("lstm", 512, 64, 1, 512), "one layer")]
+    for args, why in cases:
+        f = SB.stack_bwd_fit(*args, p)
+        assert not f.ok and re.search(why, f.reason), (args, f.reason)
+        assert "DOES NOT FIT" in f.describe()
+    # its own shared memory: a device with less than the forward needs... and the backward
+    small = dict(p, sharedMemPerBlockOptin=SB.stack_bwd_smem_bytes(512) - 4,
+                 sharedMemPerMultiprocessor=SB.stack_bwd_smem_bytes(512) - 4)
+    f = SB.stack_bwd_fit("lstm", 256, 64, 4, 256, small)
+    assert f.ok   # H 256 needs less
+    f = SB.stack_bwd_fit("lstm", 512, 64, 4, 512, small)
+    assert not f.ok and "shared memory" in f.reason
+
+
+def test_stack_bwd_protocol_has_no_data_race(tmp_path_factory, tmp_path):
+    """ThreadSanitizer over the stack backward on CPU threads: the dg^T slots' writes and
+    the other blocks' staged reads (T 3: slot 1 written again after step 2's reads), dh_above's
+    writes and the layer below's reads, are ordered by the progress counters (no report, and
+    the reference gradients); with the waits removed (the layer above's dg W read before it
+    is written, the layer's dg^T before the other blocks wrote it) it reports a data race
+    (the checker is not vacuous)."""
+    exe = _build(tmp_path_factory, source("persistent_stack_bwd.cu"), "tsan", tsan=True)
+    case, p, cache = make_case(3, 64, 3, 2, seed=5)
+    check_against_reference(run_sim(exe, tmp_path, case, launches=1), case, p, cache, "tsan")
+    broken = _build(tmp_path_factory, without_waits(source("persistent_stack_bwd.cu")),
+                    "tsan_broken", tsan=True)
+    with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
+        run_sim(broken, tmp_path, case, launches=1)
