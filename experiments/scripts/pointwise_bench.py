@@ -26,7 +26,7 @@ variant of a kernel in turn each round, warm-up, median of --repeats), each time
 Usage (GPU, repo root): python experiments/scripts/pointwise_bench.py [--out DIR]
   [--repeats 30] [--inner 20]
 Prints one line a (kernel, variant) and what the new kernels save a forward pass; with --out
-writes DIR/pointwise-bench-<device>-<stamp>.json (kind 'pointwise_bench'). About a minute on
+writes DIR/pointwise-bench-H2048-B256-<device>-<stamp>.json (kind 'pointwise_bench'). About a minute on
 an H100 (NVRTC compiles included).
 """
 from __future__ import annotations
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
                   "created": now_iso(), "command": " ".join(sys.argv), "device": device,
                   "versions": versions(cp), "inner": args.inner, "repeats": args.repeats,
                   "rows": rows_out, "estimate": est}
-        path = Path(args.out) / (f"pointwise-bench-{device_slug(device['device'])}-"
+        path = Path(args.out) / (f"pointwise-bench-H2048-B256-{device_slug(device['device'])}-"
                                  f"{stamp(record['created'])}.json")
         write_json(record, path)
         print(f"record: {path}")

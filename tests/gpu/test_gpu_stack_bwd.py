@@ -72,3 +72,16 @@ def test_persistent_takes_it_after_a_stack_forward(cp, ctx):
     check_bwd_outputs(first, data[0], data[4], "stack+pbwd", FP32_ATOL, FP32_RTOL,
                       reduction_atol(T * B))
 
+
+
+def test_stack_backward_at_the_paper_shape_all_steps(cp, ctx):
+    """The paper's whole shape (T 100, B 64, H 512, four layers: what the selector runs it
+    for), graph executor: the reference gradients, bitwise repeatable (~16 s on the H100,
+    most of it the float64 reference)."""
+    T, B, H, L = 100, 64, 512, 4
+    data = case("lstm", L, T, B, H, H, seed=4)
+    first, second = run_twice(cp, ctx, key_of(T, B, H, L), "graph", data)
+    check_bwd_outputs(first, data[0], data[4], "stack bwd paper shape", FP32_ATOL, FP32_RTOL,
+                      reduction_atol(T * B))
+    for name, a in first.items():
+        np.testing.assert_array_equal(second[name], a, err_msg=f"{name} differs between runs")
