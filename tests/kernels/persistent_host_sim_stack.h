@@ -1,0 +1,118 @@
+// The stack kernels' mains of persistent_host_sim.cpp (included by it, after its
+// primitives, helpers and launch(); see its header): PK_SIM_STACK, the forward stack kernel,
+// and PK_SIM_STACK_BWD, the stack backward.
+#ifdef PK_SIM_STACK
+// The stack kernel (lstm_persistent_stack_fwd), all layers in one launch:
+//   persistent_host_sim_stack B H T L U SMEM_BYTES LAUNCHES DIR LDWIH LDWHH LDBW LDBR
+// reads DIR/{x,h,c,wih,whh,bw,br}.f32 (h and c: [L, T+1, B, H] with slot 0 of each layer
+// set, the rest poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each;
+// bw / br: L rows of LDB floats, or one row when LDB is 0), launches LAUNCHES times with one
+// sync buffer (re-poisoning the outputs and the kernel's transposes wt [L*H, 4H] and ht
+// [(L+1)*(T+1)*H, 64] in between, checking the counters are back to zero), writes
+// DIR/{h,c,act,wt,ht}.out.
+int main(int argc, char** argv) {
+    if (argc != 13) {
+        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK)\n");
+        return 2;
+    }
+    const int B = std::atoi(argv[1]), H = std::atoi(argv[2]), T = std::atoi(argv[3]);
+    const int L = std::atoi(argv[4]), U = std::atoi(argv[5]);
+    const unsigned smem = (unsigned)std::atol(argv[6]);
+    const int launches = std::atoi(argv[7]);
+    const std::string dir = argv[8];
+    const int ldwih = std::atoi(argv[9]), ldwhh = std::atoi(argv[10]);
+    const int ldbw = std::atoi(argv[11]), ldbr = std::atoi(argv[12]);
+    auto load16 = [&](const char* name, std::vector<float4>& store) {
+        return load_aligned(dir + "/" + name + ".f32", store);
+    };
+    std::vector<float4> xs, hs, cs, wis, whs, bws, brs;
+    auto [x, nx] = load16("x", xs);
+    auto [h, nh] = load16("h", hs);
+    auto [c, nc] = load16("c", cs);
+    auto [wih, nwi] = load16("wih", wis);
+    auto [whh, nwh] = load16("whh", whs);
+    auto [bw, nbw] = load16("bw", bws);
+    auto [br, nbr] = load16("br", brs);
+    (void)nx, (void)nwi, (void)nwh, (void)nbw, (void)nbr;
+    std::vector<float> act((size_t)L * T * B * 4 * H);
+    const size_t nwt = (size_t)L * H * 4 * H, nht = (size_t)(L + 1) * (T + 1) * H * PS_BMAX;
+    std::vector<float4> wts(nwt / 4), hts(nht / 4);
+    float* const wt = reinterpret_cast<float*>(wts.data());
+    float* const ht = reinterpret_cast<float*>(hts.data());
+    std::vector<unsigned int> sync(2 * L, 0u);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int n = 0; n < launches; ++n) {
+        for (int l = 0; l < L; ++l)   // poison every slot but slot 0 of each layer
+            for (size_t e = (size_t)B * H; e < (size_t)(T + 1) * B * H; ++e) {
+                h[(size_t)l * (T + 1) * B * H + e] = nan;
+                c[(size_t)l * (T + 1) * B * H + e] = nan;
+            }
+        std::fill(act.begin(), act.end(), nan);
+        std::fill(wt, wt + nwt, nan);
+        std::fill(ht, ht + nht, nan);
+        launch(L * (H / U), 256, smem, [&] {
+            lstm_persistent_stack_fwd(B, H, h, H, c, H, act.data(), 4 * H, sync.data(), 2 * L,
+                                      wt, 4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh, ldwhh, bw,
+                                      ldbw, br, ldbr, T, L, U);
+        });
+        if (!counters_zero(sync.data(), sync.size(), n)) return 3;
+    }
+    write_f32(dir + "/h.out", std::vector<float>(h, h + nh));
+    write_f32(dir + "/c.out", std::vector<float>(c, c + nc));
+    write_f32(dir + "/act.out", act);
+    write_f32(dir + "/wt.out", std::vector<float>(wt, wt + nwt));
+    write_f32(dir + "/ht.out", std::vector<float>(ht, ht + nht));
+    return 0;
+}
+#elif defined(PK_SIM_STACK_BWD)
+// The stack backward (lstm_persistent_stack_bwd), all layers in one launch:
+//   persistent_host_sim_stack_bwd B H T L U SMEM_BYTES LAUNCHES DIR LDW
+// reads DIR/{dhin,dhn,dcn,act,c,wih,whh}.f32 (dhin [L, T, B, H]: layer L-1's rows dy, the
+// others poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each), launches
+// LAUNCHES times with one sync buffer (re-poisoning every output and the dgt scratch in
+// between, checking the counters are back to zero), writes DIR/{dgx,dhin,dx,dh0,dc0}.out.
+int main(int argc, char** argv) {
+    if (argc != 10) {
+        std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK_BWD)\n");
+        return 2;
+    }
+    const int B = std::atoi(argv[1]), H = std::atoi(argv[2]), T = std::atoi(argv[3]);
+    const int L = std::atoi(argv[4]), U = std::atoi(argv[5]);
+    const unsigned smem = (unsigned)std::atol(argv[6]);
+    const int launches = std::atoi(argv[7]);
+    const std::string dir = argv[8];
+    const int ldw = std::atoi(argv[9]);
+    std::vector<float4> stores[3];
+    auto load16 = [&](const char* name, std::vector<float4>& store) {
+        return load_aligned(dir + "/" + name + ".f32", store).first;
+    };
+    std::vector<float> dhin = read_f32(dir + "/dhin.f32"), dhn = read_f32(dir + "/dhn.f32");
+    const std::vector<float> dcn = read_f32(dir + "/dcn.f32"), act = read_f32(dir + "/act.f32");
+    const std::vector<float> c = read_f32(dir + "/c.f32");
+    const float* const wih = load16("wih", stores[0]);
+    const float* const whh = load16("whh", stores[1]);
+    const size_t TBH = (size_t)T * B * H, ngt = (size_t)8 * L * H * SB_BMAX;
+    float* const dgt = at_offset(stores[2], ngt, 0);
+    std::vector<float> dgx(L * TBH * 4), dx(TBH), dh0((size_t)L * B * H), dc0(dh0.size());
+    std::vector<unsigned int> sync(2 * L, 0u);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int n = 0; n < launches; ++n) {
+        for (auto* v : {&dgx, &dx, &dh0, &dc0}) std::fill(v->begin(), v->end(), nan);
+        std::fill(dhin.begin(), dhin.begin() + (L - 1) * TBH, nan);   // not layer L-1's (dy)
+        std::fill(dgt, dgt + ngt, nan);
+        launch(L * (H / U), 256, smem, [&] {
+            lstm_persistent_stack_bwd(B, H, dgx.data(), 4 * H, dhin.data(), H, dx.data(), H,
+                                      dh0.data(), H, dc0.data(), H, sync.data(), 2 * L, dgt,
+                                      SB_BMAX, dhn.data(), H, dcn.data(), H, act.data(), 4 * H,
+                                      c.data(), H, wih, ldw, whh, ldw, T, L, U);
+        });
+        if (!counters_zero(sync.data(), sync.size(), n)) return 3;
+    }
+    write_f32(dir + "/dgx.out", dgx);
+    write_f32(dir + "/dhin.out", dhin);
+    write_f32(dir + "/dx.out", dx);
+    write_f32(dir + "/dh0.out", dh0);
+    write_f32(dir + "/dc0.out", dc0);
+    return 0;
+}
+#endif
