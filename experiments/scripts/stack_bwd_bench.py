@@ -129,7 +129,10 @@ def main(argv=None):
         for buf in (d_dgx, d_dhin, d_dx, d_dh0, d_dc0, d_dgt):
             buf.fill(np.nan)
         d_dhin.reshape(L, T * B, H)[L - 1] = d["dy"].reshape(T * B, H)   # the top's: dy
-        stream.synchronize()
+        # the fills ran on CuPy's current stream, which the non-blocking launch stream does not
+        # wait for: the whole device, or a late fill overwrites the kernel's outputs (its
+        # first run read NaN dx that way)
+        cp.cuda.Device().synchronize()
         run()
         stream.synchronize()
         row = dict(variant=variant, defines=a.define, hidden=H, batch=B, layers=L, steps=T,
