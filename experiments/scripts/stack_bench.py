@@ -56,6 +56,7 @@ def timeline(cp, mod, run, stream, L, blocks, T):
     ptr = mod.get_global("pk_trace")
     buf = cp.ndarray((nblk, steps, points), cp.uint64, ptr)
     buf.fill(0)
+    cp.cuda.Device().synchronize()   # (CuPy's current stream; run() launches on another)
     run()
     stream.synchronize()
     tr = cp.asnumpy(buf)[:blocks].astype(np.int64)
@@ -144,7 +145,8 @@ def main(argv=None):
         d_act[:] = np.nan
         d_h[:, 0] = cp.asarray(h0)
         d_c[:, 0] = cp.asarray(c0)
-        stream.synchronize()
+        # the fills ran on CuPy's current stream: the non-blocking launch stream does not wait
+        cp.cuda.Device().synchronize()
         run()
         stream.synchronize()
         row = dict(variant=variant, defines=a.define, hidden=H, batch=B, layers=L, steps=T,
