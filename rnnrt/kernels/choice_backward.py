@@ -108,7 +108,8 @@ def choose_persistent_backward(key) -> BackwardChoice:
     tensor-core backward grid kernel (mma_bwd.mma_bwd_fit) where it fits, else the above with
     the reason it was not used in the fit string (``mma_backward``); 'grid' and 'cluster'
     name the FMA kernels whatever the family."""
-    if key.backward in ("stack", "persistent"):
+    # a cluster count (PlanKey.bwd_clusters) names the cluster kernel
+    if key.backward == "stack" or (key.backward == "persistent" and key.bwd_clusters is None):
         st, why = stack_backward(key)
         if st is not None:
             return BackwardChoice(None, stack=st, steps_per_launch=key.steps)
@@ -116,11 +117,8 @@ def choose_persistent_backward(key) -> BackwardChoice:
             return BackwardChoice(None, f"stack backward declined on {key.device.name}: {why}; "
                                         f"ran the per-step backward")
     kind = None if key.backward == "persistent" else key.backward
-    clusters = key.bwd_clusters
+    clusters = key.bwd_clusters   # PlanKey refuses it with 'grid' and 'stack'
     if clusters is not None:
-        if kind == "grid":
-            raise ValueError(f"PlanKey.bwd_clusters {clusters}: a cluster count, but backward "
-                             f"is 'grid'")
         kind = "cluster"
     note = ""
     if key.family == "mma" and kind is None:

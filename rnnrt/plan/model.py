@@ -77,9 +77,10 @@ class PlanKey:
     still correct (a cluster waits only for its own blocks); it runs in waves.
     bwd_splits: a training key's per-step backward: the K slices of its recurrent GEMM
     (kernels/gemm_split.py), run exactly (1: one GEMM); None: the rule's.
-    bwd_clusters: a key with ``backward``: the cluster backward kernel's cluster count, run
-    exactly (the kernel is then the cluster one); None: the rule's
-    (kernels/choice_backward.py ``backward_clusters``).
+    bwd_clusters: a key with ``backward`` 'persistent' or 'cluster': the cluster backward
+    kernel's cluster count, run exactly (the kernel is then the cluster one, also where the
+    stack backward would fit); None: the rule's (kernels/persistent_bwd.py
+    ``persistent_bwd_fit``: the layers' share of the SMs where the launches overlap).
     """
 
     cell: str
@@ -156,6 +157,9 @@ class PlanKey:
             if self.backward is None:
                 raise ValueError("PlanKey.bwd_clusters: the cluster backward kernel's count, "
                                  "but backward is None (no persistent backward)")
+            if self.backward in ("grid", "stack"):
+                raise ValueError(f"PlanKey.bwd_clusters {n}: the cluster backward kernel's "
+                                 f"count, but backward is {self.backward!r}")
         if self.backward is not None:
             if self.backward not in BACKWARD_FAMILIES:
                 raise ValueError(f"PlanKey.backward: expected one of {BACKWARD_FAMILIES} or "

@@ -164,3 +164,18 @@ def test_bwd_clusters_runs_the_cluster_kernel_with_that_count():
     with pytest.raises(ValueError, match="backward is 'grid'"):
         CB.choose_persistent_backward(dataclasses.replace(key, backward="grid",
                                                           bwd_clusters=2))
+
+
+def test_bwd_clusters_names_the_cluster_kernel_after_a_stack_forward():
+    """After a stack forward 'persistent' takes the stack backward, but a cluster count names
+    the cluster kernel (the probe's knob must time what it says); 'stack' with a count is
+    refused when the key is made."""
+    from rnnrt.kernels.choice import persistent_schedule
+    sw = persistent_schedule("stack").switches
+    key = PlanKey("lstm", 20, 8, 128, 128, 2, True, sw, train=True, device=H100_SXM,
+                  family="stack", backward="persistent")
+    assert CB.choose_persistent_backward(key).stack is not None
+    got = CB.choose_persistent_backward(dataclasses.replace(key, bwd_clusters=2))
+    assert got.stack is None and got.runs and got.fit.cluster and got.fit.clusters == 2
+    with pytest.raises(ValueError, match="PlanKey.bwd_clusters 2: .*backward is 'stack'"):
+        dataclasses.replace(key, backward="stack", bwd_clusters=2)
