@@ -1,6 +1,19 @@
 // The stack kernels' mains of persistent_host_sim.cpp (included by it, after its
 // primitives, helpers and launch(); see its header): PK_SIM_STACK, the forward stack kernel,
 // and PK_SIM_STACK_BWD, the stack backward.
+#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD)
+// The arguments both mains open with: B H T L U SMEM_BYTES LAUNCHES DIR
+struct StackSimArgs {
+    int B, H, T, L, U;
+    unsigned smem;
+    int launches;
+    std::string dir;
+    explicit StackSimArgs(char** argv)
+        : B(std::atoi(argv[1])), H(std::atoi(argv[2])), T(std::atoi(argv[3])),
+          L(std::atoi(argv[4])), U(std::atoi(argv[5])), smem((unsigned)std::atol(argv[6])),
+          launches(std::atoi(argv[7])), dir(argv[8]) {}
+};
+
 #ifdef PK_SIM_STACK
 // The stack kernel (lstm_persistent_stack_fwd), all layers in one launch:
 //   persistent_host_sim_stack B H T L U SMEM_BYTES LAUNCHES DIR LDWIH LDWHH LDBW LDBR
@@ -15,11 +28,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK)\n");
         return 2;
     }
-    const int B = std::atoi(argv[1]), H = std::atoi(argv[2]), T = std::atoi(argv[3]);
-    const int L = std::atoi(argv[4]), U = std::atoi(argv[5]);
-    const unsigned smem = (unsigned)std::atol(argv[6]);
-    const int launches = std::atoi(argv[7]);
-    const std::string dir = argv[8];
+    const StackSimArgs a(argv);
+    const int B = a.B, H = a.H, T = a.T, L = a.L, U = a.U, launches = a.launches;
+    const unsigned smem = a.smem;
+    const std::string& dir = a.dir;
     const int ldwih = std::atoi(argv[9]), ldwhh = std::atoi(argv[10]);
     const int ldbw = std::atoi(argv[11]), ldbr = std::atoi(argv[12]);
     auto load16 = [&](const char* name, std::vector<float4>& store) {
@@ -76,11 +88,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK_BWD)\n");
         return 2;
     }
-    const int B = std::atoi(argv[1]), H = std::atoi(argv[2]), T = std::atoi(argv[3]);
-    const int L = std::atoi(argv[4]), U = std::atoi(argv[5]);
-    const unsigned smem = (unsigned)std::atol(argv[6]);
-    const int launches = std::atoi(argv[7]);
-    const std::string dir = argv[8];
+    const StackSimArgs a(argv);
+    const int B = a.B, H = a.H, T = a.T, L = a.L, U = a.U, launches = a.launches;
+    const unsigned smem = a.smem;
+    const std::string& dir = a.dir;
     const int ldw = std::atoi(argv[9]);
     std::vector<float4> stores[3];
     auto load16 = [&](const char* name, std::vector<float4>& store) {
@@ -115,4 +126,5 @@ int main(int argc, char** argv) {
     write_f32(dir + "/dc0.out", dc0);
     return 0;
 }
+#endif
 #endif
