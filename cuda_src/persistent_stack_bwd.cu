@@ -11,8 +11,9 @@
  * Design: docs/kernels.md ("The stack backward"); the host side (fit, NumPy twin):
  * rnnrt/kernels/stack_bwd.py.
  *
- * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bench.py --define):
- * SB_KT (k rows a staged tile), SB_NS (stages), PK_TIMING (persistent_common.cuh).
+ * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bwd_bench.py
+ * --define): SB_NS (stages; SB_KT, k rows a staged tile, is held at 64 by the copy mapping's
+ * static_assert), PK_TIMING (persistent_common.cuh).
  *
  * Calling convention: as persistent.cu's (rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),

@@ -8,7 +8,7 @@ tolerance, worst element reported), the progress counters checked back at zero; 
 CUDA events (warm-up, median of --repeats). Timing variants (--variants, PK_TIMING masks: 1 no
 staging, 2 no FMAs, 4 no waits, 8 no pointwise) compute wrong results on purpose: timed, not
 checked. --define NAME=VALUE builds the kernel with another value of an overridable constant
-(SB_KT, SB_NS). The whole training step against cuDNN: backward_probe.py --backwards.
+(SB_NS: the stages; the shared memory follows). The whole training step against cuDNN: backward_probe.py --backwards.
 
 Usage (GPU): python experiments/scripts/stack_bwd_bench.py [--hidden 512] [--batch 64]
              [--layers 4] [--steps 100] [--variants 0] [--define NAME=VALUE ...] [--out PATH]
@@ -29,7 +29,8 @@ from rnnrt.bench.timing import time_gpu  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
 from rnnrt.kernels.registry import get_kernel  # noqa: E402
 from rnnrt.kernels.sources import source  # noqa: E402
-from rnnrt.kernels.stack_bwd import stack_bwd_fit  # noqa: E402
+from rnnrt.kernels.stack_bwd import (SB_KT, SB_NS, stack_bwd_fit,  # noqa: E402
+                                     stack_bwd_smem_bytes)
 from rnnrt.session import GpuSession  # noqa: E402
 
 
@@ -110,6 +111,11 @@ def main(argv=None):
     d_sync = cp.zeros(outs[5], cp.uint32)
     d_dgt = cp.full(outs[6], np.nan, f32)
     grid, block, smem = fit.grid, fit.block, fit.smem_bytes
+    defined = dict(x.split("=", 1) for x in a.define)
+    if "SB_NS" in defined or "SB_KT" in defined:   # the stages the build will have
+        kt, ns = int(defined.get("SB_KT", SB_KT)), int(defined.get("SB_NS", SB_NS))
+        smem = stack_bwd_smem_bytes(H, kt, ns)
+        print(f"  shared memory for SB_KT {kt}, SB_NS {ns}: {smem} bytes")
     ld = np.int32
     rows = []
     for variant in [int(v) for v in a.variants.split(",")]:
