@@ -8,7 +8,8 @@ tolerance, worst element reported), the progress counters checked back at zero; 
 CUDA events (warm-up, median of --repeats). Timing variants (--variants, PK_TIMING masks: 1 no
 staging, 2 no FMAs, 4 no waits, 8 no pointwise) compute wrong results on purpose: timed, not
 checked. --define NAME=VALUE builds the kernel with another value of an overridable constant
-(SB_NS: the stages; the shared memory follows). The whole training step against cuDNN: backward_probe.py --backwards.
+(SB_NS: the stages; SB_KT: k rows a stage, a multiple of 64; the shared memory follows: at H
+512, SB_KT=128 fits with SB_NS=2). The whole training step against cuDNN: backward_probe.py --backwards.
 
 Usage (GPU): python experiments/scripts/stack_bwd_bench.py [--hidden 512] [--batch 64]
              [--layers 4] [--steps 100] [--variants 0] [--define NAME=VALUE ...] [--out PATH]
