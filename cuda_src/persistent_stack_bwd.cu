@@ -252,9 +252,13 @@ __device__ __forceinline__ void persistent_stack_bwd(
     const pk_saddr w_lane = 4u * (SB_WOFF + U * k_lane);
     const pk_saddr x_lane = 16u * lb + 4u * (SB_XOFF + SB_BMAX * k_lane);
     const pk_saddr st_a = pk_smem_addr(st);
+    // Timeline (PK_TRACE, PS_NOTE: persistent_common.cuh), at the s-th step: 0 step top, 1
+    // past the wait for the layer above, 2 after the dg count, 3 past the own wait, 4 past
+    // the K loop, 5 after the dx count (the sums and dx stored).
     for (int s = 0; s < T; ++s) {
         const int t = T - 1 - s;
         const unsigned int done = (unsigned int)(s + 1) * NB;   // counts after step t
+        PS_NOTE(s, 0);
         // --- the pointwise backward of step t. The forward's values first (nothing waits
         // for them), then the wait for the layer above's dg_t W (its dh_above).
         float gates[SB_CPT][4], cn[SB_CPT], cp[SB_CPT];
@@ -271,6 +275,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
         }
         if (tid == 0 && above) ps_wait(above, done);
         __syncthreads();   // ... for every thread (and the last step's partial sums are read)
+        PS_NOTE(s, 1);
 #pragma unroll
         for (int i = 0; i < SB_CPT; ++i) {
             int b, jj;
@@ -307,11 +312,13 @@ __device__ __forceinline__ void persistent_stack_bwd(
             pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
             atomicAdd(dg_done, 1u);
         }
+        PS_NOTE(s, 2);
 
         // --- the product of step t: [R | W][:, J]^T dg_t^T, every block of the layer's
         // dg_t (each warp waits for itself: it issues and reads only its own rows)
         if (lane == 0) ps_wait(dg_done, done);
         __syncwarp();
+        PS_NOTE(s, 3);
         for (int n = 0; n < SB_NS - 1; ++n) issue(n, dgs);
         float acc[SB_TM][SB_TB];
 #pragma unroll
@@ -325,6 +332,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
             const pk_saddr sa = st_a + 4u * ((n % SB_NS) * SB_STAGE);
             sb_tile_fma(acc, lr ? sa + w_lane : r_lane + 4u * (n * SB_KT * U), sa + x_lane);
         }
+        PS_NOTE(s, 4);
         pk_cp_wait<0>();
         __syncthreads();   // every tile is read: the stages become the partial sums
         // Sixteen half-warp partial sums into four, in four passes: (warps 4..7, lk = 1)
@@ -380,6 +388,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
                 atomicAdd(dx_done, 1u);
             }
         }
+        PS_NOTE(s, 5);
         // (layer 0: the next step's first __syncthreads orders red's reads before the tile)
     }
 #pragma unroll
