@@ -13,6 +13,7 @@
  *                         distributed shared-memory store (sm_90), L2 prefetch.
  *   ps_wait               the stack kernels' wait on a progress counter (forward and
  *                         backward: persistent_stack.cu, persistent_stack_bwd.cu)
+ *   PS_NOTE, pk_trace     the stack kernels' PK_TRACE timeline (experiments only)
  *                         tests/kernels/persistent_host_sim.cpp defines PK_HOST_SIM and its
  *                         own versions of them, to run the kernels on CPU threads.
  *   PkRaw, PkIf, pk_operand, pk_stored, pk_ldcg, pk_ldcs, pk_stcg
@@ -202,6 +203,28 @@ __device__ __forceinline__ void pk_cp_commit() {
 template <int N> __device__ __forceinline__ void pk_cp_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
+#endif
+
+// Timeline of the stack kernels, for experiments only (rnnrt never defines PK_TRACE): thread
+// 0 of each of the first PS_TRACE_BLOCKS blocks notes %globaltimer (ns) at PS_TRACE_POINTS
+// points of its first PS_TRACE_STEPS steps into pk_trace[block][step][point]
+// (stack_bench.py --trace and stack_bwd_bench.py --trace read it; each kernel says what its
+// points are).
+#define PS_TRACE_BLOCKS 160
+#define PS_TRACE_STEPS 128
+#define PS_TRACE_POINTS 6
+#ifdef PK_TRACE
+__device__ unsigned long long pk_trace[PS_TRACE_BLOCKS * PS_TRACE_STEPS * PS_TRACE_POINTS];
+#define PS_NOTE(t, point)                                                                     \
+    do {                                                                                      \
+        if (threadIdx.x == 0 && (t) < PS_TRACE_STEPS && blockIdx.x < PS_TRACE_BLOCKS) {      \
+            unsigned long long ns;                                                            \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));                            \
+            pk_trace[(blockIdx.x * PS_TRACE_STEPS + (t)) * PS_TRACE_POINTS + (point)] = ns;   \
+        }                                                                                     \
+    } while (0)
+#else
+#define PS_NOTE(t, point) ((void)0)
 #endif
 
 // The stack kernels' progress-counter wait (persistent_stack.cu, persistent_stack_bwd.cu).

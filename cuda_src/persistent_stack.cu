@@ -97,29 +97,8 @@ __device__ __forceinline__ float ps_tanh(float x) {
     return tanhf(x);
 }
 
-// Timeline of the stack kernel, for experiments only (rnnrt never defines PK_TRACE): thread
-// 0 of each of the first PS_TRACE_BLOCKS blocks notes %globaltimer (ns) at PS_TRACE_POINTS
-// points of its first PS_TRACE_STEPS steps into pk_trace[block][step][point]
-// (stack_bench.py --trace reads it):
-// 0 step top, 1 past the top waits, 2 before the own wait, 3 past it, 4 past the K loop,
-// 5 after the count.
-#define PS_TRACE_BLOCKS 160
-#define PS_TRACE_STEPS 128
-#define PS_TRACE_POINTS 6
-#ifdef PK_TRACE
-__device__ unsigned long long pk_trace[PS_TRACE_BLOCKS * PS_TRACE_STEPS * PS_TRACE_POINTS];
-#define PS_NOTE(t, point)                                                                     \
-    do {                                                                                      \
-        if (threadIdx.x == 0 && (t) < PS_TRACE_STEPS && blockIdx.x < PS_TRACE_BLOCKS) {      \
-            unsigned long long ns;                                                            \
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));                            \
-            pk_trace[(blockIdx.x * PS_TRACE_STEPS + (t)) * PS_TRACE_POINTS + (point)] = ns;   \
-        }                                                                                     \
-    } while (0)
-#else
-#define PS_NOTE(t, point) ((void)0)
-#endif
-
+// Timeline (PK_TRACE, PS_NOTE: persistent_common.cuh): 0 step top, 1 past the top waits,
+// 2 before the own wait, 3 past it, 4 past the K loop, 5 after the count.
 // out[cc, r] = in[r, cc] for r < rows, cc < cols over the 32 x 32 tile at (r0, c0), through
 // the shared tile s (32 x 33: conflict-free both ways); every thread of the block calls it.
 __device__ __forceinline__ void ps_transpose_tile(const float* in, long long ldi, float* out,

@@ -11,8 +11,9 @@
  * Design: docs/kernels.md ("The stack backward"); the host side (fit, NumPy twin):
  * rnnrt/kernels/stack_bwd.py.
  *
- * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bench.py --define):
- * SB_KT (k rows a staged tile), SB_NS (stages), PK_TIMING (persistent_common.cuh).
+ * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bwd_bench.py
+ * --define): SB_KT (k rows a staged tile: a multiple of 64; 128 with SB_NS 2 fits a block at
+ * H 512), SB_NS (stages), PK_TIMING (persistent_common.cuh).
  *
  * Calling convention: as persistent.cu's (rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),
@@ -85,8 +86,10 @@
 #define SB_CPT 4                   // pointwise cells a thread: U * B / PK_MAX_THREADS at most
 static_assert(4 * SB_BMAX * SB_RP <= SB_NS * SB_STAGE, "the partial sums reuse the stages");
 static_assert(4 * SB_U * SB_TP <= SB_NS * SB_STAGE, "the dg^T tile reuses the stages");
-static_assert(SB_KPW == 8 && SB_KT % SB_KG == 0, "a warp's 8 rows: 32 lanes x 1 W float4, "
-              "x 4 dg float4s; 4 a half-warp");
+static_assert(SB_KPW % 8 == 0 && SB_KT % SB_KG == 0, "a warp's rows: 32 lanes x SB_KPW / 8 W "
+              "float4s, x SB_KPW / 2 dg float4s; SB_KPW / 2 a half-warp");
+#define SB_CW (SB_KPW / 8)         // W float4s a lane copies of a tile
+#define SB_CX (SB_KPW / 2)         // dg^T float4s a lane copies of a tile
 static_assert(SB_STAGE % 16 == 0 && SB_XOFF % 4 == 0, "16-byte rows, stages at 0 / 16 banks");
 
 // A 16-byte store through L2 (other blocks read it during this launch).
@@ -158,7 +161,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
     auto aligned = [](const void* p) {
         return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
     };
-    if (blockDim.x != PK_MAX_THREADS || u_arg != U || H % SB_KT != 0 || B < 1 ||
+    if (blockDim.x != PK_MAX_THREADS || u_arg != U || K % SB_KT != 0 || H % U != 0 || B < 1 ||
         B > SB_BMAX || L < 1 || T < 1 || (long long)gridDim.x != (long long)L * NB ||
         (long long)dynamic_smem_bytes() < need || ldgt != SB_BMAX || !aligned(dgt) ||
         !aligned(wih) || !aligned(whh) || ldwih % 4 || ldwhh % 4)
@@ -212,10 +215,10 @@ __device__ __forceinline__ void persistent_stack_bwd(
     }
 
     // The float4s this thread copies of each tile: each warp copies only the SB_KPW k rows of
-    // a tile it multiplies (no block barrier in the K loop, as the forward). W part: k row
-    // SB_KPW*warp + lane/4, float4 lane % 4 of the 16 columns at j0; dg^T part: k rows
-    // kr0 + 2i (i < 4), float4 q4 = lane % 16 (batches 4*q4, only float4s below nbc). One
-    // cp.async group a tile (empty past the last).
+    // a tile it multiplies (no block barrier in the K loop, as the forward). W part: k rows
+    // krw + 8i (i < SB_CW), float4 lane % 4 of the 16 columns at j0; dg^T part: k rows
+    // kr0 + 2i (i < SB_CX), float4 q4 = lane % 16 (batches 4*q4, only float4s below nbc).
+    // One cp.async group a tile (empty past the last).
     const int krw = SB_KPW * warp + (lane >> 2), qw = lane & 3;
     const float* const w_thr = wih + (long long)krw * H + j0 + 4 * qw;
     const int dst_w = SB_WOFF + krw * U + 4 * qw;
@@ -225,11 +228,14 @@ __device__ __forceinline__ void persistent_stack_bwd(
     auto issue = [&](int n, const float* dg) {
         if (n < NT && !(PK_TIMING & 1)) {
             float* const s = st + (n % SB_NS) * SB_STAGE;
-            pk_cp_async16(s + dst_w, w_thr + (long long)n * SB_KT * H);
+#pragma unroll
+            for (int i = 0; i < SB_CW; ++i)
+                pk_cp_async16(s + dst_w + i * 8 * U,
+                              w_thr + ((long long)n * SB_KT + 8 * i) * H);
             if (x_ok) {
                 const float* const xs = dg + (long long)(n * SB_KT + kr0) * SB_BMAX + 4 * q4;
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
+                for (int i = 0; i < SB_CX; ++i)
                     pk_cp_async16(s + dst_x + i * 2 * SB_BMAX, xs + i * 2 * SB_BMAX);
             }
         }
@@ -246,9 +252,13 @@ __device__ __forceinline__ void persistent_stack_bwd(
     const pk_saddr w_lane = 4u * (SB_WOFF + U * k_lane);
     const pk_saddr x_lane = 16u * lb + 4u * (SB_XOFF + SB_BMAX * k_lane);
     const pk_saddr st_a = pk_smem_addr(st);
+    // Timeline (PK_TRACE, PS_NOTE: persistent_common.cuh), at the s-th step: 0 step top, 1
+    // past the wait for the layer above, 2 after the dg count, 3 past the own wait, 4 past
+    // the K loop, 5 after the dx count (the sums and dx stored).
     for (int s = 0; s < T; ++s) {
         const int t = T - 1 - s;
         const unsigned int done = (unsigned int)(s + 1) * NB;   // counts after step t
+        PS_NOTE(s, 0);
         // --- the pointwise backward of step t. The forward's values first (nothing waits
         // for them), then the wait for the layer above's dg_t W (its dh_above).
         float gates[SB_CPT][4], cn[SB_CPT], cp[SB_CPT];
@@ -265,6 +275,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
         }
         if (tid == 0 && above) ps_wait(above, done);
         __syncthreads();   // ... for every thread (and the last step's partial sums are read)
+        PS_NOTE(s, 1);
 #pragma unroll
         for (int i = 0; i < SB_CPT; ++i) {
             int b, jj;
@@ -301,11 +312,13 @@ __device__ __forceinline__ void persistent_stack_bwd(
             pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
             atomicAdd(dg_done, 1u);
         }
+        PS_NOTE(s, 2);
 
         // --- the product of step t: [R | W][:, J]^T dg_t^T, every block of the layer's
         // dg_t (each warp waits for itself: it issues and reads only its own rows)
         if (lane == 0) ps_wait(dg_done, done);
         __syncwarp();
+        PS_NOTE(s, 3);
         for (int n = 0; n < SB_NS - 1; ++n) issue(n, dgs);
         float acc[SB_TM][SB_TB];
 #pragma unroll
@@ -319,6 +332,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
             const pk_saddr sa = st_a + 4u * ((n % SB_NS) * SB_STAGE);
             sb_tile_fma(acc, lr ? sa + w_lane : r_lane + 4u * (n * SB_KT * U), sa + x_lane);
         }
+        PS_NOTE(s, 4);
         pk_cp_wait<0>();
         __syncthreads();   // every tile is read: the stages become the partial sums
         // Sixteen half-warp partial sums into four, in four passes: (warps 4..7, lk = 1)
@@ -374,6 +388,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
                 atomicAdd(dx_done, 1u);
             }
         }
+        PS_NOTE(s, 5);
         // (layer 0: the next step's first __syncthreads orders red's reads before the tile)
     }
 #pragma unroll

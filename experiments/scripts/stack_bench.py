@@ -46,10 +46,16 @@ def expected(x, wih, whh, bih, bhh, h0, c0):
     return cache.sequences()
 
 
-def timeline(cp, mod, run, stream, L, blocks, T):
-    """One more launch with the kernel's PK_TRACE notes (cuda_src/persistent.cu, PS_NOTE):
+FORWARD_PHASES = ("top wait", "W tiles to own wait", "own wait", "rest of K loop",
+                  "reduce+pointwise+count")
+"""The stack kernel's phases between its PK_TRACE points 0..5 (persistent_stack.cu)."""
+
+
+def timeline(cp, mod, run, stream, L, blocks, T, phases=FORWARD_PHASES):
+    """One more launch with the kernel's PK_TRACE notes (persistent_common.cuh, PS_NOTE):
     per layer, the medians over its blocks and steps 5..min(T, 128)-5 of the step period
-    and of each phase (us), printed and returned."""
+    and of each phase between its points (us; ``phases``: their names, the kernel's), printed
+    and returned."""
     nblk, steps, points = 160, 128, 6   # PS_TRACE_BLOCKS, _STEPS, _POINTS
     if blocks > nblk:
         raise SystemExit(f"--trace: {blocks} blocks > the trace's {nblk}")
@@ -63,14 +69,12 @@ def timeline(cp, mod, run, stream, L, blocks, T):
     n = min(T, steps)
     nb = blocks // L
     out = {}
-    names = ("period", "top wait", "W tiles to own wait", "own wait", "rest of K loop",
-             "reduce+pointwise+count")
+    names = ("period",) + tuple(phases)
     print("layer " + "".join(f"{k:>24}" for k in names))
     for layer in range(L):
         x = tr[layer * nb:(layer + 1) * nb, 5:n - 5] / 1e3
-        v = [np.median(np.diff(x[:, :, 0], axis=1)), np.median(x[..., 1] - x[..., 0]),
-             np.median(x[..., 2] - x[..., 1]), np.median(x[..., 3] - x[..., 2]),
-             np.median(x[..., 4] - x[..., 3]), np.median(x[..., 5] - x[..., 4])]
+        v = [np.median(np.diff(x[:, :, 0], axis=1))] + [
+            np.median(x[..., p + 1] - x[..., p]) for p in range(points - 1)]
         out[layer] = dict(zip(names, map(float, v)))
         print(f"{layer:>5} " + "".join(f"{e:24.2f}" for e in v))
     return out

@@ -8,10 +8,13 @@ tolerance, worst element reported), the progress counters checked back at zero; 
 CUDA events (warm-up, median of --repeats). Timing variants (--variants, PK_TIMING masks: 1 no
 staging, 2 no FMAs, 4 no waits, 8 no pointwise) compute wrong results on purpose: timed, not
 checked. --define NAME=VALUE builds the kernel with another value of an overridable constant
-(SB_KT, SB_NS). The whole training step against cuDNN: backward_probe.py --backwards.
+(SB_NS: the stages; SB_KT: k rows a stage, a multiple of 64; the shared memory follows: at H
+512, SB_KT=128 fits with SB_NS=2); --trace adds one launch with the kernel's PK_TRACE timeline
+and prints each layer's median step phases (stack_bench.py's reader). The whole training step against cuDNN: backward_probe.py --backwards.
 
 Usage (GPU): python experiments/scripts/stack_bwd_bench.py [--hidden 512] [--batch 64]
-             [--layers 4] [--steps 100] [--variants 0] [--define NAME=VALUE ...] [--out PATH]
+             [--layers 4] [--steps 100] [--variants 0] [--define NAME=VALUE ...] [--trace]
+             [--out PATH]
 """
 from __future__ import annotations
 
@@ -29,8 +32,14 @@ from rnnrt.bench.timing import time_gpu  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
 from rnnrt.kernels.registry import get_kernel  # noqa: E402
 from rnnrt.kernels.sources import source  # noqa: E402
-from rnnrt.kernels.stack_bwd import stack_bwd_fit  # noqa: E402
+from rnnrt.kernels.stack_bwd import (SB_KT, SB_NS, stack_bwd_fit,  # noqa: E402
+                                     stack_bwd_smem_bytes)
 from rnnrt.session import GpuSession  # noqa: E402
+from stack_bench import timeline  # noqa: E402 (this folder: the scripts' sys.path[0])
+
+PHASES = ("above wait", "pointwise+dg count", "own wait", "K loop",
+          "reduce+dx+count")
+"""The stack backward's phases between its PK_TRACE points 0..5 (persistent_stack_bwd.cu)."""
 
 
 def case(T, B, H, L, seed=0):
@@ -91,6 +100,8 @@ def main(argv=None):
     ap.add_argument("--variants", default="0")
     ap.add_argument("--define", action="append", default=[],
                     help="NAME=VALUE for the kernel's build (e.g. SB_NS=4); repeatable")
+    ap.add_argument("--trace", action="store_true",
+                    help="build with PK_TRACE and print each layer's median step timeline")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     session = GpuSession()   # CuPy and the device's facts; the kernel built here with -D
@@ -110,11 +121,17 @@ def main(argv=None):
     d_sync = cp.zeros(outs[5], cp.uint32)
     d_dgt = cp.full(outs[6], np.nan, f32)
     grid, block, smem = fit.grid, fit.block, fit.smem_bytes
+    defined = dict(x.split("=", 1) for x in a.define)
+    if "SB_NS" in defined or "SB_KT" in defined:   # the stages the build will have
+        kt, ns = int(defined.get("SB_KT", SB_KT)), int(defined.get("SB_NS", SB_NS))
+        smem = stack_bwd_smem_bytes(H, kt, ns)
+        print(f"  shared memory for SB_KT {kt}, SB_NS {ns}: {smem} bytes")
     ld = np.int32
     rows = []
     for variant in [int(v) for v in a.variants.split(",")]:
         mod = cp.RawModule(code=source("persistent_stack_bwd.cu"),
                            options=("-std=c++17", f"-DPK_TIMING={variant}",
+                                    *(("-DPK_TRACE",) if a.trace else ()),
                                     *(f"-D{x}" for x in a.define)))
         k = mod.get_function(fit.kernel)
         k.max_dynamic_shared_size_bytes = smem
@@ -145,6 +162,8 @@ def main(argv=None):
             if int(cp.asnumpy(d_sync).max()) != 0:
                 raise SystemExit(f"counters not reset: {cp.asnumpy(d_sync)}")
         tm = time_gpu(cp, run, stream, repeats=a.repeats)
+        if a.trace:
+            row["trace"] = timeline(cp, mod, run, stream, L, grid[0], T, PHASES)
         row["ms"] = tm.ms_median
         row["us_per_wavefront_step"] = 1e3 * tm.ms_median / (T + L - 1)
         # dh = dg R and dx = dg W a layer a step

@@ -43,7 +43,15 @@ SB_NS = 3             # pipeline stages
 SB_KG = PK_MAX_THREADS // 32   # k-groups: one a warp
 SB_KPW = SB_KT // SB_KG        # k rows of a tile a k-group takes (half each a half-warp)
 SB_WOFF = 4                    # a stage: padding, W's part [SB_KT][SB_U], dg^T's
-SB_STAGE = -(-(SB_WOFF + SB_KT * (SB_U + SB_BMAX)) // 16) * 16   # [SB_KT][64], to 16 floats
+
+
+def stage_floats(k_tile: int = SB_KT) -> int:
+    """Floats of one stage (the kernel's SB_STAGE): padding, W's part [k_tile][SB_U], dg^T's
+    [k_tile][64], up to a multiple of 16."""
+    return -(-(SB_WOFF + int(k_tile) * (SB_U + SB_BMAX)) // 16) * 16
+
+
+SB_STAGE = stage_floats()
 # registers a thread at most (nvcc 13.0 -arch=sm_90 and NVRTC 13.5 + ptxas 13.0: 254; the
 # launch bounds' limit: a test holds ptxas's build to it, no spills)
 SB_REGS = 255
@@ -66,10 +74,11 @@ class StackBwdFit(StackFit):
         return STACK_BWD_KERNEL
 
 
-def stack_bwd_smem_bytes(hidden: int) -> int:
+def stack_bwd_smem_bytes(hidden: int, k_tile: int = SB_KT, stages: int = SB_NS) -> int:
     """Dynamic shared memory of one block (bytes): R's U columns k-major + pipeline stages
-    (W's U columns and dg^T's 64 batches of SB_KT k rows, padded: SB_STAGE floats)."""
-    return 4 * (4 * int(hidden) * SB_U + SB_NS * SB_STAGE)
+    (W's U columns and dg^T's 64 batches of SB_KT k rows, padded: SB_STAGE floats; k_tile
+    and stages: a build with other SB_KT, SB_NS, as stack_bwd_bench.py --define makes)."""
+    return 4 * (4 * int(hidden) * SB_U + int(stages) * stage_floats(k_tile))
 
 
 def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
