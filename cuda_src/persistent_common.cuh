@@ -205,6 +205,58 @@ template <int N> __device__ __forceinline__ void pk_cp_wait() {
 }
 #endif
 
+// The stack kernels' register tile (persistent_stack.cu, persistent_stack_bwd.cu,
+// persistent_stack_bwd_pair.cu): a lane accumulates 16 rows x 8 batches. ps_outer: one k's
+// outer product from its 4 A float4s (rows 4g + e) and 2 X float4s (batches 4h + f), 128
+// FMAs. ps_flush8: eight k-groups' tiles into four partial sums, red[m][b][row] (row stride
+// rp): warps 4..7 store theirs, warps 0..3 add theirs in place (a __syncthreads after each
+// pass); lane (lr, lb) holds rows 16g + 4lr + e, batches 32h + 4lb + f (its rows' offset
+// in a red row: row_off(g) + ...).
+__device__ __forceinline__ void ps_outer(float (&acc)[16][8], const float4 (&av)[4],
+                                         const float4 (&xv)[2]) {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+        const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float xr[4] = {xv[hh].x, xv[hh].y, xv[hh].z, xv[hh].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int f = 0; f < 4; ++f)
+                    acc[4 * g + e][4 * hh + f] = fmaf(ar[e], xr[f], acc[4 * g + e][4 * hh + f]);
+        }
+    }
+}
+// red + (warp & 3) * 64 * rp is the warp's partial sum; r0 its lane's first row in it
+// (rows 16g + 4lr: r0 = 4lr, g's at + 16g), lb its batches.
+__device__ __forceinline__ void ps_flush8(const float (&acc)[16][8], float* red, int warp,
+                                          int lr, int lb, int rp) {
+    for (int pass = 0; pass < 2; ++pass) {
+        if ((warp >= 4) == (pass == 0)) {
+            float* const r0 = red + (warp & 3) * 64 * rp + 4 * lr;
+#pragma unroll
+            for (int g = 0; g < 4; ++g)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                    for (int f = 0; f < 4; ++f) {
+                        float4* const q = reinterpret_cast<float4*>(
+                            r0 + (32 * hh + 4 * lb + f) * rp + 16 * g);
+                        float4 v = make_float4(acc[4 * g][4 * hh + f], acc[4 * g + 1][4 * hh + f],
+                                               acc[4 * g + 2][4 * hh + f],
+                                               acc[4 * g + 3][4 * hh + f]);
+                        if (pass == 1) {
+                            const float4 o = *q;
+                            v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+                        }
+                        *q = v;
+                    }
+        }
+        __syncthreads();
+    }
+}
+
 // Timeline of the stack kernels, for experiments only (rnnrt never defines PK_TRACE): thread
 // 0 of each of the first PS_TRACE_BLOCKS blocks notes %globaltimer (ns) at PS_TRACE_POINTS
 // points of its first PS_TRACE_STEPS steps into pk_trace[block][step][point]

@@ -138,19 +138,7 @@ __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + row + 128u * hh);
         }
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-            const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const float xr[4] = {xv[hh].x, xv[hh].y, xv[hh].z, xv[hh].w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-#pragma unroll
-                    for (int f = 0; f < 4; ++f)
-                        acc[4 * g + e][4 * hh + f] = fmaf(ar[e], xr[f], acc[4 * g + e][4 * hh + f]);
-            }
-        }
+        ps_outer(acc, av, xv);
         if (kk + 1 < PS_KPW) {
 #pragma unroll
             for (int g = 0; g < 4; ++g) av[g] = an[g];
@@ -366,30 +354,7 @@ __device__ __forceinline__ void persistent_stack_fwd(
         // Eight k-groups into four partial sums: warps 4..7 store, warps 0..3 add theirs.
         // red[m][b][row], row stride PS_RP: a quarter warp's 16-byte accesses (lr 0..3, two
         // batches 4 apart: 4 * PS_RP = 16 mod 32 banks) fill 32 banks.
-        for (int pass = 0; pass < 2; ++pass) {
-            if ((warp >= 4) == (pass == 0)) {
-                float* const r0 = red + (warp & 3) * PS_BMAX * PS_RP + 4 * lr;
-#pragma unroll
-                for (int g = 0; g < 4; ++g)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                        for (int f = 0; f < 4; ++f) {
-                            float4* const p = reinterpret_cast<float4*>(
-                                r0 + (32 * hh + 4 * lb + f) * PS_RP + 16 * g);
-                            float4 v = make_float4(acc[4 * g][4 * hh + f],
-                                                   acc[4 * g + 1][4 * hh + f],
-                                                   acc[4 * g + 2][4 * hh + f],
-                                                   acc[4 * g + 3][4 * hh + f]);
-                            if (pass == 1) {
-                                const float4 o = *p;
-                                v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
-                            }
-                            *p = v;
-                        }
-            }
-            __syncthreads();
-        }
+        ps_flush8(acc, red, warp, lr, lb, PS_RP);
 
         // The pointwise update of this thread's cells: gate sums over the 4 partial sums in
         // order, then (sum + b_ih) + b_hh, then lstm_fwd's arithmetic. Only h^T is read by

@@ -54,17 +54,15 @@
  *   __launch_bounds__(PK_MAX_THREADS = 256, 1);
  *   dynamic shared memory 4H*16*4 (R slice) + SB_NS * 20,544 (stages): 192,704 bytes at H 512.
  */
-#include "persistent_common.cuh"
-#include "cell_bwd.cuh"
+// SB_U, SB_BMAX, SB_TP, SB_CPT, the pointwise, the finish:
+#include "persistent_stack_bwd.cuh"
 
 // Block x is layer l = x / NB, rank x % NB (NB = H / SB_U blocks a layer), as the forward.
 // Its product each step is [R_l[:, J] | W_l[:, J]]^T (SB_M = 32 rows) x dg_t^T (4H x B):
 // every operand k-major (a k's 16 units of R, of W, a k's 64 batches contiguous), so a lane's
 // step is an outer product per k from 6 float4 loads (16 rows x 8 batches, 128 FMAs: the
 // forward's tile; a warp's two half-warps take alternate k rows).
-#define SB_U 16                    // units of a block
 #define SB_M (2 * SB_U)            // product rows: R's 16 columns, then W's
-#define SB_BMAX 64                 // most batches (and the width of a dgt row)
 #define SB_TM 16                   // register tile: rows a lane accumulates (4 float4s)
 #define SB_TB 8                    // register tile: batches a lane accumulates (2 float4s)
 #ifndef SB_KT                      // (overridable for experiments; rnnrt.kernels.stack_bwd
@@ -82,8 +80,6 @@
 #define SB_XOFF (SB_WOFF + SB_KT * SB_U)   // the dg^T part's
 #define SB_STAGE ((SB_XOFF + SB_KT * SB_BMAX + 15) / 16 * 16)
 #define SB_RP 36                   // stride of a batch's partial sums (see the flush)
-#define SB_TP 68                   // stride of a gate row of the dg^T tile (see the pointwise)
-#define SB_CPT 4                   // pointwise cells a thread: U * B / PK_MAX_THREADS at most
 static_assert(4 * SB_BMAX * SB_RP <= SB_NS * SB_STAGE, "the partial sums reuse the stages");
 static_assert(4 * SB_U * SB_TP <= SB_NS * SB_STAGE, "the dg^T tile reuses the stages");
 static_assert(SB_KPW % 8 == 0 && SB_KT % SB_KG == 0, "a warp's rows: 32 lanes x SB_KPW / 8 W "
@@ -91,11 +87,6 @@ static_assert(SB_KPW % 8 == 0 && SB_KT % SB_KG == 0, "a warp's rows: 32 lanes x 
 #define SB_CW (SB_KPW / 8)         // W float4s a lane copies of a tile
 #define SB_CX (SB_KPW / 2)         // dg^T float4s a lane copies of a tile
 static_assert(SB_STAGE % 16 == 0 && SB_XOFF % 4 == 0, "16-byte rows, stages at 0 / 16 banks");
-
-// A 16-byte store through L2 (other blocks read it during this launch).
-__device__ __forceinline__ void sb_stcg4(float* p, float4 v) {
-    __stcg(reinterpret_cast<float4*>(p), v);
-}
 
 // acc += A^T[k]^T X^T[k] over the half-warp's SB_KPW / 2 k rows of one staged tile (rows
 // lk, lk + 2, ... of the warp's: lk = lane / 16). a and x are the shared addresses of the
@@ -120,19 +111,7 @@ __device__ __forceinline__ void sb_tile_fma(float (&acc)[SB_TM][SB_TB], pk_saddr
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + dx * (kk + 1) + 128u * hh);
         }
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-            const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const float xr[4] = {xv[hh].x, xv[hh].y, xv[hh].z, xv[hh].w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-#pragma unroll
-                    for (int f = 0; f < 4; ++f)
-                        acc[4 * g + e][4 * hh + f] = fmaf(ar[e], xr[f], acc[4 * g + e][4 * hh + f]);
-            }
-        }
+        ps_outer(acc, av, xv);
         if (kk + 1 < SB_KPW / 2) {
 #pragma unroll
             for (int g = 0; g < 4; ++g) av[g] = an[g];
@@ -194,25 +173,10 @@ __device__ __forceinline__ void persistent_stack_bwd(
             __ldg(reinterpret_cast<const float4*>(whh + (long long)k * H + j0 + 4 * q));
     }
 
-    // Pointwise cells of this thread, as the forward's: e = tid + i*PK_MAX_THREADS, jj = e %
-    // U, r = e / U, b = the r-th of 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, ... (a warp's two batches
-    // are 4 apart: its partial-sum reads hit 32 different banks), live while b < B. Carried
-    // in registers: dh_rec (the R half of the last product: these cells are this block's own
-    // units) and dc.
-    auto cell_of = [&](int i, int& b, int& jj) {
-        const int e = tid + i * PK_MAX_THREADS, r = e / U, k = r & 7;
-        jj = e - r * U;
-        b = (r & ~7) + (k >> 1) + 4 * (k & 1);
-    };
+    // Carried in registers: dh_rec (the R half of the last product: the block's own units)
+    // and dc of the thread's cells (sb_cell_of).
     float dhrec[SB_CPT], dcar[SB_CPT];
-#pragma unroll
-    for (int i = 0; i < SB_CPT; ++i) {
-        int b, jj;
-        cell_of(i, b, jj);
-        const long long row = (long long)l * B + b;
-        dhrec[i] = b < B ? dhn[row * lddhn + j0 + jj] : 0.f;
-        dcar[i] = b < B ? dcn[row * lddcn + j0 + jj] : 0.f;
-    }
+    sb_cells_init(l, B, j0, dhn, lddhn, dcn, lddcn, dhrec, dcar);
 
     // The float4s this thread copies of each tile: each warp copies only the SB_KPW k rows of
     // a tile it multiplies (no block barrier in the K loop, as the forward). W part: k rows
@@ -258,61 +222,10 @@ __device__ __forceinline__ void persistent_stack_bwd(
     for (int s = 0; s < T; ++s) {
         const int t = T - 1 - s;
         const unsigned int done = (unsigned int)(s + 1) * NB;   // counts after step t
-        PS_NOTE(s, 0);
-        // --- the pointwise backward of step t. The forward's values first (nothing waits
-        // for them), then the wait for the layer above's dg_t W (its dh_above).
-        float gates[SB_CPT][4], cn[SB_CPT], cp[SB_CPT];
-#pragma unroll
-        for (int i = 0; i < SB_CPT; ++i) {
-            int b, jj;
-            cell_of(i, b, jj);
-            if (b >= B) continue;
-            const long long row = (long long)t * B + b;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) gates[i][q] = __ldcs(act + row * ldact + q * H + j0 + jj);
-            cn[i] = __ldcs(c + (row + B) * ldc + j0 + jj);
-            cp[i] = __ldcs(c + row * ldc + j0 + jj);
-        }
-        if (tid == 0 && above) ps_wait(above, done);
-        __syncthreads();   // ... for every thread (and the last step's partial sums are read)
-        PS_NOTE(s, 1);
-#pragma unroll
-        for (int i = 0; i < SB_CPT; ++i) {
-            int b, jj;
-            cell_of(i, b, jj);
-            if ((PK_TIMING & 8) || b >= B) continue;
-            const long long row = (long long)t * B + b;
-            const float dh = __ldcg(dh_above + row * lddhin + j0 + jj) + dhrec[i];
-            float* const g_out = dgx + row * lddgx + j0 + jj;
-            float* const t_out = tile + jj * SB_TP + b;
-            // the gate gradients: into dgx (streaming: only the dW GEMMs after the launch
-            // read it) and the block's dg^T tile, row q*U + jj (a warp's 16 units x 2
-            // batches: 4-way bank conflicts at most, 16 stores a thread a step)
-            dcar[i] = lstm_bwd_point(dh, dcar[i], gates[i][0], gates[i][1], gates[i][2],
-                                     gates[i][3], cn[i], cp[i], [&](int q, float v) {
-                                         __stcs(g_out + q * H, v);
-                                         t_out[q * U * SB_TP] = v;
-                                     });
-        }
-        __syncthreads();   // the tile is written
-        // The tile into this layer's dgt slot t & 1, 16 bytes a copy: gate row q*U + jj is
-        // dg^T row q*H + j0 + jj (its first nbc float4s). Slot t & 1 was last read by every
-        // block of the layer at step t+2's product, before each counted step t+1 (which this
-        // block waited for before its product of step t+1).
-        float* const dgs = dgt + (long long)(t & 1) * K * SB_BMAX;
-        for (int e = tid; e < 4 * U * (SB_BMAX / 4); e += PK_MAX_THREADS) {
-            const int rr = e / (SB_BMAX / 4), cc = e % (SB_BMAX / 4);
-            if (cc >= nbc) continue;
-            const int q = rr / U, jj = rr % U;
-            sb_stcg4(dgs + (long long)(q * H + j0 + jj) * SB_BMAX + 4 * cc,
-                     *reinterpret_cast<const float4*>(tile + rr * SB_TP + 4 * cc));
-        }
-        __syncthreads();   // the block's dg_t^T is issued (and the tile read)
-        if (tid == 0) {
-            pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
-            atomicAdd(dg_done, 1u);
-        }
-        PS_NOTE(s, 2);
+        // --- the pointwise backward of step t, dg_t published
+        const float* const dgs = sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above,
+                                              lddhin, dgx, lddgx, tile, dgt, above, dg_done,
+                                              done, dhrec, dcar);
 
         // --- the product of step t: [R | W][:, J]^T dg_t^T, every block of the layer's
         // dg_t (each warp waits for itself: it issues and reads only its own rows)
@@ -369,7 +282,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
 #pragma unroll
         for (int i = 0; i < SB_CPT; ++i) {
             int b, jj;
-            cell_of(i, b, jj);
+            sb_cell_of(tid, i, b, jj);
             if ((PK_TIMING & 8) || b >= B) continue;
             const float* const p = red + b * SB_RP + jj;
             float vr = p[0], vw = p[U];
@@ -391,22 +304,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
         PS_NOTE(s, 5);
         // (layer 0: the next step's first __syncthreads orders red's reads before the tile)
     }
-#pragma unroll
-    for (int i = 0; i < SB_CPT; ++i) {
-        int b, jj;
-        cell_of(i, b, jj);
-        if (b >= B) continue;
-        const long long row = (long long)l * B + b;
-        dh0[row * lddh0 + j0 + jj] = dhrec[i];
-        dc0[row * lddc0 + j0 + jj] = dcar[i];
-    }
-    // The last block out zeroes every counter for the next launch: by then every block has
-    // passed its last wait.
-    if (tid == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
-        for (int k = 0; k < L; ++k) atomicExch(sync + 2 * k, 0u);
-        for (int k = 1; k < L; ++k) atomicExch(sync + 2 * k + 1, 0u);
-        atomicExch(sync + 1, 0u);
-    }
+    sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_bwd(

@@ -1,5 +1,7 @@
-"""Time the stack backward (cuda_src/persistent_stack_bwd.cu, lstm_persistent_stack_bwd: every
-layer's LSTM backward chain in one launch, dx = dg W inside) alone, checked first.
+"""Time the stack backward (every layer's LSTM backward chain in one launch, dx = dg W inside)
+alone, checked first: the kernel its fit takes (cuda_src/persistent_stack_bwd_pair.cu,
+lstm_persistent_stack_bwd_pair, in cluster pairs, where the device has clusters), or with
+--single the one-block kernel (persistent_stack_bwd.cu, lstm_persistent_stack_bwd).
 
 One launch over T steps on outputs poisoned with NaN, after a float64 forward (rnnrt.reference)
 whose act and c it reads: dx, dh0, dc0 and every weight and bias gradient derived from its dg
@@ -9,12 +11,12 @@ CUDA events (warm-up, median of --repeats). Timing variants (--variants, PK_TIMI
 staging, 2 no FMAs, 4 no waits, 8 no pointwise) compute wrong results on purpose: timed, not
 checked. --define NAME=VALUE builds the kernel with another value of an overridable constant
 (SB_NS: the stages; SB_KT: k rows a stage, a multiple of 64; the shared memory follows: at H
-512, SB_KT=128 fits with SB_NS=2); --trace adds one launch with the kernel's PK_TRACE timeline
+512, SB_KT=128 fits with SB_NS=2; the pair kernel's stages: SP_NS); --trace adds one launch with the kernel's PK_TRACE timeline
 and prints each layer's median step phases (stack_bench.py's reader). The whole training step against cuDNN: backward_probe.py --backwards.
 
 Usage (GPU): python experiments/scripts/stack_bwd_bench.py [--hidden 512] [--batch 64]
              [--layers 4] [--steps 100] [--variants 0] [--define NAME=VALUE ...] [--trace]
-             [--out PATH]
+             [--single] [--out PATH]
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ from rnnrt.bench.timing import time_gpu  # noqa: E402
 from rnnrt.check import FP32_ATOL, FP32_RTOL, compare, reduction_atol  # noqa: E402
 from rnnrt.kernels.registry import get_kernel  # noqa: E402
 from rnnrt.kernels.sources import source  # noqa: E402
-from rnnrt.kernels.stack_bwd import (SB_KT, SB_NS, stack_bwd_fit,  # noqa: E402
-                                     stack_bwd_smem_bytes)
+from rnnrt.kernels.stack_bwd import (SB_KT, SB_NS, SP_NS, stack_bwd_fit,  # noqa: E402
+                                     stack_bwd_pair_smem_bytes, stack_bwd_smem_bytes)
 from rnnrt.session import GpuSession  # noqa: E402
 from stack_bench import timeline  # noqa: E402 (this folder: the scripts' sys.path[0])
 
@@ -102,13 +104,15 @@ def main(argv=None):
                     help="NAME=VALUE for the kernel's build (e.g. SB_NS=4); repeatable")
     ap.add_argument("--trace", action="store_true",
                     help="build with PK_TRACE and print each layer's median step timeline")
+    ap.add_argument("--single", action="store_true",
+                    help="the one-block kernel even where the cluster pairs fit")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     session = GpuSession()   # CuPy and the device's facts; the kernel built here with -D
     cp = session.cp
     H, B, L, T = a.hidden, a.batch, a.layers, a.steps
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    fit = stack_bwd_fit("lstm", H, B, L, H, props, steps=T)
+    fit = stack_bwd_fit("lstm", H, B, L, H, props, steps=T, pairs=not a.single)
     print(fit.describe())
     if not fit.ok:
         raise SystemExit(f"the stack backward declines this shape: {fit.reason}")
@@ -126,10 +130,13 @@ def main(argv=None):
         kt, ns = int(defined.get("SB_KT", SB_KT)), int(defined.get("SB_NS", SB_NS))
         smem = stack_bwd_smem_bytes(H, kt, ns)
         print(f"  shared memory for SB_KT {kt}, SB_NS {ns}: {smem} bytes")
+    if fit.pair and "SP_NS" in defined:
+        smem = stack_bwd_pair_smem_bytes(H, int(defined["SP_NS"]))
+        print(f"  shared memory for SP_NS {defined['SP_NS']}: {smem} bytes")
     ld = np.int32
     rows = []
     for variant in [int(v) for v in a.variants.split(",")]:
-        mod = cp.RawModule(code=source("persistent_stack_bwd.cu"),
+        mod = cp.RawModule(code=source(get_kernel(fit.kernel).file),
                            options=("-std=c++17", f"-DPK_TIMING={variant}",
                                     *(("-DPK_TRACE",) if a.trace else ()),
                                     *(f"-D{x}" for x in a.define)))
@@ -152,8 +159,8 @@ def main(argv=None):
         cp.cuda.Device().synchronize()
         run()
         stream.synchronize()
-        row = dict(variant=variant, defines=a.define, hidden=H, batch=B, layers=L, steps=T,
-                   grid=grid[0], smem=smem)
+        row = dict(variant=variant, kernel=fit.kernel, defines=a.define, hidden=H, batch=B,
+                   layers=L, steps=T, grid=grid[0], smem=smem)
         if variant == 0:
             row["max_abs_err"] = check(cp.asnumpy(d_dgx).reshape(L, T * B, 4 * H),
                                        cp.asnumpy(d_dx).reshape(T, B, H),

@@ -109,19 +109,22 @@ def libcuda_query():
     return fn
 
 
-def driver_max_active_clusters(kernel, threads: int, smem_bytes: int, query=None) -> int:
-    """The driver's count of co-resident clusters of PK_CLUSTER blocks for ``kernel`` (a
-    cupy.RawKernel whose dynamic shared memory limit already allows ``smem_bytes``) in blocks
-    of ``threads`` threads. ``query``: the ctypes function (default ``libcuda_query()``;
-    tests pass a fake). Raises OccupancyUnavailable when the driver cannot answer."""
+def driver_max_active_clusters(kernel, threads: int, smem_bytes: int, query=None,
+                               cluster: int = PK_CLUSTER) -> int:
+    """The driver's count of co-resident clusters of ``cluster`` blocks (the kernel's
+    __cluster_dims__: PK_CLUSTER for the cluster kernels, 2 for the stack backward's pairs)
+    for ``kernel`` (a cupy.RawKernel whose dynamic shared memory limit already allows
+    ``smem_bytes``) in blocks of ``threads`` threads. ``query``: the ctypes function
+    (default ``libcuda_query()``; tests pass a fake). Raises OccupancyUnavailable when the
+    driver cannot answer."""
     fn = libcuda_query() if query is None else query
     try:
         func = int(kernel.kernel.ptr)   # the CUfunction of the loaded kernel
     except AttributeError as e:
         raise OccupancyUnavailable(f"not a loaded CuPy kernel ({e})") from e
     attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-    attr.value.clusterDim = _Dim3(PK_CLUSTER, 1, 1)   # the kernel's __cluster_dims__
-    cfg = _LaunchConfig(gridDimX=PK_CLUSTER, gridDimY=1, gridDimZ=1, blockDimX=int(threads),
+    attr.value.clusterDim = _Dim3(int(cluster), 1, 1)   # the kernel's __cluster_dims__
+    cfg = _LaunchConfig(gridDimX=int(cluster), gridDimY=1, gridDimZ=1, blockDimX=int(threads),
                         blockDimY=1, blockDimZ=1, sharedMemBytes=int(smem_bytes),
                         hStream=None, attrs=ctypes.pointer(attr), numAttrs=1)
     out = ctypes.c_int(0)

@@ -322,7 +322,7 @@ REGISTRY += (
 )
 
 # the stack backward: every layer's backward chain of an LSTM stack in one launch (stack_bwd.py)
-REGISTRY += (
+_STACK_BWD = (
     KernelInfo(stack_bwd.STACK_BWD_KERNEL, "persistent_stack_bwd.cu",
                numpy_fn=stack_bwd.lstm_persistent_stack_bwd,
                scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
@@ -332,6 +332,13 @@ REGISTRY += (
                      ("dgt", f"8*L*C,{stack_bwd.SB_BMAX}")),
                ins=(("dh_n", "L*R,C"), ("dc_n", "L*R,C"), ("act", "L*T*R,4C"),
                     ("c", "L*(T+1)*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"))),
+)
+
+# ... and its cluster-pair form (persistent_stack_bwd_pair.cu): the same arguments
+REGISTRY += _STACK_BWD + (
+    replace(_STACK_BWD[0], name=stack_bwd.STACK_BWD_PAIR_KERNEL,
+            file="persistent_stack_bwd_pair.cu",
+            numpy_fn=stack_bwd.lstm_persistent_stack_bwd_pair),
 )
 
 # the persistent backward kernels: one layer's recurrent chain, all T steps, last first

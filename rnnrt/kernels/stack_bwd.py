@@ -52,11 +52,25 @@ def stage_floats(k_tile: int = SB_KT) -> int:
 
 
 SB_STAGE = stage_floats()
+
+# The cluster-pair kernel's (cuda_src/persistent_stack_bwd_pair.cu, SP_*): block c of a pair
+# multiplies k rows [2Hc, 2Hc + 2H) by the pair's 32 columns of R and of W.
+SP_PU = 32            # units of a pair (the product's columns of R, of W)
+SP_KT = 64            # k rows of a staged tile
+SP_NS = 3             # pipeline stages
+SP_KPW = SP_KT // SB_KG        # k rows of a tile a warp takes (whole rows: no half-warps)
+SP_STAGE = SP_KT * SP_PU + SP_KT * SB_BMAX   # a stage: W's part [KT][32], dg^T's [KT][64]
+SP_RECV = SB_BMAX * SP_PU      # the other block's sums a block receives: [64][32]
+# SMs left out of the pairs' budget: a cluster lives on one GPC, and a GPC with an odd number
+# of SMs strands one of them (the device properties do not give the GPCs); the driver's
+# count for the H100 and H200 (132 SMs: 66 pairs) is checked by tests/gpu/test_gpu_stack_bwd.py
+PAIR_SM_SLACK = 4
 # registers a thread at most (nvcc 13.0 -arch=sm_90 and NVRTC 13.5 + ptxas 13.0: 254; the
 # launch bounds' limit: a test holds ptxas's build to it, no spills)
 SB_REGS = 255
 
 STACK_BWD_KERNEL = "lstm_persistent_stack_bwd"
+STACK_BWD_PAIR_KERNEL = "lstm_persistent_stack_bwd_pair"
 
 
 @dataclass(frozen=True)
@@ -67,11 +81,13 @@ class StackBwdFit(StackFit):
     SB_KT k rows of W's U columns and of dg^T's 64 batches (the dg^T tile and the partial
     sums reuse them)."""
 
+    pair: bool = False   # the cluster-pair kernel (else one block a 16 units' product)
+
     label = "stack backward"
 
     @property
     def kernel(self) -> str:
-        return STACK_BWD_KERNEL
+        return STACK_BWD_PAIR_KERNEL if self.pair else STACK_BWD_KERNEL
 
 
 def stack_bwd_smem_bytes(hidden: int, k_tile: int = SB_KT, stages: int = SB_NS) -> int:
@@ -81,8 +97,38 @@ def stack_bwd_smem_bytes(hidden: int, k_tile: int = SB_KT, stages: int = SB_NS) 
     return 4 * (4 * int(hidden) * SB_U + int(stages) * stage_floats(k_tile))
 
 
+def stack_bwd_pair_smem_bytes(hidden: int, stages: int = SP_NS) -> int:
+    """Dynamic shared memory of one block of the cluster-pair kernel (bytes): R's k rows of
+    the block's half (2H) by the pair's 32 columns + ``stages`` stages (W's 32 columns and
+    dg^T's 64 batches of SP_KT k rows) + the other block's sums [64][32]."""
+    return 4 * (2 * int(hidden) * SP_PU + int(stages) * SP_STAGE + SP_RECV)
+
+
+def pair_decline(hidden: int, layers: int, props: dict) -> str | None:
+    """Why the cluster-pair kernel does not run a stack of ``layers`` layers of ``hidden``
+    units on the device of ``props`` (None: it does): thread-block clusters (compute
+    capability 9.0+), whole pairs a layer (H / 16 even), every pair resident at once (pairs
+    <= (SMs - PAIR_SM_SLACK) / 2), its shared memory."""
+    H, L = int(hidden), int(layers)
+    dev = DeviceBudget(props, SB_REGS, PK_MAX_THREADS, threads=PK_MAX_THREADS)
+    nb = ceil_div(H, SB_U)
+    if int(props.get("major", 0)) < 9:
+        return (f"compute capability {props.get('major')}.{props.get('minor', 0)} has no "
+                f"thread-block clusters (they need 9.0+)")
+    if nb % 2:
+        return f"{nb} blocks a layer are not whole pairs (hidden / 16 odd)"
+    cap = (dev.sms - PAIR_SM_SLACK) // 2
+    if L * nb // 2 > cap:
+        return (f"{L * nb // 2} pairs > {cap} resident at once ((SMs - {PAIR_SM_SLACK}) / 2: "
+                f"a pair lives on one GPC)")
+    smem = stack_bwd_pair_smem_bytes(H)
+    if smem > dev.limit:
+        return f"{smem} bytes of shared memory > {dev.limit} a block can have"
+    return None
+
+
 def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
-                  props: dict, steps: int = 1) -> StackBwdFit:
+                  props: dict, steps: int = 1, pairs: bool = True) -> StackBwdFit:
     """Fit a whole stack's backward onto the device described by ``props`` (as
     stack.stack_fit). Rules in order (the first that fails is the reason):
       1. the forward stack kernel's fit (stack_fit: LSTM, 2 or more layers, input size =
@@ -90,7 +136,9 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
          memory and registers, the counters): the backward reads what that kernel saved,
          as it saved it, and has its grid;
       2. its own shared memory <= what a block can have;
-      3. registers of 256 threads (SB_REGS each) <= one SM's.
+      3. registers of 256 threads (SB_REGS each) <= one SM's;
+    then the cluster-pair kernel where ``pairs`` and it runs (``pair_decline``: on the H100
+    it stages half of dg_t a block a step), else the one-block kernel, saying why.
     """
     H, B, L = int(hidden), int(batch), int(layers)
     dev = DeviceBudget(props, SB_REGS, PK_MAX_THREADS, threads=PK_MAX_THREADS)
@@ -111,9 +159,15 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
     if not dev.regs_ok(PK_MAX_THREADS):
         return no(f"{where}: {PK_MAX_THREADS} threads x {SB_REGS} registers > {dev.regs_sm} "
                   f"a SM")
-    return StackBwdFit(cell, H, B, L, True,
-                       f"fits: {L * nb} of {dev.sms} SMs ({L} layers x {nb} blocks), every "
-                       f"layer's backward chain in one launch", U, nb, smem, dev.sms)
+    head = (f"fits: {L * nb} of {dev.sms} SMs ({L} layers x {nb} blocks), every layer's "
+            f"backward chain in one launch")
+    why = pair_decline(H, L, props) if pairs else "not asked for"
+    if why is None:
+        return StackBwdFit(cell, H, B, L, True, f"{head}, in cluster pairs (a block half the "
+                           f"gate rows)", U, nb, stack_bwd_pair_smem_bytes(H), dev.sms,
+                           pair=True)
+    return StackBwdFit(cell, H, B, L, True, f"{head}; cluster pairs decline: {why}", U, nb,
+                       smem, dev.sms)
 
 
 def k_groups(depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -141,29 +195,40 @@ def product(dg, M, groups):
     return acc
 
 
-def lstm_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block,
-                              dtype="float32"):
-    """NumPy twin of the stack backward (the registry's numpy_fn): rows = B, cols = H; outs
-    dgx [L*T*B, 4H], dhin [L*T*B, H] (layer L-1's rows read: dy; the others written), dx
-    [T*B, H], dh0 [L*B, H], dc0 [L*B, H], sync [1, 2L], dgt [8*L*H, 64] (scratch: left as the
-    kernel leaves it, slot l*2 + (t & 1) holding dg_t^T of steps 1 and 0 in its first B
-    columns); ins dh_n [L*B, H], dc_n [L*B, H], act [L*T*B, 4H], c [L*(T+1)*B, H], w_ih
-    [L, 4*H*H], w_hh [L, 4*H*H]. The kernel's schedule: steps T-1 .. 0, each layer from the
-    top (the reverse wavefront), lstm_bwd's arithmetic on dh_above + dh_rec, then dg_t R and
-    dg_t W summed over the kernel's k-groups in its order (``product``), in the arrays'
-    dtype."""
+def pair_product(dg, M):
+    """dg [B, 4H] @ M [4H, H] summed as the cluster-pair kernel sums it: block c of a pair
+    over k rows [2Hc, 2Hc + 2H), each warp w over rows 8w .. 8w+7 of every SP_KT tile (a
+    matmul here, where the kernel chains FMAs: close, not bitwise), warps 0..3 adding warps
+    4..7's (q_m = a(m) + a(m+4)), the four in order; then block 0's half + block 1's (the
+    owning block adds the other's to its own: the same value, addition commutes)."""
+    K = dg.shape[1]
+    half = K // 2
+    s = []
+    for c in range(2):
+        a = [dg[:, r] @ M[r] for r in
+             (np.array([c * half + n + w * SP_KPW + kk for n in range(0, half, SP_KT)
+                        for kk in range(SP_KPW)], np.int64) for w in range(SB_KG))]
+        q = [a[m] + a[m + SB_KG // 2] for m in range(SB_KG // 2)]
+        acc = q[0]
+        for v in q[1:]:
+            acc = acc + v
+        s.append(acc)
+    return s[0] + s[1]
+
+
+def _stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dtype):
+    """The stack backward kernels' schedule in NumPy, ``prod(dg, M)`` their sum over k."""
     if dtype != "float32":   # kernels/choice_backward.py declines it
-        raise ValueError(f"{STACK_BWD_KERNEL}: fp32 only, got dtype {dtype!r}")
+        raise ValueError(f"{name}: fp32 only, got dtype {dtype!r}")
     B, H = int(rows), int(cols)
     dgx, dhin, dx, dh0, dc0, sync, dgt = outs
     dh_n, dc_n, act, c, w_ih, w_hh = ins
     if np.any(np.asarray(sync) != 0):
-        raise ValueError(f"{STACK_BWD_KERNEL}: the sync counters must be zero on entry, got "
+        raise ValueError(f"{name}: the sync counters must be zero on entry, got "
                          f"{np.asarray(sync).ravel().tolist()}")
     if int(units_per_block) != SB_U:
-        raise ValueError(f"{STACK_BWD_KERNEL}: units_per_block {units_per_block} != {SB_U}")
+        raise ValueError(f"{name}: units_per_block {units_per_block} != {SB_U}")
     K = 4 * H
-    groups = k_groups(K)
     Ws = [np.asarray(w_ih[n]).reshape(K, H) for n in range(L)]
     Rs = [np.asarray(w_hh[n]).reshape(K, H) for n in range(L)]
     dgxs = dgx.reshape(L, T, B, K)
@@ -181,9 +246,36 @@ def lstm_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block,
             dc[n] = dc_prev
             dg = dgxs[n, t]
             dgts[n, t & 1, :, :B] = dg.T
-            dhrec[n] = product(dg, Rs[n], groups)
+            dhrec[n] = prod(dg, Rs[n])
             down = dhins[n - 1, t] if n else dx.reshape(T, B, H)[t]
-            down[...] = product(dg, Ws[n], groups)
+            down[...] = prod(dg, Ws[n])
     for n in range(L):
         dh0[n * B:(n + 1) * B] = dhrec[n]
         dc0[n * B:(n + 1) * B] = dc[n]
+
+
+_TWIN_DOC = """ of the stack backward (the registry's numpy_fn): rows = B, cols = H; outs
+    dgx [L*T*B, 4H], dhin [L*T*B, H] (layer L-1's rows read: dy; the others written), dx
+    [T*B, H], dh0 [L*B, H], dc0 [L*B, H], sync [1, 2L], dgt [8*L*H, 64] (scratch: left as the
+    kernel leaves it, slot l*2 + (t & 1) holding dg_t^T of steps 1 and 0 in its first B
+    columns); ins dh_n [L*B, H], dc_n [L*B, H], act [L*T*B, 4H], c [L*(T+1)*B, H], w_ih
+    [L, 4*H*H], w_hh [L, 4*H*H]. The kernel's schedule: steps T-1 .. 0, each layer from the
+    top (the reverse wavefront), lstm_bwd's arithmetic on dh_above + dh_rec, then dg_t R and
+    dg_t W summed over k in the kernel's order, in the arrays' dtype."""
+
+
+def lstm_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block,
+                              dtype="float32"):
+    groups = k_groups(4 * int(cols))
+    _stack_bwd_twin(STACK_BWD_KERNEL, lambda dg, M: product(dg, M, groups), rows, cols, outs,
+                    ins, T, L, units_per_block, dtype)
+
+
+def lstm_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block,
+                                   dtype="float32"):
+    _stack_bwd_twin(STACK_BWD_PAIR_KERNEL, pair_product, rows, cols, outs, ins, T, L,
+                    units_per_block, dtype)
+
+
+lstm_persistent_stack_bwd.__doc__ = "NumPy twin (one block a 16 units' product)" + _TWIN_DOC
+lstm_persistent_stack_bwd_pair.__doc__ = "NumPy twin (the cluster-pair kernel)" + _TWIN_DOC

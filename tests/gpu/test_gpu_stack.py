@@ -8,6 +8,8 @@ Run on the device: pytest -m gpu tests/gpu/test_gpu_stack.py
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from rnnrt.device import gpu_available
@@ -38,10 +40,11 @@ def test_stack_plan_matches_reference(cp, ctx, shape, executor):
 
 
 # the stack kernel's fit and registers, and its backward twin's (stack_bwd.py)
-FITS = [(stack.stack_fit, stack.PS_REGS), (stack_bwd.stack_bwd_fit, stack_bwd.SB_REGS)]
+FITS = [(stack.stack_fit, stack.PS_REGS), (stack_bwd.stack_bwd_fit, stack_bwd.SB_REGS),
+        (functools.partial(stack_bwd.stack_bwd_fit, pairs=False), stack_bwd.SB_REGS)]
 
 
-@pytest.mark.parametrize("fit_of, regs", FITS, ids=["forward", "backward"])
+@pytest.mark.parametrize("fit_of, regs", FITS, ids=["forward", "backward", "backward-single"])
 def test_stack_fit_agrees_with_the_occupancy_api(cp, fit_of, regs):
     """Every fit that says ok is co-resident by the driver's count; the kernel as NVRTC
     builds it uses no more registers than the fit assumes and does not spill."""
@@ -57,5 +60,11 @@ def test_stack_fit_agrees_with_the_occupancy_api(cp, fit_of, regs):
         per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
             raw.kernel.ptr, fit.threads, fit.smem_bytes)
         assert per_sm >= 1 and fit.blocks <= sms * per_sm, fit.describe()
+        if getattr(fit, "pair", False):   # the stack backward's pairs: all resident at once
+            from rnnrt.kernels.occupancy import driver_max_active_clusters
+            pairs = driver_max_active_clusters(raw, fit.threads, fit.smem_bytes, cluster=2)
+            assert fit.blocks // 2 <= pairs, (fit.describe(), pairs)
+            # the fit's budget, (SMs - PAIR_SM_SLACK) / 2, within the driver's count
+            assert (sms - stack_bwd.PAIR_SM_SLACK) // 2 <= pairs, pairs
         checked += 1
     assert checked == 4

@@ -1,7 +1,8 @@
 """GPU tests of the stack backward (marker gpu; skipped without a GPU): the selector's
 'stack' schedule with PlanKey.backward 'stack' (and 'persistent', which takes it after a
 stack forward): the stack forward, then every layer's backward chain in one launch of
-lstm_persistent_stack_bwd, then the weight GEMMs, on the GPU executors (eager and a CUDA
+the stack backward (lstm_persistent_stack_bwd_pair, in cluster pairs, where the device has
+clusters), then the weight GEMMs, on the GPU executors (eager and a CUDA
 graph) gives the float64 reference's dx, dh0, dc0 and every weight and bias gradient in fp32
 tolerance at the paper's layer (H 512 B 64, four layers), at H 256 / 384, an odd batch and a
 batch below 8; every backward buffer poisoned with NaN before each run, the graph's capture
@@ -46,7 +47,10 @@ def run_twice(cp, ctx, key, executor, data):
     fplan, bplan = forward_plan(key), backward_plan(key)
     assert bplan.fallback is None, bplan.fallback
     launches = [op.name for op in bplan.ops if isinstance(op, Kernel)]
-    assert launches == [stack_bwd.STACK_BWD_KERNEL], (launches, bplan.fit)
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    fit = stack_bwd.stack_bwd_fit("lstm", key.hidden_size, key.batch, key.num_layers,
+                                  key.input_size, props, steps=key.steps)
+    assert launches == [fit.kernel], (launches, bplan.fit)   # the pairs on an sm_90 device
     assert [op.name for op in fplan.ops if isinstance(op, Kernel)] == \
         ["lstm_persistent_stack_fwd"], fplan.fit
     return run_gpu_backward_case(cp, ctx, key, executor, data)
@@ -85,3 +89,40 @@ def test_stack_backward_at_the_paper_shape_all_steps(cp, ctx):
                       reduction_atol(T * B))
     for name, a in first.items():
         np.testing.assert_array_equal(second[name], a, err_msg=f"{name} differs between runs")
+
+
+@pytest.mark.parametrize("pairs", [True, False], ids=["pair", "single"])
+def test_stack_bwd_kernels_equal_their_twins(cp, pairs):
+    """Each stack backward kernel (the cluster-pair one, and the one-block one that runs where
+    pairs decline) launched directly on random data, outputs and scratch poisoned with NaN:
+    every output equals its NumPy twin's (the kernel's sum order; FMA contraction within a
+    k-group aside) and the counters are back to zero."""
+    from rnnrt.check import compare
+    from rnnrt.kernels.library import KernelLibrary
+    from rnnrt.kernels.registry import get_kernel
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    T, B, H, L = 6, 37, 128, 3
+    fit = stack_bwd.stack_bwd_fit("lstm", H, B, L, H, props, steps=T, pairs=pairs)
+    assert fit.ok and fit.pair == pairs, fit.reason
+    info = get_kernel(fit.kernel)
+    scal = fit.scalars(T)
+    outs_s, ins_s = info.arg_shapes(B, H, **scal)
+    rng = np.random.default_rng(11)
+    ins = [rng.uniform(0.05, 0.95, s).astype(np.float32) for s in ins_s]   # gates in (0, 1)
+    outs = [np.full(s, np.nan, np.float32) for s in outs_s]
+    outs[5] = np.zeros(outs_s[5], np.uint32)                                # sync
+    outs[1].reshape(L, T * B, H)[L - 1] = rng.standard_normal((T * B, H))   # the top's dy
+    d_outs, d_ins = [cp.asarray(a) for a in outs], [cp.asarray(a) for a in ins]
+    raw = KernelLibrary().with_shared(fit.kernel, fit.smem_bytes)
+    args = [np.int32(B), np.int32(H)]
+    for a in d_outs + d_ins:
+        args += [a, np.int32(a.shape[1])]
+    args += [np.int32(scal[n]) for n in info.scalars]
+    cp.cuda.Device().synchronize()
+    raw(fit.grid, fit.block, tuple(args), shared_mem=fit.smem_bytes)
+    cp.cuda.Device().synchronize()
+    info.numpy_fn(B, H, outs, ins, **scal)
+    for n, name in enumerate(("dgx", "dhin", "dx", "dh0", "dc0")):
+        r = compare(cp.asnumpy(d_outs[n]), outs[n], 1e-5, 1e-4, name=f"{fit.kernel} {name}")
+        assert r.ok, str(r)
+    assert int(cp.asnumpy(d_outs[5]).max()) == 0, "counters not reset"

@@ -77,7 +77,9 @@ int main(int argc, char** argv) {
     return 0;
 }
 #elif defined(PK_SIM_STACK_BWD)
-// The stack backward (lstm_persistent_stack_bwd), all layers in one launch:
+// The stack backward (lstm_persistent_stack_bwd, or with persistent_stack_bwd_pair.cu as the
+// source, which defines SP_PU, lstm_persistent_stack_bwd_pair in clusters of 2), all layers
+// in one launch:
 //   persistent_host_sim_stack_bwd B H T L U SMEM_BYTES LAUNCHES DIR LDW
 // reads DIR/{dhin,dhn,dcn,act,c,wih,whh}.f32 (dhin [L, T, B, H]: layer L-1's rows dy, the
 // others poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each), launches
@@ -111,11 +113,17 @@ int main(int argc, char** argv) {
         for (auto* v : {&dgx, &dx, &dh0, &dc0}) std::fill(v->begin(), v->end(), nan);
         std::fill(dhin.begin(), dhin.begin() + (L - 1) * TBH, nan);   // not layer L-1's (dy)
         std::fill(dgt, dgt + ngt, nan);
+#ifdef SP_PU
+        sim_cluster = 2;
+#define SB_SIM_KERNEL lstm_persistent_stack_bwd_pair
+#else
+#define SB_SIM_KERNEL lstm_persistent_stack_bwd
+#endif
         launch(L * (H / U), 256, smem, [&] {
-            lstm_persistent_stack_bwd(B, H, dgx.data(), 4 * H, dhin.data(), H, dx.data(), H,
-                                      dh0.data(), H, dc0.data(), H, sync.data(), 2 * L, dgt,
-                                      SB_BMAX, dhn.data(), H, dcn.data(), H, act.data(), 4 * H,
-                                      c.data(), H, wih, ldw, whh, ldw, T, L, U);
+            SB_SIM_KERNEL(B, H, dgx.data(), 4 * H, dhin.data(), H, dx.data(), H, dh0.data(), H,
+                          dc0.data(), H, sync.data(), 2 * L, dgt, SB_BMAX, dhn.data(), H,
+                          dcn.data(), H, act.data(), 4 * H, c.data(), H, wih, ldw, whh, ldw, T,
+                          L, U);
         });
         if (!counters_zero(sync.data(), sync.size(), n)) return 3;
     }

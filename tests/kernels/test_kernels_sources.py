@@ -168,20 +168,22 @@ def test_pointwise_backward_is_written_once():
     """The cells' pointwise backward arithmetic is cell_bwd.cuh's alone: the fused kernels'
     *_bwd_element (lstm.cu, gru.cu, rnn.cu), the persistent backward's body
     (persistent_bwd.cuh: persistent_bwd.cu's and persistent_mma_bwd.cu's kernels) and the
-    stack backward (persistent_stack_bwd.cu) include it and call its functions, and the
+    stack backward kernels' pointwise (persistent_stack_bwd.cuh) include it and call its
+    functions, and the
     non-contracted operations that pin its rounding (__fadd_rn, __fsub_rn) appear in no
     other file."""
     calls = {"lstm.cu": ["lstm_bwd_point("], "gru.cu": ["gru_bwd_point("],
              "rnn.cu": ["rnn_bwd_point<RELU>("],
              "persistent_bwd.cuh": ["lstm_bwd_point(", "gru_bwd_point(", "rnn_bwd_point<"],
-             "persistent_stack_bwd.cu": ["lstm_bwd_point("]}
+             "persistent_stack_bwd.cuh": ["lstm_bwd_point("]}
     folder = S.cuda_src_dir()
     for file, names in calls.items():
         text = (folder / file).read_text()
         assert '#include "cell_bwd.cuh"' in text, f"{file} does not include cell_bwd.cuh"
         for name in names:
             assert name in text, f"{file} does not call {name}"
-    for file in ("lstm.cu", "gru.cu", "rnn.cu", "persistent_bwd.cu", "persistent_mma_bwd.cu"):
+    for file in ("lstm.cu", "gru.cu", "rnn.cu", "persistent_bwd.cu", "persistent_mma_bwd.cu",
+                 "persistent_stack_bwd.cu", "persistent_stack_bwd_pair.cu"):
         assert "cell_bwd.cuh (inlined" in S.source(file), f"{file}: the loader did not inline it"
     for p in sorted(folder.glob("*.cu*")):
         if p.name != "cell_bwd.cuh":

@@ -23,17 +23,22 @@ from testkit import SIM_ENV, build_host_sim
 f32, f64 = np.float32, np.float64
 
 
+KERNELS = {False: "persistent_stack_bwd.cu", True: "persistent_stack_bwd_pair.cu"}
+
+
 def _build(tmp_path_factory, src_text, name, tsan=False):
     d = tmp_path_factory.mktemp(name)
-    src = d / "persistent_stack_bwd.cu"
+    src = d / "stack_bwd.cu"
     # under TSan 2048 threads on two cores: a wait may take longer than the GPU's trap limit
     src.write_text(("#define PK_SPIN_LIMIT (1LL << 40)\n" if tsan else "") + src_text)
     return build_host_sim(d / "sim", src, tsan=tsan, define="PK_SIM_STACK_BWD")
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    return _build(tmp_path_factory, source("persistent_stack_bwd.cu"), "stack_bwd_sim")
+@pytest.fixture(scope="module", params=[False, True], ids=["single", "pair"])
+def sim(request, tmp_path_factory):
+    """(the host simulation of the one-block kernel or of the cluster-pair kernel, pair)."""
+    pair = request.param
+    return _build(tmp_path_factory, source(KERNELS[pair]), f"stack_bwd_sim_{pair}"), pair
 
 
 def without_waits(text):
@@ -93,7 +98,7 @@ def check_against_reference(got, case, p, cache, what):
                          name=f"{what} layer {n} {name}")
 
 
-def run_sim(exe, tmp_path, case, launches=2):
+def run_sim(exe, tmp_path, case, launches=2, pair=False):
     """The sim on ``case``; -> {dgx [L, T, B, 4H], dx [T, B, H], dh0, dc0 [L, B, H], dhin}.
     A failed run (or a ThreadSanitizer report) fails with its stderr's end."""
     L, T, B, K = case["act"].shape
@@ -108,7 +113,8 @@ def run_sim(exe, tmp_path, case, launches=2):
     for n, a in files.items():
         np.ascontiguousarray(a).tofile(tmp_path / f"{n}.f32")
     r = subprocess.run([str(exe), str(B), str(H), str(T), str(L), str(SB.SB_U),
-                        str(SB.stack_bwd_smem_bytes(H)), str(launches), str(tmp_path),
+                        str(SB.stack_bwd_pair_smem_bytes(H) if pair else
+                            SB.stack_bwd_smem_bytes(H)), str(launches), str(tmp_path),
                         str(ldw)], capture_output=True, text=True, timeout=600, env=SIM_ENV)
     assert r.returncode == 0 and "ThreadSanitizer" not in r.stderr, r.stderr[-2000:]
 
@@ -119,8 +125,9 @@ def run_sim(exe, tmp_path, case, launches=2):
             "dhin": out("dhin", (L, T, B, H))}
 
 
-def run_twin(case):
-    """The registry's NumPy twin on ``case`` (fp32, poisoned outputs); the same dict."""
+def run_twin(case, pair=False):
+    """The registry's NumPy twin of the kernel (``pair``: the cluster-pair one) on ``case``
+    (fp32, poisoned outputs); the same dict."""
     L, T, B, K = case["act"].shape
     H = K // 4
     outs = [np.full(s, np.nan, f32) for s in ((L * T * B, K), (L * T * B, H), (T * B, H),
@@ -131,7 +138,8 @@ def run_twin(case):
     ins = [case["dhn"].reshape(L * B, H), case["dcn"].reshape(L * B, H),
            case["act"].reshape(L * T * B, K), case["c"].reshape(L * (T + 1) * B, H),
            case["W"].reshape(L, -1), case["R"].reshape(L, -1)]
-    SB.lstm_persistent_stack_bwd(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U)
+    twin = SB.lstm_persistent_stack_bwd_pair if pair else SB.lstm_persistent_stack_bwd
+    twin(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U)
     dgx, dhin, dx, dh0, dc0 = outs
     # the scratch as the kernel leaves it: dg^T of steps 0 and 1 in slots 0 and 1
     dgts = dgt.reshape(L, 2, K, SB.SB_BMAX)
@@ -149,22 +157,54 @@ SHAPES = [(37, 64, 4, 3)]
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
 def test_stack_bwd_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape):
+    exe, pair = sim
     case, p, cache = make_case(*shape)
-    got = run_sim(sim, tmp_path, case)
-    check_against_reference(got, case, p, cache, f"sim {shape}")
+    got = run_sim(exe, tmp_path, case, pair=pair)
+    check_against_reference(got, case, p, cache, f"sim {shape} pair {pair}")
     # the twin sums as the kernel does, up to FMA contraction within a k-group
-    twin = run_twin(case)
+    twin = run_twin(case, pair)
     for name in ("dgx", "dx", "dh0", "dc0", "dhin"):
         r = compare(got[name], twin[name], 1e-5, 1e-4)
         assert r.ok, f"sim vs twin {name}: {r}"
 
 
-def test_stack_bwd_twin_matches_reference():
+@pytest.mark.parametrize("pair", [False, True], ids=["single", "pair"])
+def test_stack_bwd_twin_matches_reference(pair):
     case, p, cache = make_case(16, 64, 5, 3, seed=4)
-    check_against_reference(run_twin(case), case, p, cache, "twin")
+    check_against_reference(run_twin(case, pair), case, p, cache, f"twin pair {pair}")
+
+
+def test_pair_product_sums_in_the_kernels_order():
+    """The pair twin's sum: each block's half of the k rows, warp by warp as the kernel's
+    copies take them (8 whole rows of each 64-row tile), the halves added last: planted
+    magnitudes show the order (a row out of place, or the halves swapped into the sum of one
+    block, changes the rounding)."""
+    rng = np.random.default_rng(3)
+    H, B = 64, 5
+    dg = rng.standard_normal((B, 4 * H)).astype(f32)
+    M = rng.standard_normal((4 * H, H)).astype(f32)
+    got = SB.pair_product(dg, M)
+    assert_close(got, dg.astype(f64) @ M.astype(f64), 1e-5, 1e-5, name="pair product")
+    half = 2 * H
+    rows = [[c * half + n + 8 * w + kk for n in range(0, half, 64) for kk in range(8)]
+            for c in range(2) for w in range(8)]
+    assert sorted(sum(rows, [])) == list(range(4 * H))   # every k row exactly once
+    a = [dg[:, r] @ M[r] for r in rows]
+    s = [((a[8 * c] + a[8 * c + 4]) + (a[8 * c + 1] + a[8 * c + 5]) + (a[8 * c + 2]
+          + a[8 * c + 6])) + (a[8 * c + 3] + a[8 * c + 7]) for c in range(2)]
+    np.testing.assert_array_equal(got, s[0] + s[1])
 
 
 def test_constants_match_the_kernel():
+    pair = source("persistent_stack_bwd_pair.cu")
+    for name in ("SP_PU", "SP_KT", "SP_NS"):
+        m = re.search(rf"#define {name} (\d+)", pair)
+        assert m and int(m[1]) == getattr(SB, name), name
+    assert "const long long need = 4LL * ((long long)KH * SP_PU + SP_NS * SP_STAGE + SP_RECV);" \
+        in pair
+    assert "#define SP_STAGE (SP_XOFF + SP_KT * SB_BMAX)" in pair and SB.SP_STAGE == 6144
+    assert "#define SP_RECV (SB_BMAX * SP_PU)" in pair and SB.SP_RECV == 2048
+    assert "__cluster_dims__(2, 1, 1)" in pair
     text = source("persistent_stack_bwd.cu")
     for name in ("SB_U", "SB_BMAX", "SB_KT", "SB_NS"):
         m = re.search(rf"#define {name} (\d+)", text)
@@ -179,10 +219,24 @@ def test_constants_match_the_kernel():
 
 def test_fit_rules_name_what_is_wrong():
     p = H100_SXM.props()
-    ok = SB.stack_bwd_fit("lstm", 512, 64, 4, 512, p)
-    assert ok.ok and ok.blocks == 128 and ok.smem_bytes == SB.stack_bwd_smem_bytes(512)
+    ok = SB.stack_bwd_fit("lstm", 512, 64, 4, 512, p)   # the pairs on the H100: 64 of 64
+    assert ok.ok and ok.pair and ok.blocks == 128 and ok.kernel == SB.STACK_BWD_PAIR_KERNEL
     assert ok.grid == (128, 1, 1) and ok.block == (256, 1, 1)
-    assert ok.smem_bytes == 192704 and ok.kernel == SB.STACK_BWD_KERNEL
+    assert ok.smem_bytes == SB.stack_bwd_pair_smem_bytes(512) == 212992
+    assert "cluster pairs" in ok.reason
+    one = SB.stack_bwd_fit("lstm", 512, 64, 4, 512, p, pairs=False)
+    assert one.ok and not one.pair and one.kernel == SB.STACK_BWD_KERNEL
+    assert one.smem_bytes == SB.stack_bwd_smem_bytes(512) == 192704
+    # where the pairs decline, the one-block kernel runs, saying why
+    for props, args, why in [(dict(p, major=8), (512, 64, 4),
+                              r"compute capability 8\.\d+ has no thread-block clusters"),
+                             (dict(p, multiProcessorCount=130), (512, 64, 4),
+                              r"64 pairs > 63 resident"),
+                             (p, (64, 8, 33), r"66 pairs > 64 resident")]:
+        H, B, L = args
+        f = SB.stack_bwd_fit("lstm", H, B, L, H, props)
+        assert f.ok and not f.pair and f.kernel == SB.STACK_BWD_KERNEL, (args, f.reason)
+        assert re.search("cluster pairs decline: " + why, f.reason), f.reason
     cases = [(("gru", 512, 64, 4, 512), "stack kernel's fit: .*LSTM only"),
              (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
              (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
@@ -201,17 +255,19 @@ def test_fit_rules_name_what_is_wrong():
     assert not f.ok and "shared memory" in f.reason
 
 
-def test_stack_bwd_protocol_has_no_data_race(tmp_path_factory, tmp_path):
+@pytest.mark.parametrize("pair", [False, True], ids=["single", "pair"])
+def test_stack_bwd_protocol_has_no_data_race(tmp_path_factory, tmp_path, pair):
     """ThreadSanitizer over the stack backward on CPU threads: the dg^T slots' writes and
     the other blocks' staged reads (T 3: slot 1 written again after step 2's reads), dh_above's
     writes and the layer below's reads, are ordered by the progress counters (no report, and
     the reference gradients); with the waits removed (the layer above's dg W read before it
     is written, the layer's dg^T before the other blocks wrote it) it reports a data race
     (the checker is not vacuous)."""
-    exe = _build(tmp_path_factory, source("persistent_stack_bwd.cu"), "tsan", tsan=True)
+    exe = _build(tmp_path_factory, source(KERNELS[pair]), f"tsan_{pair}", tsan=True)
     case, p, cache = make_case(3, 64, 3, 2, seed=5)
-    check_against_reference(run_sim(exe, tmp_path, case, launches=1), case, p, cache, "tsan")
-    broken = _build(tmp_path_factory, without_waits(source("persistent_stack_bwd.cu")),
-                    "tsan_broken", tsan=True)
+    check_against_reference(run_sim(exe, tmp_path, case, launches=1, pair=pair), case, p, cache,
+                            f"tsan pair {pair}")
+    broken = _build(tmp_path_factory, without_waits(source(KERNELS[pair])),
+                    f"tsan_broken_{pair}", tsan=True)
     with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
-        run_sim(broken, tmp_path, case, launches=1)
+        run_sim(broken, tmp_path, case, launches=1, pair=pair)

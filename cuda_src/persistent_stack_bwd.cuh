@@ -1,0 +1,150 @@
+/*
+ * persistent_stack_bwd.cuh: what the two stack backward kernels share (#included by
+ * persistent_stack_bwd.cu, the one-block-a-16-units kernel, and persistent_stack_bwd_pair.cu,
+ * the cluster-pair kernel; rnnrt's loader inlines it). No kernels.
+ *   SB_U, SB_BMAX, SB_TP, SB_CPT  units a block's pointwise owns, most batches (the width
+ *                             of a dg^T row), the dg^T tile's row stride, cells a thread
+ *   sb_cell_of                 the pointwise cells of a thread (the forward stack kernel's map)
+ *   sb_cells_init              dh_rec and dc of the thread's cells from dh_n, dc_n
+ *   sb_pointwise               a step's pointwise backward of the block's cells, its dg_t into
+ *                              dgx and (transposed, k-major) into the layer's dg^T slot, and
+ *                              the count that publishes it (the PK_TRACE points 0..2)
+ *   sb_finish                  dh0, dc0, and the last block out zeroes the counters
+ * Both kernels own the same units per block (J = [rank*16, rank*16 + 16) of layer l = block /
+ * NB) and publish dg_t the same way; they differ in the product that follows (which k rows
+ * and units of [R | W] a block multiplies). Design: docs/kernels.md ("The stack backward").
+ */
+#ifndef RNNRT_PERSISTENT_STACK_BWD_CUH
+#define RNNRT_PERSISTENT_STACK_BWD_CUH
+#include "persistent_common.cuh"
+#include "cell_bwd.cuh"
+
+#define SB_U 16                    // units of a block's pointwise
+#define SB_BMAX 64                 // most batches (and the width of a dgt row)
+#define SB_TP 68                   // stride of a gate row of the dg^T tile (see the pointwise)
+#define SB_CPT 4                   // pointwise cells a thread: U * B / PK_MAX_THREADS at most
+
+// A 16-byte store through L2 (other blocks read it during this launch).
+__device__ __forceinline__ void sb_stcg4(float* p, float4 v) {
+    __stcg(reinterpret_cast<float4*>(p), v);
+}
+
+// Pointwise cells of thread tid, as the forward's: e = tid + i*PK_MAX_THREADS, jj = e % U,
+// r = e / U, b = the r-th of 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, ... (a warp's two batches are 4
+// apart: the partial-sum reads hit 32 different banks), live while b < B.
+__device__ __forceinline__ void sb_cell_of(int tid, int i, int& b, int& jj) {
+    const int e = tid + i * PK_MAX_THREADS, r = e / SB_U, k = r & 7;
+    jj = e - r * SB_U;
+    b = (r & ~7) + (k >> 1) + 4 * (k & 1);
+}
+
+// The carried dh_rec (the R half of the last product: these cells are the block's own units)
+// and dc of the thread's cells, from the inputs dh_n and dc_n of layer l.
+__device__ __forceinline__ void sb_cells_init(int l, int B, int j0, const float* dhn,
+                                              long long lddhn, const float* dcn,
+                                              long long lddcn, float (&dhrec)[SB_CPT],
+                                              float (&dcar)[SB_CPT]) {
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        sb_cell_of(threadIdx.x, i, b, jj);
+        const long long row = (long long)l * B + b;
+        dhrec[i] = b < B ? dhn[row * lddhn + j0 + jj] : 0.f;
+        dcar[i] = b < B ? dcn[row * lddcn + j0 + jj] : 0.f;
+    }
+}
+
+// The pointwise backward of step t (the s-th step: t = T-1-s) of the block's cells, then its
+// dg_t published: into dgx (row-major, streaming: only the dW GEMMs after the launch read
+// it), through the shared tile [4U][SB_TP] into the layer's dg^T slot t & 1 (k-major
+// [4H][64]: row q*H + j = batches), counted on dg_done. The forward's values are loaded
+// before the wait for the layer above's dg_t W (above: its dx counter, or null for the top
+// layer; done: the count that step t reaches). `tile` aliases the caller's stages: the
+// first __syncthreads orders the caller's last reads of them before its writes. Returns the
+// slot.
+__device__ __forceinline__ float* sb_pointwise(
+        int s, int t, int B, int H, int j0, const float* act, long long ldact, const float* c,
+        long long ldc, const float* dh_above, long long lddhin, float* dgx, long long lddgx,
+        float* tile, float* dgt, const unsigned int* above, unsigned int* dg_done,
+        unsigned int done, float (&dhrec)[SB_CPT], float (&dcar)[SB_CPT]) {
+    constexpr int U = SB_U;
+    const int tid = threadIdx.x;
+    const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
+    PS_NOTE(s, 0);
+    float gates[SB_CPT][4], cn[SB_CPT], cp[SB_CPT];
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        sb_cell_of(tid, i, b, jj);
+        if (b >= B) continue;
+        const long long row = (long long)t * B + b;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) gates[i][q] = __ldcs(act + row * ldact + q * H + j0 + jj);
+        cn[i] = __ldcs(c + (row + B) * ldc + j0 + jj);
+        cp[i] = __ldcs(c + row * ldc + j0 + jj);
+    }
+    if (tid == 0 && above) ps_wait(above, done);
+    __syncthreads();   // ... for every thread (and the last step's partial sums are read)
+    PS_NOTE(s, 1);
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        sb_cell_of(tid, i, b, jj);
+        if ((PK_TIMING & 8) || b >= B) continue;
+        const long long row = (long long)t * B + b;
+        const float dh = __ldcg(dh_above + row * lddhin + j0 + jj) + dhrec[i];
+        float* const g_out = dgx + row * lddgx + j0 + jj;
+        float* const t_out = tile + jj * SB_TP + b;
+        // the gate gradients: into dgx and the block's dg^T tile, row q*U + jj (a warp's 16
+        // units x 2 batches: 4-way bank conflicts at most, 16 stores a thread a step)
+        dcar[i] = lstm_bwd_point(dh, dcar[i], gates[i][0], gates[i][1], gates[i][2],
+                                 gates[i][3], cn[i], cp[i], [&](int q, float v) {
+                                     __stcs(g_out + q * H, v);
+                                     t_out[q * U * SB_TP] = v;
+                                 });
+    }
+    __syncthreads();   // the tile is written
+    // The tile into this layer's dgt slot t & 1, 16 bytes a copy: gate row q*U + jj is dg^T
+    // row q*H + j0 + jj (its first nbc float4s). Slot t & 1 was last read by every block of
+    // the layer at step t+2's product, before each counted step t+1 (which this block waited
+    // for before its product of step t+1).
+    float* const dgs = dgt + (long long)(t & 1) * 4 * H * SB_BMAX;
+    for (int e = tid; e < 4 * U * (SB_BMAX / 4); e += PK_MAX_THREADS) {
+        const int rr = e / (SB_BMAX / 4), cc = e % (SB_BMAX / 4);
+        if (cc >= nbc) continue;
+        const int q = rr / U, jj = rr % U;
+        sb_stcg4(dgs + (long long)(q * H + j0 + jj) * SB_BMAX + 4 * cc,
+                 *reinterpret_cast<const float4*>(tile + rr * SB_TP + 4 * cc));
+    }
+    __syncthreads();   // the block's dg_t^T is issued (and the tile read)
+    if (tid == 0) {
+        pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
+        atomicAdd(dg_done, 1u);
+    }
+    PS_NOTE(s, 2);
+    return dgs;
+}
+
+// After the last step: dh0 = the last dh_rec, dc0 = the last dc of layer l's cells; the last
+// block out zeroes every counter for the next launch (by then every block has passed its
+// last wait). Counters: 2k layer k's dg, 2k+1 (k >= 1) its dx, 1 blocks gone.
+__device__ __forceinline__ void sb_finish(int l, int L, int B, int j0, float* dh0,
+                                          long long lddh0, float* dc0, long long lddc0,
+                                          unsigned int* sync, const float (&dhrec)[SB_CPT],
+                                          const float (&dcar)[SB_CPT]) {
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        sb_cell_of(threadIdx.x, i, b, jj);
+        if (b >= B) continue;
+        const long long row = (long long)l * B + b;
+        dh0[row * lddh0 + j0 + jj] = dhrec[i];
+        dc0[row * lddc0 + j0 + jj] = dcar[i];
+    }
+    if (threadIdx.x == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
+        for (int k = 0; k < L; ++k) atomicExch(sync + 2 * k, 0u);
+        for (int k = 1; k < L; ++k) atomicExch(sync + 2 * k + 1, 0u);
+        atomicExch(sync + 1, 0u);
+    }
+}
+#endif
