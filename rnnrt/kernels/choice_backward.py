@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .mma_bwd import mma_bwd_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
-from .stack_bwd import StackBwdFit, stack_bwd_fit
+from .stack_bwd import SB_BMAX, StackBwdFit, stack_bwd_fit
 
 if TYPE_CHECKING:   # choice.py imports this module: its Shape only for the annotations
     from .choice import Shape
@@ -164,6 +164,28 @@ def backward_fit(shape: "Shape", device) -> BwdFit:
     """The persistent backward kernel's fit for ``shape`` on ``device`` (DeviceLimits)."""
     return persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props(),
                               layers=shape.layers)   # the candidates run the wavefront
+
+
+def prefers_stack_backward(shape: "Shape", device) -> bool:
+    """For a training shape whose forward runs the stack kernel: the stack backward (every
+    layer's chain in one launch) where it fits and the batch fills more than half of its 64
+    batch lanes (its product's register tile spans 64 batches whatever B: at B 32 it does
+    the work of 64). Measured on the H100 (LSTM L4, T 100, fwd+bwd, the selector's
+    candidates, `sweep/sweep-wide-l4-h128-512-b8-64-stackpairs-...-20261128T014229.jsonl`):
+    H 256 B 64 and H 512 B 64 chose it (H 512 B 64: 8.68 ms against the per-step backward's
+    ~10.1); at H 512 B 32 the per-step backward won, 7.20 against 7.40 ms."""
+    if not shape.train or shape.varlen or shape.batch <= SB_BMAX // 2:
+        return False
+    fit = stack_bwd_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
+                        device.props(), steps=shape.steps)
+    return fit.ok
+
+
+def stack_backward_fits(shape: "Shape", device) -> bool:
+    """Whether the stack backward runs ``shape``'s training pass after a stack forward."""
+    return bool(shape.train and not shape.varlen and stack_bwd_fit(
+        shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
+        device.props(), steps=shape.steps).ok)
 
 
 CUBLAS_BWD_STEP_US = 9.2

@@ -117,7 +117,8 @@ def test_the_heuristic_follows_the_cost_models():
     """RNNRT_AUTOTUNE=0: the forward's choice, with the persistent backward exactly where
     the kernel's modelled chain (layers x steps x step_us; for the cluster kernel of
     several layers, chunked: (steps + (layers - 1) x 10) x step_us) is shorter than the
-    per-step backward's model."""
+    per-step backward's model, or after the stack forward where the stack backward is
+    preferred (the paper shape: its model says no to the grid kernel, the stack rule yes)."""
     for shape, want in ((SMALL, True), (dataclasses.replace(SMALL, layers=4), True),
                         (dataclasses.replace(SMALL, batch=32), True),
                         (dataclasses.replace(SMALL, layers=4, batch=32), True),
@@ -125,8 +126,11 @@ def test_the_heuristic_follows_the_cost_models():
                         (dataclasses.replace(SMALL, layers=4, batch=256), True), (PAPER, False),
                         (dataclasses.replace(SMALL, train=False), False)):
         h = C.heuristic(shape, H100_SXM)
-        assert (h.backward == "persistent") == want == C.prefers_persistent_backward(shape,
-                                                                                     H100_SXM)
+        assert want == C.prefers_persistent_backward(shape, H100_SXM)
+        stack = (C.forward_heuristic(shape, H100_SXM).family == "stack"
+                 and C.prefers_stack_backward(shape, H100_SXM))
+        assert stack == (shape == PAPER), shape
+        assert (h.backward == "persistent") == (want or stack)
         assert h.switches == C.forward_heuristic(shape, H100_SXM).switches
         fit = C.backward_fit(shape, H100_SXM)
         kernel = shape.layers * shape.steps * fit.step_us()
@@ -139,6 +143,30 @@ def test_the_heuristic_follows_the_cost_models():
         assert (kernel < cublas) == want or not shape.train
     sel = C.Selector(FakeTimer({}), H100_SXM, autotune=False).select(SMALL)
     assert sel.source == "heuristic" and sel.schedule.name.endswith("+pbwd")
+
+
+def test_the_stack_backward_rule_and_its_candidate(monkeypatch):
+    """prefers_stack_backward: where the stack backward fits and the batch fills more than
+    half of its 64 lanes (measured: B 64 chose it, B 32 did not); never for inference, a GRU
+    (no stack kernel) or past the stack's batch. The candidates time stack+pbwd even where
+    the per-layer backward kernels' fit declines."""
+    assert C.prefers_stack_backward(PAPER, H100_SXM)
+    for shape in (dataclasses.replace(PAPER, batch=32), dataclasses.replace(PAPER, train=False),
+                  dataclasses.replace(PAPER, cell="gru"), dataclasses.replace(PAPER, batch=65)):
+        assert not C.prefers_stack_backward(shape, H100_SXM), shape
+    assert C.prefers_stack_backward(dataclasses.replace(PAPER, hidden=256, input_size=256),
+                                    H100_SXM)
+    # the paper shape: stack+pbwd is timed first (it wins there)
+    names = [s.name for s in C.candidates(PAPER, H100_SXM)]
+    assert "stack+pbwd" in names
+    # a device whose per-layer backward fit declines every shape: stack+pbwd still timed
+    real = C.backward_fit
+    monkeypatch.setattr(C, "backward_fit", lambda shape, device: dataclasses.replace(
+        real(shape, device), ok=False, reason="declined for the test"))
+    names = [s.name for s in C.candidates(PAPER, H100_SXM)]
+    assert names[0] == "stack+pbwd" and names.count("stack+pbwd") == 1, names
+    names = [s.name for s in C.candidates(dataclasses.replace(PAPER, batch=32), H100_SXM)]
+    assert "stack+pbwd" in names and names[0] != "stack+pbwd", names
 
 
 def test_bwd_clusters_runs_the_cluster_kernel_with_that_count():
