@@ -192,6 +192,53 @@ __device__ __forceinline__ void pk_st_cluster(pk_saddr local, unsigned int rank,
     asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
 }
 #endif
+// The bulk copy engine (TMA, sm_90; experiments: persistent_stack_bwd_pair.cu's SP_BULK):
+// pk_bulk_g2s copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
+// to this block's shared memory, completing on the mbarrier `bar` (8 bytes of shared
+// memory, pk_mbar_init'ed for one arrival), which pk_mbar_expect told to expect them;
+// pk_mbar_wait waits for the barrier's phase of parity `parity` to complete (traps past
+// PK_SPIN_LIMIT, as the other waits); pk_fence_async_smem orders this thread's earlier
+// shared-memory accesses (generic proxy) before later bulk copies into it (async proxy).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+__device__ __forceinline__ void pk_mbar_init(pk_saddr, unsigned int) { __trap(); }
+__device__ __forceinline__ void pk_mbar_init_fence() { __trap(); }
+__device__ __forceinline__ void pk_mbar_expect(pk_saddr, unsigned int) { __trap(); }
+__device__ __forceinline__ void pk_bulk_g2s(pk_saddr, const void*, unsigned int, pk_saddr) {
+    __trap();
+}
+__device__ __forceinline__ void pk_mbar_wait(pk_saddr, unsigned int) { __trap(); }
+__device__ __forceinline__ void pk_fence_async_smem() { __trap(); }
+#else
+__device__ __forceinline__ void pk_mbar_init(pk_saddr bar, unsigned int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+// the barriers' initialization visible to the bulk copies (before the block's first)
+__device__ __forceinline__ void pk_mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void pk_mbar_expect(pk_saddr bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void pk_bulk_g2s(pk_saddr dst, const void* src, unsigned int bytes,
+                                            pk_saddr bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1], %2, [%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void pk_mbar_wait(pk_saddr bar, unsigned int parity) {
+    const long long start = clock64();
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (!done && clock64() - start > PK_SPIN_LIMIT) __trap();
+    }
+}
+__device__ __forceinline__ void pk_fence_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+#endif
 
 // Fetch the 128-byte line at p into L2 (a hint: no registers, nothing waits for it).
 __device__ __forceinline__ void pk_prefetch_l2(const void* p) {

@@ -14,8 +14,10 @@
  * the units of rank 2p + c there. Design: docs/kernels.md ("The stack backward in cluster
  * pairs"); host side (fit, NumPy twin): rnnrt/kernels/stack_bwd.py.
  *
- * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bwd_bench.py --pair
- * --define): SP_NS (stages), PK_TIMING (persistent_common.cuh), PK_TRACE.
+ * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bwd_bench.py
+ * --define): SP_NS (stages), SP_BULK (1: each warp's rows of dg^T in a tile by one bulk copy
+ * of the TMA engine, completing on a barrier of its own, instead of 4 cp.async a lane; its
+ * 24 barriers take 192 bytes more shared memory), PK_TIMING (persistent_common.cuh), PK_TRACE.
  *
  * Calling convention: exactly lstm_persistent_stack_bwd's (persistent_stack_bwd.cu's header:
  *   the same views, grid L * H/16 blocks of 256 threads); the grid is whole clusters of 2
@@ -73,6 +75,10 @@
 #define SP_STAGE (SP_XOFF + SP_KT * SB_BMAX)
 #define SP_RP 68                   // stride of a batch's partial sums (the forward's flush)
 #define SP_RECV (SB_BMAX * SP_PU)  // the pair's partial sums a block receives: [64][32]
+#ifndef SP_BULK
+#define SP_BULK 0                  // the dg^T part by bulk copies (see the header)
+#endif
+#define SP_BARS (SP_BULK ? 2 * SP_NS * SP_KG : 0)   // floats of the bulk copies' mbarriers
 #define SP_CW 2                    // W float4s a lane copies of a tile (8 rows x 8 a warp)
 #define SP_CX 4                    // dg^T float4s a lane copies of a tile (8 rows x 16)
 static_assert(4 * SB_BMAX * SP_RP <= SP_NS * SP_STAGE, "the partial sums reuse the stages");
@@ -127,7 +133,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     const int KH = 2 * H;                 // the block's k rows: half of the 4H gate rows
     const int NT = KH / SP_KT;            // tiles a step
     const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
-    const long long need = 4LL * ((long long)KH * SP_PU + SP_NS * SP_STAGE + SP_RECV);
+    const long long need = 4LL * ((long long)KH * SP_PU + SP_NS * SP_STAGE + SP_RECV + SP_BARS);
     auto aligned = [](const void* p) {
         return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
     };
@@ -159,6 +165,8 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     float* const Rs = smem;                        // [2H][32]: R[K_c, P], k-major
     float* const st = Rs + KH * SP_PU;             // [SP_NS][SP_STAGE] stages
     float* const recv = st + SP_NS * SP_STAGE;     // [64][32]: the other block's sums
+    // SP_BULK: warp w's barrier of stage s at bars + 8 * (s * SP_KG + w) bytes
+    const pk_saddr bars = pk_smem_addr(recv + SP_RECV);
     float* const red = st;                         // [4][SB_BMAX][SP_RP], after the K loop
     float* const tile = st;                        // [4U][SB_TP]: the pointwise's dg^T tile
 
@@ -181,6 +189,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     const int kr0 = SP_KPW * warp + (lane >> 4), q4 = lane & 15;
     const int dst_x = SP_XOFF + kr0 * SB_BMAX + 4 * q4;
     const bool x_ok = q4 < nbc;
+    const pk_saddr bar_w = bars + 8u * warp;   // + 8 * SP_KG * stage
     auto issue = [&](int n, const float* dg) {
         if (n < NT && !(PK_TIMING & 1)) {
             float* const s = st + (n % SP_NS) * SP_STAGE;
@@ -188,7 +197,15 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
             for (int i = 0; i < SP_CW; ++i)
                 pk_cp_async16(s + dst_w + i * 4 * SP_PU,
                               w_thr + ((long long)n * SP_KT + 4 * i) * H);
-            if (x_ok) {
+            if (SP_BULK) {   // the warp's SP_KPW rows of dg^T: contiguous in both
+                if (lane == 0) {
+                    const pk_saddr bar = bar_w + 8u * SP_KG * (n % SP_NS);
+                    pk_mbar_expect(bar, 4u * SP_KPW * SB_BMAX);
+                    pk_bulk_g2s(pk_smem_addr(s + SP_XOFF + SP_KPW * warp * SB_BMAX),
+                                dg + (long long)(k0 + n * SP_KT + SP_KPW * warp) * SB_BMAX,
+                                4u * SP_KPW * SB_BMAX, bar);
+                }
+            } else if (x_ok) {
                 const float* const xs =
                     dg + (long long)(k0 + n * SP_KT + kr0) * SB_BMAX + 4 * q4;
 #pragma unroll
@@ -198,6 +215,11 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         }
         pk_cp_commit();
     };
+    unsigned int phase = 0;   // SP_BULK: bit s, the parity of stage s's next wait
+    if (SP_BULK && lane == 0) {
+        for (int n = 0; n < SP_NS; ++n) pk_mbar_init(bar_w + 8u * SP_KG * n, 1);
+        pk_mbar_init_fence();
+    }
     __syncthreads();   // Rs is read by every warp
 
     const int lr = lane & 3, lb = lane >> 2;
@@ -217,7 +239,11 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
                                               lddhin, dgx, lddgx, tile, dgt, above, dg_done,
                                               done, dhrec, dcar);
         // --- the product: every block of the layer's dg_t, this block's k rows
-        if (lane == 0) ps_wait(dg_done, done);
+        if (lane == 0) {
+            ps_wait(dg_done, done);
+            // the stages' last generic accesses (the tile, red) before the bulk copies
+            if (SP_BULK) pk_fence_async_smem();
+        }
         __syncwarp();
         PS_NOTE(s, 3);
         for (int n = 0; n < SP_NS - 1; ++n) issue(n, dgs);
@@ -228,6 +254,11 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
             for (int jb = 0; jb < SP_TB; ++jb) acc[i][jb] = 0.f;
         for (int n = 0; n < NT; ++n) {
             pk_cp_wait<SP_NS - 2>();   // tile n landed (this lane's part) ...
+            if (SP_BULK && !(PK_TIMING & 1)) {   // ... and the warp's dg^T rows
+                const int sn = n % SP_NS;
+                pk_mbar_wait(bar_w + 8u * SP_KG * sn, (phase >> sn) & 1u);
+                phase ^= 1u << sn;
+            }
             __syncwarp();              // ... the warp's; the warp has read its rows of n-1
             issue(n + SP_NS - 1, dgs);
             const pk_saddr sa = st_a + 4u * ((n % SP_NS) * SP_STAGE);

@@ -11,7 +11,8 @@ CUDA events (warm-up, median of --repeats). Timing variants (--variants, PK_TIMI
 staging, 2 no FMAs, 4 no waits, 8 no pointwise) compute wrong results on purpose: timed, not
 checked. --define NAME=VALUE builds the kernel with another value of an overridable constant
 (SB_NS: the stages; SB_KT: k rows a stage, a multiple of 64; the shared memory follows: at H
-512, SB_KT=128 fits with SB_NS=2; the pair kernel's stages: SP_NS); --trace adds one launch with the kernel's PK_TRACE timeline
+512, SB_KT=128 fits with SB_NS=2; the pair kernel's: SP_NS, SP_BULK=1 its dg^T by bulk
+copies of the TMA engine); --trace adds one launch with the kernel's PK_TRACE timeline
 and prints each layer's median step phases (stack_bench.py's reader). The whole training step against cuDNN: backward_probe.py --backwards.
 
 Usage (GPU): python experiments/scripts/stack_bwd_bench.py [--hidden 512] [--batch 64]
@@ -130,9 +131,10 @@ def main(argv=None):
         kt, ns = int(defined.get("SB_KT", SB_KT)), int(defined.get("SB_NS", SB_NS))
         smem = stack_bwd_smem_bytes(H, kt, ns)
         print(f"  shared memory for SB_KT {kt}, SB_NS {ns}: {smem} bytes")
-    if fit.pair and "SP_NS" in defined:
-        smem = stack_bwd_pair_smem_bytes(H, int(defined["SP_NS"]))
-        print(f"  shared memory for SP_NS {defined['SP_NS']}: {smem} bytes")
+    if fit.pair and ("SP_NS" in defined or "SP_BULK" in defined):
+        smem = stack_bwd_pair_smem_bytes(H, int(defined.get("SP_NS", SP_NS)),
+                                         bulk=defined.get("SP_BULK", "0") != "0")
+        print(f"  shared memory for {' '.join(a.define)}: {smem} bytes")
     ld = np.int32
     rows = []
     for variant in [int(v) for v in a.variants.split(",")]:

@@ -97,11 +97,13 @@ def stack_bwd_smem_bytes(hidden: int, k_tile: int = SB_KT, stages: int = SB_NS) 
     return 4 * (4 * int(hidden) * SB_U + int(stages) * stage_floats(k_tile))
 
 
-def stack_bwd_pair_smem_bytes(hidden: int, stages: int = SP_NS) -> int:
+def stack_bwd_pair_smem_bytes(hidden: int, stages: int = SP_NS, bulk: bool = False) -> int:
     """Dynamic shared memory of one block of the cluster-pair kernel (bytes): R's k rows of
     the block's half (2H) by the pair's 32 columns + ``stages`` stages (W's 32 columns and
-    dg^T's 64 batches of SP_KT k rows) + the other block's sums [64][32]."""
-    return 4 * (2 * int(hidden) * SP_PU + int(stages) * SP_STAGE + SP_RECV)
+    dg^T's 64 batches of SP_KT k rows) + the other block's sums [64][32]; ``bulk``: a build
+    with SP_BULK 1 (the bulk copies' 8-byte barriers, one a stage and warp)."""
+    bars = 2 * int(stages) * SB_KG if bulk else 0
+    return 4 * (2 * int(hidden) * SP_PU + int(stages) * SP_STAGE + SP_RECV + bars)
 
 
 def pair_decline(hidden: int, layers: int, props: dict) -> str | None:

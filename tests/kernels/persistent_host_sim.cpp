@@ -177,6 +177,22 @@ static thread_local std::optional<std::barrier<>::arrival_token> sim_cluster_tok
     }
     sim_block_smem[pk_cluster_id() * sim_cluster + rank][off] = v;
 }
+// the bulk copy engine: an immediate copy (the barrier it completes on, and the waits, are
+// no-ops: a copy that has landed satisfies every wait), with the GPU's alignment rules
+[[maybe_unused]] static void pk_mbar_init(pk_saddr, unsigned int) {}
+[[maybe_unused]] static void pk_mbar_init_fence() {}
+[[maybe_unused]] static void pk_mbar_expect(pk_saddr, unsigned int) {}
+[[maybe_unused]] static void pk_mbar_wait(pk_saddr, unsigned int) {}
+[[maybe_unused]] static void pk_fence_async_smem() {}
+[[maybe_unused]] static void pk_bulk_g2s(pk_saddr dst, const void* src, unsigned int bytes,
+                                         pk_saddr bar) {
+    if (dst % 16 || reinterpret_cast<std::uintptr_t>(src) % 16 || bytes % 16 || bar % 8) {
+        std::fprintf(stderr, "misaligned bulk copy: dst %p src %p bytes %u bar %p\n",
+                     reinterpret_cast<void*>(dst), src, bytes, reinterpret_cast<void*>(bar));
+        std::abort();
+    }
+    std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+}
 
 // The tensor-core kernels' primitives (persistent_mma.cuh leaves them to PK_HOST_SIM): two
 // floats packed as the 16-bit type's bits (lo in the low half), and mma.sync m16n8k16

@@ -98,7 +98,7 @@ def check_against_reference(got, case, p, cache, what):
                          name=f"{what} layer {n} {name}")
 
 
-def run_sim(exe, tmp_path, case, launches=2, pair=False):
+def run_sim(exe, tmp_path, case, launches=2, pair=False, bulk=False):
     """The sim on ``case``; -> {dgx [L, T, B, 4H], dx [T, B, H], dh0, dc0 [L, B, H], dhin}.
     A failed run (or a ThreadSanitizer report) fails with its stderr's end."""
     L, T, B, K = case["act"].shape
@@ -113,7 +113,7 @@ def run_sim(exe, tmp_path, case, launches=2, pair=False):
     for n, a in files.items():
         np.ascontiguousarray(a).tofile(tmp_path / f"{n}.f32")
     r = subprocess.run([str(exe), str(B), str(H), str(T), str(L), str(SB.SB_U),
-                        str(SB.stack_bwd_pair_smem_bytes(H) if pair else
+                        str(SB.stack_bwd_pair_smem_bytes(H, bulk=bulk) if pair else
                             SB.stack_bwd_smem_bytes(H)), str(launches), str(tmp_path),
                         str(ldw)], capture_output=True, text=True, timeout=600, env=SIM_ENV)
     assert r.returncode == 0 and "ThreadSanitizer" not in r.stderr, r.stderr[-2000:]
@@ -168,6 +168,20 @@ def test_stack_bwd_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape)
         assert r.ok, f"sim vs twin {name}: {r}"
 
 
+def test_pair_kernel_with_bulk_copies_on_cpu_threads(tmp_path_factory, tmp_path):
+    """SP_BULK 1 (each warp's dg^T rows of a tile by one bulk copy, its barrier's waits
+    no-ops on the host, the copy's alignment checked): the reference gradients, bitwise the
+    cp.async build's (the copy changes no sum)."""
+    case, p, cache = make_case(37, 64, 4, 3)
+    exe = _build(tmp_path_factory, "#define SP_BULK 1\n" + source(KERNELS[True]), "bulk")
+    got = run_sim(exe, tmp_path, case, pair=True, bulk=True)
+    check_against_reference(got, case, p, cache, "sim pair SP_BULK 1")
+    plain = _build(tmp_path_factory, source(KERNELS[True]), "plain")
+    want = run_sim(plain, tmp_path, case, pair=True)
+    for name in ("dgx", "dx", "dh0", "dc0"):
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
 @pytest.mark.parametrize("pair", [False, True], ids=["single", "pair"])
 def test_stack_bwd_twin_matches_reference(pair):
     case, p, cache = make_case(16, 64, 5, 3, seed=4)
@@ -200,10 +214,13 @@ def test_constants_match_the_kernel():
     for name in ("SP_PU", "SP_KT", "SP_NS"):
         m = re.search(rf"#define {name} (\d+)", pair)
         assert m and int(m[1]) == getattr(SB, name), name
-    assert "const long long need = 4LL * ((long long)KH * SP_PU + SP_NS * SP_STAGE + SP_RECV);" \
+    assert ("const long long need = 4LL * ((long long)KH * SP_PU + SP_NS * SP_STAGE + SP_RECV"
+            " + SP_BARS);") \
         in pair
     assert "#define SP_STAGE (SP_XOFF + SP_KT * SB_BMAX)" in pair and SB.SP_STAGE == 6144
     assert "#define SP_RECV (SB_BMAX * SP_PU)" in pair and SB.SP_RECV == 2048
+    assert "#define SP_BARS (SP_BULK ? 2 * SP_NS * SP_KG : 0)" in pair
+    assert SB.stack_bwd_pair_smem_bytes(512, bulk=True) == 212992 + 8 * SB.SP_NS * SB.SB_KG
     assert "__cluster_dims__(2, 1, 1)" in pair
     text = source("persistent_stack_bwd.cu")
     for name in ("SB_U", "SB_BMAX", "SB_KT", "SB_NS"):
