@@ -14,7 +14,9 @@
  * the units of rank 2p + c there. Design: docs/kernels.md ("The stack backward in cluster
  * pairs"); host side (fit, NumPy twin): rnnrt/kernels/stack_bwd.py.
  *
- * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bwd_bench.py
+ * Variants: one kernel (LSTM), two paths chosen at run time: B > 32, the register tile over
+ * 64 batch lanes (NH 2); B <= 32, over 32 (NH 1: a half-warp a k-group, half the FMAs and
+ * half the dg^T staged). Compile-time knobs for experiments (stack_bwd_bench.py
  * --define): SP_NS (stages), SP_BULK (1: each warp's rows of dg^T in a tile by one bulk copy
  * of the TMA engine, completing on a barrier of its own, instead of 4 cp.async a lane; its
  * 24 barriers take 192 bytes more shared memory), PK_TIMING (persistent_common.cuh), PK_TRACE.
@@ -86,30 +88,37 @@ static_assert(4 * SB_U * SB_TP <= SP_NS * SP_STAGE, "the dg^T tile reuses the st
 static_assert(SP_KPW * (SP_PU / 4) == 32 * SP_CW && SP_KPW * (SB_BMAX / 4) == 32 * SP_CX,
               "a warp copies its SP_KPW rows of both parts, whole float4s a lane");
 
-// acc += A^T[k]^T X^T[k] over the warp's SP_KPW k rows of one tile. ar, aw: the shared
-// addresses of the lane's first R float4 (the R slice) and first W float4 (the stage) at the
-// warp's first k row, x the lane's first dg^T float4 there; the lane's rows are 16g + 4lr +
-// e (g 0, 1: R's columns 16g + 4lr + e; g 2, 3: W's 16(g-2) + 4lr + e), its batches 32h +
-// 4lb + f. The next k's six float4s are loaded before this k's 128 FMAs.
+// acc += A^T[k]^T X^T[k] over the lane's k rows of one tile: with NH = 2 (batches 33..64)
+// the warp's SP_KPW rows, with NH = 1 (B <= 32) its half-warp's, every second one (half-warp
+// lk takes rows lk, lk + 2, ..: the warp's 32 lanes cover 64 rows x 32 batches twice). ar,
+// aw: the shared addresses of the lane's first R float4 (the R slice) and first W float4
+// (the stage) at its first k row, x its first dg^T float4 there; the lane's rows are 16g +
+// 4lr + e (g 0, 1: R's columns 16g + 4lr + e; g 2, 3: W's 16(g-2) + 4lr + e), its batches
+// 32h + 4lb + f (NH 2) or 16h + 4lb + f (NH 1). The next k's six float4s are loaded before
+// this k's 128 FMAs.
+template <int NH>
 __device__ __forceinline__ void sp_tile_fma(float (&acc)[SP_TM][SP_TB], pk_saddr ar,
                                             pk_saddr aw, pk_saddr x) {
     if (PK_TIMING & 2) return;
-    constexpr unsigned int da = 4u * SP_PU, dx = 4u * SB_BMAX;   // bytes a k row
+    constexpr int rows = NH == 2 ? SP_KPW : SP_KPW / 2;   // k rows of the tile the lane takes
+    constexpr unsigned int da = (3 - NH) * 4u * SP_PU;    // bytes to its next A row
+    constexpr unsigned int dx = (3 - NH) * 4u * SB_BMAX;  // ... and dg^T row
+    constexpr unsigned int xh = NH * 64u;                 // bytes to its second batch float4
     float4 av[4], xv[2], an[4], xn[2];
     av[0] = pk_lds128(ar), av[1] = pk_lds128(ar + 64u);
     av[2] = pk_lds128(aw), av[3] = pk_lds128(aw + 64u);
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) xv[hh] = pk_lds128(x + 128u * hh);
+    for (int hh = 0; hh < 2; ++hh) xv[hh] = pk_lds128(x + xh * hh);
 #pragma unroll
-    for (int kk = 0; kk < SP_KPW; ++kk) {
-        if (kk + 1 < SP_KPW) {
+    for (int kk = 0; kk < rows; ++kk) {
+        if (kk + 1 < rows) {
             an[0] = pk_lds128(ar + da * (kk + 1)), an[1] = pk_lds128(ar + da * (kk + 1) + 64u);
             an[2] = pk_lds128(aw + da * (kk + 1)), an[3] = pk_lds128(aw + da * (kk + 1) + 64u);
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + dx * (kk + 1) + 128u * hh);
+            for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + dx * (kk + 1) + xh * hh);
         }
         ps_outer(acc, av, xv);
-        if (kk + 1 < SP_KPW) {
+        if (kk + 1 < rows) {
 #pragma unroll
             for (int g = 0; g < 4; ++g) av[g] = an[g];
 #pragma unroll
@@ -118,7 +127,40 @@ __device__ __forceinline__ void sp_tile_fma(float (&acc)[SP_TM][SP_TB], pk_saddr
     }
 }
 
-// One block of the pair kernel. Views as lstm_persistent_stack_bwd's.
+// NH = 1: sixteen half-warp tiles into four partial sums red[m][b][row] (row stride SP_RP),
+// in four passes: (warps 4..7, lk 1) store, then (4..7, 0), (0..3, 1), (0..3, 0) add theirs;
+// a lane's batches 16h + 4lb + f (4 * SP_RP = 16 mod 32 banks: a quarter warp's lb 0, 1
+// meet no bank twice).
+__device__ __forceinline__ void sp_flush16(const float (&acc)[SP_TM][SP_TB], float* red,
+                                           int warp, int lk, int lr, int lb) {
+    for (int pass = 0; pass < 4; ++pass) {
+        if ((warp >= 4) == (pass < 2) && lk == 1 - (pass & 1)) {
+            float* const r0 = red + (warp & 3) * SB_BMAX * SP_RP + 4 * lr;
+#pragma unroll
+            for (int g = 0; g < 4; ++g)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                    for (int f = 0; f < 4; ++f) {
+                        float4* const q = reinterpret_cast<float4*>(
+                            r0 + (16 * hh + 4 * lb + f) * SP_RP + 16 * g);
+                        float4 v = make_float4(acc[4 * g][4 * hh + f], acc[4 * g + 1][4 * hh + f],
+                                               acc[4 * g + 2][4 * hh + f],
+                                               acc[4 * g + 3][4 * hh + f]);
+                        if (pass > 0) {
+                            const float4 o = *q;
+                            v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+                        }
+                        *q = v;
+                    }
+        }
+        __syncthreads();
+    }
+}
+
+// One block of the pair kernel (NH: the batch halves its tile spans, 1 where B <= 32).
+// Views as lstm_persistent_stack_bwd's.
+template <int NH>
 __device__ __forceinline__ void persistent_stack_bwd_pair(
         int B, int H, float* dgx, long long lddgx, float* dhin, long long lddhin, float* dx,
         long long lddx, float* dh0, long long lddh0, float* dc0, long long lddc0,
@@ -186,7 +228,10 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     const int krw = SP_KPW * warp + (lane >> 3), qw = lane & 7;
     const float* const w_thr = wih + (long long)krw * H + 4 * qw;
     const int dst_w = krw * SP_PU + 4 * qw;
-    const int kr0 = SP_KPW * warp + (lane >> 4), q4 = lane & 15;
+    // dg^T: NH 2 rows kr0 + 2i (i < 4), float4 q4 = lane % 16; NH 1 (32 batches) rows kr0 +
+    // 4i (i < 2), float4 q4 = lane % 8
+    const int kr0 = SP_KPW * warp + (NH == 2 ? lane >> 4 : lane >> 3);
+    const int q4 = NH == 2 ? lane & 15 : lane & 7;
     const int dst_x = SP_XOFF + kr0 * SB_BMAX + 4 * q4;
     const bool x_ok = q4 < nbc;
     const pk_saddr bar_w = bars + 8u * warp;   // + 8 * SP_KG * stage
@@ -209,8 +254,9 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
                 const float* const xs =
                     dg + (long long)(k0 + n * SP_KT + kr0) * SB_BMAX + 4 * q4;
 #pragma unroll
-                for (int i = 0; i < SP_CX; ++i)
-                    pk_cp_async16(s + dst_x + i * 2 * SB_BMAX, xs + i * 2 * SB_BMAX);
+                for (int i = 0; i < SP_CX / (3 - NH); ++i)
+                    pk_cp_async16(s + dst_x + i * (6 - 2 * NH) * SB_BMAX,
+                                  xs + i * (6 - 2 * NH) * SB_BMAX);
             }
         }
         pk_cp_commit();
@@ -222,10 +268,12 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     }
     __syncthreads();   // Rs is read by every warp
 
-    const int lr = lane & 3, lb = lane >> 2;
-    const pk_saddr r_lane = pk_smem_addr(Rs) + 4u * (SP_PU * SP_KPW * warp + 4 * lr);
-    const pk_saddr w_lane = 4u * (SP_PU * SP_KPW * warp + 4 * lr);
-    const pk_saddr x_lane = 4u * (SP_XOFF + SB_BMAX * SP_KPW * warp + 4 * lb);
+    // the lane: lr its rows, lb its batches, lk (NH 1) its half-warp's k rows
+    const int lr = lane & 3, lb = NH == 2 ? lane >> 2 : (lane >> 2) & 3;
+    const int lk = NH == 2 ? 0 : lane >> 4, k_lane = SP_KPW * warp + lk;
+    const pk_saddr r_lane = pk_smem_addr(Rs) + 4u * (SP_PU * k_lane + 4 * lr);
+    const pk_saddr w_lane = 4u * (SP_PU * k_lane + 4 * lr);
+    const pk_saddr x_lane = 4u * (SP_XOFF + SB_BMAX * k_lane + 4 * lb);
     const pk_saddr st_a = pk_smem_addr(st);
     const unsigned int peer = cr ^ 1u;
     // Timeline (PK_TRACE): 0 step top, 1 past the wait for the layer above, 2 after the dg
@@ -262,14 +310,17 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
             __syncwarp();              // ... the warp's; the warp has read its rows of n-1
             issue(n + SP_NS - 1, dgs);
             const pk_saddr sa = st_a + 4u * ((n % SP_NS) * SP_STAGE);
-            sp_tile_fma(acc, r_lane + 4u * (n * SP_KT * SP_PU), sa + w_lane, sa + x_lane);
+            sp_tile_fma<NH>(acc, r_lane + 4u * (n * SP_KT * SP_PU), sa + w_lane, sa + x_lane);
         }
         PS_NOTE(s, 4);
         pk_cp_wait<0>();
         __syncthreads();   // every tile is read: the stages become the partial sums
-        // Eight k-groups into four partial sums (the forward stack kernel's flush): warps
-        // 4..7 store, warps 0..3 add theirs. red[m][b][row], row stride SP_RP.
-        ps_flush8(acc, red, warp, lr, lb, SP_RP);
+        // The k-groups into four partial sums red[m][b][row], row stride SP_RP: NH 2 eight
+        // (the forward stack kernel's flush: warps 4..7 store, 0..3 add), NH 1 sixteen.
+        if (NH == 2)
+            ps_flush8(acc, red, warp, lr, lb, SP_RP);
+        else
+            sp_flush16(acc, red, warp, lk, lr, lb);
         // The other block's units: R's rows 16(1-c) + jj and W's 32 + 16(1-c) + jj, each
         // summed over the four in order, into its recv[b][16h + jj] (h 0: R, 1: W; a warp
         // one batch's 32 consecutive values). Its recv was last read before its dg_t count,
@@ -326,7 +377,14 @@ lstm_persistent_stack_bwd_pair(
         const float* act, int ldact, const float* c, int ldc, const float* w_ih, int ldw_ih,
         const float* w_hh, int ldw_hh, int T, int L, int units_per_block) {
     (void)ldsync;
-    persistent_stack_bwd_pair(rows, cols, dgx, lddgx, dhin, lddhin, dx, lddx, dh0, lddh0, dc0,
+    if (rows <= SB_BMAX / 2) {   // half the batch lanes: a tile of 32 batches, half the work
+        persistent_stack_bwd_pair<1>(rows, cols, dgx, lddgx, dhin, lddhin, dx, lddx, dh0, lddh0,
+                                     dc0, lddc0, sync, dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n,
+                                     act, ldact, c, ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L,
+                                     units_per_block);
+        return;
+    }
+    persistent_stack_bwd_pair<2>(rows, cols, dgx, lddgx, dhin, lddhin, dx, lddx, dh0, lddh0, dc0,
                               lddc0, sync, dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n, act, ldact,
                               c, ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L, units_per_block);
 }

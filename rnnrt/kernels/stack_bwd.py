@@ -199,18 +199,28 @@ def product(dg, M, groups):
 
 def pair_product(dg, M):
     """dg [B, 4H] @ M [4H, H] summed as the cluster-pair kernel sums it: block c of a pair
-    over k rows [2Hc, 2Hc + 2H), each warp w over rows 8w .. 8w+7 of every SP_KT tile (a
-    matmul here, where the kernel chains FMAs: close, not bitwise), warps 0..3 adding warps
-    4..7's (q_m = a(m) + a(m+4)), the four in order; then block 0's half + block 1's (the
-    owning block adds the other's to its own: the same value, addition commutes)."""
+    over k rows [2Hc, 2Hc + 2H); for B > 32 each warp w over rows 8w .. 8w+7 of every SP_KT
+    tile (a matmul here, where the kernel chains FMAs: close, not bitwise), warps 0..3 adding
+    warps 4..7's (q_m = a(m) + a(m+4)); for B <= 32 each half-warp (w, h) over rows 8w + h,
+    + 2, .. of every tile, q_m = a(m, 0) + (a(m, 1) + (a(m+4, 0) + a(m+4, 1))) (the kernel's
+    four passes); the four q in order; then block 0's half + block 1's (the owning block adds
+    the other's to its own: the same value, addition commutes)."""
     K = dg.shape[1]
     half = K // 2
+    wide = dg.shape[0] > SB_BMAX // 2
     s = []
     for c in range(2):
-        a = [dg[:, r] @ M[r] for r in
-             (np.array([c * half + n + w * SP_KPW + kk for n in range(0, half, SP_KT)
-                        for kk in range(SP_KPW)], np.int64) for w in range(SB_KG))]
-        q = [a[m] + a[m + SB_KG // 2] for m in range(SB_KG // 2)]
+        def rows(w, h, step):
+            return np.array([c * half + n + w * SP_KPW + kk for n in range(0, half, SP_KT)
+                             for kk in range(h, SP_KPW, step)], np.int64)
+        if wide:
+            a = [dg[:, r] @ M[r] for r in (rows(w, 0, 1) for w in range(SB_KG))]
+            q = [a[m] + a[m + SB_KG // 2] for m in range(SB_KG // 2)]
+        else:
+            a = [(dg[:, rows(w, 0, 2)] @ M[rows(w, 0, 2)], dg[:, rows(w, 1, 2)] @ M[rows(w, 1, 2)])
+                 for w in range(SB_KG)]
+            g = SB_KG // 2
+            q = [a[m][0] + (a[m][1] + (a[m + g][0] + a[m + g][1])) for m in range(g)]
         acc = q[0]
         for v in q[1:]:
             acc = acc + v

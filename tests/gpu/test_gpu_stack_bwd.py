@@ -91,8 +91,9 @@ def test_stack_backward_at_the_paper_shape_all_steps(cp, ctx):
         np.testing.assert_array_equal(second[name], a, err_msg=f"{name} differs between runs")
 
 
-@pytest.mark.parametrize("pairs", [True, False], ids=["pair", "single"])
-def test_stack_bwd_kernels_equal_their_twins(cp, pairs):
+@pytest.mark.parametrize("pairs, B", [(True, 37), (True, 17), (False, 37)],
+                         ids=["pair", "pair-B32-path", "single"])
+def test_stack_bwd_kernels_equal_their_twins(cp, pairs, B):
     """Each stack backward kernel (the cluster-pair one, and the one-block one that runs where
     pairs decline) launched directly on random data, outputs and scratch poisoned with NaN:
     every output equals its NumPy twin's (the kernel's sum order; FMA contraction within a
@@ -101,7 +102,7 @@ def test_stack_bwd_kernels_equal_their_twins(cp, pairs):
     from rnnrt.kernels.library import KernelLibrary
     from rnnrt.kernels.registry import get_kernel
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    T, B, H, L = 6, 37, 128, 3
+    T, H, L = 6, 128, 3
     fit = stack_bwd.stack_bwd_fit("lstm", H, B, L, H, props, steps=T, pairs=pairs)
     assert fit.ok and fit.pair == pairs, fit.reason
     info = get_kernel(fit.kernel)

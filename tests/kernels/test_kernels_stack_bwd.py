@@ -151,8 +151,9 @@ def run_twin(case, pair=False):
 
 
 # (B, H, T, L): an odd batch past 32 (both lane halves of the batches, a part-filled float4),
-# a middle layer, both dg^T slots reused; the ThreadSanitizer test runs B 3, T 3, L 2
-SHAPES = [(37, 64, 4, 3)]
+# a middle layer, both dg^T slots reused; B 17: the pair kernel's 32-batch path; the
+# ThreadSanitizer test runs B 3, T 3, L 2
+SHAPES = [(37, 64, 4, 3), (17, 64, 3, 2)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
@@ -189,24 +190,38 @@ def test_stack_bwd_twin_matches_reference(pair):
 
 
 def test_pair_product_sums_in_the_kernels_order():
-    """The pair twin's sum: each block's half of the k rows, warp by warp as the kernel's
-    copies take them (8 whole rows of each 64-row tile), the halves added last: planted
+    """The pair twin's sum: each block's half of the k rows; for B > 32 warp by warp as the
+    kernel's copies take them (8 whole rows of each 64-row tile), for B <= 32 half-warp by
+    half-warp (alternate rows) in the kernel's four passes; the halves added last: planted
     magnitudes show the order (a row out of place, or the halves swapped into the sum of one
     block, changes the rounding)."""
     rng = np.random.default_rng(3)
-    H, B = 64, 5
-    dg = rng.standard_normal((B, 4 * H)).astype(f32)
-    M = rng.standard_normal((4 * H, H)).astype(f32)
-    got = SB.pair_product(dg, M)
-    assert_close(got, dg.astype(f64) @ M.astype(f64), 1e-5, 1e-5, name="pair product")
+    H = 64
     half = 2 * H
-    rows = [[c * half + n + 8 * w + kk for n in range(0, half, 64) for kk in range(8)]
-            for c in range(2) for w in range(8)]
-    assert sorted(sum(rows, [])) == list(range(4 * H))   # every k row exactly once
-    a = [dg[:, r] @ M[r] for r in rows]
-    s = [((a[8 * c] + a[8 * c + 4]) + (a[8 * c + 1] + a[8 * c + 5]) + (a[8 * c + 2]
-          + a[8 * c + 6])) + (a[8 * c + 3] + a[8 * c + 7]) for c in range(2)]
-    np.testing.assert_array_equal(got, s[0] + s[1])
+    M = rng.standard_normal((4 * H, H)).astype(f32)
+    for B in (40, 5):
+        dg = rng.standard_normal((B, 4 * H)).astype(f32)
+        got = SB.pair_product(dg, M)
+        assert_close(got, dg.astype(f64) @ M.astype(f64), 1e-5, 1e-5, name=f"pair product {B}")
+        if B > 32:
+            rows = [[c * half + n + 8 * w + kk for n in range(0, half, 64) for kk in range(8)]
+                    for c in range(2) for w in range(8)]
+            assert sorted(sum(rows, [])) == list(range(4 * H))   # every k row exactly once
+            a = [dg[:, r] @ M[r] for r in rows]
+            s = [((a[8 * c] + a[8 * c + 4]) + (a[8 * c + 1] + a[8 * c + 5]) + (a[8 * c + 2]
+                  + a[8 * c + 6])) + (a[8 * c + 3] + a[8 * c + 7]) for c in range(2)]
+        else:
+            rows = [[c * half + n + 8 * w + kk for n in range(0, half, 64)
+                     for kk in range(h, 8, 2)] for c in range(2) for w in range(8)
+                    for h in range(2)]
+            assert sorted(sum(rows, [])) == list(range(4 * H))
+            a = [dg[:, r] @ M[r] for r in rows]   # a[16c + 2w + h]
+
+            def q(c, m):
+                x = lambda w, h: a[16 * c + 2 * w + h]   # noqa: E731
+                return x(m, 0) + (x(m, 1) + (x(m + 4, 0) + x(m + 4, 1)))
+            s = [((q(c, 0) + q(c, 1)) + q(c, 2)) + q(c, 3) for c in range(2)]
+        np.testing.assert_array_equal(got, s[0] + s[1])
 
 
 def test_constants_match_the_kernel():
