@@ -40,8 +40,7 @@ from .persistent import Fit, persistent_fit
 from .choice_backward import (CUBLAS_BWD_LAYER_STEP_US, CUBLAS_BWD_STEP_US,  # noqa: F401
                               CUBLAS_SLOW_ROWS, BackwardChoice, backward_fit,
                               backward_steps_per_launch, choose_persistent_backward,
-                              prefers_persistent_backward, prefers_stack_backward,
-                              stack_backward_fits)
+                              prefers_persistent_backward, prefers_stack_backward)
 from .mma import mma_fit
 from .regs import regs_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
@@ -320,11 +319,9 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
                    for c in count_schedules(shape, device, f, cluster_cap))
     fit = backward_fit(shape, device) if shape.train else None
     if fit is None or not fit.ok:
-        if "stack" in fams and stack_backward_fits(shape, device):   # it has its own fit
-            stack_pbwd = (with_persistent_backward(persistent_schedule("stack")),)
-            first = prefers_stack_backward(shape, device)
-            return (stack_pbwd if first else ()) + persistent + counts \
-                + (() if first else stack_pbwd) + paper_schedules()
+        if "stack" in fams and prefers_stack_backward(shape, device):   # its own fit
+            return (with_persistent_backward(persistent_schedule("stack")),) + persistent \
+                + counts + paper_schedules()
         return persistent + counts + paper_schedules()
     pbwd = tuple(with_persistent_backward(s)
                  for s in persistent or (paper_schedule("ib10"),))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .mma_bwd import mma_bwd_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
-from .stack_bwd import SB_BMAX, StackBwdFit, stack_bwd_fit
+from .stack_bwd import StackBwdFit, stack_bwd_fit
 
 if TYPE_CHECKING:   # choice.py imports this module: its Shape only for the annotations
     from .choice import Shape
@@ -168,17 +168,16 @@ def backward_fit(shape: "Shape", device) -> BwdFit:
 
 def prefers_stack_backward(shape: "Shape", device) -> bool:
     """For a training shape whose forward runs the stack kernel: the stack backward (every
-    layer's chain in one launch) where it fits and the batch fills more than half of its 64
-    batch lanes (its product's register tile spans 64 batches whatever B: at B 32 it does
-    the work of 64). Measured on the H100 (LSTM L4, T 100, fwd+bwd, the selector's
-    candidates, `sweep/sweep-wide-l4-h128-512-b8-64-stackpairs-...-20261128T014229.jsonl`):
-    H 256 B 64 and H 512 B 64 chose it (H 512 B 64: 8.68 ms against the per-step backward's
-    ~10.1); at H 512 B 32 the per-step backward won, 7.20 against 7.40 ms."""
-    if not shape.train or shape.varlen or shape.batch <= SB_BMAX // 2:
+    layer's chain in one launch) wherever it fits. Measured on the H100 (LSTM L4, T 100,
+    fwd+bwd, the selector's candidates; the cluster-pair kernel with its 32-batch path,
+    `sweep/sweep-wide-l4-h256-512-b8-32-pair32-...-20261128T020139.jsonl`,
+    `sweep-wide-l4-h128-512-b8-64-stackpairs-...-20261128T014229.jsonl`): stack+pbwd against
+    the stack forward with the per-step backward, H 256 B 32 3.57 / 3.83 ms, H 512 B 32
+    6.46 / 7.18, H 512 B 64 8.66 / ~10.1 (the forward heuristic takes the stack kernel from
+    B 17; at B 8 the selector took cuBLAS schedules, the stack forward spanning 64 lanes)."""
+    if not shape.train or shape.varlen:
         return False
-    fit = stack_bwd_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
-                        device.props(), steps=shape.steps)
-    return fit.ok
+    return stack_backward_fits(shape, device)
 
 
 def stack_backward_fits(shape: "Shape", device) -> bool:
