@@ -304,6 +304,38 @@ __device__ __forceinline__ void ps_flush8(const float (&acc)[16][8], float* red,
     }
 }
 
+// The 32-batch tile (B <= 32: the warp's 32 lanes as two half-warps lk on alternate k
+// rows, lane (lr, lb) rows 16g + 4lr + e, batches 16h + 4lb + f): sixteen tiles into four
+// partial sums red[m][b][row] in four passes: (warps 4..7, lk 1) store, then (4..7, 0),
+// (0..3, 1), (0..3, 0) add theirs (4 * rp = 16 mod 32 banks: a quarter warp's lb 0, 1
+// meet no bank twice).
+__device__ __forceinline__ void ps_flush16(const float (&acc)[16][8], float* red, int warp,
+                                           int lk, int lr, int lb, int rp) {
+    for (int pass = 0; pass < 4; ++pass) {
+        if ((warp >= 4) == (pass < 2) && lk == 1 - (pass & 1)) {
+            float* const r0 = red + (warp & 3) * 64 * rp + 4 * lr;
+#pragma unroll
+            for (int g = 0; g < 4; ++g)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                    for (int f = 0; f < 4; ++f) {
+                        float4* const q = reinterpret_cast<float4*>(
+                            r0 + (16 * hh + 4 * lb + f) * rp + 16 * g);
+                        float4 v = make_float4(acc[4 * g][4 * hh + f], acc[4 * g + 1][4 * hh + f],
+                                               acc[4 * g + 2][4 * hh + f],
+                                               acc[4 * g + 3][4 * hh + f]);
+                        if (pass > 0) {
+                            const float4 o = *q;
+                            v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+                        }
+                        *q = v;
+                    }
+        }
+        __syncthreads();
+    }
+}
+
 // Timeline of the stack kernels, for experiments only (rnnrt never defines PK_TRACE): thread
 // 0 of each of the first PS_TRACE_BLOCKS blocks notes %globaltimer (ns) at PS_TRACE_POINTS
 // points of its first PS_TRACE_STEPS steps into pk_trace[block][step][point]

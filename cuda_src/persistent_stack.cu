@@ -7,7 +7,9 @@
  * l-1's step t and its own step t-1). Design: docs/kernels.md ("The stack kernel"); the host
  * side (fit, NumPy twin): rnnrt/kernels/stack.py.
  *
- * Variants: one kernel (LSTM). Compile-time knobs for experiments (experiments/scripts/
+ * Variants: one kernel (LSTM), two paths chosen at run time: B > 32, the register tile over
+ * 64 batch lanes; B <= 32, over 32 (a half-warp a k-group on alternate k rows: half the
+ * FMAs). Compile-time knobs for experiments (experiments/scripts/
  * stack_bench.py --define): PS_KT (k rows a staged tile), PS_NS (stages), PK_SLACK (steps
  * the layer below must be ahead), PS_FAST_CELL (1: approximate exp / division in the cell,
  * ~1e-6 relative; 0: the precise sigmoidf / tanhf), PK_TRACE (a %globaltimer timeline),
@@ -117,29 +119,36 @@ __device__ __forceinline__ void ps_transpose_tile(const float* in, long long ldi
     __syncthreads();   // s is free for the next tile
 }
 
-// acc += A^T[k]^T X^T[k] over the warp's PS_KPW k rows of one staged tile. a and x are the
-// shared addresses of the lane's first float4 at the warp's first k row: the lane's rows are
-// 16g + 4lr + e (float4 g < 4 of a 64-float row), its batches 32h + 4lb + f (float4 h < 2).
-// The next k's six float4s are loaded before this k's 128 FMAs.
+// acc += A^T[k]^T X^T[k] over the lane's k rows of one staged tile: with NH = 2 (B > 32)
+// the warp's PS_KPW rows, with NH = 1 (B <= 32) its half-warp's, every second one (half-warp
+// lk takes rows lk, lk + 2, ..: the 32 lanes cover 64 rows x 32 batches twice). a and x are
+// the shared addresses of the lane's first float4 at its first k row: the lane's rows are
+// 16g + 4lr + e (float4 g < 4 of a 64-float row), its batches 32h + 4lb + f (NH 2) or 16h +
+// 4lb + f (NH 1) (float4 h < 2). The next k's six float4s are loaded before this k's 128
+// FMAs.
+template <int NH>
 __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr a,
                                             pk_saddr x) {
     if (PK_TIMING & 2) return;
+    constexpr int rows = NH == 2 ? PS_KPW : PS_KPW / 2;   // k rows of the tile the lane takes
+    constexpr unsigned int dk = (3 - NH) * 4u * PS_M;     // bytes to its next k row
+    constexpr unsigned int xh = NH * 64u;                 // bytes to its second batch float4
     float4 av[4], xv[2], an[4], xn[2];
 #pragma unroll
     for (int g = 0; g < 4; ++g) av[g] = pk_lds128(a + 64u * g);
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) xv[hh] = pk_lds128(x + 128u * hh);
+    for (int hh = 0; hh < 2; ++hh) xv[hh] = pk_lds128(x + xh * hh);
 #pragma unroll
-    for (int kk = 0; kk < PS_KPW; ++kk) {
-        if (kk + 1 < PS_KPW) {
-            const pk_saddr row = 4u * PS_M * (kk + 1);
+    for (int kk = 0; kk < rows; ++kk) {
+        if (kk + 1 < rows) {
+            const pk_saddr row = dk * (kk + 1);
 #pragma unroll
             for (int g = 0; g < 4; ++g) an[g] = pk_lds128(a + row + 64u * g);
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + row + 128u * hh);
+            for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + row + xh * hh);
         }
         ps_outer(acc, av, xv);
-        if (kk + 1 < PS_KPW) {
+        if (kk + 1 < rows) {
 #pragma unroll
             for (int g = 0; g < 4; ++g) av[g] = an[g];
 #pragma unroll
@@ -153,7 +162,7 @@ __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr
 // wt: layer l's W^T at rows [l*H, l*H + H) (ldwt >= 4H); ht: the k-major inputs, slot
 // (m*(T+1) + s) of H rows of ldht floats (row k = batches): m = 0 the input x (slot t+1 =
 // x_t^T), m = l+1 layer l's h (slot s = h_s^T).
-template <int G, int CELL>
+template <int G, int CELL, int NH>
 __device__ __forceinline__ void persistent_stack_fwd(
         int B, int H, float* h, long long ldh, float* c, long long ldc, float* act,
         long long ldact, unsigned int* sync, float* wt, long long ldwt, float* ht,
@@ -304,9 +313,11 @@ __device__ __forceinline__ void persistent_stack_fwd(
     if (tid == 0) ps_wait(ready, gridDim.x);   // every block's transposes
     __syncthreads();   // ... for every thread; Rs is read by every warp
 
-    const int lr = lane & 3, lb = lane >> 2;
-    const pk_saddr a_lane = 16u * lr + 4u * PS_M * (PS_KPW * warp);
-    const pk_saddr x_lane = 16u * lb + 4u * PS_M * (PS_KPW * warp) + 4u * PS_KT * PS_M;
+    // the lane: lr its rows, lb its batches, lk (NH 1) its half-warp's k rows
+    const int lr = lane & 3, lb = NH == 2 ? lane >> 2 : (lane >> 2) & 3;
+    const int lk = NH == 2 ? 0 : lane >> 4;
+    const pk_saddr a_lane = 16u * lr + 4u * PS_M * (PS_KPW * warp + lk);
+    const pk_saddr x_lane = 16u * lb + 4u * PS_M * (PS_KPW * warp + lk) + 4u * PS_KT * PS_M;
     const pk_saddr st_a = pk_smem_addr(st), rs_a = pk_smem_addr(Rs);
     for (int t = 0; t < T; ++t) {
         const float* const in = below + (t + 1) * HS;   // this step's input, k-major
@@ -346,15 +357,19 @@ __device__ __forceinline__ void persistent_stack_fwd(
             issue(n + PS_NS - 1, in, hp);
             const pk_saddr s = st_a + 4u * ((n % PS_NS) * PS_STAGE);
             const pk_saddr a = n < NK ? s : rs_a + 4u * ((n - NK) * PS_KT * PS_M);
-            ps_tile_fma(acc, a + a_lane, s + x_lane);
+            ps_tile_fma<NH>(acc, a + a_lane, s + x_lane);
         }
         PS_NOTE(t, 4);
         pk_cp_wait<0>();
         __syncthreads();   // every tile is read: the stages become the partial sums
-        // Eight k-groups into four partial sums: warps 4..7 store, warps 0..3 add theirs.
-        // red[m][b][row], row stride PS_RP: a quarter warp's 16-byte accesses (lr 0..3, two
-        // batches 4 apart: 4 * PS_RP = 16 mod 32 banks) fill 32 banks.
-        ps_flush8(acc, red, warp, lr, lb, PS_RP);
+        // The k-groups into four partial sums red[m][b][row], row stride PS_RP (a quarter
+        // warp's 16-byte accesses, lr 0..3 and two batches 4 apart: 4 * PS_RP = 16 mod 32
+        // banks, fill 32 banks): NH 2 eight (warps 4..7 store, warps 0..3 add theirs), NH 1
+        // sixteen half-warp tiles in four passes.
+        if (NH == 2)
+            ps_flush8(acc, red, warp, lr, lb, PS_RP);
+        else
+            ps_flush16(acc, red, warp, lk, lr, lb, PS_RP);
 
         // The pointwise update of this thread's cells: gate sums over the 4 partial sums in
         // order, then (sum + b_ih) + b_hh, then lstm_fwd's arithmetic. Only h^T is read by
@@ -420,7 +435,14 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_
         const float* x, int ldx, const float* w_ih, int ldw_ih, const float* w_hh,
         int ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T, int L,
         int units_per_block) {
-    persistent_stack_fwd<4, CELL_LSTM>(rows, cols, h, ldh, c, ldc, act, ldact, sync, wt, ldwt,
-                                       ht, ldht, x, ldx, w_ih, ldw_ih, w_hh, ldw_hh, bw, ldbw,
-                                       br, ldbr, T, L, units_per_block);
+    if (rows <= PS_BMAX / 2) {   // half the batch lanes: a tile of 32 batches, half the FMAs
+        persistent_stack_fwd<4, CELL_LSTM, 1>(rows, cols, h, ldh, c, ldc, act, ldact, sync, wt,
+                                              ldwt, ht, ldht, x, ldx, w_ih, ldw_ih, w_hh,
+                                              ldw_hh, bw, ldbw, br, ldbr, T, L,
+                                              units_per_block);
+        return;
+    }
+    persistent_stack_fwd<4, CELL_LSTM, 2>(rows, cols, h, ldh, c, ldc, act, ldact, sync, wt, ldwt,
+                                          ht, ldht, x, ldx, w_ih, ldw_ih, w_hh, ldw_hh, bw,
+                                          ldbw, br, ldbr, T, L, units_per_block);
 }

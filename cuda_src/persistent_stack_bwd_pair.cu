@@ -127,37 +127,6 @@ __device__ __forceinline__ void sp_tile_fma(float (&acc)[SP_TM][SP_TB], pk_saddr
     }
 }
 
-// NH = 1: sixteen half-warp tiles into four partial sums red[m][b][row] (row stride SP_RP),
-// in four passes: (warps 4..7, lk 1) store, then (4..7, 0), (0..3, 1), (0..3, 0) add theirs;
-// a lane's batches 16h + 4lb + f (4 * SP_RP = 16 mod 32 banks: a quarter warp's lb 0, 1
-// meet no bank twice).
-__device__ __forceinline__ void sp_flush16(const float (&acc)[SP_TM][SP_TB], float* red,
-                                           int warp, int lk, int lr, int lb) {
-    for (int pass = 0; pass < 4; ++pass) {
-        if ((warp >= 4) == (pass < 2) && lk == 1 - (pass & 1)) {
-            float* const r0 = red + (warp & 3) * SB_BMAX * SP_RP + 4 * lr;
-#pragma unroll
-            for (int g = 0; g < 4; ++g)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                    for (int f = 0; f < 4; ++f) {
-                        float4* const q = reinterpret_cast<float4*>(
-                            r0 + (16 * hh + 4 * lb + f) * SP_RP + 16 * g);
-                        float4 v = make_float4(acc[4 * g][4 * hh + f], acc[4 * g + 1][4 * hh + f],
-                                               acc[4 * g + 2][4 * hh + f],
-                                               acc[4 * g + 3][4 * hh + f]);
-                        if (pass > 0) {
-                            const float4 o = *q;
-                            v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
-                        }
-                        *q = v;
-                    }
-        }
-        __syncthreads();
-    }
-}
-
 // One block of the pair kernel (NH: the batch halves its tile spans, 1 where B <= 32).
 // Views as lstm_persistent_stack_bwd's.
 template <int NH>
@@ -320,7 +289,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         if (NH == 2)
             ps_flush8(acc, red, warp, lr, lb, SP_RP);
         else
-            sp_flush16(acc, red, warp, lk, lr, lb);
+            ps_flush16(acc, red, warp, lk, lr, lb, SP_RP);
         // The other block's units: R's rows 16(1-c) + jj and W's 32 + 16(1-c) + jj, each
         // summed over the four in order, into its recv[b][16h + jj] (h 0: R, 1: W; a warp
         // one batch's 32 consecutive values). Its recv was last read before its dg_t count,
