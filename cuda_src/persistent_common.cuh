@@ -255,10 +255,7 @@ template <int N> __device__ __forceinline__ void pk_cp_wait() {
 // The stack kernels' register tile (persistent_stack.cu, persistent_stack_bwd.cu,
 // persistent_stack_bwd_pair.cu): a lane accumulates 16 rows x 8 batches. ps_outer: one k's
 // outer product from its 4 A float4s (rows 4g + e) and 2 X float4s (batches 4h + f), 128
-// FMAs. ps_flush8: eight k-groups' tiles into four partial sums, red[m][b][row] (row stride
-// rp): warps 4..7 store theirs, warps 0..3 add theirs in place (a __syncthreads after each
-// pass); lane (lr, lb) holds rows 16g + 4lr + e, batches 32h + 4lb + f (its rows' offset
-// in a red row: row_off(g) + ...).
+// FMAs.
 __device__ __forceinline__ void ps_outer(float (&acc)[16][8], const float4 (&av)[4],
                                          const float4 (&xv)[2]) {
 #pragma unroll
@@ -275,12 +272,22 @@ __device__ __forceinline__ void ps_outer(float (&acc)[16][8], const float4 (&av)
         }
     }
 }
-// red + (warp & 3) * 64 * rp is the warp's partial sum; r0 its lane's first row in it
-// (rows 16g + 4lr: r0 = 4lr, g's at + 16g), lb its batches.
-__device__ __forceinline__ void ps_flush8(const float (&acc)[16][8], float* red, int warp,
-                                          int lr, int lb, int rp) {
-    for (int pass = 0; pass < 2; ++pass) {
-        if ((warp >= 4) == (pass == 0)) {
+// ps_flush<NH>: the k-groups' tiles into four partial sums red[m][b][row] (row stride rp;
+// red + (warp & 3) * 64 * rp is one; a lane's rows 16g + 4lr + e at 4lr + 16g + e of a row),
+// a __syncthreads after each pass. NH 2 (the 64-batch tile, batches 32h + 4lb + f): eight
+// warp tiles, warps 4..7 store, warps 0..3 add theirs. NH 1 (the 32-batch tile, B <= 32:
+// the warp's 32 lanes as two half-warps lk on alternate k rows, batches 16h + 4lb + f):
+// sixteen, in four passes: (warps 4..7, lk 1) store, then (4..7, 0), (0..3, 1), (0..3, 0)
+// add theirs. With 4 * rp = 16 mod 32 banks a quarter warp's two batch rows meet no bank
+// twice.
+template <int NH>
+__device__ __forceinline__ void ps_flush(const float (&acc)[16][8], float* red, int warp,
+                                         int lk, int lr, int lb, int rp) {
+    constexpr int passes = NH == 2 ? 2 : 4, bh = NH == 2 ? 32 : 16;
+    for (int pass = 0; pass < passes; ++pass) {
+        const bool mine = NH == 2 ? (warp >= 4) == (pass == 0)
+                                  : (warp >= 4) == (pass < 2) && lk == 1 - (pass & 1);
+        if (mine) {
             float* const r0 = red + (warp & 3) * 64 * rp + 4 * lr;
 #pragma unroll
             for (int g = 0; g < 4; ++g)
@@ -289,39 +296,7 @@ __device__ __forceinline__ void ps_flush8(const float (&acc)[16][8], float* red,
 #pragma unroll
                     for (int f = 0; f < 4; ++f) {
                         float4* const q = reinterpret_cast<float4*>(
-                            r0 + (32 * hh + 4 * lb + f) * rp + 16 * g);
-                        float4 v = make_float4(acc[4 * g][4 * hh + f], acc[4 * g + 1][4 * hh + f],
-                                               acc[4 * g + 2][4 * hh + f],
-                                               acc[4 * g + 3][4 * hh + f]);
-                        if (pass == 1) {
-                            const float4 o = *q;
-                            v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
-                        }
-                        *q = v;
-                    }
-        }
-        __syncthreads();
-    }
-}
-
-// The 32-batch tile (B <= 32: the warp's 32 lanes as two half-warps lk on alternate k
-// rows, lane (lr, lb) rows 16g + 4lr + e, batches 16h + 4lb + f): sixteen tiles into four
-// partial sums red[m][b][row] in four passes: (warps 4..7, lk 1) store, then (4..7, 0),
-// (0..3, 1), (0..3, 0) add theirs (4 * rp = 16 mod 32 banks: a quarter warp's lb 0, 1
-// meet no bank twice).
-__device__ __forceinline__ void ps_flush16(const float (&acc)[16][8], float* red, int warp,
-                                           int lk, int lr, int lb, int rp) {
-    for (int pass = 0; pass < 4; ++pass) {
-        if ((warp >= 4) == (pass < 2) && lk == 1 - (pass & 1)) {
-            float* const r0 = red + (warp & 3) * 64 * rp + 4 * lr;
-#pragma unroll
-            for (int g = 0; g < 4; ++g)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                    for (int f = 0; f < 4; ++f) {
-                        float4* const q = reinterpret_cast<float4*>(
-                            r0 + (16 * hh + 4 * lb + f) * rp + 16 * g);
+                            r0 + (bh * hh + 4 * lb + f) * rp + 16 * g);
                         float4 v = make_float4(acc[4 * g][4 * hh + f], acc[4 * g + 1][4 * hh + f],
                                                acc[4 * g + 2][4 * hh + f],
                                                acc[4 * g + 3][4 * hh + f]);

@@ -366,10 +366,7 @@ __device__ __forceinline__ void persistent_stack_fwd(
         // warp's 16-byte accesses, lr 0..3 and two batches 4 apart: 4 * PS_RP = 16 mod 32
         // banks, fill 32 banks): NH 2 eight (warps 4..7 store, warps 0..3 add theirs), NH 1
         // sixteen half-warp tiles in four passes.
-        if (NH == 2)
-            ps_flush8(acc, red, warp, lr, lb, PS_RP);
-        else
-            ps_flush16(acc, red, warp, lk, lr, lb, PS_RP);
+        ps_flush<NH>(acc, red, warp, lk, lr, lb, PS_RP);
 
         // The pointwise update of this thread's cells: gate sums over the 4 partial sums in
         // order, then (sum + b_ih) + b_hh, then lstm_fwd's arithmetic. Only h^T is read by

@@ -286,10 +286,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         __syncthreads();   // every tile is read: the stages become the partial sums
         // The k-groups into four partial sums red[m][b][row], row stride SP_RP: NH 2 eight
         // (the forward stack kernel's flush: warps 4..7 store, 0..3 add), NH 1 sixteen.
-        if (NH == 2)
-            ps_flush8(acc, red, warp, lr, lb, SP_RP);
-        else
-            ps_flush16(acc, red, warp, lk, lr, lb, SP_RP);
+        ps_flush<NH>(acc, red, warp, lk, lr, lb, SP_RP);
         // The other block's units: R's rows 16(1-c) + jj and W's 32 + 16(1-c) + jj, each
         // summed over the four in order, into its recv[b][16h + jj] (h 0: R, 1: W; a warp
         // one batch's 32 consecutive values). Its recv was last read before its dg_t count,
