@@ -49,6 +49,7 @@
  *   bytes at H 512.
  */
 #include "persistent_common.cuh"
+#include "persistent_stack.cuh"
 
 // The stack kernel: ALL L layers of an LSTM stack in ONE launch, along the wavefront (see
 // docs/kernels.md, "The stack kernel"). Block x is layer l = x / NB, rank x % NB (NB = H / U blocks
@@ -77,26 +78,6 @@
 static_assert(PS_M == PS_BMAX, "A^T and X^T rows have one width (one cp.async mapping)");
 static_assert(4 * PS_BMAX * PS_RP <= PS_NS * PS_STAGE, "the partial sums reuse the stages");
 static_assert(PS_KT % PS_KG == 0 && PS_CH >= 1, "whole k rows a warp, whole chunks a thread");
-// Steps the layer below must be done with before a layer's step t starts: t + 1 is what
-// the data needs; more only delays the layer (experiments: stack_bench.py --define).
-#ifndef PK_SLACK
-#define PK_SLACK 1
-#endif
-// The stack kernel's cell activations from the hardware's approximate exp and division
-// (ex2.approx, rcp.approx: ~1e-6 relative, far inside the fp32 tolerance the tests assert);
-// 0: the precise sigmoidf / tanhf of the other kernels (experiments: --define PS_FAST_CELL=0)
-#ifndef PS_FAST_CELL
-#define PS_FAST_CELL 1
-#endif
-__device__ __forceinline__ float ps_sigmoid(float x) {
-    if (PS_FAST_CELL) return __fdividef(1.f, 1.f + __expf(-x));   // exp -> inf: 1/inf = 0
-    return sigmoidf(x);
-}
-__device__ __forceinline__ float ps_tanh(float x) {
-    if (PS_FAST_CELL) return 2.f * ps_sigmoid(2.f * x) - 1.f;
-    return tanhf(x);
-}
-
 // Timeline (PK_TRACE, PS_NOTE: persistent_common.cuh): 0 step top, 1 past the top waits,
 // 2 before the own wait, 3 past it, 4 past the K loop, 5 after the count.
 // out[cc, r] = in[r, cc] for r < rows, cc < cols over the 32 x 32 tile at (r0, c0), through
@@ -258,9 +239,7 @@ __device__ __forceinline__ void persistent_stack_fwd(
     // h stores are two runs of 16 consecutive floats. c_t in registers (each cell is this
     // thread's every step); the biases of the block's rows in shared memory.
     auto cell_of = [&](int i, int& b, int& jj) {   // live while b < B
-        const int e = tid + i * PK_MAX_THREADS, r = e / U, k = r & 7;
-        jj = e - r * U;
-        b = (r & ~7) + (k >> 1) + 4 * (k & 1);
+        ps_cell_of<U>(tid + i * PK_MAX_THREADS, b, jj);
     };
     float carry[PS_CPT];
 #pragma unroll
