@@ -89,6 +89,10 @@ def stack_backward(key) -> tuple[StackBwdFit | None, str]:
     fwd = choose_persistent(key)
     if fwd.stack is None:
         return None, f"the forward does not run the stack kernel ({fwd.describe()})"
+    if fwd.stack.storage_io:   # the tensor-core stack forward (bf16 / fp16 keys)
+        return None, (f"the stack backward runs float32 only; the {key.dtype} forward ran "
+                      f"{fwd.stack.kernel}, whose h (storage type), c and act the per-layer "
+                      f"backward reads")
     fit = stack_bwd_fit(key.cell, key.hidden_size, key.batch, key.num_layers, key.input_size,
                         key.device.props(), steps=key.steps)
     return (fit, "") if fit.ok else (None, fit.reason)

@@ -79,6 +79,9 @@ class StackFit(Launch1D):
         return {"T": int(steps), "L": self.layers, "units_per_block": self.units_per_block}
 
     label = "stack"   # what describe() calls the kernel (not a field)
+    # whether the kernel reads x and the h sequence in the storage type and stores h rounded
+    # to it (the tensor-core stack kernel) rather than in fp32 (not a field)
+    storage_io = False
 
     def describe(self) -> str:
         head = (f"{self.label} {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "

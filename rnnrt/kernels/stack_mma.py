@@ -58,6 +58,7 @@ class StackMmaFit(StackFit):
     (``stack_mma_smem_bytes``)."""
 
     label = "tensor-core stack (mma.sync m16n8k16)"
+    storage_io = True   # x and h in the storage type
 
     @property
     def kernel(self) -> str:
