@@ -22,7 +22,7 @@ from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.mma import MMA_DTYPES
 from rnnrt.kernels.sources import source
 from rnnrt.precision import get_precision, round_to_storage
-from testkit import build_host_sim
+from testkit import build_host_sim, nvcc_instantiations
 
 TS = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -202,3 +202,22 @@ def test_fit_rules_name_what_is_wrong():
         f = SM.stack_mma_fit(*args)
         assert not f.ok and re.search(why, f.reason), (args, f.reason)
         assert "DOES NOT FIT" in f.describe()
+
+
+_ARGS = ("int, int, {T}*, int, float*, int, float*, int, unsigned int*, int, const {T}*, int, "
+         "const float*, int, const float*, int, const float*, int, const float*, int, int, int, "
+         "int")
+
+
+def test_both_instantiations_compile_without_spills(tmp_path):
+    """nvcc -arch=sm_90a --resource-usage: no stack frame, no spills, registers within
+    PSM_REGS; the PTX multiplies with mma.sync (bf16 and f16)."""
+    found, ptx = nvcc_instantiations(
+        tmp_path, "persistent_stack_mma.cu",
+        [f"{SM.STACK_MMA_KERNEL}_t<{t}, false>({_ARGS.format(T=t)})" for t in ("bf16", "fp16")])
+    assert len(found) == 2, found
+    for name, (regs, stack, st, ld) in found.items():
+        assert (stack, st, ld) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
+        assert regs <= SM.PSM_REGS, (name, regs)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
