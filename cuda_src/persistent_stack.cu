@@ -10,8 +10,9 @@
  * Variants: one kernel (LSTM). Compile-time knobs for experiments (experiments/scripts/
  * stack_bench.py --define): PS_KT (k rows a staged tile), PS_NS (stages), PK_SLACK (steps
  * the layer below must be ahead), PS_FAST_CELL (1: approximate exp / division in the cell,
- * ~1e-6 relative; 0: the precise sigmoidf / tanhf), PK_TRACE (a %globaltimer timeline),
- * PK_TIMING (persistent_common.cuh).
+ * ~1e-6 relative; 0: the precise sigmoidf / tanhf; both in persistent_stack.cuh, shared with
+ * the tensor-core stack kernel), PK_TRACE (a %globaltimer timeline), PK_TIMING
+ * (persistent_common.cuh).
  *
  * Calling convention: as persistent.cu's (rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),
@@ -390,17 +391,10 @@ __device__ __forceinline__ void persistent_stack_fwd(
                 for (int k = 1; k < 4; ++k) v += p[k * PS_BMAX * PS_RP];
                 s[q] = (v + bias[q * U + jj]) + bias[PS_M + q * U + jj];
             }
-            gate[i][0] = ps_sigmoid(s[0]), gate[i][1] = ps_sigmoid(s[1]);
-            gate[i][2] = ps_tanh(s[2]), gate[i][3] = ps_sigmoid(s[3]);
-            carry[i] = gate[i][1] * carry[i] + gate[i][0] * gate[i][2];
-            hnew[i] = gate[i][3] * ps_tanh(carry[i]);
+            hnew[i] = ps_lstm_cell(s, gate[i], carry[i]);
             __stcg(hT + (j0 + jj) * PS_BMAX + b, hnew[i]);   // h_{t+1}^T[j, b]
         }
-        __syncthreads();   // the block's h_{t+1}^T is issued (and red is read)
-        if (tid == 0) {
-            pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
-            atomicAdd(mine, 1u);
-        }
+        ps_publish(mine);   // the block's h_{t+1}^T
         PS_NOTE(t, 5);
 #pragma unroll
         for (int i = 0; i < PS_CPT; ++i) {
@@ -410,12 +404,8 @@ __device__ __forceinline__ void persistent_stack_fwd(
             const int j = j0 + jj;
             const long long row = (long long)t * B + b;   // step t, batch b
             // streaming stores: nothing in this launch reads these (L2 keeps W^T and ht)
-            __stcs(c + (row + B) * ldc + j, carry[i]);
-            float* const a = act + row * ldact + j;
-            __stcs(a, gate[i][0]);
-            __stcs(a + H, gate[i][1]);
-            __stcs(a + 2 * H, gate[i][2]);
-            __stcs(a + 3 * H, gate[i][3]);
+            ps_store_state(c + (row + B) * ldc + j, act + row * ldact + j, H, carry[i],
+                           gate[i]);
             __stcs(h + (row + B) * ldh + j, hnew[i]);     // h_{t+1}[b, j]
         }
     }

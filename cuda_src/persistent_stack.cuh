@@ -9,6 +9,9 @@
  *                         pointwise cell e of a block (e = tid + i * PK_MAX_THREADS): unit
  *                         jj = e % U, batch b from r = e / U such that a warp's two rows of
  *                         cells are batches 4 apart (its partial-sum reads: 32 banks)
+ *   ps_lstm_cell          one cell's step from its 4 pre-activations: gates, c, h
+ *   ps_publish            a block's step done: barrier, release fence, count
+ *   ps_store_state        one cell's c and gates, streamed (nothing in the launch reads them)
  */
 #ifndef RNNRT_PERSISTENT_STACK_CUH
 #define RNNRT_PERSISTENT_STACK_CUH
@@ -43,6 +46,37 @@ __device__ __forceinline__ void ps_cell_of(int e, int& b, int& jj) {
     const int r = e / U, k = r & 7;
     jj = e - r * U;
     b = (r & ~7) + (k >> 1) + 4 * (k & 1);
+}
+
+// One LSTM cell's step from its pre-activations s (i, f, g, o): the gates into `gate`, c_t
+// (carry) to c_{t+1}; returns h_{t+1} (lstm_fwd's arithmetic).
+__device__ __forceinline__ float ps_lstm_cell(const float (&s)[4], float (&gate)[4],
+                                              float& carry) {
+    gate[0] = ps_sigmoid(s[0]), gate[1] = ps_sigmoid(s[1]);
+    gate[2] = ps_tanh(s[2]), gate[3] = ps_sigmoid(s[3]);
+    carry = gate[1] * carry + gate[0] * gate[2];
+    return gate[3] * ps_tanh(carry);
+}
+
+// A block's step is done once its h_{t+1} is issued: every thread's stores before the
+// barrier, then thread 0 makes them visible GPU-wide before it counts (release) on `mine`.
+__device__ __forceinline__ void ps_publish(unsigned int* mine) {
+    __syncthreads();   // the block's h_{t+1} is issued (and the partial sums are read)
+    if (threadIdx.x == 0) {
+        pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
+        atomicAdd(mine, 1u);
+    }
+}
+
+// One cell's c_{t+1} at cp and gates at a (i, f, g, o at a, a + H, a + 2H, a + 3H);
+// streaming stores: nothing in the launch reads them.
+__device__ __forceinline__ void ps_store_state(float* cp, float* a, int H, float carry,
+                                               const float (&gate)[4]) {
+    __stcs(cp, carry);
+    __stcs(a, gate[0]);
+    __stcs(a + H, gate[1]);
+    __stcs(a + 2 * H, gate[2]);
+    __stcs(a + 3 * H, gate[3]);
 }
 
 #endif  // RNNRT_PERSISTENT_STACK_CUH

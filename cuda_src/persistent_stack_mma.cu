@@ -189,7 +189,9 @@ __device__ __forceinline__ void persistent_stack_mma_fwd(
     }
     // Pointwise cells of this thread (ps_cell_of: jj fastest, a warp's two batches 4 apart);
     // c_t in registers (each cell is this thread's every step)
-    auto cell_of = [&](int i, int& b, int& jj) { ps_cell_of<U>(tid + i * PK_MAX_THREADS, b, jj); };
+    auto cell_of = [&](int i, int& b, int& jj) {
+        ps_cell_of<U>(tid + i * PK_MAX_THREADS, b, jj);
+    };
     float carry[PSM_CPT];
 #pragma unroll
     for (int i = 0; i < PSM_CPT; ++i) {
@@ -295,32 +297,21 @@ __device__ __forceinline__ void persistent_stack_mma_fwd(
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const float* const p = red + b * PSM_RP + q * U + jj;
-                s[q] = ((p[0] + p[PSM_BMAX * PSM_RP]) + bias[q * U + jj]) + bias[PSM_M + q * U + jj];
+                s[q] = ((p[0] + p[PSM_BMAX * PSM_RP]) + bias[q * U + jj]) +
+                       bias[PSM_M + q * U + jj];
             }
-            gate[i][0] = ps_sigmoid(s[0]), gate[i][1] = ps_sigmoid(s[1]);
-            gate[i][2] = ps_tanh(s[2]), gate[i][3] = ps_sigmoid(s[3]);
-            carry[i] = gate[i][1] * carry[i] + gate[i][0] * gate[i][2];
-            pk_stcg(hn + b * ldh + j0 + jj, gate[i][3] * ps_tanh(carry[i]));
+            pk_stcg(hn + b * ldh + j0 + jj, ps_lstm_cell(s, gate[i], carry[i]));
         }
-        __syncthreads();   // the block's h_{t+1} is issued (and red is read)
-        if (tid == 0) {
-            pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
-            atomicAdd(mine, 1u);
-        }
+        ps_publish(mine);   // the block's h_{t+1}
 #pragma unroll
         for (int i = 0; i < PSM_CPT; ++i) {
             int b, jj;
             cell_of(i, b, jj);
             if ((PK_TIMING & 8) || b >= B) continue;
-            const int j = j0 + jj;
             const long long row = (long long)t * B + b;   // step t, batch b
-            // streaming stores: nothing in this launch reads these
-            __stcs(c + (row + B) * ldc + j, carry[i]);
-            float* const a = act + row * ldact + j;
-            __stcs(a, gate[i][0]);
-            __stcs(a + H, gate[i][1]);
-            __stcs(a + 2 * H, gate[i][2]);
-            __stcs(a + 3 * H, gate[i][3]);
+            const int j = j0 + jj;
+            ps_store_state(c + (row + B) * ldc + j, act + row * ldact + j, H, carry[i],
+                           gate[i]);
         }
     }
     // The last block out zeroes every layer's counter for the next launch: by then every
