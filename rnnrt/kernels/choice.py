@@ -41,12 +41,11 @@ from .choice_backward import (CUBLAS_BWD_LAYER_STEP_US, CUBLAS_BWD_STEP_US,  # n
                               CUBLAS_SLOW_ROWS, BackwardChoice, backward_fit,
                               backward_steps_per_launch, choose_persistent_backward,
                               prefers_persistent_backward)
-from .mma import mma_fit
+from .mma import MMA_DTYPES, mma_fit
 from .regs import regs_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
                         varlen_schedules)
 from .solo import solo_fit
-from .mma import MMA_DTYPES
 from .stack import PS_BMAX, StackFit, stack_fit
 from .stack_mma import stack_mma_fit
 

@@ -115,7 +115,8 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
     memory a block (``weight_bytes`` of them the resident ``weights``, named in a refusal);
     ``where`` opens every refusal. Rules in order (the first that fails is the reason):
       1. cell 'lstm' (the kernels are built for LSTM; U = PS_M / 4 = 16 units a block) and
-         at least 2 layers (one layer runs the per-layer kernels);
+         at least 2 layers (the fp32 kernel's prologue counter is layer 1's spare sync word;
+         one layer runs the per-layer kernels);
       2. input_size == hidden (every layer's W has the same shape, so the kernel reads
          layer l's matrices at row l of one view);
       3. hidden a multiple of PS_KT (whole tiles) and batch <= PS_BMAX;

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..precision import get_precision, round_to_storage
 from .budget import DeviceBudget
-from .mma import MMA_DTYPES_REASON, mma_declines
+from .mma import mma_declines
 from .persistent import PK_MAX_THREADS
 from .stack import StackFit, stack_rules
 from .twins import lstm_fwd
@@ -94,10 +94,6 @@ def stack_mma_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
                                              f"needs compute capability 8.0 or later "
                                              f"(device: {cc}.x)")
     return fit
-
-
-STACK_MMA_DTYPES_REASON = MMA_DTYPES_REASON
-"""Why a float32 / tf32 key runs no tensor-core stack kernel (the fp32 stack kernel runs it)."""
 
 
 def k_group_columns(hidden: int) -> list[np.ndarray]:
