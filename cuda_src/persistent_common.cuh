@@ -1,7 +1,7 @@
 /*
  * persistent_common.cuh: what the persistent kernels share. #included by persistent_layer.cuh (the
- * per-layer grid and cluster kernels), persistent_stack.cu and persistent_stack_bwd.cu (the stack
- * kernels); rnnrt's loader (rnnrt/kernels/sources.py) inlines it where it is included. No
+ * per-layer grid and cluster kernels), persistent_stack.cuh, persistent_stack.cu,
+ * persistent_stack_mma.cu and persistent_stack_bwd.cu (the stack kernels); rnnrt's loader (rnnrt/kernels/sources.py) inlines it where it is included. No
  * kernels.
  *   PK_TIMING             timing variants, for the benchmarks only (below)
  *   PK_MAX_THREADS        threads a block at most (every persistent kernel's launch bounds)
@@ -12,7 +12,8 @@
  *                         acquire and relaxed loads, thread-block cluster rank / barrier /
  *                         distributed shared-memory store (sm_90), L2 prefetch.
  *   ps_wait               the stack kernels' wait on a progress counter (forward and
- *                         backward: persistent_stack.cu, persistent_stack_bwd.cu)
+ *                         backward: persistent_stack.cu, persistent_stack_mma.cu,
+ *                         persistent_stack_bwd.cu)
  *   PS_NOTE, pk_trace     the stack kernels' PK_TRACE timeline (experiments only)
  *                         tests/kernels/persistent_host_sim.cpp defines PK_HOST_SIM and its
  *                         own versions of them, to run the kernels on CPU threads.

@@ -5,11 +5,8 @@
  * persistent_fwd, which calls it); rnnrt's loader inlines it. No kernels.
  *   PK_MMA_MT, PK_MMA_NT     m16 x n8 tiles of the partial sums a warp holds at once
  *   pk_mma_stride            row strides of the R slice, h tile and partial sums
- *   pk_pack2, pk_mma16816    two fp32 values as one bf16x2 / f16x2 register; one
- *                            mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} (fp32
- *                            accumulation). tests/kernels/persistent_host_sim.cpp defines
- *                            PK_HOST_SIM and emulates both (the mma through the warp's
- *                            exchange buffer: a wrong fragment layout gives wrong sums).
+ *   pk_pack2, pk_mma16816    (mma_sync.cuh, included here: shared with the tensor-core
+ *                            stack kernel, persistent_stack_mma.cu)
  *   pk_mma_span, pk_mma_flush, pk_mma_groups
  *                            a warp's partial sums over one half of its chunks of an h tile;
  *                            its register tiles added into red[kg = warp][r][b]; both for
@@ -48,42 +45,7 @@
 // aligned. The R slice (n = H), the h tile (n = k_tile) and the partial sums (n = B).
 __device__ __forceinline__ int pk_mma_stride(int n) { return 32 * ((n + 31) / 32) + 8; }
 
-#ifndef PK_HOST_SIM
-// lo, hi (fp32, already representable in TS) as one bf16x2 / f16x2 register, lo in the low
-// half: cvt.rn.{bf16x2,f16x2}.f32 d, a, b puts a in the upper half, b in the lower.
-template <class TS> __device__ __forceinline__ unsigned int pk_pack2(float lo, float hi);
-template <> __device__ __forceinline__ unsigned int pk_pack2<bf16>(float lo, float hi) {
-    unsigned int d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-template <> __device__ __forceinline__ unsigned int pk_pack2<fp16>(float lo, float hi) {
-    unsigned int d;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
-// d += A (16 x 16) B (16 x 8), fp32 accumulation, one warp (every lane, converged).
-template <class TS> __device__ __forceinline__ void pk_mma16816(float (&d)[4],
-                                                                 const unsigned int (&a)[4],
-                                                                 const unsigned int (&b)[2]);
-template <> __device__ __forceinline__ void pk_mma16816<bf16>(float (&d)[4],
-                                                              const unsigned int (&a)[4],
-                                                              const unsigned int (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void pk_mma16816<fp16>(float (&d)[4],
-                                                              const unsigned int (&a)[4],
-                                                              const unsigned int (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-#endif
+#include "mma_sync.cuh"
 
 // The pair of row p at columns k, k+1 (p 8-byte aligned) as one packed register; columns
 // >= kend and a dead row read as zero (the loads are predicated, not the values masked:

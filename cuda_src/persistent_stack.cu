@@ -12,8 +12,9 @@
  * FMAs). Compile-time knobs for experiments (experiments/scripts/
  * stack_bench.py --define): PS_KT (k rows a staged tile), PS_NS (stages), PK_SLACK (steps
  * the layer below must be ahead), PS_FAST_CELL (1: approximate exp / division in the cell,
- * ~1e-6 relative; 0: the precise sigmoidf / tanhf), PK_TRACE (a %globaltimer timeline),
- * PK_TIMING (persistent_common.cuh).
+ * ~1e-6 relative; 0: the precise sigmoidf / tanhf; both in persistent_stack.cuh, shared with
+ * the tensor-core stack kernel), PK_TRACE (a %globaltimer timeline), PK_TIMING
+ * (persistent_common.cuh).
  *
  * Calling convention: as persistent.cu's (rnnrt/kernels/registry.py builds the arguments):
  *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),
@@ -51,6 +52,7 @@
  *   bytes at H 512.
  */
 #include "persistent_common.cuh"
+#include "persistent_stack.cuh"
 
 // The stack kernel: ALL L layers of an LSTM stack in ONE launch, along the wavefront (see
 // docs/kernels.md, "The stack kernel"). Block x is layer l = x / NB, rank x % NB (NB = H / U blocks
@@ -79,26 +81,6 @@
 static_assert(PS_M == PS_BMAX, "A^T and X^T rows have one width (one cp.async mapping)");
 static_assert(4 * PS_BMAX * PS_RP <= PS_NS * PS_STAGE, "the partial sums reuse the stages");
 static_assert(PS_KT % PS_KG == 0 && PS_CH >= 1, "whole k rows a warp, whole chunks a thread");
-// Steps the layer below must be done with before a layer's step t starts: t + 1 is what
-// the data needs; more only delays the layer (experiments: stack_bench.py --define).
-#ifndef PK_SLACK
-#define PK_SLACK 1
-#endif
-// The stack kernel's cell activations from the hardware's approximate exp and division
-// (ex2.approx, rcp.approx: ~1e-6 relative, far inside the fp32 tolerance the tests assert);
-// 0: the precise sigmoidf / tanhf of the other kernels (experiments: --define PS_FAST_CELL=0)
-#ifndef PS_FAST_CELL
-#define PS_FAST_CELL 1
-#endif
-__device__ __forceinline__ float ps_sigmoid(float x) {
-    if (PS_FAST_CELL) return __fdividef(1.f, 1.f + __expf(-x));   // exp -> inf: 1/inf = 0
-    return sigmoidf(x);
-}
-__device__ __forceinline__ float ps_tanh(float x) {
-    if (PS_FAST_CELL) return 2.f * ps_sigmoid(2.f * x) - 1.f;
-    return tanhf(x);
-}
-
 // Timeline (PK_TRACE, PS_NOTE: persistent_common.cuh): 0 step top, 1 past the top waits,
 // 2 before the own wait, 3 past it, 4 past the K loop, 5 after the count.
 // out[cc, r] = in[r, cc] for r < rows, cc < cols over the 32 x 32 tile at (r0, c0), through
@@ -255,9 +237,7 @@ __device__ __forceinline__ void persistent_stack_fwd(
     // h stores are two runs of 16 consecutive floats. c_t in registers (each cell is this
     // thread's every step); the biases of the block's rows in shared memory.
     auto cell_of = [&](int i, int& b, int& jj) {   // live while b < B
-        const int e = tid + i * PK_MAX_THREADS, r = e / U, k = r & 7;
-        jj = e - r * U;
-        b = (r & ~7) + (k >> 1) + 4 * (k & 1);
+        ps_cell_of<U>(tid + i * PK_MAX_THREADS, b, jj);
     };
     float carry[PS_CPT];
 #pragma unroll
@@ -388,17 +368,10 @@ __device__ __forceinline__ void persistent_stack_fwd(
                 for (int k = 1; k < 4; ++k) v += p[k * PS_BMAX * PS_RP];
                 s[q] = (v + bias[q * U + jj]) + bias[PS_M + q * U + jj];
             }
-            gate[i][0] = ps_sigmoid(s[0]), gate[i][1] = ps_sigmoid(s[1]);
-            gate[i][2] = ps_tanh(s[2]), gate[i][3] = ps_sigmoid(s[3]);
-            carry[i] = gate[i][1] * carry[i] + gate[i][0] * gate[i][2];
-            hnew[i] = gate[i][3] * ps_tanh(carry[i]);
+            hnew[i] = ps_lstm_cell(s, gate[i], carry[i]);
             __stcg(hT + (j0 + jj) * PS_BMAX + b, hnew[i]);   // h_{t+1}^T[j, b]
         }
-        __syncthreads();   // the block's h_{t+1}^T is issued (and red is read)
-        if (tid == 0) {
-            pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
-            atomicAdd(mine, 1u);
-        }
+        ps_publish(mine);   // the block's h_{t+1}^T
         PS_NOTE(t, 5);
 #pragma unroll
         for (int i = 0; i < PS_CPT; ++i) {
@@ -408,12 +381,8 @@ __device__ __forceinline__ void persistent_stack_fwd(
             const int j = j0 + jj;
             const long long row = (long long)t * B + b;   // step t, batch b
             // streaming stores: nothing in this launch reads these (L2 keeps W^T and ht)
-            __stcs(c + (row + B) * ldc + j, carry[i]);
-            float* const a = act + row * ldact + j;
-            __stcs(a, gate[i][0]);
-            __stcs(a + H, gate[i][1]);
-            __stcs(a + 2 * H, gate[i][2]);
-            __stcs(a + 3 * H, gate[i][3]);
+            ps_store_state(c + (row + B) * ldc + j, act + row * ldact + j, H, carry[i],
+                           gate[i]);
             __stcs(h + (row + B) * ldh + j, hnew[i]);     // h_{t+1}[b, j]
         }
     }

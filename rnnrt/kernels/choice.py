@@ -41,21 +41,22 @@ from .choice_backward import (CUBLAS_BWD_LAYER_STEP_US, CUBLAS_BWD_STEP_US,  # n
                               CUBLAS_SLOW_ROWS, BackwardChoice, backward_fit,
                               backward_steps_per_launch, choose_persistent_backward,
                               prefers_persistent_backward, prefers_stack_backward)
-from .mma import mma_fit
+from .mma import MMA_DTYPES, mma_fit
 from .regs import regs_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
                         varlen_schedules)
 from .solo import solo_fit
 from .stack import PS_BMAX, StackFit, stack_fit
+from .stack_mma import stack_mma_fit
 
-PERSISTENT_STORAGE_REASON = ("the stack, the register-resident and the block-persistent kernels "
-                             "run fp32 only "
-                             "(their typed instantiations, h in the storage type and "
+PERSISTENT_STORAGE_REASON = ("the register-resident and the block-persistent kernels run fp32 "
+                             "only (their typed instantiations, h in the storage type and "
                              "operands rounded as the rungs read them, are not written yet); "
-                             "the grid and cluster kernels run every dtype")
-FP32_ONLY_FAMILIES = ("stack", "regs", "solo")
+                             "the grid and cluster kernels run every dtype, the stack kernels "
+                             "float32, bfloat16 and float16")
+FP32_ONLY_FAMILIES = ("regs", "solo")
 """The persistent families without typed instantiations."""
-"""Why a tf32, bfloat16 or float16 key runs no stack or regs kernel. The per-layer kernels (grid,
+"""Why a tf32, bfloat16 or float16 key runs no regs or solo kernel. The per-layer kernels (grid,
 cluster, forward and backward) run every precision with the rungs' math: under the storage
 rule every product operand is rounded to the storage type (bf16 / fp16 stored; tf32:
 TF32-rounded as read), and the product of two such values is exact in fp32 (8 x 8, 11 x 11
@@ -63,16 +64,35 @@ significand bits), so fp32 FMAs over operands rounded where the rungs round them
 rounded as the typed kernels read them; dg in the backward) are the cuBLAS rungs' products
 with fp32 accumulation, up to summation order -- the difference the fp32 persistent kernels
 already have. The switch changes the schedule, not the math."""
+STACK_TF32_REASON = ("the stack family runs float32 (FMAs: persistent_stack.cu) and bfloat16 / "
+                     "float16 (tensor cores: persistent_stack_mma.cu); no stack kernel reads "
+                     "TF32-rounded operands")
+"""Why a tf32 key runs no stack kernel."""
 
 
 def persistent_storage_declines(dtype, family: str) -> str | None:
-    """PERSISTENT_STORAGE_REASON where ``family`` ('stack', 'grid', 'cluster', 'regs' or a
-    backward) cannot run precision ``dtype``: the FP32_ONLY_FAMILIES for every precision but
-    float32; None otherwise (the grid and cluster kernels' typed instantiations run every
-    dtype)."""
-    if family not in FP32_ONLY_FAMILIES or get_precision(dtype).name == "float32":
+    """Why ``family`` ('stack', 'grid', 'cluster', 'regs' or a backward) cannot run precision
+    ``dtype``, or None: PERSISTENT_STORAGE_REASON for the FP32_ONLY_FAMILIES at every
+    precision but float32; STACK_TF32_REASON for the stack at tf32 (bfloat16 / float16 keys
+    run the tensor-core stack kernel, ``stack_fit_of``); None otherwise (the grid and cluster
+    kernels' typed instantiations run every dtype)."""
+    name = get_precision(dtype).name
+    if family == "stack":
+        return STACK_TF32_REASON if name == "tf32" else None
+    if family not in FP32_ONLY_FAMILIES or name == "float32":
         return None
     return PERSISTENT_STORAGE_REASON
+
+
+def stack_fit_of(cell: str, hidden: int, batch: int, layers: int, input_size: int,
+                 props: dict, dtype="float32", steps: int = 1) -> StackFit:
+    """The stack family's kernel for precision ``dtype`` and its fit: the tensor-core stack
+    kernel (``stack_mma.stack_mma_fit``: mma.sync on bf16 / fp16 operands) for bfloat16 and
+    float16, the fp32 stack kernel (``stack.stack_fit``) for float32 (tf32: its fit, which
+    ``persistent_storage_declines`` refuses before it runs)."""
+    if get_precision(dtype).name in MMA_DTYPES:
+        return stack_mma_fit(cell, hidden, batch, layers, input_size, props, dtype, steps)
+    return stack_fit(cell, hidden, batch, layers, input_size, props, steps=steps)
 
 # --------------------------------------------------------------------------------------------
 # The persistent family of a plan key
@@ -127,8 +147,9 @@ def choose_persistent(key) -> PersistentChoice:
       1. The per-layer fit (``persistent_fit``: the cluster kernel where it fits and pays,
          else the grid kernel). Nothing fits: fall back, saying why.
       2. Where the per-layer fit is the grid kernel (one layer at a time on every SM), the
-         wavefront is on and there are several layers: the stack kernel, if it fits and the
-         batch fills more than a quarter of its lanes (``stack_choice``).
+         wavefront is on and there are several layers: the stack kernel of the key's
+         precision (fp32 FMAs, or tensor cores for bfloat16 / float16), if it fits and (fp32)
+         the batch fills more than a quarter of its lanes (``stack_choice``).
       3. Cluster kernels with the wavefront, several layers and input chunks shorter than T
          run chunked, each layer on its 1/L share of the SMs where that still fits and pays.
     """
@@ -239,20 +260,22 @@ def _solo_choice(key, declined) -> PersistentChoice:
 
 
 def _stack_fit(key) -> StackFit:
-    return stack_fit(key.cell, key.hidden_size, key.batch, key.num_layers, key.input_size,
-                     key.device.props(), steps=key.steps)
+    return stack_fit_of(key.cell, key.hidden_size, key.batch, key.num_layers, key.input_size,
+                        key.device.props(), key.dtype, steps=key.steps)
 
 
 def stack_choice(key) -> tuple[StackFit | None, str]:
-    """(StackFit or None, a note for the plan's fit string): the stack kernel where it fits
-    and the batch fills more than a quarter of its lanes (its FMAs are sized for PS_BMAX
-    batches whatever B is: LSTM four layers, H100, stack vs per-layer grid kernels: H 512 B
-    32 3.08 vs 3.81 ms, B 16 3.03 vs 2.94, B 8 3.04 vs 2.63; H 256 the stack was faster at
-    B 8-32 too)."""
+    """(StackFit or None, a note for the plan's fit string): the stack kernel of the key's
+    precision (``stack_fit_of``) where it fits and, for the fp32 kernel, the batch fills
+    more than a quarter of its lanes (its FMAs are sized for PS_BMAX batches whatever B is:
+    LSTM four layers, H100, stack vs per-layer grid kernels: H 512 B 32 3.08 vs 3.81 ms, B
+    16 3.03 vs 2.94, B 8 3.04 vs 2.63; H 256 the stack was faster at B 8-32 too). The
+    tensor-core stack kernel skips its n8 tiles past B, so its work falls with the batch: no
+    batch rule (not measured yet)."""
     st = _stack_fit(key)
     if not st.ok:
         return None, f"; stack kernel not used: {st.reason}"
-    if 4 * key.batch <= PS_BMAX:
+    if not st.storage_io and 4 * key.batch <= PS_BMAX:
         return None, (f"; stack kernel not used: batch {key.batch} <= {PS_BMAX // 4} "
                       f"(its lanes cover {PS_BMAX} batches)")
     return st, ""
@@ -266,13 +289,14 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
     (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
     lengths first: the persistent kernels run the whole batch every step, choose_persistent
-    declines a pattern). No stack or regs kernel for a tf32 / 16-bit ``shape.dtype``
-    (PERSISTENT_STORAGE_REASON); the tensor-core grid kernel ('mma') for bfloat16 / float16
-    only (mma.MMA_DTYPES_REASON)."""
+    declines a pattern). No regs or solo kernel for a tf32 / 16-bit ``shape.dtype``
+    (PERSISTENT_STORAGE_REASON), no stack kernel for tf32 (STACK_TF32_REASON; bfloat16 /
+    float16 take the tensor-core stack kernel: ``stack_fit_of``); the tensor-core grid
+    kernel ('mma') for bfloat16 / float16 only (mma.MMA_DTYPES_REASON)."""
     props = device.props()
     out = {}
-    st = stack_fit(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
-                   props, steps=shape.steps)
+    st = stack_fit_of(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
+                      props, shape.dtype, steps=shape.steps)
     if st.ok and not persistent_storage_declines(shape.dtype, "stack"):
         out["stack"] = st.reason
     for kind in ("cluster", "grid"):

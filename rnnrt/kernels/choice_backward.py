@@ -89,6 +89,10 @@ def stack_backward(key) -> tuple[StackBwdFit | None, str]:
     fwd = choose_persistent(key)
     if fwd.stack is None:
         return None, f"the forward does not run the stack kernel ({fwd.describe()})"
+    if fwd.stack.storage_io:   # the tensor-core stack forward (bf16 / fp16 keys)
+        return None, (f"the stack backward runs float32 only; the {key.dtype} forward ran "
+                      f"{fwd.stack.kernel}, whose h (storage type), c and act the per-layer "
+                      f"backward reads")
     fit = stack_bwd_fit(key.cell, key.hidden_size, key.batch, key.num_layers, key.input_size,
                         key.device.props(), steps=key.steps)
     return (fit, "") if fit.ok else (None, fit.reason)
@@ -181,8 +185,9 @@ def prefers_stack_backward(shape: "Shape", device) -> bool:
 
 
 def stack_backward_fits(shape: "Shape", device) -> bool:
-    """Whether the stack backward runs ``shape``'s training pass after a stack forward."""
-    return bool(shape.train and not shape.varlen and stack_bwd_fit(
+    """Whether the stack backward runs ``shape``'s training pass after a stack forward (fp32
+    only: after the tensor-core stack forward, bf16 / fp16, ``stack_backward`` declines it)."""
+    return bool(shape.train and not shape.varlen and shape.dtype == "float32" and stack_bwd_fit(
         shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
         device.props(), steps=shape.steps).ok)
 

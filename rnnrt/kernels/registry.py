@@ -3,7 +3,7 @@
 ``REGISTRY`` is the one list of kernels; ``KERNELS`` (by name) and everything else derive
 from it. Each kernel lives in a file of cuda_src/ whose header lists it with its arguments
 (a test holds registry, headers and code to each other), and has a NumPy twin
-(``twins.py``; the persistent kernels' in ``emulate.py``, ``stack.py`` and
+(``twins.py``; the persistent kernels' in ``emulate.py``, ``stack.py``, ``stack_mma.py`` and
 ``stack_bwd.py``).
 
 Calling convention, uniform for every kernel (as registered: fp32; every non-persistent
@@ -44,6 +44,7 @@ from . import regs
 from . import solo
 from . import stack
 from . import stack_bwd
+from . import stack_mma
 from . import twins as knp
 
 POINTWISE_BLOCK = 256
@@ -317,6 +318,18 @@ REGISTRY += (
                      ("sync", f"1,{pk.SYNC_WORDS}*L"),
                      # scratch the kernel writes: W^T of every layer, the k-major inputs
                      ("wt", "L*C,4C"), ("ht", f"(L+1)*(T+1)*C,{stack.PS_BMAX}")),
+               ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
+                    ("br", "L,4C"))),
+)
+
+# the tensor-core stack kernel (stack_mma.py): the stack kernel's arguments without its scratch
+# (no transposed copies); bf16 / fp16 instantiations only (typed.py), h and x in the storage type
+REGISTRY += (
+    KernelInfo(stack_mma.STACK_MMA_KERNEL, "persistent_stack_mma.cu",
+               numpy_fn=stack_mma.lstm_persistent_stack_mma_fwd,
+               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               outs=(("h", "L*(T+1)*R,C"), ("c", "L*(T+1)*R,C"), ("act", "L*T*R,4C"),
+                     ("sync", f"1,{pk.SYNC_WORDS}*L")),
                ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
                     ("br", "L,4C"))),
 )

@@ -79,6 +79,9 @@ class StackFit(Launch1D):
         return {"T": int(steps), "L": self.layers, "units_per_block": self.units_per_block}
 
     label = "stack"   # what describe() calls the kernel (not a field)
+    # whether the kernel reads x and the h sequence in the storage type and stores h rounded
+    # to it (the tensor-core stack kernel) rather than in fp32 (not a field)
+    storage_io = False
 
     def describe(self) -> str:
         head = (f"{self.label} {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "
@@ -97,11 +100,23 @@ def stack_smem_bytes(hidden: int) -> int:
 def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
               props: dict, steps: int = 1) -> StackFit:
     """Fit a whole stack onto the device described by ``props`` (CuPy's
-    getDeviceProperties, the keys persistent_fit reads; budget.DeviceBudget reads them).
+    getDeviceProperties, the keys persistent_fit reads; budget.DeviceBudget reads them):
+    ``stack_rules`` with this kernel's registers and shared memory (the R slice k-major +
+    the stages + the biases: ``stack_smem_bytes``)."""
+    return stack_rules(StackFit, PS_REGS, stack_smem_bytes(hidden), 4 * int(hidden) * PS_M,
+                       "R slice", cell, hidden, batch, layers, input_size, props, steps)
 
-    Rules in order (the first that fails is the reason):
-      1. cell 'lstm' (the kernel is built for LSTM; U = PS_M / 4 = 16 units a block) and
-         at least 2 layers (the kernel's prologue counter is layer 1's spare sync word);
+
+def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: int,
+                weights: str, cell: str, hidden: int, batch: int, layers: int,
+                input_size: int, props: dict, steps: int = 1, where: str = "stack"):
+    """A stack kernel's fit of class ``fit_class`` (StackFit, or the tensor-core stack's
+    stack_mma.StackMmaFit): ``regs`` registers a thread, ``smem`` bytes of dynamic shared
+    memory a block (``weight_bytes`` of them the resident ``weights``, named in a refusal);
+    ``where`` opens every refusal. Rules in order (the first that fails is the reason):
+      1. cell 'lstm' (the kernels are built for LSTM; U = PS_M / 4 = 16 units a block) and
+         at least 2 layers (the fp32 kernel's prologue counter is layer 1's spare sync word;
+         one layer runs the per-layer kernels);
       2. input_size == hidden (every layer's W has the same shape, so the kernel reads
          layer l's matrices at row l of one view);
       3. hidden a multiple of PS_KT (whole tiles) and batch <= PS_BMAX;
@@ -110,15 +125,14 @@ def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
       6. steps * blocks_per_layer < 2^32 (the 32-bit progress counters).
     """
     H, B, L = int(hidden), int(batch), int(layers)
-    dev = DeviceBudget(props, PS_REGS, PK_MAX_THREADS, threads=PK_MAX_THREADS)
+    dev = DeviceBudget(props, regs, PK_MAX_THREADS, threads=PK_MAX_THREADS)
     sms = dev.sms
     U = PS_M // 4
     nb = ceil_div(H, U)
-    smem = stack_smem_bytes(H)
-    where = f"stack {cell} hidden {H}, batch {B}, {L} layers on {sms} SMs"
+    where = f"{where} {cell} hidden {H}, batch {B}, {L} layers on {sms} SMs"
 
     def no(reason):
-        return StackFit(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms)
+        return fit_class(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms)
 
     if cell != "lstm":
         return no("the stack kernel is built for LSTM only")
@@ -131,21 +145,20 @@ def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
     if H % PS_KT:
         return no(f"hidden not a multiple of {PS_KT} (the kernel's tile width)")
     if not 1 <= B <= PS_BMAX:
-        return no(f"batch outside [1, {PS_BMAX}] (8 lane groups x 8 batches)")
+        return no(f"batch outside [1, {PS_BMAX}] (the kernel's tile covers {PS_BMAX} batches)")
     if L * nb > sms:
         return no(f"{L} layers x {nb} blocks of {U} units = {L * nb} > {sms} SMs (one block "
                   f"a SM, all resident at once)")
     if smem > dev.limit:
-        r_bytes = 4 * H * PS_M
-        return no(f"{smem} bytes of shared memory (R slice {r_bytes} + stages) > "
+        return no(f"{smem} bytes of shared memory ({weights} {weight_bytes} + stages) > "
                   f"{dev.limit} a block can have")
     if not dev.regs_ok(PK_MAX_THREADS):
-        return no(f"{PK_MAX_THREADS} threads x {PS_REGS} registers > {dev.regs_sm} a SM")
+        return no(f"{PK_MAX_THREADS} threads x {regs} registers > {dev.regs_sm} a SM")
     if int(steps) * nb >= 2**32:
         return no(f"{steps} steps x {nb} blocks overflow the 32-bit progress counters")
-    return StackFit(cell, H, B, L, True,
-                    f"fits: {L * nb} of {sms} SMs ({L} layers x {nb} blocks), all layers "
-                    f"in one launch", U, nb, smem, sms)
+    return fit_class(cell, H, B, L, True,
+                     f"fits: {L * nb} of {sms} SMs ({L} layers x {nb} blocks), all layers "
+                     f"in one launch", U, nb, smem, sms)
 
 
 def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block,

@@ -11,9 +11,10 @@ so only a plan with 16-bit buffers compiles a twin. Nothing here needs CuPy.
 The per-layer persistent kernels (persistent.cu, persistent_bwd.cu) are instantiated per
 precision instead (``persistent_expression``): ``K_t<TS, TF32>``, TS the storage type of the
 sequences their product reads (h, dg), TF32 whether it reads its operands TF32-rounded; a
-float32 key runs the ``extern "C"`` kernel. The stack and register-resident kernels are fp32
+float32 key runs the ``extern "C"`` kernel. The fp32 stack and register-resident kernels are fp32
 only; the tensor-core grid kernels (persistent_mma.cu, and the backward's
-persistent_mma_bwd.cu) are bf16 / fp16 only (``MMA_FILES``).
+persistent_mma_bwd.cu) and the tensor-core stack kernel (persistent_stack_mma.cu) are bf16 /
+fp16 only (``MMA_FILES``).
 """
 from __future__ import annotations
 
@@ -61,9 +62,10 @@ def name_expression(name: str, types) -> str:
     return f"{name}_t<{', '.join(ELEMENT_CTYPES[t] for t in types)}>"
 
 
-TYPED_PERSISTENT_ARGS = ("h", "dgx", "dgh")
+TYPED_PERSISTENT_ARGS = ("h", "x", "dgx", "dgh")
 """The persistent kernels' arguments that lie in 'store' buffers (the key's storage type);
-the others are fp32 (sync: uint32)."""
+the others are fp32 (sync: uint32). x: the tensor-core stack kernel's input sequence (the
+fp32 stack kernel's, at float32, is float32 like every argument there)."""
 
 
 def persistent_expression(name: str, dtype) -> str | None:
@@ -91,9 +93,9 @@ def persistent_expression(name: str, dtype) -> str | None:
 
 TYPED_PERSISTENT_FILES = ("persistent.cu", "persistent_bwd.cu")
 """The files whose persistent kernels have typed instantiations."""
-MMA_FILES = ("persistent_mma.cu", "persistent_mma_bwd.cu")
+MMA_FILES = ("persistent_mma.cu", "persistent_mma_bwd.cu", "persistent_stack_mma.cu")
 """The files whose persistent kernels are typed instantiations only, at MMA_DTYPES (the
-tensor-core grid kernels: no ``extern "C"`` fp32 kernel)."""
+tensor-core grid kernels and the tensor-core stack kernel: no ``extern "C"`` fp32 kernel)."""
 MMA_DTYPES = ("bfloat16", "float16")
 
 

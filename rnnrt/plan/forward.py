@@ -54,8 +54,11 @@ next step's R.h, the next layer's W.x and y read the rounded h), W and R by thei
 transpose) at the start of the pass. gx, gh, c, act and the biases stay fp32. A per-layer
 persistent kernel of a tf32 / 16-bit key is its typed instantiation: it stores h rounded and
 reads R from the fp32 params, rounding it as it loads it (the copy's values; rS is then
-unread), so it computes the rungs' math (kernels/choice.py PERSISTENT_STORAGE_REASON); the
-stack kernel is fp32 only.
+unread), so it computes the rungs' math (kernels/choice.py PERSISTENT_STORAGE_REASON). The
+stack family at bfloat16 / float16 is the tensor-core stack kernel (kernels/stack_mma.py):
+it reads x and the h sequence in the storage type (both 'store' buffers), stores h rounded,
+and reads W and R from the fp32 params, rounding them as it loads them; tf32 runs no stack
+kernel.
 
 Persistent plans (switch 'persistent', when the device fit accepts the layer shape): with
 the grid kernel, per layer one W.x GEMM over all T steps (the kernel needs all of them before
@@ -70,8 +73,9 @@ then runs on at most 1/L of the SMs' worth of clusters (``cluster_count(B, SMs, 
 that fit holds), so that all L layers' launches can be resident together.
 c{l} keeps T+1 slots and act{l} T slots even for inference: the kernel writes every step.
 With the stack kernel (kernels/stack.py: every layer in one launch) h, c and act are one
-buffer each for all layers, and the kernel's scratch: wt [L*H, G*H] (each layer's W^T) and
-ht [(L+1)*(T+1)*H, 64] (the k-major inputs: x^T, each layer's h^T).
+buffer each for all layers, and the fp32 kernel's scratch: wt [L*H, G*H] (each layer's W^T)
+and ht [(L+1)*(T+1)*H, 64] (the k-major inputs: x^T, each layer's h^T); the tensor-core
+stack kernel (kernels/stack_mma.py) has no scratch.
 When the fit declines the shape, the plan is the schedule without 'persistent' and
 ``Plan.fallback`` says why (the ladder and the sweep copy it into their records).
 
@@ -176,7 +180,9 @@ class ForwardBuilder:
         # 16-bit storage: the GEMMs read the weights in the storage type, from copies made
         # at the start of the pass (or from the pre-transpose, which writes storage itself);
         # fp32 / tf32 read the params as they are (no copy: the plans are the fp32 ones)
-        self.copies = key.precision.rounds and not self.sw.pretranspose
+        # (with the stack kernel, no forward GEMM: copies only for a per-step backward's)
+        self.copies = key.precision.rounds and not self.sw.pretranspose and (
+            self.stack is None or (key.train and not self.stack_backward))
 
     # -- streams ---------------------------------------------------------------------------
     def streams(self):
@@ -548,8 +554,8 @@ class ForwardBuilder:
                                          or (self.key.train and not self.stack_backward))
 
     def stack_scratch(self):
-        """{name: (rows, cols)} of the stack kernel's scratch outputs (wt, ht), from its
-        registry shapes."""
+        """{name: (rows, cols)} of the stack kernel's scratch outputs (the fp32 kernel's wt,
+        ht; the tensor-core kernel has none), from its registry shapes."""
         info = get_kernel(self.stack.kernel)
         outs, _ = info.arg_shapes(self.B, self.H, **self.stack.scalars(self.T))
         return {name: shape for (name, _), shape in zip(info.outs, outs)

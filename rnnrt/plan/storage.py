@@ -21,10 +21,12 @@ def store_names(b) -> set:
     backward's (one workspace serves both, so both passes label a buffer alike)."""
     L, train, stack = b.L, b.key.train, b.stack is not None
     names = set()
-    if not stack or train:   # layer 0's W.x (the stack kernel reads x itself), dW
-        names.add("x")
+    # the tensor-core stack kernel reads x and h in the storage type and stores h rounded
+    typed_stack = stack and b.stack.storage_io
+    if not stack or train or typed_stack:   # layer 0's W.x (the fp32 stack kernel reads x
+        names.add("x")                      # itself, fp32), dW
     if stack:
-        names |= {"h"} if train else set()
+        names |= {"h"} if train or typed_stack else set()
     else:   # R.h (a GEMM's or a persistent kernel's product), the next W.x, dR and dW
         names |= {f"h{lyr}" for lyr in range(L)}
     # a persistent kernel reads R from the params, never rT / rS (the typed ones round it

@@ -12,7 +12,8 @@
 // test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below) and
 // test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
 // emulated over the warp's exchange buffer) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
-// the tensor-core backward kernels, likewise)
+// the tensor-core backward kernels, likewise) and test_kernels_stack_mma.py
+// (PK_SIM_STACK_MMA: the tensor-core stack kernel, likewise)
 // (g++ -std=c++20 -pthread); not part of rnnrt.
 // The cluster kernels (CLUSTER > 0: blocks x of one cluster are x / CLUSTER alike): their
 // barrier is a std::barrier over the cluster's threads, and a store into another block's
@@ -46,6 +47,7 @@
 struct Dim3 { unsigned int x = 1, y = 1, z = 1; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
+struct alignas(8) uint2 { unsigned int x, y; };   // the stack mma kernel's 8-byte loads
 [[maybe_unused]] static float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 static Dim3 gridDim, blockDim;
@@ -137,8 +139,8 @@ static unsigned int ld_relaxed_gpu(const unsigned int* p) {
 static void pk_fence_acq_rel() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 // shared-memory "addresses" are plain pointers here
 using pk_saddr = std::uintptr_t;
-static pk_saddr pk_smem_addr(const float* p) { return reinterpret_cast<pk_saddr>(p); }
-static float4 pk_lds128(pk_saddr a) {
+[[maybe_unused]] static pk_saddr pk_smem_addr(const float* p) { return reinterpret_cast<pk_saddr>(p); }
+[[maybe_unused]] static float4 pk_lds128(pk_saddr a) {
     if (a % 16 != 0) {
         std::fprintf(stderr, "misaligned 16-byte shared load at %p\n", reinterpret_cast<void*>(a));
         std::abort();
@@ -347,7 +349,7 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
     for (auto& t : ts) t.join();
 }
 
-#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD)
+#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD) || defined(PK_SIM_STACK_MMA)
 #include "persistent_host_sim_stack.h"   // the stack kernels' mains
 #elif defined(PK_SIM_BWD)
 // The per-layer backward kernels (persistent_bwd.cu), one layer:

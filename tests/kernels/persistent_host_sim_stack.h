@@ -1,7 +1,7 @@
 // The stack kernels' mains of persistent_host_sim.cpp (included by it, after its
 // primitives, helpers and launch(); see its header): PK_SIM_STACK, the forward stack kernel,
-// and PK_SIM_STACK_BWD, the stack backward.
-#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD)
+// PK_SIM_STACK_BWD, the stack backward, and PK_SIM_STACK_MMA, the tensor-core stack kernel.
+#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD) || defined(PK_SIM_STACK_MMA)
 // The arguments both mains open with: B H T L U SMEM_BYTES LAUNCHES DIR
 struct StackSimArgs {
     int B, H, T, L, U;
@@ -75,6 +75,77 @@ int main(int argc, char** argv) {
     write_f32(dir + "/wt.out", std::vector<float>(wt, wt + nwt));
     write_f32(dir + "/ht.out", std::vector<float>(ht, ht + nht));
     return 0;
+}
+#elif defined(PK_SIM_STACK_MMA)
+// The tensor-core stack kernel (lstm_persistent_stack_mma_fwd_t<TS, false>), all layers in
+// one launch:
+//   persistent_host_sim_stack_mma B H T L U SMEM_BYTES LAUNCHES DIR LDW LDB TS
+// reads DIR/{x,h,c,wih,whh,bw,br}.f32 (x [T, B, H] and h [L, T+1, B, H] converted to TS (bf16
+// or fp16: they must be representable; h's slot 0 of each layer set); c [L, T+1, B, H] with
+// slot 0 set; wih / whh: L rows of LDW floats, the matrix at the start of each; bw / br: L
+// rows of LDB floats, or one row when LDB is 0), launches LAUNCHES times with one sync
+// buffer (every slot but slot 0 of h and c, and act, poisoned with NaN before each; the
+// counters checked after each), writes DIR/{h,c,act}.out (h back as float).
+template <class TS>
+static int run_stack_mma(const StackSimArgs& a, int ldw, int ldb) {
+    const int B = a.B, H = a.H, T = a.T, L = a.L;
+    auto load16 = [&](const char* name, std::vector<float4>& store) {
+        return load_aligned(a.dir + "/" + name + ".f32", store).first;
+    };
+    // a TS array in 16-byte aligned storage (the kernel stages x and h with 16-byte copies)
+    auto typed = [](const std::vector<float>& v, std::vector<float4>& store) {
+        store.assign(v.size() / 8 + 1, float4{0, 0, 0, 0});
+        TS* const p = reinterpret_cast<TS*>(store.data());
+        for (size_t i = 0; i < v.size(); ++i) p[i] = from_f<TS>(v[i]);
+        return p;
+    };
+    std::vector<float4> stores[6];
+    const std::vector<float> x_in = read_f32(a.dir + "/x.f32"), h_in = read_f32(a.dir + "/h.f32");
+    std::vector<float> c = read_f32(a.dir + "/c.f32");
+    const TS* const x = typed(x_in, stores[0]);
+    TS* const h = typed(h_in, stores[1]);
+    const float* const wih = load16("wih", stores[2]);
+    const float* const whh = load16("whh", stores[3]);
+    const float* const bw = load16("bw", stores[4]);
+    const float* const br = load16("br", stores[5]);
+    std::vector<float> act((size_t)L * T * B * 4 * H);
+    std::vector<unsigned int> sync(2 * L, 0u);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const size_t slot = (size_t)B * H, layer = (T + 1) * slot;
+    for (int n = 0; n < a.launches; ++n) {
+        for (int l = 0; l < L; ++l)   // poison every slot but slot 0 of each layer
+            for (size_t e = slot; e < layer; ++e) {
+                h[l * layer + e] = from_f<TS>(nan);
+                c[l * layer + e] = nan;
+            }
+        std::fill(act.begin(), act.end(), nan);
+        launch(L * (H / a.U), 256, a.smem, [&] {
+            lstm_persistent_stack_mma_fwd_t<TS, false>(
+                B, H, h, H, c.data(), H, act.data(), 4 * H, sync.data(), 2 * L, x, H, wih, ldw,
+                whh, ldw, bw, ldb, br, ldb, T, L, a.U);
+        });
+        if (!counters_zero(sync.data(), sync.size(), n)) return 3;
+    }
+    std::vector<float> h_out(h_in.size());
+    for (size_t i = 0; i < h_out.size(); ++i) h_out[i] = to_f(h[i]);
+    write_f32(a.dir + "/h.out", h_out);
+    write_f32(a.dir + "/c.out", c);
+    write_f32(a.dir + "/act.out", act);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 12) {
+        std::fprintf(stderr, "usage: see persistent_host_sim_stack.h (PK_SIM_STACK_MMA)\n");
+        return 2;
+    }
+    const StackSimArgs a(argv);
+    const int ldw = std::atoi(argv[9]), ldb = std::atoi(argv[10]);
+    const std::string ts = argv[11];
+    if (ts == "bf16") return run_stack_mma<bf16>(a, ldw, ldb);
+    if (ts == "fp16") return run_stack_mma<fp16>(a, ldw, ldb);
+    std::fprintf(stderr, "TS: bf16 or fp16, got %s\n", ts.c_str());
+    return 2;
 }
 #elif defined(PK_SIM_STACK_BWD)
 // The stack backward (lstm_persistent_stack_bwd, or with persistent_stack_bwd_pair.cu as the

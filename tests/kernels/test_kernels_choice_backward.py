@@ -153,7 +153,8 @@ def test_the_stack_backward_rule_and_its_candidate(monkeypatch):
     assert C.prefers_stack_backward(PAPER, H100_SXM)
     assert C.prefers_stack_backward(dataclasses.replace(PAPER, batch=32), H100_SXM)
     for shape in (dataclasses.replace(PAPER, train=False),
-                  dataclasses.replace(PAPER, cell="gru"), dataclasses.replace(PAPER, batch=65)):
+                  dataclasses.replace(PAPER, cell="gru"), dataclasses.replace(PAPER, batch=65),
+                  dataclasses.replace(PAPER, dtype="bfloat16")):
         assert not C.prefers_stack_backward(shape, H100_SXM), shape
     assert C.prefers_stack_backward(dataclasses.replace(PAPER, hidden=256, input_size=256),
                                     H100_SXM)

@@ -1,8 +1,9 @@
 """Precision on the kernel side, without a GPU: the library instantiates typed twins (one
 compile per file for a plan's missing ones, fp32 requests none, the function cache bounded,
 least recently used out); choice.py runs the per-layer persistent kernels, forward and backward,
-at every precision (their typed instantiations) and declines the stack kernel for all but
-float32 with the reason; the selector's candidates follow."""
+at every precision (their typed instantiations), the stack family at float32 (FMAs) and
+bfloat16 / float16 (tensor cores), declining tf32 with the reason; the selector's candidates
+follow."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,15 +38,24 @@ def test_the_per_layer_persistent_kernels_run_every_dtype(dtype):
     assert bw.runs, bw.fallback
 
 
-@pytest.mark.parametrize("dtype", ["tf32", "bfloat16", "float16"])
-def test_the_stack_kernel_declines_other_dtypes_with_the_reason(dtype):
-    key = _key(dtype, num_layers=4, hidden_size=512, input_size=512, batch=64, family="stack")
+def test_the_stack_kernel_declines_tf32_with_the_reason():
+    key = _key("tf32", num_layers=4, hidden_size=512, input_size=512, batch=64, family="stack")
     assert C.choose_persistent(dataclasses.replace(key, dtype="float32")).runs   # planted
     ch = C.choose_persistent(key)
     assert not ch.runs
-    assert C.PERSISTENT_STORAGE_REASON in ch.fallback and dtype in ch.fallback
+    assert C.STACK_TF32_REASON in ch.fallback and "tf32" in ch.fallback
     auto = C.choose_persistent(dataclasses.replace(key, family=None))
     assert auto.runs and auto.family != "stack" and "stack kernel not used" in auto.describe()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_stack_family_runs_the_tensor_core_stack_at_16_bits(dtype):
+    key = _key(dtype, num_layers=4, hidden_size=512, input_size=512, batch=64, family="stack")
+    ch = C.choose_persistent(key)
+    assert ch.runs and ch.family == "stack" and ch.stack.kernel == "lstm_persistent_stack_mma_fwd"
+    assert ch.describe().startswith("tensor-core stack")
+    fp32 = C.choose_persistent(dataclasses.replace(key, dtype="float32"))
+    assert fp32.stack.kernel == "lstm_persistent_stack_fwd"
 
 
 def test_typed_candidates_are_the_per_layer_families_and_the_cublas_schedules():
@@ -57,7 +67,8 @@ def test_typed_candidates_are_the_per_layer_families_and_the_cublas_schedules():
             shape = C.Shape(**base, train=train, dtype=dtype)
             cands = C.candidates(shape, H100_SXM)
             names = [s.name for s in cands]
-            assert "grid" in names and not any(n.startswith("stack") for n in names), names
+            stack = any(n.startswith("stack") for n in names)
+            assert "grid" in names and stack == (dtype != "tf32"), names   # 16 bits: mma
             assert set(C.paper_schedules()) <= set(cands)
 
 

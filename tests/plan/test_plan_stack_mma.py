@@ -1,0 +1,102 @@
+"""The stack family at bfloat16 / float16: the tensor-core stack kernel
+(lstm_persistent_stack_mma_fwd, kernels/stack_mma.py) in plans, without a GPU. The NumPy
+executor runs its twin (the kernel's k-group sums, W and R rounded as it loads them, h
+stored rounded) and must equal the rounding-aware float64 reference to float64 agreement,
+forward and forward + the per-step or per-layer persistent backward on what it saved (the
+stack backward is fp32 only: declined with the reason); the plan is one launch, race-free,
+says which kernel ran, and labels x and h storage; tf32 declines the stack with the reason;
+the selector's candidates follow."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_plan_precision import check, run_plans
+from testkit import bwd_plan_case, cpu_plan_key
+
+from rnnrt.exec.racecheck import find_races
+from rnnrt.kernels import choice as C
+from rnnrt.kernels import stack_mma as SM
+from rnnrt.kernels.choice_backward import stack_backward
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.kernels.mma import MMA_DTYPES
+from rnnrt.plan.backward import backward_plan
+from rnnrt.plan.forward import forward_plan
+from rnnrt.plan.ops import Gemm
+from rnnrt.plan.switches import ladder
+
+T, B, H, L = 4, 5, 64, 3
+PERSISTENT = ladder(2)[-1].switches
+assert PERSISTENT.persistent
+
+
+def key_of(dtype, train=False, **kw):
+    return cpu_plan_key("lstm", T, B, H, H, L, True, PERSISTENT, train=train, dtype=dtype,
+                        family="stack", **kw)
+
+
+def case(dtype, seed=0):
+    return bwd_plan_case("lstm", L, seed=seed, shape=(T, B, H, H), dtype=dtype)
+
+
+def persistent_kernels(plan) -> list[str]:
+    return [op.name for op in plan.ops if getattr(op, "kind", "") == "persistent"]
+
+
+@pytest.mark.parametrize("dtype", MMA_DTYPES)
+def test_forward_is_one_tensor_core_stack_launch_equal_to_the_reference(dtype):
+    key = key_of(dtype)
+    plan = forward_plan(key)
+    assert plan.fallback is None, plan.fallback
+    assert persistent_kernels(plan) == [SM.STACK_MMA_KERNEL]
+    assert not any(isinstance(op, Gemm) for op in plan.ops)   # W.x inside the kernel
+    assert plan.fit.startswith("tensor-core stack") and "fits" in plan.fit, plan.fit
+    store = {b.name for b in plan.buffers if b.dtype == "store"}
+    assert {"x", "h"} <= store and not store & {"c", "act", "params"}, store
+    assert not any(b.name.startswith(("wS", "rS", "wT", "rT", "wt", "ht"))
+                   for b in plan.buffers), [b.name for b in plan.buffers]
+    assert not find_races(plan)
+    c = case(dtype, seed=3)
+    check(run_plans(key, c), c, f"stack mma {dtype}")
+    check(run_plans(key, c, order="random", seed=5), c, f"stack mma {dtype} random order")
+
+
+@pytest.mark.parametrize("backward", [None, "persistent", "stack"])
+def test_training_runs_a_backward_on_what_the_forward_saved(backward):
+    dtype = "bfloat16"
+    key = key_of(dtype, train=True, backward=backward)
+    fwd, bwd = forward_plan(key), backward_plan(key)
+    assert persistent_kernels(fwd) == [SM.STACK_MMA_KERNEL]
+    assert "lstm_persistent_stack_bwd" not in persistent_kernels(bwd)
+    if backward is not None:   # the stack backward (fp32 only) is declined, saying why
+        why = stack_backward(key)[1]
+        assert "float32 only" in why and SM.STACK_MMA_KERNEL in why, why
+    if backward == "stack":
+        assert bwd.fallback and "float32 only" in bwd.fallback, bwd.fallback
+    assert not find_races(bwd)
+    c = case(dtype, seed=4)
+    check(run_plans(key, c), c, f"stack mma train backward {backward}")
+
+
+def test_tf32_declines_the_stack_with_the_reason():
+    plan = forward_plan(key_of("tf32"))
+    assert plan.fallback and C.STACK_TF32_REASON in plan.fallback
+    assert SM.STACK_MMA_KERNEL not in persistent_kernels(plan)
+    assert C.choose_persistent(key_of("float32")).stack.kernel == "lstm_persistent_stack_fwd"
+
+
+def test_candidates_time_the_tensor_core_stack_at_16_bits():
+    base = dict(cell="lstm", layers=4, input_size=512, hidden=512, batch=64, steps=100)
+    for dtype in ("bfloat16", "float16"):
+        shape = C.Shape(**base, dtype=dtype)
+        assert "stack" in C.fitting_families(shape, H100_SXM)
+        assert "stack" in [s.name for s in C.candidates(shape, H100_SXM)]
+    tf32 = C.Shape(**base, dtype="tf32")
+    assert "stack" not in C.fitting_families(tf32, H100_SXM)
+    # the auto rules take it where the per-layer fit is the grid kernel (no clusters)
+    sm80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+    k = cpu_plan_key("lstm", 100, 64, 512, 512, 4, True, PERSISTENT, dtype="bfloat16",
+                     device=sm80)
+    ch = C.choose_persistent(k)
+    assert ch.family == "stack" and ch.stack.kernel == SM.STACK_MMA_KERNEL, ch.describe()
+    assert ch.stack.smem_bytes == SM.stack_mma_smem_bytes(512)
