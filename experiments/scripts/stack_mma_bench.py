@@ -14,7 +14,7 @@ then each timed with CUDA events (warm-up, median of --repeats).
 Usage (GPU, repo root): PYTHONPATH=$PWD python experiments/scripts/stack_mma_bench.py
   --out DIR [--dtypes bfloat16,float16] [--shapes 4x512x64x100,...] [--repeats 20]
   [--no-cudnn]   (a shape: LxHxBxT, input size = hidden)
-Prints a table last; writes DIR/stack-mma-bench-<device>-<stamp>.json (kind
+Prints a table last; writes DIR/stack-bench-mma-<device>-<stamp>.json (kind
 'stack_mma_bench': device, versions, one row per point: ms of the stack kernel, the rung and
 cuDNN, the ratios, each one's error against the reference, the fit).
 """
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     record = {"schema": "rnnrt.stack_mma_bench/1", "kind": "stack_mma_bench",
               "created": now_iso(), "command": " ".join(sys.argv), "device": device,
               "versions": versions(cp), "rows": rows}
-    path = Path(args.out) / (f"stack-mma-bench-{device_slug(device['device'])}"
+    path = Path(args.out) / (f"stack-bench-mma-{device_slug(device['device'])}"
                              f"-{stamp(record['created'])}.json")
     write_json(record, path)
     print(f"\nrecord: {path}")

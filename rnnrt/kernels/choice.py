@@ -381,7 +381,10 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
     to the wide sweep's timings of every candidate (H100, 200 points; taking it instead of the
     timed choice costs 5% in geometric mean there):
       1. the stack kernel where it fits, the batch fills more than a quarter of its lanes and
-         hidden >= 256 (LSTM, several layers);
+         hidden >= 256 (LSTM, several layers), float32 only (the tensor-core stack kernel at
+         bf16 / fp16 is a candidate the selector times: H100, paper shape, bf16 1.78 ms
+         against cuBLAS rungs' 1.46-1.98, `kernels/stack-bench-mma-paper-...-20261128T021723.json`:
+         not a clear win to take untimed);
       2. the cluster kernel where it fits and hidden <= 128;
       3. the grid kernel where it fits and hidden x batch <= GRID_MAX_WORK;
       4. cuBLAS: the paper rung (pre-transposed weights) at batch >= 128, else chunks of 10
@@ -390,7 +393,8 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
     if shape.varlen:   # the pre-transposed paper rung: fast at the few rows of late steps
         return paper_schedule("paper")
     fams = fitting_families(shape, device)
-    if "stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256:
+    if ("stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256
+            and shape.dtype == "float32"):
         return persistent_schedule("stack")
     if "cluster" in fams and shape.hidden <= 128:
         return persistent_schedule("cluster")
