@@ -1,5 +1,5 @@
-// Runs cuda_src/persistent.cu's, persistent_bwd.cu's, persistent_stack.cu's and
-// persistent_stack_bwd.cu's kernels on the
+// Runs cuda_src/persistent.cu's, persistent_bwd.cu's, persistent_stack.cu's and the stack
+// backward's (persistent_stack_bwd.cu, persistent_stack_bwd_pair.cu) kernels on the
 // CPU: one std::thread per CUDA thread, every block of the grid at once (co-resident, as the
 // kernel requires), __syncthreads as a std::barrier per block, __syncwarp as one per 32
 // threads, cp.async as an immediate copy (its commit / wait as no-ops: a copy that has
