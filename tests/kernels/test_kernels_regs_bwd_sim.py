@@ -53,11 +53,11 @@ def check(cell, fit, data, ref, out, raw, what, emu_tol=1e-5):
         assert np.isnan(raw[name][:, width:]).all(), f"{what}: {name} padding written"
 
 
-# (H, B, T, threads, clusters): U 5 on 3 warps (UW 2, the last warp's second unit dead), 2
-# clusters of 6 and 5 batches (BB 8), lanes past H 37 zeros; U 3 on 2 warps, 2 clusters of 2
+# (H, B, T, threads, clusters): U 5 on 3 warps (UW 2, the last warp's second unit dead), one
+# cluster of 5 batches (BB 8), lanes past H 37 zeros; U 3 on 2 warps, 2 clusters of 2
 # and 1 (BB 2, NR 8), rank 7 without units; UW 1 BB 8 in one cluster of 8; U 2 on one warp
 # (UW 2, BB 8, NR 2) with 32 batches: two cells a lane
-SIM_CASES = [(37, 11, 2, 96, 2), (20, 3, 2, 64, 2), (16, 8, 3, 64, 1), (16, 32, 2, 32, 1)]
+SIM_CASES = [(37, 5, 2, 96, 1), (20, 3, 2, 64, 2), (16, 8, 3, 64, 1), (16, 32, 2, 32, 1)]
 
 
 def test_sim_cases_cover_the_bodies_and_the_cuts():
