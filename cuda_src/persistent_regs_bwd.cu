@@ -87,9 +87,9 @@
  *   the two dg buffers only, 2 x BGP x G x RG_K floats (BGP: the cluster's batches rounded up
  *   to a multiple of BB), e.g. 128 KiB for the LSTM at 32 batches a cluster.
  */
-#include "persistent_layer.cuh"
-// the pointwise backward: the fused kernels' (lstm.cu, gru.cu, rnn.cu) arithmetic
-#include "cell_bwd.cuh"
+// pk_bwd_cell_inputs (a step's inputs of a cell) and, through it, persistent_layer.cuh and
+// cell_bwd.cuh (the pointwise backward: the fused kernels' arithmetic)
+#include "persistent_bwd.cuh"
 // RG_K, rg_pow2, rg_log2, the butterfly reduce-scatter (the forward's)
 #include "regs_common.cuh"
 
@@ -186,19 +186,9 @@ __device__ __forceinline__ void regs_bwd(int Bfull, int H, float* dgx, long long
     float pdh[RB_CPL], pa[4][RB_CPL], ps1[RB_CPL], ps0[RB_CPL];
     auto prefetch = [&](int t) {
 #pragma unroll
-        for (int i = 0; i < RB_CPL; ++i) {
-            const bool lv = live(i);
-            const long long row = (long long)t * S + cell_b(i);
-            pdh[i] = lv ? __ldcs(dhin + row * lddhin + j) : 0.f;
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-                pa[q][i] = (lv && G > 1) ? __ldcs(act + row * ldact + q * (long long)H + j)
-                                         : 0.f;
-            // LSTM: c[t+1], c[t]; GRU: h[t]; RNN: h[t+1]
-            const long long r1 = CELL == CELL_GRU ? row : row + S;
-            ps1[i] = lv ? __ldcs(st + r1 * ldst + j) : 0.f;
-            ps0[i] = (lv && CELL == CELL_LSTM) ? __ldcs(st + row * ldst + j) : 0.f;
-        }
+        for (int i = 0; i < RB_CPL; ++i)
+            pk_bwd_cell_inputs<G, CELL>(i, live(i), (long long)t * S + cell_b(i), S, H, j, dhin,
+                                        lddhin, act, ldact, st, ldst, pdh, pa, ps1, ps0);
     };
     // Carried from step to step: dh_rec (the product's sum, then the next pointwise's
     // input), dc (LSTM: dc_n, then dc_{t-1}), the GRU's direct part dh_t * z_t.

@@ -11,6 +11,8 @@ cell owners (``regs_bwd.lane_cells``).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..cells import get_cell
@@ -80,19 +82,25 @@ def emulate_regs(cell: str, fit: RegsFit, gx, R, bw, br, h0, c0=None, train: boo
                    owners=lane_cells)
 
 
-def twin_fit(cell: str, batch: int, hidden: int, units_per_block: int | None = None) -> RegsFit:
-    """The fit the twins assume: one cluster per CLUSTER_BATCH batches, the first block
-    size of BLOCK_SIZES that fits (neither changes the order of any sum)."""
-    tries = [regs_geometry(cell, hidden, batch, t, ceil_div(batch, CLUSTER_BATCH),
-                           units_per_block) for t in BLOCK_SIZES]
+def twin_fit(cell: str, batch: int, hidden: int, units_per_block: int | None = None,
+             geometry=regs_geometry, block_sizes=BLOCK_SIZES):
+    """The fit the twins assume (the forward's; with regs_bwd's ``geometry`` and
+    ``block_sizes`` the backward's): one cluster per CLUSTER_BATCH batches, the first block
+    size that fits (neither changes the order of any sum)."""
+    tries = [geometry(cell, hidden, batch, t, ceil_div(batch, CLUSTER_BATCH), units_per_block)
+             for t in block_sizes]
     return next((f for f in tries if f.ok), tries[0])
 
 
-def _fit_of(cell, B, H, units_per_block, k_tile, cluster):
-    fit = twin_fit(cell, B, H, units_per_block)
+def _k_tile_checked(fit, k_tile):
+    """``fit``, declined where the launch's k_tile is not RG_K (the kernels trap on it)."""
     if fit.ok and k_tile != RG_K:
-        from dataclasses import replace
-        fit = replace(fit, ok=False, reason=f"k_tile {k_tile} != RG_K {RG_K}")
+        return replace(fit, ok=False, reason=f"k_tile {k_tile} != RG_K {RG_K}")
+    return fit
+
+
+def _fit_of(cell, B, H, units_per_block, k_tile, cluster):
+    fit = _k_tile_checked(twin_fit(cell, B, H, units_per_block), k_tile)
     return kernel_name(cell), fit, {"products": lane_tree, "owners": lane_cells}
 
 
@@ -111,22 +119,10 @@ def emulate_regs_bwd(cell: str, fit: RegsBwdFit, dhin, dh_n, R, act=None, st=Non
                        products=lane_tree_bwd(fit.gates), owners=bwd_lane_cells)
 
 
-def bwd_twin_fit(cell: str, batch: int, hidden: int,
-                 units_per_block: int | None = None) -> RegsBwdFit:
-    """The fit the backward twins assume: one cluster per CLUSTER_BATCH batches, the first
-    block size of BLOCK_SIZES that fits (neither changes the order of any sum)."""
-    tries = [regs_bwd_geometry(cell, hidden, batch, t, ceil_div(batch, CLUSTER_BATCH),
-                               units_per_block) for t in BWD_BLOCK_SIZES]
-    return next((f for f in tries if f.ok), tries[0])
-
-
 def _bwd_fit_of(cell, B, H, units_per_block, k_tile, cluster):
-    fit = bwd_twin_fit(cell, B, H, units_per_block)
-    if fit.ok and k_tile != RG_K:
-        from dataclasses import replace
-        fit = replace(fit, ok=False, reason=f"k_tile {k_tile} != RG_K {RG_K}")
-    return bwd_kernel_name(cell), fit, {"products": lane_tree_bwd(fit.gates),
-                                        "owners": bwd_lane_cells}
+    fit = twin_fit(cell, B, H, units_per_block, regs_bwd_geometry, BWD_BLOCK_SIZES)
+    return bwd_kernel_name(cell), _k_tile_checked(fit, k_tile), {
+        "products": lane_tree_bwd(fit.gates), "owners": bwd_lane_cells}
 
 
 def regs_bwd_twin(cell: str):

@@ -30,7 +30,7 @@ from ..cells import get_cell
 from .budget import DeviceBudget, ceil_div
 from .persistent import PK_CLUSTER, cluster_count, pow2ceil
 from .persistent_bwd import CLUSTER_STEP_FIXED_US, PUSHES_PER_US_PER_SM, BwdFit
-from .regs import RG_K
+from .regs import RG_K, cut_problem, empty_last, lane_cut, on_device
 
 # The kernel's compile-time constants (cuda_src/persistent_regs_bwd.cu; a test holds them).
 RB_BB_MAX = 8           # most batches a group
@@ -117,16 +117,8 @@ def regs_bwd_geometry(cell: str, hidden: int, batch: int, threads: int = BLOCK_S
     checks (ok False where the kernel would trap or has no body: hidden > RG_K, threads not
     whole warps or past RB_MAX_THREADS, UW > 2, more than RB_CPL cells a lane, an empty
     cluster, U short of covering H)."""
-    for what, v in (("hidden", hidden), ("batch", batch), ("threads", threads),
-                    ("clusters", clusters)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"regs backward: {what} must be a positive int, got {v!r}")
-    spec = get_cell(cell)
-    H, B, nt, ncl = int(hidden), int(batch), int(threads), int(clusters)
-    U = ceil_div(H, PK_CLUSTER) if units_per_block is None else int(units_per_block)
-    BG = ceil_div(B, ncl)
-    nw = max(1, nt // 32)
-    uw = ceil_div(U, nw)
+    spec, H, B, nt, ncl, U, BG, nw, uw = lane_cut("regs backward", cell, hidden, batch,
+                                                  threads, clusters, units_per_block)
     bb = max(2, min(RB_BB_MAX, 32 // pow2ceil(uw), pow2ceil(BG)))
     groups = ceil_div(BG, bb)
     nr = max(1, 32 // (uw * bb))
@@ -137,22 +129,12 @@ def regs_bwd_geometry(cell: str, hidden: int, batch: int, threads: int = BLOCK_S
                      smem_r=0, smem_tile=4 * 2 * groups * bb * spec.gates * RG_K,
                      smem_partials=0, cluster=PK_CLUSTER, clusters=ncl, units_per_warp=uw,
                      batch_group=bb)
-    problem = None
-    if H > RG_K:
-        problem = (f"hidden {H} > {RG_K}: the 32 lanes of a warp hold 4 rows of R^T a gate "
-                   f"each (the cluster backward holds R^T in shared memory)")
-    elif nt % 32 or not 32 <= nt <= RB_MAX_THREADS:
-        problem = f"{nt} threads: not whole warps within {RB_MAX_THREADS}"
-    elif PK_CLUSTER * U < H:
-        problem = f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H}"
-    elif uw > 2:
-        problem = (f"{U} units over {nw} warps = {uw} a warp > 2 (the kernel's bodies hold "
-                   f"1 or 2 units a warp)")
-    elif cpl > RB_CPL:
+    problem = cut_problem(H, nt, RB_MAX_THREADS, U, nw, uw, "4 rows of R^T a gate each (the "
+                          "cluster backward holds R^T in shared memory)")
+    if problem is None and cpl > RB_CPL:
         problem = (f"{BG} batches a cluster in groups of {bb}, {nr} groups a round = {cpl} "
                    f"cells a lane > RB_CPL {RB_CPL}: more clusters")
-    elif (ncl - 1) * BG >= B:
-        problem = f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
+    problem = problem or empty_last(ncl, BG, B)
     return replace(fit, ok=False, reason=problem) if problem else fit
 
 
@@ -178,40 +160,17 @@ def regs_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
 
     def at(n):
         tries = [regs_bwd_geometry(name, hidden, batch, t, n) for t in dev.candidates]
-        f = next((f for f in tries if f.ok), tries[0])
-        f = replace(f, sms=dev.sms, regs_per_thread=dev.regs)
-        if f.ok and f.smem_bytes > dev.limit:
-            f = replace(f, ok=False, reason=f"dg buffers of {f.batch_per_block} batches = "
-                                            f"{f.smem_bytes} bytes of shared memory > "
-                                            f"{dev.limit} a block can have")
-        elif f.ok and not dev.regs_ok(f.threads):
-            f = replace(f, ok=False, reason=f"{f.threads} threads x {dev.regs} registers > "
-                                            f"{dev.regs_sm} per SM")
-        return f
+        return on_device(next((f for f in tries if f.ok), tries[0]), dev, where, "dg buffers",
+                         "R^T")
 
     if clusters is not None:
-        fit = at(int(clusters))
-    else:
-        first = cluster_count(int(batch), dev.sms, int(layers))
-        fit = None
-        for n in range(first, max(first, cluster_count(int(batch), dev.sms)) + 1):
-            fit = at(n)
-            if fit.ok:
-                break
-
-    def no(why):
-        return replace(fit, ok=False, reason=f"{where}: {why}")
-
-    if dev.cc_major < 9:
-        return no(f"thread-block clusters need compute capability 9.0 or later (device: "
-                  f"{dev.cc_major}.x)")
-    if dev.sms < PK_CLUSTER:
-        return no(f"{dev.sms} SMs < one cluster")
-    if not fit.ok:
-        return no(fit.reason)
-    return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
-                               f" of {PK_CLUSTER} blocks ({fit.blocks} of {dev.sms} SMs), R^T "
-                               f"in registers ({fit.r_floats} floats a thread)")
+        return at(int(clusters))
+    first = cluster_count(int(batch), dev.sms, int(layers))
+    for n in range(first, max(first, cluster_count(int(batch), dev.sms)) + 1):
+        fit = at(n)
+        if fit.ok:
+            break
+    return fit
 
 
 def lane_cells(fit: RegsBwdFit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_kernels_persistent_bwd_sim import run_bwd_sim
+from test_kernels_persistent_bwd_sim import check_sim, run_bwd_sim
 from testkit import CELLS, build_host_sim, bwd_layer_case, check_bwd_against_reference
 
 from rnnrt.kernels import regs_bwd as RB
@@ -38,19 +38,10 @@ def emulated(cell, fit, data):
                             data["st"], data["dc_n"])
 
 
-def check(cell, fit, data, ref, out, raw, what, emu_tol=1e-5):
-    """The kernel's outputs against the float64 reference and the float32 emulation; the
-    padding of every output row still NaN."""
-    check_bwd_against_reference(out, data, ref, what)
-    emu = emulated(cell, fit, data)
-    for name in ("dgx", "dgh", "dh0", "dc0"):
-        if emu[name] is None:
-            assert out[name] is None
-            continue
-        np.testing.assert_allclose(out[name], emu[name], atol=emu_tol, rtol=emu_tol,
-                                   err_msg=f"{what} {name} vs the emulation")
-        width = out[name].shape[-1]
-        assert np.isnan(raw[name][:, width:]).all(), f"{what}: {name} padding written"
+def check(cell, fit, data, ref, out, raw, what):
+    """The reference's gradients, the float32 emulation's dg (emulate_regs_bwd), no padding
+    written (test_kernels_persistent_bwd_sim.check_sim)."""
+    check_sim(cell, fit, data, ref, out, raw, what, emulate=emulated)
 
 
 # (H, B, T, threads, clusters): U 5 on 3 warps (UW 2, the last warp's second unit dead), one
