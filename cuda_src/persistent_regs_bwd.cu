@@ -6,10 +6,11 @@
  * kernels of persistent_bwd.cu do (each cluster all of R^T and its own batch slice; block
  * rank r owns hidden units [r*U, r*U + U); each block pushes its cells' dg_t into every
  * block's shared memory; the hardware cluster barrier a step), but R^T lives in REGISTERS,
- * split over the 32 lanes of a warp by k (lane l: rows q*H + 4l .. q*H + 4l + 3 of R for
- * every gate q, its warp's units' columns), and dh_rec = dg_{t+1} R is a warp butterfly
- * reduce-scatter (regs_common.cuh) instead of k-group partial sums in shared memory and a
- * __syncthreads. The pointwise backward is cell_bwd.cuh's, as persistent_bwd.cuh calls it.
+ * split over the 32 lanes of a warp by k (lane l: 4G of the G*H rows of R, its warp's
+ * units' columns; dg gate-interleaved in shared memory, below), and dh_rec = dg_{t+1} R is
+ * a warp butterfly reduce-scatter (regs_common.cuh) instead of k-group partial sums in
+ * shared memory and a __syncthreads. The pointwise backward is cell_bwd.cuh's, as
+ * persistent_bwd.cuh calls it.
  * What is not recurrent (dx, dW, dR, the biases) stays the GEMMs after the launch
  * (plan/backward_persistent.py). Design and latency budget: docs/kernels.md ("The
  * register-resident cluster backward"); host side: rnnrt/kernels/regs_bwd.py (fit, lane
@@ -24,14 +25,15 @@
  *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int units_per_block,
  *          int k_tile)
  *   sync is not touched; units_per_block U >= ceil(H / PK_CLUSTER); k_tile must be RG_K (the
- *   columns of each gate's block of dg the 32 lanes cover, 4 each); the block is NW =
+ *   units a dg row's 32 lanes cover: G*RG_K elements, 4G a lane); the block is NW =
  *   threads / 32 warps with UW = ceil(U / NW) <= 2 units a warp.
  *
  * Kernels (one variant each, fp32; per step t = T-1 .. 0 for every (b, j): the cluster
  *   backward's arithmetic -- cell_bwd.cuh's pointwise on dh = dh_above + dh_rec, dh_rec =
  *   sum over the G*H gate rows r of dg_{t+1}[b, r] R[r, j] (+ the GRU's direct part dh*z
  *   after the sum), dh0 = dh_rec after step 0 -- only the order of the sum over r differs:
- *   lane partials over its 4G rows (gate 0's four, then gate 1's, ...), then a butterfly tree):
+ *   lane partials over its 4G rows (its chunks of the gate-interleaved row, in order), then a
+ *   butterfly tree):
  *   kernel lstm_persistent_regs_bwd(rows = B, cols = H)
  *     out dgx    [T*B, 4H]     gradient of the gate pre-activations i, f, g, o, every step
  *     out dh0    [B, H]        gradient of h0
@@ -85,7 +87,8 @@
  * Resources: __launch_bounds__(RB_MAX_THREADS = 256, 1): up to 255 registers a thread
  *   (rnnrt.kernels.regs_bwd.NVCC_REGS: nvcc 13.0's counts, no spills). Dynamic shared memory:
  *   the two dg buffers only, 2 x BGP x G x RG_K floats (BGP: the cluster's batches rounded up
- *   to a multiple of BB), e.g. 128 KiB for the LSTM at 32 batches a cluster.
+ *   to a multiple of BB; a row gate-interleaved: element j*G + q), e.g. 128 KiB for the LSTM
+ *   at 32 batches a cluster.
  */
 // pk_bwd_cell_inputs (a step's inputs of a cell) and, through it, persistent_layer.cuh and
 // cell_bwd.cuh (the pointwise backward: the fused kernels' arithmetic)
@@ -97,28 +100,33 @@
 #define RB_CPL 2            // most pointwise cells a lane a step (rounds of NR groups)
 #define RB_MAX_THREADS 256  // __launch_bounds__: up to 255 registers; the fit takes 256
 
-// One batch group's dh_rec sums: the lane's columns of R (r: G*UW float4s, gate q of unit u
-// at q*UW + u: rows q*H + 4*lane .. + 3) times its slice of BB rows of dg_{t+1} (drow: the
-// group's first row, G*RG_K floats a row, gate q's block at q*RG_K), UW*BB values (value
-// u*BB + bb), each a chain over the gates (q = 0: a product and three FMAs, then four FMAs
-// a gate), reduce-scattered: the lane's complete sum of value lane >> (5 - log2(UW*BB)).
+// The dg buffers hold a row of dg (G*H values, gate q of unit j at column q*H + j in global
+// memory) gate-interleaved: element m = j*G + q, G*RG_K floats a row (zeros past G*H), so
+// that a cell's G values lie side by side (the LSTM pushes them as one 16-byte store). Lane
+// l's part of a row is its float4 chunks l + 32k, k = 0 .. G-1: elements m = 4(l + 32k) + e,
+// each (j, q) = (m / G, m % G) -- consecutive lanes, consecutive 16 bytes: conflict-free.
+// One batch group's dh_rec sums: the lane's rows of R^T (r: G*UW float4s, chunk k of unit u
+// at k*UW + u: element e the row q*H + j of element m above, its warp's unit's column)
+// times its chunks of BB rows of dg_{t+1} (drow: the group's first row), UW*BB values (value
+// u*BB + bb), each a chain over the chunks (k = 0: a product and three FMAs, then four FMAs
+// a chunk), reduce-scattered: the lane's complete sum of value lane >> (5 - log2(UW*BB)).
 template <int G, int UW, int BB>
 __device__ __forceinline__ float rb_group(const float4 (&r)[G * UW], const float* drow,
                                           int lane) {
     constexpr int KS = G * RG_K;
     float v[32];
 #pragma unroll
-    for (int q = 0; q < G; ++q) {
+    for (int k = 0; k < G; ++k) {
         float4 dv[BB];
 #pragma unroll
         for (int bb = 0; bb < BB; ++bb)
-            dv[bb] = pk_lds128(pk_smem_addr(drow + bb * KS + q * RG_K + 4 * lane));
+            dv[bb] = pk_lds128(pk_smem_addr(drow + bb * KS + 4 * (lane + 32 * k)));
 #pragma unroll
         for (int u = 0; u < UW; ++u)
 #pragma unroll
             for (int bb = 0; bb < BB; ++bb) {
-                const float4 rr = r[q * UW + u];
-                float a = q == 0 ? rr.x * dv[bb].x : fmaf(rr.x, dv[bb].x, v[u * BB + bb]);
+                const float4 rr = r[k * UW + u];
+                float a = k == 0 ? rr.x * dv[bb].x : fmaf(rr.x, dv[bb].x, v[u * BB + bb]);
                 a = fmaf(rr.y, dv[bb].y, a);
                 a = fmaf(rr.z, dv[bb].z, a);
                 a = fmaf(rr.w, dv[bb].w, a);
@@ -130,9 +138,10 @@ __device__ __forceinline__ float rb_group(const float4 (&r)[G * UW], const float
 
 // The body: rank `rank` of a cluster whose batches are [b_off, b_off + B) of Bfull (the
 // layout sized for BG; every pointer already offset to b_off). Warp w owns block-local units
-// [w*UW, w*UW + UW); lane l holds their columns of R at rows q*H + 4l .. q*H + 4l + 3 of
-// every gate q (zeros past H and past the block's units). A step runs the batch groups (BB
-// batches each) in rounds of NR = 32 / (UW*BB) groups: after the round's reduce-scatters
+// [w*UW, w*UW + UW); lane l holds their columns of R at the rows of its chunks of a dg row
+// (above: rows q*H + j of elements m = j*G + q; zeros past H and past the block's units).
+// A step runs the batch groups (BB batches each) in rounds of NR = 32 / (UW*BB) groups:
+// after the round's reduce-scatters
 // lane l holds value l >> SH of every group of the round, and it is the lane that updates
 // that value's cell of group gi = l & (NR - 1): unit u, batch bb of value u*BB + bb, no
 // gather. The cell's pointwise backward follows at once, and its dg_t (what multiplies R)
@@ -163,16 +172,18 @@ __device__ __forceinline__ void regs_bwd(int Bfull, int H, float* dgx, long long
     // strided: read once per launch)
     float4 r[G * UW];
 #pragma unroll
-    for (int q = 0; q < G; ++q)
+    for (int k = 0; k < G; ++k)
 #pragma unroll
         for (int u = 0; u < UW; ++u) {
-            const int jl = warp * UW + u, k = 4 * lane;
+            const int jl = warp * UW + u;
             float e[4];
 #pragma unroll
-            for (int x = 0; x < 4; ++x)
-                e[x] = (jl < Ub && k + x < H)
-                           ? __ldg(w + ((long long)q * H + k + x) * ldw + j0 + jl) : 0.f;
-            r[q * UW + u] = make_float4(e[0], e[1], e[2], e[3]);
+            for (int x = 0; x < 4; ++x) {
+                const int m = 4 * (lane + 32 * k) + x, jm = m / G, qm = m - jm * G;
+                e[x] = (jl < Ub && jm < H)
+                           ? __ldg(w + ((long long)qm * H + jm) * ldw + j0 + jl) : 0.f;
+            }
+            r[k * UW + u] = make_float4(e[0], e[1], e[2], e[3]);
         }
 
     // The lane's pointwise cells: cell i (i < NCH) is unit j of batch (i*NR + gi)*BB + cbb.
@@ -203,8 +214,8 @@ __device__ __forceinline__ void regs_bwd(int Bfull, int H, float* dgx, long long
     }
     prefetch(T - 1);
 
-    // zeros in both buffers (columns past H of every gate's block, rows past B: the lanes
-    // and the padded batches of the last group read them; the pushes write the rest)
+    // zeros in both buffers (elements past G*H, rows past B: the lanes and the padded
+    // batches of the last group read them; the pushes write the rest)
     for (int e = tid; e < 2 * BGP * KS; e += nt) ds[e] = 0.f;
     pk_cluster_sync();   // every block of the cluster runs (and is zeroed) before any push
 
@@ -254,13 +265,21 @@ __device__ __forceinline__ void regs_bwd(int Bfull, int H, float* dgx, long long
             } else {
                 keep[0][i] = rnn_bwd_point<CELL == CELL_RNN_RELU>(dh, ps1[i]);   // h_{t+1}
             }
-            // dg_t[b, q*H + j] into every block's buffer s & 1 (gate q's block at q*RG_K)
-            const pk_saddr a = pk_smem_addr(nxt + cell_b(i) * KS + j);
-#pragma unroll
-            for (int q = 0; q < G; ++q)
+            // dg_t[b, q*H + j] into every block's buffer s & 1, elements j*G .. j*G + G-1
+            // (the LSTM's four in one 16-byte store: 8 a cell instead of 32)
+            const pk_saddr a = pk_smem_addr(nxt + cell_b(i) * KS + j * G);
+            if constexpr (G == 4) {
+                const float4 v4 = make_float4(keep[0][i], keep[1][i], keep[2][i], keep[3][i]);
 #pragma unroll
                 for (int rk = 0; rk < PK_CLUSTER; ++rk)
-                    pk_st_cluster(a + 4u * q * RG_K, (unsigned int)rk, keep[q][i]);
+                    pk_st_cluster4(a, (unsigned int)rk, v4);
+            } else {
+#pragma unroll
+                for (int q = 0; q < G; ++q)
+#pragma unroll
+                    for (int rk = 0; rk < PK_CLUSTER; ++rk)
+                        pk_st_cluster(a + 4u * q, (unsigned int)rk, keep[q][i]);
+            }
         }
         if (s == T) break;
         // this step's dg to global memory (the GEMMs after the launch read them; nothing in

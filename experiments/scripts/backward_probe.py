@@ -206,7 +206,7 @@ def probe(a, cell, layers, hidden, batch):
     fwd_sched = runner.schedule(a.steps, batch, train=False).schedule
     splits = [s for s in a.splits.split(",") if s]
     rows = {"chosen": time_splits(runner, sched, a.steps, batch, splits, a.repeats)}
-    if fwd_sched.name != sched.name.split("+pbwd")[0]:
+    if fwd_sched.name != sched.name.split("+")[0]:   # +pbwd, +rbwd: the backward
         rows["fwd_choice"] = time_splits(runner, fwd_sched, a.steps, batch, splits,
                                          a.repeats)
     if a.bwd_clusters:

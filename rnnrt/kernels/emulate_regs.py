@@ -47,14 +47,16 @@ def lane_chain_tree(rl: np.ndarray, hl: np.ndarray) -> np.ndarray:
 
 
 def _lanes(a: np.ndarray, blocks: int) -> np.ndarray:
-    """a [M, blocks*H] (``blocks`` blocks of H <= RG_K columns) as the lanes hold it:
-    [M, 32, 4*blocks], lane l's columns 4l..4l+3 of block 0, then of block 1, ... (zeros
-    past H)."""
+    """a [M, blocks*H] (``blocks`` blocks of H <= RG_K columns: the gates, column q*H + j) as
+    the lanes hold it: [M, 32, 4*blocks]. Gate-interleaved (element m = j*blocks + q, zeros
+    past blocks*H: the backward's dg buffers), lane l's float4 chunks l, l + 32, ... in that
+    order (elements 4(l + 32k) .. 4(l + 32k) + 3). With one block: columns 4l .. 4l + 3 (the
+    forward's)."""
     M, K = a.shape
     H = K // blocks
-    pad = np.zeros((M, blocks, RG_K), a.dtype)
-    pad[:, :, :H] = a.reshape(M, blocks, H)
-    return pad.reshape(M, blocks, 32, 4).transpose(0, 2, 1, 3).reshape(M, 32, 4 * blocks)
+    inter = np.zeros((M, RG_K, blocks), a.dtype)
+    inter[:, :H, :] = a.reshape(M, blocks, H).transpose(0, 2, 1)
+    return inter.reshape(M, blocks, 32, 4).transpose(0, 2, 1, 3).reshape(M, 32, 4 * blocks)
 
 
 def lane_tree(rs: np.ndarray, ht: np.ndarray) -> np.ndarray:
@@ -68,8 +70,8 @@ def lane_tree(rs: np.ndarray, ht: np.ndarray) -> np.ndarray:
 
 def lane_tree_bwd(gates: int):
     """The register-resident backward's products(rs, dg) for emulate_bwd: dh_rec [Ub, Bc] of
-    a block's rows of R^T rs [Ub, G*H] and dg_{t+1} [Bc, G*H], lane l's chain over rows
-    4l..4l+3 of gate 0, then of gate 1, ..., then the butterfly's tree."""
+    a block's rows of R^T rs [Ub, G*H] and dg_{t+1} [Bc, G*H], lane l's chain over its
+    chunks of the gate-interleaved row (``_lanes``), then the butterfly's tree."""
     def products(rs, dg):
         return lane_chain_tree(_lanes(rs, gates), _lanes(dg, gates))
     return products

@@ -6,12 +6,13 @@ Like the cluster backward kernels (persistent_bwd.py): clusters of PK_CLUSTER = 
 each cluster all of R^T and its own batch slice, block rank r owning the hidden units
 [r*U, r*U + U) (U = ceil(H / 8)), dg_t pushed into every block's shared memory and the
 cluster barrier between steps; the same arguments, outputs and chunking. Unlike them R^T is
-held in registers as the forward regs kernel holds R (regs.py): warp w owns the block-local
-units [w*UW, w*UW + UW) (UW = ceil(U / warps) <= 2), lane l holds rows q*H + 4l .. q*H + 4l + 3
-of R in its warp's columns for every gate q (G*UW float4s; H <= RG_K = 128, zeros past H). A
-step runs the cluster's batches in groups of BB: each lane multiplies its float4 of every
-gate's block of dg_{t+1}[b] by its rows (UW x BB values, N = UW*BB <= 32, value u*BB + bb, a
-chain over the gates), a butterfly reduce-scatter over the warp leaves lane l the complete
+held in registers as the forward regs kernel holds R (regs.py): the dg buffers hold a row
+gate-interleaved (element j*G + q; G*RG_K floats, H <= RG_K = 128), lane l its float4 chunks
+l + 32k (k < G); warp w owns the block-local units [w*UW, w*UW + UW) (UW = ceil(U / warps) <=
+2) and lane l holds, in its warp's columns, the rows of R its chunks' elements name (G*UW
+float4s, zeros past H). A step runs the cluster's batches in groups of BB: each lane
+multiplies its chunks of dg_{t+1}[b] by its rows (UW x BB values, N = UW*BB <= 32, value
+u*BB + bb, a chain over the chunks), a butterfly reduce-scatter over the warp leaves lane l the complete
 dh_rec of value l >> (5 - log2 N); a round of NR = 32 / N groups gives every lane one cell
 with no gather: lane l updates value l >> SH of group l & (NR - 1) of the round. No
 __syncthreads and no partial sums in shared memory.
@@ -42,7 +43,7 @@ BLOCK_SIZES = (256,)
 forward's 8-warp block). The kernel's bodies hold 1 or 2 units a warp; fewer warps would
 need more (R floats, registers: nvcc spilled the LSTM at 4 units a warp)."""
 
-NVCC_REGS = {"lstm": 212, "gru": 176, "rnn_tanh": 86, "rnn_relu": 85}
+NVCC_REGS = {"lstm": 213, "gru": 177, "rnn_tanh": 86, "rnn_relu": 86}
 """Registers a thread (nvcc 13.0, sm_90, -Xptxas -v: no spills; a test holds nvcc to at most
 these)."""
 

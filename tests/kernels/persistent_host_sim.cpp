@@ -182,6 +182,15 @@ static thread_local std::optional<std::barrier<>::arrival_token> sim_cluster_tok
     }
     sim_block_smem[pk_cluster_id() * sim_cluster + rank][off] = v;
 }
+[[maybe_unused]] static void pk_st_cluster4(pk_saddr local, unsigned int rank, float4 v) {
+    if (local % 16 != 0) {   // the GPU faults on this
+        std::fprintf(stderr, "misaligned 16-byte st.shared::cluster at %p\n",
+                     reinterpret_cast<void*>(local));
+        std::abort();
+    }
+    const float* const f = &v.x;
+    for (int e = 0; e < 4; ++e) pk_st_cluster(local + 4u * e, rank, f[e]);
+}
 
 // The tensor-core kernels' primitives (persistent_mma.cuh leaves them to PK_HOST_SIM): two
 // floats packed as the 16-bit type's bits (lo in the low half), and mma.sync m16n8k16
