@@ -327,8 +327,8 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     it (or, where none fits, ib10 with it): first where its cost model expects it to win
     (``prefers_persistent_backward``), else after the persistent families; and the regs
     forwards with the register-resident backward ('+rbwd', ``regs_backward_candidates``)
-    after those. A variable-length
-    shape: ``varlen_schedules`` (the persistent kernels decline a per-step batch). The order
+    after those. A variable-length shape: ``varlen_schedules`` (the persistent kernels
+    decline a per-step batch). The order
     is the order of timing (the likeliest winners first, so a spent budget cuts the least
     likely)."""
     if shape.varlen:
