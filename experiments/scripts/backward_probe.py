@@ -163,14 +163,15 @@ def time_splits(runner, sched, T, B, splits, repeats):
     return out
 
 
-def time_bwd_clusters(runner, sched, T, B, counts, repeats):
+def time_bwd_clusters(runner, sched, T, B, counts, repeats, backward=None):
     """{n: median ms} of forward + backward of ``sched`` with its persistent backward's
     cluster count n (PlanKey.bwd_clusters; 'rule': kernels/choice_backward.py's), the
-    backward plan's fit string with it."""
+    backward plan's fit string with it; ``backward``: that PlanKey.backward instead of the
+    schedule's ('cluster' where it has none; 'regs': the register-resident one)."""
     out = {}
     for n in counts:
         key = runner.new_key(T, B, True, sched.switches, sched.family,
-                             sched.backward or "cluster", clusters=sched.clusters)
+                             backward or sched.backward or "cluster", clusters=sched.clusters)
         key = dataclasses.replace(key, bwd_clusters=None if n == "rule" else int(n))
         try:
             row, bplan = time_key(runner, key, repeats)
@@ -212,7 +213,7 @@ def probe(a, cell, layers, hidden, batch):
     if a.bwd_clusters:
         rows["bwd_clusters"] = time_bwd_clusters(
             runner, sched, a.steps, batch, [c for c in a.bwd_clusters.split(",") if c],
-            a.repeats)
+            a.repeats, a.bwd_clusters_backward)
     if a.chunks:
         rows["chunks"] = time_chunks(runner, sched, a.steps, batch,
                                      [c for c in a.chunks.split(",") if c], a.repeats)
@@ -251,6 +252,9 @@ def main(argv=None):
     ap.add_argument("--bwd-clusters", default="",
                     help="also time the chosen schedule's forward with the cluster backward "
                          "kernel at these cluster counts (e.g. rule,2,4,8; PlanKey.bwd_clusters)")
+    ap.add_argument("--bwd-clusters-backward", default=None,
+                    help="the backward --bwd-clusters times (PlanKey.backward: cluster, regs); "
+                         "default the chosen schedule's, else cluster")
     ap.add_argument("--trace", action="store_true", help="trace the backward (S 1 and rule)")
     ap.add_argument("--backwards", default="",
                     help="also time the --fwd-family forward with these backwards (step, stack, "
