@@ -14,6 +14,26 @@
 // the pointwise backward: the fused kernels' (lstm.cu, gru.cu, rnn.cu) arithmetic
 #include "cell_bwd.cuh"
 
+// One pointwise cell's inputs of a backward step, slot i of the step's arrays (row: its
+// time-major row t*S + b, S rows a step; j its hidden unit): dh_above, the saved gates
+// (LSTM, GRU), and c_{t+1}, c_t (LSTM) / h_t (GRU) / h_{t+1} (RNN) as s1, s0; zeros where
+// not live. The persistent backward kernels load them a step ahead (persistent_bwd below,
+// persistent_regs_bwd.cu); st is the forward's c (fp32) or h (TS).
+template <int G, int CELL, int N, class TST>
+__device__ __forceinline__ void pk_bwd_cell_inputs(
+        int i, bool live, long long row, long long S, int H, int j, const float* dhin,
+        long long lddhin, const float* act, long long ldact, const TST* st, long long ldst,
+        float (&pdh)[N], float (&pa)[4][N], float (&ps1)[N], float (&ps0)[N]) {
+    pdh[i] = live ? __ldcs(dhin + row * lddhin + j) : 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        pa[q][i] = (live && G > 1) ? __ldcs(act + row * ldact + q * (long long)H + j) : 0.f;
+    // LSTM: c[t+1], c[t]; GRU: h[t]; RNN: h[t+1]
+    const long long r1 = CELL == CELL_GRU ? row : row + S;
+    ps1[i] = live ? pk_ldcs(st + r1 * ldst + j) : 0.f;
+    ps0[i] = (live && CELL == CELL_LSTM) ? pk_ldcs(st + row * ldst + j) : 0.f;
+}
+
 // One block of the backward: it owns hidden units [j0, j0 + U) and holds the U rows of R^T
 // (columns j0.. of R, all G*H gate rows: M = U rows of length K = G*H) in shared memory. A
 // step multiplies that slice by dg_{t+1} [B, K] into the k-groups' partial sums; after one
@@ -121,20 +141,10 @@ __device__ __forceinline__ void persistent_bwd(
     float pdh[PK_CPT], pa[4][PK_CPT], ps1[PK_CPT], ps0[PK_CPT];
     auto prefetch = [&](int t) {
 #pragma unroll
-        for (int i = 0; i < PK_CPT; ++i) {
-            const int b = cell_b[i], j = cell_j[i];
-            const bool live = cell_live[i];
-            const long long row = (long long)t * S + b;
-            pdh[i] = live ? __ldcs(dhin + row * lddhin + j) : 0.f;
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-                pa[q][i] = (live && G > 1) ? __ldcs(act + row * ldact + q * (long long)H + j)
-                                           : 0.f;
-            // LSTM: c[t+1], c[t]; GRU: h[t]; RNN: h[t+1]
-            const long long r1 = CELL == CELL_GRU ? row : row + S;
-            ps1[i] = live ? pk_ldcs(st + r1 * ldst + j) : 0.f;
-            ps0[i] = (live && CELL == CELL_LSTM) ? pk_ldcs(st + row * ldst + j) : 0.f;
-        }
+        for (int i = 0; i < PK_CPT; ++i)
+            pk_bwd_cell_inputs<G, CELL>(i, cell_live[i], (long long)t * S + cell_b[i], S, H,
+                                        cell_j[i], dhin, lddhin, act, ldact, st, ldst, pdh, pa,
+                                        ps1, ps0);
     };
     // Carried from step to step in registers: dh_rec (the product's sum, then the next
     // step's input), dc (LSTM: dc_n, then dc_{t-1}), the GRU's direct part dh_t * z_t.

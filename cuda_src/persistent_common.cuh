@@ -149,8 +149,9 @@ __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int* p) {
 // Thread-block clusters (sm_90): this block's rank in its cluster, the cluster's index in
 // the grid and the number of clusters; the cluster barrier (every thread of every block of
 // the cluster; release / acquire: shared-memory writes to any block of the cluster before
-// it are seen by every thread after it); and a 4-byte store into block `rank`'s shared
-// memory at the address that `local` is in this block's (mapa: the same offset there).
+// it are seen by every thread after it); and a 4-byte (pk_st_cluster4: 16-byte) store into
+// block `rank`'s shared memory at the address that `local` is in this block's (mapa: the
+// same offset there).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900   // no clusters: the grid kernels only
 __device__ __forceinline__ unsigned int pk_cluster_rank() { __trap(); return 0; }
 __device__ __forceinline__ unsigned int pk_cluster_id() { __trap(); return 0; }
@@ -159,6 +160,7 @@ __device__ __forceinline__ void pk_cluster_sync() { __trap(); }
 __device__ __forceinline__ void pk_cluster_arrive() { __trap(); }
 __device__ __forceinline__ void pk_cluster_wait() { __trap(); }
 __device__ __forceinline__ void pk_st_cluster(pk_saddr, unsigned int, float) { __trap(); }
+__device__ __forceinline__ void pk_st_cluster4(pk_saddr, unsigned int, float4) { __trap(); }
 #else
 __device__ __forceinline__ unsigned int pk_cluster_rank() {
     unsigned int v;
@@ -191,6 +193,14 @@ __device__ __forceinline__ void pk_st_cluster(pk_saddr local, unsigned int rank,
     unsigned int remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
     asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+// The same for 16 bytes (`local` 16-byte aligned): one store where a thread pushes 4 floats
+// that lie side by side (the register-resident backward's LSTM gates of one cell).
+__device__ __forceinline__ void pk_st_cluster4(pk_saddr local, unsigned int rank, float4 v) {
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "r"(remote), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 #endif
 // The bulk copy engine (TMA, sm_90; experiments: persistent_stack_bwd_pair.cu's SP_BULK):

@@ -74,41 +74,13 @@
  *   a multiple of BB), e.g. 32 KiB at 32 batches a cluster.
  */
 #include "persistent_layer.cuh"
+// RG_K, rg_pow2, rg_log2, the butterfly reduce-scatter (shared with the backward)
+#include "regs_common.cuh"
 
-#define RG_K 128            // columns of h the 32 lanes of a warp cover (4 each): H <= RG_K
 #define RG_BB_MAX 8         // most batches a group (the lanes' partial sums: RP x BB <= 32)
 #define RG_NR_MAX 4         // most groups whose sums one pointwise round gathers
 #define RG_CPL 2            // most pointwise cells a lane a step
 #define RG_MAX_THREADS 512  // __launch_bounds__; the fit takes 256 or 512
-
-__host__ __device__ constexpr int rg_pow2(int x) { return x <= 1 ? 1 : 2 * rg_pow2((x + 1) / 2); }
-__host__ __device__ constexpr int rg_log2(int x) { return x <= 1 ? 0 : 1 + rg_log2(x / 2); }
-
-// Butterfly reduce-scatter over the warp of the first N values of v (N a power of two): at
-// the stage with lane mask MASK (16, 8, ...) a lane keeps the half of its values its MASK
-// bit selects, sends the other half to lane ^ MASK and adds what comes back; when one value
-// is left, the remaining masks add whole values. The lane ends with the complete warp sum
-// of value lane >> (5 - log2 N); every value's sum is the same tree over the lanes
-// (emulate_regs.lane_tree).
-template <int N, int MASK>
-__device__ __forceinline__ float rg_reduce_scatter(float (&v)[32], int lane) {
-    if constexpr (N == 1) {
-        float s = v[0];
-#pragma unroll
-        for (int m = MASK; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
-        return s;
-    } else {
-        constexpr int half = N / 2;
-        const bool up = (lane & MASK) != 0;
-#pragma unroll
-        for (int i = 0; i < half; ++i) {
-            const float send = up ? v[i] : v[i + half];
-            const float keep = up ? v[i + half] : v[i];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, MASK);
-        }
-        return rg_reduce_scatter<half, MASK / 2>(v, lane);
-    }
-}
 
 // One batch group's gate sums: the lane's rows (r: ROWS float4s, its k-slice) times its
 // slice of BB rows of h_t (hrow: the group's first row, RG_K floats a row), padded to RP rows

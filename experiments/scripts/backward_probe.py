@@ -7,11 +7,14 @@ op (sums by kind); cuDNN forward and forward + backward (TF32 off) in the same p
 Usage (GPU): python experiments/scripts/backward_probe.py --shapes lstm:4:512:64,gru:1:1024:8
     [--steps 100] [--splits 1,2,4,8,16,rule] [--chunks 1,2,5,10] [--bwd-clusters rule,2,4,8]
     [--trace] [--out DIR]
-    [--backwards step,stack,grid [--trace-backwards]]
---backwards: the stack forward (family 'stack', where it fits) with each backward named
+    [--backwards step,stack,grid [--fwd-family stack] [--trace-backwards]]
+--backwards: the forward of --fwd-family (default 'stack', where it fits; 'regs': the
+register-resident cluster forward, the rule's count) with each backward named
 (PlanKey.backward: 'step' the per-step one, 'stack' the stack backward, 'grid' / 'cluster' /
-'persistent'), timed forward + backward and the backward alone, beside cuDNN; with
---trace-backwards each of those backward plans traced op by op (sums by kind).
+'persistent', 'regs' the register-resident cluster backward), timed forward + backward and
+the backward alone, beside cuDNN; with --trace-backwards each of those backward plans traced
+op by op (sums by kind). E.g. the regs backward against the cluster backward:
+--fwd-family regs --backwards cluster,regs --splits rule.
 Prints a table last; writes a JSON record (kind 'backward_probe') into --out.
 """
 from __future__ import annotations
@@ -60,20 +63,21 @@ def time_key(runner, key, repeats, backward_alone=False):
     return out, bplan
 
 
-def time_backwards(runner, T, B, names, repeats, trace=False):
-    """{name: {fwdbwd_ms, fwd_ms, bwd_ms, fit, fallback[, kinds]}} of the stack forward
-    (persistent_schedule('stack')) with each backward of ``names`` ('step': None, the
-    per-step backward; else a PlanKey.backward), graph executor, all T steps; bwd_ms: the
-    backward's graph alone, re-run on one forward's outputs (it only reads them)."""
+def time_backwards(runner, T, B, names, repeats, trace=False, family="stack"):
+    """{name: {fwdbwd_ms, fwd_ms, bwd_ms, fit, fallback[, kinds]}} of the ``family`` forward
+    (persistent_schedule(family): 'stack', 'regs', ...) with each backward of ``names``
+    ('step': None, the per-step backward; else a PlanKey.backward), graph executor, all T
+    steps; bwd_ms: the backward's graph alone, re-run on one forward's outputs (it only
+    reads them)."""
     from rnnrt.kernels.schedules import persistent_schedule
-    base = persistent_schedule("stack")
+    base = persistent_schedule(family)
     out = {}
     for name in names:
         backward = None if name == "step" else name
         key = runner.new_key(T, B, True, base.switches, base.family, backward)
         row, bplan = time_key(runner, key, repeats, backward_alone=True)
         row.update(fit=bplan.fit, fallback=bplan.fallback)
-        print(f"  stack forward + {name} backward: fwd+bwd {row['fwdbwd_ms']:.3f} ms, fwd "
+        print(f"  {family} forward + {name} backward: fwd+bwd {row['fwdbwd_ms']:.3f} ms, fwd "
               f"{row['fwd_ms']:.3f}, bwd {row['bwd_ms']:.3f} ({bplan.fit or bplan.fallback})",
               file=sys.stderr, flush=True)
         if trace:
@@ -159,14 +163,15 @@ def time_splits(runner, sched, T, B, splits, repeats):
     return out
 
 
-def time_bwd_clusters(runner, sched, T, B, counts, repeats):
+def time_bwd_clusters(runner, sched, T, B, counts, repeats, backward=None):
     """{n: median ms} of forward + backward of ``sched`` with its persistent backward's
     cluster count n (PlanKey.bwd_clusters; 'rule': kernels/choice_backward.py's), the
-    backward plan's fit string with it."""
+    backward plan's fit string with it; ``backward``: that PlanKey.backward instead of the
+    schedule's ('cluster' where it has none; 'regs': the register-resident one)."""
     out = {}
     for n in counts:
         key = runner.new_key(T, B, True, sched.switches, sched.family,
-                             sched.backward or "cluster", clusters=sched.clusters)
+                             backward or sched.backward or "cluster", clusters=sched.clusters)
         key = dataclasses.replace(key, bwd_clusters=None if n == "rule" else int(n))
         try:
             row, bplan = time_key(runner, key, repeats)
@@ -202,13 +207,13 @@ def probe(a, cell, layers, hidden, batch):
     fwd_sched = runner.schedule(a.steps, batch, train=False).schedule
     splits = [s for s in a.splits.split(",") if s]
     rows = {"chosen": time_splits(runner, sched, a.steps, batch, splits, a.repeats)}
-    if fwd_sched.name != sched.name.split("+pbwd")[0]:
+    if fwd_sched.name != sched.name.split("+")[0]:   # +pbwd, +rbwd: the backward
         rows["fwd_choice"] = time_splits(runner, fwd_sched, a.steps, batch, splits,
                                          a.repeats)
     if a.bwd_clusters:
         rows["bwd_clusters"] = time_bwd_clusters(
             runner, sched, a.steps, batch, [c for c in a.bwd_clusters.split(",") if c],
-            a.repeats)
+            a.repeats, a.bwd_clusters_backward)
     if a.chunks:
         rows["chunks"] = time_chunks(runner, sched, a.steps, batch,
                                      [c for c in a.chunks.split(",") if c], a.repeats)
@@ -223,14 +228,14 @@ def probe(a, cell, layers, hidden, batch):
     if a.backwards:
         backwards = time_backwards(runner, a.steps, batch,
                                    [n for n in a.backwards.split(",") if n], a.repeats,
-                                   a.trace_backwards)
+                                   a.trace_backwards, a.fwd_family)
     cd_f = cudnn_ms(model, a.steps, batch, False, a.repeats)
     cd_fb = cudnn_ms(model, a.steps, batch, True, a.repeats)
     runner.close()
     return {"cell": cell, "layers": layers, "hidden": hidden, "batch": batch,
             "schedule": sched.as_dict(), "fwd_schedule": fwd_sched.as_dict(),
             "candidates": sel.candidates, "splits": rows, "trace": trace,
-            "backwards": backwards,
+            "backwards": backwards, "backwards_forward": a.fwd_family,
             "cudnn_fwd_ms": cd_f, "cudnn_fwdbwd_ms": cd_fb}
 
 
@@ -247,10 +252,16 @@ def main(argv=None):
     ap.add_argument("--bwd-clusters", default="",
                     help="also time the chosen schedule's forward with the cluster backward "
                          "kernel at these cluster counts (e.g. rule,2,4,8; PlanKey.bwd_clusters)")
+    ap.add_argument("--bwd-clusters-backward", default=None,
+                    help="the backward --bwd-clusters times (PlanKey.backward: cluster, regs); "
+                         "default the chosen schedule's, else cluster")
     ap.add_argument("--trace", action="store_true", help="trace the backward (S 1 and rule)")
     ap.add_argument("--backwards", default="",
-                    help="also time the stack forward with these backwards (step, stack, grid, "
-                         "cluster, persistent), e.g. step,stack")
+                    help="also time the --fwd-family forward with these backwards (step, stack, "
+                         "grid, cluster, persistent, regs), e.g. step,stack")
+    ap.add_argument("--fwd-family", default="stack",
+                    help="the persistent forward family --backwards times them after (stack, "
+                         "regs, cluster, grid, ...)")
     ap.add_argument("--trace-backwards", action="store_true",
                     help="trace each of the --backwards plans op by op")
     ap.add_argument("--out", default=None)
@@ -278,8 +289,10 @@ def main(argv=None):
         f"S {s}" for s in a.splits.split(",")) + " |")
     for r in results:
         for k, v in (r["backwards"] or {}).items():
-            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | stack fwd + "
-                  f"{k} bwd (bwd {v['bwd_ms']:.3f}) | {r['cudnn_fwdbwd_ms']:.3f} | "
+            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
+                  f"{r['backwards_forward']} fwd (fwd {v['fwd_ms']:.3f}, cuDNN "
+                  f"{r['cudnn_fwd_ms']:.3f}) + {k} bwd (bwd {v['bwd_ms']:.3f}) | "
+                  f"{r['cudnn_fwdbwd_ms']:.3f} | "
                   f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
         for k, v in r["splits"].get("bwd_clusters", {}).items():
             if "fwdbwd_ms" in v:

@@ -43,6 +43,7 @@ from .choice_backward import (CUBLAS_BWD_LAYER_STEP_US, CUBLAS_BWD_STEP_US,  # n
                               prefers_persistent_backward, prefers_stack_backward)
 from .mma import MMA_DTYPES, mma_fit
 from .regs import regs_fit
+from .regs_bwd import regs_bwd_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
                         varlen_schedules)
 from .solo import solo_fit
@@ -321,6 +322,26 @@ def with_persistent_backward(schedule: Schedule) -> Schedule:
     return replace(schedule, name=f"{schedule.name}+pbwd", backward="persistent")
 
 
+def with_regs_backward(schedule: Schedule) -> Schedule:
+    """``schedule`` (a regs forward's) with the register-resident cluster backward
+    (PlanKey.backward 'regs'; 'regs/8+rbwd')."""
+    return replace(schedule, name=f"{schedule.name}+rbwd", backward="regs")
+
+
+def regs_backward_candidates(shape: "Shape", device,
+                             regs: tuple[Schedule, ...]) -> tuple[Schedule, ...]:
+    """The ``regs`` forward schedules (the rule's count and the others) with the
+    register-resident backward, for a training shape whose precision it runs (float32)
+    where its fit (the layers overlapping along the reverse wavefront, as the candidates
+    run) accepts the shape; else none. Timed beside the '+pbwd' ones: the selector takes
+    it only where it is faster."""
+    if not shape.train or not regs or persistent_storage_declines(shape.dtype, "regs"):
+        return ()
+    fit = regs_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props(),
+                       layers=shape.layers)
+    return tuple(with_regs_backward(s) for s in regs) if fit.ok else ()
+
+
 def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (solo,
     stack, cluster, regs, mma (bf16 / fp16), grid: each runs the recurrence with R on chip)
@@ -328,8 +349,10 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
     it (or, where none fits, ib10 with it): first where its cost model expects it to win
-    (``prefers_persistent_backward``), else after the persistent families. A variable-length
-    shape: ``varlen_schedules`` (the persistent kernels decline a per-step batch). The order
+    (``prefers_persistent_backward``), else after the persistent families; and the regs
+    forwards with the register-resident backward ('+rbwd', ``regs_backward_candidates``)
+    after those. A variable-length shape: ``varlen_schedules`` (the persistent kernels
+    decline a per-step batch). The order
     is the order of timing (the likeliest winners first, so a spent budget cuts the least
     likely)."""
     if shape.varlen:
@@ -341,20 +364,23 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
                        if f in fams)
     counts = tuple(c for f in CLUSTER_FAMILIES if f in fams
                    for c in count_schedules(shape, device, f, cluster_cap))
+    # the regs forwards (the rule's count first) with the register-resident backward
+    rbwd = regs_backward_candidates(shape, device, tuple(
+        s for s in persistent + counts if s.family == "regs"))
     fit = backward_fit(shape, device) if shape.train else None
     if fit is None or not fit.ok:
         if "stack" in fams and prefers_stack_backward(shape, device):   # its own fit
-            return (with_persistent_backward(persistent_schedule("stack")),) + persistent \
-                + counts + paper_schedules()
-        return persistent + counts + paper_schedules()
+            return (with_persistent_backward(persistent_schedule("stack")),) + rbwd \
+                + persistent + counts + paper_schedules()
+        return rbwd + persistent + counts + paper_schedules()
     pbwd = tuple(with_persistent_backward(s)
                  for s in persistent or (paper_schedule("ib10"),))
     # the other counts once each, with the backward the cost model prefers (the count is
     # the forward kernel's: the backward does not change which count is fastest)
     if prefers_persistent_backward(shape, device, fit):
-        return pbwd + tuple(with_persistent_backward(s) for s in counts) + persistent \
-            + paper_schedules()
-    return persistent + counts + pbwd + paper_schedules()
+        return pbwd + rbwd + tuple(with_persistent_backward(s) for s in counts) \
+            + persistent + paper_schedules()
+    return persistent + counts + pbwd + rbwd + paper_schedules()
 
 
 GRID_MAX_WORK = 16384

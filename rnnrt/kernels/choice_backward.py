@@ -4,7 +4,8 @@
 (``choice.py``, which re-exports every name here: its callers import them from there too).
 
 ``choose_persistent_backward(key)``: for a training key that names the persistent backward
-(``PlanKey.backward``), the kernel's fit and the steps one launch covers (a multi-layer
+(``PlanKey.backward``; 'regs': the register-resident cluster backward, ``regs_backward``),
+the kernel's fit and the steps one launch covers (a multi-layer
 cluster plan runs each layer in chunks that overlap the layers beside it along the reverse
 wavefront: ``backward_steps_per_launch``), or why the plan keeps the per-step backward.
 Where the forward runs the stack kernel (every layer in one launch) and the stack backward
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from .mma_bwd import mma_bwd_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
+from .regs_bwd import regs_bwd_fit
 from .stack_bwd import StackBwdFit, stack_bwd_fit
 
 if TYPE_CHECKING:   # choice.py imports this module: its Shape only for the annotations
@@ -111,7 +113,10 @@ def choose_persistent_backward(key) -> BackwardChoice:
     A key of the tensor-core family (``family`` 'mma') with ``backward`` 'persistent' runs the
     tensor-core backward grid kernel (mma_bwd.mma_bwd_fit) where it fits, else the above with
     the reason it was not used in the fit string (``mma_backward``); 'grid' and 'cluster'
-    name the FMA kernels whatever the family."""
+    name the FMA kernels whatever the family. 'regs' names the register-resident cluster
+    backward (``regs_backward``), whatever the forward runs."""
+    if key.backward == "regs":
+        return regs_backward(key)
     # a cluster count (PlanKey.bwd_clusters) names the cluster kernel
     if key.backward == "stack" or (key.backward == "persistent" and key.bwd_clusters is None):
         st, why = stack_backward(key)
@@ -137,6 +142,23 @@ def choose_persistent_backward(key) -> BackwardChoice:
                                    f"{note}; ran the per-step backward")
     if note:
         fit = replace(fit, reason=f"{fit.reason}{note}")
+    k = backward_steps_per_launch(key, fit)
+    return BackwardChoice(fit, steps_per_launch=k, chunked=k < key.steps)
+
+
+def regs_backward(key) -> BackwardChoice:
+    """The register-resident cluster backward (regs_bwd.regs_bwd_fit) for ``key`` (backward
+    'regs'; its bwd_clusters the count where given, else the rule's with the layers that
+    overlap along the reverse wavefront) where it fits and the key is float32 (the kernel
+    has no typed instantiations), chunked as the cluster backward
+    (``backward_steps_per_launch``); else a fallback to the per-step backward saying why."""
+    from .choice import persistent_storage_declines   # choice.py imports this module
+    fit = regs_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
+                       clusters=key.bwd_clusters, layers=overlapping_layers(key))
+    why = persistent_storage_declines(key.dtype, "regs") or _declines(fit, key.steps)
+    if why is not None:
+        return BackwardChoice(fit, f"register-resident backward declined on "
+                                   f"{key.device.name}: {why}; ran the per-step backward")
     k = backward_steps_per_launch(key, fit)
     return BackwardChoice(fit, steps_per_launch=k, chunked=k < key.steps)
 

@@ -24,7 +24,8 @@ from .persistent_bwd import BwdFit, bwd_geometry, bwd_kernel_name
 
 
 def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=None,
-                block_order=None, dtype: str = "float32") -> dict:
+                block_order=None, dtype: str = "float32", products=None,
+                owners=None) -> dict:
     """Run the backward kernel's decomposition with NumPy. -> {"dgx", "dgh", "dh0", "dc0"}
 
     dhin [T, B, H]: the gradient of each step's output from above; dh_n [B, H]; R =
@@ -36,6 +37,10 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
     typed kernels' rounding -- each step's dg (dgx, dgh) stored rounded to the storage type,
     the product's operands R and dg as the rungs' GEMMs read them (emulate.operand_of); st
     is taken as stored (the forward's h was rounded when written).
+    ``products(rs, dg) -> [Ub, Bc]`` (rs [Ub, K] a block's rows of R^T, dg [Bc, K] its
+    cluster's batches of dg_{t+1}) and ``owners(fit, block) -> (tid, b, jj)``: another
+    kernel's order of the sums over k and its cell owners (the register-resident backward's,
+    emulate_regs.emulate_regs_bwd); default the k-group kernels' (``sum_k_groups``, ``owned``).
     """
     spec = get_cell(cell)
     G = spec.gates
@@ -70,11 +75,16 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
     dc = np.array(dc_n, dtype) if spec.has_cell_state else None
     direct = np.zeros((B, H), dtype)
 
-    runs = k_group_runs(fit)
+    if products is None:
+        runs = k_group_runs(fit)
+
+        def products(rs, mine):   # k-group 0, 1, ... in the kernel's order: [Ub, batches]
+            return sum_k_groups(runs, lambda cols: rs[:, cols] @ mine[:, cols].T,
+                                (rs.shape[0], mine.shape[0]), np.result_type(rs, mine))
     blocks = []
     for x in range(fit.blocks):
         units = fit.units(x)
-        _, b_own, jj_own = owned(fit, x)
+        _, b_own, jj_own = (owners or owned)(fit, x)
         blocks.append((R[:, units.start:units.stop].T, fit.batches(x), b_own,
                        units.start + jj_own, jj_own))
     order = range(fit.blocks) if block_order is None else block_order
@@ -90,9 +100,7 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
             for x in order:
                 rs, rows, b, j, jj = blocks[x]  # rs [Ub, K]: the block's rows of R^T
                 mine = dg[rows.start:rows.stop]   # its (cluster's) batches of dg_{t+1}
-                # k-group 0, 1, ... in the kernel's order: [Ub, batches]
-                acc = sum_k_groups(runs, lambda cols: rs[:, cols] @ mine[:, cols].T,
-                                   (rs.shape[0], mine.shape[0]), np.result_type(rs, mine))
+                acc = products(rs, mine)          # [Ub, batches]
                 v = acc[jj, b - rows.start]
                 new[b, j] = v + direct[b, j] if gru else v   # the GEMM, then + dh*z
                 np.add.at(written, (b, j), 1)
@@ -138,14 +146,16 @@ def _grid_or_cluster_fit(cell, B, H, units_per_block, k_tile, cluster):
 def twin_of(cell: str, fit_of=_grid_or_cluster_fit, name: str | None = None):
     """The registry's NumPy twin of ``cell``'s persistent backward kernel: ``emulate_bwd``
     over the cut ``fit_of(cell, B, H, units_per_block, k_tile, cluster) -> (kernel name,
-    fit)`` makes (by default the FMA grid or cluster kernel's; mma_bwd.py passes the
-    tensor-core kernel's); ``name`` the twin's name."""
+    fit)`` or (kernel name, fit, emulate_bwd's keywords) makes (by default the FMA grid or
+    cluster kernel's; mma_bwd.py passes the tensor-core kernel's, emulate_regs.py the
+    register-resident one's with its products and owners); ``name`` the twin's name."""
     spec = get_cell(cell)
 
     def twin(rows, cols, outs, ins, T, units_per_block, k_tile, cluster=False,
              dtype="float32"):
         B, H = rows, cols
-        kname, fit = fit_of(cell, B, H, units_per_block, k_tile, cluster)
+        kname, fit, *emu = fit_of(cell, B, H, units_per_block, k_tile, cluster)
+        emu = emu[0] if emu else {}
         outs, ins = list(outs), list(ins)
         G = spec.gates
         dgx = outs.pop(0)
@@ -166,7 +176,7 @@ def twin_of(cell: str, fit_of=_grid_or_cluster_fit, name: str | None = None):
                           np.asarray(w_hh),
                           None if act is None else np.asarray(act).reshape(T, B, 4 * H),
                           np.asarray(st).reshape(T + 1, B, H),
-                          None if dc_n is None else np.array(dc_n), dtype=dtype)
+                          None if dc_n is None else np.array(dc_n), dtype=dtype, **emu)
         # every input is read: now write
         dgx[...] = out["dgx"].reshape(T * B, G * H)
         if dgh is not None:

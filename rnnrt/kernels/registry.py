@@ -40,7 +40,7 @@ import numpy as np
 
 from . import emulate, emulate_bwd, emulate_regs, mma, mma_bwd
 from . import persistent as pk
-from . import regs
+from . import regs, regs_bwd
 from . import solo
 from . import stack
 from . import stack_bwd
@@ -381,6 +381,15 @@ REGISTRY += tuple(
     replace(k, name=k.name.replace("_persistent_bwd", "_persistent_cluster_bwd"),
             numpy_fn=functools.partial(k.numpy_fn, cluster=True))
     for k in REGISTRY if k.file == "persistent_bwd.cu")
+
+# the register-resident cluster backward kernels (persistent_regs_bwd.cu; regs_bwd.py,
+# emulate_regs.py): the cluster backward kernels' arguments, R^T in registers
+REGISTRY += tuple(
+    replace(k, name=regs_bwd.kernel_name(k.name.split("_persistent")[0]),
+            file="persistent_regs_bwd.cu",
+            numpy_fn=emulate_regs.regs_bwd_twin(k.name.split("_persistent")[0]))
+    for k in REGISTRY if k.file == "persistent_bwd.cu"
+    and k.name.endswith("_persistent_cluster_bwd"))
 
 # the tensor-core backward grid kernels (persistent_mma_bwd.cu; mma_bwd.py): the backward grid
 # kernels' arguments, bf16 / fp16 instantiations only (typed.py), emulate_bwd's twin over

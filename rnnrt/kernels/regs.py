@@ -110,16 +110,8 @@ def regs_geometry(cell: str, hidden: int, batch: int, threads: int = BLOCK_SIZES
     checks (ok False where the kernel would trap or has no body: hidden > RG_K, threads not
     whole warps or past RG_MAX_THREADS, UW > 2, more than RG_CPL cells a lane, an empty
     cluster, U short of covering H)."""
-    for what, v in (("hidden", hidden), ("batch", batch), ("threads", threads),
-                    ("clusters", clusters)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"regs: {what} must be a positive int, got {v!r}")
-    spec = get_cell(cell)
-    H, B, nt, ncl = int(hidden), int(batch), int(threads), int(clusters)
-    U = ceil_div(H, PK_CLUSTER) if units_per_block is None else int(units_per_block)
-    BG = ceil_div(B, ncl)
-    nw = max(1, nt // 32)
-    uw = ceil_div(U, nw)
+    spec, H, B, nt, ncl, U, BG, nw, uw = lane_cut("regs", cell, hidden, batch, threads,
+                                                  clusters, units_per_block)
     rp = pow2ceil(spec.gates * uw)
     bb = max(2, min(RG_BB_MAX, 32 // rp if rp <= 32 else 1, pow2ceil(BG)))
     groups = ceil_div(BG, bb)
@@ -130,26 +122,84 @@ def regs_geometry(cell: str, hidden: int, batch: int, threads: int = BLOCK_SIZES
                   k_groups=32, cells_per_thread=cpl, k_tile=RG_K, smem_r=0,
                   smem_tile=4 * 2 * groups * bb * RG_K, smem_partials=0,
                   cluster=PK_CLUSTER, clusters=ncl, units_per_warp=uw, batch_group=bb)
-    problem = None
-    if H > RG_K:
-        problem = (f"hidden {H} > {RG_K}: the 32 lanes of a warp hold 4 columns of R each "
-                   f"(the cluster kernel holds R in shared memory)")
-    elif nt % 32 or not 32 <= nt <= RG_MAX_THREADS:
-        problem = f"{nt} threads: not whole warps within {RG_MAX_THREADS}"
-    elif PK_CLUSTER * U < H:
-        problem = f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H}"
-    elif uw > 2:
-        problem = (f"{U} units over {nw} warps = {uw} a warp > 2 (the kernel's bodies hold "
-                   f"1 or 2 units a warp)")
-    elif fit.r_floats > MAX_R_FLOATS:
+    problem = cut_problem(H, nt, RG_MAX_THREADS, U, nw, uw,
+                          "4 columns of R each (the cluster kernel holds R in shared memory)")
+    if problem is None and fit.r_floats > MAX_R_FLOATS:
         problem = (f"{fit.r_floats} floats of R a thread > MAX_R_FLOATS {MAX_R_FLOATS}: more "
                    f"warps")
-    elif cpl > RG_CPL:
+    if problem is None and cpl > RG_CPL:
         problem = (f"{BG} batches a cluster in groups of {bb}, {nr} groups a round = {cpl} "
                    f"cells a lane > RG_CPL {RG_CPL}: more clusters or more warps")
-    elif (ncl - 1) * BG >= B:
-        problem = f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
+    problem = problem or empty_last(ncl, BG, B)
     return replace(fit, ok=False, reason=problem) if problem else fit
+
+
+def lane_cut(who: str, cell: str, hidden, batch, threads, clusters, units_per_block) -> tuple:
+    """What the register-resident kernels' cuts share (forward, regs_geometry; backward,
+    regs_bwd.regs_bwd_geometry): the arguments checked (``who`` names the kernel in the
+    error), -> (cell spec, H, B, threads, clusters, U = ceil(H / PK_CLUSTER) unless given,
+    BG batches a cluster, NW warps, UW = ceil(U / NW) units a warp)."""
+    for what, v in (("hidden", hidden), ("batch", batch), ("threads", threads),
+                    ("clusters", clusters)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{who}: {what} must be a positive int, got {v!r}")
+    spec = get_cell(cell)
+    H, B, nt, ncl = int(hidden), int(batch), int(threads), int(clusters)
+    U = ceil_div(H, PK_CLUSTER) if units_per_block is None else int(units_per_block)
+    nw = max(1, nt // 32)
+    return spec, H, B, nt, ncl, U, ceil_div(B, ncl), nw, ceil_div(U, nw)
+
+
+def cut_problem(H: int, nt: int, max_threads: int, U: int, nw: int, uw: int,
+                lanes_hold: str) -> str | None:
+    """Why a register-resident cut cannot run, of the reasons forward and backward share (H
+    past RG_K: the 32 lanes hold ``lanes_hold``; threads; U not covering H; UW > 2), or
+    None."""
+    if H > RG_K:
+        return f"hidden {H} > {RG_K}: the 32 lanes of a warp hold {lanes_hold}"
+    if nt % 32 or not 32 <= nt <= max_threads:
+        return f"{nt} threads: not whole warps within {max_threads}"
+    if PK_CLUSTER * U < H:
+        return f"{PK_CLUSTER} blocks of {U} units do not cover hidden {H}"
+    if uw > 2:
+        return (f"{U} units over {nw} warps = {uw} a warp > 2 (the kernel's bodies hold 1 or "
+                f"2 units a warp)")
+    return None
+
+
+def empty_last(ncl: int, BG: int, B: int) -> str | None:
+    """Why ``ncl`` clusters of BG batches cannot cover batch B (the last empty), or None."""
+    if (ncl - 1) * BG >= B:
+        return f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
+    return None
+
+
+def on_device(fit, dev: DeviceBudget, where: str, buffers: str, held: str):
+    """A register-resident cut ``fit`` (RegsFit or regs_bwd.RegsBwdFit) checked on the
+    device ``dev``: compute capability >= 9.0, a cluster's SMs, the cut itself, its
+    ``buffers`` (the only shared memory) within a block's, the registers within the SM's;
+    where any fails, ok False and the reason after ``where``; else the reason says what
+    runs (``held``, e.g. 'R', in registers)."""
+    fit = replace(fit, sms=dev.sms, regs_per_thread=dev.regs)
+
+    def no(why):
+        return replace(fit, ok=False, reason=f"{where}: {why}")
+
+    if dev.cc_major < 9:
+        return no(f"thread-block clusters need compute capability 9.0 or later (device: "
+                  f"{dev.cc_major}.x)")
+    if dev.sms < PK_CLUSTER:
+        return no(f"{dev.sms} SMs < one cluster")
+    if not fit.ok:
+        return no(fit.reason)
+    if fit.smem_bytes > dev.limit:
+        return no(f"{buffers} of {fit.batch_per_block} batches = {fit.smem_bytes} bytes of "
+                  f"shared memory > {dev.limit} a block can have")
+    if not dev.regs_ok(fit.threads):
+        return no(f"{fit.threads} threads x {dev.regs} registers > {dev.regs_sm} per SM")
+    return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
+                               f" of {PK_CLUSTER} blocks ({fit.blocks} of {dev.sms} SMs), "
+                               f"{held} in registers ({fit.r_floats} floats a thread)")
 
 
 def regs_fit(cell: str, hidden: int, batch: int, props: dict, *, threads: int | None = None,
@@ -167,26 +217,7 @@ def regs_fit(cell: str, hidden: int, batch: int, props: dict, *, threads: int | 
     where = f"{name} hidden {hidden}, batch {batch}, register-resident clusters"
     tries = [regs_geometry(name, hidden, batch, t, ncl) for t in dev.candidates]
     fit = next((f for f in tries if f.ok), tries[0])
-    fit = replace(fit, sms=dev.sms, regs_per_thread=dev.regs)
-
-    def no(why):
-        return replace(fit, ok=False, reason=f"{where}: {why}")
-
-    if dev.cc_major < 9:
-        return no(f"thread-block clusters need compute capability 9.0 or later (device: "
-                  f"{dev.cc_major}.x)")
-    if dev.sms < PK_CLUSTER:
-        return no(f"{dev.sms} SMs < one cluster")
-    if not fit.ok:
-        return no(fit.reason)
-    if fit.smem_bytes > dev.limit:
-        return no(f"h buffers of {fit.batch_per_block} batches = {fit.smem_bytes} bytes of "
-                  f"shared memory > {dev.limit} a block can have")
-    if not dev.regs_ok(fit.threads):
-        return no(f"{fit.threads} threads x {dev.regs} registers > {dev.regs_sm} per SM")
-    return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
-                               f" of {PK_CLUSTER} blocks ({fit.blocks} of {dev.sms} SMs), R in "
-                               f"registers ({fit.r_floats} floats a thread)")
+    return on_device(fit, dev, where, "h buffers", "R")
 
 
 def lane_cells(fit: RegsFit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

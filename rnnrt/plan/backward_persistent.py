@@ -1,5 +1,6 @@
-"""The persistent backward plan: ``PlanKey.backward`` 'grid', 'cluster' or 'persistent' (the
-one the cost model prefers; a schedule the selector offers for training shapes, no switch
+"""The persistent backward plan: ``PlanKey.backward`` 'grid', 'cluster', 'regs' (the
+register-resident cluster backward: the cluster kernel's arguments and chunking, R^T in
+registers) or 'persistent' (the one of grid and cluster the cost model prefers; a schedule the selector offers for training shapes, no switch
 turns it on, so the rungs' backward is unchanged). Where the forward runs the stack kernel
 and the stack backward fits ('stack', or 'persistent'), the plan is backward_stack.py's.
 
@@ -8,7 +9,8 @@ whether the kernel fits and the steps k one launch covers; where it does not fit
 is backward.py's per-step schedule with the reason in ``Plan.fallback``), chunks [t0, t1) of
 k steps from the last to the first (k = T: one chunk, one launch a layer):
   ('pbwd', l, t0) one launch of the cell's persistent backward kernel, grid or cluster
-                (cuda_src/persistent_bwd.cu) on the recurrence stream: the recurrent chain
+                (cuda_src/persistent_bwd.cu) or register-resident
+                (cuda_src/persistent_regs_bwd.cu) on the recurrence stream: the recurrent chain
                 of layer l over t = t1-1 .. t0, on views offset to the chunk (the kernel's
                 T = t1 - t0): reading dhin{l} rows t0..t1 (the gradient from above), dh_n =
                 dhr{l}[t1] and dc_n = dc{l}[t1] (slot T: the plan's inputs dh_n, dc_n; else

@@ -33,11 +33,13 @@ PERSISTENT_FAMILIES = ("stack", "grid", "cluster", "regs", "mma", "solo")
 CLUSTER_FAMILIES = ("cluster", "regs")
 """The persistent families whose count of clusters is a launch parameter (PlanKey.clusters)."""
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
-BACKWARD_FAMILIES = ("persistent", "grid", "cluster", "stack")
+BACKWARD_FAMILIES = ("persistent", "grid", "cluster", "stack", "regs")
 """The persistent backward kernels a training PlanKey may name (``PlanKey.backward``):
 'grid' or 'cluster', 'stack' (the stack backward: every layer in one launch, after the stack
-forward), or 'persistent': the stack backward where the forward runs the stack kernel and it
-fits, else the one of grid and cluster kernels/choice.py's cost model prefers."""
+forward), 'regs' (the register-resident cluster backward, H <= 128, fp32: only where named;
+the selector times it beside the others), or 'persistent': the stack backward where the
+forward runs the stack kernel and it fits, else the one of grid and cluster
+kernels/choice.py's cost model prefers."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,9 @@ class PlanKey:
     falls back to the schedule without the switch and says why, as for None.
 
     backward: a training key's backward schedule: None, the switches' per-step schedule
-    (cuBLAS GEMMs and fused pointwise kernels a step); 'grid' or 'cluster', that persistent
-    backward kernel, or 'persistent', the one of them the cost model prefers (one launch a
+    (cuBLAS GEMMs and fused pointwise kernels a step); 'grid', 'cluster' or 'regs' (the
+    register-resident cluster kernel), that persistent backward kernel, or 'persistent', the
+    one of grid and cluster the cost model prefers (one launch a
     layer for the recurrent chain, then one GEMM a layer for each of dx, dW, dR and the
     biases; plan/backward_persistent.py), where its fit accepts the shape, else the
     per-step schedule with the reason (Plan.fallback); 'stack', the stack backward (every
@@ -77,9 +80,10 @@ class PlanKey:
     still correct (a cluster waits only for its own blocks); it runs in waves.
     bwd_splits: a training key's per-step backward: the K slices of its recurrent GEMM
     (kernels/gemm_split.py), run exactly (1: one GEMM); None: the rule's.
-    bwd_clusters: a key with ``backward`` 'persistent' or 'cluster': the cluster backward
-    kernel's cluster count, run exactly (the kernel is then the cluster one, also where the
-    stack backward would fit); None: the rule's (kernels/persistent_bwd.py
+    bwd_clusters: a key with ``backward`` 'persistent', 'cluster' or 'regs': the cluster
+    backward kernel's (or the register-resident one's) cluster count, run exactly (with
+    'persistent' the kernel is then the cluster one, also where the stack backward would
+    fit); None: the rule's (kernels/persistent_bwd.py
     ``persistent_bwd_fit``: the layers' share of the SMs where the launches overlap).
     """
 

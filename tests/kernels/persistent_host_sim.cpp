@@ -9,7 +9,8 @@
 // its indexing, shared-memory layout, h staging, k-split reduction and barrier protocol run
 // for real. Used by tests/kernels/test_kernels_persistent_sim.py, test_kernels_stack.py,
 // test_kernels_stack_bwd.py (PK_SIM_STACK_BWD) and
-// test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below) and
+// test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below;
+// test_kernels_regs_bwd_sim.py: PK_SIM_REGS_BWD, the register-resident ones in it) and
 // test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
 // emulated over the warp's exchange buffer) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
 // the tensor-core backward kernels, likewise) and test_kernels_stack_mma.py
@@ -43,6 +44,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#ifdef PK_SIM_REGS_BWD   // persistent_regs_bwd.cu's kernels in the backward main below
+#define PK_SIM_BWD
+#endif
 
 struct Dim3 { unsigned int x = 1, y = 1, z = 1; };
 struct alignas(16) float4 { float x, y, z, w; };
@@ -195,6 +200,15 @@ static thread_local std::optional<std::barrier<>::arrival_token> sim_cluster_tok
     }
     std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
 }
+[[maybe_unused]] static void pk_st_cluster4(pk_saddr local, unsigned int rank, float4 v) {
+    if (local % 16 != 0) {   // the GPU faults on this
+        std::fprintf(stderr, "misaligned 16-byte st.shared::cluster at %p\n",
+                     reinterpret_cast<void*>(local));
+        std::abort();
+    }
+    const float* const f = &v.x;
+    for (int e = 0; e < 4; ++e) pk_st_cluster(local + 4u * e, rank, f[e]);
+}
 
 // The tensor-core kernels' primitives (persistent_mma.cuh leaves them to PK_HOST_SIM): two
 // floats packed as the 16-bit type's bits (lo in the low half), and mma.sync m16n8k16
@@ -245,6 +259,17 @@ static void pk_mma16816(float (&d)[4], const unsigned int (&a)[4], const unsigne
 }
 
 #include PK_SOURCE
+
+#ifdef PK_SIM_REGS_BWD   // the backward main runs the register-resident backward kernels
+#define lstm_persistent_bwd lstm_persistent_regs_bwd
+#define lstm_persistent_cluster_bwd lstm_persistent_regs_bwd
+#define gru_persistent_bwd gru_persistent_regs_bwd
+#define gru_persistent_cluster_bwd gru_persistent_regs_bwd
+#define rnn_tanh_persistent_bwd rnn_tanh_persistent_regs_bwd
+#define rnn_tanh_persistent_cluster_bwd rnn_tanh_persistent_regs_bwd
+#define rnn_relu_persistent_bwd rnn_relu_persistent_regs_bwd
+#define rnn_relu_persistent_cluster_bwd rnn_relu_persistent_regs_bwd
+#endif
 
 #ifdef PK_SIM_REGS   // the forward main runs the register-resident kernels in their stead
 #define lstm_persistent_fwd lstm_persistent_regs_fwd

@@ -31,6 +31,10 @@ def test_training_shapes_get_the_persistent_backward_candidates(monkeypatch):
     assert got[:3] == ["cluster+pbwd", "regs+pbwd", "grid+pbwd"], got   # preferred: first
     fwd = names(C.candidates(dataclasses.replace(SMALL, train=False), H100_SXM))
     counts = [n for n in fwd if "/" in n]   # the cluster families' other counts: once
+    # the regs forwards with the register-resident backward next (fp32, H <= 128)
+    rbwd = [f"{n}+rbwd" for n in ["regs"] + [n for n in counts if n.startswith("regs/")]]
+    assert got[3:3 + len(rbwd)] == rbwd, got
+    got = got[:3] + got[3 + len(rbwd):]
     assert counts and got[3:3 + len(counts)] == [f"{n}+pbwd" for n in counts]   # each
     assert got[3 + len(counts):] == [n for n in fwd if n not in counts]
     paper = names(C.candidates(PAPER, H100_SXM))

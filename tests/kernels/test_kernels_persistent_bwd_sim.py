@@ -83,11 +83,12 @@ def run_bwd_sim(exe, tmp_path, cell, fit, data, launches=2, pad=3, dg_offset=0):
     return out, raw, loads
 
 
-def check_sim(cell, fit, data, ref, out, raw, what):
-    """The kernel's outputs against the float64 reference and the float32 emulation; the
-    padding of every output row still NaN."""
+def check_sim(cell, fit, data, ref, out, raw, what, emulate=emulated):
+    """The kernel's outputs against the float64 reference and the float32 emulation
+    (``emulate(cell, fit, data)``: testkit.emulated, the k-group kernels'; the
+    register-resident backward passes its own); the padding of every output row still NaN."""
     check_bwd_against_reference(out, data, ref, what)
-    emu = emulated(cell, fit, data)
+    emu = emulate(cell, fit, data)
     for name in ("dgx", "dgh", "dh0", "dc0"):
         if emu[name] is None:
             assert out[name] is None
