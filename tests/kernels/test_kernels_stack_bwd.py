@@ -306,3 +306,21 @@ def test_stack_bwd_protocol_has_no_data_race(tmp_path_factory, tmp_path, pair):
                     f"tsan_broken_{pair}", tsan=True)
     with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
         run_sim(broken, tmp_path, case, launches=1, pair=pair)
+
+
+def test_a_local_header_the_loader_missed_fails_the_build(tmp_path_factory):
+    """build_host_sim skips where the toolchain lacks something, but a kernel source whose
+    local header was not inlined (an include line the loader's pattern does not take, e.g. with
+    a trailing comment) must fail the test, not skip it."""
+    text = source(KERNELS[True]).replace(
+        "#include <", '#include "persistent_missing.cuh"\n#include <', 1)
+    if '"persistent_missing.cuh"' not in text:   # no system include to anchor on: prepend
+        text = '#include "persistent_missing.cuh"\n' + text
+    try:
+        _build(tmp_path_factory, text, "missing_header")
+    except AssertionError as e:
+        assert "persistent_missing.cuh" in str(e)
+        return
+    except pytest.skip.Exception:
+        pytest.fail("a missing local header skipped the simulator's build instead of failing")
+    pytest.fail("the simulator built without its header")
