@@ -17,10 +17,17 @@ layer l+1's product of step t and for its own layer's dg_t; the top layer waits 
 itself, so the stack cannot deadlock once every block is resident (induction from the top).
 The weight and bias gradients stay GEMMs after the launch (plan/backward_stack.py).
 
-``stack_bwd_fit(cell, hidden, batch, layers, input_size, props, steps)`` says whether a
-shape runs (and why not): where the forward stack kernel's fit holds (the backward runs only
-after it, on the forward's saved act and c) and its own shared memory fits;
-``lstm_persistent_stack_bwd`` is the registry's NumPy twin. The kernel's constants are
+Two kernels: ``lstm_persistent_stack_bwd`` (a block multiplies all 4H gate rows by its 16
+units' columns) and ``lstm_persistent_stack_bwd_pair`` (cuda_src/persistent_stack_bwd_pair.cu:
+the two blocks of a thread-block cluster split the gate rows, so a block stages half of dg_t,
+and exchange their half sums through distributed shared memory), the same arguments.
+
+``stack_bwd_fit(cell, hidden, batch, layers, input_size, props, steps, pairs=True)`` says
+whether a shape runs (and why not): where the forward stack kernel's fit holds (the backward
+runs only after it, on the forward's saved act and c) and its own shared memory fits; the
+pair kernel where ``pair_decline`` finds nothing against it, else the one-block kernel;
+``lstm_persistent_stack_bwd`` and ``lstm_persistent_stack_bwd_pair`` are the registry's NumPy
+twins. The kernel's constants are
 mirrored below; a test holds them equal.
 """
 from __future__ import annotations
