@@ -93,15 +93,21 @@ class RegsFit(Fit):
         return 4 * self.gates * self.units_per_warp
 
     def describe(self) -> str:
-        head = (f"{self.cell} H {self.hidden} B {self.batch}: register-resident, U "
-                f"{self.units_per_block}, {self.clusters} cluster"
-                f"{'' if self.clusters == 1 else 's'} of {self.cluster} blocks "
-                f"({self.batch_per_block} batches each) x {self.threads} threads (UW "
-                f"{self.units_per_warp}, {self.r_floats} floats of R a thread, groups of "
-                f"{self.batch_group} batches, {self.cells_per_thread} cell"
-                f"{'' if self.cells_per_thread == 1 else 's'} a lane), shared "
-                f"{self.smem_bytes} B")
+        head = cut_text(self, f"{self.cell} H", "R")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
+
+
+def cut_text(fit, what: str, r: str) -> str:
+    """A register-resident fit's cut in words (the forward's and the backward's describe):
+    ``what`` heads it, ``r`` names the matrix a thread holds."""
+    return (f"{what} {fit.hidden} B {fit.batch}: register-resident, U "
+            f"{fit.units_per_block}, {fit.clusters} cluster"
+            f"{'' if fit.clusters == 1 else 's'} of {fit.cluster} blocks "
+            f"({fit.batch_per_block} batches each) x {fit.threads} threads (UW "
+            f"{fit.units_per_warp}, {fit.r_floats} floats of {r} a thread, groups of "
+            f"{fit.batch_group} batches, {fit.cells_per_thread} cell"
+            f"{'' if fit.cells_per_thread == 1 else 's'} a lane), shared "
+            f"{fit.smem_bytes} B")
 
 
 def regs_geometry(cell: str, hidden: int, batch: int, threads: int = BLOCK_SIZES[0],

@@ -31,7 +31,7 @@ from ..cells import get_cell
 from .budget import DeviceBudget, ceil_div
 from .persistent import PK_CLUSTER, cluster_count, pow2ceil
 from .persistent_bwd import CLUSTER_STEP_FIXED_US, PUSHES_PER_US_PER_SM, BwdFit
-from .regs import RG_K, cut_problem, empty_last, lane_cut, on_device
+from .regs import RG_K, cut_problem, cut_text, empty_last, lane_cut, on_device
 
 # The kernel's compile-time constants (cuda_src/persistent_regs_bwd.cu; a test holds them).
 RB_BB_MAX = 8           # most batches a group
@@ -101,14 +101,8 @@ class RegsBwdFit(BwdFit):
                 + max(U * self.depth * BG / FMAS_PER_US_PER_SM, smem / SMEM_BYTES_PER_US))
 
     def describe(self) -> str:
-        head = (f"{self.cell} backward H {self.hidden} B {self.batch}: register-resident, U "
-                f"{self.units_per_block}, {self.clusters} cluster"
-                f"{'' if self.clusters == 1 else 's'} of {self.cluster} blocks "
-                f"({self.batch_per_block} batches each) x {self.threads} threads (UW "
-                f"{self.units_per_warp}, {self.r_floats} floats of R^T a thread, groups of "
-                f"{self.batch_group} batches, {self.cells_per_thread} cell"
-                f"{'' if self.cells_per_thread == 1 else 's'} a lane), shared "
-                f"{self.smem_bytes} B, ~{self.step_us():.1f} us a step modelled")
+        head = (f"{cut_text(self, f'{self.cell} backward H', 'R^T')}, "
+                f"~{self.step_us():.1f} us a step modelled")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
