@@ -620,7 +620,7 @@ RECORD_KINDS = {  # kind: (stem, extension)
                   rf"|ddp-charlm-{_SHAPE}-S\d+-W\d+|ddp-scaling-{_SHAPE}|ddp-link"), "json"),
     "long-sequence": ("long-sequence", "json"),
     "precision": (rf"precision-{_SHAPE}(?:-T\d+)*", "json"),
-    "profiles": (rf"ncu{_WORDS}+", "txt|json"),
+    "profiles": (rf"(?:ncu|torch-profile){_WORDS}+", "txt|json"),
     "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){_WORDS}*", "log|txt|json"),
 }
 
