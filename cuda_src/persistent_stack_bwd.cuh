@@ -1,18 +1,25 @@
 /*
- * persistent_stack_bwd.cuh: what the two stack backward kernels share (#included by
- * persistent_stack_bwd.cu, the one-block-a-16-units kernel, and persistent_stack_bwd_pair.cu,
- * the cluster-pair kernel; rnnrt's loader inlines it). No kernels.
+ * persistent_stack_bwd.cuh: what the stack backward kernels share (#included by
+ * persistent_stack_bwd.cu, the one-block-a-16-units kernel, persistent_stack_bwd_pair.cu,
+ * the cluster-pair kernel, and persistent_stack_mma_bwd.cu, the tensor-core one: its cells,
+ * loads, cell loop and finish; rnnrt's loader inlines it). No kernels.
  *   SB_U, SB_BMAX, SB_TP, SB_CPT  units a block's pointwise owns, most batches (the width
  *                             of a dg^T row), the dg^T tile's row stride, cells a thread
  *   sb_cell_of                 the pointwise cells of a thread (the forward stack kernel's map)
  *   sb_cells_init              dh_rec and dc of the thread's cells from dh_n, dc_n
+ *   sb_load_step               the forward's values (gates, c_t, c_{t-1}) of a step's cells
+ *   sb_cells_bwd               a step's pointwise backward of the thread's cells, each gate
+ *                              gradient to a store the caller makes (the tensor-core kernel)
  *   sb_pointwise               a step's pointwise backward of the block's cells, its dg_t into
  *                              dgx and (transposed, k-major) into the layer's dg^T slot, and
  *                              the count that publishes it (the PK_TRACE points 0..2)
  *   sb_finish                  dh0, dc0, and the last block out zeroes the counters
- * Both kernels own the same units per block (J = [rank*16, rank*16 + 16) of layer l = block /
- * NB) and publish dg_t the same way; they differ in the product that follows (which k rows
- * and units of [R | W] a block multiplies). Design: docs/kernels.md ("The stack backward").
+ * The kernels own the same units per block (J = [rank*16, rank*16 + 16) of layer l = block /
+ * NB); the fp32 two publish dg_t the same way (sb_pointwise: a k-major dg^T scratch), the
+ * tensor-core one rounded to the storage type in dgx's rows (which its product stages as
+ * they lie); they differ in the product that follows (which k rows and units of [R | W] a
+ * block multiplies). Design: docs/kernels.md ("The stack backward", "The tensor-core stack
+ * backward").
  */
 #ifndef RNNRT_PERSISTENT_STACK_BWD_CUH
 #define RNNRT_PERSISTENT_STACK_BWD_CUH
@@ -54,6 +61,49 @@ __device__ __forceinline__ void sb_cells_init(int l, int B, int j0, const float*
     }
 }
 
+// The forward's values of step t for the thread's cells (sb_cell_of): the gates i, f, g, o,
+// c_t and c_{t-1}, streamed (nothing else reads them). Dead cells (b >= B) are left as they are.
+__device__ __forceinline__ void sb_load_step(int t, int B, int H, int j0, const float* act,
+                                             long long ldact, const float* c, long long ldc,
+                                             float (&gates)[SB_CPT][4], float (&cn)[SB_CPT],
+                                             float (&cp)[SB_CPT]) {
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        sb_cell_of(threadIdx.x, i, b, jj);
+        if (b >= B) continue;
+        const long long row = (long long)t * B + b;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) gates[i][q] = __ldcs(act + row * ldact + q * H + j0 + jj);
+        cn[i] = __ldcs(c + (row + B) * ldc + j0 + jj);
+        cp[i] = __ldcs(c + row * ldc + j0 + jj);
+    }
+}
+
+// The pointwise backward of step t of the thread's live cells: dh = dh_above (the layer
+// above's dg W, or dy: read through L2) + dh_rec, lstm_bwd's arithmetic, dc carried; each
+// gate gradient to out(row, b, jj)(q, v) as it is computed (cell_bwd.cuh's order; row = t*B
+// + b: out makes the cell's store, its addresses computed once a cell). The tensor-core
+// stack backward's (persistent_stack_mma_bwd.cu); sb_pointwise keeps the same loop inline
+// (this helper in its stead changed the fp32 kernels' PTX, at 254 registers of 255).
+template <class Out>
+__device__ __forceinline__ void sb_cells_bwd(int t, int B, int H, int j0, const float* dh_above,
+                                             long long lddhin, const float (&gates)[SB_CPT][4],
+                                             const float (&cn)[SB_CPT], const float (&cp)[SB_CPT],
+                                             const float (&dhrec)[SB_CPT],
+                                             float (&dcar)[SB_CPT], Out out) {
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        sb_cell_of(threadIdx.x, i, b, jj);
+        if ((PK_TIMING & 8) || b >= B) continue;
+        const long long row = (long long)t * B + b;
+        const float dh = __ldcg(dh_above + row * lddhin + j0 + jj) + dhrec[i];
+        dcar[i] = lstm_bwd_point(dh, dcar[i], gates[i][0], gates[i][1], gates[i][2],
+                                 gates[i][3], cn[i], cp[i], out(row, b, jj));
+    }
+}
+
 // The pointwise backward of step t (the s-th step: t = T-1-s) of the block's cells, then its
 // dg_t published: into dgx (row-major, streaming: only the dW GEMMs after the launch read
 // it), through the shared tile [4U][SB_TP] into the layer's dg^T slot t & 1 (k-major
@@ -72,17 +122,7 @@ __device__ __forceinline__ float* sb_pointwise(
     const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
     PS_NOTE(s, 0);
     float gates[SB_CPT][4], cn[SB_CPT], cp[SB_CPT];
-#pragma unroll
-    for (int i = 0; i < SB_CPT; ++i) {
-        int b, jj;
-        sb_cell_of(tid, i, b, jj);
-        if (b >= B) continue;
-        const long long row = (long long)t * B + b;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) gates[i][q] = __ldcs(act + row * ldact + q * H + j0 + jj);
-        cn[i] = __ldcs(c + (row + B) * ldc + j0 + jj);
-        cp[i] = __ldcs(c + row * ldc + j0 + jj);
-    }
+    sb_load_step(t, B, H, j0, act, ldact, c, ldc, gates, cn, cp);
     if (tid == 0 && above) ps_wait(above, done);
     __syncthreads();   // ... for every thread (and the last step's partial sums are read)
     PS_NOTE(s, 1);

@@ -55,7 +55,8 @@
  */
 #include "persistent_common.cuh"
 #include "persistent_stack.cuh"
-#include "mma_sync.cuh"
+// PSM_BMAX, PSM_KT, PSM_SX, PSM_RP, psm_k16, psm_flush (mma_sync.cuh with them):
+#include "persistent_stack_mma.cuh"
 
 // The block's cut. Block x is layer l = x / NB, rank x % NB (NB = H / U); it owns units
 // [rank*U, rank*U + U) of its layer with all 4 gate rows (M = 64 rows: row q*U + ju is gate
@@ -64,18 +65,10 @@
 // of each staged tile of PSM_KT = 64 columns it takes the 16 columns [16kg, 16kg + 16), all
 // 64 rows: 4 m16 x 4 n8 register tiles, 64 fp32 accumulators a lane.
 #define PSM_M 64                   // rows of a block: G*U (LSTM: 16 units x 4 gates)
-#define PSM_BMAX 64                // most batches
-#define PSM_KT 64                  // columns of a staged tile: one k16 step a k-group
 #ifndef PSM_NS
 #define PSM_NS 6                   // pipeline stages (tiles in flight: PSM_NS - 1)
 #endif
-#define PSM_SX (PSM_KT + 16)       // row stride (elements) of a staged tile's batch rows
-#define PSM_RP 68                  // row stride (floats) of a batch's partial sums
 #define PSM_CPT 4                  // pointwise cells a thread: U * B / PK_MAX_THREADS at most
-// Row strides of 16-bit rows read by 8-byte fragment loads: = 16 mod 64 elements (32 bytes
-// mod 128), so a half warp's loads (4 rows g x 4 lanes c, 32 bytes a row) cover the 32 banks
-// once; the W | R rows: 2H + 16 (H a multiple of 64), the tile: PSM_SX.
-static_assert(PSM_SX % 64 == 16, "conflict-free fragment loads of a tile");
 // Bytes of the stages, which the partial sums [2][PSM_BMAX][PSM_RP] (fp32) reuse after the K
 // loop: the larger of the two (the stages, but for the fewest stages a test builds)
 #define PSM_STAGE_BYTES (PSM_BMAX * PSM_SX * 2)
@@ -83,44 +76,6 @@ static_assert(PSM_SX % 64 == 16, "conflict-free fragment loads of a tile");
 #define PSM_BUF_BYTES (PSM_NS * PSM_STAGE_BYTES > PSM_RED_BYTES ? PSM_NS * PSM_STAGE_BYTES \
                                                                 : PSM_RED_BYTES)
 static_assert(PSM_NS >= 2, "a tile in flight while one is multiplied");
-
-// 8 bytes of shared memory at p (8-byte aligned) as two 32-bit registers: the lane's columns
-// k .. k+3 of one row, i.e. two packed pairs (k, k+1) and (k+2, k+3).
-struct psm_pair { unsigned int lo, hi; };
-__device__ __forceinline__ psm_pair psm_lds64(const unsigned short* p) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    return {v.x, v.y};
-}
-
-// acc[mt][nt] += A rows 16mt .. 16mt+15 (all 64) x stage batches b0 + 8nt .. +7 over the 16
-// columns at ka of A and kx of the stage. Fragment k order: a lane's pairs (4c, 4c+1) and
-// (4c+2, 4c+3) of the 16 columns stand in the PTX layout's slots (2c, 2c+1) and (2c+8,
-// 2c+9), for A and B alike: one bijection of the 16 columns onto the 16 slots, so the mma
-// sums the same 16 products, and each lane's fragment is ONE 8-byte load a row (the
-// layout's a0/a2, a1/a3, b0/b1 pairs). n8 tiles at or past B are skipped (warp-uniform).
-template <class TS>
-__device__ __forceinline__ void psm_k16(float (&acc)[4][4][4], const unsigned short* As,
-                                        int sa, int ka, const unsigned short* xs, int kx,
-                                        int b0, int B, int lane) {
-    if (PK_TIMING & 2) return;
-    const int g = lane >> 2, c4 = 4 * (lane & 3);
-    unsigned int bf[4][2];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-        const psm_pair v = psm_lds64(xs + (b0 + 8 * nt + g) * PSM_SX + kx + c4);
-        bf[nt][0] = v.lo;
-        bf[nt][1] = v.hi;
-    }
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-        const psm_pair r0 = psm_lds64(As + (16 * mt + g) * sa + ka + c4);
-        const psm_pair r8 = psm_lds64(As + (16 * mt + g + 8) * sa + ka + c4);
-        const unsigned int a[4] = {r0.lo, r8.lo, r0.hi, r8.hi};
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-            if (b0 + 8 * nt < B) pk_mma16816<TS>(acc[mt][nt], a, bf[nt]);
-    }
-}
 
 // One layer-block of the stack. Views as the header's; layer l's rows: h and c at
 // ((l*(T+1) + s)*B + b), act at ((l*T + t)*B + b), W / R / biases at row l.
@@ -241,12 +196,7 @@ __device__ __forceinline__ void persistent_stack_mma_fwd(
         __syncwarp();
         for (int n = 0; n < PSM_NS - 1; ++n) issue(n, in, hp);
         float acc[4][4][4];
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+        psm_zero(acc);
         for (int n = 0; n < NT; ++n) {
             pk_cp_wait<PSM_NS - 2>();   // tile n landed (this lane's part) ...
             if (lane == 0 && t > 0 && n == own_at) ps_wait(mine, own_n);
@@ -258,29 +208,8 @@ __device__ __forceinline__ void persistent_stack_mma_fwd(
         }
         pk_cp_wait<0>();
         __syncthreads();   // every tile is read: the stages become the partial sums
-        // Four k-groups into two partial sums: k-groups 2, 3 store, 0, 1 add theirs (red[m]
-        // = p_m + p_{m+2}). red[m][b][row], row stride PSM_RP: a warp's stores of one
-        // register (rows g, batches 2c: offsets 136c + g) hit 32 different banks.
-        for (int pass = 0; pass < 2; ++pass) {
-            if ((kg >= 2) == (pass == 0) && b0 < B) {
-                float* const r0 = red + (kg & 1) * PSM_BMAX * PSM_RP;
-                const int g = lane >> 2, c2 = 2 * (lane & 3);
-#pragma unroll
-                for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < 4; ++nt) {
-                        if (b0 + 8 * nt >= B) continue;
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const int row = 16 * mt + g + 8 * (i >> 1);
-                            const int b = b0 + 8 * nt + c2 + (i & 1);
-                            float* const p = r0 + b * PSM_RP + row;
-                            *p = pass == 0 ? acc[mt][nt][i] : *p + acc[mt][nt][i];
-                        }
-                    }
-            }
-            __syncthreads();
-        }
+        // Four k-groups into two partial sums red[m] = p_m + p_{m+2}
+        psm_flush(acc, red, kg, b0, B, lane);
 
         // The pointwise update of this thread's cells: gate sums red[0] + red[1], then
         // (sum + b_ih) + b_hh, then lstm_fwd's arithmetic. Only h is read by other blocks in

@@ -181,3 +181,22 @@ def run_gpu_backward_case(cp, ctx, key, executor, data, runs=2):
         cp.cuda.Device().synchronize()
         outs.append({name: ws.read(name).get() for name in outputs})
     return outs
+
+
+def launch_stack_fit(cp, fit, d_outs, d_ins, scalars, dtype="float32"):
+    """Launch ``fit``'s stack kernel once on CuPy arrays (outputs, then inputs: [rows, ld]
+    each, the registry's order) with its int ``scalars`` by name, at precision ``dtype`` (a
+    typed kernel's instantiation), the device synchronized before and after (the poison
+    fills run on CuPy's current stream)."""
+    from rnnrt.kernels.library import KernelLibrary
+    from rnnrt.kernels.registry import get_kernel
+    info = get_kernel(fit.kernel)
+    raw = KernelLibrary().with_shared(fit.kernel, fit.smem_bytes, dtype)
+    args = [np.int32(fit.batch), np.int32(fit.hidden)]
+    for a in list(d_outs) + list(d_ins):
+        args += [a, np.int32(a.shape[1])]
+    args += [np.int32(scalars[n]) for n in info.scalars]
+    cp.cuda.Device().synchronize()
+    raw(fit.grid, fit.block, tuple(args), shared_mem=fit.smem_bytes)
+    cp.cuda.Device().synchronize()
+

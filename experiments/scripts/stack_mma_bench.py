@@ -11,12 +11,24 @@ the rung: the fused cuBLAS schedule), y checked against the float64 rounding-awa
 worst element reported), and cuDNN's y against the same reference (its error beside ours);
 then each timed with CUDA events (warm-up, median of --repeats).
 
+--backward: a training step (forward + backward, graph executor) instead, each schedule
+checked first (dx, dh0, dc0 and every weight and bias gradient against the rounding-aware
+float64 reference.backward, the worst element reported) then timed: the tensor-core stack
+forward with the tensor-core stack backward ('stack+sbwd': PlanKey.backward 'stack', the
+plan's fit must be lstm_persistent_stack_mma_bwd's, else the point is recorded declined),
+with the per-step backward ('stack+step': what backward None runs) and with the typed FMA
+per-layer grid backward ('stack+grid': what 'stack+pbwd' ran at 16 bits before the
+tensor-core stack backward), the cuBLAS rung's training step, and cuDNN's forward + backward
+(torch autograd, y, h_n, c_n all given gradients) at the same precision.
+
 Usage (GPU, repo root): PYTHONPATH=$PWD python experiments/scripts/stack_mma_bench.py
   --out DIR [--dtypes bfloat16,float16] [--shapes 4x512x64x100,...] [--repeats 20]
-  [--no-cudnn]   (a shape: LxHxBxT, input size = hidden)
+  [--no-cudnn] [--backward]   (a shape: LxHxBxT, input size = hidden)
 Prints a table last; writes DIR/stack-bench-mma-<device>-<stamp>.json (kind
 'stack_mma_bench': device, versions, one row per point: ms of the stack kernel, the rung and
-cuDNN, the ratios, each one's error against the reference, the fit).
+cuDNN, the ratios, each one's error against the reference, the fit); with --backward
+DIR/stack-bench-mma-fwdbwd-<device>-<stamp>.json (the same kind, "mode": "fwdbwd": ms of a
+training step of each schedule, its check, its backward plan's fit).
 """
 from __future__ import annotations
 
@@ -72,12 +84,18 @@ def stack_point(cp, m, dtype, x, y_ref, repeats) -> dict:
     return out
 
 
-def cudnn_point(m, dtype, x, y_ref, repeats) -> dict | None:
+def cuda_torch():
+    """torch where it imports with CUDA, else None (cuDNN's points are then left out)."""
     try:
         import torch
     except ImportError:
         return None
-    if not torch.cuda.is_available():
+    return torch if torch.cuda.is_available() else None
+
+
+def cudnn_point(m, dtype, x, y_ref, repeats) -> dict | None:
+    torch = cuda_torch()
+    if torch is None:
         return None
     from rnnrt.bench.cudnn import TORCH_DTYPES, torch_module
     from rnnrt.bench.timing import time_torch
@@ -97,7 +115,12 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="4x512x64x100", help="LxHxBxT, comma separated")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-cudnn", action="store_true")
+    ap.add_argument("--backward", action="store_true",
+                    help="time training steps (forward + backward) instead")
     args = ap.parse_args(argv)
+    if args.backward:
+        from stack_mma_bwd_bench import main_backward   # this folder: sys.path[0]
+        return main_backward(cp, args)
     rows = []
     for spec in args.shapes.split(","):
         L, H, B, T = map(int, spec.lower().split("x"))

@@ -9,18 +9,21 @@ the kernel's fit and the steps one launch covers (a multi-layer
 cluster plan runs each layer in chunks that overlap the layers beside it along the reverse
 wavefront: ``backward_steps_per_launch``), or why the plan keeps the per-step backward.
 Where the forward runs the stack kernel (every layer in one launch) and the stack backward
-fits (``stack_bwd.stack_bwd_fit``), 'persistent' and 'stack' take the stack backward: every
-layer's chain in one launch (``stack_backward``).
+fits (``stack_bwd.stack_bwd_fit``; after the tensor-core stack forward, at bfloat16 / float16,
+the tensor-core stack backward: ``stack_mma_bwd.stack_mma_bwd_fit``), 'persistent' and
+'stack' take the stack backward: every layer's chain in one launch (``stack_backward``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from .mma import MMA_DTYPES
 from .mma_bwd import mma_bwd_fit
 from .persistent_bwd import BwdFit, persistent_bwd_fit
 from .regs_bwd import regs_bwd_fit
 from .stack_bwd import StackBwdFit, stack_bwd_fit
+from .stack_mma_bwd import stack_mma_bwd_fit
 
 if TYPE_CHECKING:   # choice.py imports this module: its Shape only for the annotations
     from .choice import Shape
@@ -83,21 +86,37 @@ def backward_steps_per_launch(key, fit: BwdFit) -> int:
 def stack_backward(key) -> tuple[StackBwdFit | None, str]:
     """(the stack backward's fit where it runs for ``key``, else None; why not): it runs
     where the key's forward runs the stack kernel (kernels/choice.py ``choose_persistent``:
-    it reads the act and c that kernel saved, all layers in one buffer each) and
-    ``stack_bwd_fit`` accepts the shape."""
+    it reads the act and c that kernel saved, all layers in one buffer each) and the stack
+    backward of the forward's family accepts the shape: after the fp32 stack kernel
+    ``stack_bwd_fit``, after the tensor-core one (bfloat16 / float16) ``stack_mma_bwd_fit``
+    (the tensor-core stack backward, in cluster pairs)."""
     from .choice import choose_persistent   # choice.py imports this module at its top
     if not key.switches.persistent:
         return None, "the forward runs no persistent kernel (the persistent switch is off)"
     fwd = choose_persistent(key)
     if fwd.stack is None:
         return None, f"the forward does not run the stack kernel ({fwd.describe()})"
-    if fwd.stack.storage_io:   # the tensor-core stack forward (bf16 / fp16 keys)
-        return None, (f"the stack backward runs float32 only; the {key.dtype} forward ran "
-                      f"{fwd.stack.kernel}, whose h (storage type), c and act the per-layer "
-                      f"backward reads")
-    fit = stack_bwd_fit(key.cell, key.hidden_size, key.batch, key.num_layers, key.input_size,
-                        key.device.props(), steps=key.steps)
+    fit = _stack_backward_fit(key.cell, key.hidden_size, key.batch, key.num_layers,
+                              key.input_size, key.device.props(), key.dtype, key.steps,
+                              fwd.stack.storage_io)
     return (fit, "") if fit.ok else (None, fit.reason)
+
+
+def _after_stack_forward(key) -> bool:
+    """Whether ``key``'s forward runs a stack kernel (kernels/choice.py choose_persistent)."""
+    from .choice import choose_persistent   # choice.py imports this module at its top
+    return bool(key.switches.persistent and choose_persistent(key).stack is not None)
+
+
+def _stack_backward_fit(cell, hidden, batch, layers, input_size, props, dtype, steps,
+                        tensor_cores: bool) -> StackBwdFit:
+    """The stack backward's fit after a stack forward: the tensor-core one after the
+    tensor-core forward (``tensor_cores``: the key's precision is bfloat16 / float16), else
+    the fp32 one."""
+    if tensor_cores:
+        return stack_mma_bwd_fit(cell, hidden, batch, layers, input_size, props, dtype,
+                                 steps=steps)
+    return stack_bwd_fit(cell, hidden, batch, layers, input_size, props, steps=steps)
 
 
 def choose_persistent_backward(key) -> BackwardChoice:
@@ -117,6 +136,7 @@ def choose_persistent_backward(key) -> BackwardChoice:
     backward (``regs_backward``), whatever the forward runs."""
     if key.backward == "regs":
         return regs_backward(key)
+    note = ""   # why the plan's backward is not the one its forward's family would take
     # a cluster count (PlanKey.bwd_clusters) names the cluster kernel
     if key.backward == "stack" or (key.backward == "persistent" and key.bwd_clusters is None):
         st, why = stack_backward(key)
@@ -125,15 +145,17 @@ def choose_persistent_backward(key) -> BackwardChoice:
         if key.backward == "stack":
             return BackwardChoice(None, f"stack backward declined on {key.device.name}: {why}; "
                                         f"ran the per-step backward")
+        if _after_stack_forward(key):   # the stack forward ran, its backward declines
+            note = f"; stack backward not used: {why}"
     kind = None if key.backward == "persistent" else key.backward
     clusters = key.bwd_clusters   # PlanKey refuses it with 'grid' and 'stack'
     if clusters is not None:
         kind = "cluster"
-    note = ""
     if key.family == "mma" and kind is None:
-        mma, note = mma_backward(key)
+        mma, mma_note = mma_backward(key)
         if mma is not None:
             return mma
+        note += mma_note
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                              kind=kind, clusters=clusters, layers=overlapping_layers(key))
     why = _declines(fit, key.steps)
@@ -194,7 +216,9 @@ def backward_fit(shape: "Shape", device) -> BwdFit:
 
 def prefers_stack_backward(shape: "Shape", device) -> bool:
     """For a training shape whose forward runs the stack kernel: the stack backward (every
-    layer's chain in one launch) wherever it fits. Measured on the H100 (LSTM L4, T 100,
+    layer's chain in one launch) wherever it fits: at float32 the fp32 stack backward, at
+    bfloat16 / float16 the tensor-core one (stack_mma_bwd.py: not yet measured, issue 24; the
+    selector's candidates time it first, the per-layer backward after). Measured on the H100 (LSTM L4, T 100,
     fwd+bwd, the selector's candidates; the cluster-pair kernel with its 32-batch path,
     `sweep/sweep-wide-l4-h256-512-b8-32-pair32-...-20261128T020139.jsonl`,
     `sweep-wide-l4-h128-512-b8-64-stackpairs-...-20261128T014229.jsonl`): stack+pbwd against
@@ -207,11 +231,14 @@ def prefers_stack_backward(shape: "Shape", device) -> bool:
 
 
 def stack_backward_fits(shape: "Shape", device) -> bool:
-    """Whether the stack backward runs ``shape``'s training pass after a stack forward (fp32
-    only: after the tensor-core stack forward, bf16 / fp16, ``stack_backward`` declines it)."""
-    return bool(shape.train and not shape.varlen and shape.dtype == "float32" and stack_bwd_fit(
-        shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
-        device.props(), steps=shape.steps).ok)
+    """Whether the stack backward runs ``shape``'s training pass after a stack forward: at
+    float32 the fp32 stack backward's fit, at bfloat16 / float16 the tensor-core stack
+    backward's (after the tensor-core stack forward); tf32 runs no stack kernel."""
+    if not shape.train or shape.varlen or shape.dtype not in ("float32",) + MMA_DTYPES:
+        return False
+    return bool(_stack_backward_fit(shape.cell, shape.hidden, shape.batch, shape.layers,
+                                    shape.input_size, device.props(), shape.dtype,
+                                    shape.steps, shape.dtype != "float32").ok)
 
 
 CUBLAS_BWD_STEP_US = 9.2

@@ -3,8 +3,8 @@
 ``REGISTRY`` is the one list of kernels; ``KERNELS`` (by name) and everything else derive
 from it. Each kernel lives in a file of cuda_src/ whose header lists it with its arguments
 (a test holds registry, headers and code to each other), and has a NumPy twin
-(``twins.py``; the persistent kernels' in ``emulate.py``, ``stack.py``, ``stack_mma.py`` and
-``stack_bwd.py``).
+(``twins.py``; the persistent kernels' in ``emulate.py``, ``stack.py``, ``stack_mma.py``,
+``stack_bwd.py`` and ``stack_mma_bwd.py``).
 
 Calling convention, uniform for every kernel (as registered: fp32; every non-persistent
 kernel also has a typed twin with one element type per pointer, fp32 / bf16 / fp16, which a
@@ -45,6 +45,7 @@ from . import solo
 from . import stack
 from . import stack_bwd
 from . import stack_mma
+from . import stack_mma_bwd
 from . import twins as knp
 
 POINTWISE_BLOCK = 256
@@ -352,6 +353,16 @@ REGISTRY += _STACK_BWD + (
     replace(_STACK_BWD[0], name=stack_bwd.STACK_BWD_PAIR_KERNEL,
             file="persistent_stack_bwd_pair.cu",
             numpy_fn=stack_bwd.lstm_persistent_stack_bwd_pair),
+)
+
+# the tensor-core stack backward (stack_mma_bwd.py): the stack backward's arguments without its
+# scratch (dg_t is staged from dgx); bf16 / fp16 instantiations only (typed.py), dgx in the
+# storage type
+REGISTRY += (
+    replace(_STACK_BWD[0], name=stack_mma_bwd.STACK_MMA_BWD_KERNEL,
+            file="persistent_stack_mma_bwd.cu",
+            numpy_fn=stack_mma_bwd.lstm_persistent_stack_mma_bwd,
+            outs=_STACK_BWD[0].outs[:6]),
 )
 
 # the persistent backward kernels: one layer's recurrent chain, all T steps, last first

@@ -91,6 +91,9 @@ class StackBwdFit(StackFit):
     pair: bool = False   # the cluster-pair kernel (else one block a 16 units' product)
 
     label = "stack backward"
+    # whether the kernel copies dg_t into a k-major scratch (the dgt argument: the fp32
+    # kernels; the tensor-core one, stack_mma_bwd.py, stages dgx's rows) (not a field)
+    dg_scratch = True
 
     @property
     def kernel(self) -> str:
@@ -113,13 +116,15 @@ def stack_bwd_pair_smem_bytes(hidden: int, stages: int = SP_NS, bulk: bool = Fal
     return 4 * (2 * int(hidden) * SP_PU + int(stages) * SP_STAGE + SP_RECV + bars)
 
 
-def pair_decline(hidden: int, layers: int, props: dict) -> str | None:
-    """Why the cluster-pair kernel does not run a stack of ``layers`` layers of ``hidden``
-    units on the device of ``props`` (None: it does): thread-block clusters (compute
-    capability 9.0+), whole pairs a layer (H / 16 even), every pair resident at once (pairs
-    <= (SMs - PAIR_SM_SLACK) / 2), its shared memory."""
+def pair_decline(hidden: int, layers: int, props: dict, smem: int | None = None,
+                 regs: int = SB_REGS) -> str | None:
+    """Why a cluster-pair stack backward kernel does not run a stack of ``layers`` layers of
+    ``hidden`` units on the device of ``props`` (None: it does): thread-block clusters
+    (compute capability 9.0+), whole pairs a layer (H / 16 even), every pair resident at once
+    (pairs <= (SMs - PAIR_SM_SLACK) / 2), its shared memory (``smem`` bytes a block: the fp32
+    pair kernel's by default; ``regs``: its registers a thread, for the budget)."""
     H, L = int(hidden), int(layers)
-    dev = DeviceBudget(props, SB_REGS, PK_MAX_THREADS, threads=PK_MAX_THREADS)
+    dev = DeviceBudget(props, regs, PK_MAX_THREADS, threads=PK_MAX_THREADS)
     nb = ceil_div(H, SB_U)
     if int(props.get("major", 0)) < 9:
         return (f"compute capability {props.get('major')}.{props.get('minor', 0)} has no "
@@ -130,7 +135,7 @@ def pair_decline(hidden: int, layers: int, props: dict) -> str | None:
     if L * nb // 2 > cap:
         return (f"{L * nb // 2} pairs > {cap} resident at once ((SMs - {PAIR_SM_SLACK}) / 2: "
                 f"a pair lives on one GPC)")
-    smem = stack_bwd_pair_smem_bytes(H)
+    smem = stack_bwd_pair_smem_bytes(H) if smem is None else int(smem)
     if smem > dev.limit:
         return f"{smem} bytes of shared memory > {dev.limit} a block can have"
     return None
@@ -236,25 +241,44 @@ def pair_product(dg, M):
 
 
 def _stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dtype):
-    """The stack backward kernels' schedule in NumPy, ``prod(dg, M)`` their sum over k."""
+    """The fp32 stack backward kernels' schedule in NumPy, ``prod(dg, M)`` their sum over k."""
     if dtype != "float32":   # kernels/choice_backward.py declines it
         raise ValueError(f"{name}: fp32 only, got dtype {dtype!r}")
-    B, H = int(rows), int(cols)
     dgx, dhin, dx, dh0, dc0, sync, dgt = outs
+    dgts = dgt.reshape(int(L), 2, 4 * int(cols), dgt.shape[-1])
+
+    def publish(n, t, dg):   # the k-major scratch slot t & 1 of layer n
+        dgts[n, t & 1, :, :int(rows)] = dg.T
+    stack_bwd_schedule(name, prod, rows, cols, (dgx, dhin, dx, dh0, dc0, sync), ins, T, L,
+                       units_per_block, publish=publish)
+
+
+def stack_bwd_schedule(name, prod, rows, cols, outs, ins, T, L, units_per_block,
+                       store=None, publish=None):
+    """The stack backward kernels' schedule in NumPy (every stack backward's twin runs it):
+    steps T-1 .. 0, each layer from the top (the reverse wavefront), lstm_bwd's arithmetic on
+    dh_above + dh_rec, dg_t as stored (``store(dg)``: the storage type's rounding, or none),
+    then ``prod(dg, R)`` and ``prod(dg, W)``, the kernel's sums over k (W and R as the kernel
+    reads them: ``store`` applied once). outs (dgx [L*T*B, 4H], dhin [L*T*B, H], dx [T*B, H],
+    dh0 [L*B, H], dc0 [L*B, H], sync [1, 2L]), ins (dh_n, dc_n [L*B, H], act [L*T*B, 4H], c
+    [L*(T+1)*B, H], w_ih, w_hh [L, 4*H*H]). ``publish(layer, t, dg)``: where the kernel also
+    copies dg_t (the fp32 kernels' k-major scratch)."""
+    B, H = int(rows), int(cols)
+    dgx, dhin, dx, dh0, dc0, sync = outs
     dh_n, dc_n, act, c, w_ih, w_hh = ins
     if np.any(np.asarray(sync) != 0):
         raise ValueError(f"{name}: the sync counters must be zero on entry, got "
                          f"{np.asarray(sync).ravel().tolist()}")
     if int(units_per_block) != SB_U:
         raise ValueError(f"{name}: units_per_block {units_per_block} != {SB_U}")
+    store = store or (lambda a: a)
     K = 4 * H
-    Ws = [np.asarray(w_ih[n]).reshape(K, H) for n in range(L)]
-    Rs = [np.asarray(w_hh[n]).reshape(K, H) for n in range(L)]
+    Ws = [store(np.asarray(w_ih[n]).reshape(K, H)) for n in range(L)]
+    Rs = [store(np.asarray(w_hh[n]).reshape(K, H)) for n in range(L)]
     dgxs = dgx.reshape(L, T, B, K)
     dhins = dhin.reshape(L, T, B, H)
     acts = np.asarray(act).reshape(L, T, B, K)
     cs = np.asarray(c).reshape(L, T + 1, B, H)
-    dgts = dgt.reshape(L, 2, K, dgt.shape[-1])
     dhrec = [np.array(dh_n[n * B:(n + 1) * B]) for n in range(L)]
     dc = [np.array(dc_n[n * B:(n + 1) * B]) for n in range(L)]
     for t in reversed(range(T)):
@@ -263,8 +287,10 @@ def _stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dt
             knp.lstm_bwd(B, H, (dgxs[n, t], dc_prev),
                          (dhins[n, t], dhrec[n], dc[n], acts[n, t], cs[n, t + 1], cs[n, t]))
             dc[n] = dc_prev
+            dgxs[n, t] = store(dgxs[n, t])
             dg = dgxs[n, t]
-            dgts[n, t & 1, :, :B] = dg.T
+            if publish is not None:
+                publish(n, t, dg)
             dhrec[n] = prod(dg, Rs[n])
             down = dhins[n - 1, t] if n else dx.reshape(T, B, H)[t]
             down[...] = prod(dg, Ws[n])

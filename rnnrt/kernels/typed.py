@@ -13,8 +13,8 @@ precision instead (``persistent_expression``): ``K_t<TS, TF32>``, TS the storage
 sequences their product reads (h, dg), TF32 whether it reads its operands TF32-rounded; a
 float32 key runs the ``extern "C"`` kernel. The fp32 stack and register-resident kernels are fp32
 only; the tensor-core grid kernels (persistent_mma.cu, and the backward's
-persistent_mma_bwd.cu) and the tensor-core stack kernel (persistent_stack_mma.cu) are bf16 /
-fp16 only (``MMA_FILES``).
+persistent_mma_bwd.cu) and the tensor-core stack kernels (persistent_stack_mma.cu, its
+backward persistent_stack_mma_bwd.cu) are bf16 / fp16 only (``MMA_FILES``).
 """
 from __future__ import annotations
 
@@ -93,9 +93,11 @@ def persistent_expression(name: str, dtype) -> str | None:
 
 TYPED_PERSISTENT_FILES = ("persistent.cu", "persistent_bwd.cu")
 """The files whose persistent kernels have typed instantiations."""
-MMA_FILES = ("persistent_mma.cu", "persistent_mma_bwd.cu", "persistent_stack_mma.cu")
+MMA_FILES = ("persistent_mma.cu", "persistent_mma_bwd.cu", "persistent_stack_mma.cu",
+             "persistent_stack_mma_bwd.cu")
 """The files whose persistent kernels are typed instantiations only, at MMA_DTYPES (the
-tensor-core grid kernels and the tensor-core stack kernel: no ``extern "C"`` fp32 kernel)."""
+tensor-core grid kernels and the tensor-core stack kernels, forward and backward: no
+``extern "C"`` fp32 kernel)."""
 MMA_DTYPES = ("bfloat16", "float16")
 
 

@@ -4,7 +4,9 @@ kernels/choice_backward.py's ``choose_persistent_backward`` gives the stack back
 (kernels/stack_bwd.py). backward_persistent.py's ``backward_builder`` hands such keys here.
 
 Tasks:
-  ('sbwd',)     one launch of lstm_persistent_stack_bwd on layer 0's recurrence stream: every
+  ('sbwd',)     one launch of the stack backward on layer 0's recurrence stream (the fit's
+                kernel: lstm_persistent_stack_bwd or its cluster-pair form at float32, the
+                tensor-core lstm_persistent_stack_mma_bwd at bfloat16 / float16): every
                 layer's recurrent chain, steps T-1 .. 0, along the reverse wavefront, with
                 the gradient into each layer's input inside it (dg_t W_l: into the layer
                 below's dhin rows, layer 0's into dx); it reads the stack forward's act and c
@@ -15,8 +17,10 @@ Tasks:
                 layers' GEMMs overlap one another.
 Buffers: the forward's (the stack kernel's h, c, act, wt, ht), plus (sizes in elements)
   dhin  [L, T, B, H]   the gradient from above into each layer's h_{t+1}; layer L-1's = dy
-  dgx   [L, T, B, G*H] every layer's gate gradients ('store': the dW GEMMs read them)
-  dgt   [L, 2, G*H, 64] the kernel's scratch: dg_t^T k-major, two slots a layer
+  dgx   [L, T, B, G*H] every layer's gate gradients ('store': the dW GEMMs read them; the
+                       tensor-core kernel stages its product's dg_t from them)
+  dgt   [L, 2, G*H, 64] the fp32 kernels' scratch: dg_t^T k-major, two slots a layer (the
+                       tensor-core kernel has none: StackBwdFit.dg_scratch)
   dhn, dcn [L, B, H]   the inputs dh_n, dc_n; dh0, dc0 [L, B, H] the outputs
   bsync [2L] unsigned  the kernel's progress counters (zero between launches)
   dx [T, B, I], grads, ones   as backward.py's
@@ -53,9 +57,10 @@ class StackBackwardBuilder(BackwardBuilder):
         T, B, H, L, GH = self.Tc, self.B, self.H, self.L, self.GH
         state = L * B * H
         bufs = list(self.forward_buffers())
-        bufs += [Buffer("dhin", L * T * B * H, "io"), Buffer("dgx", L * T * B * GH, "scratch"),
-                 Buffer("dgt", L * 2 * GH * SB_BMAX, "scratch"),
-                 Buffer("dhn", state, "io"), Buffer("dcn", state, "io"),
+        bufs += [Buffer("dhin", L * T * B * H, "io"), Buffer("dgx", L * T * B * GH, "scratch")]
+        if self.sfit.dg_scratch:   # the fp32 kernels' k-major dg^T (the tensor-core one has none)
+            bufs.append(Buffer("dgt", L * 2 * GH * SB_BMAX, "scratch"))
+        bufs += [Buffer("dhn", state, "io"), Buffer("dcn", state, "io"),
                  Buffer("dh0", state, "io"), Buffer("dc0", state, "io"),
                  Buffer("bsync", SYNC_WORDS * L, "sync", "uint32"),
                  Buffer("dx", T * B * self.key.input_size, "io"),
@@ -78,13 +83,15 @@ class StackBackwardBuilder(BackwardBuilder):
         dhin = View("dhin", 0, n, H, H)
         outs = (View("dgx", 0, n, GH, GH), dhin, View("dx", 0, T * B, H, H),
                 View("dh0", 0, state, H, H), View("dc0", 0, state, H, H),
-                View("bsync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L),
-                View("dgt", 0, 8 * L * H, SB_BMAX, SB_BMAX))
+                View("bsync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L))
+        if fit.dg_scratch:
+            outs += (View("dgt", 0, 8 * L * H, SB_BMAX, SB_BMAX),)
         ins = (View("dhn", 0, state, H, H), View("dcn", 0, state, H, H),
                self.seq("act", 0, 0, n, GH), self.seq("c", 0, 0, L * (T + 1) * B, H),
                self.stack_param_rows("weight_ih", GH * H),
                self.stack_param_rows("weight_hh", GH * H))
-        # dhin: the top layer's rows (dy) are read, the others written
+        # dhin: the top layer's rows (dy) are read, the others written; dgx (the tensor-core
+        # kernel) is read too, but only what it wrote in this launch
         dy = self.layer_rows("dhin", L - 1, 0, T * B, H)
         below = View("dhin", 0, (L - 1) * T * B, H, H)
         known = fit.scalars(T)

@@ -99,8 +99,8 @@ def test_stack_bwd_kernels_equal_their_twins(cp, pairs, B):
     every output equals its NumPy twin's (the kernel's sum order; FMA contraction within a
     k-group aside) and the counters are back to zero."""
     from rnnrt.check import compare
-    from rnnrt.kernels.library import KernelLibrary
     from rnnrt.kernels.registry import get_kernel
+    from testkit import launch_stack_fit
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     T, H, L = 6, 128, 3
     fit = stack_bwd.stack_bwd_fit("lstm", H, B, L, H, props, steps=T, pairs=pairs)
@@ -114,14 +114,7 @@ def test_stack_bwd_kernels_equal_their_twins(cp, pairs, B):
     outs[5] = np.zeros(outs_s[5], np.uint32)                                # sync
     outs[1].reshape(L, T * B, H)[L - 1] = rng.standard_normal((T * B, H))   # the top's dy
     d_outs, d_ins = [cp.asarray(a) for a in outs], [cp.asarray(a) for a in ins]
-    raw = KernelLibrary().with_shared(fit.kernel, fit.smem_bytes)
-    args = [np.int32(B), np.int32(H)]
-    for a in d_outs + d_ins:
-        args += [a, np.int32(a.shape[1])]
-    args += [np.int32(scal[n]) for n in info.scalars]
-    cp.cuda.Device().synchronize()
-    raw(fit.grid, fit.block, tuple(args), shared_mem=fit.smem_bytes)
-    cp.cuda.Device().synchronize()
+    launch_stack_fit(cp, fit, d_outs, d_ins, scal)
     info.numpy_fn(B, H, outs, ins, **scal)
     for n, name in enumerate(("dgx", "dhin", "dx", "dh0", "dc0")):
         r = compare(cp.asnumpy(d_outs[n]), outs[n], 1e-5, 1e-4, name=f"{fit.kernel} {name}")

@@ -46,6 +46,20 @@ def _ran(plan):
     return {op.name for op in plan.ops if getattr(op, "kind", "") == "persistent"}
 
 
+def rung_outputs(cp, ctx, shape, dtype, case, train=False):
+    """rung(name): output ``name`` of the cuBLAS rung's pass at ``shape`` and ``dtype`` on
+    ``case`` (graph executor), run once on the first call (close_as_the_rungs' yardstick)."""
+    got = {}
+
+    def rung(name):
+        if not got:
+            T, B, I, H, L = shape
+            rkey = PlanKey("lstm", T, B, I, H, L, True, RUNG, train=train, dtype=dtype)
+            got.update(run_graph(cp, ctx, rkey, case)[0])
+        return got[name]
+    return rung
+
+
 def _forward(cp, ctx, shape, dtype):
     """(outputs, reference, the case) of the stack family's forward at ``shape``; the plan
     must run the tensor-core stack kernel alone."""
@@ -69,14 +83,7 @@ def _forward(cp, ctx, shape, dtype):
 def test_stack_mma_against_the_rounding_aware_reference(cp, ctx, dtype, shape):
     got, case, what = _forward(cp, ctx, shape, dtype)
     ref, p = case[4], get_precision(dtype)
-    rung_got = {}
-
-    def rung(name):
-        if not rung_got:
-            T, B, I, H, L = shape
-            rkey = PlanKey("lstm", T, B, I, H, L, True, RUNG, dtype=dtype)
-            rung_got.update(run_graph(cp, ctx, rkey, case)[0])
-        return rung_got[name]
+    rung = rung_outputs(cp, ctx, shape, dtype, case)
     for name in ("y", "h_n", "c_n"):
         assert not np.isnan(got[name]).any(), f"{what} {name}: NaN left (poison unwritten)"
         c = compare(got[name], ref[name], p.atol, p.rtol, name=f"{what} {name}")
@@ -99,8 +106,8 @@ def test_stack_mma_is_bitwise_repeatable(cp, ctx, dtype):
 
 @pytest.mark.parametrize("backward", [None, "persistent"])
 def test_training_after_the_stack_mma_forward(cp, ctx, backward):
-    """Forward + backward at bfloat16: the per-step backward (backward None) or the per-layer
-    persistent one (the stack backward is fp32 only: choice_backward declines it) on the h,
+    """Forward + backward at bfloat16: the per-step backward (backward None) or, with
+    'persistent', the tensor-core stack backward (tests/gpu/test_gpu_stack_mma_bwd.py) on the h,
     c and act the tensor-core stack saved, against the reference gradients."""
     from rnnrt.plan import forward_plan
     from rnnrt.plan.backward import backward_plan
@@ -112,14 +119,7 @@ def test_training_after_the_stack_mma_forward(cp, ctx, backward):
     layout, ref = case[0], case[4]
     p = get_precision(dtype)
     got, _, _ = run_graph(cp, ctx, key, case)
-    rung_got = {}
-
-    def rung(name):
-        if not rung_got:
-            T, B, I, H, L = shape
-            rkey = PlanKey("lstm", T, B, I, H, L, True, RUNG, train=True, dtype=dtype)
-            rung_got.update(run_graph(cp, ctx, rkey, case)[0])
-        return rung_got[name]
+    rung = rung_outputs(cp, ctx, shape, dtype, case, train=True)
     what = f"stack mma fwd + {backward or 'per-step'} bwd"
     for name in ("y", "h_n", "c_n", "dx", "dh0", "dc0"):
         close_as_the_rungs(got[name], ref[name], p, f"{what} {name}", lambda n=name: rung(n))

@@ -14,7 +14,8 @@
 // test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
 // emulated over the warp's exchange buffer) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
 // the tensor-core backward kernels, likewise) and test_kernels_stack_mma.py
-// (PK_SIM_STACK_MMA: the tensor-core stack kernel, likewise)
+// (PK_SIM_STACK_MMA: the tensor-core stack kernel, likewise) and
+// test_kernels_stack_mma_bwd.py (PK_SIM_STACK_MMA_BWD: its backward, in cluster pairs)
 // (g++ -std=c++20 -pthread); not part of rnnrt.
 // The cluster kernels (CLUSTER > 0: blocks x of one cluster are x / CLUSTER alike): their
 // barrier is a std::barrier over the cluster's threads, and a store into another block's
@@ -374,7 +375,8 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
     for (auto& t : ts) t.join();
 }
 
-#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD) || defined(PK_SIM_STACK_MMA)
+#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD) || defined(PK_SIM_STACK_MMA) || \
+    defined(PK_SIM_STACK_MMA_BWD)
 #include "persistent_host_sim_stack.h"   // the stack kernels' mains
 #elif defined(PK_SIM_BWD)
 // The per-layer backward kernels (persistent_bwd.cu), one layer:

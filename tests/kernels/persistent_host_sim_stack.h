@@ -1,8 +1,10 @@
 // The stack kernels' mains of persistent_host_sim.cpp (included by it, after its
 // primitives, helpers and launch(); see its header): PK_SIM_STACK, the forward stack kernel,
-// PK_SIM_STACK_BWD, the stack backward, and PK_SIM_STACK_MMA, the tensor-core stack kernel.
-#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD) || defined(PK_SIM_STACK_MMA)
-// The arguments both mains open with: B H T L U SMEM_BYTES LAUNCHES DIR
+// PK_SIM_STACK_BWD, the stack backward, PK_SIM_STACK_MMA, the tensor-core stack kernel, and
+// PK_SIM_STACK_MMA_BWD, its backward.
+#if defined(PK_SIM_STACK) || defined(PK_SIM_STACK_BWD) || defined(PK_SIM_STACK_MMA) || \
+    defined(PK_SIM_STACK_MMA_BWD)
+// The arguments every main opens with: B H T L U SMEM_BYTES LAUNCHES DIR
 struct StackSimArgs {
     int B, H, T, L, U;
     unsigned smem;
@@ -144,6 +146,68 @@ int main(int argc, char** argv) {
     const std::string ts = argv[11];
     if (ts == "bf16") return run_stack_mma<bf16>(a, ldw, ldb);
     if (ts == "fp16") return run_stack_mma<fp16>(a, ldw, ldb);
+    std::fprintf(stderr, "TS: bf16 or fp16, got %s\n", ts.c_str());
+    return 2;
+}
+#elif defined(PK_SIM_STACK_MMA_BWD)
+// The tensor-core stack backward (lstm_persistent_stack_mma_bwd_t<TS, false>, clusters of 2),
+// all layers in one launch:
+//   persistent_host_sim_stack_mma_bwd B H T L U SMEM_BYTES LAUNCHES DIR LDW TS
+// reads DIR/{dhin,dhn,dcn,act,c,wih,whh}.f32 as the stack backward's main (PK_SIM_STACK_BWD),
+// launches LAUNCHES times with one sync buffer (every output, dgx in TS and dhin but layer
+// L-1's rows, poisoned with NaN before each; the counters checked after each), writes
+// DIR/{dgx,dhin,dx,dh0,dc0}.out (dgx back as float).
+template <class TS>
+static int run_stack_mma_bwd(const StackSimArgs& a, int ldw) {
+    const int B = a.B, H = a.H, T = a.T, L = a.L;
+    std::vector<float4> stores[3];
+    auto load16 = [&](const char* name, std::vector<float4>& store) {
+        return load_aligned(a.dir + "/" + name + ".f32", store).first;
+    };
+    std::vector<float> dhin = read_f32(a.dir + "/dhin.f32"), dhn = read_f32(a.dir + "/dhn.f32");
+    const std::vector<float> dcn = read_f32(a.dir + "/dcn.f32"), act = read_f32(a.dir + "/act.f32");
+    const std::vector<float> c = read_f32(a.dir + "/c.f32");
+    const float* const wih = load16("wih", stores[0]);
+    const float* const whh = load16("whh", stores[1]);
+    const size_t TBH = (size_t)T * B * H, ngx = (size_t)L * TBH * 4;
+    stores[2].assign(ngx / 8 + 1, float4{0, 0, 0, 0});   // dgx: TS, 16-byte aligned rows
+    TS* const dgx = reinterpret_cast<TS*>(stores[2].data());
+    std::vector<float> dx(TBH), dh0((size_t)L * B * H), dc0(dh0.size());
+    std::vector<unsigned int> sync(2 * L, 0u);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    sim_cluster = 2;
+    for (int n = 0; n < a.launches; ++n) {
+        for (auto* v : {&dx, &dh0, &dc0}) std::fill(v->begin(), v->end(), nan);
+        std::fill(dhin.begin(), dhin.begin() + (L - 1) * TBH, nan);   // not layer L-1's (dy)
+        for (size_t e = 0; e < ngx; ++e) dgx[e] = from_f<TS>(nan);
+        launch(L * (H / a.U), 256, a.smem, [&] {
+            lstm_persistent_stack_mma_bwd_t<TS, false>(
+                B, H, dgx, 4 * H, dhin.data(), H, dx.data(), H, dh0.data(), H, dc0.data(), H,
+                sync.data(), 2 * L, dhn.data(), H, dcn.data(), H, act.data(), 4 * H, c.data(),
+                H, wih, ldw, whh, ldw, T, L, a.U);
+        });
+        if (!counters_zero(sync.data(), sync.size(), n)) return 3;
+    }
+    std::vector<float> dgx_out(ngx);
+    for (size_t e = 0; e < ngx; ++e) dgx_out[e] = to_f(dgx[e]);
+    write_f32(a.dir + "/dgx.out", dgx_out);
+    write_f32(a.dir + "/dhin.out", dhin);
+    write_f32(a.dir + "/dx.out", dx);
+    write_f32(a.dir + "/dh0.out", dh0);
+    write_f32(a.dir + "/dc0.out", dc0);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 11) {
+        std::fprintf(stderr, "usage: see persistent_host_sim_stack.h (PK_SIM_STACK_MMA_BWD)\n");
+        return 2;
+    }
+    const StackSimArgs a(argv);
+    const int ldw = std::atoi(argv[9]);
+    const std::string ts = argv[10];
+    if (ts == "bf16") return run_stack_mma_bwd<bf16>(a, ldw);
+    if (ts == "fp16") return run_stack_mma_bwd<fp16>(a, ldw);
     std::fprintf(stderr, "TS: bf16 or fp16, got %s\n", ts.c_str());
     return 2;
 }

@@ -151,15 +151,22 @@ def test_the_heuristic_follows_the_cost_models():
 
 def test_the_stack_backward_rule_and_its_candidate(monkeypatch):
     """prefers_stack_backward: wherever the stack backward fits (measured: B 32 and B 64
-    chose it); never for inference, a GRU (no stack kernel) or past the stack's batch. The
+    chose it; at 16 bits the tensor-core one); never for inference, a GRU (no stack kernel),
+    past the stack's batch or at tf32 (no stack kernel). The
     candidates time stack+pbwd first even where the per-layer backward kernels' fit
     declines."""
     assert C.prefers_stack_backward(PAPER, H100_SXM)
     assert C.prefers_stack_backward(dataclasses.replace(PAPER, batch=32), H100_SXM)
     for shape in (dataclasses.replace(PAPER, train=False),
                   dataclasses.replace(PAPER, cell="gru"), dataclasses.replace(PAPER, batch=65),
-                  dataclasses.replace(PAPER, dtype="bfloat16")):
+                  dataclasses.replace(PAPER, dtype="tf32")):
         assert not C.prefers_stack_backward(shape, H100_SXM), shape
+    # bfloat16 / float16: the tensor-core stack backward (after the tensor-core stack
+    # forward), where its cluster pairs fit
+    for dtype in ("bfloat16", "float16"):
+        assert C.prefers_stack_backward(dataclasses.replace(PAPER, dtype=dtype), H100_SXM)
+    sm80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+    assert not C.prefers_stack_backward(dataclasses.replace(PAPER, dtype="bfloat16"), sm80)
     assert C.prefers_stack_backward(dataclasses.replace(PAPER, hidden=256, input_size=256),
                                     H100_SXM)
     # the paper shape: stack+pbwd is timed first (it wins there)

@@ -53,9 +53,10 @@ _DEFINITION = re.compile(r'extern\s+"C"\s+__global__\s+void\s+'
 
 
 # the typed-only files' kernels (typed.MMA_FILES): template <class TS, bool TF32> K_t(...),
-# h a TS* (read as the registry's float* output)
+# h or dgx a TS* (read as the registry's float* output)
 _TYPED_DEFINITION = re.compile(r'template\s*<class TS, bool TF32>\s*__global__\s+void\s+'
-                               r'(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)_t\s*\(([^)]*)\)',
+                               r'(?:__launch_bounds__\s*\([^)]*\)\s+)?'
+                               r'(?:__cluster_dims__\s*\([^)]*\)\s+)?(\w+)_t\s*\(([^)]*)\)',
                                re.S)
 
 

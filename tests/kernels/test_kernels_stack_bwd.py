@@ -49,10 +49,11 @@ def without_waits(text):
     return cut
 
 
-def make_case(B, H, T, L, seed=0):
+def make_case(B, H, T, L, seed=0, dtype="float32"):
     """Random fp32 weights, inputs and output gradients; the forward (act, c) from the float64
-    reference, rounded to fp32 as the stack kernel would have stored them. -> (case dict of
-    fp32 arrays, params in float64, the reference's cache)."""
+    reference at precision ``dtype`` (its rounding points: the h the dW GEMMs read), rounded
+    to fp32 as the stack kernel would have stored them. -> (case dict of fp32 arrays, params
+    in float64, the reference's cache)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((T, B, H)).astype(f32)
     W = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
@@ -67,7 +68,7 @@ def make_case(B, H, T, L, seed=0):
     p = [{"weight_ih": W[n].astype(f64), "weight_hh": R[n].astype(f64),
           "bias_ih": bw[n].astype(f64), "bias_hh": br[n].astype(f64)} for n in range(L)]
     _, _, _, cache = reference.forward("lstm", p, x.astype(f64), h0.astype(f64),
-                                       c0.astype(f64))
+                                       c0.astype(f64), dtype=dtype)
     act = np.stack([lc.gates for lc in cache.layers]).astype(f32)     # [L, T, B, 4H]
     c = np.stack([lc.c for lc in cache.layers]).astype(f32)           # [L, T+1, B, H]
     # the kernel reads these as stored: the reference's backward runs on them too
@@ -78,14 +79,15 @@ def make_case(B, H, T, L, seed=0):
     return case, p, cache
 
 
-def check_against_reference(got, case, p, cache, what):
-    """dx, dh0, dc0 against reference.backward; the weight and bias gradients from the
-    kernel's dgx [L, T, B, 4H] (dW = dg^T x_l, dR = dg^T h_prev, biases = sums, in float64)
-    against the reference's."""
+def check_against_reference(got, case, p, cache, what, atol=FP32_ATOL, rtol=FP32_RTOL):
+    """dx, dh0, dc0 against reference.backward (at the cache's precision); the weight and
+    bias gradients from the kernel's dgx [L, T, B, 4H] (dW = dg^T x_l, dR = dg^T h_prev,
+    biases = sums, in float64: the operands as stored) against the reference's; within
+    atol + rtol * |ref|."""
     g = reference.backward("lstm", p, cache, case["dy"].astype(f64), case["dhn"].astype(f64),
                            case["dcn"].astype(f64))
     for name in ("dx", "dh0", "dc0"):
-        assert_close(got[name], g[name], FP32_ATOL, FP32_RTOL, name=f"{what} {name}")
+        assert_close(got[name], g[name], atol, rtol, name=f"{what} {name}")
     dgx = got["dgx"].astype(f64)
     L, T, B, K = dgx.shape
     for n, lc in enumerate(cache.layers):
@@ -94,13 +96,14 @@ def check_against_reference(got, case, p, cache, what):
                    "weight_hh": d.T @ lc.h[:-1].reshape(T * B, -1),
                    "bias_ih": d.sum(0), "bias_hh": d.sum(0)}
         for name, v in derived.items():
-            assert_close(v, g["params"][n][name], FP32_ATOL, FP32_RTOL,
-                         name=f"{what} layer {n} {name}")
+            assert_close(v, g["params"][n][name], atol, rtol, name=f"{what} layer {n} {name}")
 
 
-def run_sim(exe, tmp_path, case, launches=2, pair=False, bulk=False):
+def run_sim(exe, tmp_path, case, launches=2, pair=False, bulk=False, smem=None, extra=()):
     """The sim on ``case``; -> {dgx [L, T, B, 4H], dx [T, B, H], dh0, dc0 [L, B, H], dhin}.
-    A failed run (or a ThreadSanitizer report) fails with its stderr's end."""
+    A failed run (or a ThreadSanitizer report) fails with its stderr's end. ``smem``: the
+    bytes to launch with (default: the fp32 kernel's), ``extra``: arguments after LDW (the
+    tensor-core kernel's storage type)."""
     L, T, B, K = case["act"].shape
     H = K // 4
     ldw = 4 * H * H + 64   # a layer's stride in the flat parameters (as the plan's)
@@ -112,10 +115,11 @@ def run_sim(exe, tmp_path, case, launches=2, pair=False, bulk=False):
                  wih=wih, whh=whh)
     for n, a in files.items():
         np.ascontiguousarray(a).tofile(tmp_path / f"{n}.f32")
-    r = subprocess.run([str(exe), str(B), str(H), str(T), str(L), str(SB.SB_U),
-                        str(SB.stack_bwd_pair_smem_bytes(H, bulk=bulk) if pair else
-                            SB.stack_bwd_smem_bytes(H)), str(launches), str(tmp_path),
-                        str(ldw)], capture_output=True, text=True, timeout=600, env=SIM_ENV)
+    if smem is None:
+        smem = SB.stack_bwd_pair_smem_bytes(H, bulk=bulk) if pair else SB.stack_bwd_smem_bytes(H)
+    r = subprocess.run([str(a) for a in (exe, B, H, T, L, SB.SB_U, smem, launches, tmp_path,
+                                         ldw) + tuple(extra)],
+                       capture_output=True, text=True, timeout=600, env=SIM_ENV)
     assert r.returncode == 0 and "ThreadSanitizer" not in r.stderr, r.stderr[-2000:]
 
     def out(name, shape):

@@ -2,8 +2,9 @@
 (lstm_persistent_stack_mma_fwd, kernels/stack_mma.py) in plans, without a GPU. The NumPy
 executor runs its twin (the kernel's k-group sums, W and R rounded as it loads them, h
 stored rounded) and must equal the rounding-aware float64 reference to float64 agreement,
-forward and forward + the per-step or per-layer persistent backward on what it saved (the
-stack backward is fp32 only: declined with the reason); the plan is one launch, race-free,
+forward and forward + the per-step backward or the tensor-core stack backward
+(lstm_persistent_stack_mma_bwd, kernels/stack_mma_bwd.py: its twin) on what it saved, or,
+where that declines, the per-layer one with the reason; the plan is one launch, race-free,
 says which kernel ran, and labels x and h storage; tf32 declines the stack with the reason;
 the selector's candidates follow."""
 from __future__ import annotations
@@ -17,6 +18,7 @@ from testkit import bwd_plan_case, cpu_plan_key
 from rnnrt.exec.racecheck import find_races
 from rnnrt.kernels import choice as C
 from rnnrt.kernels import stack_mma as SM
+from rnnrt.kernels import stack_mma_bwd as SMB
 from rnnrt.kernels.choice_backward import stack_backward
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.mma import MMA_DTYPES
@@ -63,19 +65,48 @@ def test_forward_is_one_tensor_core_stack_launch_equal_to_the_reference(dtype):
 
 @pytest.mark.parametrize("backward", [None, "persistent", "stack"])
 def test_training_runs_a_backward_on_what_the_forward_saved(backward):
+    """'persistent' and 'stack' take the tensor-core stack backward (one launch, every
+    layer's chain; its twin on the NumPy executor), None the per-step backward: each equal
+    to the reference."""
     dtype = "bfloat16"
     key = key_of(dtype, train=True, backward=backward)
     fwd, bwd = forward_plan(key), backward_plan(key)
     assert persistent_kernels(fwd) == [SM.STACK_MMA_KERNEL]
-    assert "lstm_persistent_stack_bwd" not in persistent_kernels(bwd)
-    if backward is not None:   # the stack backward (fp32 only) is declined, saying why
-        why = stack_backward(key)[1]
-        assert "float32 only" in why and SM.STACK_MMA_KERNEL in why, why
-    if backward == "stack":
-        assert bwd.fallback and "float32 only" in bwd.fallback, bwd.fallback
+    if backward is not None:
+        assert bwd.fallback is None, bwd.fallback
+        assert persistent_kernels(bwd) == [SMB.STACK_MMA_BWD_KERNEL], persistent_kernels(bwd)
+        assert bwd.fit.startswith("tensor-core stack backward") and "fits" in bwd.fit, bwd.fit
+        store = {b.name for b in bwd.buffers if b.dtype == "store"}
+        assert {"x", "h", "dgx"} <= store and "dgt" not in {b.name for b in bwd.buffers}
+        # the forward transposes and copies nothing for it (it reads the params)
+        assert not any(b.name.startswith(("wS", "rS", "wT", "rT")) for b in fwd.buffers)
+    else:
+        assert not persistent_kernels(bwd)
     assert not find_races(bwd)
     c = case(dtype, seed=4)
     check(run_plans(key, c), c, f"stack mma train backward {backward}")
+    check(run_plans(key, c, order="random", seed=2), c, f"stack mma train {backward} random")
+
+
+@pytest.mark.parametrize("backward", ["persistent", "stack"])
+def test_where_the_pairs_decline_the_plan_says_why(backward):
+    """No thread-block clusters (compute capability 8): the tensor-core stack backward
+    declines; 'persistent' keeps the per-layer persistent backward with the reason in its fit
+    string, 'stack' the per-step backward with the reason in its fallback; both still equal
+    the reference (fp16)."""
+    sm80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+    key = key_of("float16", train=True, backward=backward, device=sm80)
+    why = stack_backward(key)[1]
+    assert "thread-block clusters" in why and "tensor-core stack backward" in why, why
+    fwd, bwd = forward_plan(key), backward_plan(key)
+    assert persistent_kernels(fwd) == [SM.STACK_MMA_KERNEL]
+    assert SMB.STACK_MMA_BWD_KERNEL not in persistent_kernels(bwd)
+    if backward == "stack":
+        assert bwd.fallback and why in bwd.fallback, bwd.fallback
+    else:
+        assert "stack backward not used: " + why in (bwd.fit or bwd.fallback), bwd.fit
+    c = case("float16", seed=6)
+    check(run_plans(key, c), c, f"stack mma train, pairs declined, {backward}")
 
 
 def test_tf32_declines_the_stack_with_the_reason():
