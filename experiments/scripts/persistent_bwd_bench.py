@@ -6,6 +6,7 @@ cudnn.allow_tf32 and matmul.allow_tf32 False).
 Usage (GPU, from the repo root):
     python experiments/scripts/persistent_bwd_bench.py [--quick] [--repeats N] [--out DIR]
         [--shapes lstm:1:512:32[:T],...] [--kinds grid,cluster,pair] [--fwd-family grid]
+        [--units 4,8]
 
 For each shape (LSTM L4 H512 B64 T100; LSTM and GRU L1 H128 B8/B64/B256; LSTM L4 H128 B8;
 LSTM L2 H640 B100): the schedule selector (kernels/choice.py, memory only) times its
@@ -17,7 +18,9 @@ its modelled us a step in the record; --kinds names them: 'pair', the grid kerne
 pairs, persistent_bwd_pair.cu); --fwd-family F: no selector runs, the variants after the
 persistent forward of family F (e.g. grid vs pair at L1 H512: --shapes
 lstm:1:512:32,lstm:1:512:64 --kinds grid,pair --fwd-family grid); --shapes: cell:layers:
-hidden:batch[:steps] instead of the list below; each shape's model and inputs are the ladder's
+hidden:batch[:steps] instead of the list below; --units: the grid and pair kernels also at
+these units a block (PlanKey.bwd_units; labels pbwd_grid_u4, ...) besides the cost model's U;
+each shape's model and inputs are the ladder's
 (rnnrt.bench.ladder.model_for / inputs_for: random weights, x, h0, c0 and dy); each is then
 checked against the float64 NumPy reference (dx, dh0, dc0 and every weight and bias gradient; fp32 tolerance, the weight
 gradients' growing with their T*B terms) and timed (CUDA graph executor, CUDA events, median
@@ -77,12 +80,13 @@ class Case:
     def shape(self):
         return C.Shape(self.cell, self.L, self.H, self.H, self.B, self.T, train=True)
 
-    def state(self, sched):
-        """(run, stream, workspace, backward plan) of ``sched``, built once."""
+    def state(self, sched, units=None):
+        """(run, stream, workspace, backward plan) of ``sched`` (``units``: its grid or pair
+        backward kernel's units a block, PlanKey.bwd_units), built once a name."""
         if sched.name not in self.built:
             key = PlanKey(self.cell, self.T, self.B, self.H, self.H, self.L, True,
                           sched.switches, train=True, device=self.session.limits,
-                          family=sched.family, backward=sched.backward)
+                          family=sched.family, backward=sched.backward, bwd_units=units)
             fplan, bplan = forward_plan(key), backward_plan(key)
             ws = self.session.workspace(bplan, self.params)
             ws.load_inputs(self.x, self.h0, self.c0)
@@ -108,9 +112,9 @@ class Case:
         run, stream, _, _ = self.state(sched)
         return time_events(self.cp, run, stream, repeats, 1 if fresh else 0)
 
-    def check(self, sched) -> dict:
+    def check(self, sched, units=None) -> dict:
         """The schedule's gradients against the float64 reference (after a run)."""
-        run, stream, ws, _ = self.state(sched)
+        run, stream, ws, _ = self.state(sched, units)
         run()
         stream.synchronize()
         got = {name: ws.read(name) for name, r in self.ref.items() if r is not None}
@@ -134,7 +138,7 @@ def cudnn_runner(case, torch):
 
 
 def bench_shape(session, spec, repeats, torch, log, kinds=("grid", "cluster"),
-                fwd_family=None):
+                fwd_family=None, units=()):
     cell, L, H, B, T = spec
     case = Case(session, cell, L, H, B, T)
     shape = case.shape()
@@ -154,28 +158,32 @@ def bench_shape(session, spec, repeats, torch, log, kinds=("grid", "cluster"),
                             candidates_fn=without).select(shape)
         row["auto"], row["auto_wo_pbwd"] = sel.as_dict(), sel_wo.as_dict()
         forward = sel_wo.schedule
-        variants = [("auto", sel.schedule), ("auto_wo_pbwd", sel_wo.schedule)]
+        variants = [("auto", sel.schedule, None), ("auto_wo_pbwd", sel_wo.schedule, None)]
     else:   # no selector: the variants after that family's forward
         forward = C.persistent_schedule(fwd_family)
         row["forward"] = forward.name
         variants = []
     # each persistent backward kernel that fits, with the forward auto chose without it: what
-    # calibrates the cost model that picks between them
+    # calibrates the cost model that picks between them; the grid kernels also at --units
     for kind in kinds:
-        vfit = persistent_bwd_fit(cell, H, B, session.limits.props(), kind=kind)
-        row[f"pbwd_{kind}_fit"] = vfit.describe() if vfit.ok else vfit.reason
-        row[f"pbwd_{kind}_model_us"] = vfit.step_us() if vfit.ok else None
-        if vfit.ok:
-            variants.append((f"pbwd_{kind}", replace(
-                forward, name=f"{forward.name}+pbwd-{kind}", backward=kind)))
+        for u in (None,) + (tuple(units) if kind in ("grid", "pair") else ()):
+            label = f"pbwd_{kind}" + (f"_u{u}" if u else "")
+            vfit = persistent_bwd_fit(cell, H, B, session.limits.props(), kind=kind,
+                                      units_per_block=u)
+            row[f"{label}_fit"] = vfit.describe() if vfit.ok else vfit.reason
+            row[f"{label}_model_us"] = vfit.step_us() if vfit.ok else None
+            if vfit.ok:
+                variants.append((label, replace(
+                    forward, name=f"{forward.name}+{label}", backward=kind), u))
+    row["variant_labels"] = [label for label, _, _ in variants]
     fns = {}
-    for label, s in variants:
-        row[f"{label}_check"] = case.check(s)
+    for label, s, u in variants:
+        row[f"{label}_check"] = case.check(s, u)
         if not row[f"{label}_check"]["ok"]:
             log(f"  {label} {s.name}: REFUSED, gradients disagree: "
                 f"{row[f'{label}_check']['detail']}")
             continue
-        run, stream, _, bplan = case.state(s)
+        run, stream, _, bplan = case.state(s, u)
         row[f"{label}_backward_fit"], row[f"{label}_backward_fallback"] = (bplan.fit,
                                                                            bplan.fallback)
         fns[label] = (run, stream)
@@ -208,7 +216,8 @@ def table(rows) -> str:
                          "not run" if label not in r else "refused")
         ratios = [f"{cud / r[f'{k}_ms']:.2f}x" if r.get(f"{k}_ms") and cud else "-"
                   for k in ("auto", "auto_wo_pbwd")]
-        pbwd = [f"pbwd_{k}" for k in ("grid", "cluster", "pair")]
+        pbwd = [k for k in r.get("variant_labels", ["pbwd_grid", "pbwd_cluster"])
+                if k.startswith("pbwd_")]
         checks = ",".join(k for k in ["auto", "auto_wo_pbwd"] + pbwd
                           if r.get(f"{k}_check", {}).get("ok")) or "none"
         variants = " ".join(f"{k[5:]} {r[f'{k}_ms']:.3f}"
@@ -236,7 +245,10 @@ def main(argv=None):
                     help="the persistent backward kernels timed each (grid, cluster, pair)")
     ap.add_argument("--fwd-family", default=None,
                     help="skip the selector: the --kinds after this persistent forward family")
+    ap.add_argument("--units", default="",
+                    help="the grid and pair kernels also at these units a block, e.g. 4,8")
     a = ap.parse_args(argv)
+    units = tuple(int(u) for u in a.units.split(",") if u)
     kinds = tuple(k for k in a.kinds.split(",") if k)
     for k in kinds:
         if k not in ("grid", "cluster", "pair"):
@@ -264,7 +276,7 @@ def main(argv=None):
     for spec in shapes:
         print(f"{spec[0]} L{spec[1]} H{spec[2]} B{spec[3]} T{spec[4]} ...", flush=True)
         rows.append(bench_shape(session, spec, repeats, torch,
-                                lambda m: print(m, flush=True), kinds, a.fwd_family))
+                                lambda m: print(m, flush=True), kinds, a.fwd_family, units))
     rec = {"kind": "persistent-bwd-bench", "created": now_iso(), "command": " ".join(sys.argv),
            "device": session.info, "versions": versions(session.cp), "tf32": False,
            "repeats": repeats, "quick": a.quick, "rows": rows}

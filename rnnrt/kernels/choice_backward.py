@@ -116,8 +116,9 @@ def choose_persistent_backward(key) -> BackwardChoice:
     tensor-core backward grid kernel (mma_bwd.mma_bwd_fit) where it fits, else the above with
     the reason it was not used in the fit string (``mma_backward``); 'grid', 'pair' and
     'cluster' name the FMA kernels whatever the family ('pair': the grid kernel in cluster
-    pairs, fp32 on sm_90+; where it declines, the per-step backward with the reason). 'regs' names the register-resident cluster
-    backward (``regs_backward``), whatever the forward runs."""
+    pairs, fp32 on sm_90+; where it declines, the per-step backward with the reason; with
+    ``bwd_units`` 'grid' and 'pair' run that U). 'regs' names the register-resident
+    cluster backward (``regs_backward``), whatever the forward runs."""
     if key.backward == "regs":
         return regs_backward(key)
     # a cluster count (PlanKey.bwd_clusters) names the cluster kernel
@@ -139,7 +140,8 @@ def choose_persistent_backward(key) -> BackwardChoice:
             return mma
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                              kind=kind, clusters=clusters, layers=overlapping_layers(key),
-                             dtype=get_precision(key.dtype).name)
+                             dtype=get_precision(key.dtype).name,
+                             units_per_block=key.bwd_units)   # PlanKey: 'grid' / 'pair' only
     why = _declines(fit, key.steps)
     if why is not None:
         return BackwardChoice(fit, f"persistent backward declined on {key.device.name}: {why}"

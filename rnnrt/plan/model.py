@@ -87,6 +87,9 @@ class PlanKey:
     'persistent' the kernel is then the cluster one, also where the stack backward would
     fit); None: the rule's (kernels/persistent_bwd.py
     ``persistent_bwd_fit``: the layers' share of the SMs where the launches overlap).
+    bwd_units: a key with ``backward`` 'grid' or 'pair': the grid backward kernel's units a
+    block U, run exactly (an experiment's knob: where that U does not fit, the per-step
+    backward with the reason); None: the cost model's (``persistent_bwd_fit``).
     """
 
     cell: str
@@ -107,6 +110,7 @@ class PlanKey:
     clusters: int | None = None
     bwd_splits: int | None = None
     bwd_clusters: int | None = None
+    bwd_units: int | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -166,6 +170,14 @@ class PlanKey:
             if self.backward in ("grid", "pair", "stack"):
                 raise ValueError(f"PlanKey.bwd_clusters {n}: the cluster backward kernel's "
                                  f"count, but backward is {self.backward!r}")
+        n = self.bwd_units
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"PlanKey.bwd_units: expected an int >= 1 or None, got {n!r}")
+            if self.backward not in ("grid", "pair"):
+                raise ValueError(f"PlanKey.bwd_units {n}: the grid backward kernel's units a "
+                                 f"block, but backward is {self.backward!r} (expected 'grid' "
+                                 f"or 'pair')")
         if self.backward is not None:
             if self.backward not in BACKWARD_FAMILIES:
                 raise ValueError(f"PlanKey.backward: expected one of {BACKWARD_FAMILIES} or "

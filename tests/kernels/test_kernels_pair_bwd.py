@@ -137,6 +137,23 @@ def test_plan_key_pair_names_it_or_says_why_not():
         dataclasses.replace(_key("pair"), bwd_clusters=4)
 
 
+def test_plan_key_bwd_units_runs_that_u():
+    """PlanKey.bwd_units (the experiments' knob) runs the grid or pair kernel at exactly
+    that U; a U that does not fit falls back to the per-step backward saying why; with
+    another backward it is refused."""
+    for backward, u, blocks in (("pair", 4, 128), ("grid", 4, 128), ("pair", 16, 32)):
+        key = dataclasses.replace(_key(backward), bwd_units=u)
+        fit = C.choose_persistent_backward(key).fit
+        assert (fit.units_per_block, fit.blocks) == (u, blocks), fit.describe()
+        want = "lstm_persistent_pair_bwd" if backward == "pair" else "lstm_persistent_bwd"
+        assert launched(backward_plan(key)) == {want}
+    plan = backward_plan(dataclasses.replace(_key("pair"), bwd_units=1))   # 512 blocks
+    assert "per-step backward" in plan.fallback and "> 132 SMs" in plan.fallback
+    for backward in ("cluster", "persistent"):
+        with pytest.raises(ValueError, match="bwd_units 4: the grid backward kernel's"):
+            dataclasses.replace(_key(backward), bwd_units=4)
+
+
 def test_the_selector_times_grid_and_pair():
     """Training shapes where the cost model's backward is a grid kernel get the other one as
     a candidate too: '+gbwd' where it takes the pair, '+ppbwd' where it takes the grid
