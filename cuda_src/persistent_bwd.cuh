@@ -64,7 +64,19 @@ __device__ __forceinline__ void pk_bwd_cell_inputs(
 // and stores are the FMA path's. The operands are the typed FMA kernel's (dg stored rounded
 // to TS, R rounded to TS as loaded: exact in the tensor core's input type, their products
 // exact in fp32), so the math is the same up to the order of the sum over k.
-template <int G, int CELL, int CL, class TS = float, bool TF32 = false, bool MMA = false>
+// PAIR (persistent_bwd_pair.cu; the FMA grid kernel at fp32 only, clusters of 2 blocks): the
+// pair (cluster ranks c = 0, 1) owns units [p*2U, p*2U + 2U), block c the pointwise of
+// [p*2U + c*U, + U) as rank 2p + c of the grid kernel. Block c's product: its half of the
+// K gate rows, columns [c*KH, c*KH + KC) of dg_{t+1} (KH = 4 * ceil(K / 8), KC = KH for c = 0,
+// K - KH for c = 1), by the R^T rows of all 2U units of the pair (M = 2U rows of KH): the
+// same FMAs a block as the grid kernel, half the staging. Then each thread sends the other
+// block, for each of its cells' (b, jj), this block's half sum of the other's unit jj (the
+// k-groups' partials in order) into the other's recv[e] (e = b*U + jj: distributed shared
+// memory), the cluster barrier (its arrive, this block's own half sums, its wait), and each
+// cell adds half 0 + half 1 (both blocks the same sum: addition commutes; the same bits every
+// run). The grid barrier between the steps is the grid kernel's.
+template <int G, int CELL, int CL, class TS = float, bool TF32 = false, bool MMA = false,
+          bool PAIR = false>
 __device__ __forceinline__ void persistent_bwd(
         int Bfull, int H, TS* dgx, long long lddgx,
         typename PkIf<true, TS, TS>::type* dgh, long long lddgh, float* dh0,
@@ -75,6 +87,7 @@ __device__ __forceinline__ void persistent_bwd(
         const float* w, long long ldw, int T, int U, int KT) {
     static_assert(!MMA || (CL == 0 && !TF32 && !PkRaw<TS, TF32>::v),
                   "the tensor-core backward: the grid kernel, bf16 / fp16 storage only");
+    static_assert(!PAIR || (CL == 0 && !MMA), "the pair kernel: the FMA grid kernel's product");
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
     if (U < 1 || Bfull < 1 || H < 1 || T < 1 || KT < 4 || KT % 4 != 0 || nt % 32 != 0)
@@ -92,11 +105,21 @@ __device__ __forceinline__ void persistent_bwd(
         B = min(BG, Bfull - b_off);
         if (B < 1 || KT < K) __trap();   // an empty cluster; the cluster kernel's one tile
     }
+    // PAIR: this block's cluster rank pc, its columns [kb, kb + KC) of dg, the layout's
+    // depth KD = KH (both blocks alike); else all K columns
+    int pc = 0, kb = 0, KC = K, KD = K;
+    if constexpr (PAIR) {
+        pc = (int)pk_cluster_rank();
+        KD = 4 * ((K + 7) / 8);
+        kb = pc * KD;
+        KC = pc ? K - KD : KD;
+        if (KC < 1 || (ranks & 1) || pc != (rank & 1)) __trap();   // an empty half; not pairs
+    }
     // the forward's geometry with one "gate" and hidden K: M = U rows of K columns (MMA:
-    // the tensor-core grid kernel's, pk_geom<true>)
-    const PkGeom g = pk_geom<MMA>(1, U, BG, K, KT, nt);
+    // the tensor-core grid kernel's, pk_geom<true>; PAIR: M = 2U rows of KD columns)
+    const PkGeom g = pk_geom<MMA>(1, PAIR ? 2 * U : U, BG, KD, KT, nt);
     const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH
-                                  + (long long)g.NKG * g.M * g.BP);
+                                  + (long long)g.NKG * g.M * g.BP + (PAIR ? (long long)U * BG : 0));
     if ((long long)ranks * U < H || (long long)U * BG > (long long)PK_CPT * nt ||
         (long long)dynamic_smem_bytes() < need)
         __trap();
@@ -114,14 +137,19 @@ __device__ __forceinline__ void persistent_bwd(
     const int Ub = max(0, min(U, H - j0));   // units this block owns
     float* const Rs = smem;                   // [U][SR]: row ju = column j0 + ju of R
     float* const hs = Rs + g.M * g.SR;        // [B][SH]: a tile of dg ([2][BG][SH] clusters)
-    float* const red = hs + (CL ? 2 : 1) * BG * g.SH;   // [NKG][U][BP]
+    float* const red = hs + (CL ? 2 : 1) * BG * g.SH;   // [NKG][M][BP]
+    float* const recv = red + g.NKG * g.M * g.BP;        // PAIR: [U * BG] the other's half sums
+    // PAIR: the pair's first unit (row 0 of Rs) and the units of it that exist; this block's
+    // own rows of the product start at row pc*U, the other block's at (1 - pc)*U
+    const int r0 = j0 - pc * U;
+    const int Mb = PAIR ? max(0, min(g.M, H - r0)) : Ub;
     const int lr = lane % g.LR, lb = (lane / g.LR) % g.LB, lk = lane / (g.LR * g.LB);
     const int kg = MMA ? warp : warp * g.LK + lk;
     // what multiplies R (staged or pushed every step): dgh for the GRU, dgx for the others
     TS* const dgs = CELL == CELL_GRU ? dgh : dgx;
     const long long lds = CELL == CELL_GRU ? lddgh : lddgx;
-    const bool vec = PkRaw<TS, TF32>::v && K % 4 == 0 && lds % 4 == 0 &&
-                     (reinterpret_cast<unsigned long long>(dgs) & 15ull) == 0;
+    const bool vec = PkRaw<TS, TF32>::v && KC % 4 == 0 && lds % 4 == 0 &&
+                     (reinterpret_cast<unsigned long long>(dgs + kb) & 15ull) == 0;
 
     // The pointwise cells of this thread, as the forward: e = tid + i*nt, jj = e % U,
     // b = e / U (live: jj < Ub, b < B).
@@ -159,12 +187,14 @@ __device__ __forceinline__ void persistent_bwd(
     }
     prefetch(T - 1);   // in flight during the copy of R^T
 
-    // R^T slice, once: Rs[ju][r] = R[r, j0 + ju], zeros past K and past Ub. Consecutive
-    // threads take consecutive units of one row of R (the reads are U floats contiguous).
+    // R^T slice, once: Rs[ju][r] = R[kb + r, r0 + ju], zeros past KC and past Mb (the grid
+    // kernel: kb 0, KC = K, r0 = j0, Mb = Ub). Consecutive threads take consecutive units of
+    // one row of R (the reads are M floats contiguous).
     for (int e = tid; e < g.M * g.SR; e += nt) {
         const int r = e / g.M, ju = e - r * g.M;
-        Rs[ju * g.SR + r] = (ju < Ub && r < K) ? pk_operand<TS, TF32>(w[(long long)r * ldw + j0 + ju])
-                                               : 0.f;
+        Rs[ju * g.SR + r] = (ju < Mb && r < KC)
+                                ? pk_operand<TS, TF32>(w[(long long)(kb + r) * ldw + r0 + ju])
+                                : 0.f;
     }
     if (CL) {
         // zeros in both buffers' columns past K (the last float4 chunk reads them; the
@@ -172,6 +202,8 @@ __device__ __forceinline__ void persistent_bwd(
         for (int e = tid; e < 2 * BG * g.SH; e += nt)
             if (e % g.SH >= K) hs[e] = 0.f;
         pk_cluster_sync();   // every block of the cluster runs before any block pushes to it
+    } else if (PAIR) {
+        pk_cluster_sync();   // the R^T slice is read by every warp; the other block runs
     } else {
         __syncthreads();   // the R^T slice is read by every warp
     }
@@ -185,10 +217,10 @@ __device__ __forceinline__ void persistent_bwd(
             // kernel stages it from L2 after the barrier
             const float* const hcur = CL ? hs + ((s - 1) & 1) * BG * g.SH : hs;
             if (!CL) grid_barrier(sync, (unsigned int)s * gridDim.x);   // dg_{t+1} complete
-            const TS* const src = dgs + (long long)(t + 1) * S * lds;
+            const TS* const src = dgs + (long long)(t + 1) * S * lds + kb;
             // Warp w's chunks of the tile at column k0: [ca, cb), in halves [ca, cm), [cm, cb)
             auto range = [&](int k0, int& ca, int& cm, int& cb) {
-                const int CH = min(KT / 4, (K - k0 + 3) / 4);   // float4 chunks of this tile
+                const int CH = min(KT / 4, (KC - k0 + 3) / 4);   // float4 chunks of this tile
                 ca = min(CH, warp * g.CPW);
                 cb = min(CH, ca + g.CPW);
                 cm = ca + (cb - ca + 1) / 2;
@@ -196,9 +228,9 @@ __device__ __forceinline__ void persistent_bwd(
             int ca, cm, cb;
             range(0, ca, cm, cb);
             if (!CL) {
-                pk_stage<TS, TF32>(hs, g.SH, src, lds, B, K, 0, ca, cm, vec, lane);
+                pk_stage<TS, TF32>(hs, g.SH, src, lds, B, KC, 0, ca, cm, vec, lane);
                 pk_cp_commit();
-                pk_stage<TS, TF32>(hs, g.SH, src, lds, B, K, 0, cm, cb, vec, lane);
+                pk_stage<TS, TF32>(hs, g.SH, src, lds, B, KC, 0, cm, cb, vec, lane);
                 pk_cp_commit();
             }
             // as the forward kernels: one output tile keeps its sums in registers over all
@@ -246,18 +278,18 @@ __device__ __forceinline__ void persistent_bwd(
             if (CL && !one_tile) {
                 tile_sums(0, ca, cm, cm, cb, true);
             } else {
-                for (int k0 = 0; k0 < K; k0 += KT) {
+                for (int k0 = 0; k0 < KC; k0 += KT) {
                     const int kn = k0 + KT;
                     int na = 0, nm = 0, nb = 0;
-                    if (kn < K) range(kn, na, nm, nb);
+                    if (kn < KC) range(kn, na, nm, nb);
                     half(k0, ca, cm, k0 == 0);
                     if (!CL) {
-                        pk_stage<TS, TF32>(hs, g.SH, src, lds, B, K, kn, na, nm, vec, lane);
+                        pk_stage<TS, TF32>(hs, g.SH, src, lds, B, KC, kn, na, nm, vec, lane);
                         pk_cp_commit();
                     }
                     half(k0, cm, cb, false);
                     if (!CL) {
-                        pk_stage<TS, TF32>(hs, g.SH, src, lds, B, K, kn, nm, nb, vec, lane);
+                        pk_stage<TS, TF32>(hs, g.SH, src, lds, B, KC, kn, nm, nb, vec, lane);
                         pk_cp_commit();
                     }
                     ca = na;
@@ -271,14 +303,48 @@ __device__ __forceinline__ void persistent_bwd(
                 pk_flush(acc1, g, red, B, lr, lb, kg, true);
             }
             __syncthreads();   // every k-group's partial sums are in red
-#pragma unroll
-            for (int i = 0; i < PK_CPT; ++i) {
-                if (!cell_live[i]) continue;
-                const float* const p = red + (cell_j[i] - j0) * g.BP + cell_b[i];
+            // cell i's sum over the k-groups (in order) of product row pc*U + jj, or with
+            // `other` (PAIR) of the other block's unit jj, row (1 - pc)*U + jj
+            auto k_sum = [&](int i, bool other) {
+                const int row = (other ? 1 - pc : pc) * U + cell_j[i] - j0;
+                const float* const p = red + row * g.BP + cell_b[i];
                 const int kstride = g.M * g.BP;
                 float v = p[0];
                 for (int k = 1; k < g.NKG; ++k) v += p[k * kstride];
-                dhrec[i] = CELL == CELL_GRU ? v + direct[i] : v;   // the GEMM, then + dh*z
+                return v;
+            };
+            if constexpr (PAIR) {
+                // this block's half sums of the other block's units, the same cells (b, jj)
+                // there, into its recv[e]: every cell of a batch row, live or not (units
+                // past H sum zeros)
+#pragma unroll
+                for (int i = 0; i < PK_CPT; ++i)
+                    if (cell_b[i] < B)
+                        pk_st_cluster(pk_smem_addr(recv + tid + i * nt), (unsigned int)(1 - pc),
+                                      k_sum(i, true));
+                // release: the sends before the other's reads; this block's own half while
+                // the other block arrives. recv is next written after the next grid barrier,
+                // which this block reaches after its reads below.
+                pk_cluster_arrive();
+                float own[PK_CPT];
+#pragma unroll
+                for (int i = 0; i < PK_CPT; ++i) own[i] = cell_live[i] ? k_sum(i, false) : 0.f;
+                pk_cluster_wait();   // acquire: the other's half is in recv
+#pragma unroll
+                for (int i = 0; i < PK_CPT; ++i) {
+                    if (!cell_live[i]) continue;
+                    // half 0 + half 1, whichever block adds them
+                    const float o = recv[tid + i * nt];
+                    const float v = pc ? o + own[i] : own[i] + o;
+                    dhrec[i] = CELL == CELL_GRU ? v + direct[i] : v;   // the GEMM, then + dh*z
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < PK_CPT; ++i) {
+                    if (!cell_live[i]) continue;
+                    const float v = k_sum(i, false);
+                    dhrec[i] = CELL == CELL_GRU ? v + direct[i] : v;   // the GEMM, then + dh*z
+                }
             }
         }
         if (s == T) break;

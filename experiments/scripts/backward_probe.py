@@ -11,10 +11,12 @@ Usage (GPU): python experiments/scripts/backward_probe.py --shapes lstm:4:512:64
 --backwards: the forward of --fwd-family (default 'stack', where it fits; 'regs': the
 register-resident cluster forward, the rule's count) with each backward named
 (PlanKey.backward: 'step' the per-step one, 'stack' the stack backward, 'grid' / 'cluster' /
-'persistent', 'regs' the register-resident cluster backward), timed forward + backward and
+'persistent', 'pair' the grid kernel in cluster pairs, 'regs' the register-resident cluster
+backward), timed forward + backward and
 the backward alone, beside cuDNN; with --trace-backwards each of those backward plans traced
 op by op (sums by kind). E.g. the regs backward against the cluster backward:
---fwd-family regs --backwards cluster,regs --splits rule.
+--fwd-family regs --backwards cluster,regs --splits rule; the grid backward against its
+cluster pairs: --fwd-family grid --backwards grid,pair --splits rule.
 Prints a table last; writes a JSON record (kind 'backward_probe') into --out.
 """
 from __future__ import annotations
@@ -258,7 +260,7 @@ def main(argv=None):
     ap.add_argument("--trace", action="store_true", help="trace the backward (S 1 and rule)")
     ap.add_argument("--backwards", default="",
                     help="also time the --fwd-family forward with these backwards (step, stack, "
-                         "grid, cluster, persistent, regs), e.g. step,stack")
+                         "grid, pair, cluster, persistent, regs), e.g. step,stack")
     ap.add_argument("--fwd-family", default="stack",
                     help="the persistent forward family --backwards times them after (stack, "
                          "regs, cluster, grid, ...)")

@@ -5,6 +5,8 @@ cudnn.allow_tf32 and matmul.allow_tf32 False).
 
 Usage (GPU, from the repo root):
     python experiments/scripts/persistent_bwd_bench.py [--quick] [--repeats N] [--out DIR]
+        [--shapes lstm:1:512:32[:T],...] [--kinds grid,cluster,pair] [--fwd-family grid]
+        [--units 4,8]
 
 For each shape (LSTM L4 H512 B64 T100; LSTM and GRU L1 H128 B8/B64/B256; LSTM L4 H128 B8;
 LSTM L2 H640 B100): the schedule selector (kernels/choice.py, memory only) times its
@@ -12,7 +14,13 @@ candidates for the training shape twice over: all of them ("auto": the persisten
 '+pbwd' candidates included), and without the persistent backward ("auto w/o pbwd": what auto
 ran before it existed); beside them that forward with each persistent backward kernel that
 fits ("pbwd_grid", "pbwd_cluster": what calibrates the cost model choosing between them, with
-its modelled us a step in the record); each shape's model and inputs are the ladder's
+its modelled us a step in the record; --kinds names them: 'pair', the grid kernel in cluster
+pairs, persistent_bwd_pair.cu); --fwd-family F: no selector runs, the variants after the
+persistent forward of family F (e.g. grid vs pair at L1 H512: --shapes
+lstm:1:512:32,lstm:1:512:64 --kinds grid,pair --fwd-family grid); --shapes: cell:layers:
+hidden:batch[:steps] instead of the list below; --units: the grid and pair kernels also at
+these units a block (PlanKey.bwd_units; labels pbwd_grid_u4, ...) besides the cost model's U;
+each shape's model and inputs are the ladder's
 (rnnrt.bench.ladder.model_for / inputs_for: random weights, x, h0, c0 and dy); each is then
 checked against the float64 NumPy reference (dx, dh0, dc0 and every weight and bias gradient; fp32 tolerance, the weight
 gradients' growing with their T*B terms) and timed (CUDA graph executor, CUDA events, median
@@ -72,12 +80,13 @@ class Case:
     def shape(self):
         return C.Shape(self.cell, self.L, self.H, self.H, self.B, self.T, train=True)
 
-    def state(self, sched):
-        """(run, stream, workspace, backward plan) of ``sched``, built once."""
+    def state(self, sched, units=None):
+        """(run, stream, workspace, backward plan) of ``sched`` (``units``: its grid or pair
+        backward kernel's units a block, PlanKey.bwd_units), built once a name."""
         if sched.name not in self.built:
             key = PlanKey(self.cell, self.T, self.B, self.H, self.H, self.L, True,
                           sched.switches, train=True, device=self.session.limits,
-                          family=sched.family, backward=sched.backward)
+                          family=sched.family, backward=sched.backward, bwd_units=units)
             fplan, bplan = forward_plan(key), backward_plan(key)
             ws = self.session.workspace(bplan, self.params)
             ws.load_inputs(self.x, self.h0, self.c0)
@@ -103,9 +112,9 @@ class Case:
         run, stream, _, _ = self.state(sched)
         return time_events(self.cp, run, stream, repeats, 1 if fresh else 0)
 
-    def check(self, sched) -> dict:
+    def check(self, sched, units=None) -> dict:
         """The schedule's gradients against the float64 reference (after a run)."""
-        run, stream, ws, _ = self.state(sched)
+        run, stream, ws, _ = self.state(sched, units)
         run()
         stream.synchronize()
         got = {name: ws.read(name) for name, r in self.ref.items() if r is not None}
@@ -128,7 +137,8 @@ def cudnn_runner(case, torch):
     return bench, ok
 
 
-def bench_shape(session, spec, repeats, torch, log):
+def bench_shape(session, spec, repeats, torch, log, kinds=("grid", "cluster"),
+                fwd_family=None, units=()):
     cell, L, H, B, T = spec
     case = Case(session, cell, L, H, B, T)
     shape = case.shape()
@@ -138,32 +148,42 @@ def bench_shape(session, spec, repeats, torch, log):
            "pbwd_fit": fit.describe() if fit.ok else None,
            "pbwd_declined": None if fit.ok else fit.reason,
            "pbwd_prefers": C.prefers_persistent_backward(shape, session.limits)}
-    sel = C.Selector(case.timer, session.limits, cache=None, autotune=True).select(shape)
+    if fwd_family is None:
+        sel = C.Selector(case.timer, session.limits, cache=None, autotune=True).select(shape)
 
-    def without(s, d):
-        return tuple(c for c in C.candidates(s, d) if c.backward is None)
+        def without(s, d):
+            return tuple(c for c in C.candidates(s, d) if c.backward is None)
 
-    sel_wo = C.Selector(case.timer, session.limits, cache=None, autotune=True,
-                        candidates_fn=without).select(shape)
-    row["auto"], row["auto_wo_pbwd"] = sel.as_dict(), sel_wo.as_dict()
+        sel_wo = C.Selector(case.timer, session.limits, cache=None, autotune=True,
+                            candidates_fn=without).select(shape)
+        row["auto"], row["auto_wo_pbwd"] = sel.as_dict(), sel_wo.as_dict()
+        forward = sel_wo.schedule
+        variants = [("auto", sel.schedule, None), ("auto_wo_pbwd", sel_wo.schedule, None)]
+    else:   # no selector: the variants after that family's forward
+        forward = C.persistent_schedule(fwd_family)
+        row["forward"] = forward.name
+        variants = []
     # each persistent backward kernel that fits, with the forward auto chose without it: what
-    # calibrates the cost model that picks between them
-    variants = [("auto", sel.schedule), ("auto_wo_pbwd", sel_wo.schedule)]
-    for kind in ("grid", "cluster"):
-        vfit = persistent_bwd_fit(cell, H, B, session.limits.props(), kind=kind)
-        row[f"pbwd_{kind}_fit"] = vfit.describe() if vfit.ok else vfit.reason
-        row[f"pbwd_{kind}_model_us"] = vfit.step_us() if vfit.ok else None
-        if vfit.ok:
-            variants.append((f"pbwd_{kind}", replace(
-                sel_wo.schedule, name=f"{sel_wo.schedule.name}+pbwd-{kind}", backward=kind)))
+    # calibrates the cost model that picks between them; the grid kernels also at --units
+    for kind in kinds:
+        for u in (None,) + (tuple(units) if kind in ("grid", "pair") else ()):
+            label = f"pbwd_{kind}" + (f"_u{u}" if u else "")
+            vfit = persistent_bwd_fit(cell, H, B, session.limits.props(), kind=kind,
+                                      units_per_block=u)
+            row[f"{label}_fit"] = vfit.describe() if vfit.ok else vfit.reason
+            row[f"{label}_model_us"] = vfit.step_us() if vfit.ok else None
+            if vfit.ok:
+                variants.append((label, replace(
+                    forward, name=f"{forward.name}+{label}", backward=kind), u))
+    row["variant_labels"] = [label for label, _, _ in variants]
     fns = {}
-    for label, s in variants:
-        row[f"{label}_check"] = case.check(s)
+    for label, s, u in variants:
+        row[f"{label}_check"] = case.check(s, u)
         if not row[f"{label}_check"]["ok"]:
             log(f"  {label} {s.name}: REFUSED, gradients disagree: "
                 f"{row[f'{label}_check']['detail']}")
             continue
-        run, stream, _, bplan = case.state(s)
+        run, stream, _, bplan = case.state(s, u)
         row[f"{label}_backward_fit"], row[f"{label}_backward_fallback"] = (bplan.fit,
                                                                            bplan.fallback)
         fns[label] = (run, stream)
@@ -192,13 +212,17 @@ def table(rows) -> str:
         cells = []
         for label in ("auto", "auto_wo_pbwd"):
             ms = r.get(f"{label}_ms")
-            cells.append(f"{ms:.3f} ({r[label]['schedule']})" if ms else "refused")
+            cells.append(f"{ms:.3f} ({r[label]['schedule']})" if ms else
+                         "not run" if label not in r else "refused")
         ratios = [f"{cud / r[f'{k}_ms']:.2f}x" if r.get(f"{k}_ms") and cud else "-"
                   for k in ("auto", "auto_wo_pbwd")]
-        checks = ",".join(k for k in ("auto", "auto_wo_pbwd", "pbwd_grid", "pbwd_cluster")
+        pbwd = [k for k in r.get("variant_labels", ["pbwd_grid", "pbwd_cluster"])
+                if k.startswith("pbwd_")]
+        checks = ",".join(k for k in ["auto", "auto_wo_pbwd"] + pbwd
                           if r.get(f"{k}_check", {}).get("ok")) or "none"
-        variants = " ".join(f"{k[5:]} {r[f'{k}_ms']:.3f}" for k in ("pbwd_grid", "pbwd_cluster")
-                            if r.get(f"{k}_ms"))
+        variants = " ".join(f"{k[5:]} {r[f'{k}_ms']:.3f}"
+                            + (f" ({cud / r[f'{k}_ms']:.2f}x)" if cud else "")
+                            for k in pbwd if r.get(f"{k}_ms"))
         lines.append(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} "
                      f"T{r['steps']} | {cells[0]} | {cells[1]} | "
                      f"{f'{cud:.3f}' if cud else '-'} | {ratios[0]} | {ratios[1]} | "
@@ -214,7 +238,29 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 10)")
     ap.add_argument("--out", default=None, help="folder (default experiments/results/kernels)")
     ap.add_argument("--no-cudnn", action="store_true")
+    ap.add_argument("--shapes", default=None,
+                    help="cell:layers:hidden:batch[:steps], comma-separated (default: the list "
+                         "in the docstring)")
+    ap.add_argument("--kinds", default="grid,cluster",
+                    help="the persistent backward kernels timed each (grid, cluster, pair)")
+    ap.add_argument("--fwd-family", default=None,
+                    help="skip the selector: the --kinds after this persistent forward family")
+    ap.add_argument("--units", default="",
+                    help="the grid and pair kernels also at these units a block, e.g. 4,8")
     a = ap.parse_args(argv)
+    units = tuple(int(u) for u in a.units.split(",") if u)
+    kinds = tuple(k for k in a.kinds.split(",") if k)
+    for k in kinds:
+        if k not in ("grid", "cluster", "pair"):
+            ap.error(f"--kinds: {k!r} is not grid, cluster or pair")
+    specs = SHAPES
+    if a.shapes:
+        specs = []
+        for spec in a.shapes.split(","):
+            f = spec.split(":")
+            if len(f) not in (4, 5):
+                ap.error(f"--shapes: {spec!r} is not cell:layers:hidden:batch[:steps]")
+            specs.append((f[0], *map(int, f[1:4]), int(f[4]) if len(f) == 5 else 100))
     repeats = a.repeats or (3 if a.quick else 10)
     session = GpuSession()
     torch = None
@@ -223,14 +269,14 @@ def main(argv=None):
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
     shapes = [(c, L, H, B, 50 if a.quick and H * B * L >= 100_000 else T)
-              for c, L, H, B, T in SHAPES]
+              for c, L, H, B, T in specs]
     print("fp32, TF32 off (rnnrt: cuBLAS default math; cuDNN: allow_tf32 False); graph "
           f"executor; median of {repeats} rounds, rnnrt and cuDNN in turn", flush=True)
     rows = []
     for spec in shapes:
         print(f"{spec[0]} L{spec[1]} H{spec[2]} B{spec[3]} T{spec[4]} ...", flush=True)
         rows.append(bench_shape(session, spec, repeats, torch,
-                                lambda m: print(m, flush=True)))
+                                lambda m: print(m, flush=True), kinds, a.fwd_family, units))
     rec = {"kind": "persistent-bwd-bench", "created": now_iso(), "command": " ".join(sys.argv),
            "device": session.info, "versions": versions(session.cp), "tf32": False,
            "repeats": repeats, "quick": a.quick, "rows": rows}

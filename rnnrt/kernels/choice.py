@@ -40,7 +40,8 @@ from .persistent import Fit, persistent_fit
 from .choice_backward import (CUBLAS_BWD_LAYER_STEP_US, CUBLAS_BWD_STEP_US,  # noqa: F401
                               CUBLAS_SLOW_ROWS, BackwardChoice, backward_fit,
                               backward_steps_per_launch, choose_persistent_backward,
-                              prefers_persistent_backward, prefers_stack_backward)
+                              grid_pair_alternatives, prefers_persistent_backward,
+                              prefers_stack_backward)
 from .mma import MMA_DTYPES, mma_fit
 from .regs import regs_fit
 from .regs_bwd import regs_bwd_fit
@@ -348,8 +349,9 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     and the cluster families at other counts (``counts.count_schedules``, capped by ``cluster_cap(fit)``: an
     occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
-    it (or, where none fits, ib10 with it): first where its cost model expects it to win
-    (``prefers_persistent_backward``), else after the persistent families; and the regs
+    it (or, where none fits, ib10 with it), and with the other of the grid kernel and its
+    cluster-pair form (``grid_pair_alternatives``): first where its cost model expects it to
+    win (``prefers_persistent_backward``), else after the persistent families; and the regs
     forwards with the register-resident backward ('+rbwd', ``regs_backward_candidates``)
     after those. A variable-length shape: ``varlen_schedules`` (the persistent kernels
     decline a per-step batch). The order
@@ -373,8 +375,10 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
             return (with_persistent_backward(persistent_schedule("stack")),) + rbwd \
                 + persistent + counts + paper_schedules()
         return rbwd + persistent + counts + paper_schedules()
-    pbwd = tuple(with_persistent_backward(s)
-                 for s in persistent or (paper_schedule("ib10"),))
+    forwards = persistent or (paper_schedule("ib10"),)
+    # and the other of the grid kernel and its pair form, each timed (grid_pair_alternatives)
+    pbwd = tuple(with_persistent_backward(s) for s in forwards) \
+        + grid_pair_alternatives(shape, device, fit, forwards)
     # the other counts once each, with the backward the cost model prefers (the count is
     # the forward kernel's: the backward does not change which count is fastest)
     if prefers_persistent_backward(shape, device, fit):

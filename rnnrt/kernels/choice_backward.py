@@ -18,10 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..precision import get_precision
 from .mma import MMA_DTYPES
 from .mma_bwd import mma_bwd_fit
-from .persistent_bwd import BwdFit, persistent_bwd_fit
+from .persistent_bwd import BwdFit, PairBwdFit, persistent_bwd_fit
 from .regs_bwd import regs_bwd_fit
+from .schedules import Schedule
 from .stack_bwd import StackBwdFit, stack_bwd_fit
 from .stack_mma_bwd import stack_mma_bwd_fit
 
@@ -131,9 +133,11 @@ def choose_persistent_backward(key) -> BackwardChoice:
     the kernel running the whole batch every step.)
     A key of the tensor-core family (``family`` 'mma') with ``backward`` 'persistent' runs the
     tensor-core backward grid kernel (mma_bwd.mma_bwd_fit) where it fits, else the above with
-    the reason it was not used in the fit string (``mma_backward``); 'grid' and 'cluster'
-    name the FMA kernels whatever the family. 'regs' names the register-resident cluster
-    backward (``regs_backward``), whatever the forward runs."""
+    the reason it was not used in the fit string (``mma_backward``); 'grid', 'pair' and
+    'cluster' name the FMA kernels whatever the family ('pair': the grid kernel in cluster
+    pairs, fp32 on sm_90+; where it declines, the per-step backward with the reason; with
+    ``bwd_units`` 'grid' and 'pair' run that U). 'regs' names the register-resident
+    cluster backward (``regs_backward``), whatever the forward runs."""
     if key.backward == "regs":
         return regs_backward(key)
     note = ""   # why the plan's backward is not the one its forward's family would take
@@ -157,7 +161,9 @@ def choose_persistent_backward(key) -> BackwardChoice:
             return mma
         note += mma_note
     fit = persistent_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
-                             kind=kind, clusters=clusters, layers=overlapping_layers(key))
+                             kind=kind, clusters=clusters, layers=overlapping_layers(key),
+                             dtype=get_precision(key.dtype).name,
+                             units_per_block=key.bwd_units)   # PlanKey: 'grid' / 'pair' only
     why = _declines(fit, key.steps)
     if why is not None:
         return BackwardChoice(fit, f"persistent backward declined on {key.device.name}: {why}"
@@ -211,7 +217,33 @@ def _declines(fit: BwdFit, steps: int) -> str | None:
 def backward_fit(shape: "Shape", device) -> BwdFit:
     """The persistent backward kernel's fit for ``shape`` on ``device`` (DeviceLimits)."""
     return persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props(),
-                              layers=shape.layers)   # the candidates run the wavefront
+                              layers=shape.layers,   # the candidates run the wavefront
+                              dtype=get_precision(shape.dtype).name)
+
+
+def grid_pair_alternatives(shape: "Shape", device, fit: BwdFit | None,
+                           schedules: tuple[Schedule, ...]) -> tuple[Schedule, ...]:
+    """The selector's other one of the grid kernel and its cluster-pair form for a training
+    shape, so that both are timed: where the cost model's backward (``fit``,
+    ``backward_fit``: PlanKey.backward 'persistent', the '+pbwd' candidates) is the pair
+    kernel, each of ``schedules`` (the forwards, the stack kernel's left out: after it
+    'persistent' is the stack backward) with the grid kernel ('+gbwd', backward 'grid');
+    where it is the grid kernel and the pair fits, with the pair ('+ppbwd', backward 'pair');
+    else none (where the cost model takes the cluster kernel, at small H, its step has no
+    staging for the pair to halve: not worth the selector's budget). The selector keeps
+    the fastest: with timing on the pair
+    runs only where it measured faster; with timing off the heuristic takes 'persistent',
+    whose cost model takes the pair where its modelled step, its exchange included
+    (persistent_bwd.PAIR_EXCHANGE_US), is shorter than the grid kernel's."""
+    if not shape.train or shape.varlen or fit is None or not fit.ok or fit.cluster:
+        return ()
+    kind, tag = ("grid", "gbwd") if isinstance(fit, PairBwdFit) else ("pair", "ppbwd")
+    other = persistent_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props(),
+                               kind=kind, dtype=get_precision(shape.dtype).name)
+    if not other.ok:
+        return ()
+    return tuple(replace(s, name=f"{s.name}+{tag}", backward=kind) for s in schedules
+                 if s.family != "stack")
 
 
 def prefers_stack_backward(shape: "Shape", device) -> bool:

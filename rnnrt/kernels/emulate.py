@@ -44,13 +44,14 @@ def owned(fit: Fit, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return e[keep] % fit.threads, b[keep] + batches.start, jj[keep]
 
 
-def k_columns(fit: Fit, group: int) -> np.ndarray:
+def k_columns(fit: Fit, group: int, depth: int | None = None) -> np.ndarray:
     """The columns k of h_t (and of R) k-group ``group`` (kg = warp * LK + lk) multiplies,
     in its order: tile by tile (k_tile columns), its warp's chunks [w*CPW, (w+1)*CPW)
     clipped to the tile, first half then second, chunks lk, lk + LK, ... of each half,
-    skipping k >= H (R's padding there is zero). H is ``fit.depth``: the backward kernel
-    cuts the G*H columns of dg_t the same way."""
-    H, kt = fit.depth, fit.k_tile
+    skipping k >= H (R's padding there is zero). H is ``depth``, else ``fit.depth``: the
+    backward kernel cuts the G*H columns of dg_t the same way (the pair kernel's block 1 its
+    half, shorter than the KH its layout is sized for)."""
+    H, kt = fit.depth if depth is None else int(depth), fit.k_tile
     lk_n = fit.lanes[2]
     w, lk = divmod(group, lk_n)
     cpw = fit.chunks_per_warp
@@ -66,16 +67,16 @@ def k_columns(fit: Fit, group: int) -> np.ndarray:
     return np.array(cols, dtype=np.int64)
 
 
-def k_group_runs(fit: Fit) -> list:
+def k_group_runs(fit: Fit, depth: int | None = None) -> list:
     """``k_columns`` of k-groups 0, 1, ... in the kernel's order, each run of consecutive
     k-groups with no column as one None. At small H most k-groups own no column (H 6 at 256
     threads: 254 of 256), and a product per empty group was nearly all of the emulation's
     time; their partial sums are zero, and adding zero once or n times gives the same bits
     (it only turns -0.0 into +0.0), so ``sum_k_groups`` over these runs equals the sum over
-    every k-group bit for bit."""
+    every k-group bit for bit. ``depth``: ``k_columns``'."""
     runs = []
     for g in range(fit.k_split):
-        cols = k_columns(fit, g)
+        cols = k_columns(fit, g, depth)
         if cols.size:
             runs.append(cols)
         elif not runs or runs[-1] is not None:

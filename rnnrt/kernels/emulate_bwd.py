@@ -20,7 +20,8 @@ from . import twins as knp
 from .budget import ceil_div
 from .emulate import k_group_runs, operand_of, owned, sum_k_groups
 from .persistent import CLUSTER_BATCH
-from .persistent_bwd import BwdFit, bwd_geometry, bwd_kernel_name
+from .persistent_bwd import (BwdFit, PairBwdFit, bwd_geometry, bwd_kernel_name, pair_geometry,
+                             pair_kernel_name)
 
 
 def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=None,
@@ -126,6 +127,23 @@ def emulate_bwd(cell: str, fit: BwdFit, dhin, dh_n, R, act=None, st=None, dc_n=N
     return {"dgx": dgx, "dgh": dgh, "dh0": dhrec, "dc0": dc}
 
 
+def pair_products(fit: PairBwdFit):
+    """``emulate_bwd``'s products for the pair kernel's ``fit``: each block of a pair sums its
+    half of the gate rows (block 0 columns [0, KH), block 1 [KH, K): ``fit.halves``) over its
+    k-groups in order (``k_group_runs`` of the pair's layout, 2U rows, over the half's depth),
+    the same for every row; then half 0 + half 1 (the owner adds the other's: the same value,
+    addition commutes). -> products(rs [Ub, K], dg [Bc, K]) -> [Ub, Bc]."""
+    kh, kc = fit.halves
+    runs = [(k_group_runs(fit, kh), 0), (k_group_runs(fit, kc), kh)]
+
+    def products(rs, dg):
+        shape, dtype = (rs.shape[0], dg.shape[0]), np.result_type(rs, dg)
+        s0, s1 = (sum_k_groups(r, lambda cols, o=off: rs[:, o + cols] @ dg[:, o + cols].T,
+                               shape, dtype) for r, off in runs)
+        return s0 + s1
+    return products
+
+
 # --- NumPy twins of the registry's kernels ------------------------------------------------
 # fn(rows = B, cols = H, outs, ins, T, units_per_block, k_tile), the views as the registry
 # hands them (persistent_bwd.cu's header): outs dgx [T*B, G*H], dgh (GRU), dh0 [B, H], dc0
@@ -141,6 +159,14 @@ def _grid_or_cluster_fit(cell, B, H, units_per_block, k_tile, cluster):
     fit = bwd_geometry(cell, H, B, units_per_block, k_tile=k_tile,
                        clusters=ceil_div(B, CLUSTER_BATCH) if cluster else 0)
     return bwd_kernel_name(cell, cluster), fit
+
+
+def _pair_fit(cell, B, H, units_per_block, k_tile, cluster):
+    """(kernel name, fit, emulate_bwd's keywords) of the pair kernel's twin."""
+    if cluster:
+        raise ValueError(f"{pair_kernel_name(cell)}: a grid kernel in pairs, no cluster=True")
+    fit = pair_geometry(cell, H, B, units_per_block, k_tile=k_tile)
+    return pair_kernel_name(cell), fit, {"products": pair_products(fit)}
 
 
 def twin_of(cell: str, fit_of=_grid_or_cluster_fit, name: str | None = None):
@@ -193,3 +219,7 @@ lstm_persistent_bwd = twin_of("lstm")
 gru_persistent_bwd = twin_of("gru")
 rnn_tanh_persistent_bwd = twin_of("rnn_tanh")
 rnn_relu_persistent_bwd = twin_of("rnn_relu")
+# the grid kernels in cluster pairs (persistent_bwd_pair.cu): their cut and sum order
+lstm_persistent_pair_bwd, gru_persistent_pair_bwd, rnn_tanh_persistent_pair_bwd, \
+    rnn_relu_persistent_pair_bwd = (twin_of(c, _pair_fit, pair_kernel_name(c))
+                                    for c in ("lstm", "gru", "rnn_tanh", "rnn_relu"))

@@ -217,6 +217,12 @@ class Fit(Launch1D):
         of R times h_t, K = H (the backward: one row of R^T, K = G*H)."""
         return gates, hidden
 
+    @staticmethod
+    def grid_blocks(hidden: int, units_per_block: int) -> int:
+        """Blocks of the grid kernel: ceil(H / U), one a U units (persistent_bwd.PairBwdFit:
+        whole pairs)."""
+        return ceil_div(hidden, units_per_block)
+
     @property
     def rows(self) -> int:
         """M: rows of R a block holds (G * U here)."""
@@ -380,7 +386,8 @@ def layout(fit_class: type[Fit], cell: str, hidden: int, batch: int, units_per_b
     nkg = max(1, threads // 32) * lanes[2]
     M = per_unit * U
     fit = fit_class(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits", units_per_block=U,
-               blocks=PK_CLUSTER * ncl if ncl else ceil_div(H, U), threads=threads,
+               blocks=PK_CLUSTER * ncl if ncl else fit_class.grid_blocks(H, U),
+               threads=threads,
                lanes=lanes, k_groups=nkg, cells_per_thread=ceil_div(U * BG, max(threads, 1)),
                k_tile=kt, smem_r=4 * M * stride_r(K),
                smem_tile=4 * (2 if ncl else 1) * BG * tile_stride(kt),

@@ -17,9 +17,15 @@ blocks <= SMs), as for the forward grid kernel.
 What the kernel does not do: the gradients of W, R, the biases and the layer's input. They
 are GEMMs over all T steps of the dg it writes (plan/backward_persistent.py).
 
-``persistent_bwd_fit(cell, hidden, batch, props)`` chooses U (by the cost model, below), the
-block size, the tile width and the dynamic shared memory from CuPy-style device properties
-and says why when a shape does not fit.
+The grid kernel in cluster pairs (cuda_src/persistent_bwd_pair.cu, ``PairBwdFit``): the two
+blocks of a cluster own 2U units together, each multiplies half of the G*H gate rows of dg_t
+by the R^T rows of all 2U (half the staging, the same FMAs) and sends the other the half sums
+of its units through distributed shared memory; ``pair_fit`` and ``pair_decline`` say where
+it runs (fp32, sm_90+, every pair resident).
+
+``persistent_bwd_fit(cell, hidden, batch, props)`` chooses the kernel, U (by the cost model,
+below), the block size, the tile width and the dynamic shared memory from CuPy-style device
+properties and says why when a shape does not fit.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from ..cells import get_cell
 from .budget import DeviceBudget, ceil_div
 from .persistent import (BLOCK_SIZES, PK_CLUSTER, PK_CPT, PK_MAX_THREADS, Fit, cluster_count,
                          cluster_fit, grid_fit, layout)
+from .stack_bwd import PAIR_SM_SLACK
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes (the most __launch_bounds__(256, 1) allows; nvcc
@@ -104,19 +111,110 @@ class BwdFit(Fit):
                                    self.batch_per_block)
         return step_us(self.blocks, self.units_per_block, self.depth, self.batch)
 
+    def where_words(self) -> str:
+        """Where the launch's blocks are, in the words of ``describe``."""
+        return (f"{self.clusters} cluster{'' if self.clusters == 1 else 's'} of "
+                f"{self.cluster} blocks ({self.batch_per_block} batches each)"
+                if self.cluster else f"{self.blocks} blocks")
+
+    def smem_words(self) -> str:
+        """The shared memory's parts, in the words of ``describe``."""
+        return (f"R^T {self.smem_r} + tile {self.smem_tile} + partials "
+                f"{self.smem_partials}")
+
     def describe(self) -> str:
         lr, lb, lk = self.lanes
         tiles = self.tiles
-        where = (f"{self.clusters} cluster{'' if self.clusters == 1 else 's'} of "
-                 f"{self.cluster} blocks ({self.batch_per_block} batches each)"
-                 if self.cluster else f"{self.blocks} blocks")
         head = (f"{self.cell} backward H {self.hidden} B {self.batch}: U {self.units_per_block}, "
-                f"{where} x {self.threads} threads (lanes {lr}x{lb}x{lk}, "
+                f"{self.where_words()} x {self.threads} threads (lanes {lr}x{lb}x{lk}, "
                 f"{self.k_groups} k-groups), k_tile {self.k_tile} of {self.depth} ({tiles} tile"
-                f"{'' if tiles == 1 else 's'} a step), shared {self.smem_bytes} B (R^T "
-                f"{self.smem_r} + tile {self.smem_tile} + partials {self.smem_partials}), "
-                f"~{self.step_us():.1f} us a step modelled")
+                f"{'' if tiles == 1 else 's'} a step), shared {self.smem_bytes} B "
+                f"({self.smem_words()}), ~{self.step_us():.1f} us a step modelled")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
+
+
+PAIR_EXCHANGE_US = 1.0
+"""The pair kernel's exchange a step in the cost model (``pair_step_us``): the cluster
+barrier (~0.4 us, the register-resident backward's budget), the U x B remote stores and the
+second k-group sum a cell (the other block's unit), and the wait for the slower block of the
+pair. A guess: the GPU timing (persistent_bwd_bench.py --kinds grid,pair) calibrates it."""
+
+
+def half_depth(depth: int) -> int:
+    """KH: the gate rows of block 0's half of a pair's product (float4-aligned, so block 1's
+    half starts on a 16-byte boundary of every dg row): 4 * ceil(depth / 8); block 1 takes
+    the other depth - KH."""
+    return 4 * ceil_div(int(depth), 8)
+
+
+def pair_kernel_name(cell: str) -> str:
+    """The pair kernel of ``cell``: 'lstm' -> 'lstm_persistent_pair_bwd'."""
+    return f"{get_cell(cell).name}_persistent_pair_bwd"
+
+
+@dataclass(frozen=True)
+class PairBwdFit(BwdFit):
+    """The grid kernel in cluster pairs (cuda_src/persistent_bwd_pair.cu): BwdFit's fields
+    for one block of a pair. Block x owns units [x*U, x*U + U) for its pointwise (as the grid
+    kernel's rank x); pair p = x // 2 owns [2pU, 2pU + 2U), and block c = x % 2 multiplies
+    gate rows [c*KH, c*KH + KC) of dg_{t+1} (KH = ``half_depth(G*H)``, ``halves``) by the R^T
+    rows of all 2U units: the product of the layout is M = 2U rows (``rows``) of depth KH
+    (``depth``: the layout is sized for block 0's half; block 1's may be shorter).
+    blocks = 2 * ceil(H / 2U) (whole pairs; the last block may own no unit), all resident.
+    smem_bytes adds the other block's half sums, U x B floats (``smem_recv``)."""
+
+    @property
+    def kernel(self) -> str:
+        return pair_kernel_name(self.cell)
+
+    @staticmethod
+    def product(gates: int, hidden: int) -> tuple[int, int]:
+        """(rows of R^T a block's unit brings: its own and the other block's one, depth KH):
+        M = 2U rows of block 0's half of the G*H gate rows."""
+        return 2, half_depth(gates * hidden)
+
+    @staticmethod
+    def grid_blocks(hidden: int, units_per_block: int) -> int:
+        """2 * ceil(H / 2U): whole pairs."""
+        return 2 * ceil_div(hidden, 2 * units_per_block)
+
+    @property
+    def pairs(self) -> int:
+        return self.blocks // 2
+
+    @property
+    def halves(self) -> tuple[int, int]:
+        """(KH, KC): the gate rows of block 0's half and of block 1's."""
+        K = self.gates * self.hidden
+        return self.depth, K - self.depth
+
+    @property
+    def smem_recv(self) -> int:
+        """Bytes of the other block's half sums of this block's units: U x B floats."""
+        return 4 * self.units_per_block * self.batch_per_block
+
+    @property
+    def smem_bytes(self) -> int:
+        return super().smem_bytes + self.smem_recv
+
+    @property
+    def depth_words(self) -> str:
+        return f"{self.depth} = half of G*H"
+
+    def slice_words(self) -> str:
+        return (f"R^T slice alone is {self.rows} units (the pair's) x {self.depth} gate rows "
+                f"(a half)")
+
+    def where_words(self) -> str:
+        kh, kc = self.halves
+        return (f"{self.blocks} blocks in {self.pairs} cluster pairs (a block {kh} or {kc} of "
+                f"the {kh + kc} gate rows)")
+
+    def smem_words(self) -> str:
+        return f"{super().smem_words()} + the other half's sums {self.smem_recv}"
+
+    def step_us(self) -> float:
+        return pair_step_us(self.blocks, self.units_per_block, self.depth, self.batch)
 
 
 def step_us(blocks: int, units: int, depth: int, batch: int) -> float:
@@ -125,6 +223,15 @@ def step_us(blocks: int, units: int, depth: int, batch: int) -> float:
     staged = 4.0 * blocks * batch * depth
     return (STEP_FIXED_US + staged / L2_BYTES_PER_US
             + units * depth * batch / FMAS_PER_US_PER_SM)
+
+
+def pair_step_us(blocks: int, units: int, half: int, batch: int) -> float:
+    """The modelled microseconds of one step of the pair kernel: ``step_us``'s terms with
+    every block staging only its half (``half`` = KH columns of dg_t) and multiplying it by
+    2U rows (the grid kernel's FMAs at U), plus PAIR_EXCHANGE_US."""
+    staged = 4.0 * blocks * batch * half
+    return (STEP_FIXED_US + staged / L2_BYTES_PER_US
+            + 2 * units * half * batch / FMAS_PER_US_PER_SM + PAIR_EXCHANGE_US)
 
 
 def cluster_step_us(units: int, gates: int, depth: int, batch: int) -> float:
@@ -150,17 +257,30 @@ def bwd_geometry(cell: str, hidden: int, batch: int, units_per_block: int,
                   clusters)
 
 
+def pair_geometry(cell: str, hidden: int, batch: int, units_per_block: int,
+                  threads: int | None = None, max_threads: int = PK_MAX_THREADS,
+                  k_tile: int | None = None) -> "PairBwdFit":
+    """The pair kernel's decomposition for U = ``units_per_block`` with no device checks
+    (``bwd_geometry``'s rules over PairBwdFit's product: 2U rows of half the gate rows;
+    ``k_tile``: columns of a half a tile, else all KH of them)."""
+    return layout(PairBwdFit, cell, hidden, batch, units_per_block, threads, max_threads,
+                  k_tile)
+
+
 def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
                        kind: str | None = None, units_per_block: int | None = None,
                        threads: int | None = None, regs_per_thread: int | None = None,
                        k_tile: int | None = None, clusters: int | None = None,
-                       layers: int = 1) -> BwdFit:
+                       layers: int = 1, dtype: str = "float32") -> BwdFit:
     """Fit one layer's backward onto the device described by ``props`` (CuPy's
-    getDeviceProperties keys, as persistent.persistent_fit). ``kind``: 'grid', 'cluster',
-    or None: of the two that fit, the one whose step the cost model makes shorter (the grid
-    kernel on a tie; with ``layers`` > 1 the grid kernel's step times layers, since the
-    cluster kernel's chunked launches overlap the layers and the grid kernel's cannot); given ``units_per_block`` or ``k_tile`` mean 'grid', ``clusters``
-    'cluster'.
+    getDeviceProperties keys, as persistent.persistent_fit). ``kind``: 'grid', 'pair' (the
+    grid kernel in cluster pairs, ``pair_fit``), 'cluster', or None: of those that fit, the
+    one whose step the cost model makes shorter (of grid and pair the pair only where its
+    modelled step, exchange included, is shorter; then against the cluster kernel, the grid
+    kernel on a tie; with ``layers`` > 1 the grid kernels' step times layers, since the
+    cluster kernel's chunked launches overlap the layers and the grid kernels' cannot);
+    given ``units_per_block`` or ``k_tile`` mean 'grid', ``clusters`` 'cluster'. ``dtype``
+    (the key's precision): the pair kernel runs float32 only.
     The grid kernel, rules in order (the first that fails is the reason):
       1. U: given (knob), else of U0 = ceil(H / SMs) and its doublings (fewer blocks: less
          of dg_t staged from L2 every step, more FMAs a block) the one whose step the cost
@@ -173,6 +293,9 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
          fewest even tiles over K = G*H that fit; the block: the fewest tiles, then the
          fewest k-groups past KG_MAX, then the largest.
       4. Registers (NVCC_REGS unless given, per warp in units of 256) fit a block and an SM.
+    The pair kernel (``pair_fit``): rules 1-4 over its layout (2U rows of half the gate rows,
+    2 ceil(H / 2U) blocks, U by ``pair_step_us``), then ``pair_decline`` (float32, compute
+    capability 9.0+, two non-empty halves, every pair resident at once).
     The cluster kernel: compute capability >= 9.0 and >= PK_CLUSTER SMs; U =
     ceil(H / PK_CLUSTER), ``persistent.cluster_count(B, SMs, layers)`` clusters (the
     forward's: one per 4 batches, on at most half the SMs, or with ``layers`` > 1 launches
@@ -184,9 +307,9 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
     buffers); then rules 2-4 for its layout (block: the fewest k-groups past KG_MAX, then the
     largest). A cluster is scheduled whole and waits only for itself: no co-residency rule.
     """
-    if kind not in (None, "grid", "cluster"):
-        raise ValueError(f"persistent_bwd_fit: kind must be 'grid', 'cluster' or None, got "
-                         f"{kind!r}")
+    if kind not in (None, "grid", "pair", "cluster"):
+        raise ValueError(f"persistent_bwd_fit: kind must be 'grid', 'pair', 'cluster' or None, "
+                         f"got {kind!r}")
     if kind is None and (units_per_block is not None or k_tile is not None):
         kind = "grid"
     if kind is None and clusters is not None:
@@ -195,9 +318,13 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
     H, B = int(hidden), int(batch)
     dev = DeviceBudget(props, NVCC_REGS[name] if regs_per_thread is None else regs_per_thread,
                        PK_MAX_THREADS, BLOCK_SIZES, threads)
-    grid = cl = None
+    grid = cl = pair = None
     if kind in (None, "grid"):
         grid = _grid_fit(dev, name, H, B, units_per_block, k_tile)
+    if kind in (None, "pair"):
+        pair = pair_fit(dev, name, H, B, units_per_block, k_tile, dtype)
+        if kind == "pair":
+            return pair
     if kind in (None, "cluster"):
         if clusters is not None and int(clusters) < 1:
             raise ValueError(f"persistent_bwd_fit: clusters must be >= 1, got {clusters!r}")
@@ -210,16 +337,60 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
                     break
     if kind is not None:
         return grid if kind == "grid" else cl
+    grid = _prefer(grid, pair, "grid kernel", "pair kernel")
     # with several layers the cluster kernel's chunked launches overlap them; the grid
-    # kernel's run one after another (it needs every SM): compare a layer-step of each
-    grid_us = grid.step_us() * int(layers) if grid.ok else 0.0
-    if cl.ok and (not grid.ok or cl.step_us() < grid_us):
-        other = "the grid kernel " + (f"~{grid.step_us():.1f} us a step" if grid.ok
-                                      else f"does not fit: {grid.reason}")
-        return replace(cl, reason=f"{cl.reason}; {other}")
-    other = "the cluster kernel " + (f"~{cl.step_us():.1f} us a step" if cl.ok
-                                     else f"does not fit: {cl.reason}")
-    return replace(grid, reason=f"{grid.reason}; {other}")
+    # kernels' run one after another (they need every SM): compare a layer-step of each
+    return _prefer(grid, cl, "grid kernel", "cluster kernel", int(layers))
+
+
+def _prefer(base: BwdFit, alt: BwdFit, base_name: str, alt_name: str,
+            base_scale: int = 1) -> BwdFit:
+    """``alt`` where it fits and its modelled step is shorter than ``base``'s times
+    ``base_scale`` (or ``base`` does not fit), else ``base``; the reason names the other
+    (its modelled step, or why it does not fit)."""
+    take = alt.ok and (not base.ok or alt.step_us() < base.step_us() * base_scale)
+    won, lost, name = (alt, base, base_name) if take else (base, alt, alt_name)
+    other = f"the {name} " + (f"~{lost.step_us():.1f} us a step" if lost.ok
+                              else f"does not fit: {lost.reason}")
+    return replace(won, reason=f"{won.reason}; {other}")
+
+
+def pair_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block=None,
+             k_tile=None, dtype: str = "float32") -> "PairBwdFit":
+    """The pair kernel's fit (``PairBwdFit``): the grid kernel's rules 1-4 for its layout (U
+    given, else by the cost model, ``pair_step_us``), each U's fit also declined where
+    ``pair_decline`` says why (the first reason: fp32, clusters, the halves, the pairs
+    resident at once)."""
+    def fit_at(u):
+        f = grid_fit(dev, PairBwdFit, name, H, B, u, k_tile)
+        why = pair_decline(f, dev, dtype) if f.ok else None
+        return replace(f, ok=False, reason=f"{name} backward pair kernel: {why}") if why else f
+    if units_per_block is not None:
+        return fit_at(int(units_per_block))
+    return by_cost_model(dev, H, B, fit_at)
+
+
+def pair_decline(fit: "PairBwdFit", dev: DeviceBudget, dtype: str = "float32") -> str | None:
+    """Why the pair kernel cannot run ``fit`` (a PairBwdFit that grid_fit accepted: one
+    block an SM, its shared memory and registers), or None: float32 only (no typed
+    instantiations); thread-block clusters (compute capability 9.0+); two halves of the
+    G*H gate rows, neither empty; every pair resident at once: pairs <= (SMs -
+    stack_bwd.PAIR_SM_SLACK) / 2 (a cluster lives on one GPC, whose size the properties do
+    not give; the driver's count, cuOccupancyMaxActiveClusters, is checked on the GPU by
+    tests/gpu/test_gpu_pair_bwd.py)."""
+    if dtype != "float32":
+        return f"float32 only (no {dtype} instantiation): the grid kernel runs it"
+    if dev.cc_major < 9:
+        return (f"compute capability {dev.cc_major}.x has no thread-block clusters (they need "
+                f"9.0+)")
+    kh, kc = fit.halves
+    if kc < 1:
+        return f"{kh + kc} gate rows are too few to halve (block 1's half would be empty)"
+    cap = (dev.sms - PAIR_SM_SLACK) // 2
+    if fit.pairs > cap:
+        return (f"{fit.pairs} pairs > {cap} resident at once ((SMs - {PAIR_SM_SLACK}) / 2: a "
+                f"pair lives on one GPC)")
+    return None
 
 
 def _grid_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block, k_tile) -> BwdFit:

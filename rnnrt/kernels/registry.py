@@ -393,6 +393,13 @@ REGISTRY += tuple(
             numpy_fn=functools.partial(k.numpy_fn, cluster=True))
     for k in REGISTRY if k.file == "persistent_bwd.cu")
 
+# the backward grid kernels in cluster pairs (persistent_bwd_pair.cu; persistent_bwd.py's
+# PairBwdFit): the grid kernels' arguments, their twins emulate_bwd's pair ones
+REGISTRY += tuple(
+    replace(k, name=pair, file="persistent_bwd_pair.cu", numpy_fn=getattr(emulate_bwd, pair))
+    for k in REGISTRY if k.file == "persistent_bwd.cu" and k.name.endswith("_persistent_bwd")
+    for pair in (k.name.replace("_persistent_bwd", "_persistent_pair_bwd"),))
+
 # the register-resident cluster backward kernels (persistent_regs_bwd.cu; regs_bwd.py,
 # emulate_regs.py): the cluster backward kernels' arguments, R^T in registers
 REGISTRY += tuple(

@@ -1,7 +1,9 @@
-"""The persistent backward plan: ``PlanKey.backward`` 'grid', 'cluster', 'regs' (the
+"""The persistent backward plan: ``PlanKey.backward`` 'grid', 'pair' (the grid kernel in
+cluster pairs: its arguments and one launch a layer), 'cluster', 'regs' (the
 register-resident cluster backward: the cluster kernel's arguments and chunking, R^T in
-registers) or 'persistent' (the one of grid and cluster the cost model prefers; a schedule the selector offers for training shapes, no switch
-turns it on, so the rungs' backward is unchanged). Where the forward runs the stack kernel
+registers) or 'persistent' (the one of grid, pair and cluster the cost model prefers; a
+schedule the selector offers for training shapes, no switch turns it on, so the rungs'
+backward is unchanged). Where the forward runs the stack kernel
 and the stack backward fits ('stack', or 'persistent'), the plan is backward_stack.py's.
 
 Per layer, from the top (kernels/choice_backward.py's ``choose_persistent_backward`` says
@@ -9,7 +11,8 @@ whether the kernel fits and the steps k one launch covers; where it does not fit
 is backward.py's per-step schedule with the reason in ``Plan.fallback``), chunks [t0, t1) of
 k steps from the last to the first (k = T: one chunk, one launch a layer):
   ('pbwd', l, t0) one launch of the cell's persistent backward kernel, grid or cluster
-                (cuda_src/persistent_bwd.cu) or register-resident
+                (cuda_src/persistent_bwd.cu), grid in pairs (persistent_bwd_pair.cu) or
+                register-resident
                 (cuda_src/persistent_regs_bwd.cu) on the recurrence stream: the recurrent chain
                 of layer l over t = t1-1 .. t0, on views offset to the chunk (the kernel's
                 T = t1 - t0): reading dhin{l} rows t0..t1 (the gradient from above), dh_n =
@@ -27,7 +30,7 @@ k steps from the last to the first (k = T: one chunk, one launch a layer):
                 T*B rows (fp32 accumulation in a fixed order: the same bits every run), on
                 the input stream after the layer's last launch ('pbwd', l, 0), overlapping
                 the layers below.
-k = T for the grid kernel: it needs every block resident on its own SM, so two of its
+k = T for the grid kernel (and its pairs): it needs every block resident on its own SM, so two of its
 launches never run at once: layer l-1's waits for layer l's dx GEMM, which waits for layer
 l's launch. The cluster kernels wait only for their own cluster (no grid barrier, no
 counters): with several layers and the wavefront they run chunked (k = the switches' input

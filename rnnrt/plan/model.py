@@ -33,12 +33,13 @@ PERSISTENT_FAMILIES = ("stack", "grid", "cluster", "regs", "mma", "solo")
 CLUSTER_FAMILIES = ("cluster", "regs")
 """The persistent families whose count of clusters is a launch parameter (PlanKey.clusters)."""
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
-BACKWARD_FAMILIES = ("persistent", "grid", "cluster", "stack", "regs")
+BACKWARD_FAMILIES = ("persistent", "grid", "cluster", "stack", "regs", "pair")
 """The persistent backward kernels a training PlanKey may name (``PlanKey.backward``):
-'grid' or 'cluster', 'stack' (the stack backward: every layer in one launch, after the stack
+'grid' or 'cluster', 'pair' (the grid kernel in cluster pairs, a block half the gate rows:
+sm_90+, fp32), 'stack' (the stack backward: every layer in one launch, after the stack
 forward), 'regs' (the register-resident cluster backward, H <= 128, fp32: only where named;
 the selector times it beside the others), or 'persistent': the stack backward where the
-forward runs the stack kernel and it fits, else the one of grid and cluster
+forward runs the stack kernel and it fits, else the one of grid, pair and cluster
 kernels/choice.py's cost model prefers."""
 
 
@@ -54,9 +55,10 @@ class PlanKey:
     falls back to the schedule without the switch and says why, as for None.
 
     backward: a training key's backward schedule: None, the switches' per-step schedule
-    (cuBLAS GEMMs and fused pointwise kernels a step); 'grid', 'cluster' or 'regs' (the
-    register-resident cluster kernel), that persistent backward kernel, or 'persistent', the
-    one of grid and cluster the cost model prefers (one launch a
+    (cuBLAS GEMMs and fused pointwise kernels a step); 'grid', 'pair' (the grid kernel in
+    cluster pairs), 'cluster' or 'regs' (the register-resident cluster kernel), that
+    persistent backward kernel, or 'persistent', the one of grid, pair and cluster the cost
+    model prefers (one launch a
     layer for the recurrent chain, then one GEMM a layer for each of dx, dW, dR and the
     biases; plan/backward_persistent.py), where its fit accepts the shape, else the
     per-step schedule with the reason (Plan.fallback); 'stack', the stack backward (every
@@ -85,6 +87,9 @@ class PlanKey:
     'persistent' the kernel is then the cluster one, also where the stack backward would
     fit); None: the rule's (kernels/persistent_bwd.py
     ``persistent_bwd_fit``: the layers' share of the SMs where the launches overlap).
+    bwd_units: a key with ``backward`` 'grid' or 'pair': the grid backward kernel's units a
+    block U, run exactly (an experiment's knob: where that U does not fit, the per-step
+    backward with the reason); None: the cost model's (``persistent_bwd_fit``).
     """
 
     cell: str
@@ -105,6 +110,7 @@ class PlanKey:
     clusters: int | None = None
     bwd_splits: int | None = None
     bwd_clusters: int | None = None
+    bwd_units: int | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -161,9 +167,17 @@ class PlanKey:
             if self.backward is None:
                 raise ValueError("PlanKey.bwd_clusters: the cluster backward kernel's count, "
                                  "but backward is None (no persistent backward)")
-            if self.backward in ("grid", "stack"):
+            if self.backward in ("grid", "pair", "stack"):
                 raise ValueError(f"PlanKey.bwd_clusters {n}: the cluster backward kernel's "
                                  f"count, but backward is {self.backward!r}")
+        n = self.bwd_units
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"PlanKey.bwd_units: expected an int >= 1 or None, got {n!r}")
+            if self.backward not in ("grid", "pair"):
+                raise ValueError(f"PlanKey.bwd_units {n}: the grid backward kernel's units a "
+                                 f"block, but backward is {self.backward!r} (expected 'grid' "
+                                 f"or 'pair')")
         if self.backward is not None:
             if self.backward not in BACKWARD_FAMILIES:
                 raise ValueError(f"PlanKey.backward: expected one of {BACKWARD_FAMILIES} or "

@@ -10,7 +10,9 @@
 // for real. Used by tests/kernels/test_kernels_persistent_sim.py, test_kernels_stack.py,
 // test_kernels_stack_bwd.py (PK_SIM_STACK_BWD) and
 // test_kernels_persistent_bwd_sim.py (PK_SIM_BWD: the backward kernels' main below;
-// test_kernels_regs_bwd_sim.py: PK_SIM_REGS_BWD, the register-resident ones in it) and
+// test_kernels_regs_bwd_sim.py: PK_SIM_REGS_BWD, the register-resident ones in it;
+// test_kernels_pair_bwd_sim.py: PK_SIM_BWD_PAIR, the grid kernels in cluster pairs, CLUSTER 2:
+// the grid barrier and the cluster primitives both) and
 // test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
 // emulated over the warp's exchange buffer) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
 // the tensor-core backward kernels, likewise) and test_kernels_stack_mma.py
@@ -46,8 +48,8 @@
 #include <thread>
 #include <vector>
 
-#ifdef PK_SIM_REGS_BWD   // persistent_regs_bwd.cu's kernels in the backward main below
-#define PK_SIM_BWD
+#if defined(PK_SIM_REGS_BWD) || defined(PK_SIM_BWD_PAIR)   // the backward main below runs
+#define PK_SIM_BWD                                          // their kernels
 #endif
 
 struct Dim3 { unsigned int x = 1, y = 1, z = 1; };
@@ -270,6 +272,17 @@ static void pk_mma16816(float (&d)[4], const unsigned int (&a)[4], const unsigne
 #define rnn_tanh_persistent_cluster_bwd rnn_tanh_persistent_regs_bwd
 #define rnn_relu_persistent_bwd rnn_relu_persistent_regs_bwd
 #define rnn_relu_persistent_cluster_bwd rnn_relu_persistent_regs_bwd
+#endif
+
+#ifdef PK_SIM_BWD_PAIR   // the backward main runs the grid kernels in cluster pairs (CLUSTER 2)
+#define lstm_persistent_bwd lstm_persistent_pair_bwd
+#define lstm_persistent_cluster_bwd lstm_persistent_pair_bwd
+#define gru_persistent_bwd gru_persistent_pair_bwd
+#define gru_persistent_cluster_bwd gru_persistent_pair_bwd
+#define rnn_tanh_persistent_bwd rnn_tanh_persistent_pair_bwd
+#define rnn_tanh_persistent_cluster_bwd rnn_tanh_persistent_pair_bwd
+#define rnn_relu_persistent_bwd rnn_relu_persistent_pair_bwd
+#define rnn_relu_persistent_cluster_bwd rnn_relu_persistent_pair_bwd
 #endif
 
 #ifdef PK_SIM_REGS   // the forward main runs the register-resident kernels in their stead

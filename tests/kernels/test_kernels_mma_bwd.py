@@ -56,7 +56,7 @@ def test_the_kernel_is_the_backward_body_on_tensor_cores():
     whose k-group is the warp; the factored body is persistent_bwd.cu's too."""
     assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == len(CELLS)
     assert len(re.findall(r"persistent_bwd<\d, CELL_\w+, 0, TS, TF32, true>", SRC)) == len(CELLS)
-    assert "const PkGeom g = pk_geom<MMA>(1, U, BG, K, KT, nt);" in SRC
+    assert "const PkGeom g = pk_geom<MMA>(1, PAIR ? 2 * U : U, BG, KD, KT, nt);" in SRC   # KD = K
     assert "const int kg = MMA ? warp : warp * g.LK + lk;" in SRC
     assert "pk_mma_span<TS>(macc, g, Rs, hcur, B, K, k0, c0, c1, 0, 0, lane);" in SRC
     assert "persistent_bwd.cuh (inlined" in S.source("persistent_bwd.cu")

@@ -119,15 +119,19 @@ def test_the_kernel_computes_the_fits_formulas():
     [NKG][U][BP]; ranks x U >= H; cells <= PK_CPT a thread; the cluster's batch slice."""
     for line in ("const int K = G * H;",
                  # pk_geom<false> is pk_geometry (the tensor-core kernels' MMA: mma_bwd.py)
-                 "const PkGeom g = pk_geom<MMA>(1, U, BG, K, KT, nt);",
+                 # (PAIR: the pair kernel's, test_kernels_pair_bwd.py; here KD = K)
+                 "int pc = 0, kb = 0, KC = K, KD = K;",
+                 "const PkGeom g = pk_geom<MMA>(1, PAIR ? 2 * U : U, BG, KD, KT, nt);",
                  "return pk_geometry(G, U, B, H, KT, nt);",
                  "const long long need = 4LL * ((long long)g.M * g.SR + (CL ? 2LL : 1LL) * BG * g.SH\n"
-                 "                                  + (long long)g.NKG * g.M * g.BP);",
+                 "                                  + (long long)g.NKG * g.M * g.BP + (PAIR ? (long long)U * BG : 0));",
                  "if ((long long)ranks * U < H || (long long)U * BG > (long long)PK_CPT * nt ||",
                  "BG = (Bfull + (int)pk_clusters() - 1) / (int)pk_clusters();",
                  "b_off = (int)pk_cluster_id() * BG;", "B = min(BG, Bfull - b_off);",
                  "if (B < 1 || KT < K) __trap();",
-                 "Rs[ju * g.SR + r] = (ju < Ub && r < K) ? pk_operand<TS, TF32>(w[(long long)r * ldw + j0 + ju])",
+                 "const int Mb = PAIR ? max(0, min(g.M, H - r0)) : Ub;",
+                 "Rs[ju * g.SR + r] = (ju < Mb && r < KC)\n"
+                 "                                ? pk_operand<TS, TF32>(w[(long long)(kb + r) * ldw + r0 + ju])",
                  "const int e = tid + i * nt;", "const int jj = e % U;", "cell_b[i] = e / U;",
                  "grid_barrier(sync, (unsigned int)s * gridDim.x);", "if (!CL) grid_exit(sync);"):
         assert line in SRC, line

@@ -33,10 +33,11 @@ def bwd_sim(tmp_path_factory):
     return build_host_sim(exe, S.cuda_src_dir() / "persistent_bwd.cu", define="PK_SIM_BWD")
 
 
-def run_bwd_sim(exe, tmp_path, cell, fit, data, launches=2, pad=3, dg_offset=0):
+def run_bwd_sim(exe, tmp_path, cell, fit, data, launches=2, pad=3, dg_offset=0, cluster=None):
     """Lay one layer's backward out in padded float32 arrays (outputs NaN; every row padded
     by ``pad`` floats; dgx and dgh placed dg_offset floats past a 16-byte boundary), run the
-    kernel on CPU threads ``launches`` times. -> ({"dgx" [T, B, G*H], "dgh" (GRU), "dh0",
+    kernel on CPU threads ``launches`` times (``cluster``: the blocks a cluster, else
+    ``fit.cluster``; the pair kernels' 2). -> ({"dgx" [T, B, G*H], "dgh" (GRU), "dh0",
     "dc0" (LSTM)}, the raw outputs (padding included), the staging loads {"ldcg128": n,
     "ldcg32": m})."""
     spec = get_cell(cell)
@@ -70,7 +71,7 @@ def run_bwd_sim(exe, tmp_path, cell, fit, data, launches=2, pad=3, dg_offset=0):
         np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.f32")
     args = [exe, cell, B, H, T, fit.units_per_block, fit.blocks, fit.threads, fit.smem_bytes,
             launches, tmp_path, ld["g"], ld["h"], ld["a"], ld["w"], fit.k_tile, dg_offset,
-            fit.cluster]
+            fit.cluster if cluster is None else cluster]
     r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600,
                        env=SIM_ENV)
     assert r.returncode == 0, f"host simulation failed ({r.returncode}):\n{r.stderr}"

@@ -105,10 +105,11 @@ def test_nvcc_resource_usage_no_spills_within_the_launch_bounds(nvcc_sm90):
     1) allows a thread: 255 (256 threads x 255 registers fit one SM's 64 K)."""
     usage = {}
     for file in ("persistent.cu", "persistent_stack.cu", "persistent_bwd.cu",
-                 "persistent_stack_bwd.cu"):
+                 "persistent_stack_bwd.cu", "persistent_bwd_pair.cu"):
         usage.update(_resource_usage(nvcc_sm90(file)[1]))
+    pairs = {PB.pair_kernel_name(c) for c in CELLS}   # the backward grid kernels in pairs
     assert set(usage) == (set(PERSISTENT) | {STACK_KERNEL, STACK_BWD_KERNEL}
-                          | set(BWD_KERNELS)), usage
+                          | set(BWD_KERNELS) | pairs), usage
     assert "__launch_bounds__(PK_MAX_THREADS = 256, 1)" in SRC, "the header's Resources"
     assert P.PK_MAX_THREADS * 255 <= 65536 and set(P.NVCC_REGS) == set(CELLS)
     for name, (regs, stack, st, ld) in usage.items():

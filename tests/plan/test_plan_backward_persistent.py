@@ -1,6 +1,6 @@
 """The persistent backward plan (PlanKey.backward, plan/backward_persistent.py) on the CPU:
 the grid kernel with every fused switch combination x cell x {1, 3} layers, the cluster
-kernel and the cost model's pick with the fused rungs, give the float64 reference
+kernel and the cost model's pick with the fused rungs, the grid kernel in cluster pairs, give the float64 reference
 gradients (dx, dh0, dc0, every weight and bias; outputs poisoned first) in program order and
 random interleavings and is statically race-free; a float32 workspace is within fp32
 tolerance of the reference; the schedule is one launch and one dx GEMM a layer, the launches
@@ -57,6 +57,21 @@ def test_the_cluster_kernel_and_the_cost_models_pick(cell, layers):
             kernels = {op.name for op in plan.ops if isinstance(op, Kernel)}
             if backward == "cluster":
                 assert kernels == {f"{cell}_persistent_cluster_bwd"}, kernels
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("cell", CELLS)
+def test_the_grid_kernel_in_cluster_pairs(cell, layers):
+    """backward='pair' (the pair kernels' twins: each block's half of the gate rows, then
+    half 0 + half 1) likewise, statically race-free, in program order and a random
+    interleaving, one launch of the pair kernel a layer."""
+    case = bwd_plan_case(cell, layers, seed=11)
+    sw = ladder(input_batch=2)[PAPER_RUNGS - 1].switches
+    plan = check_bwd_key(key_of(cell, layers, sw, backward="pair"), case, "pair", seed=3,
+                         always_random=True)
+    assert plan.fallback is None and "cluster pairs" in plan.fit, plan.fit
+    launches = [op.name for op in plan.ops if isinstance(op, Kernel)]
+    assert launches == [f"{cell}_persistent_pair_bwd"] * layers, launches
 
 
 @pytest.mark.parametrize("cell", CELLS)
