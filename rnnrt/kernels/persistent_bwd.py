@@ -294,7 +294,7 @@ def persistent_bwd_fit(cell: str, hidden: int, batch: int, props: dict, *,
          fewest k-groups past KG_MAX, then the largest.
       4. Registers (NVCC_REGS unless given, per warp in units of 256) fit a block and an SM.
     The pair kernel (``pair_fit``): rules 1-4 over its layout (2U rows of half the gate rows,
-    2 ceil(H / 2U) blocks, U by ``pair_step_us``), then ``pair_decline`` (float32, compute
+    2 ceil(H / 2U) blocks, U the most blocks that fit: ``most_blocks``), then ``pair_decline`` (float32, compute
     capability 9.0+, two non-empty halves, every pair resident at once).
     The cluster kernel: compute capability >= 9.0 and >= PK_CLUSTER SMs; U =
     ceil(H / PK_CLUSTER), ``persistent.cluster_count(B, SMs, layers)`` clusters (the
@@ -358,7 +358,7 @@ def _prefer(base: BwdFit, alt: BwdFit, base_name: str, alt_name: str,
 def pair_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block=None,
              k_tile=None, dtype: str = "float32") -> "PairBwdFit":
     """The pair kernel's fit (``PairBwdFit``): the grid kernel's rules 1-4 for its layout (U
-    given, else by the cost model, ``pair_step_us``), each U's fit also declined where
+    given, else the most blocks that fit, ``most_blocks``), each U's fit also declined where
     ``pair_decline`` says why (the first reason: fp32, clusters, the halves, the pairs
     resident at once)."""
     def fit_at(u):
@@ -367,7 +367,27 @@ def pair_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block=None,
         return replace(f, ok=False, reason=f"{name} backward pair kernel: {why}") if why else f
     if units_per_block is not None:
         return fit_at(int(units_per_block))
-    return by_cost_model(dev, H, B, fit_at)
+    return most_blocks(dev, H, B, fit_at)
+
+
+def most_blocks(dev: DeviceBudget, H: int, B: int, fit_at) -> BwdFit:
+    """Of ``fit_at(U)`` for U0 = ceil(H / SMs) and its doublings, the first that fits: the
+    most blocks (the pair kernel's U). Not ``by_cost_model``: its staging term (every block
+    reads its half of dg_t from L2) made fewer blocks look faster, but the H100 ran the pair
+    at U 4 (128 blocks) 11-12% faster than at U 8 (64) at LSTM L1 H512 B32 / B64, fwd+bwd
+    2.34 / 3.65 ms against 2.62 / 4.14 (kernels/persistent-bwd-bench-...-20261128T053434.json):
+    the staging overlaps the FMAs, which halve with twice the blocks."""
+    tried, u = [], ceil_div(H, dev.sms)
+    while True:
+        f = fit_at(u)
+        if f.ok:
+            later = ", ".join(str(t.units_per_block) for t in tried)
+            return replace(f, reason=f"{f.reason}; U {u}: the most blocks that fit"
+                                     + (f" (U {later} did not)" if tried else ""))
+        tried.append(f)
+        if u >= H or u * B > PK_CPT * dev.max_threads:
+            return tried[0]
+        u *= 2
 
 
 def pair_decline(fit: "PairBwdFit", dev: DeviceBudget, dtype: str = "float32") -> str | None:

@@ -36,6 +36,8 @@ from testkit import gpu_backward_case as case  # noqa: E402
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 # (layers, T, B, H, I): the goal's shapes, and a small odd one of two layers
 SHAPES = [(1, 100, 32, 512, 512), (1, 100, 64, 512, 512), (2, 7, 5, 37, 11)]
+# A ReLU pre-activation closer to 0 than this is within fp32 summation error of it
+RELU_AMBIGUOUS = 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -69,13 +71,43 @@ def test_pair_backward_gives_reference_gradients_bitwise_repeatable(cp, ctx, cel
     data = case(cell, layers, T, B, H, I, seed=5)
     key = key_of(cell, layers, T, B, H, I)
     first, second = run_twice(cp, ctx, key, data)
-    check_bwd_outputs(first, data[0], data[4], f"pair {cell} L{layers} H{H} B{B}", FP32_ATOL,
-                      FP32_RTOL, reduction_atol(T * B))
+    what = f"pair {cell} L{layers} H{H} B{B}"
+    margin = relu_margin(data) if cell == "rnn_relu" else np.inf
+    if margin >= RELU_AMBIGUOUS:
+        check_bwd_outputs(first, data[0], data[4], what, FP32_ATOL, FP32_RTOL,
+                          reduction_atol(T * B))
     for name, a in first.items():   # deterministic: the same bits
         np.testing.assert_array_equal(second[name], a, err_msg=f"{name} differs between runs")
-    if shape == SHAPES[0]:   # the grid kernel's gradients, to fp32 rounding
+    if shape == SHAPES[0] or margin < RELU_AMBIGUOUS:   # the grid kernel's, to fp32 rounding
         grid, _ = run_twice(cp, ctx, key_of(cell, layers, T, B, H, I, "grid"), data)
-        assert_close(first["dx"], grid["dx"], FP32_ATOL, FP32_RTOL, name=f"{cell} dx vs grid")
+        names = ("dx",) if margin >= RELU_AMBIGUOUS else tuple(first)
+        for name in names:
+            assert_close(first[name], grid[name], FP32_ATOL, FP32_RTOL,
+                         name=f"{what} {name} vs grid")
+        if margin < RELU_AMBIGUOUS:
+            print(f"{what}: a pre-activation {margin:.1e} from 0 in the float64 forward (its "
+                  f"ReLU mask is the fp32 summation order's): checked against the grid kernel "
+                  f"(itself checked against the reference in test_gpu_persistent_bwd.py)")
+
+
+def relu_margin(data) -> float:
+    """The smallest |pre-activation| of the float64 forward of a ReLU RNN case: where it is
+    within fp32 summation error of 0, the fp32 forward's order decides that unit's ReLU mask
+    and with it the whole chain of gradient behind it (rnn_relu L1 H512 B64 T100 seed 5: -1.8e-7
+    at step 22, batch 57, unit 28; the float64 reference then differs from ANY fp32 kernel by
+    W^T's row at that cell), so the reference is no arbiter there."""
+    from rnnrt.params import per_layer
+    layout, flat, (x, h0, _), _, _ = data
+    h_in, low = x.astype(np.float64), np.inf
+    for layer, p in enumerate(per_layer(flat.astype(np.float64), layout)):
+        h, hs = h0[layer].astype(np.float64), []
+        for t in range(h_in.shape[0]):
+            a = h_in[t] @ p["weight_ih"].T + p["bias_ih"] + h @ p["weight_hh"].T + p["bias_hh"]
+            low = min(low, float(np.abs(a).min()))
+            h = np.maximum(a, 0.0)
+            hs.append(h)
+        h_in = np.stack(hs)
+    return low
 
 
 def test_the_pairs_are_resident_by_the_drivers_count(cp):
