@@ -115,6 +115,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="4x512x64x100", help="LxHxBxT, comma separated")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-cudnn", action="store_true")
+    ap.add_argument("--schedules", default=None,
+                    help="with --backward: the training schedules to time, comma separated "
+                         "(default all: stack+sbwd,stack+step,stack+grid,rung; stack+sbwd "
+                         "first, the others' ratios are to it)")
     ap.add_argument("--backward", action="store_true",
                     help="time training steps (forward + backward) instead")
     args = ap.parse_args(argv)

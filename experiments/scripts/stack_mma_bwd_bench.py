@@ -131,7 +131,19 @@ def cudnn_train_point(m, dtype, data, ref, repeats) -> dict | None:
 
 
 def main_backward(cp, args) -> int:
-    rows = []
+    names = list(SCHEDULES) if args.schedules is None else args.schedules.split(",")
+    unknown = [n for n in names if n not in SCHEDULES]
+    if unknown or names[:1] != ["stack+sbwd"]:
+        raise SystemExit(f"--schedules: expected stack+sbwd first, then any of "
+                         f"{list(SCHEDULES)[1:]}; got {args.schedules!r}")
+    from rnnrt.session import device_info
+    device = device_info()
+    record = {"schema": "rnnrt.stack_mma_bench/1", "kind": "stack_mma_bench",
+              "mode": "fwdbwd", "created": now_iso(), "command": " ".join(sys.argv),
+              "device": device, "versions": versions(cp), "rows": []}
+    path = Path(args.out) / (f"stack-bench-mma-fwdbwd-{device_slug(device['device'])}"
+                             f"-{stamp(record['created'])}.json")
+    rows = record["rows"]
     for spec in args.shapes.split(","):
         L, H, B, T = map(int, spec.lower().split("x"))
         m = rnnrt.LSTM(H, H, num_layers=L, seed=0)
@@ -139,7 +151,7 @@ def main_backward(cp, args) -> int:
             data, ref = case(m, T, B, dtype)
             row = {"cell": "lstm", "layers": L, "hidden": H, "batch": B, "steps": T,
                    "dtype": dtype}
-            for name in SCHEDULES:
+            for name in names:
                 try:
                     row[name] = train_point(cp, m, name, dtype, data, ref, args.repeats)
                 except Exception as e:  # noqa: BLE001 - a failed point is recorded
@@ -147,24 +159,18 @@ def main_backward(cp, args) -> int:
             row["cudnn"] = None if args.no_cudnn else cudnn_train_point(m, dtype, data, ref,
                                                                         args.repeats)
             s = row["stack+sbwd"].get("ms")
-            for other in list(SCHEDULES)[1:] + ["cudnn"]:
+            for other in names[1:] + ["cudnn"]:
                 o = (row.get(other) or {}).get("ms")
                 row[f"{other}_over_sbwd"] = o / s if o and s else None
             rows.append(row)
+            write_json(record, path)   # after every point: a run cut short keeps its rows
             print(f"{dtype} L{L} H{H} B{B} T{T}: " + ", ".join(
-                f"{n} {(row[n] or {}).get('ms')} ms" for n in list(SCHEDULES) + ["cudnn"])
+                f"{n} {(row[n] or {}).get('ms')} ms" for n in names + ["cudnn"])
                 + f"; {row['stack+sbwd'].get('fit') or row['stack+sbwd'].get('declined')}",
                 flush=True)
-    from rnnrt.session import device_info
-    device = device_info()
-    record = {"schema": "rnnrt.stack_mma_bench/1", "kind": "stack_mma_bench",
-              "mode": "fwdbwd", "created": now_iso(), "command": " ".join(sys.argv),
-              "device": device, "versions": versions(cp), "rows": rows}
-    path = Path(args.out) / (f"stack-bench-mma-fwdbwd-{device_slug(device['device'])}"
-                             f"-{stamp(record['created'])}.json")
     write_json(record, path)
     print(f"\nrecord: {path}")
-    names = list(SCHEDULES) + ["cudnn"]
+    names = names + ["cudnn"]
     print(f"{'dtype':<10}{'shape':>16}" + "".join(f"{n + ' ms':>14}" for n in names)
           + "  errors (max |err|)  ok")
 
