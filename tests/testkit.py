@@ -621,7 +621,7 @@ RECORD_KINDS = {  # kind: (stem, extension)
     "long-sequence": ("long-sequence", "json"),
     "precision": (rf"precision-{_SHAPE}(?:-T\d+)*", "json"),
     "profiles": (rf"(?:ncu|torch-profile){_WORDS}+", "txt|json"),
-    "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env){_WORDS}*", "log|txt|json"),
+    "logs": (rf"(?:gpu-tests|sweep-progress|ladder-progress|charlm|env|bench-log){_WORDS}*", "log|txt|json"),
 }
 
 
