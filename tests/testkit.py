@@ -683,6 +683,7 @@ def assert_refused(call, exc, words, arrays=(), folders=(), spies=(), within_s=2
 
 from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from testkit)
     BWD_OUTPUTS, GPU_SHAPE, cell_model, gpu_backward_case, gpu_forward_case, gpu_plan_key,
-    launch_stack_fit, random_layer_stack, run_gpu_backward_case, run_gpu_forward_case)
+    RELU_AMBIGUOUS, launch_stack_fit, random_layer_stack, relu_margin, run_gpu_backward_case,
+    run_gpu_forward_case)
 from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
     CpuSession, NumpyCupy, NumpyPlanExecutor, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)

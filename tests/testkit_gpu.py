@@ -200,3 +200,25 @@ def launch_stack_fit(cp, fit, d_outs, d_ins, scalars, dtype="float32"):
     raw(fit.grid, fit.block, tuple(args), shared_mem=fit.smem_bytes)
     cp.cuda.Device().synchronize()
 
+
+# A ReLU pre-activation closer to 0 than this is within fp32 summation error of it: the
+# fp32 forward's order, not the float64 reference, decides its mask (``relu_margin``)
+RELU_AMBIGUOUS = 1e-5
+
+
+def relu_margin(data) -> float:
+    """The smallest |pre-activation| of the float64 forward of a ReLU RNN case (``data``:
+    ``gpu_backward_case``'s). Where it is below RELU_AMBIGUOUS, the fp32 forward's summation
+    order decides that unit's mask and with it every gradient behind it (rnn_relu L1 H512 B64
+    T100 seed 5: -1.8e-7 at step 22, batch 57, unit 28; the float64 reference then differs
+    from ANY fp32 kernel by W^T's row at that cell): the reference is no arbiter there."""
+    layout, flat, (x, h0, _), _, _ = data
+    params = per_layer(flat.astype(np.float64), layout)
+    cache = reference.forward("rnn_relu", params, x.astype(np.float64),
+                              h0.astype(np.float64), None)[3]
+    low = np.inf
+    for p, layer in zip(params, cache.layers):   # all steps at once, from the saved x and h
+        a = (layer.x @ p["weight_ih"].T + p["bias_ih"]) + (layer.h[:-1] @ p["weight_hh"].T
+                                                          + p["bias_hh"])
+        low = min(low, float(np.abs(a).min()))
+    return low

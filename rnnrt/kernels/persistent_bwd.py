@@ -370,24 +370,33 @@ def pair_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block=None,
     return most_blocks(dev, H, B, fit_at)
 
 
+def unit_ladder(dev: DeviceBudget, H: int, B: int, fit_at):
+    """``fit_at(U)`` for U0 = ceil(H / SMs) and its doublings, while U < H and U * B cells fit
+    PK_CPT a thread (the last one tried may break that rule: it is where the ladder stops):
+    the U the grid and pair fits choose among, lazily, fewest units (most blocks) first."""
+    u = ceil_div(H, dev.sms)
+    while True:
+        yield fit_at(u)
+        if u >= H or u * B > PK_CPT * dev.max_threads:
+            return
+        u *= 2
+
+
 def most_blocks(dev: DeviceBudget, H: int, B: int, fit_at) -> BwdFit:
-    """Of ``fit_at(U)`` for U0 = ceil(H / SMs) and its doublings, the first that fits: the
-    most blocks (the pair kernel's U). Not ``by_cost_model``: its staging term (every block
+    """Of ``unit_ladder``'s fits, the first that fits: the most blocks (the pair kernel's U),
+    else the fit at U0 (saying why not). Not ``by_cost_model``: its staging term (every block
     reads its half of dg_t from L2) made fewer blocks look faster, but the H100 ran the pair
     at U 4 (128 blocks) 11-12% faster than at U 8 (64) at LSTM L1 H512 B32 / B64, fwd+bwd
     2.34 / 3.65 ms against 2.62 / 4.14 (kernels/persistent-bwd-bench-...-20261128T053434.json):
     the staging overlaps the FMAs, which halve with twice the blocks."""
-    tried, u = [], ceil_div(H, dev.sms)
-    while True:
-        f = fit_at(u)
+    tried = []
+    for f in unit_ladder(dev, H, B, fit_at):
         if f.ok:
             later = ", ".join(str(t.units_per_block) for t in tried)
-            return replace(f, reason=f"{f.reason}; U {u}: the most blocks that fit"
-                                     + (f" (U {later} did not)" if tried else ""))
+            return replace(f, reason=f"{f.reason}; U {f.units_per_block}: the most blocks "
+                                     f"that fit" + (f" (U {later} did not)" if tried else ""))
         tried.append(f)
-        if u >= H or u * B > PK_CPT * dev.max_threads:
-            return tried[0]
-        u *= 2
+    return tried[0]
 
 
 def pair_decline(fit: "PairBwdFit", dev: DeviceBudget, dtype: str = "float32") -> str | None:
@@ -421,16 +430,10 @@ def _grid_fit(dev: DeviceBudget, name: str, H: int, B: int, units_per_block, k_t
 
 
 def by_cost_model(dev: DeviceBudget, H: int, B: int, fit_at) -> BwdFit:
-    """Of ``fit_at(U)`` (a grid kernel's fit at U units a block) for U0 = ceil(H / SMs) and
-    its doublings (while U < H and U * B cells fit PK_CPT a thread), the one whose step its
-    cost model (``step_us``) makes shortest among those that fit (more blocks on a tie),
-    its reason naming the U tried; else the fit at U0 (saying why not)."""
-    tried, u = [], ceil_div(H, dev.sms)
-    while True:
-        tried.append(fit_at(u))
-        if u >= H or u * B > PK_CPT * dev.max_threads:
-            break
-        u *= 2
+    """Of ``unit_ladder``'s fits (``fit_at(U)``: a grid kernel's fit at U units a block), the
+    one whose step its cost model (``step_us``) makes shortest among those that fit (more
+    blocks on a tie), its reason naming the U tried; else the fit at U0 (saying why not)."""
+    tried = list(unit_ladder(dev, H, B, fit_at))
     ok = [f for f in tried if f.ok]
     if not ok:
         return tried[0]

@@ -30,14 +30,13 @@ from rnnrt.kernels.choice import choose_persistent_backward, persistent_schedule
 from rnnrt.kernels.stack_bwd import PAIR_SM_SLACK  # noqa: E402
 from rnnrt.plan.backward import backward_plan  # noqa: E402
 from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
-from testkit import check_bwd_outputs, run_gpu_backward_case  # noqa: E402
+from testkit import RELU_AMBIGUOUS, check_bwd_outputs, relu_margin  # noqa: E402
+from testkit import run_gpu_backward_case  # noqa: E402
 from testkit import gpu_backward_case as case  # noqa: E402
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 # (layers, T, B, H, I): the goal's shapes, and a small odd one of two layers
 SHAPES = [(1, 100, 32, 512, 512), (1, 100, 64, 512, 512), (2, 7, 5, 37, 11)]
-# A ReLU pre-activation closer to 0 than this is within fp32 summation error of it
-RELU_AMBIGUOUS = 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -89,25 +88,6 @@ def test_pair_backward_gives_reference_gradients_bitwise_repeatable(cp, ctx, cel
                   f"ReLU mask is the fp32 summation order's): checked against the grid kernel "
                   f"(itself checked against the reference in test_gpu_persistent_bwd.py)")
 
-
-def relu_margin(data) -> float:
-    """The smallest |pre-activation| of the float64 forward of a ReLU RNN case: where it is
-    within fp32 summation error of 0, the fp32 forward's order decides that unit's ReLU mask
-    and with it the whole chain of gradient behind it (rnn_relu L1 H512 B64 T100 seed 5: -1.8e-7
-    at step 22, batch 57, unit 28; the float64 reference then differs from ANY fp32 kernel by
-    W^T's row at that cell), so the reference is no arbiter there."""
-    from rnnrt.params import per_layer
-    layout, flat, (x, h0, _), _, _ = data
-    h_in, low = x.astype(np.float64), np.inf
-    for layer, p in enumerate(per_layer(flat.astype(np.float64), layout)):
-        h, hs = h0[layer].astype(np.float64), []
-        for t in range(h_in.shape[0]):
-            a = h_in[t] @ p["weight_ih"].T + p["bias_ih"] + h @ p["weight_hh"].T + p["bias_hh"]
-            low = min(low, float(np.abs(a).min()))
-            h = np.maximum(a, 0.0)
-            hs.append(h)
-        h_in = np.stack(hs)
-    return low
 
 
 def test_the_pairs_are_resident_by_the_drivers_count(cp):
