@@ -179,8 +179,12 @@ def main_backward(cp, args) -> int:
     for r in rows:
         shape = f"L{r['layers']}H{r['hidden']}B{r['batch']}T{r['steps']}"
         pts = [r[n] or {} for n in names]
-        ok = all(p.get("check", {}).get("ok", True) and "error" not in p for p in pts)
+        # 'ok' judges rnnrt's schedules; cuDNN's own check (its bf16 / fp16 bias gradients
+        # can fall outside the precision's tolerance) is reported beside it, not as ours
+        ok = all(p.get("check", {}).get("ok", True) and "error" not in p for p in pts[:-1])
+        cu_ok = pts[-1].get("check", {}).get("ok", True)
         errs = " ".join(f(p.get("check", {}).get("max_abs_err"), ".1e") for p in pts)
         print(f"{r['dtype']:<10}{shape:>16}" + "".join(f"{f(p.get('ms')):>14}" for p in pts)
-              + f"  {errs}  {'ok' if ok else 'FAILED'}")
+              + f"  {errs}  {'ok' if ok else 'FAILED'}"
+              + ("" if cu_ok else " (cuDNN outside the tolerance)"))
     return 0
