@@ -1,4 +1,5 @@
-"""How the per-step backward splits its recurrent GEMM along K: ``dh_splits(key)``.
+"""How the per-step backward splits its recurrent GEMM along K: ``dh_splits(key)``; and
+its weight-gradient GEMMs along their K (the steps): ``wgrad_chunk_steps(key)`` (at the end).
 
 The per-step backward's critical path is, every step of every layer, the pointwise backward
 and then dh_{t-1} = dG_h[t] @ R: [B, G*H] @ [G*H, H]. Its output has only B x H elements
@@ -54,3 +55,29 @@ def dh_splits(key) -> int:
             return s
     return 1
 
+
+def wgrad_chunk_steps(key, granule: int = 1) -> int:
+    """The steps of one chunk of ``key``'s weight-gradient GEMMs (plan/backward.py
+    ``wgrad_chunks``): PlanKey.wgrad_steps where set, else the rule (``wgrad_rule_steps``:
+    the whole sequence, one GEMM after the chain); rounded up to a multiple of ``granule`` (the
+    steps a launch of the backward's chain covers: a chunk can start only once a launch has
+    written its rows) and capped at the key's steps."""
+    T = key.steps
+    s = key.wgrad_steps if key.wgrad_steps is not None else wgrad_rule_steps(key)
+    g = max(1, int(granule))
+    return min(T, -(-s // g) * g)
+
+
+def wgrad_rule_steps(key) -> int:
+    """The rule's chunk (steps) where PlanKey.wgrad_steps is None: the whole sequence (one
+    GEMM a weight matrix after the chain). Measured (H100, fp32, forward + backward, graph
+    executor; experiments/results/kernels/backward-probe-splits-*-20261128T0736*.json), every
+    chunking was slower, the more chunks the slower: LSTM L4 H2048 B64 T50 56.7 ms in one
+    chunk, 56.7 / 57.5 / 59.6 in 2 / 4 / 10; L1 H2048 B32 9.85 -> 9.91 / 10.23 / 10.89; GRU
+    L4 H2048 B8 15.5 -> 15.9 / 16.7 / 17.9; LSTM L4 H512 B128 T100 17.8 -> 17.9 / 18.2 / 19.2;
+    GRU L4 H512 B256 24.9 -> 25.3 / 25.7 / 26.1; LSTM L4 H256 B128 7.10 -> 7.23 / 7.37 / 7.47;
+    L4 H128 B256 4.97 -> 4.96 / 4.96 / 5.14. The per-step chain and its dx GEMMs (and the
+    layers' chains along the wavefront) already keep the SMs busy: the chunks only compete
+    with them and run shorter GEMMs. Where a persistent chain leaves SMs idle (a cluster
+    backward of few clusters) chunks might pay; not measured, so not taken."""
+    return key.steps

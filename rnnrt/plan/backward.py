@@ -19,6 +19,11 @@ Weight gradients after the data pass of each layer (paper section 8): ('wgrad', 
 GEMM per weight matrix over all T*B rows, dW = dG_x^T X, dR = dG_h^T H[0:T], and each bias a
 reduction (a GEMM with a ones vector; kind 'db', not counted in FLOPs). With accumulate=True
 they add into the 'grads' buffer (beta = 1), so a caller can sum over minibatches.
+In chunks (PlanKey.wgrad_steps, kernels/gemm_split.py's rule): ('wgrad', l, t0) the same
+over the rows of steps [t0, t1), each after ('cellb', l, t0) (the chain has written those
+steps' dg) and the chunk after it in time (beta 1: the chunks add up in one fixed order, the
+same bits every run), on a stream of their own (wg{l}, lowest priority), so they overlap the
+rest of the chain instead of following it.
 
 A key with ``backward`` set gets the persistent backward instead (backward_persistent.py:
 per layer one kernel launch for the recurrent chain, or with the cluster kernel in a stack
@@ -60,7 +65,7 @@ does (the rounding is only where dn' is stored for the GEMMs).
 from __future__ import annotations
 
 from ..cells import backward_flops, get_cell
-from ..kernels.gemm_split import dh_splits
+from ..kernels.gemm_split import dh_splits, wgrad_chunk_steps
 from ..sizes import check_plan
 from .cache import plan_cache
 from .forward import ForwardBuilder, forward_plan
@@ -278,34 +283,42 @@ class BackwardBuilder(ForwardBuilder):
         deps = [("cellb", layer, last)]
         return Task(("dxb", layer, t0), s, deps, self.prio(layer, t1 - 1, 0), ops)
 
-    def wgrad_task(self, layer):
+    def wgrad_task(self, layer, c0=0, c1=None, first=True):
+        """The weight and bias gradients of layer ``layer`` from the steps [c0, c1) (default
+        all): one GEMM a weight matrix (dR one per hprev block) and one reduction a bias over
+        the chunk's rows; ``first``: the layer's first chunk to run (beta 0, or 1 with
+        accumulate), the later ones add to it (beta 1). One chunk: the task ('wgrad', l)
+        after the chain (deps and priority set here for the per-step plan); several:
+        ``wgrad_tasks`` names and orders them."""
         T, B, H, GH = self.T, self.B, self.H, self.GH
-        s = self.inp(layer)
-        beta = 1.0 if self.accumulate else 0.0
-        n = self.N
+        c1 = T if c1 is None else c1
+        s = self.wgrad_stream(layer)
+        beta = 1.0 if (self.accumulate or not first) else 0.0
+        r0, n = self.off[c0], self.off[c1] - self.off[c0]
         if layer == 0:
             I = self.key.input_size
-            X = View("x", 0, n, I, I)
+            X = View("x", r0 * I, n, I, I)
         else:
             I = H
-            X = self.seq("h", layer - 1, B, n, H)
-        dgx = self.dg_rows(layer, 0, n)
-        dgh = self.dg_rows(layer, 0, n, "h")
+            X = self.seq("h", layer - 1, B + r0, n, H)   # slot t + 1: step t's output
+        dgx = self.dg_rows(layer, r0, n)
+        dgh = self.dg_rows(layer, r0, n, "h")
         ones = View("ones", 0, 1, n, n)
 
         def entry(kind):
             return self.param(layer, kind)
 
-        meta = dict(layer=layer, steps=(0, T))
+        meta = dict(layer=layer, steps=(c0, c1))
         e = entry("weight_ih")
         ops = [Gemm(s, View("grads", e.offset, GH, I, I), dgx, X, trans_a=True, beta=beta,
                     kind="dw", **meta)]
         e = entry("weight_hh")
-        for i, (r0, t0, t1) in enumerate(self.hprev_blocks()):
+        for i, (h0, t0, t1) in enumerate(self.hprev_blocks(c0, c1)):
             rows = self.off[t1] - self.off[t0]
             ops.append(Gemm(s, View("grads", e.offset, GH, H, H),
-                            View(dgh.buf, dgh.offset + self.off[t0] * GH, rows, GH, GH),
-                            self.seq("h", layer, r0, rows, H), trans_a=True,
+                            View(dgh.buf, dgh.offset + (self.off[t0] - r0) * GH, rows, GH,
+                                 GH),
+                            self.seq("h", layer, h0, rows, H), trans_a=True,
                             beta=beta if i == 0 else 1.0, kind="dw", **meta))
         if self.key.bias:
             for kind, src in (("bias_ih", dgx), ("bias_hh", dgh)):
@@ -314,15 +327,68 @@ class BackwardBuilder(ForwardBuilder):
                                 kind="db", **meta))
         return Task(("wgrad", layer), s, [("cellb", layer, 0)], (10**9, layer, 0), ops)
 
-    def hprev_blocks(self):
-        """[(first row of h, t0, t1)]: the h_{t-1} of steps [t0, t1) as one block of rows
-        of a per-layer h, aligned with those steps' rows of dG_h. A full batch every step:
-        one block (slots 0 .. T-1). A pattern: one per run of steps of one active batch,
-        and its first step alone where the slot before holds more rows."""
-        out, t = [], 0
-        while t < self.T:
+    # -- the weight gradients in chunks ----------------------------------------------------
+    def wgrad_granule(self) -> int:
+        """The steps a chunk of the weight gradients must be a multiple of: 1 here (the
+        chain writes a step's dg at a time); the persistent builders' launches cover more."""
+        return 1
+
+    def wgrad_chunks(self):
+        """[(t0, t1)]: the chunks of the weight gradients' GEMMs in the order they run, the
+        last steps first (as the chain writes them): chunks of kernels/gemm_split.py's
+        ``wgrad_chunk_steps`` k steps starting at multiples of k (the persistent builders'
+        launches start there too), the last one short where k does not divide T. One chunk
+        [(0, T)]: the GEMMs after the chain."""
+        k = wgrad_chunk_steps(self.key, self.wgrad_granule())   # a multiple of the granule
+        return [(t0, min(t0 + k, self.T)) for t0 in reversed(range(0, self.T, k))]
+
+    def wgrad_stream(self, layer):
+        """The stream of layer ``layer``'s weight gradients: its input stream where they run
+        in one chunk after the chain (the plan's streams unchanged), else a stream of their
+        own (wg{l}, lowest priority) so a chunk never holds back the next dx GEMM."""
+        if len(self.wgrad_chunks()) == 1 or not self.sw.streams:
+            return self.inp(layer)
+        base = 2 * self.L if self.sw.wavefront else 2
+        return base + (layer if self.sw.wavefront else 0)
+
+    def streams(self):
+        names, prio = super().streams()
+        if len(self.wgrad_chunks()) == 1 or not self.sw.streams:
+            return names, prio
+        extra = [f"wg{l}" for l in range(self.L)] if self.sw.wavefront else ["wg"]
+        return tuple(names) + tuple(extra), tuple(prio) + (0,) * len(extra)
+
+    def wgrad_tasks(self, layer, ready, prio):
+        """Layer ``layer``'s weight-gradient tasks: one ('wgrad', l) after ``ready(0)`` where
+        the gradients run in one chunk, else ('wgrad', l, t0) per chunk [t0, t1), each after
+        ``ready(t0)`` (the task after which the chain has written the gate gradients of steps
+        [t0, T)) and the chunk before it (they add into the same gradients, in this fixed
+        order: the same bits every run), issued at ``prio(t0)``."""
+        chunks = self.wgrad_chunks()
+        if len(chunks) == 1:
+            task = self.wgrad_task(layer)
+            task.deps = [ready(0)]
+            return [task]
+        out, before = [], None
+        for i, (t0, t1) in enumerate(chunks):
+            task = self.wgrad_task(layer, t0, t1, first=i == 0)
+            name = ("wgrad", layer, t0)
+            deps = [ready(t0)] + ([before] if before else [])
+            out.append(Task(name, task.stream, deps, prio(t0), task.ops))
+            before = name
+        return out
+
+    def hprev_blocks(self, c0=0, c1=None):
+        """[(first row of h, t0, t1)]: the h_{t-1} of steps [t0, t1) within [c0, c1) (default
+        all steps) as one block of rows of a per-layer h, aligned with those steps' rows of
+        dG_h. A full batch every step: one block (slots c0 .. c1-1). A pattern: one per run
+        of steps of one active batch, and its first step alone where the slot before holds
+        more rows."""
+        c1 = self.T if c1 is None else c1
+        out, t = [], c0
+        while t < c1:
             t1 = t + 1
-            while t1 < self.T and self.bs[t1] == self.bs[t]:
+            while t1 < c1 and self.bs[t1] == self.bs[t]:
                 t1 += 1
             if self.slot_rows(t) != self.bs[t]:   # slot t holds the larger batch before
                 out.append((self.slot_row(t), t, t + 1))
@@ -478,7 +544,8 @@ class BackwardBuilder(ForwardBuilder):
                     tasks.append(self.dxb_task(layer, t0, min(t0 + self.k, self.T)))
             for t in range(self.T):
                 tasks.append(self.cellb_task(layer, t))
-            tasks.append(self.wgrad_task(layer))
+            tasks += self.wgrad_tasks(layer, lambda t0, l=layer: ("cellb", l, t0),
+                                      lambda t0, l=layer: self.prio(l, t0, 2))
         return tasks
 
     def build(self) -> Plan:

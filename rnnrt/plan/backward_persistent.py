@@ -29,7 +29,9 @@ k steps from the last to the first (k = T: one chunk, one launch a layer):
   ('wgrad', l)  backward.py's: one GEMM a weight matrix and one reduction a bias over all
                 T*B rows (fp32 accumulation in a fixed order: the same bits every run), on
                 the input stream after the layer's last launch ('pbwd', l, 0), overlapping
-                the layers below.
+                the layers below; or, with PlanKey.wgrad_steps (rounded up to k), in chunks
+                ('wgrad', l, t0) each after the launch starting at t0 (backward.py's
+                ``wgrad_tasks``).
 k = T for the grid kernel (and its pairs): it needs every block resident on its own SM, so two of its
 launches never run at once: layer l-1's waits for layer l's dx GEMM, which waits for layer
 l's launch. The cluster kernels wait only for their own cluster (no grid barrier, no
@@ -160,9 +162,13 @@ class PersistentBackwardBuilder(BackwardBuilder):
                     dx.deps = [("pbwd", layer, t0)]   # it reads the dg the launch wrote
                     dx.prio = self.chunk_prio(layer, t1, 0)
                     tasks.append(dx)
-            wgrad = self.wgrad_task(layer)
-            # it reads every step's dg: after the layer's last launch (the chunk at t0 = 0,
-            # after all the others on its stream)
-            wgrad.deps = [("pbwd", layer, 0)]
-            tasks.append(wgrad)
+            # a chunk of the weight gradients reads its steps' dg: after the launch that
+            # starts there (and so after every later chunk's launch, on its stream)
+            tasks += self.wgrad_tasks(
+                layer, lambda t0, l=layer: ("pbwd", l, t0),
+                lambda t0, l=layer: self.chunk_prio(l, min(t0 + self.k, self.T), 2))
         return tasks
+
+    def wgrad_granule(self) -> int:
+        """A chunk of the weight gradients starts where a launch does (k = T: one chunk)."""
+        return self.k

@@ -108,10 +108,12 @@ class StackBackwardBuilder(BackwardBuilder):
         """The launch, then each layer's weight gradients (they read every step's dg)."""
         tasks = [self.sbwd_task()]
         for layer in range(self.L):
-            wgrad = self.wgrad_task(layer)
-            wgrad.deps = [("sbwd",)]
-            tasks.append(wgrad)
+            tasks += self.wgrad_tasks(layer, lambda t0: ("sbwd",), None)
         return tasks
+
+    def wgrad_granule(self) -> int:
+        """One launch writes every step's dg: the weight gradients run in one chunk."""
+        return self.T
 
     def backward_bindings(self):
         T, B, H, L, I = self.T, self.B, self.H, self.L, self.key.input_size

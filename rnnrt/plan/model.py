@@ -90,6 +90,11 @@ class PlanKey:
     bwd_units: a key with ``backward`` 'grid' or 'pair': the grid backward kernel's units a
     block U, run exactly (an experiment's knob: where that U does not fit, the per-step
     backward with the reason); None: the cost model's (``persistent_bwd_fit``).
+    wgrad_steps: a training key's weight gradients in chunks of this many steps, each chunk's
+    GEMMs issued as soon as the recurrent chain has written its steps' gate gradients, so
+    they overlap the rest of the chain (kernels/gemm_split.py ``wgrad_chunk_steps``; rounded
+    up to the backward's own chunk where its chain runs in launches of several steps; >= steps:
+    one GEMM over all steps after the chain); None: the rule's.
     """
 
     cell: str
@@ -111,6 +116,7 @@ class PlanKey:
     bwd_splits: int | None = None
     bwd_clusters: int | None = None
     bwd_units: int | None = None
+    wgrad_steps: int | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -159,6 +165,14 @@ class PlanKey:
         n = self.bwd_splits
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"PlanKey.bwd_splits: expected an int >= 1 or None, got {n!r}")
+        n = self.wgrad_steps
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"PlanKey.wgrad_steps: expected an int >= 1 or None, got "
+                                 f"{n!r}")
+            if not self.train:
+                raise ValueError("PlanKey.wgrad_steps: the weight gradients' chunk, but train "
+                                 "is False (there is no backward)")
         n = self.bwd_clusters
         if n is not None:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -142,3 +142,27 @@ def test_runner_training_api(cp):
                 m2.flat[...] = m.flat * 0.5
                 assert_close(r.forward(x)[0], m2.forward(x)[0], name="after in-place update")
                 r.close()
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_weight_gradients_in_chunks(cp, ctx, cell, executor):
+    """The weight gradients in chunks of 1 and 4 steps (PlanKey.wgrad_steps: GEMMs over each
+    chunk's rows on streams of their own, added up in one order) after the per-step backward
+    of every rung with streams, and after the cluster backward in launches of 2 steps,
+    against the reference; the two runs of each give the same bits."""
+    data = case(cell, 4)
+    keys = [(f"{r.name} wgrad {k}", PlanKey(cell, T, B, I, H, 4, True, r.switches, train=True,
+                                            wgrad_steps=k))
+            for r in ladder(input_batch=2) if r.switches.streams for k in (1, 4)]
+    persistent = ladder(input_batch=2)[-1].switches
+    keys.append(("cluster wgrad 1", PlanKey(cell, T, B, I, H, 4, True, persistent,
+                                            train=True, backward="cluster", wgrad_steps=1)))
+    for what, key in keys:
+        runs = run_gpu_backward_case(cp, ctx, key, executor, data)
+        for i, got in enumerate(runs):
+            check_bwd_outputs(got, data[0], data[4], f"{what} {executor} {i}", FP32_ATOL,
+                              FP32_RTOL)
+        for name in runs[0]:
+            assert np.array_equal(runs[0][name], runs[1][name], equal_nan=True), \
+                f"{what}: {name} differs between two runs"
