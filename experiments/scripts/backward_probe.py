@@ -6,7 +6,7 @@ op (sums by kind); cuDNN forward and forward + backward (TF32 off) in the same p
 
 Usage (GPU): python experiments/scripts/backward_probe.py --shapes lstm:4:512:64,gru:1:1024:8
     [--steps 100] [--splits 1,2,4,8,16,rule] [--chunks 1,2,5,10] [--bwd-clusters rule,2,4,8]
-    [--wgrad-steps 100,50,25,10,rule]
+    [--wgrad-steps 100,50,25,10,rule] [--wgrad-streams 1,2,3]
     [--trace] [--out DIR]
     [--backwards step,stack,grid [--fwd-family stack] [--trace-backwards]]
 --backwards: the forward of --fwd-family (default 'stack', where it fits; 'regs': the
@@ -187,22 +187,23 @@ def time_bwd_clusters(runner, sched, T, B, counts, repeats, backward=None):
     return out
 
 
-def time_wgrad(runner, sched, T, B, values, repeats):
-    """{n: {fwdbwd_ms, fwd_ms, chunks}} of forward + backward of ``sched`` (its backward as
-    chosen) with the weight gradients in chunks of n steps (PlanKey.wgrad_steps; 'rule':
-    kernels/gemm_split.py's), the chunk count the plan ran."""
-    from rnnrt.kernels.gemm_split import wgrad_chunk_steps
+def time_wgrad(runner, sched, T, B, values, repeats, field="wgrad_steps"):
+    """{n: {fwdbwd_ms, fwd_ms, chunks, streams}} of forward + backward of ``sched`` (its
+    backward as chosen) with PlanKey ``field`` = n: 'wgrad_steps' the weight gradients in
+    chunks of n steps, 'wgrad_streams' their placement (1 the input stream, 2 a stream of
+    their own, 3 two: kernels/gemm_split.py); 'rule': the rule's. Each row carries the chunk
+    count and the stream count the plan ran."""
     out = {}
     for n in values:
         key = runner.new_key(T, B, True, sched.switches, sched.family, sched.backward,
                              clusters=sched.clusters)
-        key = dataclasses.replace(key, wgrad_steps=None if n == "rule" else int(n))
+        key = dataclasses.replace(key, **{field: None if n == "rule" else int(n)})
         row, bplan = time_key(runner, key, repeats)
         chunks = len({op.steps for op in bplan.ops if getattr(op, "kind", None) == "dw"
                       and getattr(op, "layer", None) == 0})
-        out[str(n)] = dict(row, chunks=chunks, chunk_steps=wgrad_chunk_steps(key))
-        print(f"  wgrad steps {n} ({chunks} chunks): fwd+bwd {row['fwdbwd_ms']:.3f} ms",
-              file=sys.stderr, flush=True)
+        out[str(n)] = dict(row, chunks=chunks, streams=len(bplan.streams), fit=bplan.fit)
+        print(f"  {field} {n} ({chunks} chunks, {len(bplan.streams)} streams): fwd+bwd "
+              f"{row['fwdbwd_ms']:.3f} ms", file=sys.stderr, flush=True)
     return out
 
 
@@ -239,6 +240,10 @@ def probe(a, cell, layers, hidden, batch):
     if a.wgrad_steps:
         rows["wgrad"] = time_wgrad(runner, sched, a.steps, batch,
                                    [c for c in a.wgrad_steps.split(",") if c], a.repeats)
+    if a.wgrad_streams:
+        rows["wgrad_streams"] = time_wgrad(runner, sched, a.steps, batch,
+                                           [c for c in a.wgrad_streams.split(",") if c],
+                                           a.repeats, "wgrad_streams")
     if a.chunks:
         rows["chunks"] = time_chunks(runner, sched, a.steps, batch,
                                      [c for c in a.chunks.split(",") if c], a.repeats)
@@ -277,6 +282,9 @@ def main(argv=None):
     ap.add_argument("--wgrad-steps", default="",
                     help="also time the chosen schedule with its weight gradients in chunks "
                          "of these steps (e.g. 100,50,25,10,rule; PlanKey.wgrad_steps)")
+    ap.add_argument("--wgrad-streams", default="",
+                    help="also time the chosen schedule with its weight gradients placed "
+                         "1, 2, 3 (PlanKey.wgrad_streams), e.g. 1,2,3")
     ap.add_argument("--bwd-clusters", default="",
                     help="also time the chosen schedule's forward with the cluster backward "
                          "kernel at these cluster counts (e.g. rule,2,4,8; PlanKey.bwd_clusters)")
@@ -327,6 +335,11 @@ def main(argv=None):
                 print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
                       f"{r['schedule']['name']} bwd clusters {k} | {r['cudnn_fwdbwd_ms']:.3f} | "
                       f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
+        for k, v in r["splits"].get("wgrad_streams", {}).items():
+            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
+                  f"{r['schedule']['name']} wgrad streams {k} ({v['streams']} streams) | "
+                  f"{r['cudnn_fwdbwd_ms']:.3f} | "
+                  f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
         for k, v in r["splits"].get("wgrad", {}).items():
             print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
                   f"{r['schedule']['name']} wgrad {k} ({v['chunks']} chunks) | "
@@ -337,7 +350,7 @@ def main(argv=None):
                   f"{r['schedule']['name']} chunk {k} | {r['cudnn_fwdbwd_ms']:.3f} | "
                   f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
         for which, rows in r["splits"].items():
-            if which in ("chunks", "bwd_clusters", "wgrad"):
+            if which in ("chunks", "bwd_clusters", "wgrad", "wgrad_streams"):
                 continue
             cells = []
             for s in a.splits.split(","):

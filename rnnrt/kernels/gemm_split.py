@@ -81,3 +81,19 @@ def wgrad_rule_steps(key) -> int:
     with them and run shorter GEMMs. Where a persistent chain leaves SMs idle (a cluster
     backward of few clusters) chunks might pay; not measured, so not taken."""
     return key.steps
+
+
+def wgrad_stream_count(key) -> int:
+    """Where ``key``'s weight gradients run (plan/backward.py ``wgrad_placement``):
+    PlanKey.wgrad_streams where set, else the rule: one layer, 3 (the W side and the R side
+    each on a stream of its own, beside the layer's dx GEMMs: nothing else runs in that
+    tail); several layers, 1 (the layer's input stream, after its dx GEMMs: the layers below
+    run meanwhile). Measured (H100, fp32, forward + backward of the selector's schedule,
+    median of 15; experiments/results/kernels/backward-probe-splits-*-20261128T0744*.json),
+    placement 1 -> 3: one layer faster at all 8 shapes, by 0.5-2.4% (LSTM H128 B256 1.457 ->
+    1.432 ms, H512 B64 3.681 -> 3.628, GRU H512 B64 3.215 -> 3.137, H1024 B8 2.061 ->
+    2.039); four layers within +-1.1% either way (LSTM H256 B128 7.12 -> 7.04, H128 B128
+    2.74 -> 2.76, GRU H512 B8 3.87 -> 3.91), so not taken there."""
+    if key.wgrad_streams is not None:
+        return key.wgrad_streams
+    return 3 if key.num_layers == 1 else 1

@@ -23,7 +23,11 @@ In chunks (PlanKey.wgrad_steps, kernels/gemm_split.py's rule): ('wgrad', l, t0) 
 over the rows of steps [t0, t1), each after ('cellb', l, t0) (the chain has written those
 steps' dg) and the chunk after it in time (beta 1: the chunks add up in one fixed order, the
 same bits every run), on a stream of their own (wg{l}, lowest priority), so they overlap the
-rest of the chain instead of following it.
+rest of the chain instead of following it (measured slower: the rule keeps one chunk).
+Placement (PlanKey.wgrad_streams, kernels/gemm_split.py ``wgrad_stream_count``): on the
+layer's input stream after its dx GEMMs (1), on a stream of their own (2: wg{l}), or the W
+side (dW, bias_ih) on wg{l} and the R side (dR, bias_hh) on wh{l} (3: the rule's at one
+layer, where the dx GEMM and the two sides are the whole tail and overlap).
 
 A key with ``backward`` set gets the persistent backward instead (backward_persistent.py:
 per layer one kernel launch for the recurrent chain, or with the cluster kernel in a stack
@@ -65,7 +69,7 @@ does (the rounding is only where dn' is stored for the GEMMs).
 from __future__ import annotations
 
 from ..cells import backward_flops, get_cell
-from ..kernels.gemm_split import dh_splits, wgrad_chunk_steps
+from ..kernels.gemm_split import dh_splits, wgrad_chunk_steps, wgrad_stream_count
 from ..sizes import check_plan
 from .cache import plan_cache
 from .forward import ForwardBuilder, forward_plan
@@ -283,51 +287,46 @@ class BackwardBuilder(ForwardBuilder):
         deps = [("cellb", layer, last)]
         return Task(("dxb", layer, t0), s, deps, self.prio(layer, t1 - 1, 0), ops)
 
-    def wgrad_task(self, layer, c0=0, c1=None, first=True):
-        """The weight and bias gradients of layer ``layer`` from the steps [c0, c1) (default
-        all): one GEMM a weight matrix (dR one per hprev block) and one reduction a bias over
-        the chunk's rows; ``first``: the layer's first chunk to run (beta 0, or 1 with
-        accumulate), the later ones add to it (beta 1). One chunk: the task ('wgrad', l)
-        after the chain (deps and priority set here for the per-step plan); several:
-        ``wgrad_tasks`` names and orders them."""
-        T, B, H, GH = self.T, self.B, self.H, self.GH
-        c1 = T if c1 is None else c1
-        s = self.wgrad_stream(layer)
+    def wgrad_ops(self, layer, c0, c1, first, side):
+        """The weight and bias gradient ops of layer ``layer`` from the steps [c0, c1):
+        ``side`` 'x' the W side (dW = dG_x^T X, one GEMM, and bias_ih's sum), 'h' the R side
+        (dR = dG_h^T H_prev, one GEMM a hprev block, and bias_hh's sum), on the side's
+        stream (``wgrad_stream``); ``first``: the layer's first chunk to run (beta 0, or 1
+        with accumulate), the later ones add to it (beta 1)."""
+        B, H, GH = self.B, self.H, self.GH
+        s = self.wgrad_stream(layer, side)
         beta = 1.0 if (self.accumulate or not first) else 0.0
         r0, n = self.off[c0], self.off[c1] - self.off[c0]
-        if layer == 0:
-            I = self.key.input_size
-            X = View("x", r0 * I, n, I, I)
-        else:
-            I = H
-            X = self.seq("h", layer - 1, B + r0, n, H)   # slot t + 1: step t's output
-        dgx = self.dg_rows(layer, r0, n)
-        dgh = self.dg_rows(layer, r0, n, "h")
-        ones = View("ones", 0, 1, n, n)
-
-        def entry(kind):
-            return self.param(layer, kind)
-
         meta = dict(layer=layer, steps=(c0, c1))
-        e = entry("weight_ih")
-        ops = [Gemm(s, View("grads", e.offset, GH, I, I), dgx, X, trans_a=True, beta=beta,
-                    kind="dw", **meta)]
-        e = entry("weight_hh")
-        for i, (h0, t0, t1) in enumerate(self.hprev_blocks(c0, c1)):
-            rows = self.off[t1] - self.off[t0]
-            ops.append(Gemm(s, View("grads", e.offset, GH, H, H),
-                            View(dgh.buf, dgh.offset + (self.off[t0] - r0) * GH, rows, GH,
-                                 GH),
-                            self.seq("h", layer, h0, rows, H), trans_a=True,
-                            beta=beta if i == 0 else 1.0, kind="dw", **meta))
+        ops = []
+        if side == "x":
+            if layer == 0:
+                I = self.key.input_size
+                X = View("x", r0 * I, n, I, I)
+            else:
+                I = H
+                X = self.seq("h", layer - 1, B + r0, n, H)   # slot t + 1: step t's output
+            dg = self.dg_rows(layer, r0, n)
+            e = self.param(layer, "weight_ih")
+            ops.append(Gemm(s, View("grads", e.offset, GH, I, I), dg, X, trans_a=True,
+                            beta=beta, kind="dw", **meta))
+        else:
+            dg = self.dg_rows(layer, r0, n, "h")
+            e = self.param(layer, "weight_hh")
+            for i, (h0, t0, t1) in enumerate(self.hprev_blocks(c0, c1)):
+                rows = self.off[t1] - self.off[t0]
+                ops.append(Gemm(s, View("grads", e.offset, GH, H, H),
+                                View(dg.buf, dg.offset + (self.off[t0] - r0) * GH, rows, GH,
+                                     GH),
+                                self.seq("h", layer, h0, rows, H), trans_a=True,
+                                beta=beta if i == 0 else 1.0, kind="dw", **meta))
         if self.key.bias:
-            for kind, src in (("bias_ih", dgx), ("bias_hh", dgh)):
-                e = entry(kind)
-                ops.append(Gemm(s, View("grads", e.offset, 1, GH, GH), ones, src, beta=beta,
-                                kind="db", **meta))
-        return Task(("wgrad", layer), s, [("cellb", layer, 0)], (10**9, layer, 0), ops)
+            e = self.param(layer, "bias_ih" if side == "x" else "bias_hh")
+            ops.append(Gemm(s, View("grads", e.offset, 1, GH, GH), View("ones", 0, 1, n, n),
+                            dg, beta=beta, kind="db", **meta))
+        return ops
 
-    # -- the weight gradients in chunks ----------------------------------------------------
+    # -- where and when the weight gradients run --------------------------------------------
     def wgrad_granule(self) -> int:
         """The steps a chunk of the weight gradients must be a multiple of: 1 here (the
         chain writes a step's dg at a time); the persistent builders' launches cover more."""
@@ -342,40 +341,62 @@ class BackwardBuilder(ForwardBuilder):
         k = wgrad_chunk_steps(self.key, self.wgrad_granule())   # a multiple of the granule
         return [(t0, min(t0 + k, self.T)) for t0 in reversed(range(0, self.T, k))]
 
-    def wgrad_stream(self, layer):
-        """The stream of layer ``layer``'s weight gradients: its input stream where they run
-        in one chunk after the chain (the plan's streams unchanged), else a stream of their
-        own (wg{l}, lowest priority) so a chunk never holds back the next dx GEMM."""
-        if len(self.wgrad_chunks()) == 1 or not self.sw.streams:
+    def wgrad_placement(self) -> int:
+        """Where the weight gradients run (kernels/gemm_split.py ``wgrad_stream_count``):
+        1 on the layer's input stream after its dx GEMMs, 2 on a stream of their own (wg{l}),
+        3 the W side on wg{l} and the R side on wh{l}. In chunks: at least 2 (a chunk must
+        not hold back the next dx GEMM). Without the streams switch: one stream, 1."""
+        if not self.sw.streams:
+            return 1
+        n = wgrad_stream_count(self.key)
+        return max(n, 2) if len(self.wgrad_chunks()) > 1 else n
+
+    def wgrad_stream(self, layer, side="x"):
+        """The stream of layer ``layer``'s weight gradients of ``side`` ('x': W, 'h': R), as
+        ``wgrad_placement`` says (the extra streams after the forward's: lowest priority)."""
+        n = self.wgrad_placement()
+        if n == 1:
             return self.inp(layer)
+        per = self.L if self.sw.wavefront else 1
         base = 2 * self.L if self.sw.wavefront else 2
-        return base + (layer if self.sw.wavefront else 0)
+        at = layer if self.sw.wavefront else 0
+        return base + at + (per if (n == 3 and side == "h") else 0)
 
     def streams(self):
         names, prio = super().streams()
-        if len(self.wgrad_chunks()) == 1 or not self.sw.streams:
+        n = self.wgrad_placement()
+        if n == 1:
             return names, prio
-        extra = [f"wg{l}" for l in range(self.L)] if self.sw.wavefront else ["wg"]
+        layers = [str(layer) for layer in range(self.L)] if self.sw.wavefront else [""]
+        extra = [f"wg{x}" for x in layers] + ([f"wh{x}" for x in layers] if n == 3 else [])
         return tuple(names) + tuple(extra), tuple(prio) + (0,) * len(extra)
 
     def wgrad_tasks(self, layer, ready, prio):
-        """Layer ``layer``'s weight-gradient tasks: one ('wgrad', l) after ``ready(0)`` where
-        the gradients run in one chunk, else ('wgrad', l, t0) per chunk [t0, t1), each after
-        ``ready(t0)`` (the task after which the chain has written the gate gradients of steps
-        [t0, T)) and the chunk before it (they add into the same gradients, in this fixed
-        order: the same bits every run), issued at ``prio(t0)``."""
+        """Layer ``layer``'s weight-gradient tasks. One chunk: ('wgrad', l) after
+        ``ready(0)``, both sides in one task unless they run on two streams (then the R side
+        is ('wgradh', l)). In chunks: ('wgrad', l, t0) (and ('wgradh', l, t0)) per chunk
+        [t0, t1), each after ``ready(t0)`` (the task after which the chain has written the
+        gate gradients of steps [t0, T)) and its side's chunk before it (they add into the
+        same gradients, in this fixed order: the same bits every run), issued at
+        ``prio(t0)``."""
         chunks = self.wgrad_chunks()
-        if len(chunks) == 1:
-            task = self.wgrad_task(layer)
-            task.deps = [ready(0)]
-            return [task]
-        out, before = [], None
-        for i, (t0, t1) in enumerate(chunks):
-            task = self.wgrad_task(layer, t0, t1, first=i == 0)
-            name = ("wgrad", layer, t0)
-            deps = [ready(t0)] + ([before] if before else [])
-            out.append(Task(name, task.stream, deps, prio(t0), task.ops))
-            before = name
+        two = self.wgrad_placement() == 3
+        sides = (("x", "wgrad"), ("h", "wgradh")) if two else ((None, "wgrad"),)
+        out = []
+        for side, tag in sides:
+            before = None
+            for i, (t0, t1) in enumerate(chunks):
+                first = i == 0
+                ops = (self.wgrad_ops(layer, t0, t1, first, side) if side else
+                       self.wgrad_ops(layer, t0, t1, first, "x")
+                       + self.wgrad_ops(layer, t0, t1, first, "h"))
+                if len(chunks) == 1:
+                    name, p = (tag, layer), (10**9, layer, 0 if tag == "wgrad" else 1)
+                else:
+                    name, p = (tag, layer, t0), prio(t0)
+                deps = [ready(t0)] + ([before] if before else [])
+                out.append(Task(name, ops[0].stream, deps, p, ops))
+                before = name
         return out
 
     def hprev_blocks(self, c0=0, c1=None):

@@ -95,6 +95,11 @@ class PlanKey:
     they overlap the rest of the chain (kernels/gemm_split.py ``wgrad_chunk_steps``; rounded
     up to the backward's own chunk where its chain runs in launches of several steps; >= steps:
     one GEMM over all steps after the chain); None: the rule's.
+    wgrad_streams: where a training key's weight gradients run (with the streams switch): 1
+    on each layer's input stream after its dx GEMMs, 2 on a stream of their own a layer, 3
+    the W side (dW, bias_ih) and the R side (dR, bias_hh) on two streams of their own, so
+    the GEMMs of the backward's tail overlap (kernels/gemm_split.py
+    ``wgrad_stream_count``); None: the rule's.
     """
 
     cell: str
@@ -117,6 +122,7 @@ class PlanKey:
     bwd_clusters: int | None = None
     bwd_units: int | None = None
     wgrad_steps: int | None = None
+    wgrad_streams: int | None = None
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -173,6 +179,13 @@ class PlanKey:
             if not self.train:
                 raise ValueError("PlanKey.wgrad_steps: the weight gradients' chunk, but train "
                                  "is False (there is no backward)")
+        n = self.wgrad_streams
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n not in (1, 2, 3):
+                raise ValueError(f"PlanKey.wgrad_streams: expected 1, 2, 3 or None, got {n!r}")
+            if not self.train:
+                raise ValueError("PlanKey.wgrad_streams: where the weight gradients run, but "
+                                 "train is False (there is no backward)")
         n = self.bwd_clusters
         if n is not None:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:

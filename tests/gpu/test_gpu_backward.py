@@ -148,16 +148,21 @@ def test_runner_training_api(cp):
 @pytest.mark.parametrize("cell", CELL_NAMES)
 def test_weight_gradients_in_chunks(cp, ctx, cell, executor):
     """The weight gradients in chunks of 1 and 4 steps (PlanKey.wgrad_steps: GEMMs over each
-    chunk's rows on streams of their own, added up in one order) after the per-step backward
-    of every rung with streams, and after the cluster backward in launches of 2 steps,
-    against the reference; the two runs of each give the same bits."""
+    chunk's rows on streams of their own, added up in one order) and on one or two streams
+    of their own (PlanKey.wgrad_streams 2, 3) after the per-step backward of every rung with
+    streams, and after the cluster backward in launches of 2 steps, against the reference;
+    the two runs of each give the same bits."""
     data = case(cell, 4)
-    keys = [(f"{r.name} wgrad {k}", PlanKey(cell, T, B, I, H, 4, True, r.switches, train=True,
-                                            wgrad_steps=k))
-            for r in ladder(input_batch=2) if r.switches.streams for k in (1, 4)]
+    keys = [(f"{r.name} wgrad {k} streams {n}",
+             PlanKey(cell, T, B, I, H, 4, True, r.switches, train=True, wgrad_steps=k,
+                     wgrad_streams=n))
+            for r in ladder(input_batch=2) if r.switches.streams
+            for k, n in ((1, None), (4, None), (None, 2), (None, 3), (4, 3))]
     persistent = ladder(input_batch=2)[-1].switches
-    keys.append(("cluster wgrad 1", PlanKey(cell, T, B, I, H, 4, True, persistent,
-                                            train=True, backward="cluster", wgrad_steps=1)))
+    for k, n in ((1, None), (None, 3)):
+        keys.append((f"cluster wgrad {k} streams {n}",
+                     PlanKey(cell, T, B, I, H, 4, True, persistent, train=True,
+                             backward="cluster", wgrad_steps=k, wgrad_streams=n)))
     for what, key in keys:
         runs = run_gpu_backward_case(cp, ctx, key, executor, data)
         for i, got in enumerate(runs):

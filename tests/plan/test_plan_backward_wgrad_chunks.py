@@ -1,5 +1,7 @@
-"""The weight gradients in chunks (PlanKey.wgrad_steps, plan/backward.py ``wgrad_tasks``,
-kernels/gemm_split.py ``wgrad_chunk_steps``) on the CPU: every cell x the ladder's rungs x
+"""The weight gradients in chunks and on streams of their own (PlanKey.wgrad_steps /
+wgrad_streams, plan/backward.py ``wgrad_tasks``, kernels/gemm_split.py ``wgrad_chunk_steps``,
+``wgrad_stream_count``) on the CPU: placements 2 and 3 (with and without chunks) likewise give
+the reference gradients, their streams and the side each carries; every cell x the ladder's rungs x
 chunk sizes gives the reference gradients (every buffer poisoned first) in program order and
 random interleavings, statically race-free, for full and variable-length batches, with
 accumulate, after the per-step, the cluster (chunked launches) and the stack backward; the
@@ -198,3 +200,70 @@ def test_bad_wgrad_steps_refused(bad):
 def test_wgrad_steps_needs_a_training_key():
     with pytest.raises(ValueError, match="PlanKey.wgrad_steps.*train"):
         PlanKey("lstm", T, B, I, H, 1, True, PAPER, wgrad_steps=2)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("cell", CELLS)
+def test_weight_gradients_on_their_own_streams(cell, layers):
+    """wgrad_streams 2 (one stream a layer) and 3 (W side and R side apart), alone and with
+    chunks, after the per-step backward of every rung and the cluster backward."""
+    case = bwd_plan_case(cell, layers, seed=6)
+    keys = [(f"{r.name} streams {n} wgrad {k}",
+             PlanKey(cell, T, B, I, H, layers, True, r.switches, train=True, wgrad_streams=n,
+                     wgrad_steps=k))
+            for r in ladder(input_batch=2) for n in (2, 3) for k in (None, 2)]
+    keys.append(("cluster streams 3", PlanKey(cell, T, B, I, H, layers, True, PAPER,
+                                              train=True, backward="cluster",
+                                              wgrad_streams=3)))
+    for i, (what, key) in enumerate(keys):
+        plan = check_bwd_key(key, case, what, seed=i, always_random=True)
+        if not key.switches.streams:
+            assert plan.streams == ("main",), plan.streams
+            continue
+        n = key.wgrad_streams
+        own = [name for name in plan.streams if name[:2] in ("wg", "wh")]
+        assert len(own) == (layers if key.switches.wavefront else 1) * (n - 1), (what, own)
+        for layer in range(layers):
+            streams = {plan.streams[op.stream][:2]
+                       for op in wgrad_gemms(plan, layer) + wgrad_gemms(plan, layer, "db")}
+            assert streams == ({"wg"} if n == 2 else {"wg", "wh"}), (what, streams)
+            if n == 3:   # dW with bias_ih, dR with bias_hh
+                for op in wgrad_gemms(plan, layer):
+                    side = "wg" if op.b.buf in ("x", f"h{layer - 1}") else "wh"
+                    assert plan.streams[op.stream][:2] == side, (what, op)
+
+
+def test_the_r_side_that_does_not_wait_for_the_chain_is_caught():
+    layout, flat, fwd_in, bwd_in, ref = bwd_plan_case("gru", 1, seed=8)
+    key = PlanKey("gru", T, B, I, H, 1, True, PAPER, train=True, wgrad_streams=3)
+    plan = backward_plan(key)
+    wh = plan.streams.index("wh0")
+    all_waits = [i for i, op in enumerate(plan.ops) if isinstance(op, Wait)]
+    mine = [i for i in all_waits if plan.ops[i].stream == wh]
+    assert len(mine) == 1
+
+    def run_and_check(broken, seed):
+        check_bwd_plan(run_bwd_plan(key, flat, fwd_in, bwd_in, "random", seed, bwd=broken),
+                       layout, ref, "broken")
+
+    assert_missing_wait_caught(plan, all_waits.index(mine[0]), run_and_check, seeds=40)
+
+
+@pytest.mark.parametrize("bad", [0, 4, 1.0, True, "2"])
+def test_bad_wgrad_streams_refused(bad):
+    with pytest.raises(ValueError, match="PlanKey.wgrad_streams"):
+        PlanKey("lstm", T, B, I, H, 1, True, PAPER, train=True, wgrad_streams=bad)
+
+
+def test_the_placement_rule():
+    """One layer: the W and R sides on two streams of their own; several: the input
+    stream; an explicit placement wins; without the streams switch, one stream."""
+    from rnnrt.kernels.gemm_split import wgrad_stream_count
+    one = PlanKey("lstm", T, B, I, H, 1, True, PAPER, train=True)
+    four = dataclasses.replace(one, num_layers=4)
+    assert wgrad_stream_count(one) == 3 and wgrad_stream_count(four) == 1
+    assert wgrad_stream_count(dataclasses.replace(one, wgrad_streams=1)) == 1
+    assert backward_plan(one).streams == ("rec0", "inp0", "wg0", "wh0")
+    assert len(backward_plan(four).streams) == 8
+    flat = dataclasses.replace(one, switches=ladder(input_batch=2)[0].switches)   # naive
+    assert backward_plan(flat).streams == ("main",)
