@@ -330,25 +330,20 @@ def main(argv=None):
                   f"{r['cudnn_fwd_ms']:.3f}) + {k} bwd (bwd {v['bwd_ms']:.3f}) | "
                   f"{r['cudnn_fwdbwd_ms']:.3f} | "
                   f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
+        def line(label, v):
+            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
+                  f"{r['schedule']['name']} {label} | {r['cudnn_fwdbwd_ms']:.3f} | "
+                  f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
+
         for k, v in r["splits"].get("bwd_clusters", {}).items():
             if "fwdbwd_ms" in v:
-                print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
-                      f"{r['schedule']['name']} bwd clusters {k} | {r['cudnn_fwdbwd_ms']:.3f} | "
-                      f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
+                line(f"bwd clusters {k}", v)
         for k, v in r["splits"].get("wgrad_streams", {}).items():
-            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
-                  f"{r['schedule']['name']} wgrad streams {k} ({v['streams']} streams) | "
-                  f"{r['cudnn_fwdbwd_ms']:.3f} | "
-                  f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
+            line(f"wgrad streams {k} ({v['streams']} streams)", v)
         for k, v in r["splits"].get("wgrad", {}).items():
-            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
-                  f"{r['schedule']['name']} wgrad {k} ({v['chunks']} chunks) | "
-                  f"{r['cudnn_fwdbwd_ms']:.3f} | "
-                  f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
+            line(f"wgrad {k} ({v['chunks']} chunks)", v)
         for k, v in r["splits"].get("chunks", {}).items():
-            print(f"| {r['cell']} L{r['layers']} H{r['hidden']} B{r['batch']} | "
-                  f"{r['schedule']['name']} chunk {k} | {r['cudnn_fwdbwd_ms']:.3f} | "
-                  f"{v['fwdbwd_ms']:.3f} ({r['cudnn_fwdbwd_ms'] / v['fwdbwd_ms']:.2f}x) |")
+            line(f"chunk {k}", v)
         for which, rows in r["splits"].items():
             if which in ("chunks", "bwd_clusters", "wgrad", "wgrad_streams"):
                 continue

@@ -351,24 +351,28 @@ class BackwardBuilder(ForwardBuilder):
         n = wgrad_stream_count(self.key)
         return max(n, 2) if len(self.wgrad_chunks()) > 1 else n
 
+    def wgrad_stream_name(self, layer, side="x") -> str:
+        """The name of the stream of layer ``layer``'s weight gradients of ``side`` ('x': W,
+        'h': R) at placements 2 and 3: wg{l} (wh{l} for the R side at 3); one such stream
+        for all layers without the wavefront."""
+        tag = "wh" if (self.wgrad_placement() == 3 and side == "h") else "wg"
+        return f"{tag}{layer}" if self.sw.wavefront else tag
+
     def wgrad_stream(self, layer, side="x"):
-        """The stream of layer ``layer``'s weight gradients of ``side`` ('x': W, 'h': R), as
-        ``wgrad_placement`` says (the extra streams after the forward's: lowest priority)."""
-        n = self.wgrad_placement()
-        if n == 1:
+        """The stream index of layer ``layer``'s weight gradients of ``side``, as
+        ``wgrad_placement`` says: the layer's input stream, or its own (``streams``)."""
+        if self.wgrad_placement() == 1:
             return self.inp(layer)
-        per = self.L if self.sw.wavefront else 1
-        base = 2 * self.L if self.sw.wavefront else 2
-        at = layer if self.sw.wavefront else 0
-        return base + at + (per if (n == 3 and side == "h") else 0)
+        return self.streams()[0].index(self.wgrad_stream_name(layer, side))
 
     def streams(self):
+        """The forward's streams, then the weight gradients' own (lowest priority), if any."""
         names, prio = super().streams()
-        n = self.wgrad_placement()
-        if n == 1:
+        if self.wgrad_placement() == 1:
             return names, prio
-        layers = [str(layer) for layer in range(self.L)] if self.sw.wavefront else [""]
-        extra = [f"wg{x}" for x in layers] + ([f"wh{x}" for x in layers] if n == 3 else [])
+        layers = range(self.L) if self.sw.wavefront else (0,)
+        sides = ("x", "h") if self.wgrad_placement() == 3 else ("x",)
+        extra = [self.wgrad_stream_name(layer, side) for side in sides for layer in layers]
         return tuple(names) + tuple(extra), tuple(prio) + (0,) * len(extra)
 
     def wgrad_tasks(self, layer, ready, prio):
