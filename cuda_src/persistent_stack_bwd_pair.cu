@@ -19,7 +19,10 @@
  * half the dg^T staged). Compile-time knobs for experiments (stack_bwd_bench.py
  * --define): SP_NS (stages), SP_BULK (1: each warp's rows of dg^T in a tile by one bulk copy
  * of the TMA engine, completing on a barrier of its own, instead of 4 cp.async a lane; its
- * 24 barriers take 192 bytes more shared memory), PK_TIMING (persistent_common.cuh), PK_TRACE.
+ * 24 barriers take 192 bytes more shared memory), SP_WPRE (1: the first tiles' W parts, which
+ * do not depend on dg_t, copied before the wait for it), SP_DXW (1: warp 7 makes the dx
+ * count, its fence beside thread 0's wait for the layer above), PK_TIMING
+ * (persistent_common.cuh), PK_TRACE. Rnnrt builds every knob at 0.
  *
  * Calling convention: exactly lstm_persistent_stack_bwd's (persistent_stack_bwd.cu's header:
  *   the same views, grid L * H/16 blocks of 256 threads); the grid is whole clusters of 2
@@ -81,6 +84,12 @@
 #define SP_BULK 0                  // the dg^T part by bulk copies (see the header)
 #endif
 #define SP_BARS (SP_BULK ? 2 * SP_NS * SP_KG : 0)   // floats of the bulk copies' mbarriers
+#ifndef SP_WPRE
+#define SP_WPRE 0                  // 1: the first tiles' W parts issued before the wait for dg_t
+#endif
+#ifndef SP_DXW
+#define SP_DXW 0                   // 1: the dx count by warp 7 (its fence beside thread 0's wait)
+#endif
 #define SP_CW 2                    // W float4s a lane copies of a tile (8 rows x 8 a warp)
 #define SP_CX 4                    // dg^T float4s a lane copies of a tile (8 rows x 16)
 static_assert(4 * SB_BMAX * SP_RP <= SP_NS * SP_STAGE, "the partial sums reuse the stages");
@@ -204,14 +213,18 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     const int dst_x = SP_XOFF + kr0 * SB_BMAX + 4 * q4;
     const bool x_ok = q4 < nbc;
     const pk_saddr bar_w = bars + 8u * warp;   // + 8 * SP_KG * stage
-    auto issue = [&](int n, const float* dg) {
+    // parts: 1 the W part, 2 the dg^T part, 3 both (one cp.async group, committed either way)
+    auto issue = [&](int n, const float* dg, int parts) {
         if (n < NT && !(PK_TIMING & 1)) {
             float* const s = st + (n % SP_NS) * SP_STAGE;
+            if (parts & 1) {
 #pragma unroll
-            for (int i = 0; i < SP_CW; ++i)
-                pk_cp_async16(s + dst_w + i * 4 * SP_PU,
-                              w_thr + ((long long)n * SP_KT + 4 * i) * H);
-            if (SP_BULK) {   // the warp's SP_KPW rows of dg^T: contiguous in both
+                for (int i = 0; i < SP_CW; ++i)
+                    pk_cp_async16(s + dst_w + i * 4 * SP_PU,
+                                  w_thr + ((long long)n * SP_KT + 4 * i) * H);
+            }
+            if (!(parts & 2)) {
+            } else if (SP_BULK) {   // the warp's SP_KPW rows of dg^T: contiguous in both
                 if (lane == 0) {
                     const pk_saddr bar = bar_w + 8u * SP_KG * (n % SP_NS);
                     pk_mbar_expect(bar, 4u * SP_KPW * SB_BMAX);
@@ -255,7 +268,12 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         const float* const dgs = sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above,
                                               lddhin, dgx, lddgx, tile, dgt, above, dg_done,
                                               done, dhrec, dcar);
-        // --- the product: every block of the layer's dg_t, this block's k rows
+        // --- the product: every block of the layer's dg_t, this block's k rows. SP_WPRE: the
+        // W parts of the first tiles (no dependence on dg_t) in one group before the wait (the
+        // pointwise's last __syncthreads ordered every read of the stages before)
+        if (SP_WPRE) {
+            for (int n = 0; n < SP_NS - 1; ++n) issue(n, dgs, 1);
+        }
         if (lane == 0) {
             ps_wait(dg_done, done);
             // the stages' last generic accesses (the tile, red) before the bulk copies
@@ -263,7 +281,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         }
         __syncwarp();
         PS_NOTE(s, 3);
-        for (int n = 0; n < SP_NS - 1; ++n) issue(n, dgs);
+        for (int n = 0; n < SP_NS - 1; ++n) issue(n, dgs, SP_WPRE ? 2 : 3);
         float acc[SP_TM][SP_TB];
 #pragma unroll
         for (int i = 0; i < SP_TM; ++i)
@@ -277,7 +295,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
                 phase ^= 1u << sn;
             }
             __syncwarp();              // ... the warp's; the warp has read its rows of n-1
-            issue(n + SP_NS - 1, dgs);
+            issue(n + SP_NS - 1, dgs, 3);
             const pk_saddr sa = st_a + 4u * ((n % SP_NS) * SP_STAGE);
             sp_tile_fma<NH>(acc, r_lane + 4u * (n * SP_KT * SP_PU), sa + w_lane, sa + x_lane);
         }
@@ -325,7 +343,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         }
         if (l) {   // the layer below waits for this
             __syncthreads();   // the block's dg_t W is issued
-            if (tid == 0) {
+            if (tid == (SP_DXW ? PK_MAX_THREADS - 32 : 0)) {
                 pk_fence_acq_rel();
                 atomicAdd(dx_done, 1u);
             }

@@ -12,7 +12,8 @@ staging, 2 no FMAs, 4 no waits, 8 no pointwise) compute wrong results on purpose
 checked. --define NAME=VALUE builds the kernel with another value of an overridable constant
 (SB_NS: the stages; SB_KT: k rows a stage, a multiple of 64; the shared memory follows: at H
 512, SB_KT=128 fits with SB_NS=2; the pair kernel's: SP_NS, SP_BULK=1 its dg^T by bulk
-copies of the TMA engine); --trace adds one launch with the kernel's PK_TRACE timeline
+copies of the TMA engine, SP_WPRE=1 the first tiles' W parts before the wait for dg_t,
+SP_DXW=1 the dx count by warp 7); --trace adds one launch with the kernel's PK_TRACE timeline
 and prints each layer's median step phases (stack_bench.py's reader). The whole training step against cuDNN: backward_probe.py --backwards.
 
 Usage (GPU): python experiments/scripts/stack_bwd_bench.py [--hidden 512] [--batch 64]

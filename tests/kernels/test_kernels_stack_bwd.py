@@ -312,6 +312,18 @@ def test_stack_bwd_protocol_has_no_data_race(tmp_path_factory, tmp_path, pair):
         run_sim(broken, tmp_path, case, launches=1, pair=pair)
 
 
+def test_pair_kernel_timing_knobs_keep_results_and_order(tmp_path_factory, tmp_path):
+    """The pair kernel's SP_WPRE 1 (the first tiles' W parts copied into the stages before
+    the wait for dg_t: they alias the pointwise's tile and the last step's partial sums)
+    and SP_DXW 1 (the dx count by warp 7) under ThreadSanitizer: no report, the reference
+    gradients."""
+    knobs = "#define SP_WPRE 1\n#define SP_DXW 1\n"
+    exe = _build(tmp_path_factory, knobs + source(KERNELS[True]), "tsan_knobs", tsan=True)
+    case, p, cache = make_case(3, 64, 3, 2, seed=6)
+    check_against_reference(run_sim(exe, tmp_path, case, launches=1, pair=True), case, p, cache,
+                            "tsan pair SP_WPRE SP_DXW")
+
+
 def test_a_local_header_the_loader_missed_fails_the_build(tmp_path_factory):
     """build_host_sim skips where the toolchain lacks something, but a kernel source whose
     local header was not inlined (an include line the loader's pattern does not take, e.g. with
