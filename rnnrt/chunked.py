@@ -94,11 +94,13 @@ def kept_buffers(fwd, bwd, grows) -> frozenset:
     """Buffers a training chunk keeps for its backward: those the backward plan ``bwd``
     reads that the forward plan ``fwd`` writes or takes as input, among ``grows`` (the
     buffers whose size grows with the steps: what does not — transposed weights, barrier
-    counters — holds the same for every chunk)."""
+    counters — holds the same for every chunk), less those ``bwd`` remakes before it reads
+    them (a recompute key's gates, plan/recompute.py: shared like the pre-activations)."""
+    from .plan.recompute import recomputed
     made = {v.buf for op in fwd.ops for v in op.writes}
     made |= {v.buf for b in fwd.inputs.values() for v in b.views}
     read = {v.buf for op in bwd.ops for v in op.reads}
-    return frozenset(made & read & set(grows))
+    return frozenset(made & read & set(grows)) - recomputed(bwd)
 
 
 @dataclass(eq=False)

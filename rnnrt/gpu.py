@@ -116,6 +116,13 @@ class GpuRunner:
     outputs come back as float32 arrays (y and h_n hold storage values, c_n, dx, dh0, dc0
     and the gradients fp32 results). 16-bit keys never run a persistent kernel (they take
     fp32 storage only: the plan falls back, saying why).
+    recompute: training passes keep no gates for the backward, which remakes them (two
+    GEMMs over all steps and one pointwise launch a layer: plan/recompute.py); what it saves
+    is the memory a chunked pass (a sequence longer than one chunk, chunked.py) keeps per
+    step: LSTM h and c instead of h, c and the 4 gates (a third), GRU h instead of h and
+    its 4 (a fifth); an unchunked pass holds its whole workspace either way, and packed
+    sequences keep their gates. LSTM and GRU at fp32 storage (float32, tf32): ValueError for
+    a 16-bit dtype.
 
     Packed sequences of different lengths (``forward_packed``) run variable-length plans: a
     batch's pattern is bucketed (plan/packing.py), the plans of every pattern of one
@@ -129,12 +136,18 @@ class GpuRunner:
 
     def __init__(self, model, switches: Switches | str = "auto", executor: str = "graph",
                  grads=None, cache_bytes: int | None = None, schedule_cache=None,
-                 params=None, dtype: str = "float32"):
+                 params=None, dtype: str = "float32", recompute: bool = False):
         import os
 
         from .precision import get_precision
         from .session import GpuSession, executor_names
         self.dtype = get_precision(dtype).name   # ValueError naming the allowed ones
+        if not isinstance(recompute, bool):
+            raise TypeError(f"recompute: expected a bool, got {recompute!r}")
+        if recompute and self.dtype not in ("float32", "tf32"):
+            raise ValueError(f"recompute: fp32 storage only (dtype float32 or tf32), got dtype "
+                             f"{self.dtype!r}: 16-bit passes keep their gates")
+        self.recompute = recompute
         if np.dtype(model.dtype) != np.float32:
             raise ValueError(f"model.dtype: the GPU path is fp32 only, got {np.dtype(model.dtype)}")
         if switches is None:
@@ -282,7 +295,8 @@ class GpuRunner:
                        m.num_layers, m.bias, switches, bool(train), device=self.limits,
                        family=family, backward=backward if train and pattern is None else None,
                        batch_sizes=pattern, capacity=capacity, dtype=self.dtype,
-                       clusters=clusters)
+                       clusters=clusters,
+                       recompute=self.recompute and bool(train) and pattern is None)
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes

@@ -33,8 +33,11 @@ device. Its steps:
               memory
 Then the plan-build time of the unchunked forward plan at ``--plan-steps`` (the paper's best
 rung, +wavefront: ops for every layer and step), which a chunked run no longer builds.
+--recompute: each fwd+bwd run again on a runner with recompute=True (plan/recompute.py: the
+chunks keep no gates, the backward remakes them), a row of its own (``recompute`` true; its
+cuDNN field points at the row before): the memory and the time both ways.
 
-Usage (GPU): python experiments/scripts/long_seq_bench.py [--out FOLDER]
+Usage (GPU): python experiments/scripts/long_seq_bench.py [--recompute] [--out FOLDER]
 On the CPU (a test runs it with rnnrt.session.GpuSession replaced by a NumPy stand-in):
   --small  (tiny shapes, chunks of 8 steps)
 """
@@ -138,7 +141,7 @@ def _pass(r, x, dy, train):
     return {"y": y, "h_n": h_n, "dx": g.dx, "dh0": g.dh0}
 
 
-def run_rnnrt(cp, spec, repeats, check_rows, check_steps, schedules):
+def run_rnnrt(cp, spec, repeats, check_rows, check_steps, schedules, recompute=False):
     from rnnrt.gpu import GpuRunner
     from rnnrt.plan.backward import backward_plan
     from rnnrt.plan.forward import forward_plan
@@ -161,7 +164,7 @@ def run_rnnrt(cp, spec, repeats, check_rows, check_steps, schedules):
     tuner.close()
     del tuner
     gc.collect()
-    r = GpuRunner(model, schedule_cache=schedules)
+    r = GpuRunner(model, schedule_cache=schedules, recompute=recompute)
     scheds = {n: r.schedule(n, B, train).schedule.name for n in lengths}
     keys = [r.plan_key(n, B, train) for n in lengths]
     forward_plan.cache_clear()
@@ -190,7 +193,7 @@ def run_rnnrt(cp, spec, repeats, check_rows, check_steps, schedules):
     peak, used = _pool_total(cp), _used(cp)
     steady = float(np.median(times))
     row = {"cell": cell, "layers": L, "input_size": I, "hidden": H, "batch": B, "steps": T,
-           "pass": which, "chunk_steps": r.long.length(B, train),
+           "pass": which, "recompute": recompute, "chunk_steps": r.long.length(B, train),
            "pieces": len(parts) if parts else 1, "chunk_lengths": lengths,
            "schedules": {str(n): s for n, s in scheds.items()}, "tune_s": tune_s,
            "plan_s": plan_s, "plan_ops": ops, "first_call_s": first_s,
@@ -312,6 +315,8 @@ def main(argv=None):
     ap.add_argument("--check-steps", type=int, default=1000,
                     help="steps checked against the reference (a prefix of longer runs)")
     ap.add_argument("--no-cudnn", action="store_true")
+    ap.add_argument("--recompute", action="store_true",
+                    help="each fwd+bwd run again with recompute=True (a row of its own)")
     ap.add_argument("--out", default=None, help="folder (default <RNNRT_OUT>/results/"
                                                 "long-sequence)")
     a = ap.parse_args(argv)
@@ -351,12 +356,21 @@ def main(argv=None):
         del x, dy, out
         gc.collect()
         cp.get_default_memory_pool().free_all_blocks()
+        if a.recompute and which == "fwd+bwd":
+            print("    ... again with recompute=True", flush=True)
+            row, *_ = run_rnnrt(cp, spec, reps, a.check_rows, a.check_steps, schedules, True)
+            row["cudnn"] = {"status": "see the row without recompute"}
+            rows.append(row)
+            gc.collect()
+            cp.get_default_memory_pool().free_all_blocks()
     builds = plan_build_times(plan_steps, 4 if not a.small else 2, 512 if not a.small else 5,
                               64 if not a.small else 2)
-    base = {r["pass"]: r["ms_per_step"] for r in rows if r["steps"] == min(
-        q["steps"] for q in rows if q["pass"] == r["pass"])}
+    def kind(r):
+        return r["pass"], r["recompute"]
+    base = {kind(r): r["ms_per_step"] for r in rows if r["steps"] == min(
+        q["steps"] for q in rows if kind(q) == kind(r))}
     for r in rows:
-        r["ms_per_step_vs_shortest"] = r["ms_per_step"] / base[r["pass"]]
+        r["ms_per_step_vs_shortest"] = r["ms_per_step"] / base[kind(r)]
     rec = {"kind": "long-sequence", "created": created, "command": " ".join(sys.argv),
            "device": info, "versions": versions(cp if hasattr(cp, "__version__") else None),
            "chunk_rule": {"max_steps": chunked.MAX_CHUNK_STEPS,
@@ -372,7 +386,7 @@ def main(argv=None):
     if out_dir is not None:
         path = out_dir / path.name
     print(f"record: {write_json(rec, path, overwrite=False)}")
-    print(f"{'pass':>8} {'L':>2} {'B':>3} {'T':>7} {'chunk':>5} {'plan s':>7} {'capt s':>7} "
+    print(f"{'pass':>8} {'rc':>2} {'L':>2} {'B':>3} {'T':>7} {'chunk':>5} {'plan s':>7} {'capt s':>7} "
           f"{'ms/step':>8} {'vs 1st':>6} {'peak GiB':>8} {'pk/io':>5} {'check':>5} "
           f"{'cuDNN ms/step':>14}")
     for r in rows:
@@ -381,7 +395,7 @@ def main(argv=None):
         pk = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
         ratio = "-" if r.get("peak_vs_io_weights") is None else f"{r['peak_vs_io_weights']:.2f}"
         ok = "ok" if r["check_ok"] and all(x["ok"] for x in c.get("check", [])) else "FAIL"
-        print(f"{r['pass']:>8} {r['layers']:>2} {r['batch']:>3} {r['steps']:>7} "
+        print(f"{r['pass']:>8} {'y' if r['recompute'] else '-':>2} {r['layers']:>2} {r['batch']:>3} {r['steps']:>7} "
               f"{r['chunk_steps']:>5} {r['plan_s']:7.3f} {r['capture_s']:7.3f} "
               f"{r['ms_per_step']:8.4f} {r['ms_per_step_vs_shortest']:6.3f} {pk:>8} "
               f"{ratio:>5} {ok:>5} {cud:>14}")

@@ -68,13 +68,14 @@ does (the rounding is only where dn' is stored for the GEMMs).
 """
 from __future__ import annotations
 
-from ..cells import backward_flops, get_cell
+from ..cells import backward_flops, forward_flops, get_cell
 from ..kernels.gemm_split import dh_splits, wgrad_chunk_steps, wgrad_stream_count
 from ..sizes import check_plan
 from .cache import plan_cache
 from .forward import ForwardBuilder, forward_plan
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
+from .recompute import after_recompute, recompute_buffers, recompute_tasks, recomputes
 from .schedule import Task, schedule
 from .storage import labelled
 
@@ -100,6 +101,9 @@ def backward_plan(key: PlanKey, accumulate: bool = False, need_dx: bool = True) 
                             1, key.rows)
     if not need_dx:   # less layer 0's dx GEMMs: 2 x rows x (G*H) x input_size
         expect -= 2 * key.rows * get_cell(key.cell).gates * key.hidden_size * key.input_size
+    if recomputes(key):   # the forward's GEMMs again, remaking the gates (recompute.py)
+        expect += forward_flops(key.cell, key.input_size, key.hidden_size, key.num_layers,
+                                key.batch, key.steps)
     if plan.gemm_flops() != expect:
         raise AssertionError(f"backward plan GEMM FLOPs {plan.gemm_flops()} != {expect}")
     return plan
@@ -158,7 +162,7 @@ class BackwardBuilder(ForwardBuilder):
         bufs += [Buffer("dx", T * B * self.key.input_size, "io"),
                  Buffer("grads", self.layout.size, "grad"),
                  Buffer("ones", T * B, "ones")]
-        return labelled(self, bufs)
+        return labelled(self, bufs + recompute_buffers(self))
 
     # -- views -----------------------------------------------------------------------------
     def step(self, buf, layer, t, width=None):
@@ -574,7 +578,8 @@ class BackwardBuilder(ForwardBuilder):
         return tasks
 
     def build(self) -> Plan:
-        ops, nev = schedule(self.tasks())
+        # a recompute key's gates first (recompute.py), every other task after them
+        ops, nev = schedule(after_recompute(self.tasks(), recompute_tasks(self)))
         names, prio = self.streams()
         inputs, outputs = self.backward_bindings()
         # the forward's bindings too: one workspace (built from this plan's buffers, a

@@ -34,6 +34,7 @@ from ..kernels.stack_bwd import SB_BMAX
 from .backward import BackwardBuilder
 from .model import Binding, Buffer
 from .ops import Kernel, View
+from .recompute import recompute_buffers
 from .schedule import Task
 from .storage import labelled
 
@@ -65,7 +66,7 @@ class StackBackwardBuilder(BackwardBuilder):
                  Buffer("bsync", SYNC_WORDS * L, "sync", "uint32"),
                  Buffer("dx", T * B * self.key.input_size, "io"),
                  Buffer("grads", self.layout.size, "grad"), Buffer("ones", T * B, "ones")]
-        return labelled(self, bufs)
+        return labelled(self, bufs + recompute_buffers(self))
 
     def layer_rows(self, buf, layer, row, rows, width):
         """Rows [row, row + rows) of layer ``layer``'s part of ``buf`` ('dgx', 'dhin': T*B

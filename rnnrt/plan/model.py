@@ -100,7 +100,14 @@ class PlanKey:
     the W side (dW, bias_ih) and the R side (dR, bias_hh) on two streams of their own, so
     the GEMMs of the backward's tail overlap (kernels/gemm_split.py
     ``wgrad_stream_count``); None: the rule's.
-    """
+    recompute: a training key's backward recomputes the saved gates (act{l}: LSTM i, f, g,
+    o; GRU r, z, n, W_hn h + b_hn) from x, the h and c sequences and the weights before its
+    chain (plan/recompute.py: two GEMMs over all steps and the forward's pointwise kernel a
+    layer), so a training state need not keep them between the passes (chunked.py: a
+    chunk keeps x, h, c; LSTM 2 of its 6 floats a hidden unit a step, GRU 1 of 5). The
+    same function, rounded differently: the recomputed gates come from one GEMM over all
+    steps, not the forward's products. fp32 storage only (float32, tf32), fixed lengths.
+"""
 
     cell: str
     steps: int
@@ -123,6 +130,7 @@ class PlanKey:
     bwd_units: int | None = None
     wgrad_steps: int | None = None
     wgrad_streams: int | None = None
+    recompute: bool = False
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -186,6 +194,18 @@ class PlanKey:
             if not self.train:
                 raise ValueError("PlanKey.wgrad_streams: where the weight gradients run, but "
                                  "train is False (there is no backward)")
+        if self.recompute is not False:
+            if self.recompute is not True:
+                raise ValueError(f"PlanKey.recompute: expected a bool, got {self.recompute!r}")
+            if not self.train:
+                raise ValueError("PlanKey.recompute: the backward recomputes the saved gates, "
+                                 "but train is False (there is no backward)")
+            if self.batch_sizes is not None:
+                raise ValueError("PlanKey.recompute: fixed-length keys only (batch_sizes is "
+                                 "set); a variable-length pass keeps its gates")
+            if self.dtype not in ("float32", "tf32"):
+                raise ValueError(f"PlanKey.recompute: fp32 storage only (float32, tf32), got "
+                                 f"dtype {self.dtype!r}: a 16-bit pass keeps its gates")
         n = self.bwd_clusters
         if n is not None:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:

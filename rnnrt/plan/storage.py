@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..kernels.choice import choose_persistent_backward
+from .recompute import recomputes
 
 
 def store_names(b) -> set:
@@ -42,6 +43,8 @@ def store_names(b) -> set:
         names |= {f"wS{lyr}" for lyr in range(L)} | {f"rS{lyr}" for lyr in r_read}
     elif (not stack or train) and not b.stack_backward:   # the stack kernels read params
         names.add("params")                                 # themselves, fp32
+    if recomputes(b.key):   # its GEMMs read the weights from the fp32 params
+        names.add("params")     # (plan/recompute.py; fp32 storage keys only)
     if train:   # the backward's gate gradients (and the ones of the bias sums); the stack
         # backward's, every layer's, in one buffer
         names |= {"dgx"} if b.stack_backward else {f"dgx{lyr}" for lyr in range(L)}

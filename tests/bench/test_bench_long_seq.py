@@ -21,12 +21,17 @@ def test_the_small_runs_write_one_checked_record(monkeypatch, tmp_path):
     monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
     monkeypatch.delenv("RNNRT_CHUNK_STEPS", raising=False)
     status, _, path = bench.main(["--small", "--repeats", "1", "--check-rows", "2",
-                                  "--check-steps", "30", "--out", str(tmp_path / "ls")])
+                                  "--check-steps", "30", "--recompute",
+                                  "--out", str(tmp_path / "ls")])
     assert status == 0
     assert path.parent == tmp_path / "ls" and record_name_match("long-sequence", path.name)
     saved = json.loads(path.read_text())
     assert saved["kind"] == "long-sequence" and saved["device"]["device"].startswith("cpu")
-    assert len(saved["rows"]) == len(bench.SMALL_RUNS)
+    # --recompute: each fwd+bwd run twice, the second keeping no gates
+    twice = sum(spec[6] == "fwd+bwd" for spec in bench.SMALL_RUNS)
+    assert len(saved["rows"]) == len(bench.SMALL_RUNS) + twice
+    assert sum(r["recompute"] for r in saved["rows"]) == twice
+    assert all(r["pass"] == "fwd+bwd" for r in saved["rows"] if r["recompute"])
     for row in saved["rows"]:
         assert FIELDS <= set(row), FIELDS - set(row)
         assert row["pieces"] > 1 and row["chunk_steps"] == 8   # every run chunked

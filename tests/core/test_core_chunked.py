@@ -282,3 +282,49 @@ def test_chunks_carry_the_precision(runner, dtype):
                  reduction_atol(T * B, p.atol), p.rtol, name=f"{dtype} grads")
     fp32 = model_reference(m, x, *hx, flat=r.params)["y"]
     assert np.abs(np.asarray(y) - fp32).max() > 1e-4, "the chunks ran in fp32"
+
+
+@pytest.fixture
+def recompute_runner(monkeypatch):
+    """``runner``'s, with recompute=True."""
+    import rnnrt.session
+    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
+    monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
+    monkeypatch.setenv("RNNRT_CHUNK_STEPS", "4")
+    from rnnrt.gpu import GpuRunner
+    return lambda model: GpuRunner(model, schedule_cache=False, recompute=True)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_recomputing_chunks_keep_no_gates_and_equal_the_reference(recompute_runner, cell):
+    """recompute=True: a chunk state keeps x, h (and c), not the gates, which its states
+    share; every chunk's gates are overwritten by the chunks after it before the backward
+    runs, so gradients equal to the reference's show that each chunk's backward remade its
+    own (two live tapes: the second forward's chunks overwrite the first's gates too)."""
+    r = recompute_runner(_model(cell, seed=8))
+    rng = np.random.default_rng(7)
+    (xa, hxa), (xb, hxb) = _states(cell, rng, 11), _states(cell, rng, 11)
+    dya, dyb = draw32(rng, 11, B, H), draw32(rng, 11, B, H)
+    dhx = _states(cell, rng, 1)[1]
+    _, _, ta = r.forward(xa, hxa, train=True)
+    _, _, tb = r.forward(xb, hxb, train=True)
+    first, second = ta.states[0], ta.states[1]
+    own = {n for n, a in second.ws.bufs.items() if a is not first.ws.bufs[n]}
+    gates = {n for n in first.ws.bufs if n.startswith("act")}
+    assert own == set(r.long._kept[ta.keys[1]]) and own
+    assert not own & gates and {"x"} <= own
+    if cell in ("lstm", "gru"):   # shared: one array for every state of the key
+        assert gates and all(second.ws.bufs[n] is first.ws.bufs[n] for n in gates)
+        assert all(k.recompute for k in ta.keys)
+    _check_grads(r, xb, hxb, dyb, dhx, r.backward(tb, dyb, dhx))
+    _check_grads(r, xa, hxa, dya, dhx, r.backward(ta, dya, dhx))
+
+
+def test_recompute_needs_fp32_storage(monkeypatch):
+    import rnnrt.session
+    monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
+    from rnnrt.gpu import GpuRunner
+    with pytest.raises(ValueError, match="recompute: fp32 storage only"):
+        GpuRunner(_model("lstm"), schedule_cache=False, dtype="bfloat16", recompute=True)
+    with pytest.raises(TypeError, match="recompute: expected a bool"):
+        GpuRunner(_model("lstm"), schedule_cache=False, recompute=1)

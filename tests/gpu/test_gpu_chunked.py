@@ -37,13 +37,17 @@ def _model(cell, seed=0):
 
 
 @pytest.mark.parametrize("schedule", ["heuristic", "+wavefront"])
-@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
-def test_chunked_passes_equal_the_reference(cp, monkeypatch, cell, schedule):
+@pytest.mark.parametrize("cell, recompute", [("lstm", False), ("gru", False),
+                                             ("rnn_tanh", False), ("rnn_relu", False),
+                                             ("lstm", True), ("gru", True)])
+def test_chunked_passes_equal_the_reference(cp, monkeypatch, cell, recompute, schedule):
+    """(recompute: the chunk states share the gates, each chunk's backward remakes its own:
+    plan/recompute.py)"""
     monkeypatch.setenv("RNNRT_CHUNK_STEPS", "16")
     monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
     m = _model(cell)
     sw = "auto" if schedule == "heuristic" else {g.name: g.switches for g in ladder()}[schedule]
-    r = GpuRunner(m, switches=sw, schedule_cache=False)
+    r = GpuRunner(m, switches=sw, schedule_cache=False, recompute=recompute)
     rng = np.random.default_rng(1)
     f32 = np.float32
     x = rng.standard_normal((T, B, I)).astype(f32)
@@ -62,6 +66,9 @@ def test_chunked_passes_equal_the_reference(cp, monkeypatch, cell, schedule):
         assert_close(hx_n[0] if cell == "lstm" else hx_n, h_ref, name=f"{cell} h_n")
         y, hx_n, tape = r.forward(x, hx, train=True)
         assert len(tape.states) == 7
+        shared = [n for n in tape.states[0].ws.bufs if n.startswith("act")
+                  and tape.states[1].ws.bufs[n] is tape.states[0].ws.bufs[n]]
+        assert bool(shared) == recompute, shared
         assert_close(y, y_ref, FP32_ATOL, FP32_RTOL, name=f"{cell} y train ({rep})")
         g = r.backward(tape, dy)
         assert_close(g.dx, g_ref["dx"], name=f"{cell} dx ({rep})")
