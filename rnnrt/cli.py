@@ -187,6 +187,11 @@ def _ladder_parser(sub):
     p.add_argument("--cpu", action="store_true",
                    help=f"no GPU: run the ladder on the NumPy executor at a small size "
                         f"({CPU_SIZE}); figures are labelled CPU figures")
+    p.add_argument("--processes", type=_positive, default=1,
+                   help="run the whole ladder in this many fresh processes, one after "
+                        "another, and pool them: medians over the processes, each ratio "
+                        "taken within its process (default 1; cuDNN's time moves between "
+                        "processes by itself)")
     _add_dtype(p, "every rung and auto")
     return p
 
@@ -211,9 +216,16 @@ def _cmd_ladder(a) -> int:
     _require_gpu("ladder", a.cpu)
     check_sizes(cfg)
     out = _record_out(a, "ladder")
-    record = run_ladder(cfg)
+    if a.processes > 1:   # this process touches no GPU: each child is a whole ladder run
+        from .bench.processes import pool, run_processes, spread_lines
+        record = pool(run_processes(a.argv, a.processes),
+                      " ".join(["rnnrt"] + a.argv))
+    else:
+        record = run_ladder(cfg)
     path = _write(write_record, default_path, record, out, a.overwrite)
     print(markdown_table(record))
+    if a.processes > 1:
+        print("\n" + "\n".join(spread_lines(record)))
     print(f"\nrecord: {path}")
     refused = [r for r in record["rows"] if "refused" in r]
     return 1 if refused else 0
@@ -626,6 +638,7 @@ def main(argv=None) -> int:
     from .device import GpuUnavailable
     from .sizes import SizeError
     a = parse(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)   # (ladder --processes: its children)
     try:
         return COMMANDS[a.cmd](a)
     except KeyboardInterrupt:

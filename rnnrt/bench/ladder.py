@@ -650,9 +650,12 @@ def markdown_table(record: dict) -> str:
 def _cudnn_note(cd: dict) -> str:
     if "skipped" in cd:
         return cd["skipped"]
-    per = cd.get("ms_median_per_timing", [])
-    return (f"same process, {CUDNN_MODE[cd.get('dtype', 'float32')]}, median of its medians "
-            f"timed before and after the rungs (" + " / ".join(f"{m:.3f}" for m in per) + " ms)")
+    per = " / ".join(f"{m:.3f}" for m in cd.get("ms_median_per_timing", []))
+    mode = CUDNN_MODE[cd.get("dtype", "float32")]
+    if cd.get("pooled_over_processes"):   # bench/processes.py
+        return f"in each process beside the rows, {mode}, the median of the processes' ({per} ms)"
+    return (f"same process, {mode}, median of its medians timed before and after the rungs "
+            f"({per} ms)")
 
 
 def default_path(record: dict, root: Path | None = None) -> Path:
