@@ -157,7 +157,8 @@ class ChunkedRunner:
                       for s in candidates(shape, r.limits)]
         else:
             scheds = [(r.switches, None, None, None)]
-        return [r.new_key(MAX_CHUNK_STEPS, batch, train, sw, fam, bwd, clusters=n)
+        rc = r.recompute and train
+        return [r.new_key(MAX_CHUNK_STEPS, batch, train, sw, fam, bwd, clusters=n, recompute=rc)
                 for sw, fam, bwd, n in scheds]
 
     def pieces(self, steps: int, batch: int, train: bool):
@@ -254,7 +255,7 @@ class ChunkedRunner:
                   f"y of {T} steps x batch {B} x hidden {m.hidden_size}", "GPU memory")
         # a key, plan maker (and inference state) per piece length, not per piece: the
         # pieces are a handful of lengths (the chunk, the remainder's powers of two)
-        by_n = {n: r.plan_key(n, B, train) for n in {n for _, n in parts}}
+        by_n = {n: r.plan_key(n, B, train, chunk=True) for n in {n for _, n in parts}}
         keys = [by_n[n] for _, n in parts]
         plans = {k: partial(forward_plan, k) for k in by_n.values()}
         if train:

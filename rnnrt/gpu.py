@@ -116,13 +116,13 @@ class GpuRunner:
     outputs come back as float32 arrays (y and h_n hold storage values, c_n, dx, dh0, dc0
     and the gradients fp32 results). 16-bit keys never run a persistent kernel (they take
     fp32 storage only: the plan falls back, saying why).
-    recompute: training passes keep no gates for the backward, which remakes them (two
-    GEMMs over all steps and one pointwise launch a layer: plan/recompute.py); what it saves
-    is the memory a chunked pass (a sequence longer than one chunk, chunked.py) keeps per
-    step: LSTM h and c instead of h, c and the 4 gates (a third), GRU h instead of h and
-    its 4 (a fifth); an unchunked pass holds its whole workspace either way, and packed
-    sequences keep their gates. LSTM and GRU at fp32 storage (float32, tf32): ValueError for
-    a 16-bit dtype.
+    recompute: the chunks of a chunked training pass (a sequence longer than one chunk,
+    chunked.py) keep no gates for the backward, which remakes them (plan/recompute.py: the
+    forward's GEMMs again, over pieces of 64 steps, and its pointwise kernel): a chunk keeps
+    LSTM h and c instead of h, c and the 4 gates a step (a third), GRU h instead of h and
+    its 4 (a fifth). An unchunked pass runs as without (it holds its whole workspace either
+    way: nothing to save), as do packed sequences. LSTM and GRU at fp32 storage (float32,
+    tf32): ValueError for a 16-bit dtype.
 
     Packed sequences of different lengths (``forward_packed``) run variable-length plans: a
     batch's pattern is bucketed (plan/packing.py), the plans of every pattern of one
@@ -252,16 +252,20 @@ class GpuRunner:
         return self.selector.select(shape)
 
     def plan_key(self, steps: int, batch: int, train: bool = False,
-                 pattern: tuple | None = None) -> PlanKey:
+                 pattern: tuple | None = None, chunk: bool = False) -> PlanKey:
         """The PlanKey a call runs: ``pattern`` (plan/packing.py) for packed sequences of
         different lengths (steps = len(pattern); its buffers sized for the steps bucket, so
-        every pattern of the bucket shares a workspace). Remembered per call shape."""
-        return self._key(int(steps), int(batch), bool(train), pattern)[0]
+        every pattern of the bucket shares a workspace); ``chunk``: a piece of a chunked
+        pass (chunked.py; with ``recompute``, a training piece's key recomputes). Remembered
+        per call shape."""
+        return self._key(int(steps), int(batch), bool(train), pattern, bool(chunk))[0]
 
-    def _key(self, steps: int, batch: int, train: bool, pattern: tuple | None):
+    def _key(self, steps: int, batch: int, train: bool, pattern: tuple | None,
+             chunk: bool = False):
         """(``plan_key``'s key, its workspace key), remembered per call shape: a call does
-        one lookup (the arguments are ints, a bool and a checked pattern)."""
-        k = (steps, batch, train, pattern)
+        one lookup (the arguments are ints, bools and a checked pattern)."""
+        recompute = self.recompute and train and chunk and pattern is None
+        k = (steps, batch, train, pattern, recompute)
         entry = self._keys.get(k)
         if entry is not None:
             self._keys.move_to_end(k)
@@ -277,7 +281,7 @@ class GpuRunner:
             from .kernels.choice import bucket_steps
             capacity = max(bucket_steps(len(pattern)), len(pattern))
         key = self.new_key(steps, batch, train, sw, family, backward, pattern, capacity,
-                           clusters)
+                           clusters, recompute)
         entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
@@ -285,18 +289,19 @@ class GpuRunner:
 
     def new_key(self, steps: int, batch: int, train: bool, switches, family=None,
                 backward=None, pattern: tuple | None = None,
-                capacity: int | None = None, clusters: int | None = None) -> PlanKey:
+                capacity: int | None = None, clusters: int | None = None,
+                recompute: bool = False) -> PlanKey:
         """The PlanKey of this runner's model, limits and dtype for a schedule (switches,
-        family, backward, the cluster count) — the one place a runner's keys are made (``plan_key``, the
-        selector's timer, chunked.py's candidates). Not remembered: ``plan_key`` is."""
+        family, backward, the cluster count; ``recompute``, PlanKey's) — the one place a
+        runner's keys are made (``plan_key``, the selector's timer, chunked.py's
+        candidates). Not remembered: ``plan_key`` is."""
         m = self.model
         # a pattern takes the per-step backward (PlanKey refuses a persistent one)
         return PlanKey(m.cell_name, int(steps), int(batch), m.input_size, m.hidden_size,
                        m.num_layers, m.bias, switches, bool(train), device=self.limits,
                        family=family, backward=backward if train and pattern is None else None,
                        batch_sizes=pattern, capacity=capacity, dtype=self.dtype,
-                       clusters=clusters,
-                       recompute=self.recompute and bool(train) and pattern is None)
+                       clusters=clusters, recompute=recompute)
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes

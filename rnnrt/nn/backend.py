@@ -9,7 +9,8 @@ layers, in torch ops).
 
     backend = backend_for(device)            # raises before any work for devices not done
     y, h_n, c_n, saved = backend.run_forward(cell, layers, x, batch_sizes, h0, c0,
-                                             reverse=..., train=..., precision=...)
+                                             reverse=..., train=..., precision=...,
+                                             recompute=...)
     dx, dh0, dc0, dlayers = backend.run_backward(saved, dy, dh_n, dc_n,
                                                  need_dx=..., need_weights=...)
 
@@ -28,6 +29,9 @@ len(layers), B = batch_sizes[0], N = sum(batch_sizes)):
   precision    nn/precision.py's CallPrecision (autocast, or 16-bit parameters): the call
                runs at that precision, its outputs in precision.out_dtype; None: the
                tensors' own dtype (then all one dtype). Only the CUDA backend takes one.
+  recompute    keep no gates in the chunks of a long training call (the module's
+               ``recompute``): the CUDA backend's runner (GpuRunner's ``recompute``); the
+               CPU one runs the NumPy reference unchunked, which keeps its activations
 
   -> y [N, H] packed like x; h_n, c_n [L, B, H] (c_n None unless 'lstm'); saved (opaque)
 
@@ -77,10 +81,11 @@ class NumpyBackend:
         return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
 
     def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train,
-                    precision=None):
+                    precision=None, recompute=False):
         """See the module docstring. x [N, I]; h0, c0 [L, B, H] | None -> (y [N, H],
         h_n [L, B, H], c_n [L, B, H] | None, saved varlen.Cache | None). At ``precision``
-        (a CallPrecision) in float32 with its storage rounding, outputs in its out_dtype."""
+        (a CallPrecision) in float32 with its storage rounding, outputs in its out_dtype.
+        ``recompute`` changes nothing here (nothing is chunked on the CPU)."""
         np32 = self._np if precision is None else self._np32
         params = [{"weight_ih": np32(w_ih), "weight_hh": np32(w_hh),
                    "bias_ih": np32(b_ih), "bias_hh": np32(b_hh)}

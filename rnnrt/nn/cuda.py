@@ -70,10 +70,10 @@ def _model_for(cell: str, input_size: int, hidden: int, layers: int, bias: bool)
     return rnnrt.RNN(input_size, hidden, nonlinearity=cell.split("_")[1], **kw)
 
 
-def make_runner(model, precision: str, **kw):
-    """A GpuRunner of ``model`` at ``precision`` (precision.DTYPES)."""
+def make_runner(model, precision: str, recompute: bool = False, **kw):
+    """A GpuRunner of ``model`` at ``precision`` (precision.DTYPES), with ``recompute``."""
     from ..gpu import GpuRunner
-    return GpuRunner(model, **kw, dtype=precision)
+    return GpuRunner(model, **kw, dtype=precision, recompute=recompute)
 
 
 def adoptable(params, layout):
@@ -173,21 +173,24 @@ class CudaBackend:
         self._sites: OrderedDict = OrderedDict()
 
     # -- call sites ------------------------------------------------------------------------------
-    def _site(self, cell, layers, device, params, precision: str = "float32") -> Site:
+    def _site(self, cell, layers, device, params, precision: str = "float32",
+              recompute: bool = False) -> Site:
         """The site of this call: keyed by the identity of its first weight (one per module
-        stack, or per layer and direction) and the precision, dropped with that weight; made
+        stack, or per layer and direction), the precision and ``recompute``, dropped with
+        that weight; made
         again where the call's ``params`` (``_flat_params(layers)``) left it stale
         (``Site.stale``)."""
         w_ih, w_hh, b_ih, _ = layers[0]
         key = (id(w_ih), device.index, cell, len(layers), int(w_ih.shape[1]),
-               int(w_hh.shape[1]), b_ih is not None, precision)
+               int(w_hh.shape[1]), b_ih is not None, precision, bool(recompute))
         site = self._sites.get(key)
         if site is None or site.stale(params):
             import cupy as cp
             with torch.cuda.device(device), cp.cuda.Device(device.index):
                 model = _model_for(cell, key[4], key[5], key[3], key[6])
                 seg = adoptable(params, model.layout)
-                runner = make_runner(model, precision, cache_bytes=RUNNER_CACHE_BYTES,
+                runner = make_runner(model, precision, recompute=recompute,
+                                     cache_bytes=RUNNER_CACHE_BYTES,
                                      params=None if seg is None else cp.from_dlpack(seg))
                 fresh = Site(runner, params, seg is not None)
             if site is None:   # (a replaced site's key keeps its finalizer)
@@ -208,7 +211,7 @@ class CudaBackend:
 
     # -- the seam -------------------------------------------------------------------------------
     def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train,
-                    precision=None):
+                    precision=None, recompute=False):
         """See backend.py. x [N, I] packed; h0, c0 [L, B, H] | None -> (y [N, H],
         h_n [L, B, H], c_n | None, saved | None); at ``precision`` (a CallPrecision, or
         None: float32) the outputs in its out_dtype."""
@@ -223,7 +226,7 @@ class CudaBackend:
         device = x.device
         params = _flat_params(layers)
         site = self._site(cell, layers, device, params,
-                          "float32" if precision is None else precision.name)
+                          "float32" if precision is None else precision.name, recompute)
         runner = site.runner
         I = int(x.shape[1])
         with torch.cuda.device(device), cp.cuda.Device(device.index), \

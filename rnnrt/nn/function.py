@@ -27,6 +27,7 @@ class Call:
     batch_sizes: [T] int64 NumPy array (host), the packed schedule
     reverse:     the reverse direction of a bidirectional layer
     precision:   nn/precision.py's CallPrecision, or None (the tensors' own dtype)
+    recompute:   the module's ``recompute`` (backend.py)
     """
 
     backend: object
@@ -36,6 +37,7 @@ class Call:
     batch_sizes: np.ndarray
     reverse: bool
     precision: object = None
+    recompute: bool = False
 
     @property
     def has_cell_state(self) -> bool:
@@ -55,7 +57,7 @@ class RNNFunction(torch.autograd.Function):
         layers = group_layers(weights, call.num_layers, call.bias)
         y, h_n, c_n, saved = call.backend.run_forward(
             call.cell, layers, x, call.batch_sizes, h0, c0, reverse=call.reverse, train=True,
-            precision=call.precision)
+            precision=call.precision, recompute=call.recompute)
         ctx.call, ctx.saved = call, saved
         ctx.has_h0, ctx.has_c0 = h0 is not None, c0 is not None
         # The backend's saved state holds x, the weights and y by reference (no copies);
@@ -99,7 +101,7 @@ def run_call(call: Call, x, h0, c0, weights):
     layers = group_layers(weights, call.num_layers, call.bias)
     y, h_n, c_n, saved = call.backend.run_forward(
         call.cell, layers, x, call.batch_sizes, h0, c0, reverse=call.reverse, train=False,
-        precision=call.precision)
+        precision=call.precision, recompute=call.recompute)
     if saved is not None:  # the inference path must keep nothing; a backend that does is wrong
         raise RuntimeError(f"{type(call.backend).__name__}.run_forward(train=False) returned "
                            f"saved state; the inference path keeps nothing")

@@ -43,16 +43,24 @@ class RNNBase(torch.nn.Module):
     mode: 'LSTM', 'GRU', 'RNN_TANH' or 'RNN_RELU'. The other arguments are torch.nn's:
     input_size I, hidden_size H, num_layers L, bias, batch_first, dropout (between layers,
     training mode only), bidirectional (D = 2 directions), proj_size (LSTM; only 0 --
-    projections are not implemented), device, dtype.
+    projections are not implemented), device, dtype; and rnnrt's own keyword ``recompute``
+    (default False): on CUDA, the chunks of a training call longer than one chunk
+    (rnnrt.chunked) keep no gates for the backward, which remakes them from h (and c): LSTM
+    a third of the activations a step, GRU a fifth, for the forward's GEMMs again
+    (rnnrt.plan.recompute); fp32 only (ValueError at the call under autocast or for 16-bit
+    parameters); shorter calls, packed batches of different lengths and the CPU path run as
+    without.
 
     Parameters, per layer l and direction (suffix '' or '_reverse'), registered in torch's
     order: weight_ih_l{l} [G*H, I_l] (I_l = I for l = 0, else D*H), weight_hh_l{l} [G*H, H],
     bias_ih_l{l} [G*H], bias_hh_l{l} [G*H] (with bias); all uniform(-1/sqrt(H), 1/sqrt(H)).
     """
 
+    recompute = False   # (a module pickled before the keyword existed reads this)
+
     def __init__(self, mode, input_size, hidden_size, num_layers=1, bias=True,
                  batch_first=False, dropout=0.0, bidirectional=False, proj_size=0,
-                 device=None, dtype=None):
+                 device=None, dtype=None, recompute=False):
         super().__init__()
         if mode not in _CELLS:
             raise ValueError(f"Unrecognized RNN mode: {mode}")
@@ -65,7 +73,8 @@ class RNNBase(torch.nn.Module):
             warnings.warn(f"dropout option adds dropout after all but last recurrent layer, "
                           f"so non-zero dropout expects num_layers greater than 1, but got "
                           f"dropout={dropout} and num_layers={num_layers}", stacklevel=3)
-        for what, v in (("bias", bias), ("batch_first", batch_first)):
+        for what, v in (("bias", bias), ("batch_first", batch_first),
+                        ("recompute", recompute)):
             if not isinstance(v, bool):
                 raise TypeError(f"{what} should be of type bool, got: {type(v).__name__}")
         for what, v in (("input_size", input_size), ("hidden_size", hidden_size)):
@@ -95,6 +104,7 @@ class RNNBase(torch.nn.Module):
         self.dropout = float(dropout)
         self.bidirectional = bidirectional
         self.proj_size = proj_size
+        self.recompute = recompute
         factory = {"device": device, "dtype": dtype}
         gate_size = _GATES[mode] * hidden_size
         self._flat_weights_names = []
@@ -175,6 +185,8 @@ class RNNBase(torch.nn.Module):
             s += f", dropout={self.dropout}"
         if self.bidirectional is not False:
             s += f", bidirectional={self.bidirectional}"
+        if self.recompute:
+            s += ", recompute=True"
         return s
 
     # ----------------------------------------------------------------- forward
@@ -185,7 +197,7 @@ class RNNBase(torch.nn.Module):
         names = [n for layer in layers for n in self._all_weights[layer * self.num_directions
                                                                  + direction]]
         call = Call(p.backend, self.cell, len(layers), self.bias, p.batch_sizes,
-                    direction == 1, p.precision)
+                    direction == 1, p.precision, self.recompute)
         return run_call(call, x, h0, c0, [getattr(self, n) for n in names])
 
     def _run_layers(self, p):
@@ -245,7 +257,8 @@ class RNNBase(torch.nn.Module):
 class LSTM(RNNBase):
     """torch.nn.LSTM's drop-in (gates i, f, g, o). Arguments as torch.nn.LSTM's:
     (input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-    bidirectional=False, proj_size=0, device=None, dtype=None); proj_size > 0 raises
+    bidirectional=False, proj_size=0, device=None, dtype=None), and rnnrt's recompute=False
+    (RNNBase); proj_size > 0 raises
     NotImplementedError. forward(input, (h_0, c_0)) -> output, (h_n, c_n)."""
 
     def __init__(self, *args, **kwargs):
@@ -255,7 +268,8 @@ class LSTM(RNNBase):
 class GRU(RNNBase):
     """torch.nn.GRU's drop-in (gates r, z, n). Arguments as torch.nn.GRU's: (input_size,
     hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-    bidirectional=False, device=None, dtype=None). forward(input, h_0) -> output, h_n."""
+    bidirectional=False, device=None, dtype=None), and rnnrt's recompute=False (RNNBase).
+    forward(input, h_0) -> output, h_n."""
 
     def __init__(self, *args, **kwargs):
         if "proj_size" in kwargs:
@@ -266,8 +280,8 @@ class GRU(RNNBase):
 class RNN(RNNBase):
     """torch.nn.RNN's drop-in (Elman RNN, tanh or relu). Arguments as torch.nn.RNN's:
     (input_size, hidden_size, num_layers=1, nonlinearity='tanh', bias=True,
-    batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None).
-    forward(input, h_0) -> output, h_n."""
+    batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None), and
+    rnnrt's recompute=False (RNNBase). forward(input, h_0) -> output, h_n."""
 
     def __init__(self, *args, **kwargs):
         if "proj_size" in kwargs:

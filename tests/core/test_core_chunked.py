@@ -318,6 +318,13 @@ def test_recomputing_chunks_keep_no_gates_and_equal_the_reference(recompute_runn
         assert all(k.recompute for k in ta.keys)
     _check_grads(r, xb, hxb, dyb, dhx, r.backward(tb, dyb, dhx))
     _check_grads(r, xa, hxa, dya, dhx, r.backward(ta, dya, dhx))
+    # a pass of one chunk runs unchunked, as without recompute (nothing to save there)
+    assert not r.plan_key(4, B, True).recompute
+    x4, hx4 = _states(cell, rng, 4)
+    dy4 = draw32(rng, 4, B, H)
+    _, _, t4 = r.forward(x4, hx4, train=True)
+    assert not isinstance(t4, ChunkedTape)
+    _check_grads(r, x4, hx4, dy4, None, r.backward(t4, dy4))
 
 
 def test_recompute_needs_fp32_storage(monkeypatch):

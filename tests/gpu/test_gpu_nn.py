@@ -112,6 +112,24 @@ def test_equals_torch_nn_on_cuda(name, kw, layers, bidirectional, batch_first, w
     _compare(_both(ref, ours, x, hx, step))
 
 
+@pytest.mark.parametrize("name, kw", CELLS[:2], ids=["lstm", "gru"])
+def test_recompute_in_chunks_equals_torch_nn(cp, monkeypatch, name, kw):
+    """recompute=True, chunks of 2 steps forced (T 6: three): the chunks keep no gates,
+    each chunk's backward remakes its own; output and every gradient as torch.nn's."""
+    monkeypatch.setenv("RNNRT_CHUNK_STEPS", "2")
+    ref, ours = _pair(name, kw, 2, False, False, seed=4)
+    ours.recompute = True
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn((T, B, I), device="cuda", generator=g)
+
+    def step(m, xi, hxi):
+        y, hn = m(xi, hxi)
+        hn_t = hn if isinstance(hn, tuple) else (hn,)
+        return y, hn_t, (y * y).sum() + sum((h * h).sum() for h in hn_t)
+
+    _compare(_both(ref, ours, x, None, step), "recompute")
+
+
 def test_packed_one_length_and_no_grad(cp):
     ref, ours = _pair("LSTM", {}, 2, True, False)
     x = torch.randn(T, B, I, device="cuda")

@@ -180,3 +180,40 @@ def test_laid_out_says_whether_a_relayout_is_needed():
     with torch.no_grad():
         m.bias_ih_l1_reverse.data = m.bias_ih_l1_reverse.data.clone()
     assert not rnnrt.nn.flat.laid_out(m)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_recompute_in_chunks_equals_torch_nn(cuda_on_cpu, monkeypatch, cell):
+    """recompute=True with chunks of 2 steps forced (T 6: three chunks): outputs and every
+    gradient as torch.nn's; the chunks' plans recompute and their states share the gates
+    (each chunk's were overwritten by the later chunks before its backward ran)."""
+    monkeypatch.setenv("RNNRT_CHUNK_STEPS", "2")
+    ref, ours = _pair(cell, 2, False, True)
+    ours.recompute = True
+    assert "recompute=True" in repr(ours)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(T, B, I, generator=gen)
+    results = []
+    for m in (ref, ours):
+        xs = x.clone().requires_grad_()
+        y, hn = _run(m, xs, "plain", None)
+        loss = (y * torch.randn(y.shape, generator=torch.Generator().manual_seed(4))).sum()
+        results.append((y, torch.autograd.grad(loss, [xs, *m.parameters()])))
+    (y0, g0), (y1, g1) = results
+    check.assert_close(y1.detach().numpy(), y0.detach().numpy(), name="y",
+                       atol=check.FP32_ATOL, rtol=check.FP32_RTOL)
+    for n, a, b in zip(["dx"] + [n for n, _ in ref.named_parameters()], g1, g0):
+        check.assert_close(a.numpy(), b.numpy(), name=n, atol=check.reduction_atol(T * B),
+                           rtol=check.FP32_RTOL)
+    (site,) = cuda_on_cpu._sites.values()
+    chunk_states = [st for sts in site.runner.long._states.values() for st in sts]
+    assert len(chunk_states) == 3 and all(st.ws.plan.key.recompute for st in chunk_states)
+    a, b = chunk_states[0].ws.bufs, chunk_states[1].ws.bufs
+    gates = [n for n in a if n.startswith("act")]
+    assert gates and all(a[n] is b[n] for n in gates)
+
+
+def test_recompute_must_be_a_bool():
+    with pytest.raises(TypeError, match="recompute should be of type bool"):
+        rnnrt.nn.LSTM(I, H, recompute=1)
+    assert "recompute" not in repr(rnnrt.nn.GRU(I, H))

@@ -28,9 +28,9 @@ def seam_calls(monkeypatch):
 
         class Recording:
             def run_forward(self, cell, layers, x, batch_sizes, h0, c0, *, reverse, train,
-                            precision=None):
+                            **kw):
                 out = backend.run_forward(cell, layers, x, batch_sizes, h0, c0,
-                                          reverse=reverse, train=train, precision=precision)
+                                          reverse=reverse, train=train, **kw)
                 calls.append((x.detach().clone(), out[0].detach().clone(), reverse, train))
                 return out
 
