@@ -102,11 +102,12 @@ class PlanKey:
     ``wgrad_stream_count``); None: the rule's.
     recompute: a training key's backward recomputes the saved gates (act{l}: LSTM i, f, g,
     o; GRU r, z, n, W_hn h + b_hn) from x, the h and c sequences and the weights before its
-    chain (plan/recompute.py: two GEMMs over all steps and the forward's pointwise kernel a
-    layer), so a training state need not keep them between the passes (chunked.py: a
-    chunk keeps x, h, c; LSTM 2 of its 6 floats a hidden unit a step, GRU 1 of 5). The
-    same function, rounded differently: the recomputed gates come from one GEMM over all
-    steps, not the forward's products. fp32 storage only (float32, tf32), fixed lengths.
+    chain (plan/recompute.py: two GEMMs and the forward's pointwise kernel a layer, over
+    pieces of up to 64 steps), so a training state need not keep them between the passes
+    (chunked.py: a chunk keeps x, h, c; LSTM 2 of its 6 floats a hidden unit a step, GRU 1
+    of 5). The same function, rounded differently: the recomputed gates come from GEMMs over
+    a piece's steps, not the forward's products. fp32 storage only (float32, tf32), fixed
+    lengths.
 """
 
     cell: str

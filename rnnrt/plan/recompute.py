@@ -26,20 +26,22 @@ RNN cells save no gates: nothing to recompute.
 """
 from __future__ import annotations
 
+from ..cells import get_cell
 from .model import Buffer
 from .ops import Gemm, Kernel, View
 from .schedule import Task
 
 RECOMPUTE_STEPS = 64
 """Steps a recompute GEMM covers: its scratch is 2 x S*B*G*H + (1 or 2) x S*B*H floats
-(at B 64, H 512: 66 MiB), and a GEMM over S*B rows is still large (4,096 rows at B 64)."""
+(LSTM at B 64, H 512: 80 MiB), and a GEMM over S*B rows is still large (4,096 rows at B 64)."""
 RECOMPUTE_KIND = "recompute"
+SCRATCH = ("rgx", "rgh", "rh", "rc")
+"""The recompute's scratch buffers (``recompute_buffers``; rc for LSTM only)."""
 """The ``kind`` of every op the recompute adds (its GEMMs and its pointwise launches)."""
 
 
 def recomputes(key) -> bool:
     """Whether ``key``'s backward recomputes gates: a recompute key of a cell that saves some."""
-    from ..cells import get_cell
     return bool(key.train and key.recompute and get_cell(key.cell).saved_gates)
 
 
@@ -50,11 +52,9 @@ def recompute_buffers(b) -> list[Buffer]:
     if not recomputes(b.key):
         return []
     rows = min(b.T, RECOMPUTE_STEPS) * b.B
-    bufs = [Buffer("rgx", rows * b.GH, "scratch"), Buffer("rgh", rows * b.GH, "scratch"),
-            Buffer("rh", rows * b.H, "scratch")]
-    if b.cell.has_cell_state:
-        bufs.append(Buffer("rc", rows * b.H, "scratch"))
-    return bufs
+    widths = dict(rgx=b.GH, rgh=b.GH, rh=b.H, rc=b.H)
+    return [Buffer(name, rows * widths[name], "scratch") for name in SCRATCH
+            if name != "rc" or b.cell.has_cell_state]
 
 
 def recompute_ops(b, layer: int, t0: int, t1: int, stream: int) -> list:
@@ -123,4 +123,4 @@ def recomputed(plan) -> frozenset:
     training state need not keep between the passes (empty without recompute)."""
     return frozenset(v.buf for op in plan.ops if getattr(op, "kind", None) == RECOMPUTE_KIND
                      and isinstance(op, Kernel) for v in op.writes
-                     if v.buf not in ("rh", "rc"))
+                     if v.buf not in SCRATCH)
