@@ -197,8 +197,8 @@ def _ladder_parser(sub):
 
 
 def _cmd_ladder(a) -> int:
-    from .bench.ladder import CPU_SIZE, LadderConfig, check_sizes, default_path
-    from .bench.ladder import markdown_table, run_ladder, write_record
+    from .bench.ladder import CPU_SIZE, LadderConfig, check_sizes, run_ladder
+    from .bench.ladder_report import default_path, markdown_table, write_record
     if a.cpu and a.executor is not None:
         raise UsageError(f"--executor {a.executor}: with --cpu the NumPy executor runs; drop "
                          f"--executor or --cpu")

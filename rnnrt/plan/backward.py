@@ -73,6 +73,7 @@ from ..kernels.gemm_split import dh_splits, wgrad_chunk_steps, wgrad_stream_coun
 from ..sizes import check_plan
 from .cache import plan_cache
 from .forward import ForwardBuilder, forward_plan
+from . import naive
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .recompute import after_recompute, recompute_buffers, recompute_tasks, recomputes
@@ -477,89 +478,10 @@ class BackwardBuilder(ForwardBuilder):
                                (dhin, dhr_next, act, self.h(layer, t, B)), **meta)]
             return [Kernel(s, f"{name}_bwd", B, H, (dgx,), (dhin, dhr_next, self.h(layer, t + 1)),
                            **meta)]
-        ops = self.naive_pointwise_bwd(layer, t, s, dhin, dhr_next, dgx, act, meta)
+        ops = naive.backward_ops(self, layer, t, s, dhin, dhr_next, dgx, act, meta)
         if self.varlen:
-            ops += self.naive_select_bwd(layer, t, s, dhr_next, dgx, meta)
+            ops += naive.select_backward_ops(self, layer, t, s, dhr_next, dgx, meta)
         return ops
-
-    def naive_select_bwd(self, layer, t, s, dhr_next, dgx, meta):
-        """The naive rung's frozen rows (variable-length plans): after the per-operation
-        kernels, the gradients of a frozen row are replaced by what the masked fused
-        kernels give it: dgx (and GRU's dgh) 0, dc_prev = dc_next, the direct part of
-        dh_{t-1} = dh_rec; a running row keeps its own (direct part 0 but GRU's dh*z)."""
-        B, H, GH, m = self.bs[t], self.H, self.GH, self.mask(t)
-        zeros = View("zeros", 0, B, GH, 0)
-        dh_prev = self.slot("dhr", layer, t, B)
-
-        def sel(out, a, b):
-            return Kernel(s, "ew_select", B, out.cols, (out,), (m, a, b), **meta)
-
-        ops = [sel(dgx, dgx, zeros)]
-        if self.gru:
-            dgh = View(f"dgh{layer}", dgx.offset, B, GH, GH)
-            ops += [sel(dgh, dgh, zeros), sel(dh_prev, dh_prev, dhr_next)]
-        else:
-            ops.append(sel(dh_prev, View("zeros", 0, B, H, 0), dhr_next))
-        if self.cell.has_cell_state:
-            dc = self.slot("dc", layer, t, B)
-            ops.append(sel(dc, dc, self.slot("dc", layer, t + 1)))
-        return ops
-
-    def naive_pointwise_bwd(self, layer, t, s, dhin, dhr_next, dgx, act, meta):
-        """One kernel per elementary operation, in the order the fused kernels compute."""
-        B, H = self.bs[t], self.H
-
-        def col(v, q):
-            return View(v.buf, v.offset + q * H, v.rows, H, v.ld)
-
-        tmp = [View(f"dtmp{layer}", i * self.B * H, B, H, H) for i in range(4)]
-
-        def k(name, out, *ins):
-            return Kernel(s, name, B, H, (out,), tuple(ins), **meta)
-
-        name = self.cell.name
-        if name == "lstm":
-            i, f, g, o = (col(act, q) for q in range(4))
-            dh, tc, dcc, d = tmp
-            return [
-                k("ew_add", dh, dhin, dhr_next),
-                k("ew_tanh", tc, self.c(layer, t + 1)),
-                k("ew_mul", dcc, dh, o),
-                k("ew_dtanh", dcc, dcc, tc),
-                k("ew_add", dcc, self.slot("dc", layer, t + 1), dcc),
-                k("ew_mul", d, dh, tc), k("ew_dsigmoid", col(dgx, 3), d, o),
-                k("ew_mul", d, dcc, g), k("ew_dsigmoid", col(dgx, 0), d, i),
-                k("ew_mul", d, dcc, self.c(layer, t, B)), k("ew_dsigmoid", col(dgx, 1), d, f),
-                k("ew_mul", d, dcc, i), k("ew_dtanh", col(dgx, 2), d, g),
-                k("ew_mul", self.slot("dc", layer, t, B), dcc, f),
-            ]
-        if name == "gru":
-            r, z, n, hn = (col(act, q) for q in range(4))
-            dgh = View(f"dgh{layer}", dgx.offset, dgx.rows, dgx.cols, dgx.ld)
-            dh, dn, dz, dr = tmp
-            dhz = self.slot("dhr", layer, t, B)
-            # dn' = the n block's gate gradient: read back from dgx where that is exact
-            # (fp32 storage: the fp32 plans' ops), else kept in dn (fp32) and stored once
-            if self.key.precision.rounds:
-                dnp = dn
-                dn_ops = [k("ew_dtanh", dn, dn, n), k("ew_copy", col(dgx, 2), dn)]
-            else:
-                dnp = col(dgx, 2)
-                dn_ops = [k("ew_dtanh", dnp, dn, n)]
-            return [
-                k("ew_add", dh, dhin, dhr_next),
-                k("ew_mul", dhz, dh, z),
-                k("ew_sub", dn, dh, dhz),
-                *dn_ops,
-                k("ew_mul", col(dgh, 2), dnp, r),
-                k("ew_sub", dz, self.h(layer, t, B), n),
-                k("ew_mul", dz, dh, dz),
-                k("ew_dsigmoid", col(dgx, 1), dz, z), k("ew_dsigmoid", col(dgh, 1), dz, z),
-                k("ew_mul", dr, dnp, hn),
-                k("ew_dsigmoid", col(dgx, 0), dr, r), k("ew_dsigmoid", col(dgh, 0), dr, r),
-            ]
-        dnl = "ew_dtanh" if name == "rnn_tanh" else "ew_drelu"
-        return [k("ew_add", tmp[0], dhin, dhr_next), k(dnl, dgx, tmp[0], self.h(layer, t + 1))]
 
     # -- assembly ----------------------------------------------------------------------------
     def tasks(self) -> list[Task]:

@@ -101,6 +101,7 @@ from ..kernels.registry import get_kernel
 from ..params import make_layout
 from ..sizes import check_plan
 from .cache import plan_cache
+from . import naive
 from .model import Binding, Buffer, Plan, PlanKey, building, validate
 from .ops import Gemm, Kernel, View
 from .schedule import Task, schedule
@@ -492,7 +493,7 @@ class ForwardBuilder:
                 return [Kernel(s, f"gru_fwd{noact}", B, H, (hnew,) + saved,
                                (gx, gh, bw, br, hprev), **meta)]
             return [Kernel(s, f"{name}_fwd", B, H, (hnew,), (gx, gh, bw, br), **meta)]
-        ops = self.naive_pointwise(layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta)
+        ops = naive.forward_ops(self, layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta)
         if self.varlen:   # frozen rows: the state they had (the naive rung's select)
             m = self.mask(t)
             ops.append(Kernel(s, "ew_select", B, H, (hnew,), (m, hnew, hprev), **meta))
@@ -500,50 +501,6 @@ class ForwardBuilder:
                 cnew, cprev = self.c(layer, t + 1), self.c(layer, t, B)
                 ops.append(Kernel(s, "ew_select", B, H, (cnew,), (m, cnew, cprev), **meta))
         return ops
-
-    def naive_pointwise(self, layer, t, s, gx, gh, bw, br, hprev, hnew, act, meta):
-        """One kernel per elementary operation, in the order the fused kernels compute."""
-        B, H, GH = self.bs[t], self.H, self.GH
-        pre = View(f"pre{layer}", 0, B, GH, GH)
-
-        def col(v, q, width=H):   # gate block q of a [B, *] view
-            return View(v.buf, v.offset + q * H, v.rows, width, v.ld)
-
-        tmp0 = View(f"tmp{layer}", 0, B, H, H)
-        tmp1 = View(f"tmp{layer}", B * H, B, H, H)
-
-        def k(name, out, *ins):
-            return Kernel(s, name, B, out.cols, (out,), tuple(ins), **meta)
-
-        name = self.cell.name
-        if name == "lstm":
-            i, f, g, o = (col(act, q) for q in range(4))
-            cprev, cnew = self.c(layer, t, B), self.c(layer, t + 1)
-            return [
-                k("ew_add", pre, gx, bw), k("ew_add", pre, pre, gh), k("ew_add", pre, pre, br),
-                k("ew_sigmoid", i, col(pre, 0)), k("ew_sigmoid", f, col(pre, 1)),
-                k("ew_tanh", g, col(pre, 2)), k("ew_sigmoid", o, col(pre, 3)),
-                k("ew_mul", tmp0, f, cprev), k("ew_mul", tmp1, i, g),
-                k("ew_add", cnew, tmp0, tmp1), k("ew_tanh", tmp0, cnew),
-                k("ew_mul", hnew, o, tmp0),
-            ]
-        if name == "gru":
-            rz = col(pre, 0, 2 * H)
-            r, z, n, hn = (col(act, q) for q in range(4))
-            return [
-                k("ew_add", pre, gx, bw),                       # gx + b_i (all three gates)
-                k("ew_add", hn, col(gh, 2), col(br, 2)),        # hn = W_hn h + b_hn (saved)
-                k("ew_add", rz, rz, col(gh, 0, 2 * H)),
-                k("ew_add", rz, rz, col(br, 0, 2 * H)),
-                k("ew_sigmoid", r, col(pre, 0)), k("ew_sigmoid", z, col(pre, 1)),
-                k("ew_mul", tmp0, r, hn), k("ew_add", tmp0, col(pre, 2), tmp0),
-                k("ew_tanh", n, tmp0),
-                k("ew_sub", tmp1, hprev, n), k("ew_mul", tmp1, z, tmp1),
-                k("ew_add", hnew, n, tmp1),
-            ]
-        nonlin = "ew_tanh" if name == "rnn_tanh" else "ew_relu"
-        return [k("ew_add", pre, gx, bw), k("ew_add", pre, pre, gh), k("ew_add", pre, pre, br),
-                k(nonlin, hnew, pre)]
 
     # -- assembly --------------------------------------------------------------------------
     def xposed(self):

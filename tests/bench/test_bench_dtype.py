@@ -11,6 +11,7 @@ from testkit import record_name_match
 from rnnrt import cli
 from rnnrt.bench import ceilings, dtypes
 from rnnrt.bench import ladder as lad
+from rnnrt.bench import ladder_report
 from rnnrt.bench import sweep as sw
 from rnnrt.precision import DTYPES
 
@@ -43,7 +44,7 @@ def test_float32_ladder_record_names_its_dtype_and_keeps_its_name(tmp_path, caps
     assert {r["dtype"] for r in rec["rows"]} == {"float32"}
     table = capsys.readouterr().out
     assert "steps, fp32; input batching" in table           # the float32 table as before
-    name = lad.default_path(rec).name
+    name = ladder_report.default_path(rec).name
     assert name.startswith("ladder-lstm-L2-H8-B2-T3-fwd-cpu-")
     assert record_name_match("ladder", name)
 
@@ -61,10 +62,10 @@ def test_names_and_tables_say_a_non_float32_precision():
                      "tflops": 100.0, "speedup_vs_naive": None, "ratio_vs_cudnn": 3.3,
                      "share_of_ceiling": 0.14, "dtype": "bfloat16",
                      "fallback": "the persistent kernels take fp32 storage only"}]}
-    name = lad.default_path(rec).name
+    name = ladder_report.default_path(rec).name
     assert name.startswith("ladder-lstm-L4-H512-B64-T100-fwdbwd-bfloat16-nvidia-h100-80gb-hbm3-")
     assert record_name_match("ladder", name)
-    table = lad.markdown_table(rec)
+    table = ladder_report.markdown_table(rec)
     assert "bfloat16 storage, fp32 accumulation" in table
     assert "cuDNN (torch.nn, module and inputs bfloat16)" in table
     assert "+persistent (beyond the paper) (fell back)" in table
@@ -138,7 +139,7 @@ def test_cpu_ladder_at_a_precision_checks_every_rung_and_says_what_declined(dtyp
     out = tmp_path / "l.json"
     assert cli.main(["ladder", *TINY, "--dtype", dtype, "--backward", "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
-    assert rec["dtype"] == dtype and lad.default_path(rec).name.find(f"-{dtype}-") > 0
+    assert rec["dtype"] == dtype and ladder_report.default_path(rec).name.find(f"-{dtype}-") > 0
     rows = [r for r in rec["rows"] if r["rung"] != "cudnn"]
     assert rows and all("refused" not in r and r["check"]["ok"] for r in rows)
     assert {r["dtype"] for r in rows} == {dtype}

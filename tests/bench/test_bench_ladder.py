@@ -10,6 +10,7 @@ import pytest
 
 from rnnrt import cli
 from rnnrt.bench import ladder as lb
+from rnnrt.bench import ladder_report as lr
 from rnnrt.device import gpu_available
 from rnnrt.plan.switches import PAPER_RUNGS, ladder, rung_names
 
@@ -35,9 +36,9 @@ def test_cpu_ladder_record(tmp_path):
     assert rows[0]["speedup_vs_naive"] == 1.0
     assert rec["pass"] == "fwd" and "CPU" in rec["device"]["device"]
     assert rec["flops_per_pass"] == 2 * 3 * 8 * 3 * ((5 + 8) + (8 + 8)) * 4
-    path = lb.write_record(rec, tmp_path / "r.json")
+    path = lr.write_record(rec, tmp_path / "r.json")
     assert json.loads(path.read_text())["config"]["input_size"] == 5
-    table = lb.markdown_table(rec)
+    table = lr.markdown_table(rec)
     for name in rung_names()[:PAPER_RUNGS]:
         assert f"| {name} |" in table
     for name in rung_names()[PAPER_RUNGS:]:
@@ -63,7 +64,7 @@ def test_cpu_ladder_persistent_fallback_is_recorded(monkeypatch):
     assert last["rung"] == "+persistent" and last["check"]["ok"]
     assert "tiny GPU" in last["fallback"] and "shared memory" in last["fallback"]
     assert "kernel:persistent" not in last["plan"]["counts"]
-    table = lb.markdown_table(rec)
+    table = lr.markdown_table(rec)
     assert "| +persistent (beyond the paper) (fell back) |" in table
     assert "+persistent: persistent declined on tiny GPU" in table
 

@@ -10,6 +10,7 @@ import pytest
 from testkit import tiny_sweep as tiny
 
 from rnnrt.bench import ladder as lb
+from rnnrt.bench import progress
 from rnnrt.bench import sweep as sw
 from rnnrt.cells import forward_flops
 from rnnrt.device import gpu_available
@@ -250,7 +251,7 @@ def test_an_existing_file_needs_resume_or_overwrite(tmp_path):
 def test_progress_bar_on_a_terminal_redraws_in_place():
     out = io.StringIO()
     clock = FakeClock()
-    bar = sw.ProgressBar(5, out, width=10, tty=True, clock=clock)
+    bar = progress.ProgressBar(5, out, width=10, tty=True, clock=clock)
     clock.t = 75
     bar.update(done=2, eta=125.0, current="lstm L4 H512 B64 T100")
     bar.message("[sweep] a line of its own")
@@ -259,11 +260,11 @@ def test_progress_bar_on_a_terminal_redraws_in_place():
     assert text.startswith("\r[####......] 2/5 points  40%  elapsed 1:15  ETA 2:05")
     assert "lstm L4 H512 B64 T100" in text and "\r[sweep] a line of its own\n\r[####" in text
     assert bar.render().startswith("[####......] 2/5 points")
-    assert sw._hms(3725) == "1:02:05" and sw._hms(None) == "?"
+    assert progress.hms(3725) == "1:02:05" and progress.hms(None) == "?"
 
 
 def test_cost_model_fits_fixed_plus_per_flop_costs():
-    m = sw.CostModel()
+    m = progress.CostModel()
     pts = sw.grid(sw.SweepConfig(hidden=(128, 256, 512, 1024), batch=(64,), layers=(4,)))
     assert m.estimate(pts[0]) is None
     m.add(pts[0], 2.0)
