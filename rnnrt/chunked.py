@@ -221,6 +221,10 @@ class ChunkedRunner:
         """Drop every training chunk state no live tape holds (to make room); -> how many."""
         return self._drop_idle({})
 
+    def states(self) -> list:
+        """Every training chunk state kept (busy or idle)."""
+        return [st for sts in self._states.values() for st in sts]
+
     def _drop_idle(self, take: dict) -> int:
         """Drop the idle training states of each key past ``take[key]`` (0 where absent),
         memory handed back to CuPy's pool; -> how many went."""

@@ -628,6 +628,30 @@ class GpuRunner:
             dx = dx.transpose(1, 0, 2)
         return GpuGrads(dx, dh0, dc0, self.grads, self._grad_views)
 
+    def cached_states(self) -> int:
+        """How many states (workspaces and their executors) the runner keeps: its
+        StateCache's and the chunk states'. Cheap: a caller can watch it for growth."""
+        return len(self._states) + len(self.long.states())
+
+    def cached_bytes(self) -> int:
+        """Device bytes the kept states' workspaces hold (each array once: chunk states
+        share theirs; params and grads not counted)."""
+        seen, total = set(), 0
+        for st in list(self._states) + self.long.states():
+            for name, a in st.ws.bufs.items():
+                if name not in ("params", "grads") and id(a) not in seen:
+                    seen.add(id(a))
+                    total += int(a.nbytes)
+        return total
+
+    def drop_idle(self) -> int:
+        """Drop every kept state that no live tape needs (their graphs too: the next call
+        of those shapes builds them again), memory back to CuPy's pool; -> how many."""
+        n = self._states.drop_idle() + self.long.drop_idle()
+        if n:
+            self._timing, self._timing_key = None, None
+        return n
+
     def close(self):
         for st in self._states:   # their tapes' backward is refused from now on
             st.owner = None

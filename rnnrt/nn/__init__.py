@@ -29,7 +29,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         "`pip install torch` (the CPU build is enough: `pip install torch --index-url "
         "https://download.pytorch.org/whl/cpu`). The rest of rnnrt works without it.") from exc
 
+from .backend import empty_cache  # noqa: E402
 from .modules import GRU, LSTM, RNN, RNNBase  # noqa: E402
 from .packing import pack_padded_sequence  # noqa: E402
 
-__all__ = ["GRU", "LSTM", "RNN", "RNNBase", "pack_padded_sequence"]
+__all__ = ["GRU", "LSTM", "RNN", "RNNBase", "empty_cache", "pack_padded_sequence"]

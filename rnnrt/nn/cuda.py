@@ -47,6 +47,11 @@ MAX_RUNNERS = 64
 """Call sites a backend keeps runners for (least recently used go first)."""
 RUNNER_CACHE_BYTES = int(os.environ.get("RNNRT_NN_CACHE_BYTES", 1 << 30))
 """Workspace bytes each runner keeps for the shapes it saw (GpuRunner's cache_bytes)."""
+TOTAL_CACHE_BYTES = int(os.environ.get("RNNRT_NN_TOTAL_BYTES", 4 << 30))
+"""Workspace bytes all call sites' runners keep together (a model of many layers,
+directions and shapes: each site's own budget times the sites would be many GiB that
+torch's allocator cannot use); past it, the idle states of the least recently used sites
+go first (``CudaBackend.bound``). States a live tape holds are never dropped."""
 
 
 def _current_stream(cp, device):
@@ -120,6 +125,7 @@ class Site:
         self.grads = torch.from_dlpack(runner.grads)
         self.entries = entries
         self.copies = 0
+        self.states_seen = -1   # runner.cached_states() when the budget was last checked
 
     def adopts(self, params) -> bool:
         """Whether the runner reads ``params`` in place (they lie where it adopted them)."""
@@ -171,6 +177,7 @@ class CudaBackend:
 
     def __init__(self):
         self._sites: OrderedDict = OrderedDict()
+        self.trims = 0   # sites whose idle states the total budget dropped
 
     # -- call sites ------------------------------------------------------------------------------
     def _site(self, cell, layers, device, params, precision: str = "float32",
@@ -200,6 +207,36 @@ class CudaBackend:
                 self._sites.popitem(last=False)
         self._sites.move_to_end(key)
         return site
+
+    def bound(self, site: Site, budget: int | None = None) -> None:
+        """After a call of ``site``: where its runner keeps a state it did not before, the
+        total of every site's kept workspaces against ``budget`` (TOTAL_CACHE_BYTES), the
+        idle states of the least recently used other sites dropped until it fits. A call
+        that kept nothing new costs one count."""
+        n = site.runner.cached_states()
+        if n == site.states_seen:
+            return
+        site.states_seen = n
+        budget = TOTAL_CACHE_BYTES if budget is None else budget
+        total = sum(s.runner.cached_bytes() for s in self._sites.values())
+        for other in list(self._sites.values()):   # least recently used first
+            if total <= budget:
+                break
+            if other is site:
+                continue
+            before = other.runner.cached_bytes()
+            if other.runner.drop_idle():
+                self.trims += 1
+                total -= before - other.runner.cached_bytes()
+                other.states_seen = other.runner.cached_states()
+
+    def empty_cache(self) -> int:
+        """Drop every site's idle states (``rnnrt.nn.empty_cache``); -> how many went."""
+        n = 0
+        for site in list(self._sites.values()):
+            n += site.runner.drop_idle()
+            site.states_seen = site.runner.cached_states()
+        return n
 
     @staticmethod
     def _check(x, precision):
@@ -247,6 +284,7 @@ class CudaBackend:
             out_dtype = None if precision is None else precision.out_dtype
             result = tuple(None if a is None else _to_torch(a, out_dtype) for a in (y, h_n, c_n))
         saved = (site, out[2], reverse, uniform, T, B, I, device) if train else None
+        self.bound(site)
         return (*result, saved)
 
     def run_backward(self, saved, dy, dh_n, dc_n, *, need_dx, need_weights):

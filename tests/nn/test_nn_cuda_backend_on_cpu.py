@@ -217,3 +217,56 @@ def test_recompute_must_be_a_bool():
     with pytest.raises(TypeError, match="recompute should be of type bool"):
         rnnrt.nn.LSTM(I, H, recompute=1)
     assert "recompute" not in repr(rnnrt.nn.GRU(I, H))
+
+
+def _step(m, T_, gen):
+    """A training step of module ``m`` on a random [T_, B, I] batch -> its output."""
+    x = torch.randn(T_, B, I, generator=gen, requires_grad=True)
+    y, _ = m(x)
+    y.sum().backward()
+    return y
+
+
+def test_the_total_budget_drops_idle_states_of_the_least_recent_site(cuda_on_cpu,
+                                                                     monkeypatch):
+    """Two modules (two sites), many lengths: past TOTAL_CACHE_BYTES the idle states of the
+    site used least recently go; the site being called keeps its own; a state a live tape
+    holds is never dropped; results stay right after a dropped shape runs again."""
+    import rnnrt.nn.cuda as nn_cuda
+    gen = torch.Generator().manual_seed(5)
+    ref, a = _pair("gru", 1, False, True)
+    _, b = _pair("lstm", 1, False, True)
+    _step(a, 3, gen)
+    _step(a, 4, gen)
+    (site_a,) = cuda_on_cpu._sites.values()
+    held = a(torch.randn(5, B, I, generator=gen, requires_grad=True))[0]   # a live tape
+    budget = site_a.runner.cached_bytes() - 1          # already past it: b's calls trim a's
+    monkeypatch.setattr(nn_cuda, "TOTAL_CACHE_BYTES", budget)
+    _step(b, 3, gen)
+    site_b = [s for s in cuda_on_cpu._sites.values() if s is not site_a][0]
+    assert cuda_on_cpu.trims >= 1 and site_b.runner.cached_states() >= 1
+    assert site_a.runner.cached_states() == 1          # only the state the live tape holds
+    held.sum().backward()                              # ... whose backward still runs
+    # a dropped shape runs again, right
+    x = torch.randn(3, B, I, generator=gen)
+    with torch.no_grad():
+        check.assert_close(a(x)[0].numpy(), ref(x)[0].numpy(), name="y after a trim",
+                           atol=check.FP32_ATOL, rtol=check.FP32_RTOL)
+
+
+def test_empty_cache_drops_what_no_live_tape_needs(cuda_on_cpu):
+    gen = torch.Generator().manual_seed(6)
+    ref, m = _pair("lstm", 2, False, True)
+    _step(m, 3, gen)
+    _step(m, 4, gen)
+    (site,) = cuda_on_cpu._sites.values()
+    x = torch.randn(5, B, I, generator=gen, requires_grad=True)
+    y = m(x)[0]                                        # a live tape
+    assert site.runner.cached_states() == 3
+    assert cuda_on_cpu.empty_cache() == 2 and site.runner.cached_states() == 1
+    (g,) = torch.autograd.grad(y.sum(), [x])
+    x2 = x.detach().clone().requires_grad_()
+    (g_ref,) = torch.autograd.grad(ref(x2)[0].sum(), [x2])
+    check.assert_close(g.numpy(), g_ref.numpy(), name="dx after empty_cache",
+                       atol=check.FP32_ATOL, rtol=check.FP32_RTOL)
+    assert rnnrt.nn.empty_cache() >= 0   # the process-wide one (its own backend, if any)
