@@ -259,3 +259,23 @@ def test_training_loop_reuses_plans_and_memory_stays_bounded(cp):
         used.append(pool.total_bytes())
     assert np.mean(losses[-4:]) < np.mean(losses[:4])
     assert max(used[8:]) <= 1.1 * used[7], used
+
+
+def test_empty_cache_gives_the_idle_workspaces_back(cp):
+    """Four lengths trained, then rnnrt.nn.empty_cache(): CuPy's pool holds less (the idle
+    workspaces and their graphs went), and the module trains on, its results as torch.nn's."""
+    ref, ours = _pair("LSTM", {}, 2, False, False, seed=6)
+    pool = cp.get_default_memory_pool()
+    for t in (5, 6, 7, 8):
+        ours(torch.randn(t, B, I, device="cuda"))[0].sum().backward()
+    torch.cuda.synchronize()
+    before = pool.total_bytes()
+    assert rnnrt.nn.empty_cache() >= 3
+    assert pool.total_bytes() < before
+    x = torch.randn(T, B, I, device="cuda")
+
+    def step(m, xi, hxi):
+        y, hn = m(xi, hxi)
+        return y, hn, (y * y).sum()
+
+    _compare(_both(ref, ours, x, None, step), "after empty_cache")
