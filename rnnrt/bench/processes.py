@@ -54,20 +54,22 @@ def child_argv(argv: list[str], out: Path) -> list[str]:
 
 def run_processes(argv: list[str], n: int, run=subprocess.run, progress=print) -> list[dict]:
     """The ladder of ``argv`` (``child_argv``'s input) in ``n`` fresh processes, one after
-    another (``python -m rnnrt``); -> their records, in order. A process that wrote no record
-    raises RuntimeError with the end of its output (one that refused a rung still wrote
-    one: its exit status 1 is the pooled record's business)."""
+    another (``python -m rnnrt``); -> their records, in order. Each child's progress and
+    errors (its stderr) show as they come; its table (stdout) is not printed (the pooled one
+    is). A process that wrote no record raises RuntimeError with the end of its output (one
+    that refused a rung still wrote one: its exit status 1 is the pooled record's
+    business)."""
     records = []
     with tempfile.TemporaryDirectory(prefix="rnnrt-processes-") as tmp:
         for i in range(n):
             out = Path(tmp) / f"process-{i}.json"
             cmd = [sys.executable, "-m", "rnnrt", *child_argv(argv, out)]
             progress(f"process {i + 1} of {n}: {' '.join(cmd[2:])}")
-            r = run(cmd, capture_output=True, text=True)
+            r = run(cmd, stdout=subprocess.PIPE, text=True)   # stderr: the terminal's
             if not out.exists():
-                tail = ((r.stdout or "") + (r.stderr or ""))[-2000:]
+                tail = ((r.stdout or "") + (getattr(r, "stderr", None) or ""))[-2000:]
                 raise RuntimeError(f"process {i + 1} of {n} (exit status {r.returncode}) "
-                                   f"wrote no record:\n{tail}")
+                                   f"wrote no record (its messages above):\n{tail}")
             records.append(json.loads(out.read_text()))
     return records
 

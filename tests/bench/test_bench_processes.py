@@ -73,7 +73,7 @@ def test_pool_refuses_records_of_different_runs():
 
 def test_a_process_that_writes_nothing_is_named(tmp_path):
     class Done:
-        returncode, stdout, stderr = 3, "", "boom: no device"
+        returncode, stdout, stderr = 3, "boom: no device", None
     with pytest.raises(RuntimeError, match=r"(?s)process 1 of 2 \(exit status 3\).*boom"):
         P.run_processes(["ladder", "--cpu"], 2, run=lambda *a, **k: Done(), progress=lambda s: None)
 
