@@ -192,13 +192,17 @@ def _ladder_parser(sub):
                         "another, and pool them: medians over the processes, each ratio "
                         "taken within its process (default 1; cuDNN's time moves between "
                         "processes by itself)")
+    p.add_argument("--interleave", action="store_true",
+                   help="time each row and cuDNN one run each, in turn (as the wide sweep)")
+    p.add_argument("--seed", type=_nonneg, default=0, help="of the weights and inputs")
     _add_dtype(p, "every rung and auto")
     return p
 
 
-def _cmd_ladder(a) -> int:
-    from .bench.ladder import CPU_SIZE, LadderConfig, check_sizes, run_ladder
-    from .bench.ladder_report import default_path, markdown_table, write_record
+def ladder_config(a):
+    """The LadderConfig of parsed `rnnrt ladder` arguments ``a`` (UsageError where they do
+    not make one)."""
+    from .bench.ladder import CPU_SIZE, LadderConfig
     if a.cpu and a.executor is not None:
         raise UsageError(f"--executor {a.executor}: with --cpu the NumPy executor runs; drop "
                          f"--executor or --cpu")
@@ -207,12 +211,18 @@ def _cmd_ladder(a) -> int:
     executor = a.executor or "both"
     executors = ("eager", "graph") if executor == "both" else (executor,)
     try:
-        cfg = LadderConfig(cell=a.cell, repeats=a.repeats, warmup=a.warmup,
-                           input_batch=a.input_batch, executors=executors, cpu=a.cpu,
-                           cudnn=not a.no_cudnn, backward=a.backward, rungs=a.rungs,
-                           dtype=a.dtype, **size)
+        return LadderConfig(cell=a.cell, repeats=a.repeats, warmup=a.warmup,
+                            input_batch=a.input_batch, executors=executors, cpu=a.cpu,
+                            cudnn=not a.no_cudnn, backward=a.backward, rungs=a.rungs,
+                            dtype=a.dtype, interleave=a.interleave, seed=a.seed, **size)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
+
+
+def _cmd_ladder(a) -> int:
+    from .bench.ladder import check_sizes, run_ladder
+    from .bench.ladder_report import default_path, markdown_table, write_record
+    cfg = ladder_config(a)
     _require_gpu("ladder", a.cpu)
     check_sizes(cfg)
     out = _record_out(a, "ladder")
@@ -291,6 +301,9 @@ def _sweep_parser(sub):
     p.add_argument("--retry-refused", action="store_true",
                    help="with --resume: run again the points whose last run has a refused "
                         "row (after the check or the kernels changed)")
+    p.add_argument("--processes", type=_positive, default=None,
+                   help="run each point's ladder in this many fresh processes and pool them "
+                        "(`rnnrt ladder --processes`: medians, each ratio within its process)")
     p.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                    help="stop cleanly before a point that would not finish within SECONDS "
                         "of the start (estimated from finished points); resume later")
@@ -328,7 +341,7 @@ def _sweep_config(a):
                        ("cells", "cell"), ("steps", "steps"), ("input_size", "input_size"),
                        ("input_batch", "input_batch"), ("repeats", "repeats"),
                        ("warmup", "warmup"), ("time_budget", "time_budget"),
-                       ("rungs", "rungs"), ("passes", "passes")):
+                       ("rungs", "rungs"), ("passes", "passes"), ("processes", "processes")):
         if getattr(a, attr) is not None:
             kw[name] = getattr(a, attr)
     executor = a.executor or "graph"

@@ -52,11 +52,12 @@ def child_argv(argv: list[str], out: Path) -> list[str]:
     return rest + ["--out", str(out)]
 
 
-def run_processes(argv: list[str], n: int, run=subprocess.run, progress=print) -> list[dict]:
+def run_processes(argv: list[str], n: int, run=subprocess.run, progress=print,
+                  echo: bool = True) -> list[dict]:
     """The ladder of ``argv`` (``child_argv``'s input) in ``n`` fresh processes, one after
     another (``python -m rnnrt``); -> their records, in order. Each child's progress and
-    errors (its stderr) show as they come; its table (stdout) is not printed (the pooled one
-    is). A process that wrote no record raises RuntimeError with the end of its output (one
+    errors (its stderr) show as they come (``echo``; else they are kept for an error
+    message); its table (stdout) is not printed (the pooled one is). A process that wrote no record raises RuntimeError with the end of its output (one
     that refused a rung still wrote one: its exit status 1 is the pooled record's
     business)."""
     records = []
@@ -65,7 +66,8 @@ def run_processes(argv: list[str], n: int, run=subprocess.run, progress=print) -
             out = Path(tmp) / f"process-{i}.json"
             cmd = [sys.executable, "-m", "rnnrt", *child_argv(argv, out)]
             progress(f"process {i + 1} of {n}: {' '.join(cmd[2:])}")
-            r = run(cmd, stdout=subprocess.PIPE, text=True)   # stderr: the terminal's
+            r = run(cmd, stdout=subprocess.PIPE, stderr=None if echo else subprocess.PIPE,
+                    text=True)
             if not out.exists():
                 tail = ((r.stdout or "") + (getattr(r, "stderr", None) or ""))[-2000:]
                 raise RuntimeError(f"process {i + 1} of {n} (exit status {r.returncode}) "

@@ -26,6 +26,9 @@ The JSON-lines file (schema 'rnnrt.sweep/1'), one object a line, three types:
         time of the whole point), session (its session's 'created'), created
   {"type": "error", ...}    a point that raised: its configuration, device, error (type and
         message), traceback (last lines), point_seconds
+With ``processes`` > 1 (`--processes N`) each point's ladder runs in N fresh processes, pooled
+(bench/processes.py: medians, each ratio within its process; the rows carry ``per_process``
+and ``ratio_vs_cudnn_range``): cuDNN's time moves between processes by itself.
 A point is done when the file has a row or an error line for it (``--retry-errors`` redoes
 the errors; ``--retry-refused`` the points whose last run has a refused row: a check may have
 changed since, as the float32 second opinion of large 16-bit points did; a point's later rows
@@ -51,6 +54,7 @@ from ..cells import forward_flops, get_cell
 from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
 from ..precision import get_precision
 from . import ladder as ladder_mod
+from .processes import pool, run_processes
 from .progress import CostModel, ProgressBar, hms
 from .recordio import read_jsonl, valid_input_batch
 from .records import device_slug, now_iso, record_path, results_root
@@ -109,6 +113,8 @@ class SweepConfig:
     retry_errors: bool = False
     retry_refused: bool = False         # resume: run again the points with a refused row
     dtype: str = "float32"              # the precision of every point (precision.DTYPES)
+    processes: int = 1                  # > 1: each point's ladder in that many fresh
+                                        # processes, pooled (bench/processes.py)
     seed: int = 0
     verbose: bool = False
     extra: dict = field(default_factory=dict)
@@ -147,6 +153,9 @@ class SweepConfig:
             get_precision(self.dtype)
         except ValueError as e:
             raise ValueError(f"SweepConfig.{e}") from None
+        p = self.processes
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise ValueError(f"SweepConfig.processes: expected an int >= 1, got {p!r}")
 
     @property
     def pass_name(self) -> str:
@@ -204,6 +213,28 @@ class Point:
                   backward=self.pass_ == "fwd+bwd", rungs=cfg.rungs,
                   interleave=cfg.interleave, dtype=self.dtype)
         return ladder_mod.LadderConfig(**kw)
+
+    def ladder_argv(self, cfg: SweepConfig) -> list[str]:
+        """`rnnrt ladder`'s arguments for this point (``ladder_config``'s run, in a process
+        of its own: ``SweepConfig.processes``)."""
+        argv = ["ladder", "--cell", self.cell, "--layers", str(self.layers), "--hidden",
+                str(self.hidden), "--input-size", str(self.input_size), "--batch",
+                str(self.batch), "--steps", str(self.steps), "--repeats", str(cfg.repeats),
+                "--warmup", str(cfg.warmup), "--input-batch", str(self.input_batch),
+                "--dtype", self.dtype, "--seed", str(cfg.seed)]
+        if cfg.cpu:
+            argv.append("--cpu")
+        else:
+            argv += ["--executor", "both" if len(set(cfg.executors)) > 1 else cfg.executors[0]]
+        if cfg.rungs:
+            argv += ["--rungs", ",".join(cfg.rungs)]
+        if not cfg.cudnn:
+            argv.append("--no-cudnn")
+        if self.pass_ == "fwd+bwd":
+            argv.append("--backward")
+        if cfg.interleave:
+            argv.append("--interleave")
+        return argv
 
 
 def key_of(line: dict) -> tuple:
@@ -453,8 +484,12 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
 
             t0 = clock()
             try:
-                record = ladder_mod.run_ladder(point.ladder_config(cfg), progress=progress,
-                                               session=session)
+                if cfg.processes > 1:   # the point's ladder in fresh processes, pooled
+                    record = pool(run_processes(point.ladder_argv(cfg), cfg.processes,
+                                                progress=progress, echo=cfg.verbose))
+                else:
+                    record = ladder_mod.run_ladder(point.ladder_config(cfg), progress=progress,
+                                                   session=session)
                 seconds = clock() - t0
                 out = _row_lines(point, cfg, record, seconds, created)
                 note = _best(record)

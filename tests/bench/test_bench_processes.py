@@ -92,3 +92,33 @@ def test_the_ladder_in_two_processes_on_the_cpu(tmp_path, capsys):
         assert r["ms_min"] <= r["ms_median"] <= r["ms_max"]
     text = capsys.readouterr().out
     assert "Pooled over 2 processes" in text and "| +fused |" in text
+
+
+def test_a_sweep_points_ladder_arguments_make_its_ladder_config():
+    """Point.ladder_argv parsed by `rnnrt ladder` gives the LadderConfig the sweep would run
+    in its own process (so a point pooled over processes is the same measurement)."""
+    from rnnrt.bench import sweep as sw
+    cfgs = [sw.SweepConfig(**{**sw.PRESETS["wide"], "hidden": (128, 2048), "batch": (8,)}),
+            sw.SweepConfig(hidden=(64,), batch=(3,), layers=(2,), cells=("gru",),
+                           input_size=17, input_batch=("all",), rungs=("naive", "auto"),
+                           cudnn=False, executors=("eager", "graph"), dtype="bfloat16",
+                           seed=4, repeats=3, warmup=1)]
+    n = 0
+    for cfg in cfgs:
+        for point in sw.grid(cfg):
+            a = cli.parse(point.ladder_argv(cfg))
+            assert cli.ladder_config(a) == point.ladder_config(cfg), point.label()
+            n += 1
+    assert n == 2 * 2 * 2 * 1 * 2 + 1   # wide: cells x layers x hidden x batch x passes; 1
+
+
+def test_a_sweep_in_two_processes_a_point_on_the_cpu(tmp_path):
+    out = tmp_path / "s.jsonl"
+    status = cli.main(["sweep", "--cpu", "--processes", "2", "--hidden", "8", "--batch", "2",
+                       "--layers", "1", "--steps", "3", "--repeats", "1", "--warmup", "0",
+                       "--rungs", "naive", "--out", str(out)])
+    assert status == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    got = [r for r in rows if r["type"] == "row"]
+    assert [r["rung"] for r in got] == ["naive"] and len(got[0]["per_process"]) == 2
+    assert rows[0]["type"] == "session" and rows[0]["grid"]["processes"] == 2
