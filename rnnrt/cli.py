@@ -19,139 +19,10 @@ import sys
 
 import numpy as np
 
-
-class UsageError(ValueError):
-    """The invocation cannot run as asked (exit status 2); the message names the flag."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors on one line (`rnnrt ladder: error: ...`, exit status 2)."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-# -------------------------------------------------------------------------------- flag types
-
-def _int(s: str, least: int, what: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-    if v < least:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-    return v
-
-
-def _positive(s: str) -> int:
-    return _int(s, 1, "a positive int")
-
-
-def _nonneg(s: str) -> int:
-    return _int(s, 0, "an int >= 0")
-
-
-def _input_batch(s: str):
-    return "all" if s == "all" else _int(s, 1, "a positive int or 'all'")
-
-
-def _seconds(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {s!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {s!r}")
-    return v
-
-
-def _list_of(conv, what):
-    """argparse type: a comma-separated list, each item through ``conv``."""
-    def parse(s: str):
-        items = [x.strip() for x in s.split(",") if x.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}, "
-                                             f"got {s!r}")
-        return tuple(conv(x) for x in items)
-    return parse
-
-
-def _cell_name(s: str) -> str:
-    from .cells import CELLS
-    if s not in CELLS:
-        raise argparse.ArgumentTypeError(f"expected a cell out of {sorted(CELLS)}, got {s!r}")
-    return s
-
-
-SIZE_FLAGS = ("layers", "hidden", "batch", "steps")
-
-
-def _size(a, defaults: dict, names=SIZE_FLAGS) -> dict:
-    """``defaults`` (a command's sizes) with each of ``names`` that the command line gives
-    (not None) in its place."""
-    return {**defaults, **{n: getattr(a, n) for n in names if getattr(a, n) is not None}}
-
-
-def _dtype(s: str) -> str:
-    from .precision import DTYPES
-    if s not in DTYPES:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(DTYPES)}, got {s!r}")
-    return s
-
-
-def _add_dtype(p, what: str) -> None:
-    from .precision import DTYPES
-    p.add_argument("--dtype", type=_dtype, default="float32",
-                   help=f"precision of {what}: {', '.join(DTYPES)} (default float32; tf32: "
-                        f"fp32 storage, TF32 GEMMs; bfloat16 / float16: 16-bit storage, fp32 "
-                        f"accumulation); cuDNN runs at the same precision")
-
-
-def _path(s: str) -> str:
-    if not s.strip():
-        raise argparse.ArgumentTypeError("expected a path, got an empty name")
-    return s
-
-
-def _no_gpu(cmd: str):
-    """UsageError saying why there is no GPU and what to do (exit 2)."""
-    from .device import INSTALL_HINT, gpu_status
-    _, why = gpu_status()
-    return UsageError(f"no usable GPU ({why}); either {INSTALL_HINT}, or run `rnnrt {cmd} "
-                      f"--cpu` for the same pipeline on the NumPy executor at small sizes "
-                      f"(CPU figures)")
-
-
-def _require_gpu(cmd: str, cpu: bool) -> None:
-    from .device import gpu_status
-    if not cpu and not gpu_status()[0]:
-        raise _no_gpu(cmd)
-
-
-def _record_out(a, kind: str):
-    """The checked --out file of a command that writes one record, or None for its default
-    name (a new, time-stamped file in <out>/results/<kind>/, whose folder is checked now)."""
-    from .bench.outputs import check_dir, check_file
-    from .bench.records import results_root
-    if a.out is not None:
-        return check_file(a.out, "--out", overwrite=a.overwrite)
-    check_dir(results_root() / kind, "RNNRT_OUT (the output folder)")
-    return None
-
-
-def _write(write, default_path, record, out, overwrite: bool) -> str:
-    """Write ``record`` to ``out`` (checked at the start) or its default path. A file that
-    appeared there meanwhile (another run) is kept: this record goes beside it, and a line
-    says where — a long run's record is never lost at its end."""
-    from .bench.records import now_iso, stamp
-    target = out if out is not None else default_path(record)
-    try:
-        return str(write(record, target, overwrite=overwrite))
-    except FileExistsError:
-        alt = target.with_name(f"{target.stem}-{stamp(now_iso())}-2{target.suffix}")
-        print(f"rnnrt: {target} was written meanwhile by another run; this record goes to "
-              f"{alt}", file=sys.stderr)
-        return str(write(record, alt, overwrite=False))
+from .cli_args import (SIZE_FLAGS, Parser, UsageError, add_dtype, cell_flag,
+                       dtype_flag, input_batch_flag, list_of, nonneg, path_flag,
+                       positive, record_out, require_gpu, seconds_flag, sizes_of,
+                       write_out)
 
 
 # -------------------------------------------------------------------------------- ladder
@@ -162,22 +33,22 @@ def _ladder_parser(sub):
     p = sub.add_parser("ladder", help="verify and time every rung of the paper's ladder "
                        "beside cuDNN and the GEMM ceiling (the paper's Table 1)")
     p.add_argument("--cell", default="lstm", choices=["lstm", "gru", "rnn_tanh", "rnn_relu"])
-    p.add_argument("--layers", type=_positive, default=None, help="default 4")
-    p.add_argument("--hidden", type=_positive, default=None, help="default 512")
-    p.add_argument("--input-size", type=_positive, default=None, help="default = hidden")
-    p.add_argument("--batch", type=_positive, default=None, help="minibatch, default 64")
-    p.add_argument("--steps", type=_positive, default=None, help="timesteps, default 100")
-    p.add_argument("--repeats", type=_positive, default=20, help="timed runs (median taken)")
-    p.add_argument("--warmup", type=_nonneg, default=3, help="untimed runs first (default 3)")
-    p.add_argument("--input-batch", type=_input_batch, default=DEFAULT_INPUT_BATCH,
+    p.add_argument("--layers", type=positive, default=None, help="default 4")
+    p.add_argument("--hidden", type=positive, default=None, help="default 512")
+    p.add_argument("--input-size", type=positive, default=None, help="default = hidden")
+    p.add_argument("--batch", type=positive, default=None, help="minibatch, default 64")
+    p.add_argument("--steps", type=positive, default=None, help="timesteps, default 100")
+    p.add_argument("--repeats", type=positive, default=20, help="timed runs (median taken)")
+    p.add_argument("--warmup", type=nonneg, default=3, help="untimed runs first (default 3)")
+    p.add_argument("--input-batch", type=input_batch_flag, default=DEFAULT_INPUT_BATCH,
                    help=f"steps per W.x GEMM on the input-batching rung: k or 'all' "
                         f"(default {DEFAULT_INPUT_BATCH})")
     p.add_argument("--executor", choices=["eager", "graph", "both"], default=None,
                    help="GPU executors to time (default both; not with --cpu)")
-    p.add_argument("--rungs", type=_list_of(str, "rung names"), default=None,
+    p.add_argument("--rungs", type=list_of(str, "rung names"), default=None,
                    help="rows to run: rungs of the ladder and/or 'auto' (the schedule "
                         "selector's choice, what GpuRunner runs by default); default all")
-    p.add_argument("--out", type=_path, default=None, help="JSON record path (default: "
+    p.add_argument("--out", type=path_flag, default=None, help="JSON record path (default: "
                    "<out>/results/ladder/ladder-...json; <out> = ./rnnrt-out or $RNNRT_OUT)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--no-cudnn", action="store_true", help="skip the cuDNN row")
@@ -187,15 +58,15 @@ def _ladder_parser(sub):
     p.add_argument("--cpu", action="store_true",
                    help=f"no GPU: run the ladder on the NumPy executor at a small size "
                         f"({CPU_SIZE}); figures are labelled CPU figures")
-    p.add_argument("--processes", type=_positive, default=1,
+    p.add_argument("--processes", type=positive, default=1,
                    help="run the whole ladder in this many fresh processes, one after "
                         "another, and pool them: medians over the processes, each ratio "
                         "taken within its process (default 1; cuDNN's time moves between "
                         "processes by itself)")
     p.add_argument("--interleave", action="store_true",
                    help="time each row and cuDNN one run each, in turn (as the wide sweep)")
-    p.add_argument("--seed", type=_nonneg, default=0, help="of the weights and inputs")
-    _add_dtype(p, "every rung and auto")
+    p.add_argument("--seed", type=nonneg, default=0, help="of the weights and inputs")
+    add_dtype(p, "every rung and auto")
     return p
 
 
@@ -206,7 +77,7 @@ def ladder_config(a):
     if a.cpu and a.executor is not None:
         raise UsageError(f"--executor {a.executor}: with --cpu the NumPy executor runs; drop "
                          f"--executor or --cpu")
-    size = _size(a, CPU_SIZE if a.cpu else dict(layers=4, hidden=512, batch=64, steps=100),
+    size = sizes_of(a, CPU_SIZE if a.cpu else dict(layers=4, hidden=512, batch=64, steps=100),
                  SIZE_FLAGS + ("input_size",))
     executor = a.executor or "both"
     executors = ("eager", "graph") if executor == "both" else (executor,)
@@ -223,16 +94,16 @@ def _cmd_ladder(a) -> int:
     from .bench.ladder import check_sizes, run_ladder
     from .bench.ladder_report import default_path, markdown_table, write_record
     cfg = ladder_config(a)
-    _require_gpu("ladder", a.cpu)
+    require_gpu("ladder", a.cpu)
     check_sizes(cfg)
-    out = _record_out(a, "ladder")
+    out = record_out(a, "ladder")
     if a.processes > 1:   # this process touches no GPU: each child is a whole ladder run
         from .bench.processes import pool, run_processes, spread_lines
         record = pool(run_processes(a.argv, a.processes),
                       " ".join(["rnnrt"] + a.argv))
     else:
         record = run_ladder(cfg)
-    path = _write(write_record, default_path, record, out, a.overwrite)
+    path = write_out(write_record, default_path, record, out, a.overwrite)
     print(markdown_table(record))
     if a.processes > 1:
         print("\n" + "\n".join(spread_lines(record)))
@@ -249,28 +120,28 @@ def _sweep_parser(sub):
     p = sub.add_parser(
         "sweep", help="the ladder (verified, then timed, beside cuDNN) at every point of a "
         "grid of sizes; JSON lines appended as each point finishes; resumable")
-    p.add_argument("--hidden", type=_list_of(_positive, "positive ints"), default=None,
+    p.add_argument("--hidden", type=list_of(positive, "positive ints"), default=None,
                    help="hidden sizes, e.g. 128,256 (default "
                         f"{','.join(map(str, sw.DEFAULT_HIDDEN))})")
-    p.add_argument("--batch", type=_list_of(_positive, "positive ints"), default=None,
+    p.add_argument("--batch", type=list_of(positive, "positive ints"), default=None,
                    help=f"minibatches (default {','.join(map(str, sw.DEFAULT_BATCH))})")
-    p.add_argument("--layers", type=_list_of(_positive, "positive ints"), default=None,
+    p.add_argument("--layers", type=list_of(positive, "positive ints"), default=None,
                    help=f"layer counts (default {','.join(map(str, sw.DEFAULT_LAYERS))})")
-    p.add_argument("--cell", type=_list_of(_cell_name, "cells"), default=None,
+    p.add_argument("--cell", type=list_of(cell_flag, "cells"), default=None,
                    help="cells, e.g. lstm,gru (default lstm)")
-    p.add_argument("--steps", type=_positive, default=None,
+    p.add_argument("--steps", type=positive, default=None,
                    help=f"timesteps at every point (default {sw.DEFAULT_STEPS}, "
                         f"{sw.SHORT_STEPS} for hidden >= {sw.LONG_STEPS_HIDDEN})")
-    p.add_argument("--input-size", type=_positive, default=None, help="default = hidden")
-    p.add_argument("--input-batch", type=_list_of(_input_batch, "ints or 'all'"),
+    p.add_argument("--input-size", type=positive, default=None, help="default = hidden")
+    p.add_argument("--input-batch", type=list_of(input_batch_flag, "ints or 'all'"),
                    default=None, help="k of the input-batching rung, a list sweeps it "
                    f"(default {DEFAULT_INPUT_BATCH})")
     p.add_argument("--executor", choices=["graph", "eager", "both"], default=None,
                    help="default graph (eager is host-bound: slow, and not what the rungs "
                         "can do); not with --cpu")
-    p.add_argument("--repeats", type=_positive, default=None, help="timed runs per rung "
+    p.add_argument("--repeats", type=positive, default=None, help="timed runs per rung "
                    "(median taken; default 10, --quick 5)")
-    p.add_argument("--warmup", type=_nonneg, default=None, help="untimed runs first (default 2)")
+    p.add_argument("--warmup", type=nonneg, default=None, help="untimed runs first (default 2)")
     p.add_argument("--quick", action="store_true",
                    help="a small preset: hidden 256,512,1024 x minibatch 32,64 x layers 1,4, "
                         "LSTM, 5 repeats (a few minutes on an H100); flags given win")
@@ -278,17 +149,17 @@ def _sweep_parser(sub):
                    help="a named grid: 'wide' = lstm,gru x layers 1,4 x hidden 128-2048 x "
                         "minibatch 8-256 x fwd and fwd+bwd, 100 steps, the auto row and cuDNN "
                         "timed in turn (where rnnrt is judged against cuDNN); flags given win")
-    p.add_argument("--rungs", type=_list_of(str, "rung names"), default=None,
+    p.add_argument("--rungs", type=list_of(str, "rung names"), default=None,
                    help="rows to run at each point: rungs of the ladder and/or 'auto' (the "
                         "schedule selector's choice); default all of them")
-    p.add_argument("--pass", dest="passes", type=_list_of(str, "passes"), default=None,
+    p.add_argument("--pass", dest="passes", type=list_of(str, "passes"), default=None,
                    help="fwd, fwd+bwd or both (fwd,fwd+bwd); default fwd (--backward: "
                         "fwd+bwd)")
     p.add_argument("--no-cudnn", action="store_true", help="skip the cuDNN rows")
     p.add_argument("--backward", action="store_true",
                    help="time forward+backward at every point (as `rnnrt ladder --backward`;"
                         " pass 'fwd+bwd', FLOPs 3x the forward's)")
-    p.add_argument("--out", type=_path, default=None,
+    p.add_argument("--out", type=path_flag, default=None,
                    help="JSON-lines results file (default: a new <out>/results/sweep/"
                         "sweep[-quick][-bwd]-<cells>-<device>-<stamp>.jsonl; with --resume the "
                         "newest such file)")
@@ -301,10 +172,10 @@ def _sweep_parser(sub):
     p.add_argument("--retry-refused", action="store_true",
                    help="with --resume: run again the points whose last run has a refused "
                         "row (after the check or the kernels changed)")
-    p.add_argument("--processes", type=_positive, default=None,
+    p.add_argument("--processes", type=positive, default=None,
                    help="run each point's ladder in this many fresh processes and pool them "
                         "(`rnnrt ladder --processes`: medians, each ratio within its process)")
-    p.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
+    p.add_argument("--time-budget", type=seconds_flag, default=None, metavar="SECONDS",
                    help="stop cleanly before a point that would not finish within SECONDS "
                         "of the start (estimated from finished points); resume later")
     p.add_argument("--dry-run", action="store_true",
@@ -313,7 +184,7 @@ def _sweep_parser(sub):
     p.add_argument("--cpu", action="store_true",
                    help="no GPU: the NumPy executor at tiny sizes (default grid "
                         f"{sw.CPU_GRID}); figures are labelled CPU figures")
-    _add_dtype(p, "every point")
+    add_dtype(p, "every point")
     return p
 
 
@@ -386,7 +257,7 @@ def _cmd_sweep(a) -> int:
         raise UsageError(f"--out: {path} already has results; pass --resume to continue it "
                          f"(skipping the points it has) or --overwrite to start again")
     check_file(path, "--out", overwrite=a.overwrite, existing_ok=a.resume)
-    _require_gpu("sweep", a.cpu)
+    require_gpu("sweep", a.cpu)
     from .bench.ladder import check_sizes
     for point in sw.grid(cfg):   # every point's sizes, before the first one runs
         check_sizes(point.ladder_config(cfg))
@@ -409,20 +280,20 @@ def _precision_parser(sub):
     p = sub.add_parser("precision", help="rnnrt's and cuDNN's relative errors against the "
                        "float64 reference at every precision, outputs and gradients, and the "
                        "goal (rnnrt <= 2x cuDNN; long 16-bit runs finite)")
-    p.add_argument("--cell", type=_cell_name, default="lstm")
-    p.add_argument("--layers", type=_positive, default=None, help="default 4")
-    p.add_argument("--hidden", type=_positive, default=None, help="default 512")
-    p.add_argument("--input-size", type=_positive, default=None, help="default = hidden")
-    p.add_argument("--batch", type=_positive, default=None, help="minibatch, default 64")
-    p.add_argument("--steps", type=_list_of(_positive, "positive ints"), default=None,
+    p.add_argument("--cell", type=cell_flag, default="lstm")
+    p.add_argument("--layers", type=positive, default=None, help="default 4")
+    p.add_argument("--hidden", type=positive, default=None, help="default 512")
+    p.add_argument("--input-size", type=positive, default=None, help="default = hidden")
+    p.add_argument("--batch", type=positive, default=None, help="minibatch, default 64")
+    p.add_argument("--steps", type=list_of(positive, "positive ints"), default=None,
                    help="sequence lengths compared (default 100,1000)")
-    p.add_argument("--long-steps", type=_nonneg, default=None,
+    p.add_argument("--long-steps", type=nonneg, default=None,
                    help="steps of the forward run per 16-bit dtype that must stay finite "
                         "(default 10000; 0: none)")
-    p.add_argument("--dtypes", type=_list_of(_dtype, "dtypes"), default=DTYPES,
+    p.add_argument("--dtypes", type=list_of(dtype_flag, "dtypes"), default=DTYPES,
                    help=f"default {','.join(DTYPES)}")
     p.add_argument("--no-cudnn", action="store_true", help="rnnrt's rows only (no goal)")
-    p.add_argument("--out", type=_path, default=None, help="JSON record path (default "
+    p.add_argument("--out", type=path_flag, default=None, help="JSON record path (default "
                    "<out>/results/precision/precision-...json; <out> = ./rnnrt-out or "
                    "$RNNRT_OUT)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -434,7 +305,7 @@ def _precision_parser(sub):
 
 def _cmd_precision(a) -> int:
     from .bench import precision_error as pe
-    size = _size(a, pe.CPU_SIZE if a.cpu else {}, SIZE_FLAGS + ("input_size", "long_steps"))
+    size = sizes_of(a, pe.CPU_SIZE if a.cpu else {}, SIZE_FLAGS + ("input_size", "long_steps"))
     if size.get("long_steps") == 0:
         size["long_steps"] = None
     try:
@@ -442,12 +313,12 @@ def _cmd_precision(a) -> int:
                                  cudnn=not a.no_cudnn, **size)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
-    _require_gpu("precision", a.cpu)
+    require_gpu("precision", a.cpu)
     for steps in cfg.steps:
         pe.check_host(cfg, steps)
-    out = _record_out(a, "precision")
+    out = record_out(a, "precision")
     record = pe.run_precision(cfg)
-    path = _write(pe.write_record, pe.default_path, record, out, a.overwrite)
+    path = write_out(pe.write_record, pe.default_path, record, out, a.overwrite)
     print(pe.summary_table(record))
     print(f"\nrecord: {path}")
     return 0 if record["goal"]["ok"] or a.no_cudnn else 1
@@ -461,23 +332,23 @@ def _plot_parser(sub):
                        "cuDNN")
     p.add_argument("results", nargs="+", metavar="RESULTS",
                    help="sweep .jsonl files, ladder .json records, or directories of them")
-    p.add_argument("--out-dir", type=_path, default=None,
+    p.add_argument("--out-dir", type=path_flag, default=None,
                    help="where the figures go, and nowhere else (default <out>/figures; "
                         "<out> = ./rnnrt-out or $RNNRT_OUT)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace figures of the same name in --out-dir")
-    p.add_argument("--cell", type=_cell_name, default="lstm", help="default lstm")
-    p.add_argument("--layers", type=_positive, default=4,
+    p.add_argument("--cell", type=cell_flag, default="lstm", help="default lstm")
+    p.add_argument("--layers", type=positive, default=4,
                    help="layer count of figure 1 and the upper one of figure 2 (default 4)")
     p.add_argument("--executor", choices=["graph", "eager", "numpy"], default=None,
                    help="whose timings (default graph; numpy for CPU results)")
-    p.add_argument("--steps", type=_positive, default=None,
+    p.add_argument("--steps", type=positive, default=None,
                    help="only points with this many steps (default: the sweep's defaults)")
-    p.add_argument("--input-batch", type=_input_batch, default=None,
+    p.add_argument("--input-batch", type=input_batch_flag, default=None,
                    help="only points with this input-batching k")
     p.add_argument("--pass", dest="pass_", choices=["fwd", "fwd+bwd"], default="fwd",
                    help="which pass's timings: forward (default) or forward+backward")
-    p.add_argument("--formats", type=_list_of(str, "formats"), default=("png", "svg"),
+    p.add_argument("--formats", type=list_of(str, "formats"), default=("png", "svg"),
                    help="default png,svg")
     return p
 
@@ -517,27 +388,27 @@ def _trace_parser(sub):
     from .plan.switches import DEFAULT_INPUT_BATCH
     p = sub.add_parser("trace", help="per-op timeline of one forward pass, one row per "
                        "stream, for the naive and the last rung (PNG + SVG + JSON)")
-    p.add_argument("--cell", type=_cell_name, default="lstm")
-    p.add_argument("--layers", type=_positive, default=None,
+    p.add_argument("--cell", type=cell_flag, default="lstm")
+    p.add_argument("--layers", type=positive, default=None,
                    help=f"default {GPU_DEFAULT['layers']}")
-    p.add_argument("--hidden", type=_positive, default=None,
+    p.add_argument("--hidden", type=positive, default=None,
                    help=f"default {GPU_DEFAULT['hidden']}")
-    p.add_argument("--input-size", type=_positive, default=None, help="default = hidden")
-    p.add_argument("--batch", type=_positive, default=None,
+    p.add_argument("--input-size", type=positive, default=None, help="default = hidden")
+    p.add_argument("--batch", type=positive, default=None,
                    help=f"minibatch, default {GPU_DEFAULT['batch']}")
-    p.add_argument("--steps", type=_positive, default=None,
+    p.add_argument("--steps", type=positive, default=None,
                    help=f"timesteps, default {GPU_DEFAULT['steps']} (short: readable ops)")
-    p.add_argument("--input-batch", type=_input_batch, default=DEFAULT_INPUT_BATCH,
+    p.add_argument("--input-batch", type=input_batch_flag, default=DEFAULT_INPUT_BATCH,
                    help=f"k of the input-batching rung (default {DEFAULT_INPUT_BATCH})")
-    p.add_argument("--rungs", type=_list_of(str, "rung names"), default=None,
+    p.add_argument("--rungs", type=list_of(str, "rung names"), default=None,
                    help="comma-separated ladder rungs to trace (default: naive and the "
                         "last rung), e.g. +fused,+pretranspose")
     p.add_argument("--no-hold", action="store_true",
                    help="GPU: do not hold the GPU while the host queues the traced pass "
                         "(the timeline then shows Python's issue rate); not with --cpu")
-    p.add_argument("--out", type=_path, default=None, help="trace JSON path (default "
+    p.add_argument("--out", type=path_flag, default=None, help="trace JSON path (default "
                    "<out>/results/trace/trace-...json; <out> = ./rnnrt-out or $RNNRT_OUT)")
-    p.add_argument("--out-dir", "--fig-dir", dest="out_dir", type=_path, default=None,
+    p.add_argument("--out-dir", "--fig-dir", dest="out_dir", type=path_flag, default=None,
                    help="where the PNG and SVG go, and nowhere else (default <out>/figures)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out and a figure of the same shape and device")
@@ -555,20 +426,20 @@ def _cmd_trace(a) -> int:
         raise UsageError("--no-hold: holds the GPU; with --cpu nothing is held (drop it)")
     try:
         rungs = None if a.rungs is None else tr.traced_rungs(a.input_batch, list(a.rungs))
-        size = _size(a, tr.CPU_DEFAULT if a.cpu else tr.GPU_DEFAULT)
+        size = sizes_of(a, tr.CPU_DEFAULT if a.cpu else tr.GPU_DEFAULT)
         cfg = tr.TraceConfig(cell=a.cell, input_size=a.input_size, input_batch=a.input_batch,
                              cpu=a.cpu, hold=not a.no_hold, **size)
     except (ValueError, TypeError) as e:
         raise UsageError(f"--{e}" if str(e).startswith("rungs") else str(e)) from None
-    _require_gpu("trace", a.cpu)
+    require_gpu("trace", a.cpu)
     tr.check_sizes(cfg, rungs)
-    out = _record_out(a, "trace")
+    out = record_out(a, "trace")
     fig_dir = check_dir(a.out_dir if a.out_dir is not None else figures_root(), "--out-dir")
     fig = fig_dir / (tr.figure_stem(cfg, tr.device_name(a.cpu)) + ".png")
     figs = [fig, fig.with_suffix(".svg")]
     clashes(figs, a.overwrite, "--out-dir")
     record = tr.run_trace(cfg, rungs=rungs)
-    path = _write(tr.write_record, tr.default_path, record, out, a.overwrite)
+    path = write_out(tr.write_record, tr.default_path, record, out, a.overwrite)
     figs = tr.draw_trace(record, fig)
     for e in record["rungs"]:
         print(f"{e['rung']:14s} {len(e['ops']):5d} ops on {len(e['streams'])} stream(s) "
@@ -609,16 +480,16 @@ def _cmd_demo(a) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    parser = _Parser(prog="rnnrt", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="rnnrt", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"rnnrt {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="a small CPU forward/backward; prints output and "
                        "gradient norms")
-    d.add_argument("--layers", type=_positive, default=2)
-    d.add_argument("--hidden", type=_positive, default=16)
-    d.add_argument("--input-size", type=_positive, default=8)
-    d.add_argument("--batch", type=_positive, default=4)
-    d.add_argument("--steps", type=_positive, default=10)
+    d.add_argument("--layers", type=positive, default=2)
+    d.add_argument("--hidden", type=positive, default=16)
+    d.add_argument("--input-size", type=positive, default=8)
+    d.add_argument("--batch", type=positive, default=4)
+    d.add_argument("--steps", type=positive, default=10)
     # each command's parser, so that a flag it does not know is reported by it
     parser.commands = {"ladder": _ladder_parser(sub), "demo": d, "sweep": _sweep_parser(sub),
                        "plot": _plot_parser(sub), "trace": _trace_parser(sub),
