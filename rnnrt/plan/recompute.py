@@ -35,9 +35,9 @@ RECOMPUTE_STEPS = 64
 """Steps a recompute GEMM covers: its scratch is 2 x S*B*G*H + (1 or 2) x S*B*H floats
 (LSTM at B 64, H 512: 80 MiB), and a GEMM over S*B rows is still large (4,096 rows at B 64)."""
 RECOMPUTE_KIND = "recompute"
+"""The ``kind`` of every op the recompute adds (its GEMMs and its pointwise launches)."""
 SCRATCH = ("rgx", "rgh", "rh", "rc")
 """The recompute's scratch buffers (``recompute_buffers``; rc for LSTM only)."""
-"""The ``kind`` of every op the recompute adds (its GEMMs and its pointwise launches)."""
 
 
 def recomputes(key) -> bool:
