@@ -223,22 +223,23 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
                     pk_cp_async16(s + dst_w + i * 4 * SP_PU,
                                   w_thr + ((long long)n * SP_KT + 4 * i) * H);
             }
-            if (!(parts & 2)) {
-            } else if (SP_BULK) {   // the warp's SP_KPW rows of dg^T: contiguous in both
-                if (lane == 0) {
-                    const pk_saddr bar = bar_w + 8u * SP_KG * (n % SP_NS);
-                    pk_mbar_expect(bar, 4u * SP_KPW * SB_BMAX);
-                    pk_bulk_g2s(pk_smem_addr(s + SP_XOFF + SP_KPW * warp * SB_BMAX),
-                                dg + (long long)(k0 + n * SP_KT + SP_KPW * warp) * SB_BMAX,
-                                4u * SP_KPW * SB_BMAX, bar);
-                }
-            } else if (x_ok) {
-                const float* const xs =
-                    dg + (long long)(k0 + n * SP_KT + kr0) * SB_BMAX + 4 * q4;
+            if (parts & 2) {   // the dg^T part
+                if (SP_BULK) {   // the warp's SP_KPW rows of dg^T: contiguous in both
+                    if (lane == 0) {
+                        const pk_saddr bar = bar_w + 8u * SP_KG * (n % SP_NS);
+                        pk_mbar_expect(bar, 4u * SP_KPW * SB_BMAX);
+                        pk_bulk_g2s(pk_smem_addr(s + SP_XOFF + SP_KPW * warp * SB_BMAX),
+                                    dg + (long long)(k0 + n * SP_KT + SP_KPW * warp) * SB_BMAX,
+                                    4u * SP_KPW * SB_BMAX, bar);
+                    }
+                } else if (x_ok) {
+                    const float* const xs =
+                        dg + (long long)(k0 + n * SP_KT + kr0) * SB_BMAX + 4 * q4;
 #pragma unroll
-                for (int i = 0; i < SP_CX / (3 - NH); ++i)
-                    pk_cp_async16(s + dst_x + i * (6 - 2 * NH) * SB_BMAX,
-                                  xs + i * (6 - 2 * NH) * SB_BMAX);
+                    for (int i = 0; i < SP_CX / (3 - NH); ++i)
+                        pk_cp_async16(s + dst_x + i * (6 - 2 * NH) * SB_BMAX,
+                                      xs + i * (6 - 2 * NH) * SB_BMAX);
+                }
             }
         }
         pk_cp_commit();

@@ -157,8 +157,7 @@ class ChunkedRunner:
                       for s in candidates(shape, r.limits)]
         else:
             scheds = [(r.switches, None, None, None)]
-        rc = r.recompute and train
-        return [r.new_key(MAX_CHUNK_STEPS, batch, train, sw, fam, bwd, clusters=n, recompute=rc)
+        return [r.new_key(MAX_CHUNK_STEPS, batch, train, sw, fam, bwd, clusters=n, chunk=True)
                 for sw, fam, bwd, n in scheds]
 
     def pieces(self, steps: int, batch: int, train: bool):

@@ -264,8 +264,7 @@ class GpuRunner:
              chunk: bool = False):
         """(``plan_key``'s key, its workspace key), remembered per call shape: a call does
         one lookup (the arguments are ints, bools and a checked pattern)."""
-        recompute = self.recompute and train and chunk and pattern is None
-        k = (steps, batch, train, pattern, recompute)
+        k = (steps, batch, train, pattern, self.recompute and chunk and train)
         entry = self._keys.get(k)
         if entry is not None:
             self._keys.move_to_end(k)
@@ -281,7 +280,7 @@ class GpuRunner:
             from .kernels.choice import bucket_steps
             capacity = max(bucket_steps(len(pattern)), len(pattern))
         key = self.new_key(steps, batch, train, sw, family, backward, pattern, capacity,
-                           clusters, recompute)
+                           clusters, chunk=chunk)
         entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
@@ -290,9 +289,10 @@ class GpuRunner:
     def new_key(self, steps: int, batch: int, train: bool, switches, family=None,
                 backward=None, pattern: tuple | None = None,
                 capacity: int | None = None, clusters: int | None = None,
-                recompute: bool = False) -> PlanKey:
+                chunk: bool = False) -> PlanKey:
         """The PlanKey of this runner's model, limits and dtype for a schedule (switches,
-        family, backward, the cluster count; ``recompute``, PlanKey's) — the one place a
+        family, backward, the cluster count; ``chunk``: a piece of a chunked pass, whose
+        training key recomputes where the runner does, PlanKey.recompute) — the one place a
         runner's keys are made (``plan_key``, the selector's timer, chunked.py's
         candidates). Not remembered: ``plan_key`` is."""
         m = self.model
@@ -301,7 +301,8 @@ class GpuRunner:
                        m.num_layers, m.bias, switches, bool(train), device=self.limits,
                        family=family, backward=backward if train and pattern is None else None,
                        batch_sizes=pattern, capacity=capacity, dtype=self.dtype,
-                       clusters=clusters, recompute=recompute)
+                       clusters=clusters,
+                       recompute=self.recompute and bool(train) and chunk and pattern is None)
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes
@@ -636,13 +637,9 @@ class GpuRunner:
     def cached_bytes(self) -> int:
         """Device bytes the kept states' workspaces hold (each array once: chunk states
         share theirs; params and grads not counted)."""
-        seen, total = set(), 0
-        for st in list(self._states) + self.long.states():
-            for name, a in st.ws.bufs.items():
-                if name not in ("params", "grads") and id(a) not in seen:
-                    seen.add(id(a))
-                    total += int(a.nbytes)
-        return total
+        arrays = {id(a): a for st in list(self._states) + self.long.states()
+                  for a in st.arrays()}
+        return sum(int(a.nbytes) for a in arrays.values())
 
     def drop_idle(self) -> int:
         """Drop every kept state that no live tape needs (their graphs too: the next call

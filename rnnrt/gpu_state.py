@@ -87,11 +87,14 @@ class RunState:
         from .plan.cache import plan_bytes
         return sum(plan_bytes(ex.prepared.plan) for ex in self._executors.values())
 
+    def arrays(self) -> list:
+        """The workspace's arrays, less params and grads (shared with the runner)."""
+        return [b for name, b in self.ws.bufs.items() if name not in ("params", "grads")]
+
     @property
     def nbytes(self) -> int:
         """Device bytes the workspace holds (its buffers; params and grads are shared)."""
-        return sum(int(b.nbytes) for name, b in self.ws.bufs.items()
-                   if name not in ("params", "grads"))
+        return sum(int(b.nbytes) for b in self.arrays())
 
 
 class StateCache:

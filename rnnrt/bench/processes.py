@@ -36,6 +36,25 @@ from .records import now_iso
 _PARENT_FLAGS = {"--processes": 1, "--out": 1, "--overwrite": 0}
 
 
+def ladder_argv(cfg) -> list[str]:
+    """`rnnrt ladder`'s arguments that make LadderConfig ``cfg`` (cli.ladder_config the other
+    way; a test holds the two to each other): how a sweep point runs in processes of its own."""
+    argv = ["ladder", "--cell", cfg.cell, "--layers", str(cfg.layers), "--hidden",
+            str(cfg.hidden), "--input-size", str(cfg.inp), "--batch", str(cfg.batch),
+            "--steps", str(cfg.steps), "--repeats", str(cfg.repeats), "--warmup",
+            str(cfg.warmup), "--input-batch", str(cfg.input_batch), "--dtype", cfg.dtype,
+            "--seed", str(cfg.seed)]
+    if cfg.cpu:
+        argv.append("--cpu")
+    else:
+        argv += ["--executor", "both" if len(set(cfg.executors)) > 1 else cfg.executors[0]]
+    if cfg.rungs:
+        argv += ["--rungs", ",".join(cfg.rungs)]
+    flags = (("--no-cudnn", not cfg.cudnn), ("--backward", cfg.backward),
+             ("--interleave", cfg.interleave))
+    return argv + [flag for flag, on in flags if on]
+
+
 def child_argv(argv: list[str], out: Path) -> list[str]:
     """``argv`` (the parent's arguments after the program name, 'ladder' first) without
     --processes, --out, --overwrite (and their values), with --out ``out``."""
@@ -57,9 +76,9 @@ def run_processes(argv: list[str], n: int, run=subprocess.run, progress=print,
     """The ladder of ``argv`` (``child_argv``'s input) in ``n`` fresh processes, one after
     another (``python -m rnnrt``); -> their records, in order. Each child's progress and
     errors (its stderr) show as they come (``echo``; else they are kept for an error
-    message); its table (stdout) is not printed (the pooled one is). A process that wrote no record raises RuntimeError with the end of its output (one
-    that refused a rung still wrote one: its exit status 1 is the pooled record's
-    business)."""
+    message); its table (stdout) is not printed (the pooled one is). A process that wrote
+    no record raises RuntimeError with the end of its output (one that refused a rung still
+    wrote one: its exit status 1 is the pooled record's business)."""
     records = []
     with tempfile.TemporaryDirectory(prefix="rnnrt-processes-") as tmp:
         for i in range(n):
@@ -69,7 +88,7 @@ def run_processes(argv: list[str], n: int, run=subprocess.run, progress=print,
             r = run(cmd, stdout=subprocess.PIPE, stderr=None if echo else subprocess.PIPE,
                     text=True)
             if not out.exists():
-                tail = ((r.stdout or "") + (getattr(r, "stderr", None) or ""))[-2000:]
+                tail = ((r.stdout or "") + (r.stderr or ""))[-2000:]
                 raise RuntimeError(f"process {i + 1} of {n} (exit status {r.returncode}) "
                                    f"wrote no record (its messages above):\n{tail}")
             records.append(json.loads(out.read_text()))

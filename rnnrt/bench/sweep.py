@@ -54,7 +54,7 @@ from ..cells import forward_flops, get_cell
 from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
 from ..precision import get_precision
 from . import ladder as ladder_mod
-from .processes import pool, run_processes
+from .processes import ladder_argv, pool, run_processes
 from .progress import CostModel, ProgressBar, hms
 from .recordio import read_jsonl, valid_input_batch
 from .records import device_slug, now_iso, record_path, results_root
@@ -213,28 +213,6 @@ class Point:
                   backward=self.pass_ == "fwd+bwd", rungs=cfg.rungs,
                   interleave=cfg.interleave, dtype=self.dtype)
         return ladder_mod.LadderConfig(**kw)
-
-    def ladder_argv(self, cfg: SweepConfig) -> list[str]:
-        """`rnnrt ladder`'s arguments for this point (``ladder_config``'s run, in a process
-        of its own: ``SweepConfig.processes``)."""
-        argv = ["ladder", "--cell", self.cell, "--layers", str(self.layers), "--hidden",
-                str(self.hidden), "--input-size", str(self.input_size), "--batch",
-                str(self.batch), "--steps", str(self.steps), "--repeats", str(cfg.repeats),
-                "--warmup", str(cfg.warmup), "--input-batch", str(self.input_batch),
-                "--dtype", self.dtype, "--seed", str(cfg.seed)]
-        if cfg.cpu:
-            argv.append("--cpu")
-        else:
-            argv += ["--executor", "both" if len(set(cfg.executors)) > 1 else cfg.executors[0]]
-        if cfg.rungs:
-            argv += ["--rungs", ",".join(cfg.rungs)]
-        if not cfg.cudnn:
-            argv.append("--no-cudnn")
-        if self.pass_ == "fwd+bwd":
-            argv.append("--backward")
-        if cfg.interleave:
-            argv.append("--interleave")
-        return argv
 
 
 def key_of(line: dict) -> tuple:
@@ -485,8 +463,9 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
             t0 = clock()
             try:
                 if cfg.processes > 1:   # the point's ladder in fresh processes, pooled
-                    record = pool(run_processes(point.ladder_argv(cfg), cfg.processes,
-                                                progress=progress, echo=cfg.verbose))
+                    record = pool(run_processes(ladder_argv(point.ladder_config(cfg)),
+                                                cfg.processes, progress=progress,
+                                                echo=cfg.verbose))
                 else:
                     record = ladder_mod.run_ladder(point.ladder_config(cfg), progress=progress,
                                                    session=session)

@@ -95,8 +95,8 @@ def test_the_ladder_in_two_processes_on_the_cpu(tmp_path, capsys):
 
 
 def test_a_sweep_points_ladder_arguments_make_its_ladder_config():
-    """Point.ladder_argv parsed by `rnnrt ladder` gives the LadderConfig the sweep would run
-    in its own process (so a point pooled over processes is the same measurement)."""
+    """ladder_argv of a point's LadderConfig, parsed by `rnnrt ladder`, gives that config back
+    (so a point pooled over processes is the same measurement)."""
     from rnnrt.bench import sweep as sw
     cfgs = [sw.SweepConfig(**{**sw.PRESETS["wide"], "hidden": (128, 2048), "batch": (8,)}),
             sw.SweepConfig(hidden=(64,), batch=(3,), layers=(2,), cells=("gru",),
@@ -106,8 +106,8 @@ def test_a_sweep_points_ladder_arguments_make_its_ladder_config():
     n = 0
     for cfg in cfgs:
         for point in sw.grid(cfg):
-            a = cli.parse(point.ladder_argv(cfg))
-            assert cli.ladder_config(a) == point.ladder_config(cfg), point.label()
+            lc = point.ladder_config(cfg)
+            assert cli.ladder_config(cli.parse(P.ladder_argv(lc))) == lc, point.label()
             n += 1
     assert n == 2 * 2 * 2 * 1 * 2 + 1   # wide: cells x layers x hidden x batch x passes; 1
 
