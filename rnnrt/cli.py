@@ -1,7 +1,8 @@
 """Command line: `rnnrt ladder` (the paper's Table 1 on this GPU), `rnnrt sweep` (the ladder
 over a grid of sizes, resumable JSON lines), `rnnrt plot` (figures from those results),
-`rnnrt trace` (per-op timelines of one pass), `rnnrt precision` (errors at each precision
-against the float64 reference), `rnnrt demo` and `rnnrt --version`.
+`rnnrt summary` (their verdict against cuDNN), `rnnrt trace` (per-op timelines of one pass),
+`rnnrt precision` (errors at each precision against the float64 reference), `rnnrt demo` and
+`rnnrt --version`.
 
 Outputs go to ./rnnrt-out (results/<kind>/ and figures/) unless RNNRT_OUT names another
 folder or --out / --out-dir say where; every output is checked before any work, and an
@@ -19,8 +20,8 @@ import sys
 
 import numpy as np
 
-from .cli_args import (SIZE_FLAGS, Parser, UsageError, add_dtype, cell_flag,
-                       dtype_flag, input_batch_flag, list_of, nonneg, path_flag,
+from .cli_args import (SIZE_FLAGS, Parser, UsageError, add_dtype, add_results, cell_flag,
+                       check_results, dtype_flag, input_batch_flag, list_of, nonneg, path_flag,
                        positive, record_out, require_gpu, seconds_flag, sizes_of,
                        write_out)
 
@@ -330,8 +331,7 @@ def _plot_parser(sub):
     p = sub.add_parser("plot", help="figures (PNG + SVG) from sweep results and ladder "
                        "records: TFLOPS vs hidden, 4- over 1-layer throughput, best rung vs "
                        "cuDNN")
-    p.add_argument("results", nargs="+", metavar="RESULTS",
-                   help="sweep .jsonl files, ladder .json records, or directories of them")
+    add_results(p)
     p.add_argument("--out-dir", type=path_flag, default=None,
                    help="where the figures go, and nowhere else (default <out>/figures; "
                         "<out> = ./rnnrt-out or $RNNRT_OUT)")
@@ -340,8 +340,6 @@ def _plot_parser(sub):
     p.add_argument("--cell", type=cell_flag, default="lstm", help="default lstm")
     p.add_argument("--layers", type=positive, default=4,
                    help="layer count of figure 1 and the upper one of figure 2 (default 4)")
-    p.add_argument("--executor", choices=["graph", "eager", "numpy"], default=None,
-                   help="whose timings (default graph; numpy for CPU results)")
     p.add_argument("--steps", type=positive, default=None,
                    help="only points with this many steps (default: the sweep's defaults)")
     p.add_argument("--input-batch", type=input_batch_flag, default=None,
@@ -354,17 +352,13 @@ def _plot_parser(sub):
 
 
 def _cmd_plot(a) -> int:
-    from pathlib import Path
-
     from .bench.outputs import StagedDir, check_dir
     from .bench.plots import plot_all
     from .bench.records import figures_root
     bad = [f for f in a.formats if f not in ("png", "svg", "pdf")]
     if bad:
         raise UsageError(f"--formats: {bad} not out of png, svg, pdf")
-    missing = [p for p in a.results if not Path(p).exists()]
-    if missing:
-        raise UsageError(f"RESULTS: {missing[0]}: no such file or directory")
+    check_results(a.results)
     out_dir = check_dir(a.out_dir if a.out_dir is not None else figures_root(), "--out-dir")
     staged = StagedDir(out_dir, a.overwrite)
     with staged as tmp:   # drawn aside, then moved in together: all or nothing
@@ -378,6 +372,52 @@ def _cmd_plot(a) -> int:
     if not paths:
         print("rnnrt plot: nothing to draw (see the notes above)", file=sys.stderr)
         return 1
+    return 0
+
+
+# -------------------------------------------------------------------------------- summary
+
+def _summary_parser(sub):
+    p = sub.add_parser("summary", help="the verdict of sweep results against cuDNN, per device "
+                       "and precision: geometric means, points below 1.0, training step vs "
+                       "forward ratio")
+    add_results(p)
+    p.add_argument("--dtype", type=dtype_flag, default=None,
+                   help="only this precision (default every one in the inputs, each apart)")
+    p.add_argument("--device", default=None,
+                   help="only devices whose name contains this (case-insensitive)")
+    p.add_argument("--limit", type=nonneg, default=None,
+                   help="list at most this many points a list (default all)")
+    p.add_argument("--json", type=path_flag, default=None, metavar="PATH",
+                   help="also write the summary there (checked before any reading)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    return p
+
+
+def _cmd_summary(a) -> int:
+    import json
+
+    from .bench.outputs import check_file
+    from .bench.plots import load_rows
+    from .bench.recordio import write_text_atomic
+    from .bench.summary import summarize
+    check_results(a.results)
+    out = check_file(a.json, "--json", overwrite=a.overwrite) if a.json else None
+    rows = load_rows(a.results, note=lambda m: print(f"[summary] {m}", file=sys.stderr))
+    groups = [g for g in summarize(rows, a.executor)
+              if (a.dtype is None or g.dtype == a.dtype)
+              and (a.device is None or a.device.lower() in g.device.lower())]
+    if not groups:
+        print("rnnrt summary: no 'auto' rows in the inputs match (the wide sweep's rung; see "
+              "`rnnrt sweep --preset wide`)", file=sys.stderr)
+        return 1
+    for i, g in enumerate(groups):
+        print(("\n" if i else "") + "\n".join(g.text(a.limit)))
+    if out is not None:
+        text = json.dumps({"schema": "rnnrt.summary/1", "inputs": [str(p) for p in a.results],
+                           "groups": [g.as_dict() for g in groups]}, indent=1)
+        write_text_atomic(out, text + "\n", overwrite=a.overwrite)
+        print(f"summary: {out}")
     return 0
 
 
@@ -493,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     # each command's parser, so that a flag it does not know is reported by it
     parser.commands = {"ladder": _ladder_parser(sub), "demo": d, "sweep": _sweep_parser(sub),
                        "plot": _plot_parser(sub), "trace": _trace_parser(sub),
-                       "precision": _precision_parser(sub)}
+                       "precision": _precision_parser(sub), "summary": _summary_parser(sub)}
     return parser
 
 
@@ -507,7 +547,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 COMMANDS = {"ladder": _cmd_ladder, "demo": _cmd_demo, "sweep": _cmd_sweep, "plot": _cmd_plot,
-            "trace": _cmd_trace, "precision": _cmd_precision}
+            "trace": _cmd_trace, "precision": _cmd_precision, "summary": _cmd_summary}
 
 
 def _one_line(e: BaseException) -> str:

@@ -100,6 +100,22 @@ def path_flag(s: str) -> str:
     return s
 
 
+def add_results(p) -> None:
+    """The RESULTS operands of `rnnrt plot` / `rnnrt summary` (the records they read)."""
+    p.add_argument("results", nargs="+", metavar="RESULTS",
+                   help="sweep .jsonl files, ladder .json records, or directories of them")
+    p.add_argument("--executor", choices=["graph", "eager", "numpy"], default=None,
+                   help="whose timings (default graph; numpy for CPU results)")
+
+
+def check_results(paths) -> None:
+    """UsageError naming the first of ``paths`` (RESULTS) that does not exist."""
+    from pathlib import Path
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"RESULTS: {missing[0]}: no such file or directory")
+
+
 def no_gpu(cmd: str):
     """UsageError saying why there is no GPU and what to do (exit 2)."""
     from .device import INSTALL_HINT, gpu_status

@@ -1,0 +1,199 @@
+"""The verdict of a grid of points against cuDNN, read from records (`rnnrt summary`).
+
+What the wide grid's figures show as colours, as numbers: for every device and precision in
+the inputs (never mixed: a ratio is only ever taken within one run, and two devices' or two
+precisions' ratios are not one population), from the newest row of switches='auto' at each
+point and pass (a point: cell, layers, hidden, input size, batch, steps; newest by the row's
+``created``, so a point re-timed later, e.g. pooled over processes, replaces its old row):
+
+  - per pass: the points timed, the geometric mean of cuDNN ms / auto ms, the points below
+    1.0 and the points whose newest auto row was refused (its check failed: no ratio);
+  - over both passes: the geometric mean of every ratio;
+  - where a point has both passes: whether the training step (fwd+bwd) is at least the
+    forward's ratio, and for each miss what it would take -- the share of the precision's
+    GEMM ceiling the training step would need to reach the forward's ratio (its share now
+    x forward ratio / fwd+bwd ratio: the same run's cuDNN time, so no cross-run ratio).
+
+Rows come through ``plots.load_rows`` (sweep .jsonl files, ladder records, folders of them,
+read by recordio with damaged lines skipped and named). ``summarize(rows)`` -> list of
+``GridSummary``; ``GridSummary.text()`` the lines `rnnrt summary` prints, ``as_dict()`` its
+``--json`` record.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+AUTO = "auto"
+PASSES = ("fwd", "fwd+bwd")
+POINT = ("cell", "layers", "hidden", "input_size", "batch", "steps")
+"""A point's fields (a row's configuration but the pass and the input-batching k)."""
+
+
+def point_of(row: dict) -> tuple:
+    """(cell, layers, hidden, input size, batch, steps) of a row; input size None -> hidden."""
+    p = {f: row.get(f) for f in POINT}
+    if p["input_size"] is None:
+        p["input_size"] = p["hidden"]
+    return tuple(p[f] for f in POINT)
+
+
+def point_label(p: tuple) -> str:
+    cell, L, H, I, B, T = p
+    return f"{cell} L{L} H{H}{'' if I == H else f' I{I}'} B{B} T{T}"
+
+
+def number(v) -> float | None:
+    """``v`` as a float where it is a finite number > 0 (a ratio, a share), else None:
+    records are data, and recordio does not check these fields."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        return None
+    return float(v)
+
+
+def geomean(values) -> float | None:
+    """Geometric mean of positive numbers, None for none."""
+    vals = [float(v) for v in values]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+@dataclass
+class Miss:
+    """A point whose training step's ratio is below its forward's: both ratios, the
+    schedules chosen, and the share of the ceiling the training step has and would need."""
+
+    point: tuple
+    fwd: float
+    fwdbwd: float
+    schedule: str
+    share_now: float | None
+    share_needed: float | None
+
+    def as_dict(self) -> dict:
+        return {"point": dict(zip(POINT, self.point)), "ratio_fwd": self.fwd,
+                "ratio_fwdbwd": self.fwdbwd, "schedule": self.schedule,
+                "share_of_ceiling": self.share_now, "share_needed": self.share_needed}
+
+
+@dataclass
+class GridSummary:
+    """The verdict of one device at one precision (module docstring)."""
+
+    device: str
+    dtype: str
+    executor: str
+    rows: dict = field(default_factory=dict)   # (point, pass) -> newest auto row
+
+    def ratios(self, pass_: str) -> dict:
+        """{point: cuDNN ms / auto ms} of the timed points of ``pass_``."""
+        return {p: number(r.get("ratio_vs_cudnn")) for (p, ps), r in self.rows.items()
+                if ps == pass_ and "refused" not in r}
+
+    def refused(self, pass_: str) -> list:
+        """The points of ``pass_`` whose newest auto row was refused (its check failed)."""
+        return sorted(p for (p, ps), r in self.rows.items() if ps == pass_ and "refused" in r)
+
+    def below_one(self, pass_: str) -> list:
+        return sorted((p, v) for p, v in self.ratios(pass_).items() if v < 1.0)
+
+    def misses(self) -> tuple[int, list]:
+        """(points with both passes timed, the Misses among them, worst first)."""
+        fwd, fb = self.ratios("fwd"), self.ratios("fwd+bwd")
+        both = sorted(set(fwd) & set(fb))
+        out = []
+        for p in both:
+            if fb[p] >= fwd[p]:
+                continue
+            row = self.rows[(p, "fwd+bwd")]
+            share = number(row.get("share_of_ceiling"))
+            out.append(Miss(p, fwd[p], fb[p], str(row.get("schedule", "?")), share,
+                            share * fwd[p] / fb[p] if share else None))
+        return len(both), sorted(out, key=lambda m: m.fwdbwd / m.fwd)
+
+    def as_dict(self) -> dict:
+        n_both, misses = self.misses()
+        passes = {}
+        for ps in PASSES:
+            r = self.ratios(ps)
+            passes[ps] = {"points": len(r), "geomean": geomean(r.values()),
+                          "below_one": [{"point": dict(zip(POINT, p)), "ratio": v}
+                                        for p, v in self.below_one(ps)],
+                          "refused": [dict(zip(POINT, p)) for p in self.refused(ps)]}
+        every = [v for ps in PASSES for v in self.ratios(ps).values()]
+        return {"device": self.device, "dtype": self.dtype, "executor": self.executor,
+                "passes": passes, "geomean_all": geomean(every), "rows": len(every),
+                "both_passes": n_both, "fwdbwd_at_least_fwd": n_both - len(misses),
+                "misses": [m.as_dict() for m in misses]}
+
+    def text(self, limit: int | None = None) -> list[str]:
+        """The printed verdict; ``limit`` lists at most that many points a list."""
+        d = self.as_dict()
+
+        def cut(items):
+            return items if limit is None else items[:limit]
+
+        def more(items):
+            n = 0 if limit is None else len(items) - limit
+            return [f"      ... and {n} more"] if n > 0 else []
+
+        lines = [f"{self.device}, {self.dtype}, {self.executor} executor: the newest "
+                 f"'auto' row of {d['rows']} point-passes (cuDNN at the same precision, "
+                 f"timed in the same run)"]
+        gm = d["geomean_all"]
+        lines.append(f"  geometric mean over both passes: "
+                     f"{'-' if gm is None else f'{gm:.2f}x'} cuDNN")
+        for ps in PASSES:
+            info = d["passes"][ps]
+            if not info["points"] and not info["refused"]:
+                continue
+            gm = info["geomean"]
+            lines.append(f"  {ps:<8} {info['points']:>4} points, geometric mean "
+                         f"{'-' if gm is None else f'{gm:.2f}x'}, below 1.0 at "
+                         f"{len(info['below_one'])}"
+                         + (f", refused at {len(info['refused'])}" if info["refused"] else ""))
+            for p, v in cut(self.below_one(ps)):
+                lines.append(f"      {point_label(p):<28} {v:.2f}x")
+            lines += more(self.below_one(ps))
+            for p in cut(self.refused(ps)):
+                lines.append(f"      {point_label(p):<28} refused (its check failed)")
+            lines += more(self.refused(ps))
+        n_both, misses = self.misses()
+        if n_both:
+            lines.append(f"  fwd+bwd at least the forward's ratio at {n_both - len(misses)} "
+                         f"of {n_both} points with both passes")
+            if misses:
+                lines.append(f"      {'point':<28} {'fwd':>6} {'fwd+bwd':>8}  share of the "
+                             f"ceiling now -> needed  schedule")
+            for m in cut(misses):
+                share = ("-" if m.share_now is None
+                         else f"{m.share_now:.2f} -> {m.share_needed:.2f}")
+                lines.append(f"      {point_label(m.point):<28} {m.fwd:5.2f}x {m.fwdbwd:7.2f}x"
+                             f"  {share:>27}  {m.schedule}")
+            lines += more(misses)
+        return lines
+
+
+def summarize(rows, executor: str | None = None) -> list[GridSummary]:
+    """One GridSummary per (device, dtype) of the 'auto' rows in ``rows`` (flat rows, as
+    plots.load_rows gives them) timed with ``executor`` (default: 'graph' where any row has
+    it, else 'numpy', else 'eager'); each (point, pass) its newest row by ``created`` among those
+    with a cuDNN ratio (a positive finite number) or refused (rows timed without cuDNN, or
+    with a damaged ratio, have no say)."""
+    autos = [r for r in rows if r.get("rung") == AUTO and r.get("type", "row") == "row"
+             and ("refused" in r or number(r.get("ratio_vs_cudnn")) is not None)]
+    if executor is None:
+        have = {r.get("executor") for r in autos}
+        executor = next((e for e in ("graph", "numpy", "eager") if e in have), "graph")
+    groups = defaultdict(dict)
+    for r in autos:
+        if r.get("executor") != executor:
+            continue
+        g = (str(r.get("device") or "unknown device"), str(r.get("dtype", "float32")))
+        k = (point_of(r), r.get("pass", "fwd"))
+        old = groups[g].get(k)
+        if old is None or str(r.get("created", "")) >= str(old.get("created", "")):
+            groups[g][k] = r
+    return [GridSummary(dev, dt, executor, groups[(dev, dt)]) for dev, dt in sorted(groups)]
