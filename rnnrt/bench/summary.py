@@ -150,7 +150,8 @@ class GridSummary:
             if not info["points"] and not info["refused"]:
                 continue
             gm = info["geomean"]
-            lines.append(f"  {ps:<8} {info['points']:>4} points, geometric mean "
+            lines.append(f"  {ps:<8} {info['points']:>4} point{'' if info['points'] == 1 else 's'}"
+                         f", geometric mean "
                          f"{'-' if gm is None else f'{gm:.2f}x'}, below 1.0 at "
                          f"{len(info['below_one'])}"
                          + (f", refused at {len(info['refused'])}" if info["refused"] else ""))
@@ -163,7 +164,7 @@ class GridSummary:
         n_both, misses = self.misses()
         if n_both:
             lines.append(f"  fwd+bwd at least the forward's ratio at {n_both - len(misses)} "
-                         f"of {n_both} points with both passes")
+                         f"of {n_both} point{'' if n_both == 1 else 's'} with both passes")
             if misses:
                 lines.append(f"      {'point':<28} {'fwd':>6} {'fwd+bwd':>8}  share of the "
                              f"ceiling now -> needed  schedule")
