@@ -268,6 +268,10 @@ def _cmd_sweep(a) -> int:
     if res.stopped:
         print(f"stopped early: {res.stopped}\n  continue with the same command and --resume")
     print(f"figures: rnnrt plot {res.path}")
+    from .bench.plots import load_rows
+    from .bench.summary import summarize
+    for g in summarize(load_rows([res.path], note=lambda m: None)):   # the file's verdict
+        print("\n".join(g.text(limit=10)))                          # (auto rows vs cuDNN)
     if res.stopped == "interrupted":
         return 130
     return 1 if res.errors else 0

@@ -163,3 +163,21 @@ def test_the_readme_grid_figures_are_the_committed_records():
     assert int(bf.group(2)) == bf16["rows"]
     assert not any(bf16["passes"][p]["below_one"] for p in S.PASSES)
     assert math.isclose(fp32["rows"], 200)
+
+
+def test_sweep_ends_with_its_files_verdict(tmp_path, capsys):
+    """`rnnrt sweep` prints the verdict of its file at the end (auto rows with a cuDNN
+    ratio; a CPU sweep has none, so the rows are given ratios here and the sweep resumed)."""
+    out = tmp_path / "s.jsonl"
+    argv = ["sweep", "--cpu", "--hidden", "8", "--batch", "2", "--layers", "1", "--steps", "3",
+            "--rungs", "auto", "--repeats", "1", "--warmup", "0", "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert "geometric mean" not in capsys.readouterr().out      # no cuDNN on the CPU
+    lines = [json.loads(ln) for ln in out.read_text().splitlines()]
+    for ln in lines:
+        if ln.get("type") == "row" and ln.get("rung") == "auto":
+            ln["ratio_vs_cudnn"] = 1.25
+    write(out, lines)
+    assert cli.main(argv + ["--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "1 point, geometric mean 1.25x, below 1.0 at 0" in printed
