@@ -101,7 +101,8 @@ def path_flag(s: str) -> str:
 
 
 def add_results(p) -> None:
-    """The RESULTS operands of `rnnrt plot` / `rnnrt summary` (the records they read)."""
+    """The RESULTS operands of `rnnrt plot` / `rnnrt summary` (the records they read) and
+    their --executor (whose timings)."""
     p.add_argument("results", nargs="+", metavar="RESULTS",
                    help="sweep .jsonl files, ladder .json records, or directories of them")
     p.add_argument("--executor", choices=["graph", "eager", "numpy"], default=None,

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from ..plan.switches import DEFAULT_INPUT_BATCH, rung_names
-from .ladder import AUTO
 from .recordio import check_ladder_record, read_json
 from .records import figures_root
+from .summary import summarize
 from .sweep import read_lines
 
 CUDNN = "cudnn"
@@ -437,13 +437,16 @@ def _heat_panel(ax, hiddens, batches, grid, norm, cmap):
 def auto_grids(rows, executor="graph", dtype="float32") -> dict:
     """{(cell, layers, pass): {(hidden, batch): (cuDNN ms / auto ms, chosen schedule)}} from
     the rows of the 'auto' rung at precision ``dtype`` that have a cuDNN ratio (the wide
-    sweep's; a bfloat16 row's ratio is against cuDNN's bf16, not to be drawn as fp32's)."""
+    sweep's; a bfloat16 row's ratio is against cuDNN's bf16, not to be drawn as fp32's): each
+    point's row the one `rnnrt summary` judges it by (summary.summarize: the newest)."""
     out = defaultdict(dict)
-    for r in rows:
-        if (r.get("rung") == AUTO and r.get("executor") == executor
-                and r.get("ratio_vs_cudnn") and r.get("dtype", "float32") == dtype):
-            k = (r["cell"], r["layers"], r.get("pass", "fwd"))
-            out[k][(r["hidden"], r["batch"])] = (r["ratio_vs_cudnn"], r.get("schedule", "?"))
+    for g in summarize(rows, executor):
+        if g.dtype != dtype:
+            continue
+        for ((cell, layers, hidden, _, batch, _), pass_), r in g.rows.items():
+            if "refused" not in r:
+                out[(cell, layers, pass_)][(hidden, batch)] = (r["ratio_vs_cudnn"],
+                                                               r.get("schedule", "?"))
     return dict(out)
 
 

@@ -25,8 +25,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-AUTO = "auto"
-PASSES = ("fwd", "fwd+bwd")
+from .ladder import AUTO
+from .recordio import PASSES
+
 POINT = ("cell", "layers", "hidden", "input_size", "batch", "steps")
 """A point's fields (a row's configuration but the pass and the input-batching k)."""
 
