@@ -261,6 +261,14 @@ static void pk_mma16816(float (&d)[4], const unsigned int (&a)[4], const unsigne
     }
 }
 
+// The sim's clock64 is the wall clock, shared by hundreds of threads a core on a loaded CI
+// machine (two test workers, TSan, the emulated mma's warp barriers): a wait may take far
+// longer than on the GPU, so the GPU's spin limit (~8.6 s here) traps a kernel that is only
+// starved. One limit for every sim: a kernel that hangs still traps, after ~9 minutes.
+#ifndef PK_SPIN_LIMIT
+#define PK_SPIN_LIMIT (1LL << 40)
+#endif
+
 #include PK_SOURCE
 
 #ifdef PK_SIM_REGS_BWD   // the backward main runs the register-resident backward kernels
