@@ -23,6 +23,7 @@ import numpy as np
 
 from .chunked import ChunkedRunner, ChunkedTape
 from .gpu_state import MAX_EXECUTORS, RunState, StateCache
+from .gpu_tuning import ScheduleTimer, runner_selector
 from .plan.forward import forward_plan
 from .plan.model import PlanKey
 from .plan.switches import Switches
@@ -196,7 +197,7 @@ class GpuRunner:
         self._events = None              # the two events _on_stream records, made once
         self._grad_views = None
         self._compiled = False           # _precompile ran
-        self._timing = self._timing_key = None   # the timer's state and what it times
+        self.timer = ScheduleTimer(self)   # the selector's timer (gpu_tuning.py)
         self.long = ChunkedRunner(self)   # sequences longer than a chunk (chunked.py)
 
     def sync_params(self):
@@ -209,8 +210,8 @@ class GpuRunner:
 
     # -- the schedule --------------------------------------------------------------------------
     def selector_shape(self, steps: int, batch: int, train: bool, varlen: bool = False):
-        """The schedule selector's Shape (kernels/choice.py) of a call of this runner."""
-        from .kernels.choice import Shape
+        """The schedule selector's Shape (kernels/selector.py) of a call of this runner."""
+        from .kernels.selector import Shape
         m = self.model
         return Shape(m.cell_name, m.num_layers, m.input_size, m.hidden_size, int(batch),
                      int(steps), bool(train), m.bias, self.dtype, self.executor_name,
@@ -218,33 +219,17 @@ class GpuRunner:
 
     @property
     def selector(self):
-        """The schedule selector of this runner (built on first use)."""
+        """The schedule selector of this runner (built on first use; gpu_tuning.py)."""
         if self._selector is None:
-            from .kernels.choice import Selector
-            from .kernels.tuning import ScheduleCache, device_key
-            cache = self._schedule_cache
-            if cache is None:
-                from . import __version__
-                cache = ScheduleCache(device_key({**self.session.info, "rnnrt": __version__}))
-            elif cache is False:   # memory only (not `or None`: an empty cache is falsy)
-                cache = None
-            self._selector = Selector(self._time_schedule, self.limits, cache, log=_log,
-                                      cluster_cap=self._cluster_cap)
+            self._selector = runner_selector(self, self._schedule_cache, self.timer, log=_log)
         return self._selector
-
-    def _cluster_cap(self, fit):
-        """The selector's cap on the cluster counts it times: the driver's count of
-        co-resident clusters for the compiled cluster kernel of ``fit`` (kernels/occupancy.py;
-        the rule's cap, saying why, where the driver cannot answer)."""
-        from .kernels.occupancy import cluster_cap
-        lib = self.session.ctx.kernels
-        return cluster_cap(fit, self.limits.props(), lib.with_shared(fit.kernel, fit.smem_bytes))
 
     def schedule(self, steps: int, batch: int, train: bool = False, varlen: bool = False):
         """What runs for (steps, batch, train) — and with varlen, for packed sequences of
-        different lengths: a kernels.choice.Selection (schedule, where the choice came from,
+        different lengths: a kernels.selector.Selection (schedule, where the choice came from,
         each candidate's time) — with explicit switches, those."""
-        from .kernels.choice import Schedule, Selection
+        from .kernels.schedules import Schedule
+        from .kernels.selector import Selection
         if self.switches != "auto":
             return Selection(Schedule(self.switches.label(), self.switches), "explicit")
         shape = self.selector_shape(steps, batch, train, varlen)
@@ -277,7 +262,7 @@ class GpuRunner:
             sw, family, backward, clusters = self.switches, None, None, None
         capacity = None
         if pattern is not None:
-            from .kernels.choice import bucket_steps
+            from .kernels.selector import bucket_steps
             capacity = max(bucket_steps(len(pattern)), len(pattern))
         key = self.new_key(steps, batch, train, sw, family, backward, pattern, capacity,
                            clusters, chunk=chunk)
@@ -314,8 +299,9 @@ class GpuRunner:
         self._compiled = True
 
     # -- states ----------------------------------------------------------------------------------
-    def _build_state(self, key: PlanKey, grads) -> RunState:
-        """A new state of ``key``: its workspace (its training plan's buffers for a
+    def build_state(self, key: PlanKey, grads) -> RunState:
+        """A new state of ``key`` (not cached: ``state`` caches; the selector's timer holds
+        one of its own): its workspace (its training plan's buffers for a
         training key) on ``self.params`` and ``grads`` (the gradient buffer it adopts;
         None: a zeroed one of its own)."""
         from .plan.backward import backward_plan
@@ -343,52 +329,6 @@ class GpuRunner:
         from dataclasses import replace
         return ("varlen", replace(key, batch_sizes=None, steps=key.capacity, capacity=None))
 
-    def _time_schedule(self, sched, shape, repeats: int) -> list:
-        """The selector's timer: ``repeats`` timed runs (ms, CUDA events) of ``sched`` on
-        random inputs of ``shape`` (the first ``choice.tuning_steps(shape)`` steps), after
-        one warm-up run; forward, or forward + backward for a training shape. A variable-
-        length shape is timed on one representative pattern (plan.packing.staircase;
-        kernels/choice.py Selector says why), its mask all ones. Nothing is cached, and the
-        caller's gradient buffer is not touched."""
-        from .kernels.choice import tuning_steps
-        from .plan.backward import backward_plan
-        from .session import time_events
-        steps = tuning_steps(shape)
-        pattern = None
-        if shape.varlen:   # one representative pattern of the key (choice.Selector says why)
-            from .plan.packing import staircase
-            pattern = staircase(steps, shape.batch)
-            steps = len(pattern)
-        key = self.new_key(steps, shape.batch, shape.train, sched.switches, sched.family,
-                           sched.backward, pattern, clusters=sched.clusters)
-        tkey = (sched.name, shape.key(), steps)
-        if self._timing_key != tkey:
-            self._timing = None   # free the last candidate's workspace first
-            # a gradient buffer of its own: the timed backward (accumulate=False) must not
-            # overwrite the caller's gradients (a sum over micro-batches, say)
-            st = self._build_state(key, None)
-            cp = self.cp
-            rng = cp.random.default_rng(0)
-            arrays = {name: (cp.ones(b.shape, cp.float32) if name == "mask" else
-                             rng.standard_normal(b.shape, dtype=cp.float32))
-                      for name, b in st.ws.plan.inputs.items()}
-            st.ws.load(**arrays)
-            runs = [st.executor(forward_plan(key), "fwd")]
-            if shape.train:
-                runs.append(st.executor(backward_plan(key), ("bwd", False, True)))
-            cp.cuda.Device().synchronize()
-            self._timing, self._timing_key = (st, runs), tkey
-            warm = 1
-        else:
-            warm = 0
-        st, runs = self._timing
-
-        def run():
-            for ex in runs:
-                ex.run()
-
-        return time_events(self.cp, run, runs[0].stream, repeats, warm)
-
     def state(self, key: PlanKey, skey=None) -> RunState:
         """A state (workspace + executors) of ``key`` that no live tape holds, built once and
         kept in the bounded cache. A training key's workspace holds the backward plan's
@@ -400,8 +340,8 @@ class GpuRunner:
         while True:
             st = self._states.get((skey, slot))
             if st is None:
-                self._timing, self._timing_key = None, None   # tuning is over: free it
-                st = self._build_state(key, self.grads)
+                self.timer.release()   # tuning is over: free its workspace
+                st = self.build_state(key, self.grads)
                 self._states.add((skey, slot), st)
                 return st
             if not st.busy:
@@ -646,7 +586,7 @@ class GpuRunner:
         of those shapes builds them again), memory back to CuPy's pool; -> how many."""
         n = self._states.drop_idle() + self.long.drop_idle()
         if n:
-            self._timing, self._timing_key = None, None
+            self.timer.release()
         return n
 
     def close(self):
@@ -654,7 +594,7 @@ class GpuRunner:
             st.owner = None
         self._states.clear()
         self.long.clear()
-        self._timing = self._timing_key = None
+        self.timer.release()
         self.session.close()
 
 

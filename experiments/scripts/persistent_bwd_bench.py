@@ -49,6 +49,7 @@ from rnnrt.bench.timing import time_in_turn  # noqa: E402
 from rnnrt.cells import backward_flops, forward_flops  # noqa: E402
 from rnnrt.check import compare_all  # noqa: E402
 from rnnrt.kernels import choice as C  # noqa: E402
+from rnnrt.kernels import selector as SEL  # noqa: E402
 from rnnrt.kernels.persistent_bwd import persistent_bwd_fit  # noqa: E402
 from rnnrt.plan import PlanKey, forward_plan  # noqa: E402
 from rnnrt.plan.backward import backward_plan  # noqa: E402
@@ -78,7 +79,7 @@ class Case:
         self.ref = {k: ref.get(k) for k in ("dx", "dh0", "dc0", "grads")}   # dc0: LSTM only
 
     def shape(self):
-        return C.Shape(self.cell, self.L, self.H, self.H, self.B, self.T, train=True)
+        return SEL.Shape(self.cell, self.L, self.H, self.H, self.B, self.T, train=True)
 
     def state(self, sched, units=None):
         """(run, stream, workspace, backward plan) of ``sched`` (``units``: its grid or pair
@@ -149,12 +150,12 @@ def bench_shape(session, spec, repeats, torch, log, kinds=("grid", "cluster"),
            "pbwd_declined": None if fit.ok else fit.reason,
            "pbwd_prefers": C.prefers_persistent_backward(shape, session.limits)}
     if fwd_family is None:
-        sel = C.Selector(case.timer, session.limits, cache=None, autotune=True).select(shape)
+        sel = SEL.Selector(case.timer, session.limits, cache=None, autotune=True).select(shape)
 
         def without(s, d):
             return tuple(c for c in C.candidates(s, d) if c.backward is None)
 
-        sel_wo = C.Selector(case.timer, session.limits, cache=None, autotune=True,
+        sel_wo = SEL.Selector(case.timer, session.limits, cache=None, autotune=True,
                             candidates_fn=without).select(shape)
         row["auto"], row["auto_wo_pbwd"] = sel.as_dict(), sel_wo.as_dict()
         forward = sel_wo.schedule

@@ -30,7 +30,7 @@ from rnnrt.bench import records  # noqa: E402
 from rnnrt.bench.cudnn import torch_module  # noqa: E402
 from rnnrt.bench.timing import time_torch  # noqa: E402
 from rnnrt.gpu import GpuRunner  # noqa: E402
-from rnnrt.kernels.choice import tuning_steps  # noqa: E402
+from rnnrt.kernels.selector import tuning_steps  # noqa: E402
 from rnnrt.kernels.schedules import Schedule, paper_schedules  # noqa: E402
 from rnnrt.plan.switches import Switches  # noqa: E402
 

@@ -55,7 +55,7 @@ from .timing import gemm_ceiling, time_cpu, time_gpu, time_in_turn
 # replaced by cuDNN's output as the naive rung's check, when cuDNN is there.
 REFERENCE_FLOP_LIMIT = 2e12
 AUTO = "auto"
-"""The row of the schedule selector's choice (kernels/choice.py), run as switches='auto'."""
+"""The row of the schedule selector's choice (kernels/selector.py), run as switches='auto'."""
 CPU_SIZE = dict(layers=4, hidden=32, input_size=32, batch=8, steps=12)
 
 
@@ -421,7 +421,7 @@ def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn
     inputs; memory only: a record measures a fresh choice)."""
     from dataclasses import replace
 
-    from ..kernels.choice import Selector, Shape, tuning_steps
+    from ..kernels.selector import Selector, Shape, tuning_steps
     last = {}
     shape = Shape(cfg.cell, cfg.layers, cfg.inp, cfg.hidden, cfg.batch, cfg.steps,
                   cfg.backward, True, cfg.dtype, executor)

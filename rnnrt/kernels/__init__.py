@@ -9,6 +9,8 @@
   persistent.py  the per-layer persistent kernels (grid, cluster): the fit
   emulate.py     their decomposition in NumPy, and their twins
   stack.py       the stack kernel (every layer in one launch): fit and twin
-  choice.py      the one place that decides which kernel runs for a shape
+  choice.py      the one place that decides which kernel runs for a shape, and the
+                 schedules a shape may run (candidates, heuristic)
+  selector.py    the schedule selector: times the candidates once, remembers the fastest
   gemm_split.py  how the per-step backward splits its recurrent GEMM along K
 """

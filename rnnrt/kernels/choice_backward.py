@@ -27,8 +27,8 @@ from .schedules import Schedule
 from .stack_bwd import StackBwdFit, stack_bwd_fit
 from .stack_mma_bwd import stack_mma_bwd_fit
 
-if TYPE_CHECKING:   # choice.py imports this module: its Shape only for the annotations
-    from .choice import Shape
+if TYPE_CHECKING:   # the Shape of selector.py, for the annotations only
+    from .selector import Shape
 
 
 @dataclass(frozen=True)

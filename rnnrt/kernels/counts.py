@@ -69,7 +69,7 @@ def extra_cluster_counts(batch: int, rule: int, cap: int,
 def count_schedules(shape, device, family: str = "cluster",
                     cluster_cap: Callable[..., ClusterCap] | None = None) -> tuple[Schedule, ...]:
     """Cluster family ``family`` at other counts than the rule's, for ``shape`` (a
-    choice.Shape whose precision the family runs: the caller checks) on ``device``
+    selector.Shape whose precision the family runs: the caller checks) on ``device``
     (DeviceLimits), where the family fits: the ``extra_cluster_counts`` up to the device's
     co-resident cap — for one layer's launch, ``cluster_cap(fit)`` (an occupancy.ClusterCap;
     default ``occupancy.derived_cap`` from the properties), for a chunked plan (several

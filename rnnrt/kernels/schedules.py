@@ -1,6 +1,6 @@
 """What a schedule is, and the named ones: a way to run a shape (the switches, with the
 persistent switch the family and, for the cluster kernel, the cluster count; for a training
-shape the backward), as kernels/choice.py's selector times and records them, and the cuBLAS
+shape the backward), as kernels/selector.py times and records them, and the cuBLAS
 and persistent schedules its candidates are made of. Nothing here decides which runs."""
 from __future__ import annotations
 

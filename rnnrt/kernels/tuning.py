@@ -4,7 +4,7 @@ Where: ``$RNNRT_CACHE_DIR/schedules.json``, else ``$XDG_CACHE_HOME/rnnrt/schedul
 else ``~/.cache/rnnrt/schedules.json``. The file holds one section per *device key* — the
 device's name, compute capability, driver, CUDA runtime, CuPy and rnnrt versions — so a
 choice timed on one GPU or one software stack is never applied to another (a new version
-tunes again). Each section maps a shape key (``choice.Shape.key``) to its entry
+tunes again). Each section maps a shape key (``selector.Shape.key``) to its entry
 (schedule, candidates' times, tune seconds) with the time it was last used.
 
 Nothing here can hurt the caller: the file is parsed as JSON (never executed), checked, and

@@ -77,7 +77,7 @@ class PlanKey:
     'float16'): the element type of the plan's "store" buffers (Buffer) and the GEMMs' math.
     Part of the key (its hash, so plans, workspaces and executors are per dtype).
     clusters: with family 'cluster', the forward cluster kernel's cluster count, run exactly
-    (the schedule selector times a few: kernels/choice.py); None: the rule's
+    (the schedule selector times a few: kernels/selector.py); None: the rule's
     (kernels/persistent.py ``cluster_count``). A count past what the device holds at once is
     still correct (a cluster waits only for its own blocks); it runs in waves.
     bwd_splits: a training key's per-step backward: the K slices of its recurrent GEMM

@@ -202,7 +202,7 @@ def test_a_varlen_key_is_tuned_on_a_representative_pattern(monkeypatch):
         timed.append(key)
         return real(key)
 
-    monkeypatch.setattr(rnnrt.gpu, "forward_plan", spy)
+    monkeypatch.setattr(rnnrt.gpu_tuning, "forward_plan", spy)   # the selector's timer's
     r = GpuRunner(rnnrt.GRU(I, H, num_layers=2, seed=0), schedule_cache=False)
     lengths = list(range(13, 0, -1)) + [1] * 7   # 20 sequences: three row groups
     check_runner_packed_step(r, lengths, np.random.default_rng(8))

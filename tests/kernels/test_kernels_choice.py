@@ -1,5 +1,5 @@
-"""The schedule selector and the persistent-family choice (rnnrt/kernels/choice.py, tuning.py),
-without a GPU: candidates, keys and length buckets, the timing loop with a fake timer and a
+"""The schedule selector and the persistent-family choice (rnnrt/kernels/selector.py,
+choice.py, tuning.py), without a GPU: candidates, keys and length buckets, the timing loop with a fake timer and a
 fake clock, the disk cache (write, read, damaged, stale, unwritable, bounded), the switch that
 turns timing off, and plans that name a persistent family."""
 from __future__ import annotations
@@ -15,12 +15,13 @@ from rnnrt.check import assert_close
 from rnnrt.exec import numpy_exec
 from rnnrt.exec.workspace import Workspace
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import selector as SEL
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.tuning import ScheduleCache, ScheduleCacheWarning, device_key
 from rnnrt.params import make_layout, per_layer
 from rnnrt.plan import PlanKey, forward_plan
 
-PAPER = C.Shape("lstm", 4, 512, 512, 64, 100)
+PAPER = SEL.Shape("lstm", 4, 512, 512, 64, 100)
 
 
 def names(scheds):
@@ -32,11 +33,11 @@ def names(scheds):
 def test_candidates_are_the_fitting_families_then_the_paper_schedules():
     assert names(C.candidates(PAPER, H100_SXM)) == ["stack", "grid", "paper", "ib10", "ib2",
                                                     "iball"]
-    small = C.Shape("lstm", 1, 128, 128, 32, 100)   # one layer: no stack; R fits a cluster
+    small = SEL.Shape("lstm", 1, 128, 128, 32, 100)   # one layer: no stack; R fits a cluster
     assert names(C.candidates(small, H100_SXM))[:3] == ["cluster", "regs", "grid"]
-    gru = C.Shape("gru", 4, 512, 512, 64, 100)      # the stack kernel is LSTM only
+    gru = SEL.Shape("gru", 4, 512, 512, 64, 100)      # the stack kernel is LSTM only
     assert "stack" not in names(C.candidates(gru, H100_SXM))
-    big = C.Shape("lstm", 4, 2048, 2048, 64, 100)   # R of H 2048 fits no SM: cuBLAS only
+    big = SEL.Shape("lstm", 4, 2048, 2048, 64, 100)   # R of H 2048 fits no SM: cuBLAS only
     assert names(C.candidates(big, H100_SXM)) == ["paper", "ib10", "ib2", "iball"]
     for s in C.candidates(PAPER, H100_SXM):         # every candidate is a valid plan
         key = C.with_family(PlanKey("lstm", 8, 64, 512, 512, 4, True, s.switches,
@@ -46,19 +47,19 @@ def test_candidates_are_the_fitting_families_then_the_paper_schedules():
 
 
 def test_bucket_steps_and_the_shape_key():
-    assert [C.bucket_steps(t) for t in (1, 16, 17, 100, 128, 129, 10000)] == \
+    assert [SEL.bucket_steps(t) for t in (1, 16, 17, 100, 128, 129, 10000)] == \
         [16, 16, 32, 128, 128, 256, 16384]
     for bad in (0, -3, 2.5, True, "100"):
         with pytest.raises(ValueError, match="steps"):
-            C.bucket_steps(bad)
-    base = C.Shape("lstm", 2, 256, 256, 32, 100)
-    same = C.Shape("lstm", 2, 256, 256, 32, 70)       # one bucket: tuned once
+            SEL.bucket_steps(bad)
+    base = SEL.Shape("lstm", 2, 256, 256, 32, 100)
+    same = SEL.Shape("lstm", 2, 256, 256, 32, 70)       # one bucket: tuned once
     assert base.key() == same.key()
-    for other in (C.Shape("lstm", 2, 256, 256, 32, 200), C.Shape("gru", 2, 256, 256, 32, 100),
-                  C.Shape("lstm", 2, 256, 256, 32, 100, train=True),
-                  C.Shape("lstm", 2, 256, 256, 32, 100, dtype="bfloat16"),
-                  C.Shape("lstm", 2, 256, 256, 32, 100, executor="eager"),
-                  C.Shape("lstm", 2, 256, 256, 64, 100)):
+    for other in (SEL.Shape("lstm", 2, 256, 256, 32, 200), SEL.Shape("gru", 2, 256, 256, 32, 100),
+                  SEL.Shape("lstm", 2, 256, 256, 32, 100, train=True),
+                  SEL.Shape("lstm", 2, 256, 256, 32, 100, dtype="bfloat16"),
+                  SEL.Shape("lstm", 2, 256, 256, 32, 100, executor="eager"),
+                  SEL.Shape("lstm", 2, 256, 256, 64, 100)):
         assert other.key() != base.key(), other
 
 
@@ -99,21 +100,21 @@ MS = {"stack": 3.0, "grid": 5.0, "paper": 5.5, "ib10": 4.0, "ib2": 3.9, "iball":
 
 def test_the_fastest_candidate_wins_and_clearly_slower_ones_stop_early():
     timer = FakeTimer(MS)
-    sel = C.Selector(timer, H100_SXM, autotune=True).select(PAPER)
+    sel = SEL.Selector(timer, H100_SXM, autotune=True).select(PAPER)
     assert sel.schedule.name == "stack" and sel.source == "tuned"
     rows = {r["name"]: r for r in sel.candidates}
     assert set(rows) == set(MS)
     assert rows["stack"]["ms"] == 3.0 and rows["stack"]["status"] == "timed"
     # 5.0 / 3.0 > CLEARLY_SLOWER: one timed run only
     assert rows["grid"]["status"].startswith("stopped early")
-    assert ("grid", 1) in timer.calls and ("grid", C.TUNE_REPEATS - 1) not in timer.calls
+    assert ("grid", 1) in timer.calls and ("grid", SEL.TUNE_REPEATS - 1) not in timer.calls
     # within CLEARLY_SLOWER of the best: timed to the full count
-    assert ("ib2", C.TUNE_REPEATS - 1) in timer.calls
+    assert ("ib2", SEL.TUNE_REPEATS - 1) in timer.calls
 
 
 def test_a_candidate_that_fails_loses_and_says_why():
     timer = FakeTimer(MS, fail={"stack"})
-    sel = C.Selector(timer, H100_SXM, autotune=True).select(PAPER)
+    sel = SEL.Selector(timer, H100_SXM, autotune=True).select(PAPER)
     assert sel.schedule.name == "ib2"
     stack = next(r for r in sel.candidates if r["name"] == "stack")
     assert stack["ms"] is None and "cannot run here" in stack["status"]
@@ -121,7 +122,7 @@ def test_a_candidate_that_fails_loses_and_says_why():
 
 def test_nothing_runs_gives_the_heuristic_and_says_so():
     timer = FakeTimer(MS, fail=set(MS))
-    sel = C.Selector(timer, H100_SXM, autotune=True).select(PAPER)
+    sel = SEL.Selector(timer, H100_SXM, autotune=True).select(PAPER)
     assert sel.source == "heuristic" and "no candidate" in sel.note
     assert sel.schedule == C.heuristic(PAPER, H100_SXM)
 
@@ -129,7 +130,7 @@ def test_nothing_runs_gives_the_heuristic_and_says_so():
 def test_the_tuning_budget_skips_the_rest():
     timer = FakeTimer(MS)
     clock = FakeClock(step=1.0)   # every clock read one second later
-    sel = C.Selector(timer, H100_SXM, autotune=True, budget_s=2.5, clock=clock).select(PAPER)
+    sel = SEL.Selector(timer, H100_SXM, autotune=True, budget_s=2.5, clock=clock).select(PAPER)
     skipped = [r["name"] for r in sel.candidates if r["status"].startswith("skipped")]
     assert skipped and skipped == names(C.candidates(PAPER, H100_SXM))[-len(skipped):]
     assert all(name not in {c for c, _ in timer.calls} for name in skipped)
@@ -138,40 +139,40 @@ def test_the_tuning_budget_skips_the_rest():
 
 def test_a_choice_is_remembered_in_memory_per_bucket():
     timer = FakeTimer(MS)
-    s = C.Selector(timer, H100_SXM, autotune=True)
+    s = SEL.Selector(timer, H100_SXM, autotune=True)
     first = s.select(PAPER)
     n = len(timer.calls)
-    again = s.select(C.Shape("lstm", 4, 512, 512, 64, 90))   # the same bucket
+    again = s.select(SEL.Shape("lstm", 4, 512, 512, 64, 90))   # the same bucket
     assert again is first and len(timer.calls) == n
-    s.select(C.Shape("lstm", 4, 512, 512, 64, 300))            # another bucket: tuned
+    s.select(SEL.Shape("lstm", 4, 512, 512, 64, 300))            # another bucket: tuned
     assert len(timer.calls) > n
 
 
 def test_memory_is_bounded(monkeypatch):
-    monkeypatch.setattr(C, "MEMORY_ENTRIES", 3)
-    s = C.Selector(FakeTimer(MS), H100_SXM, autotune=True)
+    monkeypatch.setattr(SEL, "MEMORY_ENTRIES", 3)
+    s = SEL.Selector(FakeTimer(MS), H100_SXM, autotune=True)
     for b in (17, 20, 24, 28, 32):
-        s.select(C.Shape("lstm", 4, 512, 512, b, 100))
+        s.select(SEL.Shape("lstm", 4, 512, 512, b, 100))
     assert len(s._memory) == 3
 
 
 def test_timing_off_takes_the_heuristic_without_timing(monkeypatch):
     timer = FakeTimer(MS)
     monkeypatch.setenv("RNNRT_AUTOTUNE", "0")
-    s = C.Selector(timer, H100_SXM)
+    s = SEL.Selector(timer, H100_SXM)
     assert not s.autotune
     sel = s.select(PAPER)
     assert timer.calls == [] and sel.source == "heuristic" and "RNNRT_AUTOTUNE" in sel.note
     assert sel.schedule.name == "stack"
-    assert C.autotune_enabled({"RNNRT_AUTOTUNE": "off"}) is False
-    assert C.autotune_enabled({}) is True
+    assert SEL.autotune_enabled({"RNNRT_AUTOTUNE": "off"}) is False
+    assert SEL.autotune_enabled({}) is True
     # deterministic; never the grid kernel where it was the cliff (LSTM L4 H1024 B64), but
     # where it wins (H1024 B8); the paper rung at large batches, chunks of 10 at small ones
-    cases = {C.Shape("lstm", 4, 1024, 1024, 64, 100): "ib10",
-             C.Shape("gru", 4, 1024, 1024, 128, 100): "paper",
-             C.Shape("lstm", 1, 1024, 1024, 8, 100): "grid",
-             C.Shape("gru", 1, 128, 128, 32, 100): "cluster",
-             C.Shape("lstm", 1, 2048, 2048, 8, 100): "ib10"}
+    cases = {SEL.Shape("lstm", 4, 1024, 1024, 64, 100): "ib10",
+             SEL.Shape("gru", 4, 1024, 1024, 128, 100): "paper",
+             SEL.Shape("lstm", 1, 1024, 1024, 8, 100): "grid",
+             SEL.Shape("gru", 1, 128, 128, 32, 100): "cluster",
+             SEL.Shape("lstm", 1, 2048, 2048, 8, 100): "ib10"}
     for shape, want in cases.items():
         h = C.heuristic(shape, H100_SXM)
         assert h == C.heuristic(shape, H100_SXM)
@@ -188,20 +189,20 @@ DEV = device_key({"device": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"
 def test_a_tuned_choice_is_read_back_by_the_next_process(tmp_path):
     path = tmp_path / "schedules.json"
     timer = FakeTimer(MS)
-    C.Selector(timer, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(PAPER)
+    SEL.Selector(timer, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(PAPER)
     data = json.loads(path.read_text())
     assert data["format"] == "rnnrt.schedules/1" and PAPER.key() in data["devices"][DEV]
     fresh = FakeTimer(MS)
-    sel = C.Selector(fresh, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(PAPER)
+    sel = SEL.Selector(fresh, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(PAPER)
     assert fresh.calls == [] and sel.source == "cache" and sel.schedule.name == "stack"
 
 
 def test_another_device_or_version_tunes_again(tmp_path):
     path = tmp_path / "schedules.json"
-    C.Selector(FakeTimer(MS), H100_SXM, ScheduleCache(DEV, path), autotune=True).select(PAPER)
+    SEL.Selector(FakeTimer(MS), H100_SXM, ScheduleCache(DEV, path), autotune=True).select(PAPER)
     other = DEV.replace("0.1.0", "0.2.0")
     timer = FakeTimer(MS)
-    sel = C.Selector(timer, H100_SXM, ScheduleCache(other, path), autotune=True).select(PAPER)
+    sel = SEL.Selector(timer, H100_SXM, ScheduleCache(other, path), autotune=True).select(PAPER)
     assert timer.calls and sel.source == "tuned"
     # both sections are kept
     assert set(json.loads(path.read_text())["devices"]) == {DEV, other}
@@ -218,7 +219,7 @@ def test_a_damaged_cache_warns_once_and_is_rewritten(tmp_path, content):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         cache = ScheduleCache(DEV, path)
-        sel = C.Selector(timer, H100_SXM, cache, autotune=True).select(PAPER)
+        sel = SEL.Selector(timer, H100_SXM, cache, autotune=True).select(PAPER)
     ours = [x for x in w if issubclass(x.category, ScheduleCacheWarning)]
     assert len(ours) == 1, [str(x.message) for x in w]
     assert sel.source == "tuned" and timer.calls
@@ -231,7 +232,7 @@ def test_a_damaged_entry_is_tuned_again(tmp_path):
         PAPER.key(): {"schedule": {"name": "stack", "switches": {"warp_drive": True}}}}}}))
     timer = FakeTimer(MS)
     with pytest.warns(ScheduleCacheWarning, match="damaged"):
-        sel = C.Selector(timer, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(PAPER)
+        sel = SEL.Selector(timer, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(PAPER)
     assert sel.source == "tuned" and timer.calls
 
 
@@ -240,7 +241,7 @@ def test_an_unwritable_cache_warns_and_works_in_memory(tmp_path):
     blocker.write_text("a file where the cache folder should be")
     cache = ScheduleCache(DEV, blocker / "sub" / "schedules.json")
     timer = FakeTimer(MS)
-    s = C.Selector(timer, H100_SXM, cache, autotune=True)
+    s = SEL.Selector(timer, H100_SXM, cache, autotune=True)
     with pytest.warns(ScheduleCacheWarning, match="cannot be written"):
         sel = s.select(PAPER)
     assert sel.schedule.name == "stack"
@@ -325,18 +326,18 @@ def test_a_named_family_computes_the_reference(family):
 
 
 def test_long_runs_are_tuned_on_a_prefix_and_short_ones_whole():
-    assert C.tuning_steps(PAPER) == 100                     # 107 GFLOP: ~4 ms, all of it
-    big = C.Shape("lstm", 4, 2048, 2048, 256, 100, train=True)   # ~20 TFLOP a run
-    n = C.tuning_steps(big)
-    assert C.TUNE_MIN_STEPS <= n < 100
-    long = C.Shape("lstm", 2, 256, 256, 32, 100000)
-    assert C.tuning_steps(long) < 100000
+    assert SEL.tuning_steps(PAPER) == 100                     # 107 GFLOP: ~4 ms, all of it
+    big = SEL.Shape("lstm", 4, 2048, 2048, 256, 100, train=True)   # ~20 TFLOP a run
+    n = SEL.tuning_steps(big)
+    assert SEL.TUNE_MIN_STEPS <= n < 100
+    long = SEL.Shape("lstm", 2, 256, 256, 32, 100000)
+    assert SEL.tuning_steps(long) < 100000
 
 
 def test_a_long_first_run_is_not_repeated_past_the_budget():
     slow = {k: 1500.0 for k in MS}                          # 1.5 s a run
     timer = FakeTimer(slow)
-    sel = C.Selector(timer, H100_SXM, autotune=True, budget_s=2.0).select(PAPER)
+    sel = SEL.Selector(timer, H100_SXM, autotune=True, budget_s=2.0).select(PAPER)
     assert all(r == 1 for _, r in timer.calls)              # nobody ran twice
     assert any("timed once" in c["status"] for c in sel.candidates)
 
@@ -347,7 +348,8 @@ def test_a_variable_length_shape_has_its_own_key_and_cublas_candidates():
     full batch; the heuristic takes the pre-transposed paper rung."""
     from dataclasses import replace
 
-    from rnnrt.kernels.choice import Shape, candidates, heuristic, varlen_schedules
+    from rnnrt.kernels.choice import candidates, heuristic, varlen_schedules
+    from rnnrt.kernels.selector import Shape
     from rnnrt.kernels.limits import H100_SXM
     fixed = Shape("lstm", 2, 512, 512, 64, 100, True)
     var = replace(fixed, varlen=True)

@@ -12,14 +12,15 @@ import json
 import pytest
 
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import selector as SEL
 from rnnrt.kernels import choice_backward as CB
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.tuning import ScheduleCache
 from rnnrt.plan import PlanKey, forward_plan
 from rnnrt.plan.backward import backward_plan
 
-SMALL = C.Shape("lstm", 1, 128, 128, 8, 100, train=True)     # the wide grid's worst point
-PAPER = C.Shape("lstm", 4, 512, 512, 64, 100, train=True)
+SMALL = SEL.Shape("lstm", 1, 128, 128, 8, 100, train=True)     # the wide grid's worst point
+PAPER = SEL.Shape("lstm", 4, 512, 512, 64, 100, train=True)
 
 
 def names(scheds):
@@ -41,7 +42,7 @@ def test_training_shapes_get_the_persistent_backward_candidates(monkeypatch):
     assert paper[:2] == ["stack", "grid"] and paper[2:4] == ["stack+pbwd", "grid+pbwd"]
     assert not any("pbwd" in n for n in names(C.candidates(
         dataclasses.replace(PAPER, train=False), H100_SXM)))
-    big = C.Shape("lstm", 1, 2048, 2048, 8, 100, train=True)   # R^T / SM does not fit
+    big = SEL.Shape("lstm", 1, 2048, 2048, 8, 100, train=True)   # R^T / SM does not fit
     assert not C.backward_fit(big, H100_SXM).ok
     assert not any("pbwd" in n for n in names(C.candidates(big, H100_SXM)))
     # where no persistent forward fits but the backward does, ib10 carries it
@@ -69,7 +70,7 @@ def test_the_backward_fit_is_searched_once_a_shape(monkeypatch):
     assert C.heuristic(SMALL, H100_SXM).backward == "persistent" and len(calls) == 1
 
 
-@pytest.mark.parametrize("shape", [SMALL, PAPER, C.Shape("gru", 2, 96, 128, 16, 20, True)])
+@pytest.mark.parametrize("shape", [SMALL, PAPER, SEL.Shape("gru", 2, 96, 128, 16, 20, True)])
 def test_every_backward_candidate_is_a_plan_that_runs_the_kernel(shape):
     for s in C.candidates(shape, H100_SXM):
         key = C.with_family(PlanKey(shape.cell, 12, shape.batch, shape.input_size,
@@ -103,10 +104,10 @@ class FakeTimer:
 def test_the_selector_picks_it_where_it_is_fastest_and_the_cache_keeps_it(tmp_path):
     timer = FakeTimer({"cluster+pbwd": 0.8, "grid+pbwd": 1.0, "cluster": 5.8})
     cache = ScheduleCache("dev", path=tmp_path / "s.json")
-    sel = C.Selector(timer, H100_SXM, cache=cache, autotune=True).select(SMALL)
+    sel = SEL.Selector(timer, H100_SXM, cache=cache, autotune=True).select(SMALL)
     assert sel.schedule.name == "cluster+pbwd" and sel.schedule.backward == "persistent"
     assert sel.source == "tuned" and timer.calls[0] == "cluster+pbwd"
-    again = C.Selector(FakeTimer({}), H100_SXM, autotune=True,
+    again = SEL.Selector(FakeTimer({}), H100_SXM, autotune=True,
                        cache=ScheduleCache("dev", path=tmp_path / "s.json")).select(SMALL)
     assert again.source == "cache" and again.schedule == sel.schedule
     # an entry written before the backward field existed reads as the per-step backward
@@ -114,7 +115,7 @@ def test_the_selector_picks_it_where_it_is_fastest_and_the_cache_keeps_it(tmp_pa
     assert C.Schedule.from_dict(old).backward is None
     # and where the per-step backward is faster, it wins
     slow = FakeTimer({"cluster+pbwd": 9.0, "grid+pbwd": 9.0, "cluster": 5.8})
-    assert C.Selector(slow, H100_SXM, autotune=True).select(SMALL).schedule.name == "cluster"
+    assert SEL.Selector(slow, H100_SXM, autotune=True).select(SMALL).schedule.name == "cluster"
 
 
 def test_the_heuristic_follows_the_cost_models():
@@ -145,7 +146,7 @@ def test_the_heuristic_follows_the_cost_models():
         if shape.batch <= 8:
             cublas *= C.CUBLAS_SLOW_ROWS[2]
         assert (kernel < cublas) == want or not shape.train
-    sel = C.Selector(FakeTimer({}), H100_SXM, autotune=False).select(SMALL)
+    sel = SEL.Selector(FakeTimer({}), H100_SXM, autotune=False).select(SMALL)
     assert sel.source == "heuristic" and sel.schedule.name.endswith("+pbwd")
 
 

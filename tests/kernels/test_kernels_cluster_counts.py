@@ -13,6 +13,7 @@ import json
 import pytest
 
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import selector as SEL
 from rnnrt.kernels import counts as CN
 from rnnrt.kernels import occupancy as O
 from rnnrt.kernels.limits import H100_SXM
@@ -21,7 +22,7 @@ from rnnrt.kernels.tuning import ScheduleCache, device_key
 from rnnrt.plan import PlanKey, forward_plan
 from rnnrt.plan.switches import Switches
 
-GRU256 = C.Shape("gru", 1, 128, 128, 256, 100)   # measured: 14 clusters beat the rule's 8
+GRU256 = SEL.Shape("gru", 1, 128, 128, 256, 100)   # measured: 14 clusters beat the rule's 8
 PROPS = H100_SXM.props()
 
 
@@ -75,20 +76,20 @@ def test_candidates_carry_counts_under_the_cap_and_only_where_the_cluster_kernel
     assert derived == H100_SXM.sms // PK_CLUSTER == 16
     # no cluster kernel: R of H 2048 fits no cluster; a bfloat16 key has the same counts
     # (the cluster kernel's typed instantiation; its fit is the fp32 layout)
-    assert counts(C.Shape("lstm", 1, 2048, 2048, 64, 100), cap(16)) == []
-    assert counts(C.Shape("gru", 1, 128, 128, 256, 100, dtype="bfloat16"), cap(16)) \
+    assert counts(SEL.Shape("lstm", 1, 2048, 2048, 64, 100), cap(16)) == []
+    assert counts(SEL.Shape("gru", 1, 128, 128, 256, 100, dtype="bfloat16"), cap(16)) \
         == counts(GRU256, cap(16))
-    assert counts(C.Shape("gru", 1, 128, 128, 256, 100, varlen=True), cap(16)) == []
+    assert counts(SEL.Shape("gru", 1, 128, 128, 256, 100, varlen=True), cap(16)) == []
 
 
 def test_chunked_plans_take_counts_within_each_layers_share():
-    four = C.Shape("lstm", 4, 128, 128, 64, 100)   # 4 layers' launches overlap (chunked)
+    four = SEL.Shape("lstm", 4, 128, 128, 64, 100)   # 4 layers' launches overlap (chunked)
     rule = cluster_count(64, H100_SXM.sms, 4)
     assert rule == 4
     assert counts(four, cap(16)) == []              # the share, 16 // 4, is the rule's
     got = counts(four, cap(32))                     # share 8
     assert got and all(rule < n <= 8 for n in got)
-    one = C.Shape("lstm", 4, 128, 128, 64, 8)       # 8 steps: one chunk, not chunked
+    one = SEL.Shape("lstm", 4, 128, 128, 64, 8)       # 8 steps: one chunk, not chunked
     assert max(counts(one, cap(32))) > 8
 
 
@@ -170,7 +171,7 @@ DEV = device_key({"device": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"
 def test_the_fastest_count_is_chosen_and_survives_the_cache(tmp_path):
     path = tmp_path / "schedules.json"
     timer = Timer({"cluster": 1.0, "cluster/12": 0.9, "grid": 1.5})
-    sel = C.Selector(timer, H100_SXM, ScheduleCache(DEV, path), autotune=True,
+    sel = SEL.Selector(timer, H100_SXM, ScheduleCache(DEV, path), autotune=True,
                      cluster_cap=cap(14)).select(GRU256)
     assert sel.schedule.name == "cluster/12" and sel.schedule.clusters == 12
     assert sel.as_dict()["clusters"] == 12 and "co-resident cap 14" in sel.note
@@ -179,7 +180,7 @@ def test_the_fastest_count_is_chosen_and_survives_the_cache(tmp_path):
     assert "gru_persistent_regs_fwd co-resident cap 14" in sel.note, sel.note
     assert {"cluster/10", "cluster/12", "cluster/14"} <= set(timer.calls)
     again = Timer({})
-    back = C.Selector(again, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(GRU256)
+    back = SEL.Selector(again, H100_SXM, ScheduleCache(DEV, path), autotune=True).select(GRU256)
     assert again.calls == [] and back.source == "cache" and back.schedule == sel.schedule
     # an entry written before the count was a choice (no 'clusters'): the rule's count
     data = json.loads(path.read_text())
@@ -187,7 +188,7 @@ def test_the_fastest_count_is_chosen_and_survives_the_cache(tmp_path):
     entry["schedule"] = {k: v for k, v in C.persistent_schedule("cluster").as_dict().items()
                          if k != "clusters"}
     path.write_text(json.dumps(data))
-    old = C.Selector(Timer({}), H100_SXM, ScheduleCache(DEV, path), autotune=True)
+    old = SEL.Selector(Timer({}), H100_SXM, ScheduleCache(DEV, path), autotune=True)
     got = old.select(GRU256).schedule
     assert got.name == "cluster" and got.clusters is None
     # a damaged count is refused (and tuned again)
@@ -211,7 +212,7 @@ def test_the_rule_stands_in_when_the_occupancy_query_is_unavailable():
     assert c.source == "rule" and c.clusters == H100_SXM.sms // (2 * PK_CLUSTER)
     assert "occupancy query unavailable" in c.describe() and "CUresult 1" in c.note
     assert O.cluster_cap(fit, PROPS, object(), query=failing).source == "rule"   # no ptr
-    sel = C.Selector(Timer({"cluster": 1.0}), H100_SXM, autotune=True,
+    sel = SEL.Selector(Timer({"cluster": 1.0}), H100_SXM, autotune=True,
                      cluster_cap=lambda f: O.cluster_cap(f, PROPS, Loaded(), query=failing))
     s = sel.select(GRU256)
     assert "occupancy query unavailable" in s.note
@@ -281,7 +282,7 @@ def test_the_register_resident_kernel_gets_its_own_counts():
     got = counts(GRU256, cap(30), "regs")
     assert got and all(8 < n <= 30 for n in got) and len(got) <= CN.MAX_EXTRA_COUNTS, got
     assert counts(GRU256, cap(8), "regs") == []
-    bf16 = C.Shape("gru", 1, 128, 128, 256, 100, dtype="bfloat16")
+    bf16 = SEL.Shape("gru", 1, 128, 128, 256, 100, dtype="bfloat16")
     assert counts(bf16, cap(30), "regs") == [] and counts(bf16, cap(14)) == [10, 12, 14]
     names_ = names(C.candidates(GRU256, H100_SXM, cap(30)))
     assert [n for n in names_ if n.startswith("regs/")] == [f"regs/{n}" for n in got]

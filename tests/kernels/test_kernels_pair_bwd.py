@@ -15,6 +15,7 @@ import pytest
 from testkit import CELLS, bwd_layer_case, check_bwd_against_reference, emulated
 
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import selector as SEL
 from rnnrt.kernels import persistent_bwd as PB
 from rnnrt.kernels import sources as S
 from rnnrt.kernels.emulate_bwd import pair_products
@@ -165,13 +166,13 @@ def test_the_selector_times_grid_and_pair():
     a candidate too: '+gbwd' where it takes the pair, '+ppbwd' where it takes the grid
     kernel; the cluster kernel's shapes (small H) and forward-only shapes get neither; each
     candidate's plan runs what it names."""
-    shape = C.Shape("lstm", 1, 512, 512, 32, 100, train=True)
+    shape = SEL.Shape("lstm", 1, 512, 512, 32, 100, train=True)
     got = [s.name for s in C.candidates(shape, H100_SXM)]
     assert "grid+pbwd" in got and "grid+gbwd" in got and "+ppbwd" not in " ".join(got), got
-    rnn = C.Shape("rnn_tanh", 1, 512, 512, 64, 100, train=True)   # the model takes the grid
+    rnn = SEL.Shape("rnn_tanh", 1, 512, 512, 64, 100, train=True)   # the model takes the grid
     assert "grid+ppbwd" in [s.name for s in C.candidates(rnn, H100_SXM)]
     for s in (dataclasses.replace(shape, train=False),
-              C.Shape("lstm", 1, 128, 128, 8, 100, train=True)):
+              SEL.Shape("lstm", 1, 128, 128, 8, 100, train=True)):
         assert not any(n.endswith(("+gbwd", "+ppbwd")) for n in
                        (c.name for c in C.candidates(s, H100_SXM)))
     runs = {"grid+pbwd": "lstm_persistent_pair_bwd", "grid+gbwd": "lstm_persistent_bwd"}

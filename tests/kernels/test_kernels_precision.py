@@ -12,6 +12,7 @@ import pytest
 from testkit import cpu_plan_key, fake_cupy_installed
 
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import selector as SEL
 from rnnrt.kernels import library as L
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.plan.switches import ladder
@@ -60,11 +61,11 @@ def test_the_stack_family_runs_the_tensor_core_stack_at_16_bits(dtype):
 
 def test_typed_candidates_are_the_per_layer_families_and_the_cublas_schedules():
     base = dict(cell="lstm", layers=4, input_size=512, hidden=512, batch=64, steps=100)
-    fp32 = C.candidates(C.Shape(**base), H100_SXM)
+    fp32 = C.candidates(SEL.Shape(**base), H100_SXM)
     assert any(s.name == "stack" for s in fp32)     # the planted contrast: fp32 has it
     for dtype in ("tf32", "bfloat16", "float16"):
         for train in (False, True):
-            shape = C.Shape(**base, train=train, dtype=dtype)
+            shape = SEL.Shape(**base, train=train, dtype=dtype)
             cands = C.candidates(shape, H100_SXM)
             names = [s.name for s in cands]
             stack = any(n.startswith("stack") for n in names)

@@ -17,6 +17,7 @@ from testkit import nvcc_usage, CELLS, H100, ceil, layer_case
 
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import selector as SEL
 from rnnrt.kernels import regs as RG
 from rnnrt.kernels import sources as S
 from rnnrt.kernels.emulate_regs import emulate_regs, lane_tree
@@ -243,13 +244,13 @@ def test_the_named_family_runs_exactly_the_regs_kernel():
 
 
 def test_the_selector_times_regs_and_takes_it_when_fastest():
-    shape = C.Shape("lstm", 1, 128, 128, 64, 100)
+    shape = SEL.Shape("lstm", 1, 128, 128, 64, 100)
     assert "regs" in C.fitting_families(shape, H100_SXM)
     ms = {"regs": 0.2, "cluster": 0.3}
-    sel = C.Selector(lambda s, sh, n: [ms.get(s.name, 1.0)] * n, H100_SXM, autotune=True,
+    sel = SEL.Selector(lambda s, sh, n: [ms.get(s.name, 1.0)] * n, H100_SXM, autotune=True,
                      clock=lambda: 0.0)
     got = sel.select(shape)
     assert got.schedule.name == "regs" and got.schedule.family == "regs"
     assert {r["name"] for r in got.candidates} >= {"regs", "cluster", "grid"}
-    big = C.Shape("lstm", 1, 256, 256, 64, 100)
+    big = SEL.Shape("lstm", 1, 256, 256, 64, 100)
     assert "regs" not in C.fitting_families(big, H100_SXM)

@@ -20,6 +20,7 @@ from testkit import (nvcc_usage, CELLS, H100, bwd_plan_case, ceil, check_bwd_key
 
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import selector as SEL
 from rnnrt.kernels import solo as SO
 from rnnrt.kernels import sources as S
 from rnnrt.kernels.budget import DeviceBudget
@@ -268,20 +269,20 @@ def test_never_chunked_even_with_the_wavefront():
 # --- the selector -----------------------------------------------------------------------------
 
 def test_the_selector_times_solo_first_and_takes_it_when_fastest():
-    shape = C.Shape("gru", 4, 128, 128, 128, 100)
+    shape = SEL.Shape("gru", 4, 128, 128, 128, 100)
     assert "solo" in C.fitting_families(shape, H100_SXM)
     names = [s.name for s in C.candidates(shape, H100_SXM)]
     assert names[0] == "solo", names
     ms = {"solo": 0.2, "cluster": 0.3}
-    sel = C.Selector(lambda s, sh, n: [ms.get(s.name, 1.0)] * n, H100_SXM, autotune=True,
+    sel = SEL.Selector(lambda s, sh, n: [ms.get(s.name, 1.0)] * n, H100_SXM, autotune=True,
                      clock=lambda: 0.0)
     got = sel.select(shape)
     assert got.schedule.name == "solo" and got.schedule.family == "solo"
-    train = C.Shape("gru", 1, 128, 128, 8, 100, train=True)
+    train = SEL.Shape("gru", 1, 128, 128, 8, 100, train=True)
     tnames = [s.name for s in C.candidates(train, H100_SXM)]
     assert "solo+pbwd" in tnames and "solo" in tnames
-    assert "solo" not in C.fitting_families(C.Shape("lstm", 1, 128, 128, 8, 100), H100_SXM)
-    assert "solo" not in C.fitting_families(C.Shape("gru", 1, 128, 128, 8, 100,
+    assert "solo" not in C.fitting_families(SEL.Shape("lstm", 1, 128, 128, 8, 100), H100_SXM)
+    assert "solo" not in C.fitting_families(SEL.Shape("gru", 1, 128, 128, 8, 100,
                                                     dtype="bfloat16"), H100_SXM)
 
 

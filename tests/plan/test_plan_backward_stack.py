@@ -16,7 +16,8 @@ import pytest
 
 from rnnrt.check import FP32_ATOL, FP32_RTOL, reduction_atol
 from rnnrt.exec.racecheck import find_races, vector_clocks
-from rnnrt.kernels.choice import Shape, candidates, choose_persistent_backward
+from rnnrt.kernels.choice import candidates, choose_persistent_backward
+from rnnrt.kernels.selector import Shape
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.stack import STACK_KERNEL
 from rnnrt.kernels.stack_bwd import STACK_BWD_KERNEL

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from test_plan_precision import EXACT, case, check, key_of, run_plans
 
-from rnnrt.kernels import choice
+from rnnrt.kernels import choice, selector
 from rnnrt.kernels import mma as MM
 from rnnrt.kernels import mma_bwd as MB
 from rnnrt.kernels.limits import H100_SXM
@@ -66,7 +66,7 @@ def test_a_planted_twin_fault_is_caught(monkeypatch):
 
 
 def _shape(dtype, hidden=256, batch=64, train=False):
-    return choice.Shape("lstm", 1, hidden, hidden, batch, 100, train, dtype=dtype)
+    return selector.Shape("lstm", 1, hidden, hidden, batch, 100, train, dtype=dtype)
 
 
 def test_candidates_name_mma_for_16_bit_shapes_only():

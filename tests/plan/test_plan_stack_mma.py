@@ -17,6 +17,7 @@ from testkit import bwd_plan_case, cpu_plan_key
 
 from rnnrt.exec.racecheck import find_races
 from rnnrt.kernels import choice as C
+from rnnrt.kernels import selector as SEL
 from rnnrt.kernels import stack_mma as SM
 from rnnrt.kernels import stack_mma_bwd as SMB
 from rnnrt.kernels.choice_backward import stack_backward
@@ -119,10 +120,10 @@ def test_tf32_declines_the_stack_with_the_reason():
 def test_candidates_time_the_tensor_core_stack_at_16_bits():
     base = dict(cell="lstm", layers=4, input_size=512, hidden=512, batch=64, steps=100)
     for dtype in ("bfloat16", "float16"):
-        shape = C.Shape(**base, dtype=dtype)
+        shape = SEL.Shape(**base, dtype=dtype)
         assert "stack" in C.fitting_families(shape, H100_SXM)
         assert "stack" in [s.name for s in C.candidates(shape, H100_SXM)]
-    tf32 = C.Shape(**base, dtype="tf32")
+    tf32 = SEL.Shape(**base, dtype="tf32")
     assert "stack" not in C.fitting_families(tf32, H100_SXM)
     # the auto rules take it where the per-layer fit is the grid kernel (no clusters)
     sm80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
