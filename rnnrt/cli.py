@@ -430,8 +430,9 @@ def _cmd_summary(a) -> int:
 def _trace_parser(sub):
     from .bench.trace import CPU_DEFAULT, GPU_DEFAULT
     from .plan.switches import DEFAULT_INPUT_BATCH
-    p = sub.add_parser("trace", help="per-op timeline of one forward pass, one row per "
-                       "stream, for the naive and the last rung (PNG + SVG + JSON)")
+    p = sub.add_parser("trace", help="per-op timeline of one forward pass (or with --backward "
+                       "a training step), one row per stream, for the naive and the last rung "
+                       "or the rungs and selector schedules named (PNG + SVG + JSON)")
     p.add_argument("--cell", type=cell_flag, default="lstm")
     p.add_argument("--layers", type=positive, default=None,
                    help=f"default {GPU_DEFAULT['layers']}")
@@ -447,6 +448,13 @@ def _trace_parser(sub):
     p.add_argument("--rungs", type=list_of(str, "rung names"), default=None,
                    help="comma-separated ladder rungs to trace (default: naive and the "
                         "last rung), e.g. +fused,+pretranspose")
+    p.add_argument("--schedules", type=list_of(str, "schedule names"), default=None,
+                   help="comma-separated schedules of the selector to trace (after --rungs), "
+                        "as the ladder's auto row names its candidates, e.g. stack+pbwd,ib10: "
+                        "those that fit the shape on this device")
+    p.add_argument("--backward", action="store_true",
+                   help="trace a training step: the forward, then the backward on one "
+                        "timeline (the backward's streams below the forward's)")
     p.add_argument("--no-hold", action="store_true",
                    help="GPU: do not hold the GPU while the host queues the traced pass "
                         "(the timeline then shows Python's issue rate); not with --cpu")
@@ -472,17 +480,22 @@ def _cmd_trace(a) -> int:
         rungs = None if a.rungs is None else tr.traced_rungs(a.input_batch, list(a.rungs))
         size = sizes_of(a, tr.CPU_DEFAULT if a.cpu else tr.GPU_DEFAULT)
         cfg = tr.TraceConfig(cell=a.cell, input_size=a.input_size, input_batch=a.input_batch,
-                             cpu=a.cpu, hold=not a.no_hold, **size)
+                             cpu=a.cpu, hold=not a.no_hold, backward=a.backward, **size)
+        if a.cpu and a.schedules:   # on the GPU, run_trace checks them on its device
+            tr.traced_schedules(cfg, list(a.schedules))
     except (ValueError, TypeError) as e:
-        raise UsageError(f"--{e}" if str(e).startswith("rungs") else str(e)) from None
+        raise UsageError(f"--{e}" if str(e).startswith(("rungs", "schedules")) else str(e)) \
+            from None
     require_gpu("trace", a.cpu)
-    tr.check_sizes(cfg, rungs)
+    if rungs is None and not a.schedules:
+        rungs = tr.traced_rungs(a.input_batch)
+    tr.check_sizes(cfg, rungs or ())
     out = record_out(a, "trace")
     fig_dir = check_dir(a.out_dir if a.out_dir is not None else figures_root(), "--out-dir")
     fig = fig_dir / (tr.figure_stem(cfg, tr.device_name(a.cpu)) + ".png")
     figs = [fig, fig.with_suffix(".svg")]
     clashes(figs, a.overwrite, "--out-dir")
-    record = tr.run_trace(cfg, rungs=rungs)
+    record = tr.run_trace(cfg, rungs=rungs, schedules=tuple(a.schedules or ()))
     path = write_out(tr.write_record, tr.default_path, record, out, a.overwrite)
     figs = tr.draw_trace(record, fig)
     for e in record["rungs"]:

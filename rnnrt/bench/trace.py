@@ -1,16 +1,29 @@
-"""`rnnrt trace`: when each op of one forward pass ran, on which stream — for the naive rung
-and the last rung of the ladder — drawn as two timelines (one row per stream, ops coloured
-by kind) that show the wavefront's diagonal across layers against naive's one long stream.
+"""`rnnrt trace`: when each op of one pass ran, on which stream — for the naive rung and the
+last rung of the ladder by default, or the rungs and selector schedules named — drawn as
+timelines (one row per stream, ops coloured by kind) that show the wavefront's diagonal across
+layers against naive's one long stream. With ``backward`` a training step: the forward, then
+the backward on the same workspace, one timeline (the backward's streams below the
+forward's, its times after the forward's end): where a training step's time goes (the
+recurrent chain, the dx and weight-gradient GEMMs).
 
 Record (JSON, schema 'rnnrt.trace/1'):
-  created, command, device {...}, versions {...}, config {cell, layers, hidden, input_size,
-  batch, steps, input_batch, cpu, hold, seed},
-  rungs: one entry per traced rung, in ladder order:
-    rung, switches, streams [names], stream_priority, counts {op kind: n},
-    check {ok, against, max_abs_err, ...}   (naive: float64 reference; others: naive rung)
-    total_ms, host_issue_ms, hold_ms, host_bound, clock   (see exec/trace_exec.py)
+  created, command, pass ('fwd' or 'fwd+bwd'), device {...}, versions {...}, config {cell,
+  layers, hidden, input_size, batch, steps, input_batch, cpu, hold, seed, backward},
+  rungs: one entry per traced rung or schedule, in the order traced:
+    rung (its name), switches, family / backward / clusters (a schedule's; None for a rung),
+    streams [names: the forward plan's, then 'bwd <name>' for the backward plan's],
+    stream_priority, counts {op kind: n} (both plans), fit / backward_fit (a persistent
+    kernel's fit, where one runs),
+    check {ok, against, max_abs_err, ...}   (the first entry: float64 reference; the others:
+                                             the first entry; y, and dx and the weight
+                                             gradients with backward)
+    total_ms, host_issue_ms, hold_ms, host_bound, clock   (see exec/trace_exec.py; summed
+                                                          over the passes)
+    passes [{pass, t0_ms, ms}]   where each pass begins on the timeline and how long it took
     op_fields ["index", "stream", "kind", "layer", "step0", "step1", "t_start_ms", "t_end_ms"]
-    ops [[...], ...]   one list per Gemm / Kernel op, in plan order
+    ops [[...], ...]   one list per Gemm / Kernel op, forward plan order then backward's;
+                       stream: an index into the entry's streams; index: the op's position
+                       in its own plan
 
 Figure: ``draw_trace(record, path)`` writes PNG and SVG (same stem).
 """
@@ -24,12 +37,13 @@ from pathlib import Path
 import numpy as np
 
 from ..cells import get_cell
-from ..check import FP32_ATOL, FP32_RTOL, compare
+from ..check import compare_all
 from ..kernels.limits import H100_SXM, DeviceLimits
 from ..params import positive_int
 from ..plan.forward import forward_plan
 from ..plan.model import PlanKey
 from ..plan.switches import DEFAULT_INPUT_BATCH, PAPER_RUNGS, ladder
+from .dtypes import tolerance
 from .recordio import valid_input_batch
 from .records import device_slug, now_iso, record_path, versions, write_json
 
@@ -39,7 +53,11 @@ KIND_STYLE = (
     ("W·x GEMM", "#1f77b4", ("wx",)),
     ("R·h GEMM", "#d62728", ("rh",)),
     ("pointwise", "#2ca02c", ("pointwise",)),
-    ("other (transpose, ...)", "#7f7f7f", ()),
+    ("persistent kernel", "#9467bd", ("persistent",)),
+    ("dh GEMM (Rᵀ·δ)", "#ff7f0e", ("dh",)),
+    ("dx GEMM (Wᵀ·δ)", "#17becf", ("dx",)),
+    ("weight gradients (dW, db)", "#8c564b", ("dw", "db")),
+    ("other (transpose, reduce, ...)", "#7f7f7f", ()),
 )
 GPU_DEFAULT = dict(layers=4, hidden=512, batch=64, steps=20)
 # small enough for the NumPy executor to finish in well under a second per rung
@@ -58,6 +76,7 @@ class TraceConfig:
     cpu: bool = False
     hold: bool = True                    # GPU: let the host queue the pass before it runs
     seed: int = 0
+    backward: bool = False               # a training step: the forward, then the backward
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -65,6 +84,8 @@ class TraceConfig:
             positive_int(f"TraceConfig.{name}", getattr(self, name))
         if self.input_size is not None:
             positive_int("TraceConfig.input_size", self.input_size)
+        if not isinstance(self.backward, bool):
+            raise TypeError(f"TraceConfig.backward: expected a bool, got {self.backward!r}")
         if not valid_input_batch(self.input_batch):
             raise ValueError(f"TraceConfig.input_batch: expected a positive int or 'all', "
                              f"got {self.input_batch!r}")
@@ -76,20 +97,24 @@ class TraceConfig:
 
 def check_sizes(cfg: TraceConfig, rungs=None, device: DeviceLimits = H100_SXM) -> None:
     """sizes.SizeError unless the trace fits: the model, inputs and float64 reference on the
-    host, each traced rung's plan, and with --cpu its workspace. Before any allocation."""
+    host (its backward too with cfg.backward), each traced rung's or schedule's plans, and with
+    --cpu its workspace. Before any allocation."""
     from .. import sizes
     c, T, B, I, H, L = cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers
-    io = T * B * I + 2 * L * B * H
+    io = T * B * I + 2 * L * B * H + (2 * T * B * (I + H) if cfg.backward else 0)
     host = (sizes.model_bytes(c, I, H, L, True, 4) + 12 * io
-            + sizes.reference_bytes(c, I, H, L, B, T, 8))
+            + sizes.reference_bytes(c, I, H, L, B, T, 8, "train" if cfg.backward else "forward"))
+    if cfg.backward:
+        host += sizes.reference_bytes(c, I, H, L, B, T, 8, "backward")
     work = 0
-    for rung in traced_rungs(cfg.input_batch) if rungs is None else rungs:
-        key = PlanKey(c, T, B, I, H, L, True, rung.switches, device=device)
+    for item in traced_rungs(cfg.input_batch) if rungs is None else rungs:
+        key = plan_key(cfg, item, device)
         sizes.check_plan(key)
+        if cfg.backward:
+            sizes.check_plan(key, backward=True)
         work = max(work, sizes.workspace_elements(key) * 4)
     sizes.refuse_if(host + (work if cfg.cpu else 0), sizes.host_available(),
                     f"the trace of {sizes.describe_shape(c, I, H, L, B, T)}", "host memory")
-
 
 def device_name(cpu: bool) -> str:
     """The device a trace runs on, as its record names it."""
@@ -105,7 +130,8 @@ def _progress(msg):
 
 
 def _model_inputs(cfg: TraceConfig):
-    """fp32 model (rnnrt's torch-like init) and x [T,B,I], h0 [L,B,H], c0 [L,B,H] (LSTM)."""
+    """fp32 model (rnnrt's torch-like init) and x [T,B,I], h0 [L,B,H], c0 [L,B,H] (LSTM; else
+    None), dy [T,B,H] (cfg.backward; else None: the forward's draws come first either way)."""
     from .ladder import model_for   # the ladder's model of the same cell, sizes and seed
     model = model_for(cfg, np.float32)
     rng = np.random.default_rng(cfg.seed + 1)
@@ -113,13 +139,18 @@ def _model_inputs(cfg: TraceConfig):
     h0 = (0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(np.float32)
     c0 = ((0.5 * rng.standard_normal((cfg.layers, cfg.batch, cfg.hidden))).astype(np.float32)
           if get_cell(cfg.cell).has_cell_state else None)
-    return model, x, h0, c0
+    dy = (rng.standard_normal((cfg.steps, cfg.batch, cfg.hidden)).astype(np.float32)
+          if cfg.backward else None)
+    return model, (x, h0, c0, dy)
 
 
-def _reference_y(cfg, model, x, h0, c0):
-    """y [T, B, H] of the float64 reference (ladder.reference_outputs, forward only)."""
+def _reference(cfg, model, inputs) -> dict:
+    """What every traced entry is checked on, from the float64 reference
+    (ladder.reference_outputs): y [T, B, H], and with cfg.backward dx [T, B, I] and the weight
+    gradients flat [layout.size]."""
     from .ladder import reference_outputs
-    return reference_outputs(cfg.cell, model, (x, h0, c0, None), backward=False)["y"]
+    ref = reference_outputs(cfg.cell, model, inputs, backward=cfg.backward)
+    return {k: ref[k] for k in ("y", "dx", "grads") if k in ref}
 
 
 def traced_rungs(input_batch=DEFAULT_INPUT_BATCH, names=None):
@@ -138,99 +169,204 @@ def traced_rungs(input_batch=DEFAULT_INPUT_BATCH, names=None):
     return tuple(r for r in rungs if r.name in names)
 
 
-def run_trace(cfg: TraceConfig, progress=_progress, rungs=None) -> dict:
-    """Trace one forward pass of each rung (default: naive and the last rung); the record."""
+def traced_schedules(cfg: TraceConfig, names, device: DeviceLimits = H100_SXM):
+    """The schedule selector's candidates named ``names`` (as `rnnrt ladder`'s auto row and
+    ``selection.candidates`` name them: 'stack+pbwd', 'cluster/13', 'ib10', ...) for the
+    trace's shape (a training shape with cfg.backward) on ``device``, in the order named:
+    kernels.schedules.Schedule objects. ValueError naming the candidates where one is not
+    among them (a family that does not fit this shape is not a candidate)."""
+    from ..kernels.choice import candidates
+    from ..kernels.selector import Shape
+    shape = Shape(cfg.cell, cfg.layers, cfg.inp, cfg.hidden, cfg.batch, cfg.steps,
+                  train=cfg.backward)
+    by_name = {s.name: s for s in candidates(shape, device)}
+    bad = [n for n in names if n not in by_name]
+    if bad or not names:
+        raise ValueError(f"schedules: {bad or list(names)!r} not candidates of the selector "
+                         f"for {shape.key()} on {device.name}; expected some of "
+                         f"{list(by_name)}")
+    return tuple(by_name[n] for n in names)
+
+
+def plan_key(cfg: TraceConfig, item, device: DeviceLimits) -> PlanKey:
+    """The PlanKey of a traced ``item``: a ladder Rung (its switches) or a selector Schedule
+    (its switches, family, cluster count and, for a training step, backward)."""
+    return PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
+                   item.switches, train=cfg.backward, device=device,
+                   family=getattr(item, "family", None),
+                   backward=getattr(item, "backward", None) if cfg.backward else None,
+                   clusters=getattr(item, "clusters", None))
+
+
+def _plans(cfg, item, device) -> list:
+    """[forward plan] or, with cfg.backward, [forward plan, backward plan] of one key."""
+    key = plan_key(cfg, item, device)
+    if not cfg.backward:
+        return [forward_plan(key)]
+    from ..plan.backward import backward_plan
+    return [forward_plan(key), backward_plan(key)]
+
+
+def _load(ws, inputs):
+    """The trace's inputs into ``ws``: x, h0, c0 and, for a backward plan's workspace, dy
+    (the final states' gradients zero)."""
+    x, h0, c0, dy = inputs
+    ws.load_inputs(x, h0, c0)
+    if dy is not None:
+        arrays = {"dy": dy, "dh_n": None}
+        if "dc_n" in ws.plan.inputs:
+            arrays["dc_n"] = None
+        ws.load(**arrays)
+
+
+def run_trace(cfg: TraceConfig, progress=_progress, rungs=None, schedules=()) -> dict:
+    """Trace one pass (with cfg.backward a training step) of each of ``rungs`` (ladder Rungs,
+    ``traced_rungs``) and then of the selector's candidates named ``schedules``
+    (``traced_schedules``, on the device the trace runs on); with neither, naive and the
+    last rung. The record."""
     get_cell(cfg.cell)
-    rungs = traced_rungs(cfg.input_batch) if rungs is None else tuple(rungs)
-    check_sizes(cfg, rungs)
-    model, x, h0, c0 = _model_inputs(cfg)
-    y_ref = _reference_y(cfg, model, x, h0, c0)
-    if cfg.cpu:
-        info = {"device": device_name(True),
-                "note": "CPU trace: the NumPy executor in program order; not GPU timing"}
-        vers = versions()
-        entries = _trace_cpu(cfg, rungs, model, x, h0, c0, y_ref, progress)
-    else:
+    if rungs is None:
+        rungs = () if schedules else traced_rungs(cfg.input_batch)
+    session = None
+    if not cfg.cpu:
         from ..session import GpuSession
         session = GpuSession()
-        try:
+    try:
+        device = H100_SXM if session is None else session.limits
+        items = tuple(rungs) + (traced_schedules(cfg, schedules, device) if schedules else ())
+        check_sizes(cfg, items, device)
+        model, inputs = _model_inputs(cfg)
+        ref = _reference(cfg, model, inputs)
+        if session is None:
+            info = {"device": device_name(True),
+                    "note": "CPU trace: the NumPy executor in program order; not GPU timing"}
+            vers = versions()
+            entries = _trace_cpu(cfg, items, model, inputs, ref, progress)
+        else:
             info, vers = session.info, versions(session.cp)
-            entries = _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, session)
-        finally:
+            entries = _trace_gpu(cfg, items, model, inputs, ref, progress, session)
+    finally:
+        if session is not None:
             session.close()
     cfgd = asdict(cfg)
     cfgd["input_size"] = cfg.inp
     return {"schema": "rnnrt.trace/1", "kind": "trace", "created": now_iso(),
             "command": " ".join(["rnnrt"] + sys.argv[1:]) if sys.argv else "",
-            "pass": "fwd", "device": info, "versions": vers, "config": cfgd, "rungs": entries}
+            "pass": "fwd+bwd" if cfg.backward else "fwd", "device": info, "versions": vers,
+            "config": cfgd, "rungs": entries}
 
 
-def _plan(cfg, rung, device):
-    return forward_plan(PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden,
-                                cfg.layers, True, rung.switches, device=device))
+def _entry(item, plans, traced, check) -> dict:
+    """One traced item's record entry from its plans and ``traced``: [(ops, info)] a pass.
+    The backward's streams follow the forward's (named 'bwd <name>'), its ops' stream indices
+    shifted past them and its times past the forward's end."""
+    streams, priority, counts, ops, passes = [], [], {}, [], []
+    t0 = 0.0
+    totals = {"total_ms": 0.0, "host_issue_ms": 0.0, "hold_ms": 0.0, "host_bound": False}
+    for plan, (pass_ops, info), name in zip(plans, traced, ("fwd", "bwd")):
+        first = len(streams)
+        streams += [s if name == "fwd" else f"bwd {s}" for s in plan.streams]
+        priority += list(plan.stream_priority)
+        for k, v in plan.counts().items():
+            counts[k] = counts.get(k, 0) + v
+        ops += [[o.index, first + o.stream, o.kind, o.layer, o.steps[0], o.steps[1],
+                 t0 + o.t_start_ms, t0 + o.t_end_ms] for o in pass_ops]
+        passes.append({"pass": name, "t0_ms": t0, "ms": info["total_ms"]})
+        for k in ("total_ms", "host_issue_ms", "hold_ms"):
+            totals[k] += float(info.get(k, 0.0))
+        totals["host_bound"] = totals["host_bound"] or bool(info.get("host_bound"))
+        totals["clock"] = info.get("clock", "")
+        t0 += info["total_ms"]
+    fits = {"fit": plans[0].fit}
+    if len(plans) > 1:
+        fits["backward_fit"] = plans[1].fit
+    return {"rung": item.name, "switches": item.switches.as_dict(),
+            "family": getattr(item, "family", None), "backward": getattr(item, "backward", None),
+            "clusters": getattr(item, "clusters", None),
+            "streams": streams, "stream_priority": priority, "counts": counts,
+            **{k: v for k, v in fits.items() if v}, "check": check.as_dict(), **totals,
+            "passes": passes, "op_fields": list(OP_FIELDS), "ops": ops}
 
 
-def _entry(rung, plan, ops, info, check):
-    return {"rung": rung.name, "switches": rung.switches.as_dict(),
-            "streams": list(plan.streams), "stream_priority": list(plan.stream_priority),
-            "counts": dict(plan.counts()), "check": check.as_dict(), **info,
-            "op_fields": list(OP_FIELDS),
-            "ops": [[o.index, o.stream, o.kind, o.layer, o.steps[0], o.steps[1],
-                     o.t_start_ms, o.t_end_ms] for o in ops]}
-
-
-def _check(y, y_ref, naive_y):
-    if naive_y is None:
-        return compare(y, y_ref, FP32_ATOL, FP32_RTOL, name="float64 reference")
-    return compare(y, naive_y, FP32_ATOL, FP32_RTOL, name="naive rung")
-
-
-def _trace_cpu(cfg, rungs, model, x, h0, c0, y_ref, progress):
-    from ..exec.trace_exec import trace_numpy
-    from ..exec.workspace import Workspace
-    out, naive_y = [], None
-    for rung in rungs:
-        plan = _plan(cfg, rung, H100_SXM)
-        ws = Workspace(plan, np, np.float32, model.flat)
-        ws.load_inputs(x, h0, c0)
-        ops, info = trace_numpy(plan, ws, reload=functools.partial(ws.load_inputs, x, h0, c0))
-        y = ws.outputs()["y"]
-        c = _check(y, y_ref, naive_y)
-        naive_y = y if naive_y is None else naive_y
-        out.append(_entry(rung, plan, ops, info, c))
-        progress(f"{rung.name:14s} {len(ops):5d} ops on {len(plan.streams)} stream(s), "
-                 f"{info['total_ms']:.2f} ms (CPU); check {c.name}: {'ok' if c.ok else 'MISMATCH'}")
+def _outputs(ws, backward: bool) -> dict:
+    out = {"y": ws.read("y")}
+    if backward:
+        out.update(dx=ws.read("dx"), grads=ws.read("grads"))
     return out
 
 
-def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, session):
+def _check(cfg, got, ref, first):
+    """The first entry against the float64 reference, the others against the first's
+    outputs ``first`` = (its name, its outputs): y, and dx and the weight gradients."""
+    host = {k: (v.get() if hasattr(v, "get") else np.asarray(v)) for k, v in got.items()}
+    against, want = (("float64 reference", ref) if first is None
+                     else (f"the first traced ({first[0]})", first[1]))
+    return compare_all(host, want, against, rows=cfg.steps * cfg.batch,
+                       **tolerance("float32")), host
+
+
+def _report(progress, name, n_ops, n_streams, ms, check, extra=""):
+    progress(f"{name:14s} {n_ops:5d} ops on {n_streams} stream(s), {ms:.3f} ms{extra}; check "
+             f"{check.name}: {'ok' if check.ok else 'MISMATCH'}")
+
+
+def _trace_cpu(cfg, rungs, model, inputs, ref, progress):
+    from ..exec.numpy_exec import run as run_numpy
+    from ..exec.trace_exec import trace_numpy
+    from ..exec.workspace import Workspace
+    out, first = [], None
+    for item in rungs:
+        plans = _plans(cfg, item, H100_SXM)
+        ws = Workspace(plans[-1], np, np.float32, model.flat)
+        load = functools.partial(_load, ws, inputs)
+        load()
+        traced = [trace_numpy(plans[0], ws, reload=load)]
+        if cfg.backward:
+            def again():   # the backward's warm-up consumed the forward's state: run it again
+                load()
+                run_numpy(plans[0], ws)
+            traced.append(trace_numpy(plans[1], ws, reload=again))
+        c, got = _check(cfg, _outputs(ws, cfg.backward), ref, first)
+        first = first or (item.name, got)
+        out.append(e := _entry(item, plans, traced, c))
+        _report(progress, item.name, len(e["ops"]), len(e["streams"]), e["total_ms"], c,
+                " (CPU)")
+    return out
+
+
+def _trace_gpu(cfg, rungs, model, inputs, ref, progress, session):
     from ..exec.trace_exec import TracingExecutor
     from ..exec.workspace import Workspace
     cp, ctx = session.cp, session.ctx
-    out, naive_y = [], None
+    sync = cp.cuda.runtime.deviceSynchronize
+    out, first = [], None
     params = cp.asarray(model.flat)
-    for rung in rungs:
-        plan = _plan(cfg, rung, session.limits)
-        ws = Workspace(plan, cp, np.float32, params)
+    for item in rungs:
+        plans = _plans(cfg, item, session.limits)
+        ws = Workspace(plans[-1], cp, np.float32, params)
         ws.poison()
-        ws.load_inputs(x, h0, c0)
+        load = functools.partial(_load, ws, inputs)
+        load()
         # inputs are copied on the legacy default stream; the plan's streams are
         # non-blocking, so make sure the copies have landed before tracing
-        cp.cuda.runtime.deviceSynchronize()
-        ex = TracingExecutor(plan, ws, ctx, hold_ms="auto" if cfg.hold else 0)
-        ops = ex.trace(reload=functools.partial(ws.load_inputs, x, h0, c0))
-        cp.cuda.runtime.deviceSynchronize()
-        y = ws.outputs()["y"]
-        c = _check(y, y_ref, naive_y)
-        if naive_y is None:
-            naive_y = cp.asnumpy(y) if hasattr(y, "get") else y
-        out.append(_entry(rung, plan, ops, ex.info, c))
-        progress(f"{rung.name:14s} {len(ops):5d} ops on {len(plan.streams)} stream(s), "
-                 f"{ex.info['total_ms']:.3f} ms (host issue {ex.info['host_issue_ms']:.1f} "
-                 f"ms, hold {ex.info['hold_ms']:.1f} ms"
-                 f"{', HOST-BOUND' if ex.info['host_bound'] else ''}); check {c.name}: "
-                 f"{'ok' if c.ok else 'MISMATCH'}")
-        del ex, ws
+        sync()
+        hold = "auto" if cfg.hold else 0
+        tracers = [TracingExecutor(plan, ws, ctx, hold_ms=hold) for plan in plans]
+        traced = [(tracers[0].trace(reload=load), tracers[0].info)]
+        if cfg.backward:
+            def again(fwd=tracers[0]):   # the backward's warm-up consumed the forward's
+                load()                     # state: run it again
+                sync()
+                fwd.run()
+            traced.append((tracers[1].trace(reload=again), tracers[1].info))
+        sync()
+        c, got = _check(cfg, _outputs(ws, cfg.backward), ref, first)
+        first = first or (item.name, got)
+        out.append(e := _entry(item, plans, traced, c))
+        _report(progress, item.name, len(e["ops"]), len(e["streams"]), e["total_ms"], c,
+                f" (host issue {e['host_issue_ms']:.1f} ms, hold {e['hold_ms']:.1f} ms"
+                f"{', HOST-BOUND' if e['host_bound'] else ''})")
+        del tracers, ws
         cp.get_default_memory_pool().free_all_blocks()
     return out
 
@@ -238,23 +374,26 @@ def _trace_gpu(cfg, rungs, model, x, h0, c0, y_ref, progress, session):
 # --------------------------------------------------------------------------------------------
 # Files and the figure
 
-def shape_stem(cell: str, layers: int, hidden: int, batch: int, steps: int) -> str:
-    """'trace-<cell>-L<layers>-H<hidden>-B<batch>-T<steps>': the start of a trace's file
-    names (its figure's and its record's)."""
-    return f"trace-{cell}-L{layers}-H{hidden}-B{batch}-T{steps}"
+def shape_stem(cell: str, layers: int, hidden: int, batch: int, steps: int,
+               backward: bool = False) -> str:
+    """'trace-<cell>-L<layers>-H<hidden>-B<batch>-T<steps>' (+ '-fwdbwd' for a training
+    step): the start of a trace's file names (its figure's and its record's)."""
+    return (f"trace-{cell}-L{layers}-H{hidden}-B{batch}-T{steps}"
+            + ("-fwdbwd" if backward else ""))
 
 
 def figure_stem(cfg: TraceConfig, device: str) -> str:
     """The figure's name (no stamp: a newer trace of a shape and device replaces it, with
     --overwrite); known before the run, so the command can check it first."""
-    return (f"{shape_stem(cfg.cell, cfg.layers, cfg.hidden, cfg.batch, cfg.steps)}-"
-            f"{device_slug(device)}")
+    return (f"{shape_stem(cfg.cell, cfg.layers, cfg.hidden, cfg.batch, cfg.steps, cfg.backward)}"
+            f"-{device_slug(device)}")
 
 
 def default_path(record: dict) -> Path:
     """<out>/results/trace/trace-<shape>-<device>-<stamp>.json (bench/records.py's scheme)."""
     c = record["config"]
-    stem = shape_stem(c["cell"], c["layers"], c["hidden"], c["batch"], c["steps"])
+    stem = shape_stem(c["cell"], c["layers"], c["hidden"], c["batch"], c["steps"],
+                      bool(c.get("backward")))
     return record_path("trace", stem, record["device"].get("device", "device"),
                        record["created"])
 
@@ -317,21 +456,31 @@ def draw_trace(record: dict, path, formats=("png", "svg")) -> list[Path]:
         ax.set_xlabel("time since the pass started (ms)")
         ax.set_xlim(0, max(e["total_ms"], max((o[-1] for o in e["ops"]), default=0)) * 1.01)
         ax.grid(axis="x", alpha=0.3)
+        for ph in e.get("passes", [])[1:]:   # where the backward begins
+            ax.axvline(ph["t0_ms"], color="black", linestyle="--", linewidth=0.8)
+            ax.annotate(f" {ph['pass']} ({ph['ms']:.3g} ms)", (ph["t0_ms"], -0.5),
+                        va="top", fontsize=8)
         note = ""
         if not cpu and e.get("host_bound"):
             note = " — host-bound: Python issued ops slower than the GPU ran them"
+        passes = e.get("passes", [])   # (records before the backward trace have none)
+        split = (" + ".join(f"{ph['pass']} {ph['ms']:.3g}" for ph in passes)
+                 if len(passes) > 1 else "")
         ax.set_title(f"{e['rung']}: {len(e['ops'])} GEMMs and kernels on "
-                     f"{len(e['streams'])} stream(s), {e['total_ms']:.3g} ms{note}",
+                     f"{len(e['streams'])} stream(s), {e['total_ms']:.3g} ms"
+                     f"{f' ({split} ms)' if split else ''}{note}",
                      loc="left", fontsize=10)
     c = record["config"]
     dev = record["device"].get("device", "?")
     what = ("CPU figures (NumPy executor, program order; rows show the schedule, not overlap)"
             if cpu else "eager issue, CUDA events around every op")
-    fig.suptitle(f"One forward pass: {c['cell'].upper()}, {c['layers']} layers, hidden "
+    what_pass = ("One training step (the forward, then the backward)" if c.get("backward")
+                 else "One forward pass")
+    fig.suptitle(f"{what_pass}: {c['cell'].upper()}, {c['layers']} layers, hidden "
                  f"{c['hidden']}, minibatch {c['batch']}, {c['steps']} steps, input batching "
                  f"k = {c['input_batch']}, fp32 — {dev}\n{what}", fontsize=11)
     fig.legend(handles=[Patch(color=col, label=label) for label, col, _ in KIND_STYLE],
-               loc="outside lower center", ncol=len(KIND_STYLE), frameon=False)
+               loc="outside lower center", ncol=min(len(KIND_STYLE), 5), frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     written = []

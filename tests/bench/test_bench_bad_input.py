@@ -142,6 +142,8 @@ CASES = [
     ("trace-out-dir-file", ["trace", "--cpu", "--out-dir", "afile"], 2,
      ["--out-dir", "afile is a file"]),
     ("trace-rungs", ["trace", "--cpu", "--rungs", "+fused,+fast"], 2, ["rungs", "'+fast'"]),
+    ("trace-schedules", ["trace", "--cpu", "--backward", "--schedules", "ib10,stack+fast"], 2,
+     ["--schedules", "'stack+fast'", "not candidates", "ib2"]),
     ("trace-steps-0", ["trace", "--cpu", "--steps", "0"], 2, ["--steps"]),
     ("trace-batch-1e9", ["trace", "--cpu", "--batch", "1000000000"], 2, ["batch"]),
     ("trace-cell", ["trace", "--cpu", "--cell", "xlstm"], 2, ["--cell"]),
