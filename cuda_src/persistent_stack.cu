@@ -1,15 +1,19 @@
 /*
- * persistent_stack.cu: the stack kernel (forward, fp32): ALL L layers of an LSTM stack in ONE
- * persistent launch, along the wavefront, with W.x inside the kernel. The SMs are cut into L
+ * persistent_stack.cu: the stack kernel (forward, fp32): ALL L layers of an LSTM or GRU stack in
+ * ONE persistent launch, along the wavefront, with W.x inside the kernel. The SMs are cut into L
  * groups of H/16 blocks, one group a layer, all resident at once; each block keeps its 64 gate
  * rows of R in shared memory, streams its rows of W^T and the inputs k-major through
  * cp.async stages, and waits on per-layer progress counters (layer l's step t after layer
  * l-1's step t and its own step t-1). Design: docs/kernels.md ("The stack kernel"); the host
  * side (fit, NumPy twin): rnnrt/kernels/stack.py.
  *
- * Variants: one kernel (LSTM), two paths chosen at run time: B > 32, the register tile over
- * 64 batch lanes; B <= 32, over 32 (a half-warp a k-group on alternate k rows: half the
- * FMAs). Compile-time knobs for experiments (experiments/scripts/
+ * Variants: two kernels (LSTM, GRU), each with two paths chosen at run time: B > 32, the
+ * register tile over 64 batch lanes; B <= 32, over 32 (a half-warp a k-group on alternate k
+ * rows: half the FMAs). GRU runs the LSTM's tile of 4 row groups of U = 16 units: r, z, n's
+ * W.x part and n's R.h part (n = tanh(W_n x + b_in + r (R_n h + b_hn)) keeps the two apart),
+ * so the group of each half that the other half owns multiplies zeros (W's 4th group: zero
+ * columns the prologue writes into wt; R's 3rd: zero rows of the shared R slice): a quarter
+ * of the FMAs wasted, for the same tile, waits and pipeline as LSTM. Compile-time knobs for experiments (experiments/scripts/
  * stack_bench.py --define): PS_KT (k rows a staged tile), PS_NS (stages), PK_SLACK (steps
  * the layer below must be ahead), PS_FAST_CELL (1: approximate exp / division in the cell,
  * ~1e-6 relative; 0: the precise sigmoidf / tanhf; both in persistent_stack.cuh, shared with
@@ -44,7 +48,24 @@
  *     in  br     [L, 4H]         b_hh
  *     int T                      steps (>= 1)
  *     int L                      layers
- *     int units_per_block        U: G*U = PS_M rows a block (16 for LSTM)
+ *     int units_per_block        U: G*U = PS_M rows a block (16)
+ *   kernel gru_persistent_stack_fwd(rows = B, cols = H)
+ *       per row group (r, z, n's W part, n's R part) pre = the W.in sum (zero for n's R
+ *       part) + the R.h sum (zero for n's W part) + its biases, then gru_fwd's arithmetic
+ *     out h      [L*(T+1)*B, H]  slot 0 of every layer (h0) is read; slots 1..T written
+ *     out act    [L*T*B, 4H]     r, z, n, hn = R_n h + b_hn of every layer and step
+ *     out sync   [1, 2L]         as lstm_persistent_stack_fwd's
+ *     out wt     [L*H, 4H]       scratch: each layer's W^T in columns [0, 3H), zeros in
+ *                                [3H, 4H) (the prologue writes both)
+ *     out ht     [(L+1)*(T+1)*H, 64]  scratch, ld 64: the k-major inputs, as above
+ *     in  x      [T*B, H]        the input sequence
+ *     in  w_ih   [L, 3*H*H]      row l: layer l's weight_ih [3H, H] (r, z, n), row-major
+ *     in  w_hh   [L, 3*H*H]      row l: layer l's weight_hh
+ *     in  bw     [L, 3H]         b_ih of each layer (ld 0: one row for all)
+ *     in  br     [L, 3H]         b_hh
+ *     int T                      steps (>= 1)
+ *     int L                      layers
+ *     int units_per_block        U = 16
  *
  * Resources (sm_90, nvcc 13.0): 253-255 registers (nvcc / NVRTC; rnnrt.kernels.stack.PS_REGS
  *   = 255, no spills: tests hold both) under __launch_bounds__(PK_MAX_THREADS = 256, 1);
@@ -151,7 +172,10 @@ __device__ __forceinline__ void persistent_stack_fwd(
         long long ldht, const float* x, long long ldx, const float* wih, long long ldwih,
         const float* whh, long long ldwhh, const float* bw, long long ldbw, const float* br,
         long long ldbr, int T, int L, int u_arg) {
-    static_assert(CELL == CELL_LSTM, "the stack kernel is built for LSTM only");
+    static_assert(CELL == CELL_LSTM || CELL == CELL_GRU, "the stack kernel: LSTM and GRU");
+    static_assert(G == 4, "four row groups of U units (GRU: r, z, n's W part, n's R part)");
+    constexpr bool GRU = CELL == CELL_GRU;
+    constexpr int GW = GRU ? 3 : 4;       // gate rows (of H) of W and R in the parameters
     // U is fixed by the tile (the argument must agree): divisions by it are shifts, and the
     // cells' indices are recomputed each step instead of held in registers (NVRTC spilled)
     constexpr int U = PS_M / G;
@@ -185,13 +209,22 @@ __device__ __forceinline__ void persistent_stack_fwd(
     // x_t^T into ht slot t+1 of m = 0, h0^T into slot 0 of m = l+1. Then one arrival on
     // `ready`; every block waits for all of them before its first step (all resident).
     {
-        const int tw = (4 * H / 32) * (H / 32), tb = ((B + 31) / 32) * (H / 32);
-        const int jobs = L * tw + T * tb + L * tb;
+        // (GRU: W's 3H rows, then zeros in wt's last H columns: n's R part has no W)
+        const int tw = (GW * H / 32) * (H / 32), tb = ((B + 31) / 32) * (H / 32);
+        const int tz = GRU ? H * H / (4 * PK_MAX_THREADS) : 1;   // zero jobs a layer (GRU)
+        const int jobs = L * tw + T * tb + L * tb + (GRU ? L * tz : 0);
         for (int n = blockIdx.x; n < jobs; n += gridDim.x) {
             if (n < L * tw) {
                 const int m = n / tw, r = n % tw, r0 = 32 * (r / (H / 32));
                 ps_transpose_tile(wih + m * ldwih, H, wt + (long long)m * H * ldwt, ldwt,
-                                  4 * H, H, r0, 32 * (r % (H / 32)), st);
+                                  GW * H, H, r0, 32 * (r % (H / 32)), st);
+                continue;
+            }
+            if (GRU && n >= L * tw + T * tb + L * tb) {   // 4 zeros a thread of wt[:, 3H:4H)
+                const int z = n - (L * tw + T * tb + L * tb), m = z / tz;
+                const int e = 4 * ((z % tz) * PK_MAX_THREADS + tid), k = e / H, j = e % H;
+                *reinterpret_cast<float4*>(wt + ((long long)m * H + k) * ldwt + 3 * H + j) =
+                    make_float4(0.f, 0.f, 0.f, 0.f);
                 continue;
             }
             const int k = n - L * tw, s = k / tb, r = k % tb;
@@ -211,7 +244,7 @@ __device__ __forceinline__ void persistent_stack_fwd(
         }
     }
     h += l * S1 * ldh;                             // this layer's h: row s*B + b
-    c += l * S1 * ldc;
+    if (!GRU) c += l * S1 * ldc;
     act += (long long)l * T * B * ldact;
     const float* const wtl = wt + (long long)l * H * ldwt;
     whh += l * ldwhh;
@@ -221,10 +254,13 @@ __device__ __forceinline__ void persistent_stack_fwd(
     float* const own = ht + (long long)(l + 1) * (T + 1) * HS;     // slot t: h_t^T
 
     // The R slice, once, k-major: Rs[k][q*U + ju] = R[q*H + j0 + ju, k] (lanes take
-    // consecutive rows: conflict-free stores)
+    // consecutive rows: conflict-free stores); GRU: row groups r, z, zeros (n's W part),
+    // R's n rows (n's R part)
     for (int e = tid; e < H / 4 * PS_M; e += PK_MAX_THREADS) {
         const int row = e % PS_M, k = 4 * (e / PS_M), q = row / U, ju = row - q * U;
-        const float4 v = *reinterpret_cast<const float4*>(whh + (long long)(q * H + j0 + ju) * H + k);
+        const int qr = GRU && q == 3 ? 2 : q;   // the parameter's gate of the row group
+        const float4 v = GRU && q == 2 ? make_float4(0.f, 0.f, 0.f, 0.f) :
+            *reinterpret_cast<const float4*>(whh + (long long)(qr * H + j0 + ju) * H + k);
         Rs[k * PS_M + row] = v.x;
         Rs[(k + 1) * PS_M + row] = v.y;
         Rs[(k + 2) * PS_M + row] = v.z;
@@ -235,7 +271,8 @@ __device__ __forceinline__ void persistent_stack_fwd(
     // b = the r-th of 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, ... (a warp's two batches are 4 apart:
     // its partial-sum reads hit 32 different banks), live while b < B. jj fastest: a warp's
     // h stores are two runs of 16 consecutive floats. c_t in registers (each cell is this
-    // thread's every step); the biases of the block's rows in shared memory.
+    // thread's every step; GRU: h_t); the biases of the block's rows in shared memory (GRU:
+    // b_ih of r, z, n's W part; b_hh of r, z, n's R part; zero for the others).
     auto cell_of = [&](int i, int& b, int& jj) {   // live while b < B
         ps_cell_of<U>(tid + i * PK_MAX_THREADS, b, jj);
     };
@@ -244,11 +281,18 @@ __device__ __forceinline__ void persistent_stack_fwd(
     for (int i = 0; i < PS_CPT; ++i) {
         int b, jj;
         cell_of(i, b, jj);
-        carry[i] = b < B ? c[(long long)b * ldc + j0 + jj] : 0.f;
+        carry[i] = b >= B ? 0.f : GRU ? h[(long long)b * ldh + j0 + jj]
+                                      : c[(long long)b * ldc + j0 + jj];
     }
     for (int e = tid; e < 2 * PS_M; e += PK_MAX_THREADS) {
         const int row = e % PS_M, q = row / U, ju = row - q * U;
-        bias[e] = __ldg((e < PS_M ? bw : br) + q * H + j0 + ju);
+        const bool ih = e < PS_M;
+        if (GRU && q == (ih ? 3 : 2)) {
+            bias[e] = 0.f;
+            continue;
+        }
+        const int qr = GRU && q == 3 ? 2 : q;
+        bias[e] = __ldg((ih ? bw : br) + qr * H + j0 + ju);
     }
 
     // The float4s this thread copies of each tile (the same for every tile but for k0).
@@ -349,9 +393,10 @@ __device__ __forceinline__ void persistent_stack_fwd(
         ps_flush<NH>(acc, red, warp, lk, lr, lb, PS_RP);
 
         // The pointwise update of this thread's cells: gate sums over the 4 partial sums in
-        // order, then (sum + b_ih) + b_hh, then lstm_fwd's arithmetic. Only h^T is read by
-        // other blocks in this launch: it is stored and published first, the rest (c, the
-        // gates, h) after the count (the publishing fence waits for no more than it must).
+        // order, then (sum + b_ih) + b_hh, then lstm_fwd's (gru_fwd's) arithmetic. Only h^T
+        // is read by other blocks in this launch: it is stored and published first, the rest
+        // (c, the gates, h) after the count (the publishing fence waits for no more than it
+        // must).
         float* const hT = own + (t + 1) * HS;   // h_{t+1}^T
         float gate[PS_CPT][G], hnew[PS_CPT];
 #pragma unroll
@@ -368,7 +413,8 @@ __device__ __forceinline__ void persistent_stack_fwd(
                 for (int k = 1; k < 4; ++k) v += p[k * PS_BMAX * PS_RP];
                 s[q] = (v + bias[q * U + jj]) + bias[PS_M + q * U + jj];
             }
-            hnew[i] = ps_lstm_cell(s, gate[i], carry[i]);
+            hnew[i] = GRU ? ps_gru_cell(s, gate[i], carry[i])
+                          : ps_lstm_cell(s, gate[i], carry[i]);
             __stcg(hT + (j0 + jj) * PS_BMAX + b, hnew[i]);   // h_{t+1}^T[j, b]
         }
         ps_publish(mine);   // the block's h_{t+1}^T
@@ -381,8 +427,11 @@ __device__ __forceinline__ void persistent_stack_fwd(
             const int j = j0 + jj;
             const long long row = (long long)t * B + b;   // step t, batch b
             // streaming stores: nothing in this launch reads these (L2 keeps W^T and ht)
-            ps_store_state(c + (row + B) * ldc + j, act + row * ldact + j, H, carry[i],
-                           gate[i]);
+            if (GRU)
+                ps_store_gates(act + row * ldact + j, H, gate[i]);
+            else
+                ps_store_state(c + (row + B) * ldc + j, act + row * ldact + j, H, carry[i],
+                               gate[i]);
             __stcs(h + (row + B) * ldh + j, hnew[i]);     // h_{t+1}[b, j]
         }
     }
@@ -411,4 +460,20 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_
     persistent_stack_fwd<4, CELL_LSTM, 2>(rows, cols, h, ldh, c, ldc, act, ldact, sync, wt, ldwt,
                                           ht, ldht, x, ldx, w_ih, ldw_ih, w_hh, ldw_hh, bw,
                                           ldbw, br, ldbr, T, L, units_per_block);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_stack_fwd(
+        int rows, int cols, float* h, int ldh, float* act, int ldact, unsigned int* sync,
+        int ldsync, float* wt, int ldwt, float* ht, int ldht, const float* x, int ldx,
+        const float* w_ih, int ldw_ih, const float* w_hh, int ldw_hh, const float* bw, int ldbw,
+        const float* br, int ldbr, int T, int L, int units_per_block) {
+    if (rows <= PS_BMAX / 2) {   // half the batch lanes, as lstm_persistent_stack_fwd
+        persistent_stack_fwd<4, CELL_GRU, 1>(rows, cols, h, ldh, nullptr, 0, act, ldact, sync,
+                                             wt, ldwt, ht, ldht, x, ldx, w_ih, ldw_ih, w_hh,
+                                             ldw_hh, bw, ldbw, br, ldbr, T, L, units_per_block);
+        return;
+    }
+    persistent_stack_fwd<4, CELL_GRU, 2>(rows, cols, h, ldh, nullptr, 0, act, ldact, sync, wt,
+                                         ldwt, ht, ldht, x, ldx, w_ih, ldw_ih, w_hh, ldw_hh, bw,
+                                         ldbw, br, ldbr, T, L, units_per_block);
 }

@@ -10,8 +10,10 @@
  *                         jj = e % U, batch b from r = e / U such that a warp's two rows of
  *                         cells are batches 4 apart (its partial-sum reads: 32 banks)
  *   ps_lstm_cell          one cell's step from its 4 pre-activations: gates, c, h
+ *   ps_gru_cell           one GRU cell's step from its 4 row groups' sums: gates, h
  *   ps_publish            a block's step done: barrier, release fence, count
  *   ps_store_state        one cell's c and gates, streamed (nothing in the launch reads them)
+ *   ps_store_gates        one cell's gates alone (GRU), streamed
  */
 #ifndef RNNRT_PERSISTENT_STACK_CUH
 #define RNNRT_PERSISTENT_STACK_CUH
@@ -58,6 +60,17 @@ __device__ __forceinline__ float ps_lstm_cell(const float (&s)[4], float (&gate)
     return gate[3] * ps_tanh(carry);
 }
 
+// One GRU cell's step from its row groups' sums s (r, z, n's W part + b_in, n's R part +
+// b_hn): the gates r, z, n, hn into `gate`, h_t (carry) to h_{t+1}, returned (gru_fwd's
+// arithmetic: n = tanh(s2 + r hn), h = n + z (h_t - n)).
+__device__ __forceinline__ float ps_gru_cell(const float (&s)[4], float (&gate)[4],
+                                             float& carry) {
+    gate[0] = ps_sigmoid(s[0]), gate[1] = ps_sigmoid(s[1]), gate[3] = s[3];
+    gate[2] = ps_tanh(s[2] + gate[0] * s[3]);
+    carry = gate[2] + gate[1] * (carry - gate[2]);
+    return carry;
+}
+
 // A block's step is done once its h_{t+1} is issued: every thread's stores before the
 // barrier, then thread 0 makes them visible GPU-wide before it counts (release) on `mine`.
 __device__ __forceinline__ void ps_publish(unsigned int* mine) {
@@ -73,6 +86,14 @@ __device__ __forceinline__ void ps_publish(unsigned int* mine) {
 __device__ __forceinline__ void ps_store_state(float* cp, float* a, int H, float carry,
                                                const float (&gate)[4]) {
     __stcs(cp, carry);
+    __stcs(a, gate[0]);
+    __stcs(a + H, gate[1]);
+    __stcs(a + 2 * H, gate[2]);
+    __stcs(a + 3 * H, gate[3]);
+}
+
+// One cell's 4 gates at a, a + H, a + 2H, a + 3H; streaming stores.
+__device__ __forceinline__ void ps_store_gates(float* a, int H, const float (&gate)[4]) {
     __stcs(a, gate[0]);
     __stcs(a + H, gate[1]);
     __stcs(a + 2 * H, gate[2]);

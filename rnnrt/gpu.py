@@ -98,7 +98,7 @@ class GpuRunner:
     the device at construction (``params``, [layout.size], shared by every workspace: update
     it in place); ``sync_params()`` copies the model's again.
     switches: 'auto' (the default: the schedule selector's choice for each shape, timed on
-    first use and remembered on disk, kernels/choice.py; ``schedule(steps, batch)`` says
+    first use and remembered on disk, kernels/selector.py; ``schedule(steps, batch)`` says
     what it chose and why), or an explicit rnnrt.Switches, run exactly as given.
     executor: 'graph' (captured once, replayed; the default) or 'eager' (Python issues each
     op).

@@ -31,9 +31,10 @@ class ScheduleTimer:
         self._what = None   # (schedule name, shape key, steps) of what _held times
 
     @property
-    def holding(self) -> bool:
-        """Whether a candidate's workspace is held (between the selector's calls)."""
-        return self._held is not None
+    def held(self) -> tuple | None:
+        """What the timer holds a workspace of, between the selector's calls: (schedule
+        name, shape key, steps), or None."""
+        return self._what if self._held is not None else None
 
     def release(self) -> None:
         """Free the workspace of the candidate last timed (the next call builds its own)."""

@@ -55,6 +55,13 @@ PERSISTENT_STORAGE_REASON = ("the register-resident and the block-persistent ker
                              "operands rounded as the rungs read them, are not written yet); "
                              "the grid and cluster kernels run every dtype, the stack kernels "
                              "float32, bfloat16 and float16")
+STACK_CHOSEN_CELLS = ("lstm",)
+"""The cells whose stack kernel the rules and the selector may choose (where a key does not
+name the family). The GRU stack kernel (stack.py) runs where a key names family 'stack': its
+host simulation and twin agree with the reference, but it has not been run on a GPU yet; it
+joins this tuple once the GPU tests of it pass (its fit's note says so meanwhile)."""
+STACK_UNCHECKED_NOTE = "its stack kernel has not been checked on a GPU yet (named family only)"
+
 FP32_ONLY_FAMILIES = ("regs", "solo")
 """The persistent families without typed instantiations."""
 """Why a tf32, bfloat16 or float16 key runs no regs or solo kernel. The per-layer kernels (grid,
@@ -276,6 +283,8 @@ def stack_choice(key) -> tuple[StackFit | None, str]:
     st = _stack_fit(key)
     if not st.ok:
         return None, f"; stack kernel not used: {st.reason}"
+    if key.cell not in STACK_CHOSEN_CELLS:
+        return None, f"; stack kernel not used: {key.cell}: {STACK_UNCHECKED_NOTE}"
     if not st.storage_io and 4 * key.batch <= PS_BMAX:
         return None, (f"; stack kernel not used: batch {key.batch} <= {PS_BMAX // 4} "
                       f"(its lanes cover {PS_BMAX} batches)")
@@ -298,7 +307,8 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     out = {}
     st = stack_fit_of(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
                       props, shape.dtype, steps=shape.steps)
-    if st.ok and not persistent_storage_declines(shape.dtype, "stack"):
+    if (st.ok and not persistent_storage_declines(shape.dtype, "stack")
+            and shape.cell in STACK_CHOSEN_CELLS):
         out["stack"] = st.reason
     for kind in ("cluster", "grid"):
         f = persistent_fit(shape.cell, shape.hidden, shape.batch, props, kind=kind)

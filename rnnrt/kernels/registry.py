@@ -310,7 +310,7 @@ REGISTRY += tuple(
             numpy_fn=solo.solo_twin(k.name.split("_persistent")[0]))
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
 
-# the stack kernel: every layer of an LSTM stack in one launch (stack.py)
+# the stack kernels: every layer of an LSTM or GRU stack in one launch (stack.py)
 REGISTRY += (
     KernelInfo(stack.STACK_KERNEL, "persistent_stack.cu",
                numpy_fn=stack.lstm_persistent_stack_fwd,
@@ -321,6 +321,15 @@ REGISTRY += (
                      ("wt", "L*C,4C"), ("ht", f"(L+1)*(T+1)*C,{stack.PS_BMAX}")),
                ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
                     ("br", "L,4C"))),
+    # GRU: no c; act r, z, n, hn; wt padded to 4H columns (n's R part has no W: zeros)
+    KernelInfo(stack.STACK_KERNELS["gru"], "persistent_stack.cu",
+               numpy_fn=stack.gru_persistent_stack_fwd,
+               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               outs=(("h", "L*(T+1)*R,C"), ("act", "L*T*R,4C"),
+                     ("sync", f"1,{pk.SYNC_WORDS}*L"),
+                     ("wt", "L*C,4C"), ("ht", f"(L+1)*(T+1)*C,{stack.PS_BMAX}")),
+               ins=(("x", "T*R,C"), ("w_ih", "L,3*C*C"), ("w_hh", "L,3*C*C"), ("bw", "L,3C"),
+                    ("br", "L,3C"))),
 )
 
 # the tensor-core stack kernel (stack_mma.py): the stack kernel's arguments without its scratch

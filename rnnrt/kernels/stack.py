@@ -1,5 +1,6 @@
-"""The stack kernel (cuda_src/persistent_stack.cu, ``lstm_persistent_stack_fwd``): every layer of
-an LSTM stack in ONE persistent launch, along the wavefront, with W.x inside the kernel.
+"""The stack kernel (cuda_src/persistent_stack.cu, ``lstm_persistent_stack_fwd`` and
+``gru_persistent_stack_fwd``): every layer of an LSTM or GRU stack in ONE persistent launch,
+along the wavefront, with W.x inside the kernel.
 
 Why a second persistent kernel: the per-layer grid kernel needs every SM, so the layers of a
 stack run one after another, each behind its own input GEMM (docs/journal.md, fifth session: at the
@@ -15,9 +16,13 @@ layer l-1's step t (its input) before the W half and for its own layer's step t-
 the R half, on one progress counter per layer; layer 0 waits on nobody but itself, so the
 stack cannot deadlock once all blocks are resident (induction on the layer).
 
+GRU runs the same tile of 4 row groups of U units: r, z, n's W.x part and n's R.h part (n =
+tanh(W_n x + b_in + r (R_n h + b_hn)) keeps the two apart), W's 4th group and R's 3rd zero: a
+quarter of the FMAs wasted for the same waits, pipeline and registers.
+
 ``stack_fit(cell, hidden, batch, layers, input_size, props)`` says whether a shape runs
-(and why not); ``lstm_persistent_stack_fwd`` is the registry's NumPy twin (the same
-function, for the CPU plan executors). The kernel's constants are mirrored below; a test
+(and why not); ``lstm_persistent_stack_fwd`` and ``gru_persistent_stack_fwd`` are the
+registry's NumPy twins (the same functions, for the CPU plan executors). The kernel's constants are mirrored below; a test
 holds them equal.
 """
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 
 from .budget import DeviceBudget, Launch1D, ceil_div
 from .persistent import PK_MAX_THREADS
-from .twins import lstm_fwd
+from .twins import gru_fwd, lstm_fwd
 
 # The kernel's compile-time constants (cuda_src/persistent_stack.cu, PS_*).
 PS_M = 64             # rows of a block: G * U
@@ -41,6 +46,8 @@ PS_RP = 68            # row stride (floats) of a batch's partial sums (they reus
 PS_REGS = 255
 
 STACK_KERNEL = "lstm_persistent_stack_fwd"
+STACK_KERNELS = {"lstm": STACK_KERNEL, "gru": "gru_persistent_stack_fwd"}
+"""The stack kernel of each cell it is built for."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,7 @@ class StackFit(Launch1D):
 
     @property
     def kernel(self) -> str:
-        return STACK_KERNEL
+        return STACK_KERNELS.get(self.cell, STACK_KERNEL)
 
     def scalars(self, steps: int) -> dict:
         """The kernel's int scalars by name (order: the registry's)."""
@@ -104,18 +111,20 @@ def stack_fit(cell: str, hidden: int, batch: int, layers: int, input_size: int,
     ``stack_rules`` with this kernel's registers and shared memory (the R slice k-major +
     the stages + the biases: ``stack_smem_bytes``)."""
     return stack_rules(StackFit, PS_REGS, stack_smem_bytes(hidden), 4 * int(hidden) * PS_M,
-                       "R slice", cell, hidden, batch, layers, input_size, props, steps)
+                       "R slice", cell, hidden, batch, layers, input_size, props, steps,
+                       cells=tuple(STACK_KERNELS))
 
 
 def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: int,
                 weights: str, cell: str, hidden: int, batch: int, layers: int,
-                input_size: int, props: dict, steps: int = 1, where: str = "stack"):
+                input_size: int, props: dict, steps: int = 1, where: str = "stack",
+                cells: tuple = ("lstm",)):
     """A stack kernel's fit of class ``fit_class`` (StackFit, or the tensor-core stack's
     stack_mma.StackMmaFit): ``regs`` registers a thread, ``smem`` bytes of dynamic shared
     memory a block (``weight_bytes`` of them the resident ``weights``, named in a refusal);
     ``where`` opens every refusal. Rules in order (the first that fails is the reason):
-      1. cell 'lstm' (the kernels are built for LSTM; U = PS_M / 4 = 16 units a block) and
-         at least 2 layers (the fp32 kernel's prologue counter is layer 1's spare sync word;
+      1. a cell of ``cells`` (those the kernel is built for; U = PS_M / 4 = 16 units a
+         block, of 4 row groups) and at least 2 layers (the fp32 kernel's prologue counter is layer 1's spare sync word;
          one layer runs the per-layer kernels);
       2. input_size == hidden (every layer's W has the same shape, so the kernel reads
          layer l's matrices at row l of one view);
@@ -134,8 +143,9 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
     def no(reason):
         return fit_class(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms)
 
-    if cell != "lstm":
-        return no("the stack kernel is built for LSTM only")
+    if cell not in cells:
+        return no(f"the stack kernel is built for {' and '.join(c.upper() for c in cells)} "
+                  f"only")
     if L < 2:
         return no("one layer (the stack kernel is for 2 or more; one layer runs the per-layer "
                   "kernels)")
@@ -163,40 +173,65 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
 
 def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block,
                               dtype="float32"):
-    """NumPy twin of the stack kernel (the registry's numpy_fn): rows = B, cols = H; outs
-    h [L*(T+1)*B, H], c [L*(T+1)*B, H], act [L*T*B, 4H], sync [1, 2L], wt [L*H, 4H] (each
+    """NumPy twin of the LSTM stack kernel (the registry's numpy_fn): rows = B, cols = H;
+    outs h [L*(T+1)*B, H], c [L*(T+1)*B, H], act [L*T*B, 4H], sync [1, 2L], wt [L*H, 4H] (each
     layer's W^T), ht [(L+1)*(T+1)*H, 64] (k-major inputs: block m, slot s holds x_{s-1}^T
     for m = 0, layer m-1's h_s^T else, in its first B columns); ins x [T*B, H], w_ih
     [L, 4*H*H], w_hh [L, 4*H*H], bw [L, 4H] (or one broadcast row), br. Slot 0 of each
     layer's h and c is read, slots 1..T written. Each step is the fused kernel's twin
     (kernels_np.lstm_fwd) on W.in and R.h, in the arrays' dtype: the same function as the
     kernel, whose sums run in another order (checked against the reference, not this)."""
-    if dtype != "float32":   # kernels/choice.py declines it (STACK_TYPED_REASON)
-        raise ValueError(f"lstm_persistent_stack_fwd: fp32 only, got dtype {dtype!r}")
-    B, H = int(rows), int(cols)
     h, c, act, sync, wt, ht = outs
+    _stack_twin("lstm", rows, cols, (h, c, act), sync, wt, ht, ins, T, L, units_per_block,
+                dtype)
+
+
+def gru_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block, dtype="float32"):
+    """NumPy twin of the GRU stack kernel: as lstm_persistent_stack_fwd's without c (outs h,
+    act [L*T*B, 4H]: r, z, n, hn, sync, wt [L*H, 4H]: W^T in the first 3H columns, zeros in
+    the last H, ht), w_ih / w_hh [L, 3*H*H], bw / br [L, 3H]; each step kernels_np.gru_fwd."""
+    h, act, sync, wt, ht = outs
+    _stack_twin("gru", rows, cols, (h, None, act), sync, wt, ht, ins, T, L, units_per_block,
+                dtype)
+
+
+def _stack_twin(cell, rows, cols, states, sync, wt, ht, ins, T, L, units_per_block, dtype):
+    """The stack kernels' twins: (h, c or None, act) of every layer from x, the weights and
+    the biases (see lstm_persistent_stack_fwd), the scratch wt and ht as the kernel leaves
+    them."""
+    name = STACK_KERNELS[cell]
+    if dtype != "float32":   # kernels/choice.py declines it (STACK_TYPED_REASON)
+        raise ValueError(f"{name}: fp32 only, got dtype {dtype!r}")
+    B, H = int(rows), int(cols)
+    h, c, act = states
     x, w_ih, w_hh, bw, br = ins
     if np.any(np.asarray(sync) != 0):
-        raise ValueError(f"{STACK_KERNEL}: the sync counters must be zero on entry, got "
+        raise ValueError(f"{name}: the sync counters must be zero on entry, got "
                          f"{np.asarray(sync).ravel().tolist()}")
     if int(units_per_block) * 4 != PS_M:
-        raise ValueError(f"{STACK_KERNEL}: units_per_block {units_per_block} != {PS_M // 4}")
+        raise ValueError(f"{name}: units_per_block {units_per_block} != {PS_M // 4}")
+    GW = 4 if cell == "lstm" else 3    # gate rows (of H) of W and R
     S1 = (T + 1) * B
-    bw = np.broadcast_to(bw, (L, 4 * H))
-    br = np.broadcast_to(br, (L, 4 * H))
+    bw = np.broadcast_to(bw, (L, GW * H))
+    br = np.broadcast_to(br, (L, GW * H))
     inp = np.asarray(x).reshape(T, B, H)
     hts = ht.reshape(L + 1, T + 1, H, ht.shape[-1])
     hts[0, 1:, :, :B] = inp.transpose(0, 2, 1)
     for layer in range(L):
-        W = np.asarray(w_ih[layer]).reshape(4 * H, H)
-        R = np.asarray(w_hh[layer]).reshape(4 * H, H)
-        wt[layer * H:(layer + 1) * H] = W.T
+        W = np.asarray(w_ih[layer]).reshape(GW * H, H)
+        R = np.asarray(w_hh[layer]).reshape(GW * H, H)
+        wt[layer * H:(layer + 1) * H, :GW * H] = W.T
+        wt[layer * H:(layer + 1) * H, GW * H:4 * H] = 0
         hs = h[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
-        cs = c[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
         acts = act[layer * T * B:(layer + 1) * T * B].reshape(T, B, 4 * H)
+        biases = (bw[layer:layer + 1], br[layer:layer + 1])
+        if c is not None:
+            cs = c[layer * S1:(layer + 1) * S1].reshape(T + 1, B, H)
         for t in range(T):
-            lstm_fwd(B, H, (hs[t + 1], cs[t + 1], acts[t]),
-                     (inp[t] @ W.T, hs[t] @ R.T, bw[layer:layer + 1], br[layer:layer + 1],
-                      cs[t]))
+            gx, gh = inp[t] @ W.T, hs[t] @ R.T
+            if c is not None:
+                lstm_fwd(B, H, (hs[t + 1], cs[t + 1], acts[t]), (gx, gh, *biases, cs[t]))
+            else:
+                gru_fwd(B, H, (hs[t + 1], acts[t]), (gx, gh, *biases, hs[t]))
         hts[layer + 1, :, :, :B] = hs.transpose(0, 2, 1)
         inp = hs[1:]

@@ -145,10 +145,11 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
                   props: dict, steps: int = 1, pairs: bool = True) -> StackBwdFit:
     """Fit a whole stack's backward onto the device described by ``props`` (as
     stack.stack_fit). Rules in order (the first that fails is the reason):
-      1. the forward stack kernel's fit (stack_fit: LSTM, 2 or more layers, input size =
-         hidden, hidden a multiple of 64, batch <= 64, L x H/16 blocks <= SMs, its shared
-         memory and registers, the counters): the backward reads what that kernel saved,
-         as it saved it, and has its grid;
+      1. cell 'lstm' (the backward kernels are built for LSTM: the GRU stack forward runs
+         the per-step backward), then the forward stack kernel's fit (stack_fit: 2 or more
+         layers, input size = hidden, hidden a multiple of 64, batch <= 64, L x H/16 blocks
+         <= SMs, its shared memory and registers, the counters): the backward reads what
+         that kernel saved, as it saved it, and has its grid;
       2. its own shared memory <= what a block can have;
       3. registers of 256 threads (SB_REGS each) <= one SM's;
     then the cluster-pair kernel where ``pairs`` and it runs (``pair_decline``: on the H100
@@ -164,9 +165,11 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
     def no(reason):
         return StackBwdFit(cell, H, B, L, False, reason, U, nb, smem, dev.sms)
 
+    where = f"stack backward {cell} hidden {H}, batch {B}, {L} layers on {dev.sms} SMs"
+    if cell != "lstm":
+        return no(f"{where}: the stack backward is built for LSTM only")
     if not fwd.ok:
         return no(f"the stack kernel's fit: {fwd.reason}")
-    where = f"stack backward {cell} hidden {H}, batch {B}, {L} layers on {dev.sms} SMs"
     if smem > dev.limit:
         return no(f"{where}: {smem} bytes of shared memory (R slice {4 * 4 * H * U} + "
                   f"stages) > {dev.limit} a block can have")

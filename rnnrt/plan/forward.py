@@ -231,8 +231,10 @@ class ForwardBuilder:
             # every layer's h, c and act in one buffer each, as the stack kernel reads them;
             # no gx or gh (W.x and R.h are inside the kernel)
             n = self.L * B * H
-            bufs += [Buffer("h", (T + 1) * n, "io"), Buffer("c", (T + 1) * n, "io"),
-                     Buffer("act", T * n * self.cell.saved_gates, "scratch")]
+            bufs += [Buffer("h", (T + 1) * n, "io")]
+            if self.cell.has_cell_state:
+                bufs.append(Buffer("c", (T + 1) * n, "io"))
+            bufs.append(Buffer("act", T * n * self.cell.saved_gates, "scratch"))
             bufs += [Buffer(name, r * c, "scratch")   # the kernel's W^T and k-major inputs
                      for name, (r, c) in self.stack_scratch().items()]
         for layer in range(self.L):
@@ -540,21 +542,22 @@ class ForwardBuilder:
         rows_of = self.stack_param_rows
         ins = (View("x", 0, T * B, H, H), rows_of("weight_ih", GH * H),
                rows_of("weight_hh", GH * H), rows_of("bias_ih", GH), rows_of("bias_hh", GH))
-        outs = (View("h", 0, L * (T + 1) * B, H, H), View("c", 0, L * (T + 1) * B, H, H),
-                View("act", 0, L * T * B, GH, GH),
+        states = ("h", "c") if self.cell.has_cell_state else ("h",)
+        act_w = self.cell.saved_gates * H   # (GRU: r, z, n, hn: 4H, GH = 3H)
+        outs = (*(View(k, 0, L * (T + 1) * B, H, H) for k in states),
+                View("act", 0, L * T * B, act_w, act_w),
                 View("sync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L),
                 *(View(name, 0, r, c, c) for name, (r, c) in self.stack_scratch().items()))
         # slot 0 of each layer's h and c is read (h0, c0), the rest written
-        start = tuple(self.seq(k, layer, 0, B, H) for k in ("h", "c") for layer in range(L))
-        after = tuple(self.seq(k, layer, B, T * B, H) for k in ("h", "c")
-                      for layer in range(L))
+        start = tuple(self.seq(k, layer, 0, B, H) for k in states for layer in range(L))
+        after = tuple(self.seq(k, layer, B, T * B, H) for k in states for layer in range(L))
         known = st.scalars(T)
         name = st.kernel
         scalars = tuple((k, known[k]) for k in get_kernel(name).scalars)
         flops = forward_flops(self.key.cell, self.key.input_size, H, L, B, T)
         op = Kernel(self.rec(0), name, B, H, outs, ins, kind="persistent", layer=0,
                     steps=(0, T), scalars=scalars, launch=(st.grid, st.block, st.smem_bytes),
-                    flops=flops, footprint=(ins + start, after + outs[2:]))
+                    flops=flops, footprint=(ins + start, after + outs[len(states):]))
         return Task(("pstack",), self.rec(0), [], (0, 0, 1), [op])
 
     def group_ends(self):

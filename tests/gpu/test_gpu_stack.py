@@ -1,9 +1,10 @@
-"""GPU tests of the stack kernel (marker gpu; skipped without a GPU): the +persistent rung's
-plan at shapes where it takes the stack kernel (every layer in one launch, W.x inside),
-eager and captured into a CUDA graph, against the float64 reference in fp32 tolerance on
-outputs poisoned with NaN, twice in a row on one sync buffer; forward + backward of a
-training pass against the reference gradients; the fit (and the stack backward's,
-tests/gpu/test_gpu_stack_bwd.py) agrees with the occupancy API.
+"""GPU tests of the stack kernels (marker gpu; skipped without a GPU): the +persistent rung's
+plan at shapes where it takes the LSTM stack kernel (every layer in one launch, W.x inside),
+and the GRU stack kernel where a key names family 'stack', eager and captured into a CUDA
+graph, against the float64 reference in fp32 tolerance on outputs poisoned with NaN, twice
+in a row on one sync buffer; a GRU training pass (the stack forward, the per-step backward
+after it) against the reference gradients; the fits (and the stack backward's,
+tests/gpu/test_gpu_stack_bwd.py) agree with the occupancy API.
 Run on the device: pytest -m gpu tests/gpu/test_gpu_stack.py
 """
 from __future__ import annotations
@@ -21,6 +22,9 @@ from rnnrt.kernels import stack, stack_bwd  # noqa: E402
 from rnnrt.plan import forward_plan  # noqa: E402
 from rnnrt.plan.ops import Kernel  # noqa: E402
 from rnnrt.plan.switches import ladder  # noqa: E402
+from rnnrt.check import FP32_ATOL, FP32_RTOL, reduction_atol  # noqa: E402
+from testkit import check_bwd_outputs, run_gpu_backward_case  # noqa: E402
+from testkit import gpu_backward_case  # noqa: E402
 from testkit import gpu_forward_case as case  # noqa: E402
 from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
 from testkit import run_gpu_forward_case as run_case  # noqa: E402
@@ -39,6 +43,33 @@ def test_stack_plan_matches_reference(cp, ctx, shape, executor):
     run_case(cp, ctx, key, executor, case("lstm", L, T, B, H, H))
 
 
+@pytest.mark.parametrize("executor", ["eager", "graph"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{t}B{b}H{h}L{n}" for t, b, h, n in SHAPES])
+def test_gru_stack_plan_matches_reference(cp, ctx, shape, executor):
+    """The GRU stack kernel (named: kernels/choice.py STACK_CHOSEN_CELLS lists it once this
+    passes on a GPU)."""
+    T, B, H, L = shape
+    key = PlanKey("gru", T, B, H, H, L, True, ladder()[-1].switches, family="stack")
+    plan = forward_plan(key)
+    names = {op.name for op in plan.ops if isinstance(op, Kernel)}
+    assert names == {stack.STACK_KERNELS["gru"]}, plan.fit
+    run_case(cp, ctx, key, executor, case("gru", L, T, B, H, H))
+
+
+def test_gru_stack_training_gives_reference_gradients(cp, ctx):
+    """The GRU stack forward, then the per-step backward reading what it saved (act: r, z,
+    n, hn; h), twice on re-poisoned buffers."""
+    T, B, H, L = 7, 40, 256, 3
+    data = gpu_backward_case("gru", L, T, B, H, H, seed=3)
+    key = PlanKey("gru", T, B, H, H, L, True, ladder()[-1].switches, train=True,
+                  family="stack")
+    assert stack.STACK_KERNELS["gru"] in {op.name for op in forward_plan(key).ops
+                                          if isinstance(op, Kernel)}
+    for i, out in enumerate(run_gpu_backward_case(cp, ctx, key, "graph", data)):
+        check_bwd_outputs(out, data[0], data[4], f"gru stack training run {i}", FP32_ATOL,
+                          FP32_RTOL, reduction_atol(T * B))
+
+
 # the stack kernel's fit and registers, and its backward twin's (stack_bwd.py)
 FITS = [(stack.stack_fit, stack.PS_REGS), (stack_bwd.stack_bwd_fit, stack_bwd.SB_REGS),
         (functools.partial(stack_bwd.stack_bwd_fit, pairs=False), stack_bwd.SB_REGS)]
@@ -51,8 +82,10 @@ def test_stack_fit_agrees_with_the_occupancy_api(cp, fit_of, regs):
     from rnnrt.kernels.library import KernelLibrary
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     lib, sms, checked = KernelLibrary(), props["multiProcessorCount"], 0
-    for H, L in ((256, 4), (512, 4), (512, 2), (384, 3)):
-        fit = fit_of("lstm", H, 64, L, H, props)
+    cells = ("lstm", "gru") if fit_of is stack.stack_fit else ("lstm",)
+    for (H, L), cell in ((hl, c) for hl in ((256, 4), (512, 4), (512, 2), (384, 3))
+                         for c in cells):
+        fit = fit_of(cell, H, 64, L, H, props)
         assert fit.ok, fit.reason
         raw = lib.with_shared(fit.kernel, fit.smem_bytes)
         attrs = raw.attributes
@@ -67,4 +100,4 @@ def test_stack_fit_agrees_with_the_occupancy_api(cp, fit_of, regs):
             # the fit's budget, (SMs - PAIR_SM_SLACK) / 2, within the driver's count
             assert (sms - stack_bwd.PAIR_SM_SLACK) // 2 <= pairs, pairs
         checked += 1
-    assert checked == 4
+    assert checked == 4 * len(cells)

@@ -17,17 +17,24 @@ struct StackSimArgs {
 };
 
 #ifdef PK_SIM_STACK
-// The stack kernel (lstm_persistent_stack_fwd), all layers in one launch:
-//   persistent_host_sim_stack B H T L U SMEM_BYTES LAUNCHES DIR LDWIH LDWHH LDBW LDBR
+// The stack kernel (lstm_persistent_stack_fwd, or gru_persistent_stack_fwd with CELL gru),
+// all layers in one launch:
+//   persistent_host_sim_stack B H T L U SMEM_BYTES LAUNCHES DIR LDWIH LDWHH LDBW LDBR CELL
 // reads DIR/{x,h,c,wih,whh,bw,br}.f32 (h and c: [L, T+1, B, H] with slot 0 of each layer
-// set, the rest poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each;
+// set, the rest poisoned; GRU reads no c and writes c.out as read; wih / whh: L rows of LDW
+// floats, the matrix at the start of each;
 // bw / br: L rows of LDB floats, or one row when LDB is 0), launches LAUNCHES times with one
 // sync buffer (re-poisoning the outputs and the kernel's transposes wt [L*H, 4H] and ht
 // [(L+1)*(T+1)*H, 64] in between, checking the counters are back to zero), writes
 // DIR/{h,c,act,wt,ht}.out.
 int main(int argc, char** argv) {
-    if (argc != 13) {
+    if (argc != 14) {
         std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK)\n");
+        return 2;
+    }
+    const std::string cell = argv[13];
+    if (cell != "lstm" && cell != "gru") {
+        std::fprintf(stderr, "unknown cell %s\n", cell.c_str());
         return 2;
     }
     const StackSimArgs a(argv);
@@ -65,9 +72,14 @@ int main(int argc, char** argv) {
         std::fill(wt, wt + nwt, nan);
         std::fill(ht, ht + nht, nan);
         launch(L * (H / U), 256, smem, [&] {
-            lstm_persistent_stack_fwd(B, H, h, H, c, H, act.data(), 4 * H, sync.data(), 2 * L,
-                                      wt, 4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh, ldwhh, bw,
-                                      ldbw, br, ldbr, T, L, U);
+            if (cell == "gru")
+                gru_persistent_stack_fwd(B, H, h, H, act.data(), 4 * H, sync.data(), 2 * L, wt,
+                                         4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh, ldwhh, bw,
+                                         ldbw, br, ldbr, T, L, U);
+            else
+                lstm_persistent_stack_fwd(B, H, h, H, c, H, act.data(), 4 * H, sync.data(),
+                                          2 * L, wt, 4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh,
+                                          ldwhh, bw, ldbw, br, ldbr, T, L, U);
         });
         if (!counters_zero(sync.data(), sync.size(), n)) return 3;
     }

@@ -289,8 +289,8 @@ def test_a_named_family_runs_even_where_the_rules_would_not_take_it():
 
 
 def test_a_named_family_that_does_not_fit_falls_back_and_says_why():
-    plan = forward_plan(_key("stack", cell="gru"))
-    assert plan.fallback and "LSTM only" in plan.fallback
+    plan = forward_plan(_key("stack", cell="rnn_tanh"))
+    assert plan.fallback and "LSTM and GRU only" in plan.fallback
     assert not any(getattr(op, "kind", "") == "persistent" for op in plan.ops)
     plan = forward_plan(_key("cluster", hidden=2048, layers=1))
     assert plan.fallback and "declined" in plan.fallback

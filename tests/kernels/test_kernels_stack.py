@@ -1,9 +1,9 @@
-"""The stack kernel (lstm_persistent_stack_fwd: every layer of an LSTM stack in one launch)
-without a GPU: the .cu on CPU threads (tests/kernels/persistent_host_sim.cpp, PK_SIM_STACK)
-against a float64 reference on random data with poisoned outputs, twice on one sync buffer;
-the same source with its waits removed must be caught; the fit's rules; the plan that uses
-it (one launch, race-free, the NumPy executor's forward and the backward after it equal to
-the reference)."""
+"""The stack kernels (lstm_ and gru_persistent_stack_fwd: every layer of an LSTM or GRU stack in
+one launch) without a GPU: the .cu on CPU threads (tests/kernels/persistent_host_sim.cpp,
+PK_SIM_STACK) against a float64 reference on random data with poisoned outputs, twice on one
+sync buffer; the same source with its waits removed must be caught; the fit's rules; the
+plan that uses it (one launch, race-free, the NumPy executor's forward and the backward
+after it equal to the reference; GRU's only where a key names the family)."""
 from __future__ import annotations
 
 import dataclasses
@@ -55,20 +55,21 @@ def sim_no_waits(tmp_path_factory):
     return _build(tmp_path_factory, cut, "stack_sim_no_waits")
 
 
-def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2):
+def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2, cell="lstm"):
     """Random weights and inputs, h and c poisoned past slot 0; returns (h, c, act) of the
-    sim and of the float64 reference, each [L, T, B, *]. The kernel's scratch (W^T in wt,
-    the k-major inputs in ht, poisoned before each launch) is checked exactly here: W^T,
-    x_t^T, and every layer's h_s^T equal to its own h output."""
+    sim and of the float64 reference, each [L, T, B, *] (GRU: c None). The kernel's scratch
+    (W^T in wt, the k-major inputs in ht, poisoned before each launch) is checked exactly
+    here: W^T (GRU: then zeros), x_t^T, and every layer's h_s^T equal to its own h output."""
     rng = np.random.default_rng(seed)
     f32 = np.float32
-    ldw = 4 * H * H + 64          # a layer's stride in the flat parameters (as the plan's)
-    ldb = 4 * H + 4
+    G = 4 if cell == "lstm" else 3     # gate rows (of H) of W and R
+    ldw = G * H * H + 64          # a layer's stride in the flat parameters (as the plan's)
+    ldb = G * H + 4
     x = rng.standard_normal((T, B, H)).astype(f32)
-    W = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
-    R = (rng.standard_normal((L, 4 * H, H)) / np.sqrt(H)).astype(f32)
+    W = (rng.standard_normal((L, G * H, H)) / np.sqrt(H)).astype(f32)
+    R = (rng.standard_normal((L, G * H, H)) / np.sqrt(H)).astype(f32)
     wih, whh = np.zeros((L, ldw), f32), np.zeros((L, ldw), f32)
-    wih[:, :4 * H * H], whh[:, :4 * H * H] = W.reshape(L, -1), R.reshape(L, -1)
+    wih[:, :G * H * H], whh[:, :G * H * H] = W.reshape(L, -1), R.reshape(L, -1)
     bw = (0.1 * rng.standard_normal((L, ldb))).astype(f32)
     br = (0.1 * rng.standard_normal((L, ldb))).astype(f32)
     h = np.full((L, T + 1, B, H), np.nan, f32)
@@ -80,7 +81,7 @@ def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2):
     smem = stack.stack_smem_bytes(H)
     r = subprocess.run([str(exe), str(B), str(H), str(T), str(L), str(stack.PS_M // 4),
                         str(smem), str(launches), str(tmp_path), str(ldw), str(ldw), str(ldb),
-                        str(ldb)], capture_output=True, text=True, timeout=600)
+                        str(ldb), cell], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     got_h = np.fromfile(tmp_path / "h.out", f32).reshape(L, T + 1, B, H)[:, 1:]
     got_c = np.fromfile(tmp_path / "c.out", f32).reshape(L, T + 1, B, H)[:, 1:]
@@ -88,34 +89,55 @@ def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2):
     wt = np.fromfile(tmp_path / "wt.out", f32).reshape(L, H, 4 * H)
     ht = np.fromfile(tmp_path / "ht.out", f32).reshape(L + 1, T + 1, H, 64)[..., :B]
     got_hall = np.fromfile(tmp_path / "h.out", f32).reshape(L, T + 1, B, H)
-    assert np.array_equal(wt, W.transpose(0, 2, 1)), "wt is not W^T"
+    assert np.array_equal(wt[..., :G * H], W.transpose(0, 2, 1)), "wt is not W^T"
+    assert not wt[..., G * H:].any(), "wt's padding (GRU: n's R part) is not zero"
     assert np.array_equal(ht[0, 1:], x.transpose(0, 2, 1)), "ht block 0 is not x^T"
     assert np.array_equal(ht[1:], got_hall.transpose(0, 1, 3, 2), equal_nan=True), \
         "ht is not h^T"
     # the float64 reference (rnnrt.reference): each layer's c and saved gates from its cache
     f64 = np.float64
     p = [{"weight_ih": W[n].astype(f64), "weight_hh": R[n].astype(f64),
-          "bias_ih": bw[n, :4 * H].astype(f64), "bias_hh": br[n, :4 * H].astype(f64)}
+          "bias_ih": bw[n, :G * H].astype(f64), "bias_hh": br[n, :G * H].astype(f64)}
          for n in range(L)]
-    _, _, _, cache = reference.forward("lstm", p, x.astype(f64), h[:, 0].astype(f64),
-                                       c[:, 0].astype(f64))
-    return (got_h, got_c, got_a), cache.sequences()
+    lstm = cell == "lstm"
+    _, _, _, cache = reference.forward(cell, p, x.astype(f64), h[:, 0].astype(f64),
+                                       c[:, 0].astype(f64) if lstm else None)
+    return (got_h, got_c if lstm else None, got_a), cache.sequences()
 
 
 SHAPES = [(64, 64, 3, 2), (5, 64, 4, 3), (37, 192, 3, 2)]   # (B, H, T, L): tile edges, B < 8
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
-def test_stack_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape):
-    got, want = run_sim(sim, tmp_path, *shape)
+def test_stack_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape, cell):
+    got, want = run_sim(sim, tmp_path, *shape, cell=cell)
     for name, g, w in zip(("h", "c", "act"), got, want):
-        assert_close(g, w, FP32_ATOL, FP32_RTOL, name=f"stack {shape} {name}")
+        if w is None:   # GRU: no c
+            assert g is None
+            continue
+        assert_close(g, w, FP32_ATOL, FP32_RTOL, name=f"{cell} stack {shape} {name}")
 
 
-def test_stack_kernel_without_its_waits_is_caught(sim_no_waits, tmp_path):
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_stack_kernel_without_its_waits_is_caught(sim_no_waits, tmp_path, cell):
     """Layers 1 and 2 then read layer 0's h before it is written (NaN poison) and every
     layer its own h_t before the other blocks wrote it: the comparison must fail."""
-    got, want = run_sim(sim_no_waits, tmp_path, 16, 64, 4, 3, launches=1)
+    got, want = run_sim(sim_no_waits, tmp_path, 16, 64, 4, 3, launches=1, cell=cell)
+    assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
+
+
+def test_a_gru_stack_that_mixes_n_s_two_parts_is_caught(tmp_path_factory, tmp_path):
+    """The GRU kernel's zero groups matter: R's n rows in n's W group too (its zero row
+    group given R's n rows instead) adds R_n h to n's W part: the comparison must fail."""
+    text = source("persistent_stack.cu")
+    cut = text.replace("const float4 v = GRU && q == 2 ? make_float4(0.f, 0.f, 0.f, 0.f) :",
+                       "const float4 v = false ? make_float4(0.f, 0.f, 0.f, 0.f) :")
+    cut = cut.replace("const int qr = GRU && q == 3 ? 2 : q;   // the parameter's gate of "
+                      "the row group", "const int qr = GRU && q >= 2 ? 2 : q;")
+    assert cut.count("false ? make_float4") == 1 and cut.count("q >= 2 ? 2 : q;") == 1
+    exe = _build(tmp_path_factory, cut, "stack_sim_gru_mixed")
+    got, want = run_sim(exe, tmp_path, 8, 64, 3, 2, launches=1, cell="gru")
     assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
 
 
@@ -132,7 +154,8 @@ def test_fit_rules_name_what_is_wrong():
     ok = stack.stack_fit("lstm", 512, 64, 4, 512, p)
     assert ok.ok and ok.blocks == 128 and ok.smem_bytes == stack.stack_smem_bytes(512)
     assert ok.grid == (128, 1, 1) and ok.block == (256, 1, 1)
-    cases = [(("gru", 512, 64, 4, 512), "LSTM only"),
+    assert stack.stack_fit("gru", 512, 64, 4, 512, p).kernel == "gru_persistent_stack_fwd"
+    cases = [(("rnn_tanh", 512, 64, 4, 512), "LSTM and GRU only"),
              (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
              (("lstm", 528, 64, 2, 528), "multiple of 64"),
              (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
@@ -216,3 +239,69 @@ def test_plan_says_why_the_stack_is_not_used():
     # overlaps layers; the stack is not considered
     cl = forward_plan(key(device=H100_SXM))
     assert "cluster" in cl.fit and stack.STACK_KERNEL not in cl.fit
+
+
+# --- the GRU stack: a named family only (kernels/choice.py STACK_CHOSEN_CELLS) -----------------
+
+def gru_key(train=False, bias=True, family="stack", backward=None):
+    sw = ladder()[-1].switches
+    return PlanKey("gru", T, B, H, H, L, bias, sw, train=train, device=SM80, family=family,
+                   backward=backward)
+
+
+@pytest.mark.parametrize("backward", [None, "persistent"], ids=["step-bwd", "persistent-bwd"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_a_gru_stack_plan_forward_and_training_equal_the_reference(bias, backward):
+    """family 'stack' names the GRU stack kernel: one launch, race-free; its forward (the
+    twin on the NumPy executor) and the backward after it (no GRU stack backward: the
+    per-step one, or with 'persistent' the per-layer persistent backward) equal the float64
+    reference."""
+    layout, flat, x, h0, _, _ = random_layer_stack("gru", L, T, B, H, H, bias, 4)
+    flat, x, h0 = (a.astype(np.float64) for a in (flat, x, h0))   # widened exactly
+    rng = np.random.default_rng(5)
+    dy, dhn = rng.standard_normal((T, B, H)), rng.standard_normal((L, B, H))
+    k = gru_key(train=True, bias=bias, backward=backward)
+    fwd, bwd = forward_plan(k), backward_plan(k)
+    ks = [op.name for op in fwd.ops if isinstance(op, Kernel)]
+    # one stack launch (the transposes of W and R are the per-step backward's, training)
+    assert [n for n in ks if n != "transpose"] == ["gru_persistent_stack_fwd"]
+    assert fwd.counts().get("gemm:wx", 0) == 0
+    if backward:   # the per-layer persistent backward, saying why not the stack backward
+        assert bwd.fit.startswith("gru backward") and bwd.fallback is None
+        assert "the stack backward is built for LSTM only" in bwd.fit
+    else:
+        assert bwd.fit is None
+    assert fwd.fit.startswith("stack gru") and not find_races(fwd) and not find_races(bwd)
+    ws = Workspace(bwd, np, np.float64, flat)
+    ws.poison(roles=("io", "scratch"))
+    ws.load_inputs(x, h0)
+    numpy_exec.run(fwd, ws)
+    p = per_layer(flat, layout)
+    y, hn, _, cache = reference.forward("gru", p, x, h0, None)
+    out = ws.outputs()
+    for name, want in (("y", y), ("h_n", hn)):
+        assert_close(out[name], want, 1e-12, 1e-10, name=f"gru stack plan {name}")
+    ws.load(dy=dy, dh_n=dhn)
+    numpy_exec.run(bwd, ws)
+    g = reference.backward("gru", p, cache, dy, dhn)
+    for name in ("dx", "dh0"):
+        assert_close(ws.read(name), g[name], 1e-12, 1e-10, name=name)
+    grads, got = to_flat(g["params"], layout), ws.read("grads")
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        assert_close(got[e.offset:e.offset + n], grads[e.offset:e.offset + n], 1e-12, 1e-10,
+                     name=e.name)
+
+
+def test_the_rules_and_the_selector_leave_the_gru_stack_unnamed():
+    """Not yet run on a GPU: the rules do not choose it (the fit says why) and the selector
+    does not list it; LSTM's stack is chosen as before."""
+    from rnnrt.kernels import choice as C
+    from rnnrt.kernels.selector import Shape
+    plan = forward_plan(gru_key(family=None))
+    assert "gru_persistent_stack_fwd" not in {op.name for op in plan.ops
+                                              if isinstance(op, Kernel)}
+    assert C.STACK_UNCHECKED_NOTE in plan.fit
+    for cell in ("lstm", "gru"):
+        fams = C.fitting_families(Shape(cell, 4, 512, 512, 64, 100), H100_SXM)
+        assert ("stack" in fams) == (cell in C.STACK_CHOSEN_CELLS), (cell, fams)

@@ -272,7 +272,8 @@ def test_fit_rules_name_what_is_wrong():
         f = SB.stack_bwd_fit("lstm", H, B, L, H, props)
         assert f.ok and not f.pair and f.kernel == SB.STACK_BWD_KERNEL, (args, f.reason)
         assert re.search("cluster pairs decline: " + why, f.reason), f.reason
-    cases = [(("gru", 512, 64, 4, 512), "stack kernel's fit: .*LSTM only"),
+    cases = [(("gru", 512, 64, 4, 512), "stack backward is built for LSTM only"),
+             (("rnn_tanh", 512, 64, 4, 512), "stack backward is built for LSTM only"),
              (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
              (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
              (("lstm", 512, 64, 5, 512), "160 > 132 SMs"),
