@@ -64,7 +64,9 @@ def geomean(values) -> float | None:
 @dataclass
 class Miss:
     """A point whose training step's ratio is below its forward's: both ratios, the
-    schedules chosen, and the share of the ceiling the training step has and would need."""
+    schedules chosen, the share of the ceiling the training step has and would need, and
+    the backward's time per forward time, ours and cuDNN's (from each row's ms and ratio:
+    the training step's ratio reaches the forward's exactly where ours is at most cuDNN's)."""
 
     point: tuple
     fwd: float
@@ -72,11 +74,28 @@ class Miss:
     schedule: str
     share_now: float | None
     share_needed: float | None
+    bwd_per_fwd: float | None = None
+    cudnn_bwd_per_fwd: float | None = None
 
     def as_dict(self) -> dict:
         return {"point": dict(zip(POINT, self.point)), "ratio_fwd": self.fwd,
                 "ratio_fwdbwd": self.fwdbwd, "schedule": self.schedule,
-                "share_of_ceiling": self.share_now, "share_needed": self.share_needed}
+                "share_of_ceiling": self.share_now, "share_needed": self.share_needed,
+                "backward_per_forward": self.bwd_per_fwd,
+                "cudnn_backward_per_forward": self.cudnn_bwd_per_fwd}
+
+
+def backward_per_forward(fwd_row: dict, fb_row: dict) -> tuple:
+    """(ours, cuDNN's) backward time per forward time at one point, from its forward and
+    training-step rows (ms_median and ratio_vs_cudnn each: cuDNN's ms = ours x the ratio);
+    None where a number is missing or not positive. The training step's ratio is at least
+    the forward's exactly where ours <= cuDNN's."""
+    t_f, t_fb = number(fwd_row.get("ms_median")), number(fb_row.get("ms_median"))
+    r_f, r_fb = number(fwd_row.get("ratio_vs_cudnn")), number(fb_row.get("ratio_vs_cudnn"))
+    if None in (t_f, t_fb, r_f, r_fb):
+        return None, None
+    c_f, c_fb = t_f * r_f, t_fb * r_fb
+    return (t_fb - t_f) / t_f, (c_fb - c_f) / c_f
 
 
 @dataclass
@@ -111,7 +130,8 @@ class GridSummary:
             row = self.rows[(p, "fwd+bwd")]
             share = number(row.get("share_of_ceiling"))
             out.append(Miss(p, fwd[p], fb[p], str(row.get("schedule", "?")), share,
-                            share * fwd[p] / fb[p] if share else None))
+                            share * fwd[p] / fb[p] if share else None,
+                            *backward_per_forward(self.rows[(p, "fwd")], row)))
         return len(both), sorted(out, key=lambda m: m.fwdbwd / m.fwd)
 
     def as_dict(self) -> dict:
@@ -168,12 +188,14 @@ class GridSummary:
                          f"of {n_both} point{'' if n_both == 1 else 's'} with both passes")
             if misses:
                 lines.append(f"      {'point':<28} {'fwd':>6} {'fwd+bwd':>8}  share of the "
-                             f"ceiling now -> needed  schedule")
+                             f"ceiling now -> needed  bwd/fwd time vs cuDNN's  schedule")
             for m in cut(misses):
                 share = ("-" if m.share_now is None
                          else f"{m.share_now:.2f} -> {m.share_needed:.2f}")
+                per = ("-" if m.bwd_per_fwd is None
+                       else f"{m.bwd_per_fwd:.2f} vs {m.cudnn_bwd_per_fwd:.2f}")
                 lines.append(f"      {point_label(m.point):<28} {m.fwd:5.2f}x {m.fwdbwd:7.2f}x"
-                             f"  {share:>27}  {m.schedule}")
+                             f"  {share:>27}  {per:>23}  {m.schedule}")
             lines += more(misses)
         return lines
 

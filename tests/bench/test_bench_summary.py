@@ -96,6 +96,28 @@ def test_training_step_verdict_and_the_share_it_would_need():
     assert "at least the forward's ratio at 2 of 3" in "\n".join(g.text())
 
 
+def test_backward_per_forward_time_ours_against_cudnns():
+    """The miss as time: forward 1 ms at 3x (cuDNN 3 ms), training step 3 ms at 2x (cuDNN 6
+    ms): our backward 2 ms a forward ms, cuDNN's 1. Over a grid of ratios the training step
+    meets the forward's ratio exactly where ours is at most cuDNN's; a missing number has none."""
+    rows = [row(H=128, ratio=3.0, ms_median=1.0),
+            row(H=128, pass_="fwd+bwd", ratio=2.0, ms_median=3.0)]
+    (g,) = S.summarize(rows)
+    (m,) = g.misses()[1]
+    assert (m.bwd_per_fwd, m.cudnn_bwd_per_fwd) == pytest.approx((2.0, 1.0))
+    assert m.as_dict()["cudnn_backward_per_forward"] == pytest.approx(1.0)
+    assert "2.00 vs 1.00" in "\n".join(g.text())
+    for r_f in (1.0, 1.5, 2.5):
+        for r_fb in (0.8, 1.5, 3.0):
+            for t_f, t_fb in ((1.0, 2.0), (2.0, 7.0)):
+                ours, cudnn = S.backward_per_forward({"ms_median": t_f, "ratio_vs_cudnn": r_f},
+                                                     {"ms_median": t_fb,
+                                                      "ratio_vs_cudnn": r_fb})
+                assert (r_fb >= r_f) == (ours <= cudnn + 1e-12), (r_f, r_fb, t_f, t_fb)
+    assert S.backward_per_forward({"ms_median": 1.0}, {"ms_median": 2.0,
+                                                        "ratio_vs_cudnn": 1.0}) == (None, None)
+
+
 def test_limit_cuts_each_list_and_says_how_many_more():
     rows = [row(H=h, ratio=0.5) for h in (128, 256, 512, 1024)]
     (g,) = S.summarize(rows)
