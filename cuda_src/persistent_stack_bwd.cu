@@ -11,7 +11,10 @@
  * Design: docs/kernels.md ("The stack backward"); the host side (fit, NumPy twin):
  * rnnrt/kernels/stack_bwd.py.
  *
- * Variants: one kernel (LSTM). Compile-time knobs for experiments (stack_bwd_bench.py
+ * Variants: two kernels, LSTM and GRU (one template). GRU's K = 4H product rows are dr, dz, dn
+ * (n's W side) and dhn (n's R side): R's rows r, z, zeros, n and W's r, z, n, zeros (the last
+ * quarter's W tiles are neither copied nor multiplied); dh_{t-1} = the R product + dh z (the
+ * carried term in LSTM's dc's place); dgx and dgh written apart. Compile-time knobs for experiments (stack_bwd_bench.py
  * --define): SB_KT (k rows a staged tile: a multiple of 64; 128 with SB_NS 2 fits a block at
  * H 512), SB_NS (stages), PK_TIMING (persistent_common.cuh).
  *
@@ -48,8 +51,27 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        U = 16
+ *   kernel gru_persistent_stack_bwd(rows = B, cols = H)
+ *       per layer from the top, steps T-1 .. 0: gru_bwd's arithmetic on dh = dh_above +
+ *       dh_rec, then dh_rec of step t-1 = [dr dz dn dhn] [R_r; R_z; 0; R_n] + dh z and the
+ *       gradient into the input of step t = [dr dz dn dhn] [W_r; W_z; W_n; 0]
+ *     out dgx    [L*T*B, 3H]     every layer's and step's W-side gate gradients dr, dz, dn
+ *     out dgh    [L*T*B, 3H]     the R side's: dr, dz, dhn (for the dW_hh GEMMs)
+ *     out dhin   [L*T*B, H]      as lstm_persistent_stack_bwd's
+ *     out dx     [T*B, H]        the gradient into the input sequence
+ *     out dh0    [L*B, H]        the gradient into h0 of every layer
+ *     out sync   [1, 2L]         as lstm_persistent_stack_bwd's
+ *     out dgt    [8*L*H, 64]     scratch: [dr dz dn dhn]^T k-major, two slots a layer
+ *     in  dh_n   [L*B, H]        the gradient into the last h of every layer
+ *     in  act    [L*T*B, 4H]     the forward's r, z, n, hn
+ *     in  h      [L*(T+1)*B, H]  the forward's h (slot 0 = h0)
+ *     in  w_ih   [L, 3*H*H]      row l: layer l's weight_ih [3H, H]
+ *     in  w_hh   [L, 3*H*H]      row l: layer l's weight_hh
+ *     int T                      steps (>= 1)
+ *     int L                      layers
+ *     int units_per_block        U = 16
  *
- * Resources (sm_90, nvcc 13.0): 254 registers, no spills (rnnrt.kernels.stack_bwd.SB_REGS = 255,
+ * Resources (sm_90, nvcc 13.0): 237 registers (LSTM; GRU 225), no spills (rnnrt.kernels.stack_bwd.SB_REGS = 255,
  *   the fit's: tests hold nvcc's and NVRTC's builds to it) under
  *   __launch_bounds__(PK_MAX_THREADS = 256, 1);
  *   dynamic shared memory 4H*16*4 (R slice) + SB_NS * 20,544 (stages): 192,704 bytes at H 512.
@@ -121,26 +143,35 @@ __device__ __forceinline__ void sb_tile_fma(float (&acc)[SB_TM][SB_TB], pk_saddr
     }
 }
 
-// One layer-block of the stack's backward. Views as the header's lstm_persistent_stack_bwd.
+// One layer-block of the stack's backward. Views as the header's lstm_persistent_stack_bwd;
+// GRU (CELL_GRU): dgh beside dgx, c is the forward's h (slot t: h_{t-1} of step t), no dc0 or
+// dcn (dc0 aliases dh0, dcn is unread), the product's K = 4H rows dr, dz, dn, dhn against R's
+// rows (r, z, zeros, n) and W's (r, z, n, zeros: the last quarter's tiles are not copied or
+// multiplied), dh_{t-1} = the R product + dh z.
+template <int CELL>
 __device__ __forceinline__ void persistent_stack_bwd(
-        int B, int H, float* dgx, long long lddgx, float* dhin, long long lddhin, float* dx,
-        long long lddx, float* dh0, long long lddh0, float* dc0, long long lddc0,
-        unsigned int* sync, float* dgt, long long ldgt, const float* dhn, long long lddhn,
-        const float* dcn, long long lddcn, const float* act, long long ldact, const float* c,
-        long long ldc, const float* wih, long long ldwih, const float* whh, long long ldwhh,
-        int T, int L, int u_arg) {
+        int B, int H, float* dgx, long long lddgx, float* dgh, long long lddgh, float* dhin,
+        long long lddhin, float* dx, long long lddx, float* dh0, long long lddh0, float* dc0,
+        long long lddc0, unsigned int* sync, float* dgt, long long ldgt, const float* dhn,
+        long long lddhn, const float* dcn, long long lddcn, const float* act, long long ldact,
+        const float* c, long long ldc, const float* wih, long long ldwih, const float* whh,
+        long long ldwhh, int T, int L, int u_arg) {
+    static_assert(CELL == CELL_LSTM || CELL == CELL_GRU, "the stack backward: LSTM and GRU");
+    constexpr bool GRU = CELL == CELL_GRU;
     constexpr int U = SB_U;
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int NB = H / U;                 // blocks a layer
     const int K = 4 * H;                  // the product's depth: the gate rows
     const int NT = K / SB_KT;             // tiles a step
+    const int NW = GRU ? 3 * H / SB_KT : NT;   // tiles with W rows (GRU: dhn's have none)
     const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
     const long long need = 4LL * ((long long)K * U + SB_NS * SB_STAGE);
     auto aligned = [](const void* p) {
         return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
     };
     if (blockDim.x != PK_MAX_THREADS || u_arg != U || K % SB_KT != 0 || H % U != 0 || B < 1 ||
+        (GRU && (3 * H) % SB_KT != 0) ||
         B > SB_BMAX || L < 1 || T < 1 || (long long)gridDim.x != (long long)L * NB ||
         (long long)dynamic_smem_bytes() < need || ldgt != SB_BMAX || !aligned(dgt) ||
         !aligned(wih) || !aligned(whh) || ldwih % 4 || ldwhh % 4)
@@ -153,6 +184,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
     act += l * TB * ldact;
     c += l * (TB + B) * ldc;
     dgx += l * TB * lddgx;
+    if (GRU) dgh += l * TB * lddgh;
     const float* const dh_above = dhin + l * TB * lddhin;   // layer L-1's: dy (read)
     // where dg_t W goes: the layer below's dh_above, or dx
     float* const down = l ? dhin + (l - 1) * TB * lddhin : dx;
@@ -166,17 +198,20 @@ __device__ __forceinline__ void persistent_stack_bwd(
     float* const red = st;                         // [4][SB_BMAX][SB_RP], after the K loop
     float* const tile = st;                        // [4U][SB_TP]: dg_t^T of the block's rows
 
-    // The R slice, once: Rs[k][ju] = R[k, j0 + ju] (a row of R's 16 columns is 4 float4s)
+    // The R slice, once: Rs[k][ju] = R[k, j0 + ju] (a row of R's 16 columns is 4 float4s);
+    // GRU: rows dr, dz as R's, zeros for dn (n's W side), R's n rows for dhn
     for (int e = tid; e < K * (U / 4); e += PK_MAX_THREADS) {
         const int k = e / (U / 4), q = e % (U / 4);
+        const int kr = GRU && k >= 3 * H ? k - H : k;   // R's row of product row k
         *reinterpret_cast<float4*>(Rs + k * U + 4 * q) =
-            __ldg(reinterpret_cast<const float4*>(whh + (long long)k * H + j0 + 4 * q));
+            GRU && k >= 2 * H && k < 3 * H ? make_float4(0.f, 0.f, 0.f, 0.f) :
+            __ldg(reinterpret_cast<const float4*>(whh + (long long)kr * H + j0 + 4 * q));
     }
 
     // Carried in registers: dh_rec (the R half of the last product: the block's own units)
     // and dc of the thread's cells (sb_cell_of).
     float dhrec[SB_CPT], dcar[SB_CPT];
-    sb_cells_init(l, B, j0, dhn, lddhn, dcn, lddcn, dhrec, dcar);
+    sb_cells_init(l, B, j0, dhn, lddhn, GRU ? dhn : dcn, GRU ? lddhn : lddcn, dhrec, dcar);
 
     // The float4s this thread copies of each tile: each warp copies only the SB_KPW k rows of
     // a tile it multiplies (no block barrier in the K loop, as the forward). W part: k rows
@@ -192,10 +227,12 @@ __device__ __forceinline__ void persistent_stack_bwd(
     auto issue = [&](int n, const float* dg) {
         if (n < NT && !(PK_TIMING & 1)) {
             float* const s = st + (n % SB_NS) * SB_STAGE;
+            if (!GRU || n < NW) {
 #pragma unroll
-            for (int i = 0; i < SB_CW; ++i)
-                pk_cp_async16(s + dst_w + i * 8 * U,
-                              w_thr + ((long long)n * SB_KT + 8 * i) * H);
+                for (int i = 0; i < SB_CW; ++i)
+                    pk_cp_async16(s + dst_w + i * 8 * U,
+                                  w_thr + ((long long)n * SB_KT + 8 * i) * H);
+            }
             if (x_ok) {
                 const float* const xs = dg + (long long)(n * SB_KT + kr0) * SB_BMAX + 4 * q4;
 #pragma unroll
@@ -223,9 +260,12 @@ __device__ __forceinline__ void persistent_stack_bwd(
         const int t = T - 1 - s;
         const unsigned int done = (unsigned int)(s + 1) * NB;   // counts after step t
         // --- the pointwise backward of step t, dg_t published
-        const float* const dgs = sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above,
-                                              lddhin, dgx, lddgx, tile, dgt, above, dg_done,
-                                              done, dhrec, dcar);
+        const float* const dgs =
+            GRU ? sb_pointwise_gru(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
+                                   lddgx, dgh, lddgh, tile, dgt, above, dg_done, done, dhrec,
+                                   dcar)
+                : sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
+                               lddgx, tile, dgt, above, dg_done, done, dhrec, dcar);
 
         // --- the product of step t: [R | W][:, J]^T dg_t^T, every block of the layer's
         // dg_t (each warp waits for itself: it issues and reads only its own rows)
@@ -243,7 +283,8 @@ __device__ __forceinline__ void persistent_stack_bwd(
             __syncwarp();              // ... the warp's; the warp has read its rows of n-1
             issue(n + SB_NS - 1, dgs);
             const pk_saddr sa = st_a + 4u * ((n % SB_NS) * SB_STAGE);
-            sb_tile_fma(acc, lr ? sa + w_lane : r_lane + 4u * (n * SB_KT * U), sa + x_lane);
+            if (!GRU || !lr || n < NW)   // (GRU: no W rows for dhn's tiles)
+                sb_tile_fma(acc, lr ? sa + w_lane : r_lane + 4u * (n * SB_KT * U), sa + x_lane);
         }
         PS_NOTE(s, 4);
         pk_cp_wait<0>();
@@ -291,7 +332,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
                 vr += p[k * SB_BMAX * SB_RP];
                 vw += p[k * SB_BMAX * SB_RP + U];
             }
-            dhrec[i] = vr;
+            dhrec[i] = GRU ? vr + dcar[i] : vr;   // GRU: + dh z, this step's carry
             __stcg(down + ((long long)t * B + b) * lddown + j0 + jj, vw);
         }
         if (l) {   // the layer below waits for this
@@ -304,7 +345,13 @@ __device__ __forceinline__ void persistent_stack_bwd(
         PS_NOTE(s, 5);
         // (layer 0: the next step's first __syncthreads orders red's reads before the tile)
     }
-    sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
+    if (GRU) {   // no dc0: sb_finish's dc0 store aliases dh0 with the same values
+#pragma unroll
+        for (int i = 0; i < SB_CPT; ++i) dcar[i] = dhrec[i];
+        sb_finish(l, L, B, j0, dh0, lddh0, dh0, lddh0, sync, dhrec, dcar);
+    } else {
+        sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_bwd(
@@ -314,7 +361,21 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_
         const float* act, int ldact, const float* c, int ldc, const float* w_ih, int ldw_ih,
         const float* w_hh, int ldw_hh, int T, int L, int units_per_block) {
     (void)ldsync;
-    persistent_stack_bwd(rows, cols, dgx, lddgx, dhin, lddhin, dx, lddx, dh0, lddh0, dc0,
-                         lddc0, sync, dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c,
-                         ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L, units_per_block);
+    persistent_stack_bwd<CELL_LSTM>(rows, cols, dgx, lddgx, nullptr, 0, dhin, lddhin, dx, lddx,
+                                    dh0, lddh0, dc0, lddc0, sync, dgt, ldgt, dh_n, lddh_n, dc_n,
+                                    lddc_n, act, ldact, c, ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L,
+                                    units_per_block);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_stack_bwd(
+        int rows, int cols, float* dgx, int lddgx, float* dgh, int lddgh, float* dhin,
+        int lddhin, float* dx, int lddx, float* dh0, int lddh0, unsigned int* sync, int ldsync,
+        float* dgt, int ldgt, const float* dh_n, int lddh_n, const float* act, int ldact,
+        const float* h, int ldh, const float* w_ih, int ldw_ih, const float* w_hh, int ldw_hh,
+        int T, int L, int units_per_block) {
+    (void)ldsync;
+    persistent_stack_bwd<CELL_GRU>(rows, cols, dgx, lddgx, dgh, lddgh, dhin, lddhin, dx, lddx,
+                                   dh0, lddh0, nullptr, 0, sync, dgt, ldgt, dh_n, lddh_n,
+                                   nullptr, 0, act, ldact, h, ldh, w_ih, ldw_ih, w_hh, ldw_hh, T,
+                                   L, units_per_block);
 }

@@ -14,6 +14,10 @@
  *                              dgx and (transposed, k-major) into the layer's dg^T slot, and
  *                              the count that publishes it (the PK_TRACE points 0..2)
  *   sb_finish                  dh0, dc0, and the last block out zeroes the counters
+ *   sb_publish_tile            a step's dg_t tile into the layer's dg^T slot, counted
+ *   sb_pointwise_gru           sb_pointwise's GRU form (the one-block kernel's GRU instance):
+ *                              dg_t's 4 row groups dr, dz, dn (W side), dhn (R side), dgx and
+ *                              dgh apart, dh z carried
  * The kernels own the same units per block (J = [rank*16, rank*16 + 16) of layer l = block /
  * NB); the fp32 two publish dg_t the same way (sb_pointwise: a k-major dg^T scratch), the
  * tensor-core one rounded to the storage type in dgx's rows (which its product stages as
@@ -104,6 +108,33 @@ __device__ __forceinline__ void sb_cells_bwd(int t, int B, int H, int j0, const 
     }
 }
 
+// The block's dg_t tile ([4U][SB_TP], written) into this layer's dgt slot t & 1, 16 bytes a
+// copy: gate row q*U + jj is dg^T row q*H + j0 + jj (its first nbc float4s), then counted on
+// dg_done. Slot t & 1 was last read by every block of the layer at step t+2's product, before
+// each counted step t+1 (which this block waited for before its product of step t+1).
+// Returns the slot.
+__device__ __forceinline__ float* sb_publish_tile(int t, int B, int H, int j0,
+                                                  const float* tile, float* dgt,
+                                                  unsigned int* dg_done) {
+    constexpr int U = SB_U;
+    const int tid = threadIdx.x;
+    const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
+    float* const dgs = dgt + (long long)(t & 1) * 4 * H * SB_BMAX;
+    for (int e = tid; e < 4 * U * (SB_BMAX / 4); e += PK_MAX_THREADS) {
+        const int rr = e / (SB_BMAX / 4), cc = e % (SB_BMAX / 4);
+        if (cc >= nbc) continue;
+        const int q = rr / U, jj = rr % U;
+        sb_stcg4(dgs + (long long)(q * H + j0 + jj) * SB_BMAX + 4 * cc,
+                 *reinterpret_cast<const float4*>(tile + rr * SB_TP + 4 * cc));
+    }
+    __syncthreads();   // the block's dg_t^T is issued (and the tile read)
+    if (tid == 0) {
+        pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
+        atomicAdd(dg_done, 1u);
+    }
+    return dgs;
+}
+
 // The pointwise backward of step t (the s-th step: t = T-1-s) of the block's cells, then its
 // dg_t published: into dgx (row-major, streaming: only the dW GEMMs after the launch read
 // it), through the shared tile [4U][SB_TP] into the layer's dg^T slot t & 1 (k-major
@@ -119,7 +150,6 @@ __device__ __forceinline__ float* sb_pointwise(
         unsigned int done, float (&dhrec)[SB_CPT], float (&dcar)[SB_CPT]) {
     constexpr int U = SB_U;
     const int tid = threadIdx.x;
-    const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
     PS_NOTE(s, 0);
     float gates[SB_CPT][4], cn[SB_CPT], cp[SB_CPT];
     sb_load_step(t, B, H, j0, act, ldact, c, ldc, gates, cn, cp);
@@ -144,23 +174,7 @@ __device__ __forceinline__ float* sb_pointwise(
                                  });
     }
     __syncthreads();   // the tile is written
-    // The tile into this layer's dgt slot t & 1, 16 bytes a copy: gate row q*U + jj is dg^T
-    // row q*H + j0 + jj (its first nbc float4s). Slot t & 1 was last read by every block of
-    // the layer at step t+2's product, before each counted step t+1 (which this block waited
-    // for before its product of step t+1).
-    float* const dgs = dgt + (long long)(t & 1) * 4 * H * SB_BMAX;
-    for (int e = tid; e < 4 * U * (SB_BMAX / 4); e += PK_MAX_THREADS) {
-        const int rr = e / (SB_BMAX / 4), cc = e % (SB_BMAX / 4);
-        if (cc >= nbc) continue;
-        const int q = rr / U, jj = rr % U;
-        sb_stcg4(dgs + (long long)(q * H + j0 + jj) * SB_BMAX + 4 * cc,
-                 *reinterpret_cast<const float4*>(tile + rr * SB_TP + 4 * cc));
-    }
-    __syncthreads();   // the block's dg_t^T is issued (and the tile read)
-    if (tid == 0) {
-        pk_fence_acq_rel();   // ... and visible GPU-wide before this block counts (release)
-        atomicAdd(dg_done, 1u);
-    }
+    float* const dgs = sb_publish_tile(t, B, H, j0, tile, dgt, dg_done);
     PS_NOTE(s, 2);
     return dgs;
 }
@@ -187,4 +201,63 @@ __device__ __forceinline__ void sb_finish(int l, int L, int B, int j0, float* dh
         atomicExch(sync + 1, 0u);
     }
 }
+// The pointwise backward of step t of the block's GRU cells (sb_pointwise's form): h_{t-1}
+// from the forward's h (slot t of the layer: st), the gates r, z, n, hn from act; dh = dh_above
+// + dh_rec; gru_bwd's arithmetic; dgx's row gets (dr, dz, dn) and dgh's (dr, dz, dhn) at q*H
+// (streaming: only the dW GEMMs after the launch read them); the tile's 4 row groups (dr, dz,
+// dn, dhn) at q*U + jj go to the layer's dg^T slot t & 1 as sb_pointwise's; `carry` gets dh z
+// (the part of dh_{t-1} that does not pass through R: the caller adds it to the product's).
+__device__ __forceinline__ float* sb_pointwise_gru(
+        int s, int t, int B, int H, int j0, const float* act, long long ldact, const float* hs,
+        long long ldh, const float* dh_above, long long lddhin, float* dgx, long long lddgx,
+        float* dgh, long long lddgh, float* tile, float* dgt, const unsigned int* above,
+        unsigned int* dg_done, unsigned int done, const float (&dhrec)[SB_CPT],
+        float (&carry)[SB_CPT]) {
+    constexpr int U = SB_U;
+    const int tid = threadIdx.x;
+    PS_NOTE(s, 0);
+    float g[SB_CPT][4], hp[SB_CPT];
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        sb_cell_of(tid, i, b, jj);
+        if (b >= B) continue;
+        const long long row = (long long)t * B + b;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) g[i][q] = __ldcs(act + row * ldact + q * H + j0 + jj);
+        hp[i] = __ldcs(hs + row * ldh + j0 + jj);
+    }
+    if (tid == 0 && above) ps_wait(above, done);
+    __syncthreads();
+    PS_NOTE(s, 1);
+#pragma unroll
+    for (int i = 0; i < SB_CPT; ++i) {
+        int b, jj;
+        sb_cell_of(tid, i, b, jj);
+        if ((PK_TIMING & 8) || b >= B) continue;
+        const long long row = (long long)t * B + b;
+        const float dh = __ldcg(dh_above + row * lddhin + j0 + jj) + dhrec[i];
+        const float r = g[i][0], z = g[i][1], n = g[i][2], hn = g[i][3];
+        const float dhz = dh * z;
+        const float dn = (dh - dhz) * (1.f - n * n);
+        const float dz = (dh * (hp[i] - n)) * (z * (1.f - z));
+        const float dhn = dn * r;
+        const float dr = (dn * hn) * (r * (1.f - r));
+        carry[i] = dhz;
+        float* const gx = dgx + row * lddgx + j0 + jj;
+        float* const gh = dgh + row * lddgh + j0 + jj;
+        __stcs(gx, dr), __stcs(gx + H, dz), __stcs(gx + 2 * H, dn);
+        __stcs(gh, dr), __stcs(gh + H, dz), __stcs(gh + 2 * H, dhn);
+        float* const t_out = tile + jj * SB_TP + b;
+        t_out[0] = dr;
+        t_out[U * SB_TP] = dz;
+        t_out[2 * U * SB_TP] = dn;
+        t_out[3 * U * SB_TP] = dhn;
+    }
+    __syncthreads();   // the tile is written
+    float* const dgs = sb_publish_tile(t, B, H, j0, tile, dgt, dg_done);
+    PS_NOTE(s, 2);
+    return dgs;
+}
+
 #endif

@@ -257,8 +257,9 @@ def prefers_stack_backward(shape: "Shape", device) -> bool:
     the stack forward with the per-step backward, H 256 B 32 3.57 / 3.83 ms, H 512 B 32
     6.46 / 7.18, H 512 B 64 8.66 / ~10.1 (the forward heuristic takes the stack kernel from
     B 17; at B 8 the selector took cuBLAS schedules, the stack forward spanning 64 lanes)."""
-    if not shape.train or shape.varlen:
-        return False
+    from .choice import STACK_CHOSEN_CELLS   # choice.py imports this module at its top
+    if not shape.train or shape.varlen or shape.cell not in STACK_CHOSEN_CELLS:
+        return False   # (a cell whose stack forward is not chosen: kernels/choice.py)
     return stack_backward_fits(shape, device)
 
 

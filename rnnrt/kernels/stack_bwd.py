@@ -78,6 +78,8 @@ SB_REGS = 255
 
 STACK_BWD_KERNEL = "lstm_persistent_stack_bwd"
 STACK_BWD_PAIR_KERNEL = "lstm_persistent_stack_bwd_pair"
+STACK_BWD_GRU_KERNEL = "gru_persistent_stack_bwd"
+"""GRU's one-block kernel (no pair form): K = 4H product rows dr, dz, dn, dhn."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class StackBwdFit(StackFit):
 
     @property
     def kernel(self) -> str:
+        if self.cell == "gru":
+            return STACK_BWD_GRU_KERNEL
         return STACK_BWD_PAIR_KERNEL if self.pair else STACK_BWD_KERNEL
 
 
@@ -145,11 +149,11 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
                   props: dict, steps: int = 1, pairs: bool = True) -> StackBwdFit:
     """Fit a whole stack's backward onto the device described by ``props`` (as
     stack.stack_fit). Rules in order (the first that fails is the reason):
-      1. cell 'lstm' (the backward kernels are built for LSTM: the GRU stack forward runs
-         the per-step backward), then the forward stack kernel's fit (stack_fit: 2 or more
-         layers, input size = hidden, hidden a multiple of 64, batch <= 64, L x H/16 blocks
-         <= SMs, its shared memory and registers, the counters): the backward reads what
-         that kernel saved, as it saved it, and has its grid;
+      1. cell 'lstm' or 'gru' (GRU: the one-block kernel only), then the forward stack
+         kernel's fit (stack_fit: 2 or more layers, input size = hidden, hidden a multiple of
+         64, batch <= 64, L x H/16 blocks <= SMs, its shared memory and registers, the
+         counters): the backward reads what that kernel saved, as it saved it, and has its
+         grid;
       2. its own shared memory <= what a block can have;
       3. registers of 256 threads (SB_REGS each) <= one SM's;
     then the cluster-pair kernel where ``pairs`` and it runs (``pair_decline``: on the H100
@@ -166,8 +170,8 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
         return StackBwdFit(cell, H, B, L, False, reason, U, nb, smem, dev.sms)
 
     where = f"stack backward {cell} hidden {H}, batch {B}, {L} layers on {dev.sms} SMs"
-    if cell != "lstm":
-        return no(f"{where}: the stack backward is built for LSTM only")
+    if cell not in ("lstm", "gru"):
+        return no(f"{where}: the stack backward is built for LSTM and GRU only")
     if not fwd.ok:
         return no(f"the stack kernel's fit: {fwd.reason}")
     if smem > dev.limit:
@@ -178,7 +182,8 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
                   f"a SM")
     head = (f"fits: {L * nb} of {dev.sms} SMs ({L} layers x {nb} blocks), every layer's "
             f"backward chain in one launch")
-    why = pair_decline(H, L, props) if pairs else "not asked for"
+    why = ("the pair kernel is built for LSTM only" if cell != "lstm"
+           else pair_decline(H, L, props) if pairs else "not asked for")
     if why is None:
         return StackBwdFit(cell, H, B, L, True, f"{head}, in cluster pairs (a block half the "
                            f"gate rows)", U, nb, stack_bwd_pair_smem_bytes(H), dev.sms,
@@ -327,3 +332,54 @@ def lstm_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block,
 
 lstm_persistent_stack_bwd.__doc__ = "NumPy twin (one block a 16 units' product)" + _TWIN_DOC
 lstm_persistent_stack_bwd_pair.__doc__ = "NumPy twin (the cluster-pair kernel)" + _TWIN_DOC
+
+
+def gru_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block, dtype="float32"):
+    """NumPy twin of the GRU stack backward (the registry's numpy_fn): rows = B, cols = H;
+    outs dgx, dgh [L*T*B, 3H] (r, z, n: the W side's and the R side's gate gradients), dhin
+    [L*T*B, H] (layer L-1's rows read: dy), dx [T*B, H], dh0 [L*B, H], sync [1, 2L], dgt
+    [8*L*H, 64] (scratch: slot l*2 + (t & 1) of 4H rows dr, dz, dn, dhn); ins dh_n [L*B, H],
+    act [L*T*B, 4H] (r, z, n, hn), h [L*(T+1)*B, H] (the forward's: slot t = h_{t-1} of step
+    t), w_ih, w_hh [L, 3*H*H]. The kernel's schedule: steps T-1 .. 0, each layer from the top,
+    gru_bwd's arithmetic on dh_above + dh_rec, then dh_rec = [dr dz dn dhn] [R_r; R_z; 0; R_n]
+    (summed over k as the one-block kernel sums) + dh z, and the input's gradient [dr dz dn
+    dhn] [W_r; W_z; W_n; 0], in the arrays' dtype."""
+    name = STACK_BWD_GRU_KERNEL
+    if dtype != "float32":
+        raise ValueError(f"{name}: fp32 only, got dtype {dtype!r}")
+    B, H = int(rows), int(cols)
+    dgx, dgh, dhin, dx, dh0, sync, dgt = outs
+    dh_n, act, h, w_ih, w_hh = ins
+    if np.any(np.asarray(sync) != 0):
+        raise ValueError(f"{name}: the sync counters must be zero on entry, got "
+                         f"{np.asarray(sync).ravel().tolist()}")
+    if int(units_per_block) != SB_U:
+        raise ValueError(f"{name}: units_per_block {units_per_block} != {SB_U}")
+    K = 4 * H
+    groups = k_groups(K)
+    zero = np.zeros((H, H), np.asarray(w_hh).dtype)
+    Ms = []
+    for n in range(L):
+        W = np.asarray(w_ih[n]).reshape(3 * H, H)
+        R = np.asarray(w_hh[n]).reshape(3 * H, H)
+        Ms.append((np.concatenate([R[:2 * H], zero, R[2 * H:]]),
+                   np.concatenate([W, zero])))
+    dgxs, dghs = dgx.reshape(L, T, B, 3 * H), dgh.reshape(L, T, B, 3 * H)
+    dhins = dhin.reshape(L, T, B, H)
+    acts = np.asarray(act).reshape(L, T, B, K)
+    hs = np.asarray(h).reshape(L, T + 1, B, H)
+    dgts = dgt.reshape(L, 2, K, dgt.shape[-1])
+    dhrec = [np.array(dh_n[n * B:(n + 1) * B]) for n in range(L)]
+    for t in reversed(range(T)):
+        for n in reversed(range(L)):
+            dhz = np.empty_like(dhrec[n])
+            knp.gru_bwd(B, H, (dgxs[n, t], dghs[n, t], dhz),
+                        (dhins[n, t], dhrec[n], acts[n, t], hs[n, t]))
+            dg = np.concatenate([dgxs[n, t], dghs[n, t][:, 2 * H:]], axis=1)   # dr dz dn dhn
+            dgts[n, t & 1, :, :B] = dg.T
+            R4, W4 = Ms[n]
+            dhrec[n] = product(dg, R4, groups) + dhz
+            down = dhins[n - 1, t] if n else dx.reshape(T, B, H)[t]
+            down[...] = product(dg, W4, groups)
+    for n in range(L):
+        dh0[n * B:(n + 1) * B] = dhrec[n]

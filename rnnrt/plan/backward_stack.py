@@ -1,5 +1,5 @@
 """The stack backward plan: a training key whose forward runs the stack kernel (every layer of
-an LSTM stack in one launch) and whose ``PlanKey.backward`` is 'stack' or 'persistent', where
+an LSTM or GRU stack in one launch) and whose ``PlanKey.backward`` is 'stack' or 'persistent', where
 kernels/choice_backward.py's ``choose_persistent_backward`` gives the stack backward's fit
 (kernels/stack_bwd.py). backward_persistent.py's ``backward_builder`` hands such keys here.
 
@@ -24,7 +24,9 @@ Buffers: the forward's (the stack kernel's h, c, act, wt, ht), plus (sizes in el
   dhn, dcn [L, B, H]   the inputs dh_n, dc_n; dh0, dc0 [L, B, H] the outputs
   bsync [2L] unsigned  the kernel's progress counters (zero between launches)
   dx [T, B, I], grads, ones   as backward.py's
-(no dhr, dc, dgh or dpart: dh_rec and dc never leave the kernel.)
+(no dhr, dc, dgh or dpart: dh_rec and dc never leave the kernel.) GRU (gru_persistent_stack_bwd):
+  dgh [L, T, B, 3H] beside dgx (the R side's gate gradients, for dW_hh), the forward's h read
+  for c, dgt of 4H rows (dr, dz, dn, dhn), no dcn or dc0.
 """
 from __future__ import annotations
 
@@ -57,13 +59,20 @@ class StackBackwardBuilder(BackwardBuilder):
     def buffers(self):
         T, B, H, L, GH = self.Tc, self.B, self.H, self.L, self.GH
         state = L * B * H
+        lstm = self.cell.has_cell_state
         bufs = list(self.forward_buffers())
         bufs += [Buffer("dhin", L * T * B * H, "io"), Buffer("dgx", L * T * B * GH, "scratch")]
+        if not lstm:   # GRU: the R side's gate gradients apart
+            bufs.append(Buffer("dgh", L * T * B * GH, "scratch"))
         if self.sfit.dg_scratch:   # the fp32 kernels' k-major dg^T (the tensor-core one has none)
-            bufs.append(Buffer("dgt", L * 2 * GH * SB_BMAX, "scratch"))
-        bufs += [Buffer("dhn", state, "io"), Buffer("dcn", state, "io"),
-                 Buffer("dh0", state, "io"), Buffer("dc0", state, "io"),
-                 Buffer("bsync", SYNC_WORDS * L, "sync", "uint32"),
+            bufs.append(Buffer("dgt", L * 2 * 4 * H * SB_BMAX, "scratch"))   # 4H product rows
+        bufs.append(Buffer("dhn", state, "io"))
+        if lstm:
+            bufs.append(Buffer("dcn", state, "io"))
+        bufs.append(Buffer("dh0", state, "io"))
+        if lstm:
+            bufs.append(Buffer("dc0", state, "io"))
+        bufs += [Buffer("bsync", SYNC_WORDS * L, "sync", "uint32"),
                  Buffer("dx", T * B * self.key.input_size, "io"),
                  Buffer("grads", self.layout.size, "grad"), Buffer("ones", T * B, "ones")]
         return labelled(self, bufs + recompute_buffers(self))
@@ -74,21 +83,28 @@ class StackBackwardBuilder(BackwardBuilder):
         return View(buf, (layer * self.T * self.B + row) * width, rows, width, width)
 
     def dg_rows(self, layer, row, rows, side="x"):
-        return self.layer_rows("dgx", layer, row, rows, self.GH)   # LSTM: one side
+        """LSTM: one side (dgx); GRU: dgx for W's gradients, dgh for R's."""
+        buf = "dgh" if side == "h" and not self.cell.has_cell_state else "dgx"
+        return self.layer_rows(buf, layer, row, rows, self.GH)
 
     # -- tasks ---------------------------------------------------------------------------------
     def sbwd_task(self):
         """Every layer's backward chain as one launch of the stack backward."""
         T, B, H, L, GH, fit = self.T, self.B, self.H, self.L, self.GH, self.sfit
         n, state = L * T * B, L * B
+        lstm = self.cell.has_cell_state
         dhin = View("dhin", 0, n, H, H)
-        outs = (View("dgx", 0, n, GH, GH), dhin, View("dx", 0, T * B, H, H),
-                View("dh0", 0, state, H, H), View("dc0", 0, state, H, H),
+        dgs = (View("dgx", 0, n, GH, GH),) + (() if lstm else (View("dgh", 0, n, GH, GH),))
+        outs = (*dgs, dhin, View("dx", 0, T * B, H, H), View("dh0", 0, state, H, H),
+                *((View("dc0", 0, state, H, H),) if lstm else ()),
                 View("bsync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L))
         if fit.dg_scratch:
             outs += (View("dgt", 0, 8 * L * H, SB_BMAX, SB_BMAX),)
-        ins = (View("dhn", 0, state, H, H), View("dcn", 0, state, H, H),
-               self.seq("act", 0, 0, n, GH), self.seq("c", 0, 0, L * (T + 1) * B, H),
+        act_w = self.cell.saved_gates * H   # (GRU: r, z, n, hn: 4H, GH = 3H)
+        ins = (View("dhn", 0, state, H, H),
+               *((View("dcn", 0, state, H, H),) if lstm else ()),
+               self.seq("act", 0, 0, n, act_w),
+               self.seq("c" if lstm else "h", 0, 0, L * (T + 1) * B, H),
                self.stack_param_rows("weight_ih", GH * H),
                self.stack_param_rows("weight_hh", GH * H))
         # dhin: the top layer's rows (dy) are read, the others written; dgx (the tensor-core
@@ -102,7 +118,7 @@ class StackBackwardBuilder(BackwardBuilder):
         op = Kernel(self.rec(0), fit.kernel, B, H, outs, ins, kind="persistent", layer=0,
                     steps=(0, T), scalars=scalars,
                     launch=(fit.grid, fit.block, fit.smem_bytes), flops=flops,
-                    footprint=(ins + (dy,), (outs[0], below) + outs[2:]))
+                    footprint=(ins + (dy,), dgs + (below,) + outs[len(dgs) + 1:]))
         return Task(("sbwd",), self.rec(0), [], (0, 0, 1), [op])
 
     def tasks(self) -> list[Task]:
@@ -125,11 +141,12 @@ class StackBackwardBuilder(BackwardBuilder):
             return (View(buf, 0, rows, cols, cols),)
 
         inputs = {"dy": Binding((T, B, H), (self.layer_rows("dhin", L - 1, 0, T * B, H),)),
-                  "dh_n": Binding(state, whole("dhn", L * B, H)),
-                  "dc_n": Binding(state, whole("dcn", L * B, H))}
+                  "dh_n": Binding(state, whole("dhn", L * B, H))}
         outputs = {"dh0": Binding(state, whole("dh0", L * B, H)),
-                   "grads": Binding((size,), whole("grads", 1, size)),
-                   "dc0": Binding(state, whole("dc0", L * B, H))}
+                   "grads": Binding((size,), whole("grads", 1, size))}
+        if self.cell.has_cell_state:
+            inputs["dc_n"] = Binding(state, whole("dcn", L * B, H))
+            outputs["dc0"] = Binding(state, whole("dc0", L * B, H))
         if self.need_dx:
             outputs = {"dx": Binding((T, B, I), whole("dx", T * B, I)), **outputs}
         return inputs, outputs

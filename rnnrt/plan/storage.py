@@ -49,7 +49,7 @@ def store_names(b) -> set:
         # backward's, every layer's, in one buffer
         names |= {"dgx"} if b.stack_backward else {f"dgx{lyr}" for lyr in range(L)}
         if b.cell.name == "gru":
-            names |= {f"dgh{lyr}" for lyr in range(L)}
+            names |= {"dgh"} if b.stack_backward else {f"dgh{lyr}" for lyr in range(L)}
         if b.key.bias:
             names.add("ones")
     return names

@@ -120,3 +120,27 @@ def test_stack_bwd_kernels_equal_their_twins(cp, pairs, B):
         r = compare(cp.asnumpy(d_outs[n]), outs[n], 1e-5, 1e-4, name=f"{fit.kernel} {name}")
         assert r.ok, str(r)
     assert int(cp.asnumpy(d_outs[5]).max()) == 0, "counters not reset"
+
+
+# --- GRU (gru_persistent_stack_bwd, one block a 16 units' product; a named family until its
+# GPU tests pass: kernels/choice.py STACK_CHOSEN_CELLS)
+
+@pytest.mark.parametrize("executor", ["eager", "graph"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{t}B{b}H{h}L{n}" for t, b, h, n in SHAPES])
+def test_gru_stack_backward_gives_reference_gradients_bitwise_repeatable(cp, ctx, shape,
+                                                                        executor):
+    T, B, H, L = shape
+    data = case("gru", L, T, B, H, H, seed=L + 1)
+    key = PlanKey("gru", T, B, H, H, L, True, persistent_schedule("stack").switches,
+                  train=True, family="stack", backward="stack")
+    fplan, bplan = forward_plan(key), backward_plan(key)
+    assert bplan.fallback is None, bplan.fallback
+    assert [op.name for op in bplan.ops if isinstance(op, Kernel)
+            and op.kind == "persistent"] == [stack_bwd.STACK_BWD_GRU_KERNEL], bplan.fit
+    assert "gru_persistent_stack_fwd" in {op.name for op in fplan.ops
+                                          if isinstance(op, Kernel)}, fplan.fit
+    first, second = run_gpu_backward_case(cp, ctx, key, executor, data)
+    check_bwd_outputs(first, data[0], data[4], f"gru stack bwd {shape} {executor}", FP32_ATOL,
+                      FP32_RTOL, reduction_atol(T * B))
+    for name, a in first.items():   # deterministic: the same bits
+        np.testing.assert_array_equal(second[name], a, err_msg=f"{name} differs between runs")

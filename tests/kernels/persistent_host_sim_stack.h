@@ -227,16 +227,19 @@ int main(int argc, char** argv) {
 // The stack backward (lstm_persistent_stack_bwd, or with persistent_stack_bwd_pair.cu as the
 // source, which defines SP_PU, lstm_persistent_stack_bwd_pair in clusters of 2), all layers
 // in one launch:
-//   persistent_host_sim_stack_bwd B H T L U SMEM_BYTES LAUNCHES DIR LDW
+//   persistent_host_sim_stack_bwd B H T L U SMEM_BYTES LAUNCHES DIR LDW [gru]
 // reads DIR/{dhin,dhn,dcn,act,c,wih,whh}.f32 (dhin [L, T, B, H]: layer L-1's rows dy, the
 // others poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each), launches
 // LAUNCHES times with one sync buffer (re-poisoning every output and the dgt scratch in
 // between, checking the counters are back to zero), writes DIR/{dgx,dhin,dx,dh0,dc0}.out.
+// gru (the one-block source only): gru_persistent_stack_bwd, c.f32 holding the forward's h,
+// dcn unread, dgx and dgh [L, T, B, 3H] (dgh.out too; dc0.out stays poisoned).
 int main(int argc, char** argv) {
-    if (argc != 10) {
+    if (argc != 10 && !(argc == 11 && std::string(argv[10]) == "gru")) {
         std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK_BWD)\n");
         return 2;
     }
+    const bool gru = argc == 11;
     const StackSimArgs a(argv);
     const int B = a.B, H = a.H, T = a.T, L = a.L, U = a.U, launches = a.launches;
     const unsigned smem = a.smem;
@@ -253,11 +256,12 @@ int main(int argc, char** argv) {
     const float* const whh = load16("whh", stores[1]);
     const size_t TBH = (size_t)T * B * H, ngt = (size_t)8 * L * H * SB_BMAX;
     float* const dgt = at_offset(stores[2], ngt, 0);
-    std::vector<float> dgx(L * TBH * 4), dx(TBH), dh0((size_t)L * B * H), dc0(dh0.size());
+    std::vector<float> dgx(L * TBH * (gru ? 3 : 4)), dx(TBH), dh0((size_t)L * B * H),
+        dc0(dh0.size()), dgh(gru ? L * TBH * 3 : 0);
     std::vector<unsigned int> sync(2 * L, 0u);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int n = 0; n < launches; ++n) {
-        for (auto* v : {&dgx, &dx, &dh0, &dc0}) std::fill(v->begin(), v->end(), nan);
+        for (auto* v : {&dgx, &dx, &dh0, &dc0, &dgh}) std::fill(v->begin(), v->end(), nan);
         std::fill(dhin.begin(), dhin.begin() + (L - 1) * TBH, nan);   // not layer L-1's (dy)
         std::fill(dgt, dgt + ngt, nan);
 #ifdef SP_PU
@@ -267,6 +271,15 @@ int main(int argc, char** argv) {
 #define SB_SIM_KERNEL lstm_persistent_stack_bwd
 #endif
         launch(L * (H / U), 256, smem, [&] {
+#ifndef SP_PU
+            if (gru) {
+                gru_persistent_stack_bwd(B, H, dgx.data(), 3 * H, dgh.data(), 3 * H, dhin.data(),
+                                         H, dx.data(), H, dh0.data(), H, sync.data(), 2 * L,
+                                         dgt, SB_BMAX, dhn.data(), H, act.data(), 4 * H,
+                                         c.data(), H, wih, ldw, whh, ldw, T, L, U);
+                return;
+            }
+#endif
             SB_SIM_KERNEL(B, H, dgx.data(), 4 * H, dhin.data(), H, dx.data(), H, dh0.data(), H,
                           dc0.data(), H, sync.data(), 2 * L, dgt, SB_BMAX, dhn.data(), H,
                           dcn.data(), H, act.data(), 4 * H, c.data(), H, wih, ldw, whh, ldw, T,
@@ -279,6 +292,7 @@ int main(int argc, char** argv) {
     write_f32(dir + "/dx.out", dx);
     write_f32(dir + "/dh0.out", dh0);
     write_f32(dir + "/dc0.out", dc0);
+    if (gru) write_f32(dir + "/dgh.out", dgh);
     return 0;
 }
 #endif

@@ -152,7 +152,8 @@ def test_the_heuristic_follows_the_cost_models():
 
 def test_the_stack_backward_rule_and_its_candidate(monkeypatch):
     """prefers_stack_backward: wherever the stack backward fits (measured: B 32 and B 64
-    chose it; at 16 bits the tensor-core one); never for inference, a GRU (no stack kernel),
+    chose it; at 16 bits the tensor-core one); never for inference, a GRU (its stack kernels
+    are not chosen until they are checked on a GPU: choice.STACK_CHOSEN_CELLS),
     past the stack's batch or at tf32 (no stack kernel). The
     candidates time stack+pbwd first even where the per-layer backward kernels' fit
     declines."""

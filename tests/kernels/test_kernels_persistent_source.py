@@ -21,7 +21,7 @@ from rnnrt.kernels import persistent as P
 from rnnrt.kernels import persistent_bwd as PB
 from rnnrt.kernels import sources as S
 from rnnrt.kernels.stack import PS_REGS, STACK_KERNELS
-from rnnrt.kernels.stack_bwd import SB_REGS, STACK_BWD_KERNEL
+from rnnrt.kernels.stack_bwd import SB_REGS, STACK_BWD_GRU_KERNEL, STACK_BWD_KERNEL
 from testkit import (BWD_KERNELS, CELLS, CLUSTER_KERNELS, GRID_KERNELS, PERSISTENT, find_nvrtc,
                      nvrtc_compile)
 
@@ -42,7 +42,7 @@ def test_constants_match_the_kernel():
     # each kernel and its typed instantiation K_t<TS, TF32>
     assert SRC.count("__launch_bounds__(PK_MAX_THREADS, 1)") == 2 * len(PERSISTENT)
     assert S.source("persistent_stack.cu").count("__launch_bounds__(PK_MAX_THREADS, 1)") == 2
-    assert S.source("persistent_stack_bwd.cu").count("__launch_bounds__(PK_MAX_THREADS, 1)") == 1
+    assert S.source("persistent_stack_bwd.cu").count("__launch_bounds__(PK_MAX_THREADS, 1)") == 2
     assert "return 4 * (((H + 3) / 4) | 1);" in SRC          # stride_r
     assert "g.SR = pk_stride_r(H);" in SRC and "g.SH = pk_stride_r(KT);" in SRC   # tile_stride
     # lane_grid, k-groups, CPW (Fit.chunks_per_warp), partial_stride
@@ -108,7 +108,8 @@ def test_nvcc_resource_usage_no_spills_within_the_launch_bounds(nvcc_sm90):
                  "persistent_stack_bwd.cu", "persistent_bwd_pair.cu"):
         usage.update(_resource_usage(nvcc_sm90(file)[1]))
     pairs = {PB.pair_kernel_name(c) for c in CELLS}   # the backward grid kernels in pairs
-    assert set(usage) == (set(PERSISTENT) | set(STACK_KERNELS.values()) | {STACK_BWD_KERNEL}
+    assert set(usage) == (set(PERSISTENT) | set(STACK_KERNELS.values())
+                          | {STACK_BWD_KERNEL, STACK_BWD_GRU_KERNEL}
                           | set(BWD_KERNELS) | pairs), usage
     assert "__launch_bounds__(PK_MAX_THREADS = 256, 1)" in SRC, "the header's Resources"
     assert P.PK_MAX_THREADS * 255 <= 65536 and set(P.NVCC_REGS) == set(CELLS)
@@ -122,7 +123,7 @@ def _regs_limit(name):
     """The registers the fit of kernel ``name`` assumes a thread."""
     if name in STACK_KERNELS.values():
         return PS_REGS
-    if name == STACK_BWD_KERNEL:
+    if name in (STACK_BWD_KERNEL, STACK_BWD_GRU_KERNEL):
         return SB_REGS
     regs = PB.NVCC_REGS if name.endswith("_bwd") else P.NVCC_REGS   # grid and cluster
     return regs[name.split("_persistent")[0]]
@@ -130,7 +131,8 @@ def _regs_limit(name):
 
 @pytest.mark.parametrize("file, kernels", [
     ("persistent.cu", PERSISTENT), ("persistent_stack.cu", list(STACK_KERNELS.values())),
-    ("persistent_bwd.cu", BWD_KERNELS), ("persistent_stack_bwd.cu", [STACK_BWD_KERNEL])])
+    ("persistent_bwd.cu", BWD_KERNELS),
+    ("persistent_stack_bwd.cu", [STACK_BWD_KERNEL, STACK_BWD_GRU_KERNEL])])
 def test_nvrtc_ptx_resource_usage_no_spills(tmp_path, file, kernels):
     """CuPy compiles with NVRTC: its PTX, through ptxas, must not spill either."""
     lib, ptxas = find_nvrtc(), shutil.which("ptxas")

@@ -253,8 +253,8 @@ def gru_key(train=False, bias=True, family="stack", backward=None):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_a_gru_stack_plan_forward_and_training_equal_the_reference(bias, backward):
     """family 'stack' names the GRU stack kernel: one launch, race-free; its forward (the
-    twin on the NumPy executor) and the backward after it (no GRU stack backward: the
-    per-step one, or with 'persistent' the per-layer persistent backward) equal the float64
+    twin on the NumPy executor) and the backward after it (the per-step one, or with
+    'persistent' the GRU stack backward: test_kernels_stack_bwd_gru.py) equal the float64
     reference."""
     layout, flat, x, h0, _, _ = random_layer_stack("gru", L, T, B, H, H, bias, 4)
     flat, x, h0 = (a.astype(np.float64) for a in (flat, x, h0))   # widened exactly
@@ -266,9 +266,8 @@ def test_a_gru_stack_plan_forward_and_training_equal_the_reference(bias, backwar
     # one stack launch (the transposes of W and R are the per-step backward's, training)
     assert [n for n in ks if n != "transpose"] == ["gru_persistent_stack_fwd"]
     assert fwd.counts().get("gemm:wx", 0) == 0
-    if backward:   # the per-layer persistent backward, saying why not the stack backward
-        assert bwd.fit.startswith("gru backward") and bwd.fallback is None
-        assert "the stack backward is built for LSTM only" in bwd.fit
+    if backward:   # the GRU stack backward
+        assert bwd.fit.startswith("stack backward gru") and bwd.fallback is None
     else:
         assert bwd.fit is None
     assert fwd.fit.startswith("stack gru") and not find_races(fwd) and not find_races(bwd)

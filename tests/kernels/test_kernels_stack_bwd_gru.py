@@ -1,0 +1,221 @@
+"""The GRU stack backward (gru_persistent_stack_bwd: every layer's backward chain of a GRU stack
+in one launch, the LSTM one-block kernel's tile with K = 4H product rows dr, dz, dn, dhn)
+without a GPU: the .cu on CPU threads (tests/kernels/persistent_host_sim.cpp, PK_SIM_STACK_BWD
+with 'gru') and the NumPy twin, each against the float64 reference on random data with
+poisoned outputs: dx, dh0 and every weight and bias gradient from the kernel's dgx and dgh
+(the GEMMs the plan runs after the launch, here in float64); twice on one sync buffer; the
+same source with its waits removed, or with dhn's W rows not skipped, caught; the plans that
+run it (the stack forward, then it) against the reference."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from rnnrt import reference
+from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, compare
+from rnnrt.exec import numpy_exec
+from rnnrt.exec.racecheck import find_races
+from rnnrt.exec.workspace import Workspace
+from rnnrt.kernels import stack_bwd as SB
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.kernels.sources import source
+from rnnrt.params import per_layer, to_flat
+from rnnrt.plan.backward import backward_plan
+from rnnrt.plan.forward import forward_plan
+from rnnrt.plan.model import PlanKey
+from rnnrt.plan.ops import Kernel
+from rnnrt.plan.switches import ladder
+from testkit import SIM_ENV, build_host_sim, random_layer_stack
+
+f32, f64 = np.float32, np.float64
+KERNEL = "persistent_stack_bwd.cu"
+
+
+def _build(tmp_path_factory, text, name):
+    d = tmp_path_factory.mktemp(name)
+    src = d / KERNEL
+    src.write_text(text)
+    return build_host_sim(d / "sim", src, define="PK_SIM_STACK_BWD")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    return _build(tmp_path_factory, source(KERNEL), "gru_stack_bwd_sim")
+
+
+def make_case(B, H, T, L, seed=0):
+    """Random fp32 weights, inputs and output gradients; the forward's act (r, z, n, hn) and
+    h from the float64 reference, rounded to fp32 as the stack kernel would have stored them
+    (the reference's backward runs on the stored values). -> (case, params, cache)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, B, H)).astype(f32)
+    W = (rng.standard_normal((L, 3 * H, H)) / np.sqrt(H)).astype(f32)
+    R = (rng.standard_normal((L, 3 * H, H)) / np.sqrt(H)).astype(f32)
+    bw = (0.1 * rng.standard_normal((L, 3 * H))).astype(f32)
+    br = (0.1 * rng.standard_normal((L, 3 * H))).astype(f32)
+    h0 = (0.5 * rng.standard_normal((L, B, H))).astype(f32)
+    dy = rng.standard_normal((T, B, H)).astype(f32)
+    dhn = rng.standard_normal((L, B, H)).astype(f32)
+    p = [{"weight_ih": W[n].astype(f64), "weight_hh": R[n].astype(f64),
+          "bias_ih": bw[n].astype(f64), "bias_hh": br[n].astype(f64)} for n in range(L)]
+    _, _, _, cache = reference.forward("gru", p, x.astype(f64), h0.astype(f64), None)
+    act = np.stack([lc.gates for lc in cache.layers]).astype(f32)     # [L, T, B, 4H]
+    h = np.stack([lc.h for lc in cache.layers]).astype(f32)           # [L, T+1, B, H]
+    for n, lc in enumerate(cache.layers):
+        lc.gates[...] = act[n]
+        lc.h[...] = h[n]
+    return dict(W=W, R=R, dy=dy, dhn=dhn, act=act, h=h), p, cache
+
+
+def check_against_reference(got, case, p, cache, what):
+    """dx, dh0 against reference.backward; dW = dgx^T x_l, dR = dgh^T h_prev, the biases their
+    sums (float64, the operands as stored) against the reference's parameter gradients."""
+    g = reference.backward("gru", p, cache, case["dy"].astype(f64), case["dhn"].astype(f64))
+    for name in ("dx", "dh0"):
+        assert_close(got[name], g[name], FP32_ATOL, FP32_RTOL, name=f"{what} {name}")
+    L, T, B, G = got["dgx"].shape
+    for n, lc in enumerate(cache.layers):
+        dx_side = got["dgx"][n].astype(f64).reshape(T * B, G)
+        dh_side = got["dgh"][n].astype(f64).reshape(T * B, G)
+        derived = {"weight_ih": dx_side.T @ lc.x.reshape(T * B, -1),
+                   "weight_hh": dh_side.T @ lc.h[:-1].reshape(T * B, -1),
+                   "bias_ih": dx_side.sum(0), "bias_hh": dh_side.sum(0)}
+        for name, v in derived.items():
+            assert_close(v, g["params"][n][name], FP32_ATOL, FP32_RTOL,
+                         name=f"{what} layer {n} {name}")
+
+
+def run_sim(exe, tmp_path, case, launches=2):
+    """The sim on ``case`` -> {dgx, dgh [L, T, B, 3H], dx [T, B, H], dh0 [L, B, H]}."""
+    L, T, B, K = case["act"].shape
+    H = K // 4
+    ldw = 3 * H * H + 64   # a layer's stride in the flat parameters (as the plan's)
+    wih, whh = np.zeros((L, ldw), f32), np.zeros((L, ldw), f32)
+    wih[:, :3 * H * H], whh[:, :3 * H * H] = case["W"].reshape(L, -1), case["R"].reshape(L, -1)
+    dhin = np.full((L, T, B, H), np.nan, f32)
+    dhin[L - 1] = case["dy"]
+    files = dict(dhin=dhin, dhn=case["dhn"], dcn=np.full((L, B, H), np.nan, f32),
+                 act=case["act"], c=case["h"], wih=wih, whh=whh)
+    for n, a in files.items():
+        np.ascontiguousarray(a).tofile(tmp_path / f"{n}.f32")
+    r = subprocess.run([str(a) for a in (exe, B, H, T, L, SB.SB_U, SB.stack_bwd_smem_bytes(H),
+                                         launches, tmp_path, ldw, "gru")],
+                       capture_output=True, text=True, timeout=600, env=SIM_ENV)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    def out(name, shape):
+        return np.fromfile(tmp_path / f"{name}.out", f32).reshape(shape)
+    return {"dgx": out("dgx", (L, T, B, 3 * H)), "dgh": out("dgh", (L, T, B, 3 * H)),
+            "dx": out("dx", (T, B, H)), "dh0": out("dh0", (L, B, H))}
+
+
+def run_twin(case):
+    """The registry's NumPy twin on ``case`` (fp32, poisoned outputs); run_sim's dict."""
+    L, T, B, K = case["act"].shape
+    H = K // 4
+    outs = [np.full(s, np.nan, f32) for s in ((L * T * B, 3 * H), (L * T * B, 3 * H),
+                                              (L * T * B, H), (T * B, H), (L * B, H))]
+    outs[2].reshape(L, T, B, H)[L - 1] = case["dy"]
+    sync = np.zeros((1, 2 * L), np.uint32)
+    dgt = np.full((8 * L * H, SB.SB_BMAX), np.nan, f32)
+    dgx, dgh, dhin, dx, dh0 = outs
+    SB.gru_persistent_stack_bwd(B, H, (dgx, dgh, dhin, dx, dh0, sync, dgt),
+                                (case["dhn"].reshape(L * B, H), case["act"].reshape(-1, K),
+                                 case["h"].reshape(-1, H), case["W"].reshape(L, -1),
+                                 case["R"].reshape(L, -1)), T, L, SB.SB_U)
+    return {"dgx": dgx.reshape(L, T, B, 3 * H), "dgh": dgh.reshape(L, T, B, 3 * H),
+            "dx": dx.reshape(T, B, H), "dh0": dh0.reshape(L, B, H)}
+
+
+SHAPES = [(64, 64, 3, 2), (5, 64, 4, 3), (37, 192, 3, 2)]   # (B, H, T, L): tile edges, B < 8
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
+def test_gru_stack_backward_on_cpu_threads_matches_reference(sim, tmp_path, shape):
+    case, p, cache = make_case(*shape, seed=sum(shape))
+    check_against_reference(run_sim(sim, tmp_path, case), case, p, cache, f"sim {shape}")
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll
+                                                   in SHAPES[:2]])
+def test_gru_stack_backward_twin_matches_reference(shape):
+    case, p, cache = make_case(*shape, seed=1)
+    check_against_reference(run_twin(case), case, p, cache, f"twin {shape}")
+
+
+def test_gru_stack_backward_without_its_waits_is_caught(tmp_path_factory, tmp_path):
+    """The waits on the layer above's dg W and on the layer's own dg gone: a layer reads
+    dh_above before it is written (NaN poison), its product dg before it is published."""
+    import re
+    cut = re.sub(r"ps_wait\((above|dg_done), done\);", "(void)done;", source(KERNEL))
+    assert cut.count("(void)done;") == 3   # the two pointwise forms' and the product's
+    exe = _build(tmp_path_factory, cut, "gru_stack_bwd_no_waits")
+    case, p, cache = make_case(16, 64, 4, 3, seed=2)
+    got = run_sim(exe, tmp_path, case, launches=1)
+    g = reference.backward("gru", p, cache, case["dy"].astype(f64), case["dhn"].astype(f64))
+    assert not compare(got["dx"], g["dx"], FP32_ATOL, FP32_RTOL).ok
+
+
+def test_gru_stack_backward_that_multiplies_dhn_by_w_is_caught(tmp_path_factory, tmp_path):
+    """dhn's product rows have no W (dhn does not reach the input): a kernel whose W lanes
+    multiply there anyway (what the stages hold of earlier tiles: no copy is made) is
+    refused."""
+    text = source(KERNEL)
+    cut = text.replace("            if (!GRU || !lr || n < NW)   // (GRU: no W rows for dhn's "
+                       "tiles)", "            if (true)")
+    assert cut.count("if (true)") == 1
+    exe = _build(tmp_path_factory, cut, "gru_stack_bwd_dhn_w")
+    case, p, cache = make_case(16, 64, 3, 2, seed=3)
+    got = run_sim(exe, tmp_path, case, launches=1)
+    g = reference.backward("gru", p, cache, case["dy"].astype(f64), case["dhn"].astype(f64))
+    assert not compare(got["dx"], g["dx"], FP32_ATOL, FP32_RTOL).ok
+
+
+def test_fit_takes_gru_in_one_block_kernels():
+    props = H100_SXM.props()
+    fit = SB.stack_bwd_fit("gru", 512, 64, 4, 512, props)
+    assert fit.ok and not fit.pair and fit.kernel == SB.STACK_BWD_GRU_KERNEL
+    assert "the pair kernel is built for LSTM only" in fit.reason
+    assert SB.stack_bwd_fit("lstm", 512, 64, 4, 512, props).pair   # LSTM's pairs as before
+    bad = SB.stack_bwd_fit("rnn_tanh", 512, 64, 4, 512, props)
+    assert not bad.ok and "built for LSTM and GRU only" in bad.reason
+
+
+# --- the plans --------------------------------------------------------------------------------
+
+T, B, H, L = 5, 40, 64, 3
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("backward", ["stack", "persistent"])
+def test_gru_stack_plans_give_reference_gradients(bias, backward):
+    """family 'stack' with backward 'stack' (or 'persistent', which takes it after a stack
+    forward): the stack forward's launch, then the stack backward's, race-free, then the
+    weight GEMMs (dW from dgx, dR from dgh); every gradient equal to the reference."""
+    key = PlanKey("gru", T, B, H, H, L, bias, ladder()[-1].switches, train=True,
+                  device=H100_SXM, family="stack", backward=backward)
+    fwd, bwd = forward_plan(key), backward_plan(key)
+    names = [op.name for op in bwd.ops if isinstance(op, Kernel) and op.kind == "persistent"]
+    assert names == [SB.STACK_BWD_GRU_KERNEL] and bwd.fallback is None, bwd.fit
+    assert not find_races(bwd)
+    layout, flat, x, h0, _, rng = random_layer_stack("gru", L, T, B, H, H, bias, 6)
+    flat, x, h0 = (a.astype(f64) for a in (flat, x, h0))
+    dy, dhn = rng.standard_normal((T, B, H)), rng.standard_normal((L, B, H))
+    ws = Workspace(bwd, np, f64, flat)
+    ws.poison(roles=("io", "scratch"))
+    ws.load_inputs(x, h0)
+    numpy_exec.run(fwd, ws)
+    ws.load(dy=dy, dh_n=dhn)
+    numpy_exec.run(bwd, ws)
+    prm = per_layer(flat, layout)
+    _, _, _, cache = reference.forward("gru", prm, x, h0, None)
+    g = reference.backward("gru", prm, cache, dy, dhn)
+    for name in ("dx", "dh0"):
+        assert_close(ws.read(name), g[name], 1e-12, 1e-10, name=name)
+    grads, got = to_flat(g["params"], layout), ws.read("grads")
+    for e in layout.entries:
+        n = int(np.prod(e.shape))
+        assert_close(got[e.offset:e.offset + n], grads[e.offset:e.offset + n], 1e-12, 1e-10,
+                     name=e.name)
