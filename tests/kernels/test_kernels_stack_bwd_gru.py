@@ -129,7 +129,7 @@ def run_twin(case):
             "dx": dx.reshape(T, B, H), "dh0": dh0.reshape(L, B, H)}
 
 
-SHAPES = [(64, 64, 3, 2), (5, 64, 4, 3), (37, 192, 3, 2)]   # (B, H, T, L): tile edges, B < 8
+SHAPES = [(5, 64, 4, 3), (37, 192, 3, 2)]   # (B, H, T, L): tile edges, B < 8, B > 32
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
@@ -138,8 +138,7 @@ def test_gru_stack_backward_on_cpu_threads_matches_reference(sim, tmp_path, shap
     check_against_reference(run_sim(sim, tmp_path, case), case, p, cache, f"sim {shape}")
 
 
-@pytest.mark.parametrize("shape", SHAPES[:2], ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll
-                                                   in SHAPES[:2]])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}H{h}T{t}L{ll}" for b, h, t, ll in SHAPES])
 def test_gru_stack_backward_twin_matches_reference(shape):
     case, p, cache = make_case(*shape, seed=1)
     check_against_reference(run_twin(case), case, p, cache, f"twin {shape}")
