@@ -270,11 +270,7 @@ def run_bwd_plan(key, flat, fwd_in, bwd_in, order="program", seed=None, accumula
     x, h0, c0 = fwd_in
     ws.load_inputs(x, h0, c0)
     numpy_exec.run(fwd, ws, order=order, seed=seed)
-    dy, dhn, dcn = bwd_in
-    arrays = {"dy": dy, "dh_n": dhn}
-    if "dc_n" in bwd.inputs:
-        arrays["dc_n"] = dcn
-    ws.load(**arrays)
+    ws.load_output_grads(*bwd_in)
     numpy_exec.run(bwd, ws, order=order, seed=seed)
     return ws
 

@@ -305,10 +305,7 @@ class RungRun:
         x, h0, c0, dy = inputs
         self.ws.load_inputs(x, h0, c0)
         if cfg.backward:
-            arrays = {"dy": dy, "dh_n": None}
-            if "dc_n" in self.plans[-1].inputs:
-                arrays["dc_n"] = None
-            self.ws.load(**arrays)
+            self.ws.load_output_grads(dy)
         if hasattr(xp, "cuda"):
             # the workspace was filled on the legacy default stream; the plans run on
             # non-blocking streams, which do not wait for it

@@ -116,6 +116,7 @@ def check_sizes(cfg: TraceConfig, rungs=None, device: DeviceLimits = H100_SXM) -
     sizes.refuse_if(host + (work if cfg.cpu else 0), sizes.host_available(),
                     f"the trace of {sizes.describe_shape(c, I, H, L, B, T)}", "host memory")
 
+
 def device_name(cpu: bool) -> str:
     """The device a trace runs on, as its record names it."""
     if cpu:
@@ -213,10 +214,7 @@ def _load(ws, inputs):
     x, h0, c0, dy = inputs
     ws.load_inputs(x, h0, c0)
     if dy is not None:
-        arrays = {"dy": dy, "dh_n": None}
-        if "dc_n" in ws.plan.inputs:
-            arrays["dc_n"] = None
-        ws.load(**arrays)
+        ws.load_output_grads(dy)
 
 
 def run_trace(cfg: TraceConfig, progress=_progress, rungs=None, schedules=()) -> dict:
@@ -456,14 +454,14 @@ def draw_trace(record: dict, path, formats=("png", "svg")) -> list[Path]:
         ax.set_xlabel("time since the pass started (ms)")
         ax.set_xlim(0, max(e["total_ms"], max((o[-1] for o in e["ops"]), default=0)) * 1.01)
         ax.grid(axis="x", alpha=0.3)
-        for ph in e.get("passes", [])[1:]:   # where the backward begins
+        passes = e.get("passes", [])   # (records before the backward trace have none)
+        for ph in passes[1:]:   # where the backward begins
             ax.axvline(ph["t0_ms"], color="black", linestyle="--", linewidth=0.8)
             ax.annotate(f" {ph['pass']} ({ph['ms']:.3g} ms)", (ph["t0_ms"], -0.5),
                         va="top", fontsize=8)
         note = ""
         if not cpu and e.get("host_bound"):
             note = " — host-bound: Python issued ops slower than the GPU ran them"
-        passes = e.get("passes", [])   # (records before the backward trace have none)
         split = (" + ".join(f"{ph['pass']} {ph['ms']:.3g}" for ph in passes)
                  if len(passes) > 1 else "")
         ax.set_title(f"{e['rung']}: {len(e['ops'])} GEMMs and kernels on "

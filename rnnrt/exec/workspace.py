@@ -262,6 +262,14 @@ class Workspace:
             arrays["c0"] = c0
         self.load(**arrays)
 
+    def load_output_grads(self, dy, dh_n=None, dc_n=None):
+        """The backward's inputs: dy [T, B, H], dh_n [L, B, H] (None: zeros), dc_n [L, B, H]
+        (LSTM; None: zeros)."""
+        arrays = {"dy": dy, "dh_n": dh_n}
+        if "dc_n" in self.plan.inputs:
+            arrays["dc_n"] = dc_n
+        self.load(**arrays)
+
     def outputs(self, copy=True):
         """Forward outputs: dict 'y' [T, B, H], 'h_n' [L, B, H], 'c_n' [L, B, H] (LSTM)."""
         return {name: self.read(name, copy) for name in ("y", "h_n", "c_n")
