@@ -18,7 +18,7 @@ from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, compare
 from rnnrt.exec import numpy_exec
 from rnnrt.exec.racecheck import find_races
 from rnnrt.exec.workspace import Workspace
-from rnnrt.kernels import stack
+from rnnrt.kernels import stack, stack_bwd
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.sources import cuda_src_dir, source
 from rnnrt.params import per_layer, to_flat
@@ -26,7 +26,8 @@ from rnnrt.plan import PlanKey, forward_plan
 from rnnrt.plan.backward import backward_plan
 from rnnrt.plan.ops import Kernel
 from rnnrt.plan.switches import ladder
-from testkit import build_host_sim, random_layer_stack
+from testkit import (build_host_sim, bwd_plan_case, check_bwd_key, check_outputs,
+                     random_layer_stack, run_bwd_plan)
 
 # a device without clusters: the per-layer fit is the grid kernel, so the stack is considered
 SM80 = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
@@ -253,47 +254,31 @@ def gru_key(train=False, bias=True, family="stack", backward=None):
                    backward=backward)
 
 
-@pytest.mark.parametrize("backward", [None, "persistent"], ids=["step-bwd", "persistent-bwd"])
+@pytest.mark.parametrize("backward", [None, "stack", "persistent"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_a_gru_stack_plan_forward_and_training_equal_the_reference(bias, backward):
-    """family 'stack' names the GRU stack kernel: one launch, race-free; its forward (the
-    twin on the NumPy executor) and the backward after it (the per-step one, or with
-    'persistent' the GRU stack backward: test_kernels_stack_bwd_gru.py) equal the float64
-    reference."""
-    layout, flat, x, h0, _, _ = random_layer_stack("gru", L, T, B, H, H, bias, 4)
-    flat, x, h0 = (a.astype(np.float64) for a in (flat, x, h0))   # widened exactly
-    rng = np.random.default_rng(5)
-    dy, dhn = rng.standard_normal((T, B, H)), rng.standard_normal((L, B, H))
+    """family 'stack' names the GRU stack kernel: one launch; the backward after it is the
+    per-step one, or with 'stack' (and 'persistent', which takes it after a stack forward)
+    the GRU stack backward, one launch, no fallback. Both plans race-free; on the NumPy
+    executor (the twins), in program order and a random interleaving, every gradient and the
+    forward's y and h_n equal the float64 reference (testkit.check_bwd_key)."""
     k = gru_key(train=True, bias=bias, backward=backward)
     fwd, bwd = forward_plan(k), backward_plan(k)
     ks = [op.name for op in fwd.ops if isinstance(op, Kernel)]
     # one stack launch (the transposes of W and R are the per-step backward's, training)
     assert [n for n in ks if n != "transpose"] == ["gru_persistent_stack_fwd"]
     assert fwd.counts().get("gemm:wx", 0) == 0
+    assert fwd.fit.startswith("stack gru") and not find_races(fwd)
+    launches = [op.name for op in bwd.ops if isinstance(op, Kernel) and op.kind == "persistent"]
     if backward:   # the GRU stack backward
+        assert launches == [stack_bwd.STACK_BWD_GRU_KERNEL], bwd.fit
         assert bwd.fit.startswith("stack backward gru") and bwd.fallback is None
     else:
-        assert bwd.fit is None
-    assert fwd.fit.startswith("stack gru") and not find_races(fwd) and not find_races(bwd)
-    ws = Workspace(bwd, np, np.float64, flat)
-    ws.poison(roles=("io", "scratch"))
-    ws.load_inputs(x, h0)
-    numpy_exec.run(fwd, ws)
-    p = per_layer(flat, layout)
-    y, hn, _, cache = reference.forward("gru", p, x, h0, None)
-    out = ws.outputs()
-    for name, want in (("y", y), ("h_n", hn)):
-        assert_close(out[name], want, 1e-12, 1e-10, name=f"gru stack plan {name}")
-    ws.load(dy=dy, dh_n=dhn)
-    numpy_exec.run(bwd, ws)
-    g = reference.backward("gru", p, cache, dy, dhn)
-    for name in ("dx", "dh0"):
-        assert_close(ws.read(name), g[name], 1e-12, 1e-10, name=name)
-    grads, got = to_flat(g["params"], layout), ws.read("grads")
-    for e in layout.entries:
-        n = int(np.prod(e.shape))
-        assert_close(got[e.offset:e.offset + n], grads[e.offset:e.offset + n], 1e-12, 1e-10,
-                     name=e.name)
+        assert launches == [] and bwd.fit is None
+    case = bwd_plan_case("gru", L, bias, seed=4, shape=(T, B, H, H))
+    check_bwd_key(k, case, f"gru stack {backward}", always_random=True)   # races, gradients
+    _, flat, fwd_in, bwd_in, ref = case
+    check_outputs(run_bwd_plan(k, flat, fwd_in, bwd_in).outputs(), ref, "gru stack forward")
 
 
 def test_the_rules_and_the_selector_leave_the_gru_stack_unnamed():

@@ -4,8 +4,8 @@ without a GPU: the .cu on CPU threads (tests/kernels/persistent_host_sim.cpp, PK
 with 'gru') and the NumPy twin, each against the float64 reference on random data with
 poisoned outputs: dx, dh0 and every weight and bias gradient from the kernel's dgx and dgh
 (the GEMMs the plan runs after the launch, here in float64); twice on one sync buffer; the
-same source with its waits removed, or with dhn's W rows not skipped, caught; the plans that
-run it (the stack forward, then it) against the reference."""
+same source with its waits removed, or with dhn's W rows not skipped, caught; the fit. The
+plans that run it: test_kernels_stack.py (the GRU stack plans)."""
 from __future__ import annotations
 
 import subprocess
@@ -15,19 +15,10 @@ import pytest
 
 from rnnrt import reference
 from rnnrt.check import FP32_ATOL, FP32_RTOL, assert_close, compare
-from rnnrt.exec import numpy_exec
-from rnnrt.exec.racecheck import find_races
-from rnnrt.exec.workspace import Workspace
 from rnnrt.kernels import stack_bwd as SB
 from rnnrt.kernels.limits import H100_SXM
 from rnnrt.kernels.sources import source
-from rnnrt.params import per_layer, to_flat
-from rnnrt.plan.backward import backward_plan
-from rnnrt.plan.forward import forward_plan
-from rnnrt.plan.model import PlanKey
-from rnnrt.plan.ops import Kernel
-from rnnrt.plan.switches import ladder
-from testkit import SIM_ENV, build_host_sim, random_layer_stack
+from testkit import SIM_ENV, build_host_sim
 
 f32, f64 = np.float32, np.float64
 KERNEL = "persistent_stack_bwd.cu"
@@ -180,41 +171,3 @@ def test_fit_takes_gru_in_one_block_kernels():
     assert SB.stack_bwd_fit("lstm", 512, 64, 4, 512, props).pair   # LSTM's pairs as before
     bad = SB.stack_bwd_fit("rnn_tanh", 512, 64, 4, 512, props)
     assert not bad.ok and "built for LSTM and GRU only" in bad.reason
-
-
-# --- the plans --------------------------------------------------------------------------------
-
-T, B, H, L = 5, 40, 64, 3
-
-
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-@pytest.mark.parametrize("backward", ["stack", "persistent"])
-def test_gru_stack_plans_give_reference_gradients(bias, backward):
-    """family 'stack' with backward 'stack' (or 'persistent', which takes it after a stack
-    forward): the stack forward's launch, then the stack backward's, race-free, then the
-    weight GEMMs (dW from dgx, dR from dgh); every gradient equal to the reference."""
-    key = PlanKey("gru", T, B, H, H, L, bias, ladder()[-1].switches, train=True,
-                  device=H100_SXM, family="stack", backward=backward)
-    fwd, bwd = forward_plan(key), backward_plan(key)
-    names = [op.name for op in bwd.ops if isinstance(op, Kernel) and op.kind == "persistent"]
-    assert names == [SB.STACK_BWD_GRU_KERNEL] and bwd.fallback is None, bwd.fit
-    assert not find_races(bwd)
-    layout, flat, x, h0, _, rng = random_layer_stack("gru", L, T, B, H, H, bias, 6)
-    flat, x, h0 = (a.astype(f64) for a in (flat, x, h0))
-    dy, dhn = rng.standard_normal((T, B, H)), rng.standard_normal((L, B, H))
-    ws = Workspace(bwd, np, f64, flat)
-    ws.poison(roles=("io", "scratch"))
-    ws.load_inputs(x, h0)
-    numpy_exec.run(fwd, ws)
-    ws.load(dy=dy, dh_n=dhn)
-    numpy_exec.run(bwd, ws)
-    prm = per_layer(flat, layout)
-    _, _, _, cache = reference.forward("gru", prm, x, h0, None)
-    g = reference.backward("gru", prm, cache, dy, dhn)
-    for name in ("dx", "dh0"):
-        assert_close(ws.read(name), g[name], 1e-12, 1e-10, name=name)
-    grads, got = to_flat(g["params"], layout), ws.read("grads")
-    for e in layout.entries:
-        n = int(np.prod(e.shape))
-        assert_close(got[e.offset:e.offset + n], grads[e.offset:e.offset + n], 1e-12, 1e-10,
-                     name=e.name)
