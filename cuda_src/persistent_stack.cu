@@ -258,8 +258,8 @@ __device__ __forceinline__ void persistent_stack_fwd(
     // R's n rows (n's R part)
     for (int e = tid; e < H / 4 * PS_M; e += PK_MAX_THREADS) {
         const int row = e % PS_M, k = 4 * (e / PS_M), q = row / U, ju = row - q * U;
-        const int qr = GRU && q == 3 ? 2 : q;   // the parameter's gate of the row group
-        const float4 v = GRU && q == 2 ? make_float4(0.f, 0.f, 0.f, 0.f) :
+        const int qr = ps_group_gate<CELL>(q, true);   // (GRU &&: LSTM's build as before)
+        const float4 v = GRU && qr < 0 ? make_float4(0.f, 0.f, 0.f, 0.f) :
             *reinterpret_cast<const float4*>(whh + (long long)(qr * H + j0 + ju) * H + k);
         Rs[k * PS_M + row] = v.x;
         Rs[(k + 1) * PS_M + row] = v.y;
@@ -287,12 +287,8 @@ __device__ __forceinline__ void persistent_stack_fwd(
     for (int e = tid; e < 2 * PS_M; e += PK_MAX_THREADS) {
         const int row = e % PS_M, q = row / U, ju = row - q * U;
         const bool ih = e < PS_M;
-        if (GRU && q == (ih ? 3 : 2)) {
-            bias[e] = 0.f;
-            continue;
-        }
-        const int qr = GRU && q == 3 ? 2 : q;
-        bias[e] = __ldg((ih ? bw : br) + qr * H + j0 + ju);
+        const int qp = ps_group_gate<CELL>(q, !ih);   // b_ih on W's side, b_hh on R's
+        bias[e] = GRU && qp < 0 ? 0.f : __ldg((ih ? bw : br) + qp * H + j0 + ju);
     }
 
     // The float4s this thread copies of each tile (the same for every tile but for k0).

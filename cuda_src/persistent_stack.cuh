@@ -13,7 +13,9 @@
  *   ps_gru_cell           one GRU cell's step from its 4 row groups' sums: gates, h
  *   ps_publish            a block's step done: barrier, release fence, count
  *   ps_store_state        one cell's c and gates, streamed (nothing in the launch reads them)
- *   ps_store_gates        one cell's gates alone (GRU), streamed
+ *   ps_store_gates        one cell's gates alone (GRU; ps_store_state's after c), streamed
+ *   ps_group_gate<CELL>   the parameters' gate of a block's row group on W's or R's side
+ *                         (-1: a GRU group that side has none)
  */
 #ifndef RNNRT_PERSISTENT_STACK_CUH
 #define RNNRT_PERSISTENT_STACK_CUH
@@ -83,13 +85,21 @@ __device__ __forceinline__ void ps_publish(unsigned int* mine) {
 
 // One cell's c_{t+1} at cp and gates at a (i, f, g, o at a, a + H, a + 2H, a + 3H);
 // streaming stores: nothing in the launch reads them.
+__device__ __forceinline__ void ps_store_gates(float* a, int H, const float (&gate)[4]);
 __device__ __forceinline__ void ps_store_state(float* cp, float* a, int H, float carry,
                                                const float (&gate)[4]) {
     __stcs(cp, carry);
-    __stcs(a, gate[0]);
-    __stcs(a + H, gate[1]);
-    __stcs(a + 2 * H, gate[2]);
-    __stcs(a + 3 * H, gate[3]);
+    ps_store_gates(a, H, gate);
+}
+
+// The gate (of H rows) of W's (r_side false) or R's parameters that a block's row group q
+// multiplies: LSTM q itself; GRU's groups r, z, n's W part, n's R part: W r, z, n, none; R r,
+// z, none, n (-1: that side has no rows for the group: zeros).
+template <int CELL>
+__device__ __forceinline__ int ps_group_gate(int q, bool r_side) {
+    if (CELL != CELL_GRU) return q;
+    if (q < 2) return q;
+    return r_side ? (q == 3 ? 2 : -1) : (q == 2 ? 2 : -1);
 }
 
 // One cell's 4 gates at a, a + H, a + 2H, a + 3H; streaming stores.

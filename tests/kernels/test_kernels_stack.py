@@ -133,14 +133,13 @@ def test_stack_kernel_without_its_waits_is_caught(sim_no_waits, tmp_path, cell):
 
 
 def test_a_gru_stack_that_mixes_n_s_two_parts_is_caught(tmp_path_factory, tmp_path):
-    """The GRU kernel's zero groups matter: R's n rows in n's W group too (its zero row
-    group given R's n rows instead) adds R_n h to n's W part: the comparison must fail."""
+    """The GRU kernel's zero groups matter: R's n rows in n's W group too (ps_group_gate's R
+    side giving R's n gate for that group instead of none) adds R_n h to n's W part: the
+    comparison must fail."""
     text = source("persistent_stack.cu")
-    cut = text.replace("const float4 v = GRU && q == 2 ? make_float4(0.f, 0.f, 0.f, 0.f) :",
-                       "const float4 v = false ? make_float4(0.f, 0.f, 0.f, 0.f) :")
-    cut = cut.replace("const int qr = GRU && q == 3 ? 2 : q;   // the parameter's gate of "
-                      "the row group", "const int qr = GRU && q >= 2 ? 2 : q;")
-    assert cut.count("false ? make_float4") == 1 and cut.count("q >= 2 ? 2 : q;") == 1
+    cut = text.replace("return r_side ? (q == 3 ? 2 : -1) : (q == 2 ? 2 : -1);",
+                       "return r_side ? 2 : (q == 2 ? 2 : -1);")
+    assert cut.count("return r_side ? 2 :") == 1
     exe = _build(tmp_path_factory, cut, "stack_sim_gru_mixed")
     got, want = run_sim(exe, tmp_path, 8, 64, 3, 2, launches=1, cell="gru")
     assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
