@@ -48,10 +48,12 @@ def _build_seconds(steps: int, train: bool) -> float:
 
 @pytest.mark.parametrize("train", [False, True])
 def test_plan_build_time_grows_linearly_with_steps(train):
-    # 10x the steps must cost about 10x the time; the quadratic build cost ~40x here. The
-    # bound leaves room for a shared, noisy CPU.
+    # 10x the steps must cost about 10x the time (~11x here); the quadratic build cost ~40x.
+    # The bound leaves room for a shared, noisy CPU, and each side is the better of two
+    # builds: one T=3000 build on a loaded 2-core CI machine once took 1.04 s of CPU time
+    # against 0.52 alone (22x, past the bound).
     small = min(_build_seconds(300, train) for _ in range(2))
-    big = _build_seconds(3000, train)
+    big = min(_build_seconds(3000, train) for _ in range(2))
     assert big < 20 * small, f"T=3000 took {big:.3f} s, T=300 {small:.3f} s"
 
 
