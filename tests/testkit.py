@@ -363,7 +363,7 @@ RECORD_KINDS = {  # kind: (stem, extension)
     "kernels": (rf"(?:persistent|stack-bench|stack-bwd-bench|pointwise-bench|schedule-probe|backward-probe){_WORDS}+"
                 r"|gemm-layouts|pretranspose-probe",
                 "json"),
-    "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}", "json"),
+    "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}(?:-fwdbwd)?", "json"),
     "training": ((rf"charlm-{_SHAPE}-S\d+|train-step-{_SHAPE}"
                   rf"|memory-varlen-[a-z_]+-L\d+-H\d+-B\d+"
                   rf"|ddp-charlm-{_SHAPE}-S\d+-W\d+|ddp-scaling-{_SHAPE}|ddp-link"), "json"),

@@ -55,13 +55,6 @@ PERSISTENT_STORAGE_REASON = ("the register-resident and the block-persistent ker
                              "operands rounded as the rungs read them, are not written yet); "
                              "the grid and cluster kernels run every dtype, the stack kernels "
                              "float32, bfloat16 and float16")
-STACK_CHOSEN_CELLS = ("lstm",)
-"""The cells whose stack kernel the rules and the selector may choose (where a key does not
-name the family). The GRU stack kernel (stack.py) runs where a key names family 'stack': its
-host simulation and twin agree with the reference, but it has not been run on a GPU yet; it
-joins this tuple once the GPU tests of it pass (its fit's note says so meanwhile)."""
-STACK_UNCHECKED_NOTE = "its stack kernel has not been checked on a GPU yet (named family only)"
-
 FP32_ONLY_FAMILIES = ("regs", "solo")
 """The persistent families without typed instantiations."""
 """Why a tf32, bfloat16 or float16 key runs no regs or solo kernel. The per-layer kernels (grid,
@@ -277,14 +270,14 @@ def stack_choice(key) -> tuple[StackFit | None, str]:
     precision (``stack_fit_of``) where it fits and, for the fp32 kernel, the batch fills
     more than a quarter of its lanes (its FMAs are sized for PS_BMAX batches whatever B is:
     LSTM four layers, H100, stack vs per-layer grid kernels: H 512 B 32 3.08 vs 3.81 ms, B
-    16 3.03 vs 2.94, B 8 3.04 vs 2.63; H 256 the stack was faster at B 8-32 too). The
+    16 3.03 vs 2.94, B 8 3.04 vs 2.63; H 256 the stack was faster at B 8-32 too; GRU four
+    layers, H200, stack vs the selector's best other: H 256 B 8 1.22 vs 1.04 ms, B 32 1.27 vs
+    1.42, B 64 1.79 vs 1.81; H 512 B 8 2.05 vs 1.50, B 32 2.09 vs 2.72, B 64 3.14 vs 3.72). The
     tensor-core stack kernel skips its n8 tiles past B, so its work falls with the batch: no
     batch rule (not measured yet)."""
     st = _stack_fit(key)
     if not st.ok:
         return None, f"; stack kernel not used: {st.reason}"
-    if key.cell not in STACK_CHOSEN_CELLS:
-        return None, f"; stack kernel not used: {key.cell}: {STACK_UNCHECKED_NOTE}"
     if not st.storage_io and 4 * key.batch <= PS_BMAX:
         return None, (f"; stack kernel not used: batch {key.batch} <= {PS_BMAX // 4} "
                       f"(its lanes cover {PS_BMAX} batches)")
@@ -307,8 +300,7 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     out = {}
     st = stack_fit_of(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
                       props, shape.dtype, steps=shape.steps)
-    if (st.ok and not persistent_storage_declines(shape.dtype, "stack")
-            and shape.cell in STACK_CHOSEN_CELLS):
+    if st.ok and not persistent_storage_declines(shape.dtype, "stack"):
         out["stack"] = st.reason
     for kind in ("cluster", "grid"):
         f = persistent_fit(shape.cell, shape.hidden, shape.batch, props, kind=kind)

@@ -246,6 +246,15 @@ def grid_pair_alternatives(shape: "Shape", device, fit: BwdFit | None,
                  if s.family != "stack")
 
 
+STACK_BWD_RULE_CELLS = ("lstm",)
+"""The cells whose stack backward the rule prefers after a stack forward. Not GRU: its stack
+backward (one block per 16 units, no cluster-pair form) was slower than the stack forward
+followed by the per-step backward at every point measured (H200, GRU L4 T 100, fwd+bwd, graph,
+the selector's candidates; `ladder/ladder-gru-L4-H*-B*-T100-fwdbwd-nvidia-h200-20261128T1724*`):
+H 256 B 8 / 32 / 64 3.58 / 3.89 / 4.80 ms against 2.78 / 3.12 / 4.16, H 512 B 8 / 32 / 64
+6.09 / 6.79 / 8.98 against 4.40 / 5.48 / 8.87. The selector still times it where it fits."""
+
+
 def prefers_stack_backward(shape: "Shape", device) -> bool:
     """For a training shape whose forward runs the stack kernel: the stack backward (every
     layer's chain in one launch) wherever it fits: at float32 the fp32 stack backward, at
@@ -257,9 +266,8 @@ def prefers_stack_backward(shape: "Shape", device) -> bool:
     the stack forward with the per-step backward, H 256 B 32 3.57 / 3.83 ms, H 512 B 32
     6.46 / 7.18, H 512 B 64 8.66 / ~10.1 (the forward heuristic takes the stack kernel from
     B 17; at B 8 the selector took cuBLAS schedules, the stack forward spanning 64 lanes)."""
-    from .choice import STACK_CHOSEN_CELLS   # choice.py imports this module at its top
-    if not shape.train or shape.varlen or shape.cell not in STACK_CHOSEN_CELLS:
-        return False   # (a cell whose stack forward is not chosen: kernels/choice.py)
+    if not shape.train or shape.varlen or shape.cell not in STACK_BWD_RULE_CELLS:
+        return False
     return stack_backward_fits(shape, device)
 
 

@@ -46,8 +46,7 @@ def test_stack_plan_matches_reference(cp, ctx, shape, executor):
 @pytest.mark.parametrize("executor", ["eager", "graph"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"T{t}B{b}H{h}L{n}" for t, b, h, n in SHAPES])
 def test_gru_stack_plan_matches_reference(cp, ctx, shape, executor):
-    """The GRU stack kernel (named: kernels/choice.py STACK_CHOSEN_CELLS lists it once this
-    passes on a GPU)."""
+    """The GRU stack kernel, its family named (the rules choose it past B 16 as LSTM's)."""
     T, B, H, L = shape
     key = PlanKey("gru", T, B, H, H, L, True, ladder()[-1].switches, family="stack")
     plan = forward_plan(key)

@@ -122,8 +122,8 @@ def test_stack_bwd_kernels_equal_their_twins(cp, pairs, B):
     assert int(cp.asnumpy(d_outs[5]).max()) == 0, "counters not reset"
 
 
-# --- GRU (gru_persistent_stack_bwd, one block a 16 units' product; a named family until its
-# GPU tests pass: kernels/choice.py STACK_CHOSEN_CELLS)
+# --- GRU (gru_persistent_stack_bwd, one block a 16 units' product; the selector times it, the
+# rule does not prefer it: kernels/choice_backward.py STACK_BWD_RULE_CELLS)
 
 @pytest.mark.parametrize("executor", ["eager", "graph"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"T{t}B{b}H{h}L{n}" for t, b, h, n in SHAPES])

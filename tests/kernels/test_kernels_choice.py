@@ -35,8 +35,10 @@ def test_candidates_are_the_fitting_families_then_the_paper_schedules():
                                                     "iball"]
     small = SEL.Shape("lstm", 1, 128, 128, 32, 100)   # one layer: no stack; R fits a cluster
     assert names(C.candidates(small, H100_SXM))[:3] == ["cluster", "regs", "grid"]
-    gru = SEL.Shape("gru", 4, 512, 512, 64, 100)      # the stack kernel is LSTM only
-    assert "stack" not in names(C.candidates(gru, H100_SXM))
+    gru = SEL.Shape("gru", 4, 512, 512, 64, 100)      # the stack kernels: LSTM and GRU
+    assert names(C.candidates(gru, H100_SXM))[0] == "stack"
+    tanh = SEL.Shape("rnn_tanh", 4, 512, 512, 64, 100)
+    assert "stack" not in names(C.candidates(tanh, H100_SXM))
     big = SEL.Shape("lstm", 4, 2048, 2048, 64, 100)   # R of H 2048 fits no SM: cuBLAS only
     assert names(C.candidates(big, H100_SXM)) == ["paper", "ib10", "ib2", "iball"]
     for s in C.candidates(PAPER, H100_SXM):         # every candidate is a valid plan

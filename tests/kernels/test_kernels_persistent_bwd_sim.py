@@ -209,6 +209,20 @@ def test_the_fit_runs_on_cpu_threads(bwd_sim, tmp_path):
     check_sim("gru", fit, data, ref, out, raw, "the fit's geometry")
 
 
+def assert_race_reported(run, tries=3):
+    """``run`` (a sim under ThreadSanitizer with a barrier removed) reports a data race in
+    one of ``tries`` runs. TSan keeps a bounded history of each word's accesses, so on a
+    loaded machine one run's interleaving can evict the racing pair (seen once in a full
+    local suite; alone it reports every time)."""
+    for _ in range(tries):
+        try:
+            run()
+        except AssertionError as e:
+            assert "ThreadSanitizer: data race" in str(e), e
+            return
+    pytest.fail(f"no data race reported in {tries} runs")
+
+
 def _broken(tmp_path, old, new, count=1):
     text = S.source("persistent_bwd.cu")   # self-contained: the copy compiles from anywhere
     assert text.count(old) == count, old
@@ -263,8 +277,7 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
     data, _ = bwd_layer_case("lstm", 3, 3, 37)
     work = tmp_path / "broken"
     work.mkdir()
-    with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
-        run_bwd_sim(exe, work, "lstm", fit, data, launches=1)
+    assert_race_reported(lambda: run_bwd_sim(exe, work, "lstm", fit, data, launches=1))
     # the cluster kernel without its barrier at the end of each step (arrive and wait)
     text = S.source("persistent_bwd.cu")
     for a, b in (("            pk_cluster_arrive();\n            store();\n",
@@ -279,5 +292,4 @@ def test_barrier_protocol_has_no_data_race(tmp_path):
                          define="PK_SIM_BWD")
     work = tmp_path / "broken_cluster"
     work.mkdir()
-    with pytest.raises(AssertionError, match="ThreadSanitizer: data race"):
-        run_bwd_sim(exe, work, "gru", cfit, cdata, launches=1)
+    assert_race_reported(lambda: run_bwd_sim(exe, work, "gru", cfit, cdata, launches=1))

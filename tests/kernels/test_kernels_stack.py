@@ -3,7 +3,7 @@ one launch) without a GPU: the .cu on CPU threads (tests/kernels/persistent_host
 PK_SIM_STACK) against a float64 reference on random data with poisoned outputs, twice on one
 sync buffer; the same source with its waits removed must be caught; the fit's rules; the
 plan that uses it (one launch, race-free, the NumPy executor's forward and the backward
-after it equal to the reference; GRU's only where a key names the family)."""
+after it equal to the reference), LSTM's and GRU's."""
 from __future__ import annotations
 
 import dataclasses
@@ -245,7 +245,7 @@ def test_plan_says_why_the_stack_is_not_used():
     assert "cluster" in cl.fit and stack.STACK_KERNEL not in cl.fit
 
 
-# --- the GRU stack: a named family only (kernels/choice.py STACK_CHOSEN_CELLS) -----------------
+# --- the GRU stack ---------------------------------------------------------------------------
 
 def gru_key(train=False, bias=True, family="stack", backward=None):
     sw = ladder()[-1].switches
@@ -280,15 +280,22 @@ def test_a_gru_stack_plan_forward_and_training_equal_the_reference(bias, backwar
     check_outputs(run_bwd_plan(k, flat, fwd_in, bwd_in).outputs(), ref, "gru stack forward")
 
 
-def test_the_rules_and_the_selector_leave_the_gru_stack_unnamed():
-    """Not yet run on a GPU: the rules do not choose it (the fit says why) and the selector
-    does not list it; LSTM's stack is chosen as before."""
+def test_the_rules_choose_the_gru_stack_as_lstms():
+    """Checked on a GPU (tests/gpu/test_gpu_stack.py): where a key names no family the rules
+    choose GRU's stack kernel past the batch rule, as LSTM's, and the fit says why not at B
+    16; the selector lists it. After it the rule's backward is not the stack backward
+    (measured slower: choice_backward.STACK_BWD_RULE_CELLS); the selector times it."""
     from rnnrt.kernels import choice as C
     from rnnrt.kernels.selector import Shape
-    plan = forward_plan(gru_key(family=None))
-    assert "gru_persistent_stack_fwd" not in {op.name for op in plan.ops
-                                              if isinstance(op, Kernel)}
-    assert C.STACK_UNCHECKED_NOTE in plan.fit
-    for cell in ("lstm", "gru"):
-        fams = C.fitting_families(Shape(cell, 4, 512, 512, 64, 100), H100_SXM)
-        assert ("stack" in fams) == (cell in C.STACK_CHOSEN_CELLS), (cell, fams)
+
+    def fwd_kernels(plan):
+        return {op.name for op in plan.ops if isinstance(op, Kernel)}
+
+    assert "gru_persistent_stack_fwd" in fwd_kernels(forward_plan(gru_key(family=None)))
+    small = forward_plan(dataclasses.replace(gru_key(family=None), batch=16))
+    assert "gru_persistent_stack_fwd" not in fwd_kernels(small)
+    assert "stack kernel not used: batch 16 <= 16" in small.fit
+    shape = Shape("gru", 4, 512, 512, 64, 100, train=True)
+    assert "stack" in C.fitting_families(shape, H100_SXM)
+    assert not C.prefers_stack_backward(shape, H100_SXM)
+    assert C.prefers_stack_backward(dataclasses.replace(shape, cell="lstm"), H100_SXM)
