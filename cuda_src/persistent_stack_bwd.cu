@@ -202,10 +202,9 @@ __device__ __forceinline__ void persistent_stack_bwd(
     // GRU: rows dr, dz as R's, zeros for dn (n's W side), R's n rows for dhn
     for (int e = tid; e < K * (U / 4); e += PK_MAX_THREADS) {
         const int k = e / (U / 4), q = e % (U / 4);
-        const int kr = GRU && k >= 3 * H ? k - H : k;   // R's row of product row k
         *reinterpret_cast<float4*>(Rs + k * U + 4 * q) =
-            GRU && k >= 2 * H && k < 3 * H ? make_float4(0.f, 0.f, 0.f, 0.f) :
-            __ldg(reinterpret_cast<const float4*>(whh + (long long)kr * H + j0 + 4 * q));
+            GRU ? sb_gru_r4(whh, k, H, j0 + 4 * q)
+                : __ldg(reinterpret_cast<const float4*>(whh + (long long)k * H + j0 + 4 * q));
     }
 
     // Carried in registers: dh_rec (the R half of the last product: the block's own units)
@@ -345,13 +344,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
         PS_NOTE(s, 5);
         // (layer 0: the next step's first __syncthreads orders red's reads before the tile)
     }
-    if (GRU) {   // no dc0: sb_finish's dc0 store aliases dh0 with the same values
-#pragma unroll
-        for (int i = 0; i < SB_CPT; ++i) dcar[i] = dhrec[i];
-        sb_finish(l, L, B, j0, dh0, lddh0, dh0, lddh0, sync, dhrec, dcar);
-    } else {
-        sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
-    }
+    sb_finish_cell<GRU>(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_bwd(

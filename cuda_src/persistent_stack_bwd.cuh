@@ -15,7 +15,9 @@
  *                              the count that publishes it (the PK_TRACE points 0..2)
  *   sb_finish                  dh0, dc0, and the last block out zeroes the counters
  *   sb_publish_tile            a step's dg_t tile into the layer's dg^T slot, counted
- *   sb_pointwise_gru           sb_pointwise's GRU form (the one-block kernel's GRU instance):
+ *   sb_gru_r4                  GRU: the R operand of a product row (zeros for dn's rows)
+ *   sb_finish_cell             sb_finish for LSTM or GRU (no dc0: dh0 twice)
+ *   sb_pointwise_gru           sb_pointwise's GRU form (the fp32 kernels' GRU instances):
  *                              dg_t's 4 row groups dr, dz, dn (W side), dhn (R side), dgx and
  *                              dgh apart, dh z carried
  * The kernels own the same units per block (J = [rank*16, rank*16 + 16) of layer l = block /
@@ -201,6 +203,30 @@ __device__ __forceinline__ void sb_finish(int l, int L, int B, int j0, float* dh
         atomicExch(sync + 1, 0u);
     }
 }
+// GRU's R operand at product row kg (of K = 4H rows dr, dz, dn, dhn), column col: R's rows r,
+// z for dr, dz, zeros for dn (n's W side: dn does not pass through R), R's n rows for dhn.
+__device__ __forceinline__ float4 sb_gru_r4(const float* whh, int kg, int H, int col) {
+    return kg >= 2 * H && kg < 3 * H ? make_float4(0.f, 0.f, 0.f, 0.f) :
+        __ldg(reinterpret_cast<const float4*>(whh + (long long)(kg >= 3 * H ? kg - H : kg) * H +
+                                              col));
+}
+
+// sb_finish for the cell: a GRU has no c, so no dc0 (its carry dcar was dh z, a step's term):
+// dh0 is stored twice with the same values.
+template <bool GRU>
+__device__ __forceinline__ void sb_finish_cell(int l, int L, int B, int j0, float* dh0,
+                                               long long lddh0, float* dc0, long long lddc0,
+                                               unsigned int* sync, const float (&dhrec)[SB_CPT],
+                                               float (&dcar)[SB_CPT]) {
+    if (GRU) {
+#pragma unroll
+        for (int i = 0; i < SB_CPT; ++i) dcar[i] = dhrec[i];
+        sb_finish(l, L, B, j0, dh0, lddh0, dh0, lddh0, sync, dhrec, dcar);
+    } else {
+        sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
+    }
+}
+
 // The pointwise backward of step t of the block's GRU cells (sb_pointwise's form): h_{t-1}
 // from the forward's h (slot t of the layer: st), the gates r, z, n, hn from act; dh = dh_above
 // + dh_rec; gru_bwd's arithmetic; dgx's row gets (dr, dz, dn) and dgh's (dr, dz, dhn) at q*H

@@ -14,9 +14,12 @@
  * the units of rank 2p + c there. Design: docs/kernels.md ("The stack backward in cluster
  * pairs"); host side (fit, NumPy twin): rnnrt/kernels/stack_bwd.py.
  *
- * Variants: one kernel (LSTM), two paths chosen at run time: B > 32, the register tile over
- * 64 batch lanes (NH 2); B <= 32, over 32 (NH 1: a half-warp a k-group, half the FMAs and
- * half the dg^T staged). Compile-time knobs for experiments (stack_bwd_bench.py
+ * Variants: two kernels, LSTM and GRU (one template, as persistent_stack_bwd.cu's: GRU's
+ * K = 4H product rows dr, dz, dn, dhn, so block 0 of a pair takes dr, dz and block 1 dn, dhn;
+ * R's rows r, z, zeros, n, W's r, z, n and, for dhn's tiles, zeros stored in the stage instead
+ * of a copy; dh_{t-1} = the R product + dh z; dgx and dgh apart), each with two paths chosen
+ * at run time: B > 32, the register tile over 64 batch lanes (NH 2); B <= 32, over 32 (NH 1:
+ * a half-warp a k-group, half the FMAs and half the dg^T staged). Compile-time knobs for experiments (stack_bwd_bench.py
  * --define): SP_NS (stages), SP_BULK (1: each warp's rows of dg^T in a tile by one bulk copy
  * of the TMA engine, completing on a barrier of its own, instead of 4 cp.async a lane; its
  * 24 barriers take 192 bytes more shared memory), SP_WPRE (1: the first tiles' W parts, which
@@ -24,9 +27,10 @@
  * count, its fence beside thread 0's wait for the layer above), PK_TIMING
  * (persistent_common.cuh), PK_TRACE. Rnnrt builds every knob at 0.
  *
- * Calling convention: exactly lstm_persistent_stack_bwd's (persistent_stack_bwd.cu's header:
- *   the same views, grid L * H/16 blocks of 256 threads); the grid is whole clusters of 2
- *   (__cluster_dims__), H / 16 even.
+ * Calling convention: exactly lstm_ and gru_persistent_stack_bwd's (persistent_stack_bwd.cu's
+ *   header: the same views, grid L * H/16 blocks of 256 threads); the grid is whole clusters
+ *   of 2 (__cluster_dims__), H / 16 even (GRU: H a multiple of SP_KT, so dhn's rows start a
+ *   tile).
  *
  * Kernels:
  *   Views of all L layers at once, as lstm_persistent_stack_bwd's:
@@ -50,8 +54,25 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        16 (the pointwise's units a block)
+ *   kernel gru_persistent_stack_bwd_pair(rows = B, cols = H)
+ *       gru_persistent_stack_bwd's arithmetic, the sums in this kernel's order
+ *     out dgx    [L*T*B, 3H]     every layer's and step's W-side gate gradients dr, dz, dn
+ *     out dgh    [L*T*B, 3H]     the R side's: dr, dz, dhn
+ *     out dhin   [L*T*B, H]      layer L-1's rows read (dy), the others written
+ *     out dx     [T*B, H]        the gradient into the input sequence
+ *     out dh0    [L*B, H]        the gradient into h0 of every layer
+ *     out sync   [1, 2L]         progress counters (as lstm_persistent_stack_bwd's)
+ *     out dgt    [8*L*H, 64]     scratch: [dr dz dn dhn]^T k-major, two slots a layer
+ *     in  dh_n   [L*B, H]        the gradient into the last h of every layer
+ *     in  act    [L*T*B, 4H]     the forward's r, z, n, hn
+ *     in  h      [L*(T+1)*B, H]  the forward's h (slot 0 = h0)
+ *     in  w_ih   [L, 3*H*H]      row l: layer l's weight_ih [3H, H]
+ *     in  w_hh   [L, 3*H*H]      row l: layer l's weight_hh
+ *     int T                      steps (>= 1)
+ *     int L                      layers
+ *     int units_per_block        16
  *
- * Resources (sm_90, nvcc 13.0): see rnnrt.kernels.stack_bwd.SP_REGS (no spills) under
+ * Resources (sm_90, nvcc 13.0): LSTM 254 registers, GRU 242, no spills, under
  *   __launch_bounds__(PK_MAX_THREADS = 256, 1); dynamic shared memory 2H*32*4 (R slice) +
  *   SP_NS * 24,576 (stages) + 8,192 (the pair's partial sums): 212,992 bytes at H 512.
  */
@@ -137,15 +158,18 @@ __device__ __forceinline__ void sp_tile_fma(float (&acc)[SP_TM][SP_TB], pk_saddr
 }
 
 // One block of the pair kernel (NH: the batch halves its tile spans, 1 where B <= 32).
-// Views as lstm_persistent_stack_bwd's.
-template <int NH>
+// Views as lstm_persistent_stack_bwd's; GRU (CELL_GRU) as persistent_stack_bwd.cu's template
+// takes them: dgh beside dgx, c the forward's h, no dc0 or dcn.
+template <int CELL, int NH>
 __device__ __forceinline__ void persistent_stack_bwd_pair(
-        int B, int H, float* dgx, long long lddgx, float* dhin, long long lddhin, float* dx,
-        long long lddx, float* dh0, long long lddh0, float* dc0, long long lddc0,
-        unsigned int* sync, float* dgt, long long ldgt, const float* dhn, long long lddhn,
-        const float* dcn, long long lddcn, const float* act, long long ldact, const float* c,
-        long long ldc, const float* wih, long long ldwih, const float* whh, long long ldwhh,
-        int T, int L, int u_arg) {
+        int B, int H, float* dgx, long long lddgx, float* dgh, long long lddgh, float* dhin,
+        long long lddhin, float* dx, long long lddx, float* dh0, long long lddh0, float* dc0,
+        long long lddc0, unsigned int* sync, float* dgt, long long ldgt, const float* dhn,
+        long long lddhn, const float* dcn, long long lddcn, const float* act, long long ldact,
+        const float* c, long long ldc, const float* wih, long long ldwih, const float* whh,
+        long long ldwhh, int T, int L, int u_arg) {
+    static_assert(CELL == CELL_LSTM || CELL == CELL_GRU, "the stack backward: LSTM and GRU");
+    constexpr bool GRU = CELL == CELL_GRU;
     constexpr int U = SB_U;
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -159,7 +183,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     };
     const unsigned int cr = pk_cluster_rank();
     if (blockDim.x != PK_MAX_THREADS || u_arg != U || KH % SP_KT != 0 || NB % 2 != 0 ||
-        H % U != 0 || B < 1 || B > SB_BMAX || L < 1 || T < 1 ||
+        H % U != 0 || B < 1 || B > SB_BMAX || L < 1 || T < 1 || (GRU && H % SP_KT != 0) ||
         (long long)gridDim.x != (long long)L * NB || cr != (blockIdx.x & 1u) ||
         (long long)dynamic_smem_bytes() < need || ldgt != SB_BMAX || !aligned(dgt) ||
         !aligned(wih) || !aligned(whh) || ldwih % 4 || ldwhh % 4)
@@ -175,12 +199,15 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     act += l * TB * ldact;
     c += l * (TB + B) * ldc;
     dgx += l * TB * lddgx;
+    if (GRU) dgh += l * TB * lddgh;
     const float* const dh_above = dhin + l * TB * lddhin;   // layer L-1's: dy (read)
     float* const down = l ? dhin + (l - 1) * TB * lddhin : dx;
     const long long lddown = l ? lddhin : lddx;
     dgt += (long long)l * 2 * 4 * H * ldgt;
     wih += l * ldwih + (long long)k0 * H + p0;
-    whh += l * ldwhh + (long long)k0 * H + p0;
+    whh += l * ldwhh + (long long)(GRU ? 0 : k0) * H + p0;   // GRU: R's rows mapped below
+    // GRU: the block's tiles from NWT on are dhn's (product rows 3H ..), which have no W rows
+    const int NWT = GRU ? (3 * H - k0) / SP_KT : NT;
 
     float* const Rs = smem;                        // [2H][32]: R[K_c, P], k-major
     float* const st = Rs + KH * SP_PU;             // [SP_NS][SP_STAGE] stages
@@ -190,14 +217,16 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     float* const red = st;                         // [4][SB_BMAX][SP_RP], after the K loop
     float* const tile = st;                        // [4U][SB_TP]: the pointwise's dg^T tile
 
-    // The R slice, once: Rs[k][ju] = R[k0 + k, p0 + ju] (a row's 32 columns: 8 float4s)
+    // The R slice, once: Rs[k][ju] = R[k0 + k, p0 + ju] (a row's 32 columns: 8 float4s);
+    // GRU: product rows dr, dz as R's, zeros for dn (n's W side), R's n rows for dhn
     for (int e = tid; e < KH * (SP_PU / 4); e += PK_MAX_THREADS) {
         const int k = e / (SP_PU / 4), q = e % (SP_PU / 4);
         *reinterpret_cast<float4*>(Rs + k * SP_PU + 4 * q) =
-            __ldg(reinterpret_cast<const float4*>(whh + (long long)k * H + 4 * q));
+            GRU ? sb_gru_r4(whh, k0 + k, H, 4 * q)
+                : __ldg(reinterpret_cast<const float4*>(whh + (long long)k * H + 4 * q));
     }
     float dhrec[SB_CPT], dcar[SB_CPT];
-    sb_cells_init(l, B, j0, dhn, lddhn, dcn, lddcn, dhrec, dcar);
+    sb_cells_init(l, B, j0, dhn, lddhn, GRU ? dhn : dcn, GRU ? lddhn : lddcn, dhrec, dcar);
 
     // The float4s this thread copies of each tile (a warp copies only the SP_KPW k rows it
     // multiplies: no block barrier in the K loop). W part: k rows krw + 4i (i < 2), float4
@@ -217,7 +246,12 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     auto issue = [&](int n, const float* dg, int parts) {
         if (n < NT && !(PK_TIMING & 1)) {
             float* const s = st + (n % SP_NS) * SP_STAGE;
-            if (parts & 1) {
+            if ((parts & 1) && GRU && n >= NWT) {   // dhn's rows: no W, zeros
+#pragma unroll
+                for (int i = 0; i < SP_CW; ++i)   // (read by this warp only, after __syncwarp)
+                    *reinterpret_cast<float4*>(s + dst_w + i * 4 * SP_PU) =
+                        make_float4(0.f, 0.f, 0.f, 0.f);
+            } else if (parts & 1) {
 #pragma unroll
                 for (int i = 0; i < SP_CW; ++i)
                     pk_cp_async16(s + dst_w + i * 4 * SP_PU,
@@ -266,9 +300,12 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         const unsigned int done = (unsigned int)(s + 1) * NB;
         // --- the pointwise backward of step t, dg_t published (the tile aliases the
         // stages and red: the last step's cluster barrier ordered their reads before it)
-        const float* const dgs = sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above,
-                                              lddhin, dgx, lddgx, tile, dgt, above, dg_done,
-                                              done, dhrec, dcar);
+        const float* const dgs =
+            GRU ? sb_pointwise_gru(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
+                                   lddgx, dgh, lddgh, tile, dgt, above, dg_done, done, dhrec,
+                                   dcar)
+                : sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
+                               lddgx, tile, dgt, above, dg_done, done, dhrec, dcar);
         // --- the product: every block of the layer's dg_t, this block's k rows. SP_WPRE: the
         // W parts of the first tiles (no dependence on dg_t) in one group before the wait (the
         // pointwise's last __syncthreads ordered every read of the stages before)
@@ -339,7 +376,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
                 vw += q[k * SB_BMAX * SP_RP + 32];
             }
             const float* const o = recv + b * SP_PU + jj;
-            dhrec[i] = vr + o[0];
+            dhrec[i] = GRU ? (vr + o[0]) + dcar[i] : vr + o[0];   // GRU: + dh z, the carry
             __stcg(down + ((long long)t * B + b) * lddown + j0 + jj, vw + o[16]);
         }
         if (l) {   // the layer below waits for this
@@ -351,7 +388,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         }
         PS_NOTE(s, 5);
     }
-    sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
+    sb_finish_cell<GRU>(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(2, 1, 1)
@@ -363,13 +400,35 @@ lstm_persistent_stack_bwd_pair(
         const float* w_hh, int ldw_hh, int T, int L, int units_per_block) {
     (void)ldsync;
     if (rows <= SB_BMAX / 2) {   // half the batch lanes: a tile of 32 batches, half the work
-        persistent_stack_bwd_pair<1>(rows, cols, dgx, lddgx, dhin, lddhin, dx, lddx, dh0, lddh0,
-                                     dc0, lddc0, sync, dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n,
-                                     act, ldact, c, ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L,
-                                     units_per_block);
+        persistent_stack_bwd_pair<CELL_LSTM, 1>(
+            rows, cols, dgx, lddgx, nullptr, 0, dhin, lddhin, dx, lddx, dh0, lddh0, dc0, lddc0,
+            sync, dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c, ldc, w_ih, ldw_ih, w_hh,
+            ldw_hh, T, L, units_per_block);
         return;
     }
-    persistent_stack_bwd_pair<2>(rows, cols, dgx, lddgx, dhin, lddhin, dx, lddx, dh0, lddh0, dc0,
-                              lddc0, sync, dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n, act, ldact,
-                              c, ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L, units_per_block);
+    persistent_stack_bwd_pair<CELL_LSTM, 2>(
+        rows, cols, dgx, lddgx, nullptr, 0, dhin, lddhin, dx, lddx, dh0, lddh0, dc0, lddc0, sync,
+        dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c, ldc, w_ih, ldw_ih, w_hh, ldw_hh,
+        T, L, units_per_block);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(2, 1, 1)
+gru_persistent_stack_bwd_pair(
+        int rows, int cols, float* dgx, int lddgx, float* dgh, int lddgh, float* dhin,
+        int lddhin, float* dx, int lddx, float* dh0, int lddh0, unsigned int* sync, int ldsync,
+        float* dgt, int ldgt, const float* dh_n, int lddh_n, const float* act, int ldact,
+        const float* h, int ldh, const float* w_ih, int ldw_ih, const float* w_hh, int ldw_hh,
+        int T, int L, int units_per_block) {
+    (void)ldsync;
+    if (rows <= SB_BMAX / 2) {
+        persistent_stack_bwd_pair<CELL_GRU, 1>(
+            rows, cols, dgx, lddgx, dgh, lddgh, dhin, lddhin, dx, lddx, dh0, lddh0, nullptr, 0,
+            sync, dgt, ldgt, dh_n, lddh_n, nullptr, 0, act, ldact, h, ldh, w_ih, ldw_ih, w_hh,
+            ldw_hh, T, L, units_per_block);
+        return;
+    }
+    persistent_stack_bwd_pair<CELL_GRU, 2>(
+        rows, cols, dgx, lddgx, dgh, lddgh, dhin, lddhin, dx, lddx, dh0, lddh0, nullptr, 0, sync,
+        dgt, ldgt, dh_n, lddh_n, nullptr, 0, act, ldact, h, ldh, w_ih, ldw_ih, w_hh, ldw_hh, T,
+        L, units_per_block);
 }

@@ -358,18 +358,23 @@ _STACK_BWD = (
 )
 
 # ... and its cluster-pair form (persistent_stack_bwd_pair.cu): the same arguments; GRU's
-# one-block kernel: dgh beside dgx (3H each), h for c, no dc0 / dc_n
+# kernels: dgh beside dgx (3H each), h for c, no dc0 / dc_n
+_STACK_BWD_GRU = replace(
+    _STACK_BWD[0], name=stack_bwd.STACK_BWD_GRU_KERNEL,
+    numpy_fn=stack_bwd.gru_persistent_stack_bwd,
+    outs=(("dgx", "L*T*R,3C"), ("dgh", "L*T*R,3C"), ("dhin", "L*T*R,C"), ("dx", "T*R,C"),
+          ("dh0", "L*R,C"), ("sync", f"1,{pk.SYNC_WORDS}*L"),
+          ("dgt", f"8*L*C,{stack_bwd.SB_BMAX}")),
+    ins=(("dh_n", "L*R,C"), ("act", "L*T*R,4C"), ("h", "L*(T+1)*R,C"), ("w_ih", "L,3*C*C"),
+         ("w_hh", "L,3*C*C")))
 REGISTRY += _STACK_BWD + (
     replace(_STACK_BWD[0], name=stack_bwd.STACK_BWD_PAIR_KERNEL,
             file="persistent_stack_bwd_pair.cu",
             numpy_fn=stack_bwd.lstm_persistent_stack_bwd_pair),
-    replace(_STACK_BWD[0], name=stack_bwd.STACK_BWD_GRU_KERNEL,
-            numpy_fn=stack_bwd.gru_persistent_stack_bwd,
-            outs=(("dgx", "L*T*R,3C"), ("dgh", "L*T*R,3C"), ("dhin", "L*T*R,C"),
-                  ("dx", "T*R,C"), ("dh0", "L*R,C"), ("sync", f"1,{pk.SYNC_WORDS}*L"),
-                  ("dgt", f"8*L*C,{stack_bwd.SB_BMAX}")),
-            ins=(("dh_n", "L*R,C"), ("act", "L*T*R,4C"), ("h", "L*(T+1)*R,C"),
-                 ("w_ih", "L,3*C*C"), ("w_hh", "L,3*C*C"))),
+    _STACK_BWD_GRU,
+    replace(_STACK_BWD_GRU, name=stack_bwd.STACK_BWD_GRU_PAIR_KERNEL,
+            file="persistent_stack_bwd_pair.cu",
+            numpy_fn=stack_bwd.gru_persistent_stack_bwd_pair),
 )
 
 # the tensor-core stack backward (stack_mma_bwd.py): the stack backward's arguments without its

@@ -17,17 +17,17 @@ layer l+1's product of step t and for its own layer's dg_t; the top layer waits 
 itself, so the stack cannot deadlock once every block is resident (induction from the top).
 The weight and bias gradients stay GEMMs after the launch (plan/backward_stack.py).
 
-Two kernels: ``lstm_persistent_stack_bwd`` (a block multiplies all 4H gate rows by its 16
-units' columns) and ``lstm_persistent_stack_bwd_pair`` (cuda_src/persistent_stack_bwd_pair.cu:
-the two blocks of a thread-block cluster split the gate rows, so a block stages half of dg_t,
-and exchange their half sums through distributed shared memory), the same arguments.
+Two kernels a cell (LSTM; GRU, ``gru_``, with K = 4H product rows dr, dz, dn, dhn):
+``lstm_persistent_stack_bwd`` (a block multiplies all 4H gate rows by its 16 units' columns)
+and ``lstm_persistent_stack_bwd_pair`` (cuda_src/persistent_stack_bwd_pair.cu: the two blocks
+of a thread-block cluster split the gate rows, so a block stages half of dg_t, and exchange
+their half sums through distributed shared memory), the same arguments.
 
 ``stack_bwd_fit(cell, hidden, batch, layers, input_size, props, steps, pairs=True)`` says
 whether a shape runs (and why not): where the forward stack kernel's fit holds (the backward
 runs only after it, on the forward's saved act and c) and its own shared memory fits; the
-pair kernel where ``pair_decline`` finds nothing against it, else the one-block kernel;
-``lstm_persistent_stack_bwd`` and ``lstm_persistent_stack_bwd_pair`` are the registry's NumPy
-twins. The kernel's constants are
+pair kernel where ``pair_decline`` finds nothing against it, else the one-block kernel; the
+functions of the kernels' names are the registry's NumPy twins. The kernel's constants are
 mirrored below; a test holds them equal.
 """
 from __future__ import annotations
@@ -79,7 +79,9 @@ SB_REGS = 255
 STACK_BWD_KERNEL = "lstm_persistent_stack_bwd"
 STACK_BWD_PAIR_KERNEL = "lstm_persistent_stack_bwd_pair"
 STACK_BWD_GRU_KERNEL = "gru_persistent_stack_bwd"
-"""GRU's one-block kernel (no pair form): K = 4H product rows dr, dz, dn, dhn."""
+"""GRU's one-block kernel: K = 4H product rows dr, dz, dn, dhn."""
+STACK_BWD_GRU_PAIR_KERNEL = "gru_persistent_stack_bwd_pair"
+"""... and its cluster-pair form (block 0 of a pair dr, dz; block 1 dn, dhn)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class StackBwdFit(StackFit):
     @property
     def kernel(self) -> str:
         if self.cell == "gru":
-            return STACK_BWD_GRU_KERNEL
+            return STACK_BWD_GRU_PAIR_KERNEL if self.pair else STACK_BWD_GRU_KERNEL
         return STACK_BWD_PAIR_KERNEL if self.pair else STACK_BWD_KERNEL
 
 
@@ -149,7 +151,7 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
                   props: dict, steps: int = 1, pairs: bool = True) -> StackBwdFit:
     """Fit a whole stack's backward onto the device described by ``props`` (as
     stack.stack_fit). Rules in order (the first that fails is the reason):
-      1. cell 'lstm' or 'gru' (GRU: the one-block kernel only), then the forward stack
+      1. cell 'lstm' or 'gru', then the forward stack
          kernel's fit (stack_fit: 2 or more layers, input size = hidden, hidden a multiple of
          64, batch <= 64, L x H/16 blocks <= SMs, its shared memory and registers, the
          counters): the backward reads what that kernel saved, as it saved it, and has its
@@ -182,8 +184,7 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
                   f"a SM")
     head = (f"fits: {L * nb} of {dev.sms} SMs ({L} layers x {nb} blocks), every layer's "
             f"backward chain in one launch")
-    why = ("the pair kernel is built for LSTM only" if cell != "lstm"
-           else pair_decline(H, L, props) if pairs else "not asked for")
+    why = pair_decline(H, L, props) if pairs else "not asked for"
     if why is None:
         return StackBwdFit(cell, H, B, L, True, f"{head}, in cluster pairs (a block half the "
                            f"gate rows)", U, nb, stack_bwd_pair_smem_bytes(H), dev.sms,
@@ -248,10 +249,21 @@ def pair_product(dg, M):
     return s[0] + s[1]
 
 
+def _check_twin_call(name, sync, units_per_block, dtype="float32"):
+    """A stack backward twin's refusals: fp32 only (kernels/choice_backward.py declines the
+    rest), the counters zero on entry, U = SB_U."""
+    if dtype != "float32":
+        raise ValueError(f"{name}: fp32 only, got dtype {dtype!r}")
+    if np.any(np.asarray(sync) != 0):
+        raise ValueError(f"{name}: the sync counters must be zero on entry, got "
+                         f"{np.asarray(sync).ravel().tolist()}")
+    if int(units_per_block) != SB_U:
+        raise ValueError(f"{name}: units_per_block {units_per_block} != {SB_U}")
+
+
 def _stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dtype):
     """The fp32 stack backward kernels' schedule in NumPy, ``prod(dg, M)`` their sum over k."""
-    if dtype != "float32":   # kernels/choice_backward.py declines it
-        raise ValueError(f"{name}: fp32 only, got dtype {dtype!r}")
+    _check_twin_call(name, outs[5], units_per_block, dtype)
     dgx, dhin, dx, dh0, dc0, sync, dgt = outs
     dgts = dgt.reshape(int(L), 2, 4 * int(cols), dgt.shape[-1])
 
@@ -274,11 +286,7 @@ def stack_bwd_schedule(name, prod, rows, cols, outs, ins, T, L, units_per_block,
     B, H = int(rows), int(cols)
     dgx, dhin, dx, dh0, dc0, sync = outs
     dh_n, dc_n, act, c, w_ih, w_hh = ins
-    if np.any(np.asarray(sync) != 0):
-        raise ValueError(f"{name}: the sync counters must be zero on entry, got "
-                         f"{np.asarray(sync).ravel().tolist()}")
-    if int(units_per_block) != SB_U:
-        raise ValueError(f"{name}: units_per_block {units_per_block} != {SB_U}")
+    _check_twin_call(name, sync, units_per_block)
     store = store or (lambda a: a)
     K = 4 * H
     Ws = [store(np.asarray(w_ih[n]).reshape(K, H)) for n in range(L)]
@@ -335,28 +343,37 @@ lstm_persistent_stack_bwd_pair.__doc__ = "NumPy twin (the cluster-pair kernel)" 
 
 
 def gru_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block, dtype="float32"):
-    """NumPy twin of the GRU stack backward (the registry's numpy_fn): rows = B, cols = H;
+    groups = k_groups(4 * int(cols))
+    _gru_stack_bwd_twin(STACK_BWD_GRU_KERNEL, lambda dg, M: product(dg, M, groups), rows, cols,
+                        outs, ins, T, L, units_per_block, dtype)
+
+
+def gru_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block,
+                                  dtype="float32"):
+    _gru_stack_bwd_twin(STACK_BWD_GRU_PAIR_KERNEL, pair_product, rows, cols, outs, ins, T, L,
+                        units_per_block, dtype)
+
+
+_GRU_TWIN_DOC = """ of the GRU stack backward (the registry's numpy_fn): rows = B, cols = H;
     outs dgx, dgh [L*T*B, 3H] (r, z, n: the W side's and the R side's gate gradients), dhin
     [L*T*B, H] (layer L-1's rows read: dy), dx [T*B, H], dh0 [L*B, H], sync [1, 2L], dgt
     [8*L*H, 64] (scratch: slot l*2 + (t & 1) of 4H rows dr, dz, dn, dhn); ins dh_n [L*B, H],
     act [L*T*B, 4H] (r, z, n, hn), h [L*(T+1)*B, H] (the forward's: slot t = h_{t-1} of step
     t), w_ih, w_hh [L, 3*H*H]. The kernel's schedule: steps T-1 .. 0, each layer from the top,
     gru_bwd's arithmetic on dh_above + dh_rec, then dh_rec = [dr dz dn dhn] [R_r; R_z; 0; R_n]
-    (summed over k as the one-block kernel sums) + dh z, and the input's gradient [dr dz dn
-    dhn] [W_r; W_z; W_n; 0], in the arrays' dtype."""
-    name = STACK_BWD_GRU_KERNEL
-    if dtype != "float32":
-        raise ValueError(f"{name}: fp32 only, got dtype {dtype!r}")
+    (summed over k in the kernel's order) + dh z, and the input's gradient [dr dz dn dhn]
+    [W_r; W_z; W_n; 0], in the arrays' dtype."""
+gru_persistent_stack_bwd.__doc__ = "NumPy twin (one block a 16 units' product)" + _GRU_TWIN_DOC
+gru_persistent_stack_bwd_pair.__doc__ = "NumPy twin (the cluster-pair kernel)" + _GRU_TWIN_DOC
+
+
+def _gru_stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dtype):
+    """The GRU stack backward kernels' schedule in NumPy, ``prod(dg, M)`` their sum over k."""
     B, H = int(rows), int(cols)
     dgx, dgh, dhin, dx, dh0, sync, dgt = outs
     dh_n, act, h, w_ih, w_hh = ins
-    if np.any(np.asarray(sync) != 0):
-        raise ValueError(f"{name}: the sync counters must be zero on entry, got "
-                         f"{np.asarray(sync).ravel().tolist()}")
-    if int(units_per_block) != SB_U:
-        raise ValueError(f"{name}: units_per_block {units_per_block} != {SB_U}")
+    _check_twin_call(name, sync, units_per_block, dtype)
     K = 4 * H
-    groups = k_groups(K)
     zero = np.zeros((H, H), np.asarray(w_hh).dtype)
     Ms = []
     for n in range(L):
@@ -378,8 +395,8 @@ def gru_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block, dtype
             dg = np.concatenate([dgxs[n, t], dghs[n, t][:, 2 * H:]], axis=1)   # dr dz dn dhn
             dgts[n, t & 1, :, :B] = dg.T
             R4, W4 = Ms[n]
-            dhrec[n] = product(dg, R4, groups) + dhz
+            dhrec[n] = prod(dg, R4) + dhz
             down = dhins[n - 1, t] if n else dx.reshape(T, B, H)[t]
-            down[...] = product(dg, W4, groups)
+            down[...] = prod(dg, W4)
     for n in range(L):
         dh0[n * B:(n + 1) * B] = dhrec[n]

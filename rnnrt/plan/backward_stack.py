@@ -24,7 +24,7 @@ Buffers: the forward's (the stack kernel's h, c, act, wt, ht), plus (sizes in el
   dhn, dcn [L, B, H]   the inputs dh_n, dc_n; dh0, dc0 [L, B, H] the outputs
   bsync [2L] unsigned  the kernel's progress counters (zero between launches)
   dx [T, B, I], grads, ones   as backward.py's
-(no dhr, dc, dgh or dpart: dh_rec and dc never leave the kernel.) GRU (gru_persistent_stack_bwd):
+(no dhr, dc, dgh or dpart: dh_rec and dc never leave the kernel.) GRU (gru_persistent_stack_bwd, or _pair):
   dgh [L, T, B, 3H] beside dgx (the R side's gate gradients, for dW_hh), the forward's h read
   for c, dgt of 4H rows (dr, dz, dn, dhn), no dcn or dc0.
 """

@@ -91,19 +91,20 @@ def test_stack_backward_at_the_paper_shape_all_steps(cp, ctx):
         np.testing.assert_array_equal(second[name], a, err_msg=f"{name} differs between runs")
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("pairs, B", [(True, 37), (True, 17), (False, 37)],
                          ids=["pair", "pair-B32-path", "single"])
-def test_stack_bwd_kernels_equal_their_twins(cp, pairs, B):
+def test_stack_bwd_kernels_equal_their_twins(cp, pairs, B, cell):
     """Each stack backward kernel (the cluster-pair one, and the one-block one that runs where
-    pairs decline) launched directly on random data, outputs and scratch poisoned with NaN:
-    every output equals its NumPy twin's (the kernel's sum order; FMA contraction within a
-    k-group aside) and the counters are back to zero."""
+    pairs decline; LSTM's and GRU's) launched directly on random data, outputs and scratch
+    poisoned with NaN: every output equals its NumPy twin's (the kernel's sum order; FMA
+    contraction within a k-group aside) and the counters are back to zero."""
     from rnnrt.check import compare
     from rnnrt.kernels.registry import get_kernel
     from testkit import launch_stack_fit
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     T, H, L = 6, 128, 3
-    fit = stack_bwd.stack_bwd_fit("lstm", H, B, L, H, props, steps=T, pairs=pairs)
+    fit = stack_bwd.stack_bwd_fit(cell, H, B, L, H, props, steps=T, pairs=pairs)
     assert fit.ok and fit.pair == pairs, fit.reason
     info = get_kernel(fit.kernel)
     scal = fit.scalars(T)
@@ -112,18 +113,19 @@ def test_stack_bwd_kernels_equal_their_twins(cp, pairs, B):
     ins = [rng.uniform(0.05, 0.95, s).astype(np.float32) for s in ins_s]   # gates in (0, 1)
     outs = [np.full(s, np.nan, np.float32) for s in outs_s]
     outs[5] = np.zeros(outs_s[5], np.uint32)                                # sync
-    outs[1].reshape(L, T * B, H)[L - 1] = rng.standard_normal((T * B, H))   # the top's dy
+    names = [o[0] for o in info.outs][:5]   # lstm: dgx dhin dx dh0 dc0; gru: dgx dgh dhin dx dh0
+    top = outs[names.index("dhin")]
+    top.reshape(L, T * B, H)[L - 1] = rng.standard_normal((T * B, H))   # the top's dy
     d_outs, d_ins = [cp.asarray(a) for a in outs], [cp.asarray(a) for a in ins]
     launch_stack_fit(cp, fit, d_outs, d_ins, scal)
     info.numpy_fn(B, H, outs, ins, **scal)
-    for n, name in enumerate(("dgx", "dhin", "dx", "dh0", "dc0")):
+    for n, name in enumerate(names):
         r = compare(cp.asnumpy(d_outs[n]), outs[n], 1e-5, 1e-4, name=f"{fit.kernel} {name}")
         assert r.ok, str(r)
     assert int(cp.asnumpy(d_outs[5]).max()) == 0, "counters not reset"
 
 
-# --- GRU (gru_persistent_stack_bwd, one block a 16 units' product; the selector times it, the
-# rule does not prefer it: kernels/choice_backward.py STACK_BWD_RULE_CELLS)
+# --- GRU (gru_persistent_stack_bwd_pair on an sm_90 device, the one-block kernel elsewhere)
 
 @pytest.mark.parametrize("executor", ["eager", "graph"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"T{t}B{b}H{h}L{n}" for t, b, h, n in SHAPES])
@@ -135,8 +137,10 @@ def test_gru_stack_backward_gives_reference_gradients_bitwise_repeatable(cp, ctx
                   train=True, family="stack", backward="stack")
     fplan, bplan = forward_plan(key), backward_plan(key)
     assert bplan.fallback is None, bplan.fallback
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    fit = stack_bwd.stack_bwd_fit("gru", H, B, L, H, props, steps=T)
     assert [op.name for op in bplan.ops if isinstance(op, Kernel)
-            and op.kind == "persistent"] == [stack_bwd.STACK_BWD_GRU_KERNEL], bplan.fit
+            and op.kind == "persistent"] == [fit.kernel], bplan.fit
     assert "gru_persistent_stack_fwd" in {op.name for op in fplan.ops
                                           if isinstance(op, Kernel)}, fplan.fit
     first, second = run_gpu_backward_case(cp, ctx, key, executor, data)

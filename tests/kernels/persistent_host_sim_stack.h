@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
 // others poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each), launches
 // LAUNCHES times with one sync buffer (re-poisoning every output and the dgt scratch in
 // between, checking the counters are back to zero), writes DIR/{dgx,dhin,dx,dh0,dc0}.out.
-// gru (the one-block source only): gru_persistent_stack_bwd, c.f32 holding the forward's h,
+// gru: gru_persistent_stack_bwd (or _pair), c.f32 holding the forward's h,
 // dcn unread, dgx and dgh [L, T, B, 3H] (dgh.out too; dc0.out stays poisoned).
 int main(int argc, char** argv) {
     if (argc != 10 && !(argc == 11 && std::string(argv[10]) == "gru")) {
@@ -270,16 +270,19 @@ int main(int argc, char** argv) {
 #else
 #define SB_SIM_KERNEL lstm_persistent_stack_bwd
 #endif
+#ifdef SP_PU
+#define SB_SIM_GRU_KERNEL gru_persistent_stack_bwd_pair
+#else
+#define SB_SIM_GRU_KERNEL gru_persistent_stack_bwd
+#endif
         launch(L * (H / U), 256, smem, [&] {
-#ifndef SP_PU
             if (gru) {
-                gru_persistent_stack_bwd(B, H, dgx.data(), 3 * H, dgh.data(), 3 * H, dhin.data(),
-                                         H, dx.data(), H, dh0.data(), H, sync.data(), 2 * L,
-                                         dgt, SB_BMAX, dhn.data(), H, act.data(), 4 * H,
-                                         c.data(), H, wih, ldw, whh, ldw, T, L, U);
+                SB_SIM_GRU_KERNEL(B, H, dgx.data(), 3 * H, dgh.data(), 3 * H, dhin.data(), H,
+                                  dx.data(), H, dh0.data(), H, sync.data(), 2 * L, dgt, SB_BMAX,
+                                  dhn.data(), H, act.data(), 4 * H, c.data(), H, wih, ldw, whh,
+                                  ldw, T, L, U);
                 return;
             }
-#endif
             SB_SIM_KERNEL(B, H, dgx.data(), 4 * H, dhin.data(), H, dx.data(), H, dh0.data(), H,
                           dc0.data(), H, sync.data(), 2 * L, dgt, SB_BMAX, dhn.data(), H,
                           dcn.data(), H, act.data(), 4 * H, c.data(), H, wih, ldw, whh, ldw, T,

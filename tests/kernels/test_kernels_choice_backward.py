@@ -152,17 +152,21 @@ def test_the_heuristic_follows_the_cost_models():
 
 def test_the_stack_backward_rule_and_its_candidate(monkeypatch):
     """prefers_stack_backward: wherever the stack backward fits (measured: B 32 and B 64
-    chose it; at 16 bits the tensor-core one); never for inference, a GRU (its stack backward
-    was slower than the per-step one after the stack forward: STACK_BWD_RULE_CELLS),
+    chose it; at 16 bits the tensor-core one; a GRU's in cluster pairs only:
+    GRU_STACK_BWD_NEEDS_PAIRS); never for inference, a GRU without clusters,
     past the stack's batch or at tf32 (no stack kernel). The
     candidates time stack+pbwd first even where the per-layer backward kernels' fit
     declines."""
     assert C.prefers_stack_backward(PAPER, H100_SXM)
     assert C.prefers_stack_backward(dataclasses.replace(PAPER, batch=32), H100_SXM)
-    for shape in (dataclasses.replace(PAPER, train=False),
-                  dataclasses.replace(PAPER, cell="gru"), dataclasses.replace(PAPER, batch=65),
+    for shape in (dataclasses.replace(PAPER, train=False), dataclasses.replace(PAPER, batch=65),
                   dataclasses.replace(PAPER, dtype="tf32")):
         assert not C.prefers_stack_backward(shape, H100_SXM), shape
+    gru = dataclasses.replace(PAPER, cell="gru")
+    no_clusters = dataclasses.replace(H100_SXM, name="no clusters", cc_major=8)
+    assert C.prefers_stack_backward(gru, H100_SXM)
+    assert not C.prefers_stack_backward(gru, no_clusters)
+    assert C.prefers_stack_backward(PAPER, no_clusters)   # LSTM: the one-block kernel too
     # bfloat16 / float16: the tensor-core stack backward (after the tensor-core stack
     # forward), where its cluster pairs fit
     for dtype in ("bfloat16", "float16"):
@@ -180,10 +184,9 @@ def test_the_stack_backward_rule_and_its_candidate(monkeypatch):
         real(shape, device), ok=False, reason="declined for the test"))
     names = [s.name for s in C.candidates(PAPER, H100_SXM)]
     assert names[0] == "stack+pbwd" and names.count("stack+pbwd") == 1, names
-    # a GRU: the rule does not prefer its stack backward (measured slower), so where the
-    # per-layer backward declines it is not timed either
+    # a GRU: its stack backward in pairs, timed first as LSTM's
     names = [s.name for s in C.candidates(dataclasses.replace(PAPER, cell="gru"), H100_SXM)]
-    assert names[0] == "stack" and "stack+pbwd" not in names, names
+    assert names[0] == "stack+pbwd", names
     # where no stack backward fits (a plain RNN: no stack kernel): no stack+pbwd
     names = [s.name for s in C.candidates(dataclasses.replace(PAPER, cell="rnn_tanh"),
                                            H100_SXM)]

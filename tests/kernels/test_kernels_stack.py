@@ -247,21 +247,25 @@ def test_plan_says_why_the_stack_is_not_used():
 
 # --- the GRU stack ---------------------------------------------------------------------------
 
-def gru_key(train=False, bias=True, family="stack", backward=None):
+def gru_key(train=False, bias=True, family="stack", backward=None, device=SM80):
     sw = ladder()[-1].switches
-    return PlanKey("gru", T, B, H, H, L, bias, sw, train=train, device=SM80, family=family,
+    return PlanKey("gru", T, B, H, H, L, bias, sw, train=train, device=device, family=family,
                    backward=backward)
 
 
-@pytest.mark.parametrize("backward", [None, "stack", "persistent"])
+@pytest.mark.parametrize("backward", [None, "stack", "persistent", "stack on H100"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_a_gru_stack_plan_forward_and_training_equal_the_reference(bias, backward):
     """family 'stack' names the GRU stack kernel: one launch; the backward after it is the
     per-step one, or with 'stack' (and 'persistent', which takes it after a stack forward)
-    the GRU stack backward, one launch, no fallback. Both plans race-free; on the NumPy
-    executor (the twins), in program order and a random interleaving, every gradient and the
-    forward's y and h_n equal the float64 reference (testkit.check_bwd_key)."""
-    k = gru_key(train=True, bias=bias, backward=backward)
+    the GRU stack backward, one launch, no fallback: the one-block kernel without clusters,
+    the cluster-pair one on the H100. Both plans race-free; on the NumPy executor (the
+    twins), in program order and a random interleaving, every gradient and the forward's y
+    and h_n equal the float64 reference (testkit.check_bwd_key)."""
+    on_h100 = backward == "stack on H100"
+    backward = "stack" if on_h100 else backward
+    k = gru_key(train=True, bias=bias, backward=backward,
+                device=H100_SXM if on_h100 else SM80)
     fwd, bwd = forward_plan(k), backward_plan(k)
     ks = [op.name for op in fwd.ops if isinstance(op, Kernel)]
     # one stack launch (the transposes of W and R are the per-step backward's, training)
@@ -270,7 +274,8 @@ def test_a_gru_stack_plan_forward_and_training_equal_the_reference(bias, backwar
     assert fwd.fit.startswith("stack gru") and not find_races(fwd)
     launches = [op.name for op in bwd.ops if isinstance(op, Kernel) and op.kind == "persistent"]
     if backward:   # the GRU stack backward
-        assert launches == [stack_bwd.STACK_BWD_GRU_KERNEL], bwd.fit
+        want = stack_bwd.STACK_BWD_GRU_PAIR_KERNEL if on_h100 else stack_bwd.STACK_BWD_GRU_KERNEL
+        assert launches == [want], bwd.fit
         assert bwd.fit.startswith("stack backward gru") and bwd.fallback is None
     else:
         assert launches == [] and bwd.fit is None
@@ -283,8 +288,8 @@ def test_a_gru_stack_plan_forward_and_training_equal_the_reference(bias, backwar
 def test_the_rules_choose_the_gru_stack_as_lstms():
     """Checked on a GPU (tests/gpu/test_gpu_stack.py): where a key names no family the rules
     choose GRU's stack kernel past the batch rule, as LSTM's, and the fit says why not at B
-    16; the selector lists it. After it the rule's backward is not the stack backward
-    (measured slower: choice_backward.STACK_BWD_RULE_CELLS); the selector times it."""
+    16; the selector lists it. After it the rule's backward is the stack backward only in
+    cluster pairs (the one-block form measured slower: GRU_STACK_BWD_NEEDS_PAIRS)."""
     from rnnrt.kernels import choice as C
     from rnnrt.kernels.selector import Shape
 
@@ -297,5 +302,6 @@ def test_the_rules_choose_the_gru_stack_as_lstms():
     assert "stack kernel not used: batch 16 <= 16" in small.fit
     shape = Shape("gru", 4, 512, 512, 64, 100, train=True)
     assert "stack" in C.fitting_families(shape, H100_SXM)
-    assert not C.prefers_stack_backward(shape, H100_SXM)
-    assert C.prefers_stack_backward(dataclasses.replace(shape, cell="lstm"), H100_SXM)
+    assert C.prefers_stack_backward(shape, H100_SXM)   # in pairs
+    assert not C.prefers_stack_backward(shape, SM80)   # the one-block kernel
+    assert C.prefers_stack_backward(dataclasses.replace(shape, cell="lstm"), SM80)
