@@ -57,8 +57,7 @@ class BackwardChoice:
             return self.fallback or ""
         s = self.fit.describe() + (f"; {self.fit.reason}" if self.fit.ok else "")
         if self.chunked:
-            s += (f"; layers overlap along the reverse wavefront, launches of "
-                  f"{self.steps_per_launch} steps")
+            s += f"; along the reverse wavefront, launches of {self.steps_per_launch} steps"
         return s
 
 
@@ -75,11 +74,22 @@ def backward_steps_per_launch(key, fit: BwdFit) -> int:
     (``steps_per_input_gemm(T)``, as the chunked forward) where the cluster kernel runs a
     stack of several layers with the wavefront, so that layer l-1's chunk starts as soon as
     layer l's launch and dx GEMM of that chunk are done instead of after layer l's whole
-    chain (issue 22: at LSTM L4 H128 B32 the four 260 us launches ran back to back); else T,
-    one launch a layer: the grid kernel needs every SM (two launches may never run at once,
-    so chunks would only add launches), one layer has nothing to overlap, and without the
-    wavefront the layers share one recurrence stream."""
+    chain (issue 22: at LSTM L4 H128 B32 the four 260 us launches ran back to back); at one
+    layer, where ``key.wgrad_steps`` asks for the weight gradients in chunks, launches of that
+    chunk: each chunk's dx and weight GEMMs then run beside the rest of the chain on the SMs
+    the clusters leave idle (LSTM L1 H128 B256: 64 of 132 SMs busy, the tail after the chain a
+    quarter of the backward). Measured slower (H200, fwd+bwd, one launch / chunks of 50, 25,
+    10, 5 steps; `kernels/backward-probe-l1-wgrad-launches-...-20261128T181500.json`): LSTM
+    H128 B256 1.424 / 1.451 / 1.530 / 1.644 / 1.843 ms, B128 0.918 / 0.953 / 0.989 / 1.084 /
+    1.238, GRU H128 B256 1.049 / 1.074 / 1.141 / 1.273 / 1.399: the launches' starts (R^T
+    into shared memory, the pipeline's fill; not profiled) cost more than the tail they hide,
+    so the rule (``wgrad_rule_steps``: one chunk) keeps one launch. Else T, one launch a
+    layer: the grid kernel needs every SM (two launches may never run at once, so chunks
+    would only add launches), and without the wavefront the layers share one recurrence
+    stream."""
     T = key.steps
+    if fit.cluster and key.num_layers == 1 and key.wgrad_steps is not None:
+        return max(1, min(T, key.wgrad_steps))
     if not fit.cluster or key.num_layers < 2 or not key.switches.wavefront:
         return T
     return key.switches.steps_per_input_gemm(T)

@@ -164,6 +164,25 @@ def test_after_the_cluster_backward_in_launches(cell):
         assert len(steps) == -(-T // k), steps
 
 
+@pytest.mark.parametrize("cell", CELLS)
+def test_one_layer_cluster_backward_in_launches_of_the_chunk(cell):
+    """One layer: the cluster backward runs in launches of the weight gradients' chunk where
+    wgrad_steps asks for chunks (each chunk's dx and weight GEMMs then beside the rest of the
+    chain), one launch without: the reference gradients, race-free, the launches and the
+    weight chunks on the same steps."""
+    case = bwd_plan_case(cell, 1, seed=4)
+    for k in (2, None):
+        key = PlanKey(cell, T, B, I, H, 1, True, PAPER, train=True, backward="cluster",
+                      wgrad_steps=k)
+        plan = check_bwd_key(key, case, f"L1 cluster wgrad {k}", seed=3, always_random=True)
+        assert plan.fallback is None, plan.fallback
+        launches = sorted(op.steps for op in plan.ops if getattr(op, "kind", "") ==
+                          "persistent")
+        chunks = sorted(op.steps for op in wgrad_gemms(plan, 0)[::2])
+        want = [(0, T)] if k is None else [(t, min(t + k, T)) for t in range(0, T, k)]
+        assert launches == want and chunks == want, (launches, chunks)
+
+
 def test_after_the_stack_backward_one_chunk():
     """The stack backward writes every dg in one launch: the weight gradients stay one
     chunk whatever wgrad_steps says (nothing to overlap), and the plan still gives the
