@@ -11,9 +11,10 @@
  * register tile over 64 batch lanes; B <= 32, over 32 (a half-warp a k-group on alternate k
  * rows: half the FMAs). GRU runs the LSTM's tile of 4 row groups of U = 16 units: r, z, n's
  * W.x part and n's R.h part (n = tanh(W_n x + b_in + r (R_n h + b_hn)) keeps the two apart),
- * so the group of each half that the other half owns multiplies zeros (W's 4th group: zero
- * columns the prologue writes into wt; R's 3rd: zero rows of the shared R slice): a quarter
- * of the FMAs wasted, for the same tile, waits and pipeline as LSTM. Compile-time knobs for experiments (experiments/scripts/
+ * so the group of each half that the other half owns is zero (W's 4th group: zero columns
+ * the prologue writes into wt; R's 3rd: zero rows of the shared R slice) and its tiles skip
+ * that group (ps_tile_fma's SKIP: 96 FMAs a k, not 128), for the same tile, waits and
+ * pipeline as LSTM. Compile-time knobs for experiments (experiments/scripts/
  * stack_bench.py --define): PS_KT (k rows a staged tile), PS_NS (stages), PK_SLACK (steps
  * the layer below must be ahead), PS_FAST_CELL (1: approximate exp / division in the cell,
  * ~1e-6 relative; 0: the precise sigmoidf / tanhf; both in persistent_stack.cuh, shared with
@@ -128,8 +129,10 @@ __device__ __forceinline__ void ps_transpose_tile(const float* in, long long ldi
 // the shared addresses of the lane's first float4 at its first k row: the lane's rows are
 // 16g + 4lr + e (float4 g < 4 of a 64-float row), its batches 32h + 4lb + f (NH 2) or 16h +
 // 4lb + f (NH 1) (float4 h < 2). The next k's six float4s are loaded before this k's 128
-// FMAs.
-template <int NH>
+// FMAs. SKIP (0..3): row group SKIP's A rows are zero in this tile (GRU: n's R group in the
+// input's tiles, n's W group in h's): neither loaded nor multiplied, a quarter of the FMAs
+// (its sums keep what they hold: += 0 x in would have added nothing).
+template <int NH, int SKIP = -1>
 __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr a,
                                             pk_saddr x) {
     if (PK_TIMING & 2) return;
@@ -138,7 +141,8 @@ __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr
     constexpr unsigned int xh = NH * 64u;                 // bytes to its second batch float4
     float4 av[4], xv[2], an[4], xn[2];
 #pragma unroll
-    for (int g = 0; g < 4; ++g) av[g] = pk_lds128(a + 64u * g);
+    for (int g = 0; g < 4; ++g)
+        if (g != SKIP) av[g] = pk_lds128(a + 64u * g);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) xv[hh] = pk_lds128(x + xh * hh);
 #pragma unroll
@@ -146,14 +150,34 @@ __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr
         if (kk + 1 < rows) {
             const pk_saddr row = dk * (kk + 1);
 #pragma unroll
-            for (int g = 0; g < 4; ++g) an[g] = pk_lds128(a + row + 64u * g);
+            for (int g = 0; g < 4; ++g)
+                if (g != SKIP) an[g] = pk_lds128(a + row + 64u * g);
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + row + xh * hh);
         }
-        ps_outer(acc, av, xv);
+        if (SKIP < 0) {
+            ps_outer(acc, av, xv);
+        } else {
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                if (g == SKIP) continue;
+                const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const float xr[4] = {xv[hh].x, xv[hh].y, xv[hh].z, xv[hh].w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+#pragma unroll
+                        for (int f = 0; f < 4; ++f)
+                            acc[4 * g + e][4 * hh + f] =
+                                fmaf(ar[e], xr[f], acc[4 * g + e][4 * hh + f]);
+                }
+            }
+        }
         if (kk + 1 < rows) {
 #pragma unroll
-            for (int g = 0; g < 4; ++g) av[g] = an[g];
+            for (int g = 0; g < 4; ++g)
+                if (g != SKIP) av[g] = an[g];
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) xv[hh] = xn[hh];
         }
@@ -377,7 +401,12 @@ __device__ __forceinline__ void persistent_stack_fwd(
             issue(n + PS_NS - 1, in, hp);
             const pk_saddr s = st_a + 4u * ((n % PS_NS) * PS_STAGE);
             const pk_saddr a = n < NK ? s : rs_a + 4u * ((n - NK) * PS_KT * PS_M);
-            ps_tile_fma<NH>(acc, a + a_lane, s + x_lane);
+            if (GRU && n < NK)    // the input's tiles: n's R group (3) has no W
+                ps_tile_fma<NH, 3>(acc, a + a_lane, s + x_lane);
+            else if (GRU)         // h's tiles: n's W group (2) has no R
+                ps_tile_fma<NH, 2>(acc, a + a_lane, s + x_lane);
+            else
+                ps_tile_fma<NH>(acc, a + a_lane, s + x_lane);
         }
         PS_NOTE(t, 4);
         pk_cp_wait<0>();

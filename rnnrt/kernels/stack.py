@@ -17,8 +17,9 @@ the R half, on one progress counter per layer; layer 0 waits on nobody but itsel
 stack cannot deadlock once all blocks are resident (induction on the layer).
 
 GRU runs the same tile of 4 row groups of U units: r, z, n's W.x part and n's R.h part (n =
-tanh(W_n x + b_in + r (R_n h + b_hn)) keeps the two apart), W's 4th group and R's 3rd zero: a
-quarter of the FMAs wasted for the same waits, pipeline and registers.
+tanh(W_n x + b_in + r (R_n h + b_hn)) keeps the two apart), W's 4th group and R's 3rd zero,
+and not multiplied (the input's tiles skip the 4th group, h's the 3rd: three quarters of
+LSTM's FMAs for the same waits, pipeline and registers).
 
 ``stack_fit(cell, hidden, batch, layers, input_size, props)`` says whether a shape runs
 (and why not); ``lstm_persistent_stack_fwd`` and ``gru_persistent_stack_fwd`` are the

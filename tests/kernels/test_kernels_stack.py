@@ -132,15 +132,16 @@ def test_stack_kernel_without_its_waits_is_caught(sim_no_waits, tmp_path, cell):
     assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
 
 
-def test_a_gru_stack_that_mixes_n_s_two_parts_is_caught(tmp_path_factory, tmp_path):
-    """The GRU kernel's zero groups matter: R's n rows in n's W group too (ps_group_gate's R
-    side giving R's n gate for that group instead of none) adds R_n h to n's W part: the
-    comparison must fail."""
+def test_a_gru_stack_that_skips_the_wrong_group_is_caught(tmp_path_factory, tmp_path):
+    """The GRU kernel multiplies only the row groups a tile has: the input's tiles skip n's R
+    group (no W there), h's tiles n's W group (no R). A kernel that skips n's W group in the
+    input's tiles instead (and so adds n's R part's zeros and drops W_n x) must fail the
+    comparison."""
     text = source("persistent_stack.cu")
-    cut = text.replace("return r_side ? (q == 3 ? 2 : -1) : (q == 2 ? 2 : -1);",
-                       "return r_side ? 2 : (q == 2 ? 2 : -1);")
-    assert cut.count("return r_side ? 2 :") == 1
-    exe = _build(tmp_path_factory, cut, "stack_sim_gru_mixed")
+    old = "ps_tile_fma<NH, 3>(acc, a + a_lane, s + x_lane);"
+    assert text.count(old) == 1
+    exe = _build(tmp_path_factory, text.replace(old, old.replace("<NH, 3>", "<NH, 2>")),
+                 "stack_sim_gru_wrong_skip")
     got, want = run_sim(exe, tmp_path, 8, 64, 3, 2, launches=1, cell="gru")
     assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
 
