@@ -266,11 +266,13 @@ template <int N> __device__ __forceinline__ void pk_cp_wait() {
 // The stack kernels' register tile (persistent_stack.cu, persistent_stack_bwd.cu,
 // persistent_stack_bwd_pair.cu): a lane accumulates 16 rows x 8 batches. ps_outer: one k's
 // outer product from its 4 A float4s (rows 4g + e) and 2 X float4s (batches 4h + f), 128
-// FMAs.
+// FMAs; SKIP (0..3): row group SKIP left out (its av[SKIP] unread: 96 FMAs).
+template <int SKIP = -1>
 __device__ __forceinline__ void ps_outer(float (&acc)[16][8], const float4 (&av)[4],
                                          const float4 (&xv)[2]) {
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
+        if (g == SKIP) continue;
         const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {

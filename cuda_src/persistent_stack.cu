@@ -155,25 +155,7 @@ __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) xn[hh] = pk_lds128(x + row + xh * hh);
         }
-        if (SKIP < 0) {
-            ps_outer(acc, av, xv);
-        } else {
-#pragma unroll
-            for (int g = 0; g < 4; ++g) {
-                if (g == SKIP) continue;
-                const float ar[4] = {av[g].x, av[g].y, av[g].z, av[g].w};
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const float xr[4] = {xv[hh].x, xv[hh].y, xv[hh].z, xv[hh].w};
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-#pragma unroll
-                        for (int f = 0; f < 4; ++f)
-                            acc[4 * g + e][4 * hh + f] =
-                                fmaf(ar[e], xr[f], acc[4 * g + e][4 * hh + f]);
-                }
-            }
-        }
+        ps_outer<SKIP>(acc, av, xv);
         if (kk + 1 < rows) {
 #pragma unroll
             for (int g = 0; g < 4; ++g)
