@@ -272,7 +272,9 @@ def stack_choice(key) -> tuple[StackFit | None, str]:
     LSTM four layers, H100, stack vs per-layer grid kernels: H 512 B 32 3.08 vs 3.81 ms, B
     16 3.03 vs 2.94, B 8 3.04 vs 2.63; H 256 the stack was faster at B 8-32 too; GRU four
     layers, H200, stack vs the selector's best other: H 256 B 8 1.22 vs 1.04 ms, B 32 1.27 vs
-    1.42, B 64 1.79 vs 1.81; H 512 B 8 2.05 vs 1.50, B 32 2.09 vs 2.72, B 64 3.14 vs 3.72). The
+    1.42, B 64 1.79 vs 1.81; H 512 B 8 2.05 vs 1.50, B 32 2.09 vs 2.72, B 64 3.14 vs 3.72; then
+    without multiplying its zero row groups, B 32 / 64: H 256 1.09 / 1.49, H 512 1.79 / 2.59
+    ms, B 8 not re-measured). The
     tensor-core stack kernel skips its n8 tiles past B, so its work falls with the batch: no
     batch rule (not measured yet)."""
     st = _stack_fit(key)
