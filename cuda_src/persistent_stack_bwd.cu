@@ -260,11 +260,9 @@ __device__ __forceinline__ void persistent_stack_bwd(
         const unsigned int done = (unsigned int)(s + 1) * NB;   // counts after step t
         // --- the pointwise backward of step t, dg_t published
         const float* const dgs =
-            GRU ? sb_pointwise_gru(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
+            sb_pointwise_cell<GRU>(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
                                    lddgx, dgh, lddgh, tile, dgt, above, dg_done, done, dhrec,
-                                   dcar)
-                : sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
-                               lddgx, tile, dgt, above, dg_done, done, dhrec, dcar);
+                                   dcar);
 
         // --- the product of step t: [R | W][:, J]^T dg_t^T, every block of the layer's
         // dg_t (each warp waits for itself: it issues and reads only its own rows)

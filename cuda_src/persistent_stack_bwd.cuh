@@ -17,6 +17,7 @@
  *   sb_publish_tile            a step's dg_t tile into the layer's dg^T slot, counted
  *   sb_gru_r4                  GRU: the R operand of a product row (zeros for dn's rows)
  *   sb_finish_cell             sb_finish for LSTM or GRU (no dc0: dh0 twice)
+ *   sb_pointwise_cell          sb_pointwise or sb_pointwise_gru, by the cell
  *   sb_pointwise_gru           sb_pointwise's GRU form (the fp32 kernels' GRU instances):
  *                              dg_t's 4 row groups dr, dz, dn (W side), dhn (R side), dgx and
  *                              dgh apart, dh z carried
@@ -284,6 +285,23 @@ __device__ __forceinline__ float* sb_pointwise_gru(
     float* const dgs = sb_publish_tile(t, B, H, j0, tile, dgt, dg_done);
     PS_NOTE(s, 2);
     return dgs;
+}
+
+
+// The fp32 kernels' pointwise for the cell: sb_pointwise (LSTM; dgh unused) or
+// sb_pointwise_gru (c is then the forward's h, dcar gets dh z). Returns the dg^T slot.
+template <bool GRU>
+__device__ __forceinline__ float* sb_pointwise_cell(
+        int s, int t, int B, int H, int j0, const float* act, long long ldact, const float* c,
+        long long ldc, const float* dh_above, long long lddhin, float* dgx, long long lddgx,
+        float* dgh, long long lddgh, float* tile, float* dgt, const unsigned int* above,
+        unsigned int* dg_done, unsigned int done, float (&dhrec)[SB_CPT],
+        float (&dcar)[SB_CPT]) {
+    if (GRU)
+        return sb_pointwise_gru(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
+                                lddgx, dgh, lddgh, tile, dgt, above, dg_done, done, dhrec, dcar);
+    return sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx, lddgx, tile,
+                        dgt, above, dg_done, done, dhrec, dcar);
 }
 
 #endif

@@ -301,11 +301,9 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         // --- the pointwise backward of step t, dg_t published (the tile aliases the
         // stages and red: the last step's cluster barrier ordered their reads before it)
         const float* const dgs =
-            GRU ? sb_pointwise_gru(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
+            sb_pointwise_cell<GRU>(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
                                    lddgx, dgh, lddgh, tile, dgt, above, dg_done, done, dhrec,
-                                   dcar)
-                : sb_pointwise(s, t, B, H, j0, act, ldact, c, ldc, dh_above, lddhin, dgx,
-                               lddgx, tile, dgt, above, dg_done, done, dhrec, dcar);
+                                   dcar);
         // --- the product: every block of the layer's dg_t, this block's k rows. SP_WPRE: the
         // W parts of the first tiles (no dependence on dg_t) in one group before the wait (the
         // pointwise's last __syncthreads ordered every read of the stages before)
