@@ -256,33 +256,29 @@ def grid_pair_alternatives(shape: "Shape", device, fit: BwdFit | None,
                  if s.family != "stack")
 
 
-GRU_STACK_BWD_NEEDS_PAIRS = True
-"""The rule prefers GRU's stack backward only in cluster pairs. Measured on the H200 (GRU L4,
-T 100, fwd+bwd, graph, the selector's candidates, stack+pbwd against the stack forward with the
-per-step backward): the one-block kernel lost at all six points (H 256 B 8 / 32 / 64 3.58 /
-3.89 / 4.80 ms against 2.78 / 3.12 / 4.16, H 512 B 8 / 32 / 64 6.09 / 6.79 / 8.98 against 4.40
-/ 5.48 / 8.87: `ladder/ladder-gru-L4-H*-B*-T100-fwdbwd-nvidia-h200-20261128T1724*`); the
-pair kernel wins at three of the four points the forward rule takes the stack at (B > 16:
-H 256 B 32 3.05 / 3.13, H 512 B 32 5.21 / 5.46, B 64 8.35 / 8.84) and loses 5% at H 256 B 64
-(4.37 / 4.15; `...-20261128T1747*`, `...T1748*`). The selector times both where they fit."""
-
-
 def prefers_stack_backward(shape: "Shape", device) -> bool:
     """For a training shape whose forward runs the stack kernel: the stack backward (every
-    layer's chain in one launch) wherever it fits (a GRU's: in cluster pairs only,
-    GRU_STACK_BWD_NEEDS_PAIRS): at float32 the fp32 stack backward, at bfloat16 / float16 the
-    tensor-core one (stack_mma_bwd.py: not yet measured, issue 24; the selector's candidates
-    time it first, the per-layer backward after). Measured on the H100 (LSTM L4, T 100,
+    layer's chain in one launch) wherever it fits, a GRU's in cluster pairs only: at float32
+    the fp32 stack backward, at bfloat16 / float16 the tensor-core one (stack_mma_bwd.py: not
+    yet measured, issue 24; the selector's candidates time it first, the per-layer backward
+    after). Measured on the H100 (LSTM L4, T 100,
     fwd+bwd, the selector's candidates; the cluster-pair kernel with its 32-batch path,
     `sweep/sweep-wide-l4-h256-512-b8-32-pair32-...-20261128T020139.jsonl`,
     `sweep-wide-l4-h128-512-b8-64-stackpairs-...-20261128T014229.jsonl`): stack+pbwd against
     the stack forward with the per-step backward, H 256 B 32 3.57 / 3.83 ms, H 512 B 32
     6.46 / 7.18, H 512 B 64 8.66 / ~10.1 (the forward heuristic takes the stack kernel from
-    B 17; at B 8 the selector took cuBLAS schedules, the stack forward spanning 64 lanes)."""
+    B 17; at B 8 the selector took cuBLAS schedules, the stack forward spanning 64 lanes).
+    GRU, on the H200 (L4, T 100, fwd+bwd, graph, the selector's candidates, stack+pbwd against
+    the stack forward with the per-step backward): the one-block kernel lost at all six points
+    (H 256 B 8 / 32 / 64 3.58 / 3.89 / 4.80 ms against 2.78 / 3.12 / 4.16, H 512 B 8 / 32 / 64
+    6.09 / 6.79 / 8.98 against 4.40 / 5.48 / 8.87: `ladder/ladder-gru-L4-H*-B*-T100-fwdbwd-
+    nvidia-h200-20261128T1724*`); the pair kernel wins at three of the four points the forward
+    rule takes the stack at (H 256 B 32 3.05 / 3.13, H 512 B 32 5.21 / 5.46, B 64 8.35 / 8.84)
+    and loses 5% at H 256 B 64 (4.37 / 4.15; `...T1747*`, `...T1748*`)."""
     fit = stack_backward_fit_of(shape, device)
     if fit is None or not fit.ok:
         return False
-    return shape.cell != "gru" or not GRU_STACK_BWD_NEEDS_PAIRS or getattr(fit, "pair", False)
+    return shape.cell != "gru" or fit.pair
 
 
 def stack_backward_fit_of(shape: "Shape", device):

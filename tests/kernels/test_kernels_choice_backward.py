@@ -153,7 +153,7 @@ def test_the_heuristic_follows_the_cost_models():
 def test_the_stack_backward_rule_and_its_candidate(monkeypatch):
     """prefers_stack_backward: wherever the stack backward fits (measured: B 32 and B 64
     chose it; at 16 bits the tensor-core one; a GRU's in cluster pairs only:
-    GRU_STACK_BWD_NEEDS_PAIRS); never for inference, a GRU without clusters,
+    choice_backward.prefers_stack_backward); never for inference, a GRU without clusters,
     past the stack's batch or at tf32 (no stack kernel). The
     candidates time stack+pbwd first even where the per-layer backward kernels' fit
     declines."""

@@ -290,7 +290,7 @@ def test_the_rules_choose_the_gru_stack_as_lstms():
     """Checked on a GPU (tests/gpu/test_gpu_stack.py): where a key names no family the rules
     choose GRU's stack kernel past the batch rule, as LSTM's, and the fit says why not at B
     16; the selector lists it. After it the rule's backward is the stack backward only in
-    cluster pairs (the one-block form measured slower: GRU_STACK_BWD_NEEDS_PAIRS)."""
+    cluster pairs (the one-block form measured slower: prefers_stack_backward)."""
     from rnnrt.kernels import choice as C
     from rnnrt.kernels.selector import Shape
 
