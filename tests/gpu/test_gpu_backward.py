@@ -146,37 +146,15 @@ def test_runner_training_api(cp):
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("cell", CELL_NAMES)
-def test_one_layer_cluster_backward_in_launches_of_the_chunk(cp, ctx, cell, executor):
-    """One layer: the cluster backward in launches of the weight gradients' chunk (2 and 3
-    steps: each chunk's dx and weight GEMMs run beside the rest of the chain), against the
-    reference; the two runs give the same bits."""
-    from rnnrt.plan.backward import backward_plan
-    data = case(cell, 1)
-    persistent = ladder(input_batch=2)[-1].switches
-    for k in (2, 3):
-        key = PlanKey(cell, T, B, I, H, 1, True, persistent, train=True, backward="cluster",
-                      wgrad_steps=k)
-        plan = backward_plan(key)
-        assert plan.fallback is None, plan.fallback
-        assert sum(getattr(op, "kind", "") == "persistent" for op in plan.ops) == -(-T // k)
-        runs = run_gpu_backward_case(cp, ctx, key, executor, data)
-        for i, got in enumerate(runs):
-            check_bwd_outputs(got, data[0], data[4], f"L1 cluster wgrad {k} {executor} {i}",
-                              FP32_ATOL, FP32_RTOL)
-        for name in runs[0]:
-            assert np.array_equal(runs[0][name], runs[1][name], equal_nan=True), \
-                f"L1 cluster wgrad {k}: {name} differs between two runs"
-
-
-@pytest.mark.parametrize("executor", EXECUTORS)
-@pytest.mark.parametrize("cell", CELL_NAMES)
 def test_weight_gradients_in_chunks(cp, ctx, cell, executor):
     """The weight gradients in chunks of 1 and 4 steps (PlanKey.wgrad_steps: GEMMs over each
     chunk's rows on streams of their own, added up in one order) and on one or two streams
     of their own (PlanKey.wgrad_streams 2, 3) after the per-step backward of every rung with
-    streams, and after the cluster backward in launches of 2 steps, against the reference;
-    the two runs of each give the same bits."""
-    data = case(cell, 4)
+    streams, and after the cluster backward in launches of 2 steps; at one layer, the cluster
+    backward in launches of the chunk (2 and 3 steps: each chunk's dx and weight GEMMs beside
+    the rest of the chain); against the reference; the two runs of each give the same
+    bits."""
+    from rnnrt.plan.backward import backward_plan
     keys = [(f"{r.name} wgrad {k} streams {n}",
              PlanKey(cell, T, B, I, H, 4, True, r.switches, train=True, wgrad_steps=k,
                      wgrad_streams=n))
@@ -187,7 +165,15 @@ def test_weight_gradients_in_chunks(cp, ctx, cell, executor):
         keys.append((f"cluster wgrad {k} streams {n}",
                      PlanKey(cell, T, B, I, H, 4, True, persistent, train=True,
                              backward="cluster", wgrad_steps=k, wgrad_streams=n)))
+    for k in (2, 3):
+        key = PlanKey(cell, T, B, I, H, 1, True, persistent, train=True, backward="cluster",
+                      wgrad_steps=k)
+        plan = backward_plan(key)
+        assert plan.fallback is None, plan.fallback
+        assert sum(getattr(op, "kind", "") == "persistent" for op in plan.ops) == -(-T // k)
+        keys.append((f"L1 cluster wgrad {k}", key))
     for what, key in keys:
+        data = case(cell, key.num_layers)
         runs = run_gpu_backward_case(cp, ctx, key, executor, data)
         for i, got in enumerate(runs):
             check_bwd_outputs(got, data[0], data[4], f"{what} {executor} {i}", FP32_ATOL,
