@@ -6,7 +6,7 @@ op (sums by kind); cuDNN forward and forward + backward (TF32 off) in the same p
 
 Usage (GPU): python experiments/scripts/backward_probe.py --shapes lstm:4:512:64,gru:1:1024:8
     [--steps 100] [--splits 1,2,4,8,16,rule] [--chunks 1,2,5,10] [--bwd-clusters rule,2,4,8]
-    [--wgrad-steps 100,50,25,10,rule] [--wgrad-streams 1,2,3]
+    [--wgrad-steps 100,50,25,10,rule [--wgrad-backward cluster]] [--wgrad-streams 1,2,3]
     [--trace] [--out DIR]
     [--backwards step,stack,grid [--fwd-family stack] [--trace-backwards]]
 --backwards: the forward of --fwd-family (default 'stack', where it fits; 'regs': the
@@ -187,16 +187,17 @@ def time_bwd_clusters(runner, sched, T, B, counts, repeats, backward=None):
     return out
 
 
-def time_wgrad(runner, sched, T, B, values, repeats, field="wgrad_steps"):
+def time_wgrad(runner, sched, T, B, values, repeats, field="wgrad_steps", backward=None):
     """{n: {fwdbwd_ms, fwd_ms, chunks, streams}} of forward + backward of ``sched`` (its
-    backward as chosen) with PlanKey ``field`` = n: 'wgrad_steps' the weight gradients in
-    chunks of n steps, 'wgrad_streams' their placement (1 the input stream, 2 a stream of
-    their own, 3 two: kernels/gemm_split.py); 'rule': the rule's. Each row carries the chunk
-    count and the stream count the plan ran."""
+    backward as chosen, or ``backward``: that PlanKey.backward, e.g. 'cluster': at one layer
+    it then runs in launches of the chunk) with PlanKey ``field`` = n: 'wgrad_steps' the
+    weight gradients in chunks of n steps, 'wgrad_streams' their placement (1 the input
+    stream, 2 a stream of their own, 3 two: kernels/gemm_split.py); 'rule': the rule's. Each
+    row carries the chunk count and the stream count the plan ran."""
     out = {}
     for n in values:
-        key = runner.new_key(T, B, True, sched.switches, sched.family, sched.backward,
-                             clusters=sched.clusters)
+        key = runner.new_key(T, B, True, sched.switches, sched.family,
+                             backward or sched.backward, clusters=sched.clusters)
         key = dataclasses.replace(key, **{field: None if n == "rule" else int(n)})
         row, bplan = time_key(runner, key, repeats)
         chunks = len({op.steps for op in bplan.ops if getattr(op, "kind", None) == "dw"
@@ -239,7 +240,8 @@ def probe(a, cell, layers, hidden, batch):
             a.repeats, a.bwd_clusters_backward)
     if a.wgrad_steps:
         rows["wgrad"] = time_wgrad(runner, sched, a.steps, batch,
-                                   [c for c in a.wgrad_steps.split(",") if c], a.repeats)
+                                   [c for c in a.wgrad_steps.split(",") if c], a.repeats,
+                                   backward=a.wgrad_backward)
     if a.wgrad_streams:
         rows["wgrad_streams"] = time_wgrad(runner, sched, a.steps, batch,
                                            [c for c in a.wgrad_streams.split(",") if c],
@@ -282,6 +284,10 @@ def main(argv=None):
     ap.add_argument("--wgrad-steps", default="",
                     help="also time the chosen schedule with its weight gradients in chunks "
                          "of these steps (e.g. 100,50,25,10,rule; PlanKey.wgrad_steps)")
+    ap.add_argument("--wgrad-backward", default=None,
+                    help="the backward --wgrad-steps times (PlanKey.backward, e.g. cluster: "
+                         "at one layer its launches follow the chunks); default the chosen "
+                         "schedule's")
     ap.add_argument("--wgrad-streams", default="",
                     help="also time the chosen schedule with its weight gradients placed "
                          "1, 2, 3 (PlanKey.wgrad_streams), e.g. 1,2,3")
