@@ -7,22 +7,26 @@
  * l-1's step t and its own step t-1). Design: docs/kernels.md ("The stack kernel"); the host
  * side (fit, NumPy twin): rnnrt/kernels/stack.py.
  *
- * Variants: two kernels (LSTM, GRU), each with two paths chosen at run time: B > 32, the
- * register tile over 64 batch lanes; B <= 32, over 32 (a half-warp a k-group on alternate k
- * rows: half the FMAs). GRU runs the LSTM's tile of 4 row groups of U = 16 units: r, z, n's
- * W.x part and n's R.h part (n = tanh(W_n x + b_in + r (R_n h + b_hn)) keeps the two apart),
- * so the group of each half that the other half owns is zero (W's 4th group: zero columns
- * the prologue writes into wt; R's 3rd: zero rows of the shared R slice) and its tiles skip
- * that group (ps_tile_fma's SKIP: 96 FMAs a k, not 128), for the same tile, waits and
- * pipeline as LSTM. Compile-time knobs for experiments (experiments/scripts/
- * stack_bench.py --define): PS_KT (k rows a staged tile), PS_NS (stages), PK_SLACK (steps
- * the layer below must be ahead), PS_FAST_CELL (1: approximate exp / division in the cell,
- * ~1e-6 relative; 0: the precise sigmoidf / tanhf; both in persistent_stack.cuh, shared with
- * the tensor-core stack kernel), PK_TRACE (a %globaltimer timeline), PK_TIMING
- * (persistent_common.cuh).
+ * Batch groups: B > 64 runs as `groups` = ceil(B / 64) stacks side by side in one launch
+ * (blocks [g*L*NB, (g+1)*L*NB) batches [64g, 64g + 64), each group with its own progress
+ * counters and k-major inputs; one W^T, one prologue), where they all fit on the SMs at once.
+ *
+ * Variants: two kernels (LSTM, GRU), each with two paths chosen at run time per group: more than 32
+ * batches, the register tile over 64 batch lanes; at most 32, over 32 (a half-warp a k-group on
+ * alternate k rows: half the FMAs). GRU runs the LSTM's tile of 4 row groups of U = 16 units: r, z,
+ * n's W.x part and n's R.h part (n = tanh(W_n x + b_in + r (R_n h + b_hn)) keeps the two apart), so
+ * the group of each half that the other half owns is zero (W's 4th group: zero columns the prologue
+ * writes into wt; R's 3rd: zero rows of the shared R slice) and its tiles skip that group
+ * (ps_tile_fma's SKIP: 96 FMAs a k, not 128), for the same tile, waits and pipeline as LSTM.
+ * Compile-time knobs for experiments (experiments/scripts/stack_bench.py --define): PS_KT (k rows
+ * a staged tile), PS_NS (stages), PK_SLACK (steps the layer below must be ahead), PS_FAST_CELL (1:
+ * approximate exp / division in the cell, ~1e-6 relative; 0: the precise sigmoidf / tanhf; both in
+ * persistent_stack.cuh, shared with the tensor-core stack kernel), PK_TRACE (a %globaltimer
+ * timeline), PK_TIMING (persistent_common.cuh).
  *
  * Calling convention: as persistent.cu's (rnnrt/kernels/registry.py builds the arguments):
- *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),
+ *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block,
+ *          int groups),
  *   each view a (pointer, int ld) pair, row-major; `sync` is unsigned int*.
  *
  * Kernels:
@@ -34,13 +38,15 @@
  *     out h      [L*(T+1)*B, H]  slot 0 of every layer (h0) is read; slots 1..T written
  *     out c      [L*(T+1)*B, H]  likewise (c0)
  *     out act    [L*T*B, 4H]     i, f, g, o of every layer and step
- *     out sync   [1, 2L]         word 2l: layer l's progress (blocks x steps done); word 1:
- *                                blocks gone; word 3: blocks past the prologue. Zero on
- *                                entry, zero on exit (so L >= 2)
+ *     out sync   [groups, 2L]    word 2l of row g: layer l's progress in batch group g
+ *                                (blocks x steps done); row 0 word 1: blocks gone, word 3:
+ *                                blocks past the prologue. Zero on entry, zero on exit (so
+ *                                L >= 2)
  *     out wt     [L*H, 4H]       scratch: each layer's W^T (the prologue writes it)
- *     out ht     [(L+1)*(T+1)*H, 64]  scratch, ld 64: the k-major inputs, slot m*(T+1) + s
- *                                of H rows (row k: batches 0..B-1): m = 0 x_{s-1}^T, m = l+1
- *                                layer l's h_s^T (slot 0 = h0^T from the prologue)
+ *     out ht     [groups*(L+1)*(T+1)*H, 64]  scratch, ld 64: the k-major inputs of each
+ *                                group, slot m*(T+1) + s of H rows (row k: the group's
+ *                                batches): m = 0 x_{s-1}^T, m = l+1 layer l's h_s^T (slot 0 =
+ *                                h0^T from the prologue)
  *     in  x      [T*B, H]        the input sequence
  *     in  w_ih   [L, 4*H*H]      row l: layer l's weight_ih [4H, H], row-major (ld: the
  *                                distance between layers in the flat parameters)
@@ -50,15 +56,16 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        U: G*U = PS_M rows a block (16)
+ *     int groups                 batch groups: ceil(B / 64)
  *   kernel gru_persistent_stack_fwd(rows = B, cols = H)
  *       per row group (r, z, n's W part, n's R part) pre = the W.in sum (zero for n's R
  *       part) + the R.h sum (zero for n's W part) + its biases, then gru_fwd's arithmetic
  *     out h      [L*(T+1)*B, H]  slot 0 of every layer (h0) is read; slots 1..T written
  *     out act    [L*T*B, 4H]     r, z, n, hn = R_n h + b_hn of every layer and step
- *     out sync   [1, 2L]         as lstm_persistent_stack_fwd's
+ *     out sync   [groups, 2L]    as lstm_persistent_stack_fwd's
  *     out wt     [L*H, 4H]       scratch: each layer's W^T in columns [0, 3H), zeros in
  *                                [3H, 4H) (the prologue writes both)
- *     out ht     [(L+1)*(T+1)*H, 64]  scratch, ld 64: the k-major inputs, as above
+ *     out ht     [groups*(L+1)*(T+1)*H, 64]  scratch, ld 64: the k-major inputs, as above
  *     in  x      [T*B, H]        the input sequence
  *     in  w_ih   [L, 3*H*H]      row l: layer l's weight_ih [3H, H] (r, z, n), row-major
  *     in  w_hh   [L, 3*H*H]      row l: layer l's weight_hh
@@ -67,6 +74,7 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        U = 16
+ *     int groups                 batch groups: ceil(B / 64)
  *
  * Resources (sm_90, nvcc 13.0): 253-255 registers (nvcc / NVRTC; rnnrt.kernels.stack.PS_REGS
  *   = 255, no spills: tests hold both) under __launch_bounds__(PK_MAX_THREADS = 256, 1);
@@ -174,10 +182,10 @@ __device__ __forceinline__ void ps_tile_fma(float (&acc)[PS_TM][PS_TB], pk_saddr
 template <int G, int CELL, int NH>
 __device__ __forceinline__ void persistent_stack_fwd(
         int B, int H, float* h, long long ldh, float* c, long long ldc, float* act,
-        long long ldact, unsigned int* sync, float* wt, long long ldwt, float* ht,
-        long long ldht, const float* x, long long ldx, const float* wih, long long ldwih,
-        const float* whh, long long ldwhh, const float* bw, long long ldbw, const float* br,
-        long long ldbr, int T, int L, int u_arg) {
+        long long ldact, unsigned int* sync, long long ldsync, float* wt, long long ldwt,
+        float* ht, long long ldht, const float* x, long long ldx, const float* wih,
+        long long ldwih, const float* whh, long long ldwhh, const float* bw, long long ldbw,
+        const float* br, long long ldbr, int T, int L, int u_arg, int groups) {
     static_assert(CELL == CELL_LSTM || CELL == CELL_GRU, "the stack kernel: LSTM and GRU");
     static_assert(G == 4, "four row groups of U units (GRU: r, z, n's W part, n's R part)");
     constexpr bool GRU = CELL == CELL_GRU;
@@ -189,36 +197,49 @@ __device__ __forceinline__ void persistent_stack_fwd(
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int NB = H / U;                 // blocks a layer
     const int NK = H / PS_KT;             // tiles of one K half (input size = hidden)
-    const int nbc = (B + 3) / 4;          // float4s of an ht row that hold batches
+    // Batch groups: blocks [g*L*NB, (g+1)*L*NB) run batches [64g, 64g + Bn) as a stack of
+    // their own (their own progress counters, row g of sync, and k-major inputs, block g of
+    // ht; one W^T for all), B the row stride of h, c, act and x. (Every block's pointers to
+    // the group's counters and ht are derived ones, which it holds anyway: at the register
+    // limit, a group offset kept live beside them spilled.)
+    const int NBL = max(L * NB, 1);       // blocks a group (L checked below)
+    const int grp = blockIdx.x / NBL, bx = blockIdx.x - grp * NBL;
+    const int Bn = min(PS_BMAX, B - grp * PS_BMAX);   // this group's batches
+    const int nbc = (Bn + 3) / 4;         // float4s of an ht row that hold batches
     const long long need = 4LL * ((long long)H * PS_M + PS_NS * PS_STAGE + 2 * PS_M);
     auto aligned = [](const void* p) {
         return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
     };
     if (blockDim.x != PK_MAX_THREADS || u_arg != U || H % PS_KT != 0 || H % U != 0 ||
-        B < 1 || B > PS_BMAX || L < 2 || (long long)gridDim.x != (long long)L * NB ||
+        groups < 1 || B <= (groups - 1) * PS_BMAX || B > groups * PS_BMAX || L < 2 ||
+        (long long)gridDim.x != (long long)groups * NBL ||
         (long long)dynamic_smem_bytes() < need || ldwt < 4LL * H || ldwt % 4 ||
-        ldht != PS_BMAX || !aligned(wt) || !aligned(ht))
+        ldht != PS_BMAX || ldsync < 2LL * L || !aligned(wt) || !aligned(ht))
         __trap();
-    const int l = blockIdx.x / NB, j0 = (blockIdx.x % NB) * U;
+    const int l = bx / NB, j0 = (bx % NB) * U;
     const long long S1 = (long long)(T + 1) * B;       // rows of one layer's h and c
     const long long HS = (long long)H * PS_BMAX;       // floats of one ht slot
-    unsigned int* const mine = sync + 2 * l;                   // this layer's progress
-    const unsigned int* const lower = l ? sync + 2 * (l - 1) : nullptr;
-    unsigned int* const ready = sync + 3;              // prologue arrivals (L >= 2: word 3)
+    const long long GS = (long long)(L + 1) * (T + 1) * HS;   // floats of a group's ht
+    unsigned int* const mine = sync + grp * ldsync + 2 * l;      // this layer's progress
+    const unsigned int* const lower = l ? mine - 2 : nullptr;
+    unsigned int* const ready = sync + 3;   // prologue arrivals, every group's (row 0 word 3)
 
     float* const Rs = smem;                        // [H][PS_M]: R slice, k-major
     float* const st = Rs + H * PS_M;               // [PS_NS][PS_STAGE] stages
     float* const red = st;                         // [4][PS_BMAX][PS_RP], after the K loop
     float* const bias = st + PS_NS * PS_STAGE;     // [2][PS_M]: b_ih, b_hh of the block's rows
 
-    // Prologue, every block a share (32 x 32 tiles through the stages): W^T of every layer,
-    // x_t^T into ht slot t+1 of m = 0, h0^T into slot 0 of m = l+1. Then one arrival on
-    // `ready`; every block waits for all of them before its first step (all resident).
+    // Prologue, every block of every group a share (32 x 32 tiles through the stages): W^T
+    // of every layer, and for each group x_t^T into its ht slot t+1 of m = 0, h0^T into slot
+    // 0 of m = l+1. Then one arrival on `ready`; every block waits for all of them before its
+    // first step (all resident).
     {
-        // (GRU: W's 3H rows, then zeros in wt's last H columns: n's R part has no W)
-        const int tw = (GW * H / 32) * (H / 32), tb = ((B + 31) / 32) * (H / 32);
+        // (GRU: W's 3H rows, then zeros in wt's last H columns: n's R part has no W);
+        // tb: a group's input tiles (group 0 the fullest; past a group's batches, none)
+        const int tw = (GW * H / 32) * (H / 32);
+        const int tb = ((min(B, PS_BMAX) + 31) / 32) * (H / 32), tg = (T + L) * tb;
         const int tz = GRU ? H * H / (4 * PK_MAX_THREADS) : 1;   // zero jobs a layer (GRU)
-        const int jobs = L * tw + T * tb + L * tb + (GRU ? L * tz : 0);
+        const int jobs = L * tw + groups * tg + (GRU ? L * tz : 0);
         for (int n = blockIdx.x; n < jobs; n += gridDim.x) {
             if (n < L * tw) {
                 const int m = n / tw, r = n % tw, r0 = 32 * (r / (H / 32));
@@ -226,21 +247,23 @@ __device__ __forceinline__ void persistent_stack_fwd(
                                   GW * H, H, r0, 32 * (r % (H / 32)), st);
                 continue;
             }
-            if (GRU && n >= L * tw + T * tb + L * tb) {   // 4 zeros a thread of wt[:, 3H:4H)
-                const int z = n - (L * tw + T * tb + L * tb), m = z / tz;
+            if (GRU && n >= L * tw + groups * tg) {   // 4 zeros a thread of wt[:, 3H:4H)
+                const int z = n - (L * tw + groups * tg), m = z / tz;
                 const int e = 4 * ((z % tz) * PK_MAX_THREADS + tid), k = e / H, j = e % H;
                 *reinterpret_cast<float4*>(wt + ((long long)m * H + k) * ldwt + 3 * H + j) =
                     make_float4(0.f, 0.f, 0.f, 0.f);
                 continue;
             }
-            const int k = n - L * tw, s = k / tb, r = k % tb;
+            const int g = (n - L * tw) / tg, k = n - L * tw - g * tg, s = k / tb, r = k % tb;
             const int r0 = 32 * (r / (H / 32)), c0 = 32 * (r % (H / 32));
+            const int bg = min(PS_BMAX, B - g * PS_BMAX);   // group g's batches
+            float* const hg = ht + g * GS;
             if (s < T)
-                ps_transpose_tile(x + (long long)s * B * ldx, ldx, ht + (s + 1) * HS, ldht, B,
-                                  H, r0, c0, st);
+                ps_transpose_tile(x + ((long long)s * B + g * PS_BMAX) * ldx, ldx,
+                                  hg + (s + 1) * HS, ldht, bg, H, r0, c0, st);
             else
-                ps_transpose_tile(h + (s - T) * S1 * ldh, ldh,
-                                  ht + (long long)(s - T + 1) * (T + 1) * HS, ldht, B, H, r0,
+                ps_transpose_tile(h + ((s - T) * S1 + g * PS_BMAX) * ldh, ldh,
+                                  hg + (long long)(s - T + 1) * (T + 1) * HS, ldht, bg, H, r0,
                                   c0, st);
         }
         __syncthreads();
@@ -249,15 +272,15 @@ __device__ __forceinline__ void persistent_stack_fwd(
             atomicAdd(ready, 1u);
         }
     }
-    h += l * S1 * ldh;                             // this layer's h: row s*B + b
-    if (!GRU) c += l * S1 * ldc;
-    act += (long long)l * T * B * ldact;
+    h += (l * S1 + grp * PS_BMAX) * ldh;           // this layer's h: row s*B + b
+    if (!GRU) c += (l * S1 + grp * PS_BMAX) * ldc;
+    act += ((long long)l * T * B + grp * PS_BMAX) * ldact;
     const float* const wtl = wt + (long long)l * H * ldwt;
     whh += l * ldwhh;
     bw += l * ldbw;
     br += l * ldbr;
-    const float* const below = ht + (long long)l * (T + 1) * HS;   // slot t+1: input at t
-    float* const own = ht + (long long)(l + 1) * (T + 1) * HS;     // slot t: h_t^T
+    float* const own = ht + grp * GS + (long long)(l + 1) * (T + 1) * HS;   // slot t: h_t^T
+    const float* const below = own - (T + 1) * HS;   // slot t+1: the input at step t
 
     // The R slice, once, k-major: Rs[k][q*U + ju] = R[q*H + j0 + ju, k] (lanes take
     // consecutive rows: conflict-free stores); GRU: row groups r, z, zeros (n's W part),
@@ -275,19 +298,23 @@ __device__ __forceinline__ void persistent_stack_fwd(
 
     // Pointwise cells of this thread: e = tid + i*PK_MAX_THREADS, jj = e % U, r = e / U,
     // b = the r-th of 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, ... (a warp's two batches are 4 apart:
-    // its partial-sum reads hit 32 different banks), live while b < B. jj fastest: a warp's
+    // its partial-sum reads hit 32 different banks), live while b < Bn. jj fastest: a warp's
     // h stores are two runs of 16 consecutive floats. c_t in registers (each cell is this
     // thread's every step; GRU: h_t); the biases of the block's rows in shared memory (GRU:
     // b_ih of r, z, n's W part; b_hh of r, z, n's R part; zero for the others).
-    auto cell_of = [&](int i, int& b, int& jj) {   // live while b < B
+    auto cell_of = [&](int i, int& b, int& jj) {   // live while b < Bn
         ps_cell_of<U>(tid + i * PK_MAX_THREADS, b, jj);
     };
+    // live: bit i set while cell i's batch is one of the group's (one register, not Bn: the
+    // step loop is at the register limit)
     float carry[PS_CPT];
+    unsigned int live = 0;
 #pragma unroll
     for (int i = 0; i < PS_CPT; ++i) {
         int b, jj;
         cell_of(i, b, jj);
-        carry[i] = b >= B ? 0.f : GRU ? h[(long long)b * ldh + j0 + jj]
+        live |= b < Bn ? 1u << i : 0u;
+        carry[i] = b >= Bn ? 0.f : GRU ? h[(long long)b * ldh + j0 + jj]
                                       : c[(long long)b * ldc + j0 + jj];
     }
     for (int e = tid; e < 2 * PS_M; e += PK_MAX_THREADS) {
@@ -410,7 +437,7 @@ __device__ __forceinline__ void persistent_stack_fwd(
         for (int i = 0; i < PS_CPT; ++i) {
             int b, jj;
             cell_of(i, b, jj);
-            if ((PK_TIMING & 8) || b >= B) continue;
+            if ((PK_TIMING & 8) || !(live >> i & 1u)) continue;
             float s[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
@@ -430,7 +457,7 @@ __device__ __forceinline__ void persistent_stack_fwd(
         for (int i = 0; i < PS_CPT; ++i) {
             int b, jj;
             cell_of(i, b, jj);
-            if ((PK_TIMING & 8) || b >= B) continue;
+            if ((PK_TIMING & 8) || !(live >> i & 1u)) continue;
             const int j = j0 + jj;
             const long long row = (long long)t * B + b;   // step t, batch b
             // streaming stores: nothing in this launch reads these (L2 keeps W^T and ht)
@@ -445,10 +472,18 @@ __device__ __forceinline__ void persistent_stack_fwd(
     // The last block out zeroes every layer's counters and the prologue's for the next
     // launch: by then every block has passed its last wait (docs/kernels.md).
     if (tid == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
-        for (int k = 0; k < L; ++k) atomicExch(sync + 2 * k, 0u);
+        for (int g = 0; g < groups; ++g)
+            for (int k = 0; k < L; ++k) atomicExch(sync + g * ldsync + 2 * k, 0u);
         atomicExch(sync + 1, 0u);
         atomicExch(ready, 0u);
     }
+}
+
+// The batch path of this block's group: a group of at most PS_BMAX / 2 batches (B <= 32, or
+// the last group of a larger batch) takes the 32-batch tile (half the FMAs).
+__device__ __forceinline__ bool ps_half_group(int B, int H, int L, int U) {
+    const int NBL = max(L * (H / max(U, 1)), 1);
+    return B - (int)(blockIdx.x / NBL) * PS_BMAX <= PS_BMAX / 2;
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_fwd(
@@ -456,31 +491,33 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_
         unsigned int* sync, int ldsync, float* wt, int ldwt, float* ht, int ldht,
         const float* x, int ldx, const float* w_ih, int ldw_ih, const float* w_hh,
         int ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T, int L,
-        int units_per_block) {
-    if (rows <= PS_BMAX / 2) {   // half the batch lanes: a tile of 32 batches, half the FMAs
-        persistent_stack_fwd<4, CELL_LSTM, 1>(rows, cols, h, ldh, c, ldc, act, ldact, sync, wt,
-                                              ldwt, ht, ldht, x, ldx, w_ih, ldw_ih, w_hh,
-                                              ldw_hh, bw, ldbw, br, ldbr, T, L,
-                                              units_per_block);
+        int units_per_block, int groups) {
+    if (ps_half_group(rows, cols, L, units_per_block)) {
+        persistent_stack_fwd<4, CELL_LSTM, 1>(rows, cols, h, ldh, c, ldc, act, ldact, sync,
+                                              ldsync, wt, ldwt, ht, ldht, x, ldx, w_ih, ldw_ih,
+                                              w_hh, ldw_hh, bw, ldbw, br, ldbr, T, L,
+                                              units_per_block, groups);
         return;
     }
-    persistent_stack_fwd<4, CELL_LSTM, 2>(rows, cols, h, ldh, c, ldc, act, ldact, sync, wt, ldwt,
-                                          ht, ldht, x, ldx, w_ih, ldw_ih, w_hh, ldw_hh, bw,
-                                          ldbw, br, ldbr, T, L, units_per_block);
+    persistent_stack_fwd<4, CELL_LSTM, 2>(rows, cols, h, ldh, c, ldc, act, ldact, sync, ldsync,
+                                          wt, ldwt, ht, ldht, x, ldx, w_ih, ldw_ih, w_hh, ldw_hh,
+                                          bw, ldbw, br, ldbr, T, L, units_per_block, groups);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_stack_fwd(
         int rows, int cols, float* h, int ldh, float* act, int ldact, unsigned int* sync,
         int ldsync, float* wt, int ldwt, float* ht, int ldht, const float* x, int ldx,
         const float* w_ih, int ldw_ih, const float* w_hh, int ldw_hh, const float* bw, int ldbw,
-        const float* br, int ldbr, int T, int L, int units_per_block) {
-    if (rows <= PS_BMAX / 2) {   // half the batch lanes, as lstm_persistent_stack_fwd
+        const float* br, int ldbr, int T, int L, int units_per_block, int groups) {
+    if (ps_half_group(rows, cols, L, units_per_block)) {   // as lstm_persistent_stack_fwd
         persistent_stack_fwd<4, CELL_GRU, 1>(rows, cols, h, ldh, nullptr, 0, act, ldact, sync,
-                                             wt, ldwt, ht, ldht, x, ldx, w_ih, ldw_ih, w_hh,
-                                             ldw_hh, bw, ldbw, br, ldbr, T, L, units_per_block);
+                                             ldsync, wt, ldwt, ht, ldht, x, ldx, w_ih, ldw_ih,
+                                             w_hh, ldw_hh, bw, ldbw, br, ldbr, T, L,
+                                             units_per_block, groups);
         return;
     }
-    persistent_stack_fwd<4, CELL_GRU, 2>(rows, cols, h, ldh, nullptr, 0, act, ldact, sync, wt,
-                                         ldwt, ht, ldht, x, ldx, w_ih, ldw_ih, w_hh, ldw_hh, bw,
-                                         ldbw, br, ldbr, T, L, units_per_block);
+    persistent_stack_fwd<4, CELL_GRU, 2>(rows, cols, h, ldh, nullptr, 0, act, ldact, sync,
+                                         ldsync, wt, ldwt, ht, ldht, x, ldx, w_ih, ldw_ih, w_hh,
+                                         ldw_hh, bw, ldbw, br, ldbr, T, L, units_per_block,
+                                         groups);
 }

@@ -11,6 +11,10 @@
  * Design: docs/kernels.md ("The stack backward"); the host side (fit, NumPy twin):
  * rnnrt/kernels/stack_bwd.py.
  *
+ * Batch groups, as the forward's: B = 64 * groups (whole groups only, so every cell of a group
+ * is live and B is the row stride) runs as `groups` stacks side by side in the launch, each
+ * with its own row of counters and block of dgt (the cluster-pair kernels run one group).
+ *
  * Variants: two kernels, LSTM and GRU (one template). GRU's K = 4H product rows are dr, dz, dn
  * (n's W side) and dhn (n's R side): R's rows r, z, zeros, n and W's r, z, n, zeros (the last
  * quarter's W tiles are neither copied nor multiplied); dh_{t-1} = the R product + dh z (the
@@ -19,7 +23,8 @@
  * H 512), SB_NS (stages), PK_TIMING (persistent_common.cuh).
  *
  * Calling convention: as persistent.cu's (rnnrt/kernels/registry.py builds the arguments):
- *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),
+ *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block,
+ *          int groups),
  *   each view a (pointer, int ld) pair, row-major; `sync` is unsigned int*.
  *
  * Kernels:
@@ -36,11 +41,12 @@
  *     out dx     [T*B, H]        the gradient into the input sequence (layer 0's dg W)
  *     out dh0    [L*B, H]        the gradient into h0 of every layer
  *     out dc0    [L*B, H]        the gradient into c0 of every layer
- *     out sync   [1, 2L]         word 2l: layer l's dg progress (blocks x steps done); word
- *                                2l+1 (l >= 1): layer l's dx progress; word 1: blocks gone.
- *                                Zero on entry, zero on exit
- *     out dgt    [8*L*H, 64]     scratch, ld 64: dg_t^T k-major, two slots a layer (slot
- *                                l*2 + (t & 1) of 4H rows, row k: batches 0..B-1)
+ *     out sync   [groups, 2L]    row g (batch group g): word 2l layer l's dg progress
+ *                                (blocks x steps done), word 2l+1 (l >= 1) its dx progress;
+ *                                row 0 word 1: blocks gone. Zero on entry, zero on exit
+ *     out dgt    [groups*8*L*H, 64]  scratch, ld 64: dg_t^T k-major, two slots a layer
+ *                                and batch group (slot (g*L + l)*2 + (t & 1) of 4H rows, row
+ *                                k: the group's batches)
  *     in  dh_n   [L*B, H]        the gradient into the last h of every layer
  *     in  dc_n   [L*B, H]        the gradient into the last c of every layer
  *     in  act    [L*T*B, 4H]     the forward's gates i, f, g, o
@@ -51,6 +57,7 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        U = 16
+ *     int groups                 batch groups: 1 (B <= 64) or B / 64 (whole groups)
  *   kernel gru_persistent_stack_bwd(rows = B, cols = H)
  *       per layer from the top, steps T-1 .. 0: gru_bwd's arithmetic on dh = dh_above +
  *       dh_rec, then dh_rec of step t-1 = [dr dz dn dhn] [R_r; R_z; 0; R_n] + dh z and the
@@ -60,8 +67,9 @@
  *     out dhin   [L*T*B, H]      as lstm_persistent_stack_bwd's
  *     out dx     [T*B, H]        the gradient into the input sequence
  *     out dh0    [L*B, H]        the gradient into h0 of every layer
- *     out sync   [1, 2L]         as lstm_persistent_stack_bwd's
- *     out dgt    [8*L*H, 64]     scratch: [dr dz dn dhn]^T k-major, two slots a layer
+ *     out sync   [groups, 2L]    as lstm_persistent_stack_bwd's
+ *     out dgt    [groups*8*L*H, 64]  scratch: [dr dz dn dhn]^T k-major, two slots a layer
+ *                                and batch group
  *     in  dh_n   [L*B, H]        the gradient into the last h of every layer
  *     in  act    [L*T*B, 4H]     the forward's r, z, n, hn
  *     in  h      [L*(T+1)*B, H]  the forward's h (slot 0 = h0)
@@ -70,6 +78,7 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        U = 16
+ *     int groups                 as lstm_persistent_stack_bwd's
  *
  * Resources (sm_90, nvcc 13.0): 237 registers (LSTM; GRU 225), no spills (rnnrt.kernels.stack_bwd.SB_REGS = 255,
  *   the fit's: tests hold nvcc's and NVRTC's builds to it) under
@@ -155,7 +164,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
         long long lddc0, unsigned int* sync, float* dgt, long long ldgt, const float* dhn,
         long long lddhn, const float* dcn, long long lddcn, const float* act, long long ldact,
         const float* c, long long ldc, const float* wih, long long ldwih, const float* whh,
-        long long ldwhh, int T, int L, int u_arg) {
+        long long ldwhh, int T, int L, int u_arg, long long ldsync, int groups) {
     static_assert(CELL == CELL_LSTM || CELL == CELL_GRU, "the stack backward: LSTM and GRU");
     constexpr bool GRU = CELL == CELL_GRU;
     constexpr int U = SB_U;
@@ -166,30 +175,40 @@ __device__ __forceinline__ void persistent_stack_bwd(
     const int NT = K / SB_KT;             // tiles a step
     const int NW = GRU ? 3 * H / SB_KT : NT;   // tiles with W rows (GRU: dhn's have none)
     const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
+    // Batch groups (the forward's): blocks [g*L*NB, (g+1)*L*NB) run batches [64g, 64g + 64)
+    // with their own row g of the counters and block of dgt. Every group is full (B = 64
+    // groups), so B is the row stride here and the helpers' b < B holds for every cell.
+    const int NBL = max(L * NB, 1);       // blocks a group (L checked below)
+    const int grp = blockIdx.x / NBL, bx = blockIdx.x - grp * NBL;
     const long long need = 4LL * ((long long)K * U + SB_NS * SB_STAGE);
     auto aligned = [](const void* p) {
         return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
     };
     if (blockDim.x != PK_MAX_THREADS || u_arg != U || K % SB_KT != 0 || H % U != 0 || B < 1 ||
         (GRU && (3 * H) % SB_KT != 0) ||
-        B > SB_BMAX || L < 1 || T < 1 || (long long)gridDim.x != (long long)L * NB ||
+        groups < 1 || (groups == 1 ? B > SB_BMAX : B != groups * SB_BMAX) ||
+        ldsync < 2LL * L || L < 1 || T < 1 || (long long)gridDim.x != (long long)groups * NBL ||
         (long long)dynamic_smem_bytes() < need || ldgt != SB_BMAX || !aligned(dgt) ||
         !aligned(wih) || !aligned(whh) || ldwih % 4 || ldwhh % 4)
         __trap();
-    const int l = blockIdx.x / NB, j0 = (blockIdx.x % NB) * U;
-    unsigned int* const dg_done = sync + 2 * l;            // this layer's dg_t published
-    unsigned int* const dx_done = sync + 2 * l + 1;        // ... its dg_t W (l >= 1)
-    const unsigned int* const above = l + 1 < L ? sync + 2 * (l + 1) + 1 : nullptr;
-    const long long TB = (long long)T * B;
-    act += l * TB * ldact;
-    c += l * (TB + B) * ldc;
-    dgx += l * TB * lddgx;
-    if (GRU) dgh += l * TB * lddgh;
-    const float* const dh_above = dhin + l * TB * lddhin;   // layer L-1's: dy (read)
+    const int l = bx / NB, j0 = (bx % NB) * U;
+    unsigned int* const dg_done = sync + grp * ldsync + 2 * l;   // this layer's dg_t published
+    unsigned int* const dx_done = dg_done + 1;             // ... its dg_t W (l >= 1)
+    const unsigned int* const above = l + 1 < L ? dg_done + 3 : nullptr;   // 2(l+1) + 1
+    const long long TB = (long long)T * B, b0 = (long long)grp * SB_BMAX;
+    act += (l * TB + b0) * ldact;
+    c += (l * (TB + B) + b0) * ldc;
+    dgx += (l * TB + b0) * lddgx;
+    if (GRU) dgh += (l * TB + b0) * lddgh;
+    const float* const dh_above = dhin + (l * TB + b0) * lddhin;   // layer L-1's: dy (read)
     // where dg_t W goes: the layer below's dh_above, or dx
-    float* const down = l ? dhin + (l - 1) * TB * lddhin : dx;
+    float* const down = l ? dhin + ((l - 1) * TB + b0) * lddhin : dx + b0 * lddx;
     const long long lddown = l ? lddhin : lddx;
-    dgt += (long long)l * 2 * K * ldgt;
+    dgt += ((long long)grp * L + l) * 2 * K * ldgt;
+    dhn += b0 * lddhn;
+    if (!GRU) dcn += b0 * lddcn;
+    dh0 += b0 * lddh0;
+    if (!GRU) dc0 += b0 * lddc0;
     wih += l * ldwih;
     whh += l * ldwhh;
 
@@ -342,7 +361,7 @@ __device__ __forceinline__ void persistent_stack_bwd(
         PS_NOTE(s, 5);
         // (layer 0: the next step's first __syncthreads orders red's reads before the tile)
     }
-    sb_finish_cell<GRU>(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
+    sb_finish_cell<GRU>(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar, groups, ldsync);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_bwd(
@@ -350,12 +369,11 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_
         float* dh0, int lddh0, float* dc0, int lddc0, unsigned int* sync, int ldsync,
         float* dgt, int ldgt, const float* dh_n, int lddh_n, const float* dc_n, int lddc_n,
         const float* act, int ldact, const float* c, int ldc, const float* w_ih, int ldw_ih,
-        const float* w_hh, int ldw_hh, int T, int L, int units_per_block) {
-    (void)ldsync;
+        const float* w_hh, int ldw_hh, int T, int L, int units_per_block, int groups) {
     persistent_stack_bwd<CELL_LSTM>(rows, cols, dgx, lddgx, nullptr, 0, dhin, lddhin, dx, lddx,
                                     dh0, lddh0, dc0, lddc0, sync, dgt, ldgt, dh_n, lddh_n, dc_n,
                                     lddc_n, act, ldact, c, ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L,
-                                    units_per_block);
+                                    units_per_block, ldsync, groups);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_stack_bwd(
@@ -363,10 +381,9 @@ extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) gru_persistent_s
         int lddhin, float* dx, int lddx, float* dh0, int lddh0, unsigned int* sync, int ldsync,
         float* dgt, int ldgt, const float* dh_n, int lddh_n, const float* act, int ldact,
         const float* h, int ldh, const float* w_ih, int ldw_ih, const float* w_hh, int ldw_hh,
-        int T, int L, int units_per_block) {
-    (void)ldsync;
+        int T, int L, int units_per_block, int groups) {
     persistent_stack_bwd<CELL_GRU>(rows, cols, dgx, lddgx, dgh, lddgh, dhin, lddhin, dx, lddx,
                                    dh0, lddh0, nullptr, 0, sync, dgt, ldgt, dh_n, lddh_n,
                                    nullptr, 0, act, ldact, h, ldh, w_ih, ldw_ih, w_hh, ldw_hh, T,
-                                   L, units_per_block);
+                                   L, units_per_block, ldsync, groups);
 }

@@ -184,11 +184,13 @@ __device__ __forceinline__ float* sb_pointwise(
 
 // After the last step: dh0 = the last dh_rec, dc0 = the last dc of layer l's cells; the last
 // block out zeroes every counter for the next launch (by then every block has passed its
-// last wait). Counters: 2k layer k's dg, 2k+1 (k >= 1) its dx, 1 blocks gone.
+// last wait). Counters: 2k layer k's dg, 2k+1 (k >= 1) its dx, in row g (ldsync apart) of
+// each of `groups` batch groups; row 0 word 1 blocks gone.
 __device__ __forceinline__ void sb_finish(int l, int L, int B, int j0, float* dh0,
                                           long long lddh0, float* dc0, long long lddc0,
                                           unsigned int* sync, const float (&dhrec)[SB_CPT],
-                                          const float (&dcar)[SB_CPT]) {
+                                          const float (&dcar)[SB_CPT], int groups = 1,
+                                          long long ldsync = 0) {
 #pragma unroll
     for (int i = 0; i < SB_CPT; ++i) {
         int b, jj;
@@ -199,8 +201,11 @@ __device__ __forceinline__ void sb_finish(int l, int L, int B, int j0, float* dh
         dc0[row * lddc0 + j0 + jj] = dcar[i];
     }
     if (threadIdx.x == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
-        for (int k = 0; k < L; ++k) atomicExch(sync + 2 * k, 0u);
-        for (int k = 1; k < L; ++k) atomicExch(sync + 2 * k + 1, 0u);
+        for (int g = 0; g < groups; ++g) {
+            unsigned int* const row = sync + g * ldsync;
+            for (int k = 0; k < L; ++k) atomicExch(row + 2 * k, 0u);
+            for (int k = 1; k < L; ++k) atomicExch(row + 2 * k + 1, 0u);
+        }
         atomicExch(sync + 1, 0u);
     }
 }
@@ -218,13 +223,14 @@ template <bool GRU>
 __device__ __forceinline__ void sb_finish_cell(int l, int L, int B, int j0, float* dh0,
                                                long long lddh0, float* dc0, long long lddc0,
                                                unsigned int* sync, const float (&dhrec)[SB_CPT],
-                                               float (&dcar)[SB_CPT]) {
+                                               float (&dcar)[SB_CPT], int groups = 1,
+                                               long long ldsync = 0) {
     if (GRU) {
 #pragma unroll
         for (int i = 0; i < SB_CPT; ++i) dcar[i] = dhrec[i];
-        sb_finish(l, L, B, j0, dh0, lddh0, dh0, lddh0, sync, dhrec, dcar);
+        sb_finish(l, L, B, j0, dh0, lddh0, dh0, lddh0, sync, dhrec, dcar, groups, ldsync);
     } else {
-        sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
+        sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar, groups, ldsync);
     }
 }
 

@@ -417,7 +417,9 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
          hidden >= 256 (LSTM, several layers), float32 only (the tensor-core stack kernel at
          bf16 / fp16 is a candidate the selector times: H100, paper shape, bf16 1.78 ms
          against cuBLAS rungs' 1.46-1.98, `kernels/stack-bench-mma-paper-...-20261128T021723.json`:
-         not a clear win to take untimed);
+         not a clear win to take untimed); past 64 batches in batch groups where they fit
+         (H200, L4 H 256 B 128 forward: LSTM 1.77 ms against ib10's 2.81, GRU 1.50 against
+         2.57);
       2. the cluster kernel where it fits and hidden <= 128;
       3. the grid kernel where it fits and hidden x batch <= GRID_MAX_WORK;
       4. cuBLAS: the paper rung (pre-transposed weights) at batch >= 128, else chunks of 10

@@ -114,6 +114,22 @@ def stack_backward(key) -> tuple[StackBwdFit | None, str]:
     return (fit, "") if fit.ok else (None, fit.reason)
 
 
+def grouped_stack_backward_pays(fit) -> bool:
+    """Whether the stack backward's fit ``fit`` is one the plans take for 'persistent' (and
+    the heuristic): any of one batch group; in batch groups (B = 64 x groups, the one-block
+    kernel) LSTM's where the groups fill at least three quarters of the SMs. Measured on the
+    H200 (L4, T 100, fwd+bwd, graph, the selector's candidates in one process: the stack
+    forward then this backward against the best other,
+    `sweep/sweep-wide-l4-h128-256-b128-256-groupsbwd-...-20261128T194319.jsonl`): LSTM H 256 B 128
+    (128 of 132 SMs) 5.59 ms against 5.96 (the stack forward, cuBLAS backward), H 128 B 256
+    (128) 3.61 against 3.85 (the per-layer persistent backward); H 128 B 128 (64 SMs) 3.23
+    against 2.62 (regs); GRU lost at all three (H 256 B 128 5.12 / 4.97, H 128 B 256 3.28 /
+    3.16, B 128 3.00 / 2.22), as its one-block form did at B <= 64."""
+    if fit.groups <= 1:
+        return True
+    return fit.cell == "lstm" and 4 * fit.blocks >= 3 * fit.sms
+
+
 def _after_stack_forward(key) -> bool:
     """Whether ``key``'s forward runs a stack kernel (kernels/choice.py choose_persistent)."""
     from .choice import choose_persistent   # choice.py imports this module at its top
@@ -154,6 +170,11 @@ def choose_persistent_backward(key) -> BackwardChoice:
     # a cluster count (PlanKey.bwd_clusters) names the cluster kernel
     if key.backward == "stack" or (key.backward == "persistent" and key.bwd_clusters is None):
         st, why = stack_backward(key)
+        if (st is not None and key.backward == "persistent"
+                and not grouped_stack_backward_pays(st)):
+            st, why = None, (f"{st.groups} batch groups of the one-block {st.cell.upper()} "
+                             f"kernel on {st.blocks} of {st.sms} SMs (grouped_stack_backward_"
+                             f"pays: measured slower than the per-layer backward)")
         if st is not None:
             return BackwardChoice(None, stack=st, steps_per_launch=key.steps)
         if key.backward == "stack":
@@ -274,9 +295,10 @@ def prefers_stack_backward(shape: "Shape", device) -> bool:
     6.09 / 6.79 / 8.98 against 4.40 / 5.48 / 8.87: `ladder/ladder-gru-L4-H*-B*-T100-fwdbwd-
     nvidia-h200-20261128T1724*`); the pair kernel wins at three of the four points the forward
     rule takes the stack at (H 256 B 32 3.05 / 3.13, H 512 B 32 5.21 / 5.46, B 64 8.35 / 8.84)
-    and loses 5% at H 256 B 64 (4.37 / 4.15; `...T1747*`, `...T1748*`)."""
+    and loses 5% at H 256 B 64 (4.37 / 4.15; `...T1747*`, `...T1748*`). In batch groups (B
+    over 64): ``grouped_stack_backward_pays``."""
     fit = stack_backward_fit_of(shape, device)
-    if fit is None or not fit.ok:
+    if fit is None or not fit.ok or not grouped_stack_backward_pays(fit):
         return False
     return shape.cell != "gru" or fit.pair
 

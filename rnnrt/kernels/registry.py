@@ -314,20 +314,23 @@ REGISTRY += tuple(
 REGISTRY += (
     KernelInfo(stack.STACK_KERNEL, "persistent_stack.cu",
                numpy_fn=stack.lstm_persistent_stack_fwd,
-               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               scalars=("T", "L", "units_per_block", "groups"), uint_args=("sync",),
+               persistent=True,
                outs=(("h", "L*(T+1)*R,C"), ("c", "L*(T+1)*R,C"), ("act", "L*T*R,4C"),
-                     ("sync", f"1,{pk.SYNC_WORDS}*L"),
-                     # scratch the kernel writes: W^T of every layer, the k-major inputs
-                     ("wt", "L*C,4C"), ("ht", f"(L+1)*(T+1)*C,{stack.PS_BMAX}")),
+                     ("sync", f"groups,{pk.SYNC_WORDS}*L"),
+                     # scratch the kernel writes: W^T of every layer, each batch group's
+                     # k-major inputs
+                     ("wt", "L*C,4C"), ("ht", f"groups*(L+1)*(T+1)*C,{stack.PS_BMAX}")),
                ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
                     ("br", "L,4C"))),
     # GRU: no c; act r, z, n, hn; wt padded to 4H columns (n's R part has no W: zeros)
     KernelInfo(stack.STACK_KERNELS["gru"], "persistent_stack.cu",
                numpy_fn=stack.gru_persistent_stack_fwd,
-               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               scalars=("T", "L", "units_per_block", "groups"), uint_args=("sync",),
+               persistent=True,
                outs=(("h", "L*(T+1)*R,C"), ("act", "L*T*R,4C"),
-                     ("sync", f"1,{pk.SYNC_WORDS}*L"),
-                     ("wt", "L*C,4C"), ("ht", f"(L+1)*(T+1)*C,{stack.PS_BMAX}")),
+                     ("sync", f"groups,{pk.SYNC_WORDS}*L"),
+                     ("wt", "L*C,4C"), ("ht", f"groups*(L+1)*(T+1)*C,{stack.PS_BMAX}")),
                ins=(("x", "T*R,C"), ("w_ih", "L,3*C*C"), ("w_hh", "L,3*C*C"), ("bw", "L,3C"),
                     ("br", "L,3C"))),
 )
@@ -345,14 +348,17 @@ REGISTRY += (
 )
 
 # the stack backward: every layer's backward chain of an LSTM stack in one launch (stack_bwd.py)
+# (the one-block kernels run batch groups: a row of counters and a block of dgt each; the
+# cluster-pair kernels one group)
 _STACK_BWD = (
     KernelInfo(stack_bwd.STACK_BWD_KERNEL, "persistent_stack_bwd.cu",
                numpy_fn=stack_bwd.lstm_persistent_stack_bwd,
-               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               scalars=("T", "L", "units_per_block", "groups"), uint_args=("sync",),
+               persistent=True,
                outs=(("dgx", "L*T*R,4C"), ("dhin", "L*T*R,C"), ("dx", "T*R,C"), ("dh0", "L*R,C"),
-                     ("dc0", "L*R,C"), ("sync", f"1,{pk.SYNC_WORDS}*L"),
+                     ("dc0", "L*R,C"), ("sync", f"groups,{pk.SYNC_WORDS}*L"),
                      # scratch the kernel writes: each layer's dg_t^T, two slots
-                     ("dgt", f"8*L*C,{stack_bwd.SB_BMAX}")),
+                     ("dgt", f"groups*8*L*C,{stack_bwd.SB_BMAX}")),
                ins=(("dh_n", "L*R,C"), ("dc_n", "L*R,C"), ("act", "L*T*R,4C"),
                     ("c", "L*(T+1)*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"))),
 )
@@ -363,28 +369,36 @@ _STACK_BWD_GRU = replace(
     _STACK_BWD[0], name=stack_bwd.STACK_BWD_GRU_KERNEL,
     numpy_fn=stack_bwd.gru_persistent_stack_bwd,
     outs=(("dgx", "L*T*R,3C"), ("dgh", "L*T*R,3C"), ("dhin", "L*T*R,C"), ("dx", "T*R,C"),
-          ("dh0", "L*R,C"), ("sync", f"1,{pk.SYNC_WORDS}*L"),
-          ("dgt", f"8*L*C,{stack_bwd.SB_BMAX}")),
+          ("dh0", "L*R,C"), ("sync", f"groups,{pk.SYNC_WORDS}*L"),
+          ("dgt", f"groups*8*L*C,{stack_bwd.SB_BMAX}")),
     ins=(("dh_n", "L*R,C"), ("act", "L*T*R,4C"), ("h", "L*(T+1)*R,C"), ("w_ih", "L,3*C*C"),
          ("w_hh", "L,3*C*C")))
+
+
+def _one_group(k: KernelInfo, **changes) -> KernelInfo:
+    """A stack backward kernel of one batch group (no ``groups`` scalar): ``k``'s arguments
+    with one row of counters and one block of dgt."""
+    outs = tuple((a, s.replace("groups*", "").replace("groups,", "1,")) for a, s in k.outs)
+    return replace(k, scalars=("T", "L", "units_per_block"), outs=outs, **changes)
+
+
 REGISTRY += _STACK_BWD + (
-    replace(_STACK_BWD[0], name=stack_bwd.STACK_BWD_PAIR_KERNEL,
-            file="persistent_stack_bwd_pair.cu",
-            numpy_fn=stack_bwd.lstm_persistent_stack_bwd_pair),
+    _one_group(_STACK_BWD[0], name=stack_bwd.STACK_BWD_PAIR_KERNEL,
+               file="persistent_stack_bwd_pair.cu",
+               numpy_fn=stack_bwd.lstm_persistent_stack_bwd_pair),
     _STACK_BWD_GRU,
-    replace(_STACK_BWD_GRU, name=stack_bwd.STACK_BWD_GRU_PAIR_KERNEL,
-            file="persistent_stack_bwd_pair.cu",
-            numpy_fn=stack_bwd.gru_persistent_stack_bwd_pair),
+    _one_group(_STACK_BWD_GRU, name=stack_bwd.STACK_BWD_GRU_PAIR_KERNEL,
+               file="persistent_stack_bwd_pair.cu",
+               numpy_fn=stack_bwd.gru_persistent_stack_bwd_pair),
 )
 
 # the tensor-core stack backward (stack_mma_bwd.py): the stack backward's arguments without its
 # scratch (dg_t is staged from dgx); bf16 / fp16 instantiations only (typed.py), dgx in the
 # storage type
 REGISTRY += (
-    replace(_STACK_BWD[0], name=stack_mma_bwd.STACK_MMA_BWD_KERNEL,
-            file="persistent_stack_mma_bwd.cu",
-            numpy_fn=stack_mma_bwd.lstm_persistent_stack_mma_bwd,
-            outs=_STACK_BWD[0].outs[:6]),
+    _one_group(replace(_STACK_BWD[0], outs=_STACK_BWD[0].outs[:6]),
+               name=stack_mma_bwd.STACK_MMA_BWD_KERNEL, file="persistent_stack_mma_bwd.cu",
+               numpy_fn=stack_mma_bwd.lstm_persistent_stack_mma_bwd),
 )
 
 # the persistent backward kernels: one layer's recurrent chain, all T steps, last first

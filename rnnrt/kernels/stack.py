@@ -16,6 +16,11 @@ layer l-1's step t (its input) before the W half and for its own layer's step t-
 the R half, on one progress counter per layer; layer 0 waits on nobody but itself, so the
 stack cannot deadlock once all blocks are resident (induction on the layer).
 
+Batch groups: a batch over PS_BMAX runs as ``groups`` = ceil(B / PS_BMAX) stacks side by
+side in the one launch (group g: batches [64g, 64g + 64) on its own L x NB blocks, its own
+progress counters and k-major inputs; one W^T), where every group's blocks fit on the SMs at
+once (L4 H 256: two groups, H 128: four).
+
 GRU runs the same tile of 4 row groups of U units: r, z, n's W.x part and n's R.h part (n =
 tanh(W_n x + b_in + r (R_n h + b_hn)) keeps the two apart), W's 4th group and R's 3rd zero,
 and not multiplied (the input's tiles skip the 4th group, h's the 3rd: three quarters of
@@ -56,10 +61,11 @@ class StackFit(Launch1D):
     """How a stack of ``layers`` layers (hidden H, batch B) runs as one stack launch.
 
     ok / reason: whether it fits (reason says why not, or what was chosen).
-    units_per_block U (G*U = PS_M rows a block), blocks_per_layer NB = H / U, blocks = L*NB
-    (the grid: one block a SM, all resident), smem_bytes: the R slice k-major (H x PS_M
-    floats) + PS_NS stages of 2 x PS_KT x 64 floats (the partial sums reuse them) + the
-    bias rows. sms: the device's SM count.
+    units_per_block U (G*U = PS_M rows a block), blocks_per_layer NB = H / U, groups: batch
+    groups of PS_BMAX side by side (``batch_groups``), blocks = groups*L*NB (the grid: one
+    block a SM, all resident), smem_bytes: the R slice k-major (H x PS_M floats) + PS_NS
+    stages of 2 x PS_KT x 64 floats (the partial sums reuse them) + the bias rows. sms: the
+    device's SM count.
     """
 
     cell: str
@@ -73,28 +79,35 @@ class StackFit(Launch1D):
     smem_bytes: int
     sms: int
     threads: int = PK_MAX_THREADS
+    groups: int = 1
 
     @property
     def blocks(self) -> int:
-        return self.layers * self.blocks_per_layer
+        return self.groups * self.layers * self.blocks_per_layer
 
     @property
     def kernel(self) -> str:
         return STACK_KERNELS.get(self.cell, STACK_KERNEL)
 
     def scalars(self, steps: int) -> dict:
-        """The kernel's int scalars by name (order: the registry's)."""
-        return {"T": int(steps), "L": self.layers, "units_per_block": self.units_per_block}
+        """The kernel's int scalars by name (order: the registry's; ``groups`` for a kernel
+        of batch groups)."""
+        known = {"T": int(steps), "L": self.layers, "units_per_block": self.units_per_block}
+        return known | {"groups": self.groups} if self.batch_groups else known
 
     label = "stack"   # what describe() calls the kernel (not a field)
+    # whether a batch over PS_BMAX runs as batch groups side by side (the fp32 forward kernel;
+    # not a field)
+    batch_groups = True
     # whether the kernel reads x and the h sequence in the storage type and stores h rounded
     # to it (the tensor-core stack kernel) rather than in fp32 (not a field)
     storage_io = False
 
     def describe(self) -> str:
+        grouped = f"{self.groups} batch groups x " if self.groups > 1 else ""
         head = (f"{self.label} {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "
-                f"{self.units_per_block}, {self.layers} x {self.blocks_per_layer} blocks x "
-                f"{self.threads} threads, shared {self.smem_bytes} B")
+                f"{self.units_per_block}, {grouped}{self.layers} x {self.blocks_per_layer} "
+                f"blocks x {self.threads} threads, shared {self.smem_bytes} B")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
@@ -129,8 +142,10 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
          one layer runs the per-layer kernels);
       2. input_size == hidden (every layer's W has the same shape, so the kernel reads
          layer l's matrices at row l of one view);
-      3. hidden a multiple of PS_KT (whole tiles) and batch <= PS_BMAX;
-      4. layers * hidden / U blocks <= SMs (one a SM, all resident at once: the waits spin);
+      3. hidden a multiple of PS_KT (whole tiles) and batch <= PS_BMAX, or for a kernel of
+         ``batch_groups``, any batch (ceil(B / PS_BMAX) groups);
+      4. groups * layers * hidden / U blocks <= SMs (one a SM, all resident at once: the waits
+         spin);
       5. shared memory <= what a block can have; registers of 256 threads <= one SM's;
       6. steps * blocks_per_layer < 2^32 (the 32-bit progress counters).
     """
@@ -139,10 +154,12 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
     sms = dev.sms
     U = PS_M // 4
     nb = ceil_div(H, U)
+    groups = max(1, ceil_div(B, PS_BMAX)) if fit_class.batch_groups else 1
     where = f"{where} {cell} hidden {H}, batch {B}, {L} layers on {sms} SMs"
 
     def no(reason):
-        return fit_class(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms)
+        return fit_class(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms,
+                         groups=groups)
 
     if cell not in cells:
         return no(f"the stack kernel is built for {' and '.join(c.upper() for c in cells)} "
@@ -155,11 +172,14 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
                   f"W as one [4H, H] matrix)")
     if H % PS_KT:
         return no(f"hidden not a multiple of {PS_KT} (the kernel's tile width)")
-    if not 1 <= B <= PS_BMAX:
+    if B < 1:
+        return no(f"batch {B} < 1")
+    if B > PS_BMAX and not fit_class.batch_groups:
         return no(f"batch outside [1, {PS_BMAX}] (the kernel's tile covers {PS_BMAX} batches)")
-    if L * nb > sms:
-        return no(f"{L} layers x {nb} blocks of {U} units = {L * nb} > {sms} SMs (one block "
-                  f"a SM, all resident at once)")
+    if groups * L * nb > sms:
+        lots = f"{groups} batch groups x " if groups > 1 else ""
+        return no(f"{lots}{L} layers x {nb} blocks of {U} units = {groups * L * nb} > {sms} "
+                  f"SMs (one block a SM, all resident at once)")
     if smem > dev.limit:
         return no(f"{smem} bytes of shared memory ({weights} {weight_bytes} + stages) > "
                   f"{dev.limit} a block can have")
@@ -167,36 +187,40 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
         return no(f"{PK_MAX_THREADS} threads x {regs} registers > {dev.regs_sm} a SM")
     if int(steps) * nb >= 2**32:
         return no(f"{steps} steps x {nb} blocks overflow the 32-bit progress counters")
+    lots = f"{groups} batch groups x " if groups > 1 else ""
     return fit_class(cell, H, B, L, True,
-                     f"fits: {L * nb} of {sms} SMs ({L} layers x {nb} blocks), all layers "
-                     f"in one launch", U, nb, smem, sms)
+                     f"fits: {groups * L * nb} of {sms} SMs ({lots}{L} layers x {nb} blocks), "
+                     f"all layers in one launch", U, nb, smem, sms, groups=groups)
 
 
-def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block,
+def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block, groups=1,
                               dtype="float32"):
     """NumPy twin of the LSTM stack kernel (the registry's numpy_fn): rows = B, cols = H;
-    outs h [L*(T+1)*B, H], c [L*(T+1)*B, H], act [L*T*B, 4H], sync [1, 2L], wt [L*H, 4H] (each
-    layer's W^T), ht [(L+1)*(T+1)*H, 64] (k-major inputs: block m, slot s holds x_{s-1}^T
-    for m = 0, layer m-1's h_s^T else, in its first B columns); ins x [T*B, H], w_ih
+    outs h [L*(T+1)*B, H], c [L*(T+1)*B, H], act [L*T*B, 4H], sync [groups, 2L], wt [L*H, 4H]
+    (each layer's W^T), ht [groups*(L+1)*(T+1)*H, 64] (k-major inputs: of group g, block m,
+    slot s holds x_{s-1}^T for m = 0, layer m-1's h_s^T else, of the group's batches
+    [64g, 64g + 64) in its first columns); ins x [T*B, H], w_ih
     [L, 4*H*H], w_hh [L, 4*H*H], bw [L, 4H] (or one broadcast row), br. Slot 0 of each
     layer's h and c is read, slots 1..T written. Each step is the fused kernel's twin
     (kernels_np.lstm_fwd) on W.in and R.h, in the arrays' dtype: the same function as the
     kernel, whose sums run in another order (checked against the reference, not this)."""
     h, c, act, sync, wt, ht = outs
     _stack_twin("lstm", rows, cols, (h, c, act), sync, wt, ht, ins, T, L, units_per_block,
-                dtype)
+                groups, dtype)
 
 
-def gru_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block, dtype="float32"):
+def gru_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block, groups=1,
+                             dtype="float32"):
     """NumPy twin of the GRU stack kernel: as lstm_persistent_stack_fwd's without c (outs h,
     act [L*T*B, 4H]: r, z, n, hn, sync, wt [L*H, 4H]: W^T in the first 3H columns, zeros in
     the last H, ht), w_ih / w_hh [L, 3*H*H], bw / br [L, 3H]; each step kernels_np.gru_fwd."""
     h, act, sync, wt, ht = outs
     _stack_twin("gru", rows, cols, (h, None, act), sync, wt, ht, ins, T, L, units_per_block,
-                dtype)
+                groups, dtype)
 
 
-def _stack_twin(cell, rows, cols, states, sync, wt, ht, ins, T, L, units_per_block, dtype):
+def _stack_twin(cell, rows, cols, states, sync, wt, ht, ins, T, L, units_per_block, groups,
+                dtype):
     """The stack kernels' twins: (h, c or None, act) of every layer from x, the weights and
     the biases (see lstm_persistent_stack_fwd), the scratch wt and ht as the kernel leaves
     them."""
@@ -211,13 +235,21 @@ def _stack_twin(cell, rows, cols, states, sync, wt, ht, ins, T, L, units_per_blo
                          f"{np.asarray(sync).ravel().tolist()}")
     if int(units_per_block) * 4 != PS_M:
         raise ValueError(f"{name}: units_per_block {units_per_block} != {PS_M // 4}")
+    if int(groups) != max(1, ceil_div(int(rows), PS_BMAX)):
+        raise ValueError(f"{name}: groups {groups} != ceil(batch {rows} / {PS_BMAX})")
     GW = 4 if cell == "lstm" else 3    # gate rows (of H) of W and R
     S1 = (T + 1) * B
     bw = np.broadcast_to(bw, (L, GW * H))
     br = np.broadcast_to(br, (L, GW * H))
     inp = np.asarray(x).reshape(T, B, H)
-    hts = ht.reshape(L + 1, T + 1, H, ht.shape[-1])
-    hts[0, 1:, :, :B] = inp.transpose(0, 2, 1)
+    hts = ht.reshape(int(groups), L + 1, T + 1, H, ht.shape[-1])
+
+    def k_major(m, seq):   # seq [S, B, H] into slots of block m of every group's ht
+        for g in range(int(groups)):
+            part = seq[:, g * PS_BMAX:(g + 1) * PS_BMAX]
+            hts[g, m, T + 1 - len(seq):, :, :part.shape[1]] = part.transpose(0, 2, 1)
+
+    k_major(0, inp)
     for layer in range(L):
         W = np.asarray(w_ih[layer]).reshape(GW * H, H)
         R = np.asarray(w_hh[layer]).reshape(GW * H, H)
@@ -234,5 +266,5 @@ def _stack_twin(cell, rows, cols, states, sync, wt, ht, ins, T, L, units_per_blo
                 lstm_fwd(B, H, (hs[t + 1], cs[t + 1], acts[t]), (gx, gh, *biases, cs[t]))
             else:
                 gru_fwd(B, H, (hs[t + 1], acts[t]), (gx, gh, *biases, hs[t]))
-        hts[layer + 1, :, :, :B] = hs.transpose(0, 2, 1)
+        k_major(layer + 1, hs)
         inp = hs[1:]

@@ -95,6 +95,9 @@ class StackBwdFit(StackFit):
     pair: bool = False   # the cluster-pair kernel (else one block a 16 units' product)
 
     label = "stack backward"
+    # the one-block kernels run batch groups (full ones: B = 64 * groups), the pair kernels
+    # one (not a field)
+    batch_groups = True
     # whether the kernel copies dg_t into a k-major scratch (the dgt argument: the fp32
     # kernels; the tensor-core one, stack_mma_bwd.py, stages dgx's rows) (not a field)
     dg_scratch = True
@@ -104,6 +107,13 @@ class StackBwdFit(StackFit):
         if self.cell == "gru":
             return STACK_BWD_GRU_PAIR_KERNEL if self.pair else STACK_BWD_GRU_KERNEL
         return STACK_BWD_PAIR_KERNEL if self.pair else STACK_BWD_KERNEL
+
+    def scalars(self, steps: int) -> dict:
+        """The kernel's int scalars by name (``groups``: the one-block kernels')."""
+        known = super().scalars(steps)
+        if self.pair:
+            known.pop("groups", None)
+        return known
 
 
 def stack_bwd_smem_bytes(hidden: int, k_tile: int = SB_KT, stages: int = SB_NS) -> int:
@@ -153,13 +163,15 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
     stack.stack_fit). Rules in order (the first that fails is the reason):
       1. cell 'lstm' or 'gru', then the forward stack
          kernel's fit (stack_fit: 2 or more layers, input size = hidden, hidden a multiple of
-         64, batch <= 64, L x H/16 blocks <= SMs, its shared memory and registers, the
+         64, groups x L x H/16 blocks <= SMs, its shared memory and registers, the
          counters): the backward reads what that kernel saved, as it saved it, and has its
-         grid;
+         grid; past SB_BMAX batches, whole batch groups (B a multiple of SB_BMAX: the
+         kernel's cells of a group are all live);
       2. its own shared memory <= what a block can have;
       3. registers of 256 threads (SB_REGS each) <= one SM's;
-    then the cluster-pair kernel where ``pairs`` and it runs (``pair_decline``: on the H100
-    it stages half of dg_t a block a step), else the one-block kernel, saying why.
+    then the cluster-pair kernel where ``pairs``, one batch group and it runs
+    (``pair_decline``: on the H100 it stages half of dg_t a block a step), else the one-block
+    kernel, saying why.
     """
     H, B, L = int(hidden), int(batch), int(layers)
     dev = DeviceBudget(props, SB_REGS, PK_MAX_THREADS, threads=PK_MAX_THREADS)
@@ -168,29 +180,37 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
     smem = stack_bwd_smem_bytes(H)
     fwd = stack_fit(cell, H, B, L, input_size, props, steps=steps)
 
+    groups = fwd.groups
+
     def no(reason):
-        return StackBwdFit(cell, H, B, L, False, reason, U, nb, smem, dev.sms)
+        return StackBwdFit(cell, H, B, L, False, reason, U, nb, smem, dev.sms, groups=groups)
 
     where = f"stack backward {cell} hidden {H}, batch {B}, {L} layers on {dev.sms} SMs"
     if cell not in ("lstm", "gru"):
         return no(f"{where}: the stack backward is built for LSTM and GRU only")
     if not fwd.ok:
         return no(f"the stack kernel's fit: {fwd.reason}")
+    if groups > 1 and B % SB_BMAX:
+        return no(f"{where}: batch over {SB_BMAX} and not a multiple of it (the backward's "
+                  f"batch groups are whole groups of {SB_BMAX})")
     if smem > dev.limit:
         return no(f"{where}: {smem} bytes of shared memory (R slice {4 * 4 * H * U} + "
                   f"stages) > {dev.limit} a block can have")
     if not dev.regs_ok(PK_MAX_THREADS):
         return no(f"{where}: {PK_MAX_THREADS} threads x {SB_REGS} registers > {dev.regs_sm} "
                   f"a SM")
-    head = (f"fits: {L * nb} of {dev.sms} SMs ({L} layers x {nb} blocks), every layer's "
-            f"backward chain in one launch")
-    why = pair_decline(H, L, props) if pairs else "not asked for"
+    lots = f"{groups} batch groups x " if groups > 1 else ""
+    head = (f"fits: {groups * L * nb} of {dev.sms} SMs ({lots}{L} layers x {nb} blocks), "
+            f"every layer's backward chain in one launch")
+    why = ("not asked for" if not pairs else
+           f"{groups} batch groups (the pair kernel runs one)" if groups > 1 else
+           pair_decline(H, L, props))
     if why is None:
         return StackBwdFit(cell, H, B, L, True, f"{head}, in cluster pairs (a block half the "
                            f"gate rows)", U, nb, stack_bwd_pair_smem_bytes(H), dev.sms,
                            pair=True)
     return StackBwdFit(cell, H, B, L, True, f"{head}; cluster pairs decline: {why}", U, nb,
-                       smem, dev.sms)
+                       smem, dev.sms, groups=groups)
 
 
 def k_groups(depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -261,15 +281,30 @@ def _check_twin_call(name, sync, units_per_block, dtype="float32"):
         raise ValueError(f"{name}: units_per_block {units_per_block} != {SB_U}")
 
 
-def _stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dtype):
+def _k_major_slots(dgt, groups, rows, cols, L):
+    """publish(layer, t, dg) of the fp32 stack backward kernels: dg_t^T of each batch group
+    (64 batches) into its block of the scratch dgt [groups*8*L*H, 64], slot t & 1 of the
+    layer."""
+    B, groups = int(rows), int(groups)
+    if groups != max(1, -(-B // SB_BMAX)) or (groups > 1 and B % SB_BMAX):
+        raise ValueError(f"stack backward: groups {groups} for batch {B} (one group of at "
+                         f"most {SB_BMAX}, or full groups of {SB_BMAX})")
+    dgts = dgt.reshape(groups, int(L), 2, 4 * int(cols), dgt.shape[-1])
+
+    def publish(n, t, dg):
+        for g in range(groups):
+            part = dg[g * SB_BMAX:(g + 1) * SB_BMAX]
+            dgts[g, n, t & 1, :, :part.shape[0]] = part.T
+    return publish
+
+
+def _stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dtype,
+                    groups=1):
     """The fp32 stack backward kernels' schedule in NumPy, ``prod(dg, M)`` their sum over k."""
     if dtype != "float32":   # kernels/choice_backward.py declines it
         raise ValueError(f"{name}: fp32 only, got dtype {dtype!r}")
     dgx, dhin, dx, dh0, dc0, sync, dgt = outs
-    dgts = dgt.reshape(int(L), 2, 4 * int(cols), dgt.shape[-1])
-
-    def publish(n, t, dg):   # the k-major scratch slot t & 1 of layer n
-        dgts[n, t & 1, :, :int(rows)] = dg.T
+    publish = _k_major_slots(dgt, groups, rows, cols, L)
     stack_bwd_schedule(name, prod, rows, cols, (dgx, dhin, dx, dh0, dc0, sync), ins, T, L,
                        units_per_block, publish=publish)
 
@@ -318,19 +353,20 @@ def stack_bwd_schedule(name, prod, rows, cols, outs, ins, T, L, units_per_block,
 
 _TWIN_DOC = """ of the stack backward (the registry's numpy_fn): rows = B, cols = H; outs
     dgx [L*T*B, 4H], dhin [L*T*B, H] (layer L-1's rows read: dy; the others written), dx
-    [T*B, H], dh0 [L*B, H], dc0 [L*B, H], sync [1, 2L], dgt [8*L*H, 64] (scratch: left as the
-    kernel leaves it, slot l*2 + (t & 1) holding dg_t^T of steps 1 and 0 in its first B
-    columns); ins dh_n [L*B, H], dc_n [L*B, H], act [L*T*B, 4H], c [L*(T+1)*B, H], w_ih
+    [T*B, H], dh0 [L*B, H], dc0 [L*B, H], sync [groups, 2L], dgt [groups*8*L*H, 64] (scratch:
+    left as the kernel leaves it, slot l*2 + (t & 1) of batch group g holding dg_t^T of steps
+    1 and 0 in its first columns; the one-block kernels take ``groups``: B = 64 * groups, the
+    pair kernels one group); ins dh_n [L*B, H], dc_n [L*B, H], act [L*T*B, 4H], c [L*(T+1)*B, H], w_ih
     [L, 4*H*H], w_hh [L, 4*H*H]. The kernel's schedule: steps T-1 .. 0, each layer from the
     top (the reverse wavefront), lstm_bwd's arithmetic on dh_above + dh_rec, then dg_t R and
     dg_t W summed over k in the kernel's order, in the arrays' dtype."""
 
 
-def lstm_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block,
+def lstm_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block, groups=1,
                               dtype="float32"):
-    groups = k_groups(4 * int(cols))
-    _stack_bwd_twin(STACK_BWD_KERNEL, lambda dg, M: product(dg, M, groups), rows, cols, outs,
-                    ins, T, L, units_per_block, dtype)
+    kg = k_groups(4 * int(cols))
+    _stack_bwd_twin(STACK_BWD_KERNEL, lambda dg, M: product(dg, M, kg), rows, cols, outs,
+                    ins, T, L, units_per_block, dtype, groups)
 
 
 def lstm_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block,
@@ -343,10 +379,11 @@ lstm_persistent_stack_bwd.__doc__ = "NumPy twin (one block a 16 units' product)"
 lstm_persistent_stack_bwd_pair.__doc__ = "NumPy twin (the cluster-pair kernel)" + _TWIN_DOC
 
 
-def gru_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block, dtype="float32"):
-    groups = k_groups(4 * int(cols))
-    _gru_stack_bwd_twin(STACK_BWD_GRU_KERNEL, lambda dg, M: product(dg, M, groups), rows, cols,
-                        outs, ins, T, L, units_per_block, dtype)
+def gru_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block, groups=1,
+                             dtype="float32"):
+    kg = k_groups(4 * int(cols))
+    _gru_stack_bwd_twin(STACK_BWD_GRU_KERNEL, lambda dg, M: product(dg, M, kg), rows, cols,
+                        outs, ins, T, L, units_per_block, dtype, groups)
 
 
 def gru_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block,
@@ -357,8 +394,9 @@ def gru_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block,
 
 _GRU_TWIN_DOC = """ of the GRU stack backward (the registry's numpy_fn): rows = B, cols = H;
     outs dgx, dgh [L*T*B, 3H] (r, z, n: the W side's and the R side's gate gradients), dhin
-    [L*T*B, H] (layer L-1's rows read: dy), dx [T*B, H], dh0 [L*B, H], sync [1, 2L], dgt
-    [8*L*H, 64] (scratch: slot l*2 + (t & 1) of 4H rows dr, dz, dn, dhn); ins dh_n [L*B, H],
+    [L*T*B, H] (layer L-1's rows read: dy), dx [T*B, H], dh0 [L*B, H], sync [groups, 2L], dgt
+    [groups*8*L*H, 64] (scratch: slot l*2 + (t & 1) of 4H rows dr, dz, dn, dhn, a block each
+    batch group); ins dh_n [L*B, H],
     act [L*T*B, 4H] (r, z, n, hn), h [L*(T+1)*B, H] (the forward's: slot t = h_{t-1} of step
     t), w_ih, w_hh [L, 3*H*H]. The kernel's schedule: steps T-1 .. 0, each layer from the top,
     gru_bwd's arithmetic on dh_above + dh_rec, then dh_rec = [dr dz dn dhn] [R_r; R_z; 0; R_n]
@@ -368,7 +406,8 @@ gru_persistent_stack_bwd.__doc__ = "NumPy twin (one block a 16 units' product)" 
 gru_persistent_stack_bwd_pair.__doc__ = "NumPy twin (the cluster-pair kernel)" + _GRU_TWIN_DOC
 
 
-def _gru_stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dtype):
+def _gru_stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block, dtype,
+                        groups=1):
     """The GRU stack backward kernels' schedule in NumPy, ``prod(dg, M)`` their sum over k."""
     B, H = int(rows), int(cols)
     dgx, dgh, dhin, dx, dh0, sync, dgt = outs
@@ -386,7 +425,7 @@ def _gru_stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block
     dhins = dhin.reshape(L, T, B, H)
     acts = np.asarray(act).reshape(L, T, B, K)
     hs = np.asarray(h).reshape(L, T + 1, B, H)
-    dgts = dgt.reshape(L, 2, K, dgt.shape[-1])
+    publish = _k_major_slots(dgt, groups, rows, cols, L)
     dhrec = [np.array(dh_n[n * B:(n + 1) * B]) for n in range(L)]
     for t in reversed(range(T)):
         for n in reversed(range(L)):
@@ -394,7 +433,7 @@ def _gru_stack_bwd_twin(name, prod, rows, cols, outs, ins, T, L, units_per_block
             knp.gru_bwd(B, H, (dgxs[n, t], dghs[n, t], dhz),
                         (dhins[n, t], dhrec[n], acts[n, t], hs[n, t]))
             dg = np.concatenate([dgxs[n, t], dghs[n, t][:, 2 * H:]], axis=1)   # dr dz dn dhn
-            dgts[n, t & 1, :, :B] = dg.T
+            publish(n, t, dg)
             R4, W4 = Ms[n]
             dhrec[n] = prod(dg, R4) + dhz
             down = dhins[n - 1, t] if n else dx.reshape(T, B, H)[t]

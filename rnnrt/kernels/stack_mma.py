@@ -59,6 +59,7 @@ class StackMmaFit(StackFit):
 
     label = "tensor-core stack (mma.sync m16n8k16)"
     storage_io = True   # x and h in the storage type
+    batch_groups = False   # one group of PS_BMAX batches at most
 
     @property
     def kernel(self) -> str:

@@ -62,6 +62,7 @@ class StackMmaBwdFit(StackBwdFit):
 
     pair: bool = True
     label = "tensor-core stack backward (mma.sync m16n8k16, cluster pairs)"
+    batch_groups = False   # one group (not a field)
     dg_scratch = False   # dg_t is staged from dgx (storage type), no k-major copy
 
     @property

@@ -65,14 +65,15 @@ class StackBackwardBuilder(BackwardBuilder):
         if not lstm:   # GRU: the R side's gate gradients apart
             bufs.append(Buffer("dgh", L * T * B * GH, "scratch"))
         if self.sfit.dg_scratch:   # the fp32 kernels' k-major dg^T (the tensor-core one has none)
-            bufs.append(Buffer("dgt", L * 2 * 4 * H * SB_BMAX, "scratch"))   # 4H product rows
+            # 4H product rows, two slots a layer, a block of them each batch group
+            bufs.append(Buffer("dgt", self.sfit.groups * L * 2 * 4 * H * SB_BMAX, "scratch"))
         bufs.append(Buffer("dhn", state, "io"))
         if lstm:
             bufs.append(Buffer("dcn", state, "io"))
         bufs.append(Buffer("dh0", state, "io"))
         if lstm:
             bufs.append(Buffer("dc0", state, "io"))
-        bufs += [Buffer("bsync", SYNC_WORDS * L, "sync", "uint32"),
+        bufs += [Buffer("bsync", self.sfit.groups * SYNC_WORDS * L, "sync", "uint32"),
                  Buffer("dx", T * B * self.key.input_size, "io"),
                  Buffer("grads", self.layout.size, "grad"), Buffer("ones", T * B, "ones")]
         return labelled(self, bufs + recompute_buffers(self))
@@ -97,9 +98,9 @@ class StackBackwardBuilder(BackwardBuilder):
         dgs = (View("dgx", 0, n, GH, GH),) + (() if lstm else (View("dgh", 0, n, GH, GH),))
         outs = (*dgs, dhin, View("dx", 0, T * B, H, H), View("dh0", 0, state, H, H),
                 *((View("dc0", 0, state, H, H),) if lstm else ()),
-                View("bsync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L))
+                View("bsync", 0, fit.groups, SYNC_WORDS * L, SYNC_WORDS * L))
         if fit.dg_scratch:
-            outs += (View("dgt", 0, 8 * L * H, SB_BMAX, SB_BMAX),)
+            outs += (View("dgt", 0, fit.groups * 8 * L * H, SB_BMAX, SB_BMAX),)
         act_w = self.cell.saved_gates * H   # (GRU: r, z, n, hn: 4H, GH = 3H)
         ins = (View("dhn", 0, state, H, H),
                *((View("dcn", 0, state, H, H),) if lstm else ()),

@@ -226,7 +226,9 @@ class ForwardBuilder:
                 bufs.append(Buffer("cn", self.L * B * H, "io"))
         slots = T if self.all_slots else 1
         if self.persist:
-            bufs.append(Buffer("sync", SYNC_WORDS * self.L, "sync", "uint32"))   # a layer's
+            # a layer's words (the stack kernel: a row of them each batch group)
+            groups = self.stack.groups if self.stack is not None else 1
+            bufs.append(Buffer("sync", groups * SYNC_WORDS * self.L, "sync", "uint32"))
         if self.stack is not None:
             # every layer's h, c and act in one buffer each, as the stack kernel reads them;
             # no gx or gh (W.x and R.h are inside the kernel)
@@ -546,7 +548,7 @@ class ForwardBuilder:
         act_w = self.cell.saved_gates * H   # (GRU: r, z, n, hn: 4H, GH = 3H)
         outs = (*(View(k, 0, L * (T + 1) * B, H, H) for k in states),
                 View("act", 0, L * T * B, act_w, act_w),
-                View("sync", 0, 1, SYNC_WORDS * L, SYNC_WORDS * L),
+                View("sync", 0, st.groups, SYNC_WORDS * L, SYNC_WORDS * L),
                 *(View(name, 0, r, c, c) for name, (r, c) in self.stack_scratch().items()))
         # slot 0 of each layer's h and c is read (h0, c0), the rest written
         start = tuple(self.seq(k, layer, 0, B, H) for k in states for layer in range(L))

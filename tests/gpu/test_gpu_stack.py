@@ -3,7 +3,8 @@ plan at shapes where it takes the LSTM stack kernel (every layer in one launch, 
 and the GRU stack kernel where a key names family 'stack', eager and captured into a CUDA
 graph, against the float64 reference in fp32 tolerance on outputs poisoned with NaN, twice
 in a row on one sync buffer; a GRU training pass (the stack forward, the per-step backward
-after it) against the reference gradients; the fits (and the stack backward's,
+after it) against the reference gradients; both cells in batch groups (B over 64: several
+stacks side by side in the launch), forward and a training pass; the fits (and the stack backward's,
 tests/gpu/test_gpu_stack_bwd.py) agree with the occupancy API.
 Run on the device: pytest -m gpu tests/gpu/test_gpu_stack.py
 """
@@ -67,6 +68,37 @@ def test_gru_stack_training_gives_reference_gradients(cp, ctx):
     for i, out in enumerate(run_gpu_backward_case(cp, ctx, key, "graph", data)):
         check_bwd_outputs(out, data[0], data[4], f"gru stack training run {i}", FP32_ATOL,
                           FP32_RTOL, reduction_atol(T * B))
+
+
+# batch groups: B over 64 as ceil(B / 64) stacks side by side in the launch (the last group
+# of 100 and of 200 on the 32-batch path; 256: four full groups at H 128)
+GROUPED = [(6, 100, 256, 2), (5, 200, 128, 3), (4, 256, 128, 4)]   # (T, B, H, L)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("executor", ["eager", "graph"])
+@pytest.mark.parametrize("shape", GROUPED, ids=[f"T{t}B{b}H{h}L{n}" for t, b, h, n in GROUPED])
+def test_stack_plan_in_batch_groups_matches_reference(cp, ctx, shape, executor, cell):
+    T, B, H, L = shape
+    key = PlanKey(cell, T, B, H, H, L, True, ladder()[-1].switches, family="stack")
+    plan = forward_plan(key)
+    (op,) = [o for o in plan.ops if isinstance(o, Kernel)]
+    assert op.name == stack.STACK_KERNELS[cell], plan.fit
+    assert dict(op.scalars)["groups"] == -(-B // 64), plan.fit
+    run_case(cp, ctx, key, executor, case(cell, L, T, B, H, H))
+
+
+def test_stack_training_in_batch_groups_gives_reference_gradients(cp, ctx):
+    """The LSTM stack forward in two batch groups, the per-step backward after it, twice on
+    re-poisoned buffers."""
+    T, B, H, L = 6, 128, 256, 3
+    data = gpu_backward_case("lstm", L, T, B, H, H, seed=5)
+    key = PlanKey("lstm", T, B, H, H, L, True, ladder()[-1].switches, train=True,
+                  family="stack")
+    assert "2 batch groups" in forward_plan(key).fit
+    for i, out in enumerate(run_gpu_backward_case(cp, ctx, key, "graph", data)):
+        check_bwd_outputs(out, data[0], data[4], f"lstm stack groups training run {i}",
+                          FP32_ATOL, FP32_RTOL, reduction_atol(T * B))
 
 
 # the stack kernel's fit and registers, and its backward twin's (stack_bwd.py)

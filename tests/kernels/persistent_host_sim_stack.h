@@ -24,9 +24,9 @@ struct StackSimArgs {
 // set, the rest poisoned; GRU reads no c and writes c.out as read; wih / whh: L rows of LDW
 // floats, the matrix at the start of each;
 // bw / br: L rows of LDB floats, or one row when LDB is 0), launches LAUNCHES times with one
-// sync buffer (re-poisoning the outputs and the kernel's transposes wt [L*H, 4H] and ht
-// [(L+1)*(T+1)*H, 64] in between, checking the counters are back to zero), writes
-// DIR/{h,c,act,wt,ht}.out.
+// sync buffer [groups, 2L] (groups = ceil(B / 64) batch groups side by side; re-poisoning the
+// outputs and the kernel's transposes wt [L*H, 4H] and ht [groups*(L+1)*(T+1)*H, 64] in
+// between, checking the counters are back to zero), writes DIR/{h,c,act,wt,ht}.out.
 int main(int argc, char** argv) {
     if (argc != 14) {
         std::fprintf(stderr, "usage: see persistent_host_sim.cpp (PK_SIM_STACK)\n");
@@ -56,11 +56,13 @@ int main(int argc, char** argv) {
     auto [br, nbr] = load16("br", brs);
     (void)nx, (void)nwi, (void)nwh, (void)nbw, (void)nbr;
     std::vector<float> act((size_t)L * T * B * 4 * H);
-    const size_t nwt = (size_t)L * H * 4 * H, nht = (size_t)(L + 1) * (T + 1) * H * PS_BMAX;
+    const int groups = (B + PS_BMAX - 1) / PS_BMAX;
+    const size_t nwt = (size_t)L * H * 4 * H;
+    const size_t nht = (size_t)groups * (L + 1) * (T + 1) * H * PS_BMAX;
     std::vector<float4> wts(nwt / 4), hts(nht / 4);
     float* const wt = reinterpret_cast<float*>(wts.data());
     float* const ht = reinterpret_cast<float*>(hts.data());
-    std::vector<unsigned int> sync(2 * L, 0u);
+    std::vector<unsigned int> sync((size_t)groups * 2 * L, 0u);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int n = 0; n < launches; ++n) {
         for (int l = 0; l < L; ++l)   // poison every slot but slot 0 of each layer
@@ -71,15 +73,15 @@ int main(int argc, char** argv) {
         std::fill(act.begin(), act.end(), nan);
         std::fill(wt, wt + nwt, nan);
         std::fill(ht, ht + nht, nan);
-        launch(L * (H / U), 256, smem, [&] {
+        launch(groups * L * (H / U), 256, smem, [&] {
             if (cell == "gru")
                 gru_persistent_stack_fwd(B, H, h, H, act.data(), 4 * H, sync.data(), 2 * L, wt,
                                          4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh, ldwhh, bw,
-                                         ldbw, br, ldbr, T, L, U);
+                                         ldbw, br, ldbr, T, L, U, groups);
             else
                 lstm_persistent_stack_fwd(B, H, h, H, c, H, act.data(), 4 * H, sync.data(),
                                           2 * L, wt, 4 * H, ht, PS_BMAX, x, H, wih, ldwih, whh,
-                                          ldwhh, bw, ldbw, br, ldbr, T, L, U);
+                                          ldwhh, bw, ldbw, br, ldbr, T, L, U, groups);
         });
         if (!counters_zero(sync.data(), sync.size(), n)) return 3;
     }
@@ -232,6 +234,8 @@ int main(int argc, char** argv) {
 // others poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each), launches
 // LAUNCHES times with one sync buffer (re-poisoning every output and the dgt scratch in
 // between, checking the counters are back to zero), writes DIR/{dgx,dhin,dx,dh0,dc0}.out.
+// The one-block kernels run B > 64 as B / 64 batch groups (sync [groups, 2L], dgt a block
+// of 8*L*H rows each); the pair kernels one group.
 // gru: gru_persistent_stack_bwd (or _pair), c.f32 holding the forward's h,
 // dcn unread, dgx and dgh [L, T, B, 3H] (dgh.out too; dc0.out stays poisoned).
 int main(int argc, char** argv) {
@@ -254,11 +258,18 @@ int main(int argc, char** argv) {
     const std::vector<float> c = read_f32(dir + "/c.f32");
     const float* const wih = load16("wih", stores[0]);
     const float* const whh = load16("whh", stores[1]);
-    const size_t TBH = (size_t)T * B * H, ngt = (size_t)8 * L * H * SB_BMAX;
+#ifdef SP_PU
+    const int groups = 1;
+#define SB_SIM_GROUPS
+#else
+    const int groups = B > SB_BMAX ? B / SB_BMAX : 1;
+#define SB_SIM_GROUPS , groups
+#endif
+    const size_t TBH = (size_t)T * B * H, ngt = (size_t)groups * 8 * L * H * SB_BMAX;
     float* const dgt = at_offset(stores[2], ngt, 0);
     std::vector<float> dgx(L * TBH * (gru ? 3 : 4)), dx(TBH), dh0((size_t)L * B * H),
         dc0(dh0.size()), dgh(gru ? L * TBH * 3 : 0);
-    std::vector<unsigned int> sync(2 * L, 0u);
+    std::vector<unsigned int> sync((size_t)groups * 2 * L, 0u);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int n = 0; n < launches; ++n) {
         for (auto* v : {&dgx, &dx, &dh0, &dc0, &dgh}) std::fill(v->begin(), v->end(), nan);
@@ -275,18 +286,18 @@ int main(int argc, char** argv) {
 #else
 #define SB_SIM_GRU_KERNEL gru_persistent_stack_bwd
 #endif
-        launch(L * (H / U), 256, smem, [&] {
+        launch(groups * L * (H / U), 256, smem, [&] {
             if (gru) {
                 SB_SIM_GRU_KERNEL(B, H, dgx.data(), 3 * H, dgh.data(), 3 * H, dhin.data(), H,
                                   dx.data(), H, dh0.data(), H, sync.data(), 2 * L, dgt, SB_BMAX,
                                   dhn.data(), H, act.data(), 4 * H, c.data(), H, wih, ldw, whh,
-                                  ldw, T, L, U);
+                                  ldw, T, L, U SB_SIM_GROUPS);
                 return;
             }
             SB_SIM_KERNEL(B, H, dgx.data(), 4 * H, dhin.data(), H, dx.data(), H, dh0.data(), H,
                           dc0.data(), H, sync.data(), 2 * L, dgt, SB_BMAX, dhn.data(), H,
                           dcn.data(), H, act.data(), 4 * H, c.data(), H, wih, ldw, whh, ldw, T,
-                          L, U);
+                          L, U SB_SIM_GROUPS);
         });
         if (!counters_zero(sync.data(), sync.size(), n)) return 3;
     }

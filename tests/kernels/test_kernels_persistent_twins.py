@@ -143,9 +143,12 @@ def test_registry_shapes_use_the_scalars():
         K.KernelInfo("x", "persistent.cu", outs=(("h", "T+1*R,C"),), ins=(), numpy_fn=None)
     # several factors: the stack kernel's views of every layer at once
     stack = K.KERNELS[STACK_KERNEL]
-    outs, ins = stack.arg_shapes(64, 512, T=100, L=4, units_per_block=16)
+    outs, ins = stack.arg_shapes(64, 512, T=100, L=4, units_per_block=16, groups=1)
     assert outs == [(4 * 101 * 64, 512), (4 * 101 * 64, 512), (4 * 100 * 64, 2048), (1, 8),
                     (4 * 512, 2048), (5 * 101 * 512, 64)]   # + the scratch wt, ht
+    # batch groups: a row of counters and a block of k-major inputs each
+    outs, _ = stack.arg_shapes(128, 256, T=100, L=4, units_per_block=16, groups=2)
+    assert outs[3:] == [(2, 8), (4 * 256, 1024), (2 * 5 * 101 * 256, 64)]
     assert ins == [(100 * 64, 512), (4, 4 * 512 * 512), (4, 4 * 512 * 512), (4, 2048),
                    (4, 2048)]
 

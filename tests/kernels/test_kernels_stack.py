@@ -60,7 +60,8 @@ def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2, cell="lstm"):
     """Random weights and inputs, h and c poisoned past slot 0; returns (h, c, act) of the
     sim and of the float64 reference, each [L, T, B, *] (GRU: c None). The kernel's scratch
     (W^T in wt, the k-major inputs in ht, poisoned before each launch) is checked exactly
-    here: W^T (GRU: then zeros), x_t^T, and every layer's h_s^T equal to its own h output."""
+    here: W^T (GRU: then zeros), x_t^T, and every layer's h_s^T equal to its own h output,
+    in each batch group's block of ht (B > 64: ceil(B / 64) groups side by side)."""
     rng = np.random.default_rng(seed)
     f32 = np.float32
     G = 4 if cell == "lstm" else 3     # gate rows (of H) of W and R
@@ -88,13 +89,18 @@ def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2, cell="lstm"):
     got_c = np.fromfile(tmp_path / "c.out", f32).reshape(L, T + 1, B, H)[:, 1:]
     got_a = np.fromfile(tmp_path / "act.out", f32).reshape(L, T, B, 4 * H)
     wt = np.fromfile(tmp_path / "wt.out", f32).reshape(L, H, 4 * H)
-    ht = np.fromfile(tmp_path / "ht.out", f32).reshape(L + 1, T + 1, H, 64)[..., :B]
+    groups = -(-B // 64)
+    hts = np.fromfile(tmp_path / "ht.out", f32).reshape(groups, L + 1, T + 1, H, 64)
     got_hall = np.fromfile(tmp_path / "h.out", f32).reshape(L, T + 1, B, H)
     assert np.array_equal(wt[..., :G * H], W.transpose(0, 2, 1)), "wt is not W^T"
     assert not wt[..., G * H:].any(), "wt's padding (GRU: n's R part) is not zero"
-    assert np.array_equal(ht[0, 1:], x.transpose(0, 2, 1)), "ht block 0 is not x^T"
-    assert np.array_equal(ht[1:], got_hall.transpose(0, 1, 3, 2), equal_nan=True), \
-        "ht is not h^T"
+    for g in range(groups):
+        bs = slice(64 * g, min(B, 64 * g + 64))
+        ht = hts[g, ..., :bs.stop - bs.start]
+        assert np.array_equal(ht[0, 1:], x[:, bs].transpose(0, 2, 1)), \
+            f"ht block 0 of group {g} is not x^T"
+        assert np.array_equal(ht[1:], got_hall[:, :, bs].transpose(0, 1, 3, 2),
+                              equal_nan=True), f"ht of group {g} is not h^T"
     # the float64 reference (rnnrt.reference): each layer's c and saved gates from its cache
     f64 = np.float64
     p = [{"weight_ih": W[n].astype(f64), "weight_hh": R[n].astype(f64),
@@ -106,10 +112,12 @@ def run_sim(exe, tmp_path, B, H, T, L, seed=0, launches=2, cell="lstm"):
     return (got_h, got_c if lstm else None, got_a), cache.sequences()
 
 
-SHAPES = [(64, 64, 3, 2), (5, 64, 4, 3), (37, 192, 3, 2)]   # (B, H, T, L): tile edges, B < 8
+# (B, H, T, L): tile edges, B < 8; B 70: two batch groups, the second on the 32-batch path
+SHAPES = [(64, 64, 3, 2), (5, 64, 4, 3), (37, 192, 3, 2), (70, 64, 3, 2)]
 
 
-# GRU at the two shapes with tile edges (CI time: every simulation is seconds of two cores)
+# GRU at the shapes with tile edges and groups (CI time: every simulation is seconds of two
+# cores)
 CASES = [(s, "lstm") for s in SHAPES] + [(s, "gru") for s in SHAPES[1:]]
 
 
@@ -146,6 +154,18 @@ def test_a_gru_stack_that_skips_the_wrong_group_is_caught(tmp_path_factory, tmp_
     assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
 
 
+def test_batch_groups_sharing_one_row_of_counters_are_caught(tmp_path_factory, tmp_path):
+    """Each batch group waits on its own row of progress counters. A kernel whose groups all
+    count on row 0 lets a block pass its waits on the other group's progress, before the
+    h^T of its own group is written (NaN poison): the comparison must fail."""
+    text = source("persistent_stack.cu")
+    old = "sync + grp * ldsync + 2 * l;"
+    assert text.count(old) == 1
+    exe = _build(tmp_path_factory, text.replace(old, "sync + 2 * l;"), "stack_sim_one_row")
+    got, want = run_sim(exe, tmp_path, 100, 64, 4, 2, launches=1)
+    assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
+
+
 def test_constants_match_the_kernel():
     text = source("persistent_stack.cu")
     for name in ("PS_M", "PS_BMAX", "PS_KT", "PS_NS", "PS_RP"):
@@ -160,10 +180,21 @@ def test_fit_rules_name_what_is_wrong():
     assert ok.ok and ok.blocks == 128 and ok.smem_bytes == stack.stack_smem_bytes(512)
     assert ok.grid == (128, 1, 1) and ok.block == (256, 1, 1)
     assert stack.stack_fit("gru", 512, 64, 4, 512, p).kernel == "gru_persistent_stack_fwd"
+    # batch groups side by side: L4 H 256 B 128 two of 64 blocks, H 128 B 256 four of 32;
+    # the group count is a kernel scalar
+    two = stack.stack_fit("lstm", 256, 128, 4, 256, p)
+    assert two.ok and two.groups == 2 and two.grid == (128, 1, 1) and "2 batch groups" in two.reason
+    assert two.scalars(7)["groups"] == 2
+    four = stack.stack_fit("gru", 128, 256, 4, 128, p)
+    assert four.ok and four.groups == 4 and four.blocks == 128
+    assert not stack.stack_fit("lstm", 256, 129, 4, 256, p).ok   # 3 x 64 blocks
+    assert stack.stack_fit("lstm", 256, 64, 4, 256, p).groups == 1
     cases = [(("rnn_tanh", 512, 64, 4, 512), "LSTM and GRU only"),
              (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
              (("lstm", 528, 64, 2, 528), "multiple of 64"),
-             (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
+             (("lstm", 512, 65, 4, 512), r"2 batch groups x 4 layers x 32 blocks .* = 256 "
+                                         r"> 132 SMs"),
+             (("lstm", 256, 0, 4, 256), r"batch 0 < 1"),
              (("lstm", 512, 64, 5, 512), "160 > 132 SMs"),
              (("lstm", 1024, 64, 2, 1024), "shared memory"),
              (("lstm", 512, 64, 1, 512), "one layer")]
@@ -306,3 +337,56 @@ def test_the_rules_choose_the_gru_stack_as_lstms():
     assert C.prefers_stack_backward(shape, H100_SXM)   # in pairs
     assert not C.prefers_stack_backward(shape, SM80)   # the one-block kernel
     assert C.prefers_stack_backward(dataclasses.replace(shape, cell="lstm"), SM80)
+
+
+@pytest.mark.parametrize("b", [100, 128])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_stack_plan_in_batch_groups_trains_to_the_reference(cell, b):
+    """B 100 and 128 run as two batch groups of the stack kernel (64 + 36, 64 + 64) in one
+    launch: one sync row a group, one k-major block of ht a group; race-free. The backward
+    asked for the stack backward: at B 128 its one-block kernel in two whole groups (the pair
+    kernel runs one), one launch; at B 100 it declines (its groups are whole) and the plan
+    says so, the per-step backward running. Forward outputs and every gradient equal the
+    float64 reference on the NumPy executor, in program order and a random interleaving."""
+    sw = ladder()[-1].switches
+    k = PlanKey(cell, T, b, H, H, L, True, sw, train=True, device=H100_SXM, family="stack",
+                backward="stack")
+    fwd, bwd = forward_plan(k), backward_plan(k)
+    (op,) = [o for o in fwd.ops if isinstance(o, Kernel) and o.kind == "persistent"]
+    assert op.name == stack.STACK_KERNELS[cell] and dict(op.scalars)["groups"] == 2
+    assert op.launch[0] == (2 * L * H // 16, 1, 1) and "2 batch groups" in fwd.fit
+    sync = next(v for v in op.outs if v.buf == "sync")
+    assert sync.rows == 2 and fwd.buffer("sync").size >= 2 * sync.cols
+    assert not find_races(fwd) and not find_races(bwd)
+    launches = [o for o in bwd.ops if isinstance(o, Kernel) and o.kind == "persistent"]
+    if b == 128:
+        want = stack_bwd.STACK_BWD_KERNEL if cell == "lstm" else stack_bwd.STACK_BWD_GRU_KERNEL
+        assert [o.name for o in launches] == [want] and bwd.fallback is None, bwd.fallback
+        assert dict(launches[0].scalars)["groups"] == 2 and "2 batch groups" in bwd.fit
+    else:
+        assert launches == [] and "not a multiple of it" in bwd.fallback, bwd.fallback
+    case = bwd_plan_case(cell, L, True, seed=6, shape=(T, b, H, H))
+    check_bwd_key(k, case, f"{cell} stack in batch groups B {b}", always_random=True)
+    _, flat, fwd_in, bwd_in, ref = case
+    check_outputs(run_bwd_plan(k, flat, fwd_in, bwd_in).outputs(), ref,
+                  f"{cell} stack forward in batch groups B {b}")
+
+
+def test_plans_take_the_grouped_stack_backward_where_it_paid():
+    """backward 'persistent' after a stack forward in batch groups: LSTM's one-block stack
+    backward where its groups fill three quarters of the SMs (H 256 B 128: 128 of 132); the
+    per-layer backward, with the reason, at H 128 B 128 (64 SMs) and for GRU (measured
+    slower: choice_backward.grouped_stack_backward_pays); 'stack' names it anyway."""
+    from rnnrt.kernels.choice_backward import choose_persistent_backward
+    sw = ladder()[-1].switches
+
+    def bwd(cell, h, b, backward="persistent"):
+        return choose_persistent_backward(PlanKey(cell, T, b, h, h, 4, True, sw, train=True,
+                                                  device=H100_SXM, family="stack",
+                                                  backward=backward))
+    taken = bwd("lstm", 256, 128)
+    assert taken.stack is not None and taken.stack.groups == 2
+    for cell, h, b in (("lstm", 128, 128), ("gru", 256, 128), ("gru", 128, 256)):
+        c = bwd(cell, h, b)
+        assert c.stack is None and "grouped_stack_backward_pays" in c.describe(), (cell, h, b)
+        assert bwd(cell, h, b, "stack").stack is not None

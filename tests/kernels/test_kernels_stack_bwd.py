@@ -136,18 +136,24 @@ def run_twin(case, pair=False):
     outs = [np.full(s, np.nan, f32) for s in ((L * T * B, K), (L * T * B, H), (T * B, H),
                                               (L * B, H), (L * B, H))]
     outs[1].reshape(L, T, B, H)[L - 1] = case["dy"]
-    sync = np.zeros((1, 2 * L), np.uint32)
-    dgt = np.full((8 * L * H, SB.SB_BMAX), np.nan, f32)
+    groups = 1 if pair or B <= SB.SB_BMAX else B // SB.SB_BMAX   # (one-block: batch groups)
+    sync = np.zeros((groups, 2 * L), np.uint32)
+    dgt = np.full((groups * 8 * L * H, SB.SB_BMAX), np.nan, f32)
     ins = [case["dhn"].reshape(L * B, H), case["dcn"].reshape(L * B, H),
            case["act"].reshape(L * T * B, K), case["c"].reshape(L * (T + 1) * B, H),
            case["W"].reshape(L, -1), case["R"].reshape(L, -1)]
-    twin = SB.lstm_persistent_stack_bwd_pair if pair else SB.lstm_persistent_stack_bwd
-    twin(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U)
+    if pair:
+        SB.lstm_persistent_stack_bwd_pair(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U)
+    else:
+        SB.lstm_persistent_stack_bwd(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U, groups)
     dgx, dhin, dx, dh0, dc0 = outs
-    # the scratch as the kernel leaves it: dg^T of steps 0 and 1 in slots 0 and 1
-    dgts = dgt.reshape(L, 2, K, SB.SB_BMAX)
-    for t in range(min(T, 2)):
-        assert np.array_equal(dgts[:, t, :, :B], dgx.reshape(L, T, B, K)[:, t].transpose(0, 2, 1))
+    # the scratch as the kernel leaves it: dg^T of steps 0 and 1 in slots 0 and 1 of each
+    # batch group's block
+    dgts = dgt.reshape(groups, L, 2, K, SB.SB_BMAX)
+    for g, t in ((g, t) for g in range(groups) for t in range(min(T, 2))):
+        bs = slice(g * SB.SB_BMAX, min(B, (g + 1) * SB.SB_BMAX))
+        assert np.array_equal(dgts[g, :, t, :, :bs.stop - bs.start],
+                              dgx.reshape(L, T, B, K)[:, t, bs].transpose(0, 2, 1))
     return {"dgx": dgx.reshape(L, T, B, K), "dx": dx.reshape(T, B, H),
             "dh0": dh0.reshape(L, B, H), "dc0": dc0.reshape(L, B, H),
             "dhin": dhin.reshape(L, T, B, H)}
@@ -170,6 +176,33 @@ def test_stack_bwd_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape)
     for name in ("dgx", "dx", "dh0", "dc0", "dhin"):
         r = compare(got[name], twin[name], 1e-5, 1e-4)
         assert r.ok, f"sim vs twin {name}: {r}"
+
+
+def test_stack_bwd_in_batch_groups_on_cpu_threads(tmp_path_factory, tmp_path):
+    """The one-block kernel at B 128: two batch groups of 64 side by side (a row of counters
+    and a block of dgt each), the reference gradients and the twin's sums; the pair
+    kernel's fit declines groups (checked in the fit test)."""
+    exe = _build(tmp_path_factory, source(KERNELS[False]), "single")
+    case, p, cache = make_case(128, 64, 3, 2, seed=7)
+    got = run_sim(exe, tmp_path, case)
+    check_against_reference(got, case, p, cache, "sim in batch groups")
+    twin = run_twin(case)
+    for name in ("dgx", "dx", "dh0", "dc0", "dhin"):
+        r = compare(got[name], twin[name], 1e-5, 1e-4)
+        assert r.ok, f"sim in batch groups vs twin {name}: {r}"
+
+
+def test_stack_bwd_groups_on_one_row_of_counters_are_caught(tmp_path_factory, tmp_path):
+    """Each batch group counts on its own row: a kernel whose groups share row 0 lets a
+    block take the other group's progress for its own and read dg^T before it is written
+    (NaN poison): the comparison must fail."""
+    text = source(KERNELS[False])
+    old = "sync + grp * ldsync + 2 * l;"
+    assert text.count(old) == 1
+    exe = _build(tmp_path_factory, text.replace(old, "sync + 2 * l;"), "single_one_row")
+    case, p, cache = make_case(128, 64, 3, 2, seed=7)
+    got = run_sim(exe, tmp_path, case, launches=1)
+    assert not compare(got["dx"], run_twin(case)["dx"], 1e-5, 1e-4).ok
 
 
 def test_pair_kernel_with_bulk_copies_on_cpu_threads(tmp_path_factory, tmp_path):
@@ -274,13 +307,22 @@ def test_fit_rules_name_what_is_wrong():
         assert re.search("cluster pairs decline: " + why, f.reason), f.reason
     cases = [(("rnn_tanh", 512, 64, 4, 512), "stack backward is built for LSTM and GRU only"),
              (("lstm", 512, 64, 4, 256), "input size 256 != hidden 512"),
-             (("lstm", 512, 65, 4, 512), r"batch outside \[1, 64\]"),
+             (("lstm", 512, 65, 4, 512), r"2 batch groups .* > 132 SMs"),
+             (("lstm", 256, 65, 4, 256), r"batch over 64 and not a multiple of it"),
              (("lstm", 512, 64, 5, 512), "160 > 132 SMs"),
              (("lstm", 512, 64, 1, 512), "one layer")]
     for args, why in cases:
         f = SB.stack_bwd_fit(*args, p)
         assert not f.ok and re.search(why, f.reason), (args, f.reason)
         assert "DOES NOT FIT" in f.describe()
+    # whole batch groups: the one-block kernel, two groups side by side (the pair kernel
+    # runs one), the group count its scalar; the pair kernel takes none
+    two = SB.stack_bwd_fit("lstm", 256, 128, 4, 256, p)
+    assert two.ok and not two.pair and two.groups == 2 and two.blocks == 128, two.reason
+    assert "cluster pairs decline: 2 batch groups" in two.reason
+    assert two.kernel == SB.STACK_BWD_KERNEL and two.scalars(5)["groups"] == 2
+    one = SB.stack_bwd_fit("lstm", 256, 64, 4, 256, p)
+    assert one.pair and "groups" not in one.scalars(5)
     # its own shared memory: a device with less than the forward needs... and the backward
     small = dict(p, sharedMemPerBlockOptin=SB.stack_bwd_smem_bytes(512) - 4,
                  sharedMemPerMultiprocessor=SB.stack_bwd_smem_bytes(512) - 4)

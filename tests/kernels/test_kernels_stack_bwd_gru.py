@@ -117,14 +117,18 @@ def run_twin(case, pair=False):
     outs = [np.full(s, np.nan, f32) for s in ((L * T * B, 3 * H), (L * T * B, 3 * H),
                                               (L * T * B, H), (T * B, H), (L * B, H))]
     outs[2].reshape(L, T, B, H)[L - 1] = case["dy"]
-    sync = np.zeros((1, 2 * L), np.uint32)
-    dgt = np.full((8 * L * H, SB.SB_BMAX), np.nan, f32)
+    groups = 1 if pair or B <= SB.SB_BMAX else B // SB.SB_BMAX   # (one-block: batch groups)
+    sync = np.zeros((groups, 2 * L), np.uint32)
+    dgt = np.full((groups * 8 * L * H, SB.SB_BMAX), np.nan, f32)
     dgx, dgh, dhin, dx, dh0 = outs
-    twin = SB.gru_persistent_stack_bwd_pair if pair else SB.gru_persistent_stack_bwd
-    twin(B, H, (dgx, dgh, dhin, dx, dh0, sync, dgt),
-                                (case["dhn"].reshape(L * B, H), case["act"].reshape(-1, K),
-                                 case["h"].reshape(-1, H), case["W"].reshape(L, -1),
-                                 case["R"].reshape(L, -1)), T, L, SB.SB_U)
+    args = (B, H, (dgx, dgh, dhin, dx, dh0, sync, dgt),
+            (case["dhn"].reshape(L * B, H), case["act"].reshape(-1, K),
+             case["h"].reshape(-1, H), case["W"].reshape(L, -1), case["R"].reshape(L, -1)),
+            T, L, SB.SB_U)
+    if pair:
+        SB.gru_persistent_stack_bwd_pair(*args)
+    else:
+        SB.gru_persistent_stack_bwd(*args, groups)
     return {"dgx": dgx.reshape(L, T, B, 3 * H), "dgh": dgh.reshape(L, T, B, 3 * H),
             "dx": dx.reshape(T, B, H), "dh0": dh0.reshape(L, B, H)}
 
@@ -143,6 +147,18 @@ def test_gru_stack_backward_on_cpu_threads_matches_reference(sim, tmp_path, shap
     twin = run_twin(case, pair)   # the twin sums as the kernel does: close to it
     for name in ("dx", "dh0", "dgx", "dgh"):
         assert_close(got[name], twin[name], 1e-6, 1e-5, name=f"sim vs twin {name}")
+
+
+def test_gru_stack_backward_in_batch_groups_on_cpu_threads(tmp_path_factory, tmp_path):
+    """The one-block GRU kernel at B 128: two batch groups of 64 side by side; the reference
+    gradients and the twin's sums."""
+    exe = _build(tmp_path_factory, source(KERNEL), "gru_stack_bwd_groups")
+    case, p, cache = make_case(128, 64, 3, 2, seed=8)
+    got = run_sim(exe, tmp_path, case)
+    check_against_reference(got, case, p, cache, "sim in batch groups")
+    twin = run_twin(case)
+    for name in ("dx", "dh0", "dgx", "dgh"):
+        assert_close(got[name], twin[name], 1e-6, 1e-5, name=f"sim in groups vs twin {name}")
 
 
 @pytest.mark.parametrize("pair", [False, True], ids=["single", "pair"])
