@@ -13,7 +13,7 @@
  *
  * Batch groups, as the forward's: B = 64 * groups (whole groups only, so every cell of a group
  * is live and B is the row stride) runs as `groups` stacks side by side in the launch, each
- * with its own row of counters and block of dgt (the cluster-pair kernels run one group).
+ * with its own row of counters and block of dgt (the cluster-pair kernels likewise).
  *
  * Variants: two kernels, LSTM and GRU (one template). GRU's K = 4H product rows are dr, dz, dn
  * (n's W side) and dhn (n's R side): R's rows r, z, zeros, n and W's r, z, n, zeros (the last

@@ -28,9 +28,9 @@
  * (persistent_common.cuh), PK_TRACE. Rnnrt builds every knob at 0.
  *
  * Calling convention: exactly lstm_ and gru_persistent_stack_bwd's (persistent_stack_bwd.cu's
- *   header: the same views, grid L * H/16 blocks of 256 threads); the grid is whole clusters
- *   of 2 (__cluster_dims__), H / 16 even (GRU: H a multiple of SP_KT, so dhn's rows start a
- *   tile).
+ *   header: the same views and scalars, batch groups included, grid groups * L * H/16 blocks
+ *   of 256 threads); the grid is whole clusters of 2 (__cluster_dims__), H / 16 even (GRU: H
+ *   a multiple of SP_KT, so dhn's rows start a tile; a group's blocks are whole pairs).
  *
  * Kernels:
  *   Views of all L layers at once, as lstm_persistent_stack_bwd's:
@@ -43,8 +43,8 @@
  *     out dx     [T*B, H]        the gradient into the input sequence
  *     out dh0    [L*B, H]        the gradient into h0 of every layer
  *     out dc0    [L*B, H]        the gradient into c0 of every layer
- *     out sync   [1, 2L]         progress counters (as lstm_persistent_stack_bwd's)
- *     out dgt    [8*L*H, 64]     scratch: dg_t^T k-major, two slots a layer
+ *     out sync   [groups, 2L]    progress counters (as lstm_persistent_stack_bwd's)
+ *     out dgt    [groups*8*L*H, 64]  scratch: dg_t^T k-major, two slots a layer and group
  *     in  dh_n   [L*B, H]        the gradient into the last h of every layer
  *     in  dc_n   [L*B, H]        the gradient into the last c of every layer
  *     in  act    [L*T*B, 4H]     the forward's gates i, f, g, o
@@ -54,6 +54,7 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        16 (the pointwise's units a block)
+ *     int groups                 batch groups: 1 (B <= 64) or B / 64 (whole groups)
  *   kernel gru_persistent_stack_bwd_pair(rows = B, cols = H)
  *       gru_persistent_stack_bwd's arithmetic, the sums in this kernel's order
  *     out dgx    [L*T*B, 3H]     every layer's and step's W-side gate gradients dr, dz, dn
@@ -61,8 +62,9 @@
  *     out dhin   [L*T*B, H]      layer L-1's rows read (dy), the others written
  *     out dx     [T*B, H]        the gradient into the input sequence
  *     out dh0    [L*B, H]        the gradient into h0 of every layer
- *     out sync   [1, 2L]         progress counters (as lstm_persistent_stack_bwd's)
- *     out dgt    [8*L*H, 64]     scratch: [dr dz dn dhn]^T k-major, two slots a layer
+ *     out sync   [groups, 2L]    progress counters (as lstm_persistent_stack_bwd's)
+ *     out dgt    [groups*8*L*H, 64]  scratch: [dr dz dn dhn]^T k-major, two slots a layer
+ *                                and group
  *     in  dh_n   [L*B, H]        the gradient into the last h of every layer
  *     in  act    [L*T*B, 4H]     the forward's r, z, n, hn
  *     in  h      [L*(T+1)*B, H]  the forward's h (slot 0 = h0)
@@ -71,8 +73,9 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        16
+ *     int groups                 as lstm_persistent_stack_bwd_pair's
  *
- * Resources (sm_90, nvcc 13.0): LSTM 254 registers, GRU 242, no spills, under
+ * Resources (sm_90, nvcc 13.0): LSTM 255 registers, GRU 245, no spills, under
  *   __launch_bounds__(PK_MAX_THREADS = 256, 1); dynamic shared memory 2H*32*4 (R slice) +
  *   SP_NS * 24,576 (stages) + 8,192 (the pair's partial sums): 212,992 bytes at H 512.
  */
@@ -167,13 +170,18 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         long long lddc0, unsigned int* sync, float* dgt, long long ldgt, const float* dhn,
         long long lddhn, const float* dcn, long long lddcn, const float* act, long long ldact,
         const float* c, long long ldc, const float* wih, long long ldwih, const float* whh,
-        long long ldwhh, int T, int L, int u_arg) {
+        long long ldwhh, int T, int L, int u_arg, long long ldsync, int groups) {
     static_assert(CELL == CELL_LSTM || CELL == CELL_GRU, "the stack backward: LSTM and GRU");
     constexpr bool GRU = CELL == CELL_GRU;
     constexpr int U = SB_U;
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int NB = H / U;                 // blocks a layer
+    // Batch groups, as persistent_stack_bwd.cu's (whole ones: B = 64 groups, B the row
+    // stride): blocks [g*L*NB, (g+1)*L*NB) (whole pairs: NB is even) run batches [64g,
+    // 64g + 64) with their own row g of the counters and block of dgt.
+    const int NBL = max(L * NB, 1);       // blocks a group (L checked below)
+    const int grp = blockIdx.x / NBL, bx = blockIdx.x - grp * NBL;
     const int KH = 2 * H;                 // the block's k rows: half of the 4H gate rows
     const int NT = KH / SP_KT;            // tiles a step
     const int nbc = (B + 3) / 4;          // float4s of a dgt row that hold batches
@@ -183,27 +191,32 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
     };
     const unsigned int cr = pk_cluster_rank();
     if (blockDim.x != PK_MAX_THREADS || u_arg != U || KH % SP_KT != 0 || NB % 2 != 0 ||
-        H % U != 0 || B < 1 || B > SB_BMAX || L < 1 || T < 1 || (GRU && H % SP_KT != 0) ||
-        (long long)gridDim.x != (long long)L * NB || cr != (blockIdx.x & 1u) ||
+        H % U != 0 || B < 1 || groups < 1 || (groups == 1 ? B > SB_BMAX : B != groups * SB_BMAX) ||
+        ldsync < 2LL * L || L < 1 || T < 1 || (GRU && H % SP_KT != 0) ||
+        (long long)gridDim.x != (long long)groups * NBL || cr != (blockIdx.x & 1u) ||
         (long long)dynamic_smem_bytes() < need || ldgt != SB_BMAX || !aligned(dgt) ||
         !aligned(wih) || !aligned(whh) || ldwih % 4 || ldwhh % 4)
         __trap();
-    const int l = blockIdx.x / NB, rank = blockIdx.x % NB;
+    const int l = bx / NB, rank = bx % NB;
     const int j0 = rank * U;              // the pointwise's units (rank 2p + c)
     const int p0 = (rank >> 1) * SP_PU;   // the pair's units: the product's columns
     const int k0 = (int)cr * KH;          // the block's first k row
-    unsigned int* const dg_done = sync + 2 * l;
-    unsigned int* const dx_done = sync + 2 * l + 1;
-    const unsigned int* const above = l + 1 < L ? sync + 2 * (l + 1) + 1 : nullptr;
-    const long long TB = (long long)T * B;
-    act += l * TB * ldact;
-    c += l * (TB + B) * ldc;
-    dgx += l * TB * lddgx;
-    if (GRU) dgh += l * TB * lddgh;
-    const float* const dh_above = dhin + l * TB * lddhin;   // layer L-1's: dy (read)
-    float* const down = l ? dhin + (l - 1) * TB * lddhin : dx;
+    unsigned int* const dg_done = sync + grp * ldsync + 2 * l;
+    unsigned int* const dx_done = dg_done + 1;
+    const unsigned int* const above = l + 1 < L ? dg_done + 3 : nullptr;   // 2(l+1) + 1
+    const long long TB = (long long)T * B, b0 = (long long)grp * SB_BMAX;
+    act += (l * TB + b0) * ldact;
+    c += (l * (TB + B) + b0) * ldc;
+    dgx += (l * TB + b0) * lddgx;
+    if (GRU) dgh += (l * TB + b0) * lddgh;
+    const float* const dh_above = dhin + (l * TB + b0) * lddhin;   // layer L-1's: dy (read)
+    float* const down = l ? dhin + ((l - 1) * TB + b0) * lddhin : dx + b0 * lddx;
     const long long lddown = l ? lddhin : lddx;
-    dgt += (long long)l * 2 * 4 * H * ldgt;
+    dgt += ((long long)grp * L + l) * 2 * 4 * H * ldgt;
+    dhn += b0 * lddhn;
+    if (!GRU) dcn += b0 * lddcn;
+    dh0 += b0 * lddh0;
+    if (!GRU) dc0 += b0 * lddc0;
     wih += l * ldwih + (long long)k0 * H + p0;
     whh += l * ldwhh + (long long)(GRU ? 0 : k0) * H + p0;   // GRU: R's rows mapped below
     // GRU: the block's tiles from NWT on are dhn's (product rows 3H ..), which have no W rows
@@ -386,7 +399,7 @@ __device__ __forceinline__ void persistent_stack_bwd_pair(
         }
         PS_NOTE(s, 5);
     }
-    sb_finish_cell<GRU>(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
+    sb_finish_cell<GRU>(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar, groups, ldsync);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(2, 1, 1)
@@ -395,19 +408,18 @@ lstm_persistent_stack_bwd_pair(
         float* dh0, int lddh0, float* dc0, int lddc0, unsigned int* sync, int ldsync,
         float* dgt, int ldgt, const float* dh_n, int lddh_n, const float* dc_n, int lddc_n,
         const float* act, int ldact, const float* c, int ldc, const float* w_ih, int ldw_ih,
-        const float* w_hh, int ldw_hh, int T, int L, int units_per_block) {
-    (void)ldsync;
+        const float* w_hh, int ldw_hh, int T, int L, int units_per_block, int groups) {
     if (rows <= SB_BMAX / 2) {   // half the batch lanes: a tile of 32 batches, half the work
         persistent_stack_bwd_pair<CELL_LSTM, 1>(
             rows, cols, dgx, lddgx, nullptr, 0, dhin, lddhin, dx, lddx, dh0, lddh0, dc0, lddc0,
             sync, dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c, ldc, w_ih, ldw_ih, w_hh,
-            ldw_hh, T, L, units_per_block);
+            ldw_hh, T, L, units_per_block, ldsync, groups);
         return;
     }
     persistent_stack_bwd_pair<CELL_LSTM, 2>(
         rows, cols, dgx, lddgx, nullptr, 0, dhin, lddhin, dx, lddx, dh0, lddh0, dc0, lddc0, sync,
         dgt, ldgt, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c, ldc, w_ih, ldw_ih, w_hh, ldw_hh,
-        T, L, units_per_block);
+        T, L, units_per_block, ldsync, groups);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_MAX_THREADS, 1) __cluster_dims__(2, 1, 1)
@@ -416,17 +428,16 @@ gru_persistent_stack_bwd_pair(
         int lddhin, float* dx, int lddx, float* dh0, int lddh0, unsigned int* sync, int ldsync,
         float* dgt, int ldgt, const float* dh_n, int lddh_n, const float* act, int ldact,
         const float* h, int ldh, const float* w_ih, int ldw_ih, const float* w_hh, int ldw_hh,
-        int T, int L, int units_per_block) {
-    (void)ldsync;
+        int T, int L, int units_per_block, int groups) {
     if (rows <= SB_BMAX / 2) {
         persistent_stack_bwd_pair<CELL_GRU, 1>(
             rows, cols, dgx, lddgx, dgh, lddgh, dhin, lddhin, dx, lddx, dh0, lddh0, nullptr, 0,
             sync, dgt, ldgt, dh_n, lddh_n, nullptr, 0, act, ldact, h, ldh, w_ih, ldw_ih, w_hh,
-            ldw_hh, T, L, units_per_block);
+            ldw_hh, T, L, units_per_block, ldsync, groups);
         return;
     }
     persistent_stack_bwd_pair<CELL_GRU, 2>(
         rows, cols, dgx, lddgx, dgh, lddgh, dhin, lddhin, dx, lddx, dh0, lddh0, nullptr, 0, sync,
         dgt, ldgt, dh_n, lddh_n, nullptr, 0, act, ldact, h, ldh, w_ih, ldw_ih, w_hh, ldw_hh, T,
-        L, units_per_block);
+        L, units_per_block, ldsync, groups);
 }

@@ -22,8 +22,13 @@
  * sum over k differs (within a k16 step the hardware's; across steps the kernel's: below),
  * which the tests allow for.
  *
+ * Batch groups, as the fp32 stack kernel's: B = 64 * groups (whole groups: every cell of a
+ * group is live, B the row stride) runs as `groups` stacks side by side in the launch, each
+ * with its own row of progress counters.
+ *
  * Calling convention: the stack kernel's (rnnrt/kernels/registry.py builds the arguments):
- *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),
+ *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block,
+ *          int groups),
  *   each view a (pointer, int ld) pair, row-major; `sync` is unsigned int*; h and x are TS*.
  *
  * Kernels (one variant each a storage type; layer l's rows of h and c are
@@ -36,8 +41,9 @@
  *     out h      [L*(T+1)*B, H]  TS; slot 0 of every layer (h0) is read; slots 1..T written
  *     out c      [L*(T+1)*B, H]  likewise (c0), fp32
  *     out act    [L*T*B, 4H]     i, f, g, o of every layer and step, fp32
- *     out sync   [1, 2L]         word 2l: layer l's progress (blocks x steps done); word 1:
- *                                blocks gone. Zero on entry, zero on exit
+ *     out sync   [groups, 2L]    word 2l of row g: layer l's progress in batch group g
+ *                                (blocks x steps done); row 0 word 1: blocks gone. Zero on
+ *                                entry, zero on exit
  *     in  x      [T*B, H]        TS: the input sequence
  *     in  w_ih   [L, 4*H*H]      fp32; row l: layer l's weight_ih [4H, H], row-major (ld:
  *                                the distance between layers in the flat parameters)
@@ -47,6 +53,7 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        U: G*U = PSM_M rows a block (16 for LSTM)
+ *     int groups                 batch groups: 1 (B <= 64) or B / 64
  *
  * Resources (sm_90, nvcc 13.0 -Xptxas -v; rnnrt.kernels.stack_mma.PSM_REGS is the bound the
  *   fit assumes): __launch_bounds__(PK_MAX_THREADS = 256, 1), no spills; dynamic shared
@@ -84,13 +91,18 @@ __device__ __forceinline__ void persistent_stack_mma_fwd(
         int B, int H, TS* h, long long ldh, float* c, long long ldc, float* act,
         long long ldact, unsigned int* sync, const TS* x, long long ldx, const float* wih,
         long long ldwih, const float* whh, long long ldwhh, const float* bw, long long ldbw,
-        const float* br, long long ldbr, int T, int L, int u_arg) {
+        const float* br, long long ldbr, int T, int L, int u_arg, long long ldsync, int groups) {
     constexpr int G = 4, U = PSM_M / G;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nh = warp & 1, kg = warp >> 1;
     const int NB = H / U;                   // blocks a layer
     const int NK = H / PSM_KT;              // tiles of one K half (input size = hidden)
     const int NT = 2 * NK;
+    // Batch groups, as the fp32 stack kernel's (whole ones here: B = 64 groups, so every
+    // cell of a group is live and B is the row stride): blocks [g*L*NB, (g+1)*L*NB) run
+    // batches [64g, 64g + 64) with their own row g of the progress counters.
+    const int NBL = max(L * NB, 1);         // blocks a group (L checked below)
+    const int grp = blockIdx.x / NBL, bx = blockIdx.x - grp * NBL;
     const int SA = 2 * H + 16;              // row stride (elements) of the W | R rows
     const long long need = 2LL * PSM_M * SA + PSM_BUF_BYTES + 4 * 2 * PSM_M;
     auto aligned = [](const void* p) {
@@ -98,15 +110,23 @@ __device__ __forceinline__ void persistent_stack_mma_fwd(
     };
     // 16-byte staging copies: every row of x and h 16-byte aligned (ld a multiple of 8);
     // 16-byte weight loads: every layer's W and R rows 16-byte aligned
-    if (blockDim.x != PK_MAX_THREADS || u_arg != U || H % PSM_KT != 0 || B < 1 ||
-        B > PSM_BMAX || L < 1 || (long long)gridDim.x != (long long)L * NB ||
+    if (blockDim.x != PK_MAX_THREADS || u_arg != U || H % PSM_KT != 0 || B < 1 || groups < 1 ||
+        (groups == 1 ? B > PSM_BMAX : B != groups * PSM_BMAX) || ldsync < 2LL * L || L < 1 ||
+        (long long)gridDim.x != (long long)groups * NBL ||
         (long long)dynamic_smem_bytes() < need || ldh % 8 || ldx % 8 || !aligned(h) ||
         !aligned(x) || ldwih % 4 || ldwhh % 4 || !aligned(wih) || !aligned(whh))
         __trap();
-    const int l = blockIdx.x / NB, j0 = (blockIdx.x % NB) * U;
+    const int l = bx / NB, j0 = (bx % NB) * U;
     const long long S1 = (long long)(T + 1) * B;   // rows of one layer's h and c
-    unsigned int* const mine = sync + 2 * l;       // this layer's progress
-    const unsigned int* const lower = l ? sync + 2 * (l - 1) : nullptr;
+    unsigned int* const mine = sync + grp * ldsync + 2 * l;   // this layer's progress
+    const unsigned int* const lower = l ? mine - 2 : nullptr;
+    {   // this group's batches
+        const long long bg0 = (long long)grp * PSM_BMAX;
+        h += bg0 * ldh;
+        c += bg0 * ldc;
+        act += bg0 * ldact;
+        x += bg0 * ldx;
+    }
 
     unsigned short* const As = reinterpret_cast<unsigned short*>(dynamic_smem());
     unsigned short* const st = As + PSM_M * SA;              // [PSM_NS][PSM_BMAX][PSM_SX]
@@ -246,7 +266,8 @@ __device__ __forceinline__ void persistent_stack_mma_fwd(
     // The last block out zeroes every layer's counter for the next launch: by then every
     // block has passed its last wait.
     if (tid == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
-        for (int k = 0; k < L; ++k) atomicExch(sync + 2 * k, 0u);
+        for (int g = 0; g < groups; ++g)
+            for (int k = 0; k < L; ++k) atomicExch(sync + g * ldsync + 2 * k, 0u);
         atomicExch(sync + 1, 0u);
     }
 }
@@ -256,9 +277,9 @@ __global__ void __launch_bounds__(PK_MAX_THREADS, 1) lstm_persistent_stack_mma_f
         int rows, int cols, TS* h, int ldh, float* c, int ldc, float* act, int ldact,
         unsigned int* sync, int ldsync, const TS* x, int ldx, const float* w_ih, int ldw_ih,
         const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br, int ldbr,
-        int T, int L, int units_per_block) {
+        int T, int L, int units_per_block, int groups) {
     static_assert(!TF32, "the tensor-core stack kernel has no tf32 instantiation");
     persistent_stack_mma_fwd<TS>(rows, cols, h, ldh, c, ldc, act, ldact, sync, x, ldx, w_ih,
                                  ldw_ih, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, L,
-                                 units_per_block);
+                                 units_per_block, ldsync, groups);
 }

@@ -116,18 +116,19 @@ def stack_backward(key) -> tuple[StackBwdFit | None, str]:
 
 def grouped_stack_backward_pays(fit) -> bool:
     """Whether the stack backward's fit ``fit`` is one the plans take for 'persistent' (and
-    the heuristic): any of one batch group; in batch groups (B = 64 x groups, the one-block
-    kernel) LSTM's where the groups fill at least three quarters of the SMs. Measured on the
-    H200 (L4, T 100, fwd+bwd, graph, the selector's candidates in one process: the stack
-    forward then this backward against the best other,
-    `sweep/sweep-wide-l4-h128-256-b128-256-groupsbwd-...-20261128T194319.jsonl`): LSTM H 256 B 128
-    (128 of 132 SMs) 5.59 ms against 5.96 (the stack forward, cuBLAS backward), H 128 B 256
-    (128) 3.61 against 3.85 (the per-layer persistent backward); H 128 B 128 (64 SMs) 3.23
-    against 2.62 (regs); GRU lost at all three (H 256 B 128 5.12 / 4.97, H 128 B 256 3.28 /
-    3.16, B 128 3.00 / 2.22), as its one-block form did at B <= 64."""
+    the heuristic): any of one batch group; in batch groups (B = 64 x groups) the cluster
+    pairs (either cell) or LSTM's one-block kernel where the groups fill at least three
+    quarters of the SMs. Measured on the H200 (L4, T 100, fwd+bwd, graph, the stack forward
+    then each backward in one process, `kernels/backward-probe-stack-bwd-batch-groups-...-20261128T200949.json`): the
+    pairs in groups against the best other backward, LSTM H 256 B 128 (128 of 132 SMs) 5.00
+    ms / 5.92 (the cluster kernel), H 128 B 256 3.20 / 3.83; GRU H 256 B 128 4.56 / 4.95 (the
+    per-step one), H 128 B 256 2.95 / 3.10; at 64 SMs (H 128 B 128) they lost: LSTM 2.83 /
+    2.65, GRU 2.63 / 2.23. The one-block kernel in groups
+    (`sweep/sweep-wide-l4-h128-256-b128-256-groupsbwd-...-20261128T194319.jsonl`): LSTM H 256
+    B 128 5.59 / 5.96, H 128 B 256 3.61 / 3.85; GRU lost at all three, as at B <= 64."""
     if fit.groups <= 1:
         return True
-    return fit.cell == "lstm" and 4 * fit.blocks >= 3 * fit.sms
+    return (fit.pair or fit.cell == "lstm") and 4 * fit.blocks >= 3 * fit.sms
 
 
 def _after_stack_forward(key) -> bool:
@@ -172,7 +173,8 @@ def choose_persistent_backward(key) -> BackwardChoice:
         st, why = stack_backward(key)
         if (st is not None and key.backward == "persistent"
                 and not grouped_stack_backward_pays(st)):
-            st, why = None, (f"{st.groups} batch groups of the one-block {st.cell.upper()} "
+            form = "cluster-pair" if st.pair else "one-block"
+            st, why = None, (f"{st.groups} batch groups of the {form} {st.cell.upper()} "
                              f"kernel on {st.blocks} of {st.sms} SMs (grouped_stack_backward_"
                              f"pays: measured slower than the per-layer backward)")
         if st is not None:

@@ -340,16 +340,16 @@ REGISTRY += (
 REGISTRY += (
     KernelInfo(stack_mma.STACK_MMA_KERNEL, "persistent_stack_mma.cu",
                numpy_fn=stack_mma.lstm_persistent_stack_mma_fwd,
-               scalars=("T", "L", "units_per_block"), uint_args=("sync",), persistent=True,
+               scalars=("T", "L", "units_per_block", "groups"), uint_args=("sync",),
+               persistent=True,
                outs=(("h", "L*(T+1)*R,C"), ("c", "L*(T+1)*R,C"), ("act", "L*T*R,4C"),
-                     ("sync", f"1,{pk.SYNC_WORDS}*L")),
+                     ("sync", f"groups,{pk.SYNC_WORDS}*L")),
                ins=(("x", "T*R,C"), ("w_ih", "L,4*C*C"), ("w_hh", "L,4*C*C"), ("bw", "L,4C"),
                     ("br", "L,4C"))),
 )
 
 # the stack backward: every layer's backward chain of an LSTM stack in one launch (stack_bwd.py)
-# (the one-block kernels run batch groups: a row of counters and a block of dgt each; the
-# cluster-pair kernels one group)
+# (batch groups: a row of counters and a block of dgt each)
 _STACK_BWD = (
     KernelInfo(stack_bwd.STACK_BWD_KERNEL, "persistent_stack_bwd.cu",
                numpy_fn=stack_bwd.lstm_persistent_stack_bwd,
@@ -376,20 +376,20 @@ _STACK_BWD_GRU = replace(
 
 
 def _one_group(k: KernelInfo, **changes) -> KernelInfo:
-    """A stack backward kernel of one batch group (no ``groups`` scalar): ``k``'s arguments
-    with one row of counters and one block of dgt."""
+    """A stack backward kernel of one batch group (no ``groups`` scalar: the tensor-core
+    one): ``k``'s arguments with one row of counters and one block of dgt."""
     outs = tuple((a, s.replace("groups*", "").replace("groups,", "1,")) for a, s in k.outs)
     return replace(k, scalars=("T", "L", "units_per_block"), outs=outs, **changes)
 
 
 REGISTRY += _STACK_BWD + (
-    _one_group(_STACK_BWD[0], name=stack_bwd.STACK_BWD_PAIR_KERNEL,
-               file="persistent_stack_bwd_pair.cu",
-               numpy_fn=stack_bwd.lstm_persistent_stack_bwd_pair),
+    replace(_STACK_BWD[0], name=stack_bwd.STACK_BWD_PAIR_KERNEL,
+            file="persistent_stack_bwd_pair.cu",
+            numpy_fn=stack_bwd.lstm_persistent_stack_bwd_pair),
     _STACK_BWD_GRU,
-    _one_group(_STACK_BWD_GRU, name=stack_bwd.STACK_BWD_GRU_PAIR_KERNEL,
-               file="persistent_stack_bwd_pair.cu",
-               numpy_fn=stack_bwd.gru_persistent_stack_bwd_pair),
+    replace(_STACK_BWD_GRU, name=stack_bwd.STACK_BWD_GRU_PAIR_KERNEL,
+            file="persistent_stack_bwd_pair.cu",
+            numpy_fn=stack_bwd.gru_persistent_stack_bwd_pair),
 )
 
 # the tensor-core stack backward (stack_mma_bwd.py): the stack backward's arguments without its

@@ -96,9 +96,11 @@ class StackFit(Launch1D):
         return known | {"groups": self.groups} if self.batch_groups else known
 
     label = "stack"   # what describe() calls the kernel (not a field)
-    # whether a batch over PS_BMAX runs as batch groups side by side (the fp32 forward kernel;
-    # not a field)
+    # whether a batch over PS_BMAX runs as batch groups side by side (the stack forward
+    # kernels; not a field), and whether they must be whole groups (B a multiple of PS_BMAX:
+    # the tensor-core kernel's)
     batch_groups = True
+    whole_groups = False
     # whether the kernel reads x and the h sequence in the storage type and stores h rounded
     # to it (the tensor-core stack kernel) rather than in fp32 (not a field)
     storage_io = False
@@ -143,7 +145,8 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
       2. input_size == hidden (every layer's W has the same shape, so the kernel reads
          layer l's matrices at row l of one view);
       3. hidden a multiple of PS_KT (whole tiles) and batch <= PS_BMAX, or for a kernel of
-         ``batch_groups``, any batch (ceil(B / PS_BMAX) groups);
+         ``batch_groups``, any batch (ceil(B / PS_BMAX) groups; a multiple of PS_BMAX for
+         one of ``whole_groups``);
       4. groups * layers * hidden / U blocks <= SMs (one a SM, all resident at once: the waits
          spin);
       5. shared memory <= what a block can have; registers of 256 threads <= one SM's;
@@ -176,6 +179,9 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
         return no(f"batch {B} < 1")
     if B > PS_BMAX and not fit_class.batch_groups:
         return no(f"batch outside [1, {PS_BMAX}] (the kernel's tile covers {PS_BMAX} batches)")
+    if groups > 1 and fit_class.whole_groups and B % PS_BMAX:
+        return no(f"batch over {PS_BMAX} and not a multiple of it (the kernel's batch groups "
+                  f"are whole groups of {PS_BMAX})")
     if groups * L * nb > sms:
         lots = f"{groups} batch groups x " if groups > 1 else ""
         return no(f"{lots}{L} layers x {nb} blocks of {U} units = {groups * L * nb} > {sms} "

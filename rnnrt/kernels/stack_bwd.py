@@ -95,8 +95,7 @@ class StackBwdFit(StackFit):
     pair: bool = False   # the cluster-pair kernel (else one block a 16 units' product)
 
     label = "stack backward"
-    # the one-block kernels run batch groups (full ones: B = 64 * groups), the pair kernels
-    # one (not a field)
+    # the fp32 kernels run batch groups (whole ones: B = 64 * groups; not a field)
     batch_groups = True
     # whether the kernel copies dg_t into a k-major scratch (the dgt argument: the fp32
     # kernels; the tensor-core one, stack_mma_bwd.py, stages dgx's rows) (not a field)
@@ -108,12 +107,6 @@ class StackBwdFit(StackFit):
             return STACK_BWD_GRU_PAIR_KERNEL if self.pair else STACK_BWD_GRU_KERNEL
         return STACK_BWD_PAIR_KERNEL if self.pair else STACK_BWD_KERNEL
 
-    def scalars(self, steps: int) -> dict:
-        """The kernel's int scalars by name (``groups``: the one-block kernels')."""
-        known = super().scalars(steps)
-        if self.pair:
-            known.pop("groups", None)
-        return known
 
 
 def stack_bwd_smem_bytes(hidden: int, k_tile: int = SB_KT, stages: int = SB_NS) -> int:
@@ -133,7 +126,7 @@ def stack_bwd_pair_smem_bytes(hidden: int, stages: int = SP_NS, bulk: bool = Fal
 
 
 def pair_decline(hidden: int, layers: int, props: dict, smem: int | None = None,
-                 regs: int = SB_REGS) -> str | None:
+                 regs: int = SB_REGS, groups: int = 1) -> str | None:
     """Why a cluster-pair stack backward kernel does not run a stack of ``layers`` layers of
     ``hidden`` units on the device of ``props`` (None: it does): thread-block clusters
     (compute capability 9.0+), whole pairs a layer (H / 16 even), every pair resident at once
@@ -148,8 +141,10 @@ def pair_decline(hidden: int, layers: int, props: dict, smem: int | None = None,
     if nb % 2:
         return f"{nb} blocks a layer are not whole pairs (hidden / 16 odd)"
     cap = (dev.sms - PAIR_SM_SLACK) // 2
-    if L * nb // 2 > cap:
-        return (f"{L * nb // 2} pairs > {cap} resident at once ((SMs - {PAIR_SM_SLACK}) / 2: "
+    pairs = int(groups) * L * nb // 2
+    if pairs > cap:
+        lots = f" ({groups} batch groups)" if groups > 1 else ""
+        return (f"{pairs} pairs{lots} > {cap} resident at once ((SMs - {PAIR_SM_SLACK}) / 2: "
                 f"a pair lives on one GPC)")
     smem = stack_bwd_pair_smem_bytes(H) if smem is None else int(smem)
     if smem > dev.limit:
@@ -169,7 +164,7 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
          kernel's cells of a group are all live);
       2. its own shared memory <= what a block can have;
       3. registers of 256 threads (SB_REGS each) <= one SM's;
-    then the cluster-pair kernel where ``pairs``, one batch group and it runs
+    then the cluster-pair kernel where ``pairs`` and it runs, every group's pairs resident
     (``pair_decline``: on the H100 it stages half of dg_t a block a step), else the one-block
     kernel, saying why.
     """
@@ -202,13 +197,11 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
     lots = f"{groups} batch groups x " if groups > 1 else ""
     head = (f"fits: {groups * L * nb} of {dev.sms} SMs ({lots}{L} layers x {nb} blocks), "
             f"every layer's backward chain in one launch")
-    why = ("not asked for" if not pairs else
-           f"{groups} batch groups (the pair kernel runs one)" if groups > 1 else
-           pair_decline(H, L, props))
+    why = pair_decline(H, L, props, groups=groups) if pairs else "not asked for"
     if why is None:
         return StackBwdFit(cell, H, B, L, True, f"{head}, in cluster pairs (a block half the "
                            f"gate rows)", U, nb, stack_bwd_pair_smem_bytes(H), dev.sms,
-                           pair=True)
+                           pair=True, groups=groups)
     return StackBwdFit(cell, H, B, L, True, f"{head}; cluster pairs decline: {why}", U, nb,
                        smem, dev.sms, groups=groups)
 
@@ -355,8 +348,7 @@ _TWIN_DOC = """ of the stack backward (the registry's numpy_fn): rows = B, cols 
     dgx [L*T*B, 4H], dhin [L*T*B, H] (layer L-1's rows read: dy; the others written), dx
     [T*B, H], dh0 [L*B, H], dc0 [L*B, H], sync [groups, 2L], dgt [groups*8*L*H, 64] (scratch:
     left as the kernel leaves it, slot l*2 + (t & 1) of batch group g holding dg_t^T of steps
-    1 and 0 in its first columns; the one-block kernels take ``groups``: B = 64 * groups, the
-    pair kernels one group); ins dh_n [L*B, H], dc_n [L*B, H], act [L*T*B, 4H], c [L*(T+1)*B, H], w_ih
+    1 and 0 in its first columns; ``groups``: 1, or B / 64 whole batch groups); ins dh_n [L*B, H], dc_n [L*B, H], act [L*T*B, 4H], c [L*(T+1)*B, H], w_ih
     [L, 4*H*H], w_hh [L, 4*H*H]. The kernel's schedule: steps T-1 .. 0, each layer from the
     top (the reverse wavefront), lstm_bwd's arithmetic on dh_above + dh_rec, then dg_t R and
     dg_t W summed over k in the kernel's order, in the arrays' dtype."""
@@ -369,10 +361,10 @@ def lstm_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block, grou
                     ins, T, L, units_per_block, dtype, groups)
 
 
-def lstm_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block,
+def lstm_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block, groups=1,
                                    dtype="float32"):
     _stack_bwd_twin(STACK_BWD_PAIR_KERNEL, pair_product, rows, cols, outs, ins, T, L,
-                    units_per_block, dtype)
+                    units_per_block, dtype, groups)
 
 
 lstm_persistent_stack_bwd.__doc__ = "NumPy twin (one block a 16 units' product)" + _TWIN_DOC
@@ -386,10 +378,10 @@ def gru_persistent_stack_bwd(rows, cols, outs, ins, T, L, units_per_block, group
                         outs, ins, T, L, units_per_block, dtype, groups)
 
 
-def gru_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block,
+def gru_persistent_stack_bwd_pair(rows, cols, outs, ins, T, L, units_per_block, groups=1,
                                   dtype="float32"):
     _gru_stack_bwd_twin(STACK_BWD_GRU_PAIR_KERNEL, pair_product, rows, cols, outs, ins, T, L,
-                        units_per_block, dtype)
+                        units_per_block, dtype, groups)
 
 
 _GRU_TWIN_DOC = """ of the GRU stack backward (the registry's numpy_fn): rows = B, cols = H;

@@ -59,7 +59,7 @@ class StackMmaFit(StackFit):
 
     label = "tensor-core stack (mma.sync m16n8k16)"
     storage_io = True   # x and h in the storage type
-    batch_groups = False   # one group of PS_BMAX batches at most
+    whole_groups = True   # batch groups of PSM_BMAX, whole ones (not a field)
 
     @property
     def kernel(self) -> str:
@@ -104,11 +104,11 @@ def k_group_columns(hidden: int) -> list[np.ndarray]:
     return [cols[(cols % PSM_KT) // 16 == kg] for kg in range(PSM_KG)]
 
 
-def lstm_persistent_stack_mma_fwd(rows, cols, outs, ins, T, L, units_per_block,
+def lstm_persistent_stack_mma_fwd(rows, cols, outs, ins, T, L, units_per_block, groups=1,
                                   dtype="bfloat16"):
     """NumPy twin of the tensor-core stack kernel (the registry's numpy_fn): rows = B,
     cols = H; outs h [L*(T+1)*B, H] (storage values), c [L*(T+1)*B, H], act [L*T*B, 4H], sync
-    [1, 2L]; ins x [T*B, H] (storage values), w_ih [L, 4*H*H], w_hh [L, 4*H*H], bw [L, 4H]
+    [groups, 2L]; ins x [T*B, H] (storage values), w_ih [L, 4*H*H], w_hh [L, 4*H*H], bw [L, 4H]
     (or one broadcast row), br. Slot 0 of each layer's h and c is read, slots 1..T written.
     Each step sums as the kernel sums (``k_group_columns``: four partial sums in the arrays'
     dtype, added (p0 + p2) + (p1 + p3)), then the fused kernel's twin (twins.lstm_fwd, whose
@@ -127,6 +127,10 @@ def lstm_persistent_stack_mma_fwd(rows, cols, outs, ins, T, L, units_per_block,
     if int(units_per_block) * 4 != PSM_M:
         raise ValueError(f"{STACK_MMA_KERNEL}: units_per_block {units_per_block} != "
                          f"{PSM_M // 4}")
+    if int(groups) != max(1, B // PSM_BMAX) or (int(groups) > 1 and B % PSM_BMAX) or (
+            int(groups) == 1 and B > PSM_BMAX):
+        raise ValueError(f"{STACK_MMA_KERNEL}: groups {groups} for batch {B} (one group of "
+                         f"at most {PSM_BMAX}, or whole groups of {PSM_BMAX})")
     S1 = (T + 1) * B
     bw = np.broadcast_to(bw, (L, 4 * H))
     br = np.broadcast_to(br, (L, 4 * H))

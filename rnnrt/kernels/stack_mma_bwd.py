@@ -108,6 +108,9 @@ def stack_mma_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_siz
     name = get_precision(dtype).name   # the forward's fit took it
     where = (f"tensor-core stack backward {cell} hidden {H}, batch {B}, {L} layers, {name} "
              f"on {dev.sms} SMs")
+    if fwd.groups > 1:
+        return no(f"{where}: {fwd.groups} batch groups (the forward's; the pair kernel runs "
+                  f"one)")
     why = pair_decline(H, L, props, smem=smem, regs=SMB_REGS)
     if why is not None:
         return no(f"{where}: cluster pairs decline: {why}")

@@ -31,9 +31,10 @@ from rnnrt.kernels.mma import MMA_DTYPES  # noqa: E402
 from rnnrt.precision import get_precision  # noqa: E402
 
 # (T, B, I, H, L), I = H: the paper shape; 3 layers, B 48 (the second batch half partly
-# live); B 5 (one n8 tile, dead batches in it); H 640, the largest the fit takes on an H100
+# live); B 5 (one n8 tile, dead batches in it); H 640, the largest the fit takes on an H100;
+# B 128 / 256: two / four whole batch groups side by side
 SHAPES = [(100, 64, 512, 512, 4), (9, 48, 256, 256, 3), (7, 5, 384, 384, 2),
-          (6, 64, 640, 640, 2)]
+          (6, 64, 640, 640, 2), (6, 128, 256, 256, 3), (5, 256, 128, 128, 4)]
 
 
 def _key(shape, dtype, train=False, backward=None):

@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
 // slot 0 set; wih / whh: L rows of LDW floats, the matrix at the start of each; bw / br: L
 // rows of LDB floats, or one row when LDB is 0), launches LAUNCHES times with one sync
 // buffer (every slot but slot 0 of h and c, and act, poisoned with NaN before each; the
-// counters checked after each), writes DIR/{h,c,act}.out (h back as float).
+// counters checked after each), writes DIR/{h,c,act}.out (h back as float). B > 64: B / 64
+// whole batch groups (sync [groups, 2L]).
 template <class TS>
 static int run_stack_mma(const StackSimArgs& a, int ldw, int ldb) {
     const int B = a.B, H = a.H, T = a.T, L = a.L;
@@ -125,7 +126,8 @@ static int run_stack_mma(const StackSimArgs& a, int ldw, int ldb) {
     const float* const bw = load16("bw", stores[4]);
     const float* const br = load16("br", stores[5]);
     std::vector<float> act((size_t)L * T * B * 4 * H);
-    std::vector<unsigned int> sync(2 * L, 0u);
+    const int groups = B > PSM_BMAX ? B / PSM_BMAX : 1;   // whole batch groups past 64
+    std::vector<unsigned int> sync((size_t)groups * 2 * L, 0u);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const size_t slot = (size_t)B * H, layer = (T + 1) * slot;
     for (int n = 0; n < a.launches; ++n) {
@@ -135,10 +137,10 @@ static int run_stack_mma(const StackSimArgs& a, int ldw, int ldb) {
                 c[l * layer + e] = nan;
             }
         std::fill(act.begin(), act.end(), nan);
-        launch(L * (H / a.U), 256, a.smem, [&] {
+        launch(groups * L * (H / a.U), 256, a.smem, [&] {
             lstm_persistent_stack_mma_fwd_t<TS, false>(
                 B, H, h, H, c.data(), H, act.data(), 4 * H, sync.data(), 2 * L, x, H, wih, ldw,
-                whh, ldw, bw, ldb, br, ldb, T, L, a.U);
+                whh, ldw, bw, ldb, br, ldb, T, L, a.U, groups);
         });
         if (!counters_zero(sync.data(), sync.size(), n)) return 3;
     }
@@ -234,8 +236,7 @@ int main(int argc, char** argv) {
 // others poisoned; wih / whh: L rows of LDW floats, the matrix at the start of each), launches
 // LAUNCHES times with one sync buffer (re-poisoning every output and the dgt scratch in
 // between, checking the counters are back to zero), writes DIR/{dgx,dhin,dx,dh0,dc0}.out.
-// The one-block kernels run B > 64 as B / 64 batch groups (sync [groups, 2L], dgt a block
-// of 8*L*H rows each); the pair kernels one group.
+// B > 64 runs as B / 64 batch groups (sync [groups, 2L], dgt a block of 8*L*H rows each).
 // gru: gru_persistent_stack_bwd (or _pair), c.f32 holding the forward's h,
 // dcn unread, dgx and dgh [L, T, B, 3H] (dgh.out too; dc0.out stays poisoned).
 int main(int argc, char** argv) {
@@ -258,13 +259,7 @@ int main(int argc, char** argv) {
     const std::vector<float> c = read_f32(dir + "/c.f32");
     const float* const wih = load16("wih", stores[0]);
     const float* const whh = load16("whh", stores[1]);
-#ifdef SP_PU
-    const int groups = 1;
-#define SB_SIM_GROUPS
-#else
     const int groups = B > SB_BMAX ? B / SB_BMAX : 1;
-#define SB_SIM_GROUPS , groups
-#endif
     const size_t TBH = (size_t)T * B * H, ngt = (size_t)groups * 8 * L * H * SB_BMAX;
     float* const dgt = at_offset(stores[2], ngt, 0);
     std::vector<float> dgx(L * TBH * (gru ? 3 : 4)), dx(TBH), dh0((size_t)L * B * H),
@@ -291,13 +286,13 @@ int main(int argc, char** argv) {
                 SB_SIM_GRU_KERNEL(B, H, dgx.data(), 3 * H, dgh.data(), 3 * H, dhin.data(), H,
                                   dx.data(), H, dh0.data(), H, sync.data(), 2 * L, dgt, SB_BMAX,
                                   dhn.data(), H, act.data(), 4 * H, c.data(), H, wih, ldw, whh,
-                                  ldw, T, L, U SB_SIM_GROUPS);
+                                  ldw, T, L, U, groups);
                 return;
             }
             SB_SIM_KERNEL(B, H, dgx.data(), 4 * H, dhin.data(), H, dx.data(), H, dh0.data(), H,
                           dc0.data(), H, sync.data(), 2 * L, dgt, SB_BMAX, dhn.data(), H,
                           dcn.data(), H, act.data(), 4 * H, c.data(), H, wih, ldw, whh, ldw, T,
-                          L, U SB_SIM_GROUPS);
+                          L, U, groups);
         });
         if (!counters_zero(sync.data(), sync.size(), n)) return 3;
     }

@@ -344,9 +344,9 @@ def test_the_rules_choose_the_gru_stack_as_lstms():
 def test_a_stack_plan_in_batch_groups_trains_to_the_reference(cell, b):
     """B 100 and 128 run as two batch groups of the stack kernel (64 + 36, 64 + 64) in one
     launch: one sync row a group, one k-major block of ht a group; race-free. The backward
-    asked for the stack backward: at B 128 its one-block kernel in two whole groups (the pair
-    kernel runs one), one launch; at B 100 it declines (its groups are whole) and the plan
-    says so, the per-step backward running. Forward outputs and every gradient equal the
+    asked for the stack backward: at B 128 its pair kernel in two whole groups, one launch;
+    at B 100 it declines (its groups are whole) and the plan says so, the per-step backward
+    running. Forward outputs and every gradient equal the
     float64 reference on the NumPy executor, in program order and a random interleaving."""
     sw = ladder()[-1].switches
     k = PlanKey(cell, T, b, H, H, L, True, sw, train=True, device=H100_SXM, family="stack",
@@ -359,8 +359,9 @@ def test_a_stack_plan_in_batch_groups_trains_to_the_reference(cell, b):
     assert sync.rows == 2 and fwd.buffer("sync").size >= 2 * sync.cols
     assert not find_races(fwd) and not find_races(bwd)
     launches = [o for o in bwd.ops if isinstance(o, Kernel) and o.kind == "persistent"]
-    if b == 128:
-        want = stack_bwd.STACK_BWD_KERNEL if cell == "lstm" else stack_bwd.STACK_BWD_GRU_KERNEL
+    if b == 128:   # (H 64: two groups of 6 pairs fit)
+        want = (stack_bwd.STACK_BWD_PAIR_KERNEL if cell == "lstm"
+                else stack_bwd.STACK_BWD_GRU_PAIR_KERNEL)
         assert [o.name for o in launches] == [want] and bwd.fallback is None, bwd.fallback
         assert dict(launches[0].scalars)["groups"] == 2 and "2 batch groups" in bwd.fit
     else:
@@ -373,10 +374,11 @@ def test_a_stack_plan_in_batch_groups_trains_to_the_reference(cell, b):
 
 
 def test_plans_take_the_grouped_stack_backward_where_it_paid():
-    """backward 'persistent' after a stack forward in batch groups: LSTM's one-block stack
-    backward where its groups fill three quarters of the SMs (H 256 B 128: 128 of 132); the
-    per-layer backward, with the reason, at H 128 B 128 (64 SMs) and for GRU (measured
-    slower: choice_backward.grouped_stack_backward_pays); 'stack' names it anyway."""
+    """backward 'persistent' after a stack forward in batch groups: the stack backward in
+    cluster pairs where its groups fill three quarters of the SMs (H 256 B 128, H 128 B 256:
+    128 of 132), LSTM's one-block kernel there too (no pairs asked); the per-layer backward,
+    with the reason, at H 128 B 128 (64 SMs) and for GRU's one-block kernel (measured slower:
+    choice_backward.grouped_stack_backward_pays); 'stack' names it anyway."""
     from rnnrt.kernels.choice_backward import choose_persistent_backward
     sw = ladder()[-1].switches
 
@@ -384,9 +386,15 @@ def test_plans_take_the_grouped_stack_backward_where_it_paid():
         return choose_persistent_backward(PlanKey(cell, T, b, h, h, 4, True, sw, train=True,
                                                   device=H100_SXM, family="stack",
                                                   backward=backward))
-    taken = bwd("lstm", 256, 128)
-    assert taken.stack is not None and taken.stack.groups == 2
-    for cell, h, b in (("lstm", 128, 128), ("gru", 256, 128), ("gru", 128, 256)):
+    for cell, h, b in (("lstm", 256, 128), ("gru", 256, 128), ("lstm", 128, 256),
+                       ("gru", 128, 256)):
+        taken = bwd(cell, h, b).stack
+        assert taken is not None and taken.pair and taken.groups == b // 64, (cell, h, b)
+    for cell, h, b in (("lstm", 128, 128), ("gru", 128, 128)):
         c = bwd(cell, h, b)
         assert c.stack is None and "grouped_stack_backward_pays" in c.describe(), (cell, h, b)
         assert bwd(cell, h, b, "stack").stack is not None
+    from rnnrt.kernels.choice_backward import grouped_stack_backward_pays
+    one_block = stack_bwd.stack_bwd_fit("gru", 256, 128, 4, 256, H100_SXM.props(), pairs=False)
+    lstm_one = stack_bwd.stack_bwd_fit("lstm", 256, 128, 4, 256, H100_SXM.props(), pairs=False)
+    assert not grouped_stack_backward_pays(one_block) and grouped_stack_backward_pays(lstm_one)

@@ -136,16 +136,14 @@ def run_twin(case, pair=False):
     outs = [np.full(s, np.nan, f32) for s in ((L * T * B, K), (L * T * B, H), (T * B, H),
                                               (L * B, H), (L * B, H))]
     outs[1].reshape(L, T, B, H)[L - 1] = case["dy"]
-    groups = 1 if pair or B <= SB.SB_BMAX else B // SB.SB_BMAX   # (one-block: batch groups)
+    groups = 1 if B <= SB.SB_BMAX else B // SB.SB_BMAX   # (whole batch groups past 64)
     sync = np.zeros((groups, 2 * L), np.uint32)
     dgt = np.full((groups * 8 * L * H, SB.SB_BMAX), np.nan, f32)
     ins = [case["dhn"].reshape(L * B, H), case["dcn"].reshape(L * B, H),
            case["act"].reshape(L * T * B, K), case["c"].reshape(L * (T + 1) * B, H),
            case["W"].reshape(L, -1), case["R"].reshape(L, -1)]
-    if pair:
-        SB.lstm_persistent_stack_bwd_pair(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U)
-    else:
-        SB.lstm_persistent_stack_bwd(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U, groups)
+    twin = SB.lstm_persistent_stack_bwd_pair if pair else SB.lstm_persistent_stack_bwd
+    twin(B, H, outs + [sync, dgt], ins, T, L, SB.SB_U, groups)
     dgx, dhin, dx, dh0, dc0 = outs
     # the scratch as the kernel leaves it: dg^T of steps 0 and 1 in slots 0 and 1 of each
     # batch group's block
@@ -178,15 +176,16 @@ def test_stack_bwd_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape)
         assert r.ok, f"sim vs twin {name}: {r}"
 
 
-def test_stack_bwd_in_batch_groups_on_cpu_threads(tmp_path_factory, tmp_path):
-    """The one-block kernel at B 128: two batch groups of 64 side by side (a row of counters
-    and a block of dgt each), the reference gradients and the twin's sums; the pair
-    kernel's fit declines groups (checked in the fit test)."""
-    exe = _build(tmp_path_factory, source(KERNELS[False]), "single")
+@pytest.mark.parametrize("pair", [False, True], ids=["single", "pair"])
+def test_stack_bwd_in_batch_groups_on_cpu_threads(tmp_path_factory, tmp_path, pair):
+    """Both kernels at B 128: two batch groups of 64 side by side (a row of counters and a
+    block of dgt each; the pair kernel's clusters within a group), the reference gradients
+    and the twin's sums."""
+    exe = _build(tmp_path_factory, source(KERNELS[pair]), f"groups_{pair}")
     case, p, cache = make_case(128, 64, 3, 2, seed=7)
-    got = run_sim(exe, tmp_path, case)
-    check_against_reference(got, case, p, cache, "sim in batch groups")
-    twin = run_twin(case)
+    got = run_sim(exe, tmp_path, case, pair=pair)
+    check_against_reference(got, case, p, cache, f"sim in batch groups pair {pair}")
+    twin = run_twin(case, pair)
     for name in ("dgx", "dx", "dh0", "dc0", "dhin"):
         r = compare(got[name], twin[name], 1e-5, 1e-4)
         assert r.ok, f"sim in batch groups vs twin {name}: {r}"
@@ -315,14 +314,17 @@ def test_fit_rules_name_what_is_wrong():
         f = SB.stack_bwd_fit(*args, p)
         assert not f.ok and re.search(why, f.reason), (args, f.reason)
         assert "DOES NOT FIT" in f.describe()
-    # whole batch groups: the one-block kernel, two groups side by side (the pair kernel
-    # runs one), the group count its scalar; the pair kernel takes none
+    # whole batch groups, the group count a scalar of both kernels: at H 256 two groups of
+    # 32 pairs fit (64 resident); at H 128 four groups of 16; without pairs (asked, or 68
+    # pairs at H 272 B 128 L 4 over 64) the one-block kernel
     two = SB.stack_bwd_fit("lstm", 256, 128, 4, 256, p)
-    assert two.ok and not two.pair and two.groups == 2 and two.blocks == 128, two.reason
-    assert "cluster pairs decline: 2 batch groups" in two.reason
-    assert two.kernel == SB.STACK_BWD_KERNEL and two.scalars(5)["groups"] == 2
-    one = SB.stack_bwd_fit("lstm", 256, 64, 4, 256, p)
-    assert one.pair and "groups" not in one.scalars(5)
+    assert two.ok and two.pair and two.groups == 2 and two.blocks == 128, two.reason
+    assert two.kernel == SB.STACK_BWD_PAIR_KERNEL and two.scalars(5)["groups"] == 2
+    one = SB.stack_bwd_fit("lstm", 256, 128, 4, 256, p, pairs=False)
+    assert one.ok and not one.pair and one.groups == 2 and one.kernel == SB.STACK_BWD_KERNEL
+    four = SB.stack_bwd_fit("gru", 128, 256, 4, 128, p)
+    assert four.ok and four.pair and four.groups == 4 and four.blocks == 128, four.reason
+    assert four.kernel == SB.STACK_BWD_GRU_PAIR_KERNEL and four.scalars(5)["groups"] == 4
     # its own shared memory: a device with less than the forward needs... and the backward
     small = dict(p, sharedMemPerBlockOptin=SB.stack_bwd_smem_bytes(512) - 4,
                  sharedMemPerMultiprocessor=SB.stack_bwd_smem_bytes(512) - 4)

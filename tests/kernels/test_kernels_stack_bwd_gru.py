@@ -117,7 +117,7 @@ def run_twin(case, pair=False):
     outs = [np.full(s, np.nan, f32) for s in ((L * T * B, 3 * H), (L * T * B, 3 * H),
                                               (L * T * B, H), (T * B, H), (L * B, H))]
     outs[2].reshape(L, T, B, H)[L - 1] = case["dy"]
-    groups = 1 if pair or B <= SB.SB_BMAX else B // SB.SB_BMAX   # (one-block: batch groups)
+    groups = 1 if B <= SB.SB_BMAX else B // SB.SB_BMAX   # (whole batch groups past 64)
     sync = np.zeros((groups, 2 * L), np.uint32)
     dgt = np.full((groups * 8 * L * H, SB.SB_BMAX), np.nan, f32)
     dgx, dgh, dhin, dx, dh0 = outs
@@ -125,10 +125,8 @@ def run_twin(case, pair=False):
             (case["dhn"].reshape(L * B, H), case["act"].reshape(-1, K),
              case["h"].reshape(-1, H), case["W"].reshape(L, -1), case["R"].reshape(L, -1)),
             T, L, SB.SB_U)
-    if pair:
-        SB.gru_persistent_stack_bwd_pair(*args)
-    else:
-        SB.gru_persistent_stack_bwd(*args, groups)
+    twin = SB.gru_persistent_stack_bwd_pair if pair else SB.gru_persistent_stack_bwd
+    twin(*args, groups)
     return {"dgx": dgx.reshape(L, T, B, 3 * H), "dgh": dgh.reshape(L, T, B, 3 * H),
             "dx": dx.reshape(T, B, H), "dh0": dh0.reshape(L, B, H)}
 
@@ -149,14 +147,16 @@ def test_gru_stack_backward_on_cpu_threads_matches_reference(sim, tmp_path, shap
         assert_close(got[name], twin[name], 1e-6, 1e-5, name=f"sim vs twin {name}")
 
 
-def test_gru_stack_backward_in_batch_groups_on_cpu_threads(tmp_path_factory, tmp_path):
-    """The one-block GRU kernel at B 128: two batch groups of 64 side by side; the reference
+@pytest.mark.parametrize("pair", [False, True], ids=["single", "pair"])
+def test_gru_stack_backward_in_batch_groups_on_cpu_threads(tmp_path_factory, tmp_path, pair):
+    """Both GRU kernels at B 128: two batch groups of 64 side by side; the reference
     gradients and the twin's sums."""
-    exe = _build(tmp_path_factory, source(KERNEL), "gru_stack_bwd_groups")
+    file = PAIR_KERNEL if pair else KERNEL
+    exe = _build(tmp_path_factory, source(file), f"gru_stack_bwd_groups_{pair}", file=file)
     case, p, cache = make_case(128, 64, 3, 2, seed=8)
-    got = run_sim(exe, tmp_path, case)
+    got = run_sim(exe, tmp_path, case, pair=pair)
     check_against_reference(got, case, p, cache, "sim in batch groups")
-    twin = run_twin(case)
+    twin = run_twin(case, pair)
     for name in ("dx", "dh0", "dgx", "dgh"):
         assert_close(got[name], twin[name], 1e-6, 1e-5, name=f"sim in groups vs twin {name}")
 

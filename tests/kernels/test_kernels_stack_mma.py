@@ -112,7 +112,8 @@ def _check(got, want, dtype, what):
 
 # (B, H, T, L, dtype, launches): both batch halves and every n8 tile, twice on one sync
 # buffer; B < 8 (the second half idle, dead batches in a live n8 tile), three layers
-CASES = [(64, 64, 2, 2, "bfloat16", 2), (5, 64, 2, 3, "float16", 1)]
+# B 128: two whole batch groups side by side (a row of counters each)
+CASES = [(64, 64, 2, 2, "bfloat16", 2), (5, 64, 2, 3, "float16", 1), (128, 64, 2, 2, "bfloat16", 2)]
 
 
 @pytest.mark.parametrize("B, H, T, L, dtype, launches", CASES,
@@ -194,7 +195,8 @@ def test_fit_rules_name_what_is_wrong():
              (("lstm", 512, 64, 4, 512, p, "tf32"), "bfloat16 and float16"),
              (("lstm", 512, 64, 4, 256, p, "bfloat16"), "input size 256 != hidden 512"),
              (("lstm", 544, 64, 2, 544, p, "bfloat16"), "multiple of 64"),
-             (("lstm", 512, 65, 4, 512, p, "bfloat16"), r"batch outside \[1, 64\]"),
+             (("lstm", 256, 65, 4, 256, p, "bfloat16"), r"batch over 64 and not a multiple"),
+             (("lstm", 512, 128, 4, 512, p, "bfloat16"), r"2 batch groups .* > 132 SMs"),
              (("lstm", 512, 64, 5, 512, p, "bfloat16"), "160 > 132 SMs"),
              (("lstm", 704, 64, 2, 704, p, "bfloat16"), "shared memory"),
              (("lstm", 512, 64, 1, 512, p, "bfloat16"), "one layer"),
@@ -203,11 +205,18 @@ def test_fit_rules_name_what_is_wrong():
         f = SM.stack_mma_fit(*args)
         assert not f.ok and re.search(why, f.reason), (args, f.reason)
         assert "DOES NOT FIT" in f.describe()
+    # whole batch groups: L4 H 256 B 128, two of 64 blocks; the group count a kernel scalar;
+    # the tensor-core stack backward (cluster pairs) runs one group and says so
+    two = SM.stack_mma_fit("lstm", 256, 128, 4, 256, p, "bfloat16")
+    assert two.ok and two.groups == 2 and two.grid == (128, 1, 1) and two.scalars(3)["groups"] == 2
+    from rnnrt.kernels.stack_mma_bwd import stack_mma_bwd_fit
+    bwd = stack_mma_bwd_fit("lstm", 256, 128, 4, 256, p, "bfloat16")
+    assert not bwd.ok and "2 batch groups" in bwd.reason, bwd.reason
 
 
 _ARGS = ("int, int, {T}*, int, float*, int, float*, int, unsigned int*, int, const {T}*, int, "
          "const float*, int, const float*, int, const float*, int, const float*, int, int, int, "
-         "int")
+         "int, int")
 
 
 def test_both_instantiations_compile_without_spills(tmp_path):
