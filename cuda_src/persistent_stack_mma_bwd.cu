@@ -29,9 +29,11 @@
  * differs (within a k16 step the hardware's; across steps the kernel's: below).
  *
  * Calling convention: the stack backward's (rnnrt/kernels/registry.py builds the arguments):
- *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block),
+ *   kernel(int rows = B, int cols = H, outs..., ins..., int T, int L, int units_per_block,
+ *          int groups),
  *   each view a (pointer, int ld) pair, row-major; `sync` is unsigned int*; dgx is TS*. The
- *   grid is L * H/16 blocks of 256 threads, whole clusters of 2 (__cluster_dims__).
+ *   grid is groups * L * H/16 blocks of 256 threads, whole clusters of 2 (__cluster_dims__):
+ *   B = 64 * groups runs as whole batch groups side by side, as the fp32 stack backward's.
  *
  * Kernels (one variant each a storage type; layer l's rows of dgx, dhin and act are l*T*B +
  *   t*B + b, of c l*(T+1)*B + s*B + b, of dh0, dc0, dh_n, dc_n l*B + b; input size = hidden):
@@ -49,9 +51,9 @@
  *     out dx     [T*B, H]        the gradient into the input sequence (layer 0's dg W)
  *     out dh0    [L*B, H]        the gradient into h0 of every layer
  *     out dc0    [L*B, H]        the gradient into c0 of every layer
- *     out sync   [1, 2L]         word 2l: layer l's dg progress (blocks x steps done); word
- *                                2l+1 (l >= 1): layer l's dx progress; word 1: blocks gone.
- *                                Zero on entry, zero on exit
+ *     out sync   [groups, 2L]    row g (batch group g): word 2l layer l's dg progress
+ *                                (blocks x steps done), word 2l+1 (l >= 1) its dx progress;
+ *                                row 0 word 1: blocks gone. Zero on entry, zero on exit
  *     in  dh_n   [L*B, H]        the gradient into the last h of every layer
  *     in  dc_n   [L*B, H]        the gradient into the last c of every layer
  *     in  act    [L*T*B, 4H]     the forward's gates i, f, g, o (fp32)
@@ -62,6 +64,7 @@
  *     int T                      steps (>= 1)
  *     int L                      layers
  *     int units_per_block        16 (the pointwise's units a block)
+ *     int groups                 batch groups: 1 (B <= 64) or B / 64
  *
  * Resources (sm_90a, nvcc 13.0 --resource-usage; rnnrt.kernels.stack_mma_bwd.SMB_REGS is the
  *   bound the fit assumes): __launch_bounds__(PK_MAX_THREADS = 256, 1), 193 registers (bf16
@@ -103,11 +106,16 @@ __device__ __forceinline__ void persistent_stack_mma_bwd(
         unsigned int* sync, const float* dhn, long long lddhn, const float* dcn,
         long long lddcn, const float* act, long long ldact, const float* c, long long ldc,
         const float* wih, long long ldwih, const float* whh, long long ldwhh, int T, int L,
-        int u_arg) {
+        int u_arg, long long ldsync, int groups) {
     constexpr int U = SB_U;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nh = warp & 1, kg = warp >> 1;
     const int NB = H / U;                   // blocks a layer
+    // Batch groups, as the fp32 stack backward's (whole ones: B = 64 groups, B the row
+    // stride): blocks [g*L*NB, (g+1)*L*NB) (whole pairs) run batches [64g, 64g + 64) with
+    // their own row g of the counters.
+    const int NBL = max(L * NB, 1);         // blocks a group (L checked below)
+    const int grp = blockIdx.x / NBL, bx = blockIdx.x - grp * NBL;
     const int KH = 2 * H;                   // the block's k rows: half of the 4H gate rows
     const int NT = KH / PSM_KT;             // tiles a step
     const int SA = KH + 16;                 // row stride (elements) of the A rows
@@ -119,26 +127,31 @@ __device__ __forceinline__ void persistent_stack_mma_bwd(
     // 16-byte staging copies: every row of dgx 16-byte aligned (ld a multiple of 8); 16-byte
     // weight loads: every layer's W and R rows 16-byte aligned
     if (blockDim.x != PK_MAX_THREADS || u_arg != U || H % PSM_KT != 0 || NB % 2 != 0 ||
-        B < 1 || B > PSM_BMAX || L < 1 || T < 1 || (long long)gridDim.x != (long long)L * NB ||
+        B < 1 || groups < 1 || (groups == 1 ? B > PSM_BMAX : B != groups * PSM_BMAX) ||
+        ldsync < 2LL * L || L < 1 || T < 1 || (long long)gridDim.x != (long long)groups * NBL ||
         cr != (blockIdx.x & 1u) || (long long)dynamic_smem_bytes() < need || lddgx % 8 ||
         !aligned(dgx) || ldwih % 4 || ldwhh % 4 || !aligned(wih) || !aligned(whh))
         __trap();
-    const int l = blockIdx.x / NB, rank = blockIdx.x % NB;
+    const int l = bx / NB, rank = bx % NB;
     const int j0 = rank * U;                // the pointwise's units (rank 2p + c)
     const int p0 = (rank >> 1) * SMB_PU;    // the pair's units: the product's columns
     const int k0 = (int)cr * KH;            // the block's first k row
     // layer l's counters and views, as the fp32 kernels' (written out again: a shared helper
     // in persistent_stack_bwd.cuh changed their PTX and registers, 254 -> 235)
-    unsigned int* const dg_done = sync + 2 * l;
-    unsigned int* const dx_done = sync + 2 * l + 1;
-    const unsigned int* const above = l + 1 < L ? sync + 2 * (l + 1) + 1 : nullptr;
-    const long long TB = (long long)T * B;
-    act += l * TB * ldact;
-    c += l * (TB + B) * ldc;
-    dgx += l * TB * lddgx;
-    const float* const dh_above = dhin + l * TB * lddhin;   // layer L-1's: dy (read)
-    float* const down = l ? dhin + (l - 1) * TB * lddhin : dx;
+    unsigned int* const dg_done = sync + grp * ldsync + 2 * l;
+    unsigned int* const dx_done = dg_done + 1;
+    const unsigned int* const above = l + 1 < L ? dg_done + 3 : nullptr;   // 2(l+1) + 1
+    const long long TB = (long long)T * B, bg0 = (long long)grp * PSM_BMAX;
+    act += (l * TB + bg0) * ldact;
+    c += (l * (TB + B) + bg0) * ldc;
+    dgx += (l * TB + bg0) * lddgx;
+    const float* const dh_above = dhin + (l * TB + bg0) * lddhin;   // layer L-1's: dy (read)
+    float* const down = l ? dhin + ((l - 1) * TB + bg0) * lddhin : dx + bg0 * lddx;
     const long long lddown = l ? lddhin : lddx;
+    dhn += bg0 * lddhn;
+    dcn += bg0 * lddcn;
+    dh0 += bg0 * lddh0;
+    dc0 += bg0 * lddc0;
     wih += l * ldwih + (long long)k0 * H + p0;
     whh += l * ldwhh + (long long)k0 * H + p0;
 
@@ -257,7 +270,7 @@ __device__ __forceinline__ void persistent_stack_mma_bwd(
         if (l) ps_publish(dx_done);   // the block's dg_t W, for the layer below
         PS_NOTE(s, 5);
     }
-    sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar);
+    sb_finish(l, L, B, j0, dh0, lddh0, dc0, lddc0, sync, dhrec, dcar, groups, ldsync);
 }
 
 template <class TS, bool TF32>
@@ -267,10 +280,10 @@ lstm_persistent_stack_mma_bwd_t(
         float* dh0, int lddh0, float* dc0, int lddc0, unsigned int* sync, int ldsync,
         const float* dh_n, int lddh_n, const float* dc_n, int lddc_n, const float* act,
         int ldact, const float* c, int ldc, const float* w_ih, int ldw_ih, const float* w_hh,
-        int ldw_hh, int T, int L, int units_per_block) {
+        int ldw_hh, int T, int L, int units_per_block, int groups) {
     static_assert(!TF32, "the tensor-core stack backward has no tf32 instantiation");
-    (void)ldsync;
     persistent_stack_mma_bwd<TS>(rows, cols, dgx, lddgx, dhin, lddhin, dx, lddx, dh0, lddh0,
                                  dc0, lddc0, sync, dh_n, lddh_n, dc_n, lddc_n, act, ldact, c,
-                                 ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L, units_per_block);
+                                 ldc, w_ih, ldw_ih, w_hh, ldw_hh, T, L, units_per_block, ldsync,
+                                 groups);
 }

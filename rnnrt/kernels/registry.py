@@ -375,13 +375,6 @@ _STACK_BWD_GRU = replace(
          ("w_hh", "L,3*C*C")))
 
 
-def _one_group(k: KernelInfo, **changes) -> KernelInfo:
-    """A stack backward kernel of one batch group (no ``groups`` scalar: the tensor-core
-    one): ``k``'s arguments with one row of counters and one block of dgt."""
-    outs = tuple((a, s.replace("groups*", "").replace("groups,", "1,")) for a, s in k.outs)
-    return replace(k, scalars=("T", "L", "units_per_block"), outs=outs, **changes)
-
-
 REGISTRY += _STACK_BWD + (
     replace(_STACK_BWD[0], name=stack_bwd.STACK_BWD_PAIR_KERNEL,
             file="persistent_stack_bwd_pair.cu",
@@ -396,9 +389,10 @@ REGISTRY += _STACK_BWD + (
 # scratch (dg_t is staged from dgx); bf16 / fp16 instantiations only (typed.py), dgx in the
 # storage type
 REGISTRY += (
-    _one_group(replace(_STACK_BWD[0], outs=_STACK_BWD[0].outs[:6]),
-               name=stack_mma_bwd.STACK_MMA_BWD_KERNEL, file="persistent_stack_mma_bwd.cu",
-               numpy_fn=stack_mma_bwd.lstm_persistent_stack_mma_bwd),
+    replace(_STACK_BWD[0], name=stack_mma_bwd.STACK_MMA_BWD_KERNEL,
+            file="persistent_stack_mma_bwd.cu",
+            numpy_fn=stack_mma_bwd.lstm_persistent_stack_mma_bwd,
+            outs=_STACK_BWD[0].outs[:6]),
 )
 
 # the persistent backward kernels: one layer's recurrent chain, all T steps, last first

@@ -62,7 +62,7 @@ class StackMmaBwdFit(StackBwdFit):
 
     pair: bool = True
     label = "tensor-core stack backward (mma.sync m16n8k16, cluster pairs)"
-    batch_groups = False   # one group (not a field)
+    batch_groups = True   # whole batch groups, as the forward's (not a field)
     dg_scratch = False   # dg_t is staged from dgx (storage type), no k-major copy
 
     @property
@@ -108,19 +108,19 @@ def stack_mma_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_siz
     name = get_precision(dtype).name   # the forward's fit took it
     where = (f"tensor-core stack backward {cell} hidden {H}, batch {B}, {L} layers, {name} "
              f"on {dev.sms} SMs")
-    if fwd.groups > 1:
-        return no(f"{where}: {fwd.groups} batch groups (the forward's; the pair kernel runs "
-                  f"one)")
-    why = pair_decline(H, L, props, smem=smem, regs=SMB_REGS)
+    why = pair_decline(H, L, props, smem=smem, regs=SMB_REGS, groups=fwd.groups)
     if why is not None:
         return no(f"{where}: cluster pairs decline: {why}")
     if not dev.regs_ok(PK_MAX_THREADS):
         return no(f"{where}: {PK_MAX_THREADS} threads x {SMB_REGS} registers > "
                   f"{dev.regs_sm} a SM")
+    g = fwd.groups
+    lots = f"{g} batch groups x " if g > 1 else ""
     return StackMmaBwdFit(cell, H, B, L, True,
-                          f"fits: {L * nb} of {dev.sms} SMs ({L} layers x {nb} blocks, "
-                          f"{L * nb // 2} cluster pairs), every layer's backward chain in one "
-                          f"launch on tensor cores ({name})", SB_U, nb, smem, dev.sms)
+                          f"fits: {g * L * nb} of {dev.sms} SMs ({lots}{L} layers x {nb} "
+                          f"blocks, {g * L * nb // 2} cluster pairs), every layer's backward "
+                          f"chain in one launch on tensor cores ({name})", SB_U, nb, smem,
+                          dev.sms, groups=g)
 
 
 def k_group_rows(depth: int) -> list[list[np.ndarray]]:
@@ -147,11 +147,12 @@ def mma_pair_product(dg, M, groups):
     return s[0] + s[1]
 
 
-def lstm_persistent_stack_mma_bwd(rows, cols, outs, ins, T, L, units_per_block,
+def lstm_persistent_stack_mma_bwd(rows, cols, outs, ins, T, L, units_per_block, groups=1,
                                   dtype="bfloat16"):
     """NumPy twin of the tensor-core stack backward (the registry's numpy_fn): rows = B,
     cols = H; outs dgx [L*T*B, 4H] (storage values), dhin [L*T*B, H] (layer L-1's rows read:
-    dy; the others written), dx [T*B, H], dh0 [L*B, H], dc0 [L*B, H], sync [1, 2L]; ins dh_n
+    dy; the others written), dx [T*B, H], dh0 [L*B, H], dc0 [L*B, H], sync [groups, 2L]
+    (``groups``: 1, or B / 64 whole batch groups: the same math); ins dh_n
     [L*B, H], dc_n [L*B, H], act [L*T*B, 4H], c [L*(T+1)*B, H], w_ih [L, 4*H*H], w_hh
     [L, 4*H*H]. The stack backward's schedule (stack_bwd.stack_bwd_schedule) with dg_t, W and
     R rounded to the storage type, the sums in the kernel's order (``mma_pair_product``), in
@@ -160,7 +161,10 @@ def lstm_persistent_stack_mma_bwd(rows, cols, outs, ins, T, L, units_per_block,
     if not p.rounds or p.gemm != "fp32":
         raise ValueError(f"{STACK_MMA_BWD_KERNEL}: bfloat16 / float16 only, got dtype "
                          f"{dtype!r}")
-    groups = k_group_rows(4 * int(cols))
-    stack_bwd_schedule(STACK_MMA_BWD_KERNEL, lambda dg, M: mma_pair_product(dg, M, groups),
+    g, B = int(groups), int(rows)
+    if g != max(1, B // PSM_BMAX) or (g > 1 and B % PSM_BMAX):
+        raise ValueError(f"{STACK_MMA_BWD_KERNEL}: groups {groups} for batch {rows}")
+    kg = k_group_rows(4 * int(cols))
+    stack_bwd_schedule(STACK_MMA_BWD_KERNEL, lambda dg, M: mma_pair_product(dg, M, kg),
                        rows, cols, outs, ins, T, L, units_per_block,
                        store=lambda a: round_to_storage(a, p.name))

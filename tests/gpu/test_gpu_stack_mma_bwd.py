@@ -38,7 +38,9 @@ from rnnrt.kernels.mma import MMA_DTYPES  # noqa: E402
 from rnnrt.precision import get_precision  # noqa: E402
 
 PAPER = (100, 64, 512, 512, 4)
-SMALL = [(7, 24, 64, 64, 2), (9, 32, 256, 256, 3), (7, 5, 128, 128, 2)]
+# (T, B, I, H, L); B 128 / 256: two / four whole batch groups side by side
+SMALL = [(7, 24, 64, 64, 2), (9, 32, 256, 256, 3), (7, 5, 128, 128, 2), (6, 128, 256, 256, 3),
+         (5, 256, 128, 128, 4)]
 
 
 def _key(shape, dtype, backward="stack"):

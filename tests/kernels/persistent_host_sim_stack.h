@@ -189,18 +189,19 @@ static int run_stack_mma_bwd(const StackSimArgs& a, int ldw) {
     stores[2].assign(ngx / 8 + 1, float4{0, 0, 0, 0});   // dgx: TS, 16-byte aligned rows
     TS* const dgx = reinterpret_cast<TS*>(stores[2].data());
     std::vector<float> dx(TBH), dh0((size_t)L * B * H), dc0(dh0.size());
-    std::vector<unsigned int> sync(2 * L, 0u);
+    const int groups = B > PSM_BMAX ? B / PSM_BMAX : 1;   // whole batch groups past 64
+    std::vector<unsigned int> sync((size_t)groups * 2 * L, 0u);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     sim_cluster = 2;
     for (int n = 0; n < a.launches; ++n) {
         for (auto* v : {&dx, &dh0, &dc0}) std::fill(v->begin(), v->end(), nan);
         std::fill(dhin.begin(), dhin.begin() + (L - 1) * TBH, nan);   // not layer L-1's (dy)
         for (size_t e = 0; e < ngx; ++e) dgx[e] = from_f<TS>(nan);
-        launch(L * (H / a.U), 256, a.smem, [&] {
+        launch(groups * L * (H / a.U), 256, a.smem, [&] {
             lstm_persistent_stack_mma_bwd_t<TS, false>(
                 B, H, dgx, 4 * H, dhin.data(), H, dx.data(), H, dh0.data(), H, dc0.data(), H,
                 sync.data(), 2 * L, dhn.data(), H, dcn.data(), H, act.data(), 4 * H, c.data(),
-                H, wih, ldw, whh, ldw, T, L, a.U);
+                H, wih, ldw, whh, ldw, T, L, a.U, groups);
         });
         if (!counters_zero(sync.data(), sync.size(), n)) return 3;
     }

@@ -59,8 +59,9 @@ def twin_run(case, dtype):
     ins = [case["dhn"].reshape(L * B, H), case["dcn"].reshape(L * B, H),
            case["act"].reshape(L * T * B, K), case["c"].reshape(L * (T + 1) * B, H),
            case["W"].reshape(L, -1), case["R"].reshape(L, -1)]
-    SMB.lstm_persistent_stack_mma_bwd(B, H, outs + [np.zeros((1, 2 * L), np.uint32)], ins,
-                                      T, L, SMB.SB_U, dtype=dtype)
+    groups = max(1, B // 64)   # (whole batch groups past 64)
+    SMB.lstm_persistent_stack_mma_bwd(B, H, outs + [np.zeros((groups, 2 * L), np.uint32)], ins,
+                                      T, L, SMB.SB_U, groups, dtype=dtype)
     dgx, dhin, dx, dh0, dc0 = outs
     return {"dgx": dgx.reshape(L, T, B, K), "dx": dx.reshape(T, B, H),
             "dh0": dh0.reshape(L, B, H), "dc0": dc0.reshape(L, B, H),
@@ -87,7 +88,8 @@ def check_sim(got, case, p, cache, dtype, what):
 # (B, H, T, L, dtype): both batch halves (B 37: the second partly live, a part-filled n8
 # tile), three layers (a middle one), two launches on one sync buffer; B 5 fp16 (one n8
 # tile, the second batch half idle), two layers
-CASES = [(37, 64, 2, 3, "bfloat16", 2), (5, 64, 2, 2, "float16", 1)]
+# B 128: two whole batch groups side by side
+CASES = [(37, 64, 2, 3, "bfloat16", 2), (5, 64, 2, 2, "float16", 1), (128, 64, 2, 2, "bfloat16", 2)]
 
 
 @pytest.mark.parametrize("B, H, T, L, dtype, launches", CASES,
@@ -197,7 +199,6 @@ def test_fit_rules_name_what_is_wrong():
              (("lstm", 512, 64, 4, 512, p, "tf32"), "bfloat16 and float16"),
              (("lstm", 512, 64, 4, 256, p, "bfloat16"), "input size 256 != hidden 512"),
              (("lstm", 512, 65, 4, 512, p, "bfloat16"), r"batch over 64 and not a multiple"),
-             (("lstm", 256, 128, 4, 256, p, "bfloat16"), r"2 batch groups .*pair kernel runs"),
              (("lstm", 512, 64, 5, 512, p, "bfloat16"), "160 > 132 SMs"),
              (("lstm", 512, 64, 1, 512, p, "bfloat16"), "one layer"),
              (("lstm", 512, 64, 4, 512, sm80, "bfloat16"),
@@ -216,11 +217,15 @@ def test_fit_rules_name_what_is_wrong():
     regs = dict(p, regsPerMultiprocessor=32768)
     f = SMB.stack_mma_bwd_fit("lstm", 256, 64, 2, 256, regs, "bfloat16")
     assert not f.ok and "registers" in f.reason, f.reason
+    # whole batch groups, as the forward's: two groups of 32 pairs at L4 H 256 B 128
+    two = SMB.stack_mma_bwd_fit("lstm", 256, 128, 4, 256, p, "bfloat16")
+    assert two.ok and two.groups == 2 and two.blocks == 128 and "2 batch groups" in two.reason
+    assert two.scalars(3)["groups"] == 2
 
 
 _ARGS = ("int, int, {T}*, int, float*, int, float*, int, float*, int, float*, int, "
          "unsigned int*, int, const float*, int, const float*, int, const float*, int, "
-         "const float*, int, const float*, int, const float*, int, int, int, int")
+         "const float*, int, const float*, int, const float*, int, int, int, int, int")
 
 
 def test_both_instantiations_compile_without_spills(tmp_path):
