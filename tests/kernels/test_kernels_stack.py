@@ -398,3 +398,17 @@ def test_plans_take_the_grouped_stack_backward_where_it_paid():
     one_block = stack_bwd.stack_bwd_fit("gru", 256, 128, 4, 256, H100_SXM.props(), pairs=False)
     lstm_one = stack_bwd.stack_bwd_fit("lstm", 256, 128, 4, 256, H100_SXM.props(), pairs=False)
     assert not grouped_stack_backward_pays(one_block) and grouped_stack_backward_pays(lstm_one)
+
+
+def test_the_untimed_rule_takes_the_stack_in_batch_groups():
+    """RNNRT_AUTOTUNE=0 (choice.heuristic): past 64 batches at H >= 256 the stack forward in
+    batch groups (as below 64), with the stack backward in groups where they fill the SMs
+    (L4 H 256 B 128: 128 of 132); at H 128 the forward heuristic keeps its per-layer kernels;
+    where the groups do not fit (H 256 B 256: 256 blocks) the paper rung."""
+    from rnnrt.kernels import choice as C
+    from rnnrt.kernels.selector import Shape
+    for cell in ("lstm", "gru"):
+        taken = C.heuristic(Shape(cell, 4, 256, 256, 128, 100, train=True), H100_SXM)
+        assert taken.family == "stack" and taken.backward == "persistent", (cell, taken)
+        assert C.heuristic(Shape(cell, 4, 256, 256, 256, 100), H100_SXM).family != "stack"
+        assert C.heuristic(Shape(cell, 4, 128, 128, 256, 100), H100_SXM).family != "stack"
