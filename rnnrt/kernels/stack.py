@@ -79,7 +79,11 @@ class StackFit(Launch1D):
     smem_bytes: int
     sms: int
     threads: int = PK_MAX_THREADS
-    groups: int = 1
+
+    @property
+    def groups(self) -> int:
+        """Batch groups side by side (``batch_groups_of``)."""
+        return batch_groups_of(self.batch, self.batch_groups)
 
     @property
     def blocks(self) -> int:
@@ -106,11 +110,33 @@ class StackFit(Launch1D):
     storage_io = False
 
     def describe(self) -> str:
-        grouped = f"{self.groups} batch groups x " if self.groups > 1 else ""
         head = (f"{self.label} {self.cell} H {self.hidden} B {self.batch} L {self.layers}: U "
-                f"{self.units_per_block}, {grouped}{self.layers} x {self.blocks_per_layer} "
-                f"blocks x {self.threads} threads, shared {self.smem_bytes} B")
+                f"{self.units_per_block}, {batch_groups_phrase(self.groups)}{self.layers} x "
+                f"{self.blocks_per_layer} blocks x {self.threads} threads, shared "
+                f"{self.smem_bytes} B")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
+
+
+def batch_groups_of(batch: int, grouped: bool) -> int:
+    """The batch groups of PS_BMAX a stack kernel runs ``batch`` in: ceil(B / PS_BMAX) for
+    one that runs them (``grouped``: StackFit.batch_groups), else 1."""
+    return max(1, ceil_div(int(batch), PS_BMAX)) if grouped else 1
+
+
+def batch_groups_phrase(groups: int) -> str:
+    """'N batch groups x ' before a fit's blocks where it runs several, else ''."""
+    return f"{groups} batch groups x " if groups > 1 else ""
+
+
+def check_twin_groups(name: str, batch: int, groups, whole: bool) -> None:
+    """A stack kernel twin's refusal of a ``groups`` argument its kernel would trap on: not
+    ceil(B / PS_BMAX), or (``whole``: the kernels of whole groups) several for a batch that
+    is not a multiple of PS_BMAX."""
+    B, g = int(batch), int(groups)
+    if g != batch_groups_of(B, True) or (whole and g > 1 and B % PS_BMAX):
+        kind = "whole groups" if whole else "groups"
+        raise ValueError(f"{name}: groups {groups} for batch {B} (one group of at most "
+                         f"{PS_BMAX}, or {kind} of {PS_BMAX})")
 
 
 def stack_smem_bytes(hidden: int) -> int:
@@ -157,12 +183,11 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
     sms = dev.sms
     U = PS_M // 4
     nb = ceil_div(H, U)
-    groups = max(1, ceil_div(B, PS_BMAX)) if fit_class.batch_groups else 1
+    groups = batch_groups_of(B, fit_class.batch_groups)
     where = f"{where} {cell} hidden {H}, batch {B}, {L} layers on {sms} SMs"
 
     def no(reason):
-        return fit_class(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms,
-                         groups=groups)
+        return fit_class(cell, H, B, L, False, f"{where}: {reason}", U, nb, smem, sms)
 
     if cell not in cells:
         return no(f"the stack kernel is built for {' and '.join(c.upper() for c in cells)} "
@@ -183,8 +208,7 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
         return no(f"batch over {PS_BMAX} and not a multiple of it (the kernel's batch groups "
                   f"are whole groups of {PS_BMAX})")
     if groups * L * nb > sms:
-        lots = f"{groups} batch groups x " if groups > 1 else ""
-        return no(f"{lots}{L} layers x {nb} blocks of {U} units = {groups * L * nb} > {sms} "
+        return no(f"{batch_groups_phrase(groups)}{L} layers x {nb} blocks of {U} units = {groups * L * nb} > {sms} "
                   f"SMs (one block a SM, all resident at once)")
     if smem > dev.limit:
         return no(f"{smem} bytes of shared memory ({weights} {weight_bytes} + stages) > "
@@ -193,10 +217,9 @@ def stack_rules(fit_class: type[StackFit], regs: int, smem: int, weight_bytes: i
         return no(f"{PK_MAX_THREADS} threads x {regs} registers > {dev.regs_sm} a SM")
     if int(steps) * nb >= 2**32:
         return no(f"{steps} steps x {nb} blocks overflow the 32-bit progress counters")
-    lots = f"{groups} batch groups x " if groups > 1 else ""
     return fit_class(cell, H, B, L, True,
-                     f"fits: {groups * L * nb} of {sms} SMs ({lots}{L} layers x {nb} blocks), "
-                     f"all layers in one launch", U, nb, smem, sms, groups=groups)
+                     f"fits: {groups * L * nb} of {sms} SMs ({batch_groups_phrase(groups)}{L} "
+                     f"layers x {nb} blocks), all layers in one launch", U, nb, smem, sms)
 
 
 def lstm_persistent_stack_fwd(rows, cols, outs, ins, T, L, units_per_block, groups=1,
@@ -241,8 +264,7 @@ def _stack_twin(cell, rows, cols, states, sync, wt, ht, ins, T, L, units_per_blo
                          f"{np.asarray(sync).ravel().tolist()}")
     if int(units_per_block) * 4 != PS_M:
         raise ValueError(f"{name}: units_per_block {units_per_block} != {PS_M // 4}")
-    if int(groups) != max(1, ceil_div(int(rows), PS_BMAX)):
-        raise ValueError(f"{name}: groups {groups} != ceil(batch {rows} / {PS_BMAX})")
+    check_twin_groups(name, rows, groups, whole=False)
     GW = 4 if cell == "lstm" else 3    # gate rows (of H) of W and R
     S1 = (T + 1) * B
     bw = np.broadcast_to(bw, (L, GW * H))

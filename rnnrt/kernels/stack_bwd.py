@@ -39,7 +39,7 @@ import numpy as np
 from . import twins as knp
 from .budget import DeviceBudget, ceil_div
 from .persistent import PK_MAX_THREADS
-from .stack import StackFit, stack_fit
+from .stack import StackFit, batch_groups_phrase, check_twin_groups, stack_fit
 
 # The kernel's compile-time constants (cuda_src/persistent_stack_bwd.cu, SB_*).
 SB_U = 16             # units of a block
@@ -178,7 +178,7 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
     groups = fwd.groups
 
     def no(reason):
-        return StackBwdFit(cell, H, B, L, False, reason, U, nb, smem, dev.sms, groups=groups)
+        return StackBwdFit(cell, H, B, L, False, reason, U, nb, smem, dev.sms)
 
     where = f"stack backward {cell} hidden {H}, batch {B}, {L} layers on {dev.sms} SMs"
     if cell not in ("lstm", "gru"):
@@ -194,16 +194,15 @@ def stack_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_size: i
     if not dev.regs_ok(PK_MAX_THREADS):
         return no(f"{where}: {PK_MAX_THREADS} threads x {SB_REGS} registers > {dev.regs_sm} "
                   f"a SM")
-    lots = f"{groups} batch groups x " if groups > 1 else ""
-    head = (f"fits: {groups * L * nb} of {dev.sms} SMs ({lots}{L} layers x {nb} blocks), "
-            f"every layer's backward chain in one launch")
+    head = (f"fits: {groups * L * nb} of {dev.sms} SMs ({batch_groups_phrase(groups)}{L} "
+            f"layers x {nb} blocks), every layer's backward chain in one launch")
     why = pair_decline(H, L, props, groups=groups) if pairs else "not asked for"
     if why is None:
         return StackBwdFit(cell, H, B, L, True, f"{head}, in cluster pairs (a block half the "
                            f"gate rows)", U, nb, stack_bwd_pair_smem_bytes(H), dev.sms,
-                           pair=True, groups=groups)
+                           pair=True)
     return StackBwdFit(cell, H, B, L, True, f"{head}; cluster pairs decline: {why}", U, nb,
-                       smem, dev.sms, groups=groups)
+                       smem, dev.sms)
 
 
 def k_groups(depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -278,10 +277,8 @@ def _k_major_slots(dgt, groups, rows, cols, L):
     """publish(layer, t, dg) of the fp32 stack backward kernels: dg_t^T of each batch group
     (64 batches) into its block of the scratch dgt [groups*8*L*H, 64], slot t & 1 of the
     layer."""
-    B, groups = int(rows), int(groups)
-    if groups != max(1, -(-B // SB_BMAX)) or (groups > 1 and B % SB_BMAX):
-        raise ValueError(f"stack backward: groups {groups} for batch {B} (one group of at "
-                         f"most {SB_BMAX}, or full groups of {SB_BMAX})")
+    check_twin_groups("stack backward", rows, groups, whole=True)
+    groups = int(groups)
     dgts = dgt.reshape(groups, int(L), 2, 4 * int(cols), dgt.shape[-1])
 
     def publish(n, t, dg):

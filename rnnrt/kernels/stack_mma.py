@@ -33,7 +33,7 @@ from ..precision import get_precision, round_to_storage
 from .budget import DeviceBudget
 from .mma import mma_declines
 from .persistent import PK_MAX_THREADS
-from .stack import StackFit, stack_rules
+from .stack import StackFit, check_twin_groups, stack_rules
 from .twins import lstm_fwd
 
 # The kernel's compile-time constants (cuda_src/persistent_stack_mma.cu, PSM_*).
@@ -127,10 +127,7 @@ def lstm_persistent_stack_mma_fwd(rows, cols, outs, ins, T, L, units_per_block, 
     if int(units_per_block) * 4 != PSM_M:
         raise ValueError(f"{STACK_MMA_KERNEL}: units_per_block {units_per_block} != "
                          f"{PSM_M // 4}")
-    if int(groups) != max(1, B // PSM_BMAX) or (int(groups) > 1 and B % PSM_BMAX) or (
-            int(groups) == 1 and B > PSM_BMAX):
-        raise ValueError(f"{STACK_MMA_KERNEL}: groups {groups} for batch {B} (one group of "
-                         f"at most {PSM_BMAX}, or whole groups of {PSM_BMAX})")
+    check_twin_groups(STACK_MMA_KERNEL, B, groups, whole=True)
     S1 = (T + 1) * B
     bw = np.broadcast_to(bw, (L, 4 * H))
     br = np.broadcast_to(br, (L, 4 * H))

@@ -37,6 +37,7 @@ from ..precision import get_precision, round_to_storage
 from .budget import DeviceBudget, ceil_div
 from .persistent import PK_MAX_THREADS
 from .stack_bwd import SB_U, StackBwdFit, pair_decline, stack_bwd_schedule
+from .stack import batch_groups_phrase, check_twin_groups
 from .stack_mma import PSM_BMAX, PSM_KT, PSM_RP, PSM_SX, stack_mma_fit
 
 # The kernel's compile-time constants (cuda_src/persistent_stack_mma_bwd.cu, SMB_*; the
@@ -115,12 +116,11 @@ def stack_mma_bwd_fit(cell: str, hidden: int, batch: int, layers: int, input_siz
         return no(f"{where}: {PK_MAX_THREADS} threads x {SMB_REGS} registers > "
                   f"{dev.regs_sm} a SM")
     g = fwd.groups
-    lots = f"{g} batch groups x " if g > 1 else ""
     return StackMmaBwdFit(cell, H, B, L, True,
-                          f"fits: {g * L * nb} of {dev.sms} SMs ({lots}{L} layers x {nb} "
-                          f"blocks, {g * L * nb // 2} cluster pairs), every layer's backward "
+                          f"fits: {g * L * nb} of {dev.sms} SMs ({batch_groups_phrase(g)}{L} "
+                          f"layers x {nb} blocks, {g * L * nb // 2} cluster pairs), every layer's backward "
                           f"chain in one launch on tensor cores ({name})", SB_U, nb, smem,
-                          dev.sms, groups=g)
+                          dev.sms)
 
 
 def k_group_rows(depth: int) -> list[list[np.ndarray]]:
@@ -161,9 +161,7 @@ def lstm_persistent_stack_mma_bwd(rows, cols, outs, ins, T, L, units_per_block, 
     if not p.rounds or p.gemm != "fp32":
         raise ValueError(f"{STACK_MMA_BWD_KERNEL}: bfloat16 / float16 only, got dtype "
                          f"{dtype!r}")
-    g, B = int(groups), int(rows)
-    if g != max(1, B // PSM_BMAX) or (g > 1 and B % PSM_BMAX):
-        raise ValueError(f"{STACK_MMA_BWD_KERNEL}: groups {groups} for batch {rows}")
+    check_twin_groups(STACK_MMA_BWD_KERNEL, rows, groups, whole=True)
     kg = k_group_rows(4 * int(cols))
     stack_bwd_schedule(STACK_MMA_BWD_KERNEL, lambda dg, M: mma_pair_product(dg, M, kg),
                        rows, cols, outs, ins, T, L, units_per_block,
