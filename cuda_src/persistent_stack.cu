@@ -305,8 +305,9 @@ __device__ __forceinline__ void persistent_stack_fwd(
     auto cell_of = [&](int i, int& b, int& jj) {   // live while b < Bn
         ps_cell_of<U>(tid + i * PK_MAX_THREADS, b, jj);
     };
-    // live: bit i set while cell i's batch is one of the group's (one register, not Bn: the
-    // step loop is at the register limit)
+    // live: bit i set while cell i's batch is one of the group's (b < Bn each step would do
+    // as well: it did not change the registers or spills; the mask is the build the GPU
+    // tests ran)
     float carry[PS_CPT];
     unsigned int live = 0;
 #pragma unroll
