@@ -10,10 +10,14 @@
  * GRU H 128 B 128 on the H100). Design and budget: docs/kernels.md ("The block-persistent
  * kernels"); host side: rnnrt/kernels/solo.py (fit, lane map, NumPy cut).
  *
- * Variants: one template solo_fwd<G, CELL, BB> per cell, dispatched at run time on BB (the
- *   block's batches rounded up to a power of two: 1, 2, 4; LSTM 1) (solo_dispatch); a single
- *   entry point `*_persistent_solo_fwd` a cell.
- *   Compile-time: SO_* below.
+ * Variants: one template solo_fwd<G, CELL, BB, UPT> per cell, dispatched at run time on BB
+ *   (the block's batches rounded up to a power of two: 1, 2, 4; LSTM 1) (solo_dispatch); two
+ *   entry points a cell: `*_persistent_solo_fwd` (UPT 1: thread 8j + s is k-split s of unit
+ *   j, R read from shared memory every step) and `*_persistent_solo_rr_fwd` (UPT 2, GRU and the
+ *   RNNs: half the threads, thread 8j + s k-split s of units j and j + H/2, the first
+ *   SO_RR_CHUNKS (at 2 batches SO_RR_CHUNKS_BB2) chunks of its rows held in registers for the
+ *   whole launch, BB <= 2). Both sum every gate in the same FMA chains and the same 8-lane
+ *   tree: the same bits. Compile-time: SO_* below.
  *
  * Calling convention: exactly the cluster kernels' (persistent.cu's header; registry entries
  *   have persistent=True):
@@ -22,7 +26,7 @@
  *   each view a (pointer, ld) pair; sync is not touched; units_per_block must be H (a block
  *   owns every unit); k_tile must be 4 * ceil(H / 4) (the row stride of R and h on chip);
  *   block x runs batches [x*BG, min(B, x*BG + BG)), BG = ceil(B / gridDim.x) (none empty);
- *   threads >= SO_KS * H, whole warps, <= SO_MAX_THREADS.
+ *   threads >= SO_KS * H / UPT, whole warps, <= SO_MAX_THREADS (_rr: SO_RR_THREADS).
  *
  * Kernels (one variant each, fp32; per step t = 0..T-1, for every (b, j): the other persistent
  *   kernels' arithmetic (pk_cell_update), ((gx + bw) + gh) + br, GRU's n gate
@@ -72,8 +76,43 @@
  *     int units_per_block
  *     int k_tile
  *
+ *   (the _rr kernels: the same arguments and results as the cell's *_persistent_solo_fwd)
+ *   kernel gru_persistent_solo_rr_fwd(rows = B, cols = H)
+ *     out h      [T+1, B, H]
+ *     out act    [T, B, 4H]    r, z, n, hn (columns 0, H, 2H, 3H)
+ *     out sync   [1, 2]
+ *     in  gx     [T, B, 3H]
+ *     in  w_hh   [3H, H]
+ *     in  bw     [B, 3H]
+ *     in  br     [B, 3H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_tanh_persistent_solo_rr_fwd(rows = B, cols = H)
+ *     out h      [T+1, B, H]
+ *     out sync   [1, 2]
+ *     in  gx     [T, B, H]
+ *     in  w_hh   [H, H]
+ *     in  bw     [B, H]
+ *     in  br     [B, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *   kernel rnn_relu_persistent_solo_rr_fwd(rows = B, cols = H)
+ *     out h      [T+1, B, H]
+ *     out sync   [1, 2]
+ *     in  gx     [T, B, H]
+ *     in  w_hh   [H, H]
+ *     in  bw     [B, H]
+ *     in  br     [B, H]
+ *     int T
+ *     int units_per_block
+ *     int k_tile
+ *
  * Resources: __launch_bounds__(SO_MAX_THREADS = 1024, 1): at most 64 registers a thread
- *   (rnnrt.kernels.solo.NVCC_REGS: nvcc 13.0's counts, no spills). Dynamic shared memory,
+ *   (rnnrt.kernels.solo.NVCC_REGS: nvcc 13.0's counts, no spills); the _rr kernels
+ *   __launch_bounds__(SO_RR_THREADS = 512, 1), 128 (NVCC_REGS_RR), no spills (their bodies
+ *   called, not inlined: inlined, GRU's spilt 20 bytes). Dynamic shared memory,
  *   in floats: G*H*SR (R) + 2*BGP*SR (the h buffers; SR = 4*ceil(H/4), BGP = BG rounded up
  *   to BB), e.g. GRU H 128, 2 batches a block: 196,608 + 2,048 bytes.
  */
@@ -85,10 +124,18 @@
 #define SO_BB_MAX 4          // most batches a block (LSTM: SO_BB_MAX_LSTM): 8 spill at 64
 #define SO_BB_MAX_LSTM 1     // registers (the FMA chains, their loads, the prefetched gx: LSTM 2 spilt 32 B)
 #define SO_MAX_THREADS 1024  // __launch_bounds__; the fit takes 32 * ceil(SO_KS * H / 32)
+#define SO_BB_MAX_RR 2       // most batches a block of the _rr kernels (part of R in registers)
+#define SO_RR_THREADS 512    // their __launch_bounds__: 128 registers a thread
+#ifndef SO_RR_CHUNKS
+#define SO_RR_CHUNKS 3       // chunks of a row the _rr kernels hold in registers (of SO_NCH)
+#endif                       // at 1 batch a block; at 2 (more FMA chains): SO_RR_CHUNKS_BB2
+#define SO_RR_CHUNKS_BB2 1   // (2 spilt 8 bytes at GRU)
 
 __host__ __device__ constexpr int so_log2(int x) { return x <= 1 ? 0 : 1 + so_log2(x / 2); }
 // The most batches a block of G gates takes (BB = pow2(BG) <= it).
-__host__ __device__ constexpr int so_bb_max(int G) { return G == 4 ? SO_BB_MAX_LSTM : SO_BB_MAX; }
+__host__ __device__ constexpr int so_bb_max(int G, int UPT) {
+    return UPT == 2 ? SO_BB_MAX_RR : G == 4 ? SO_BB_MAX_LSTM : SO_BB_MAX;
+}
 
 // Sum the partials of the 8 k-split lanes (lane bits 2..0) of N = NB x G values (value
 // bb*G + q: batch bb, gate q). While several batches are left, the stage with lane mask MASK
@@ -136,25 +183,31 @@ __device__ __forceinline__ void so_reduce(float (&v)[N], int lane) {
 // R is read from shared memory once a step: the step's floor is M*H*4 bytes / 128 B a clock
 // (GRU H 128: 1,536 clocks, ~0.78 us), past which BG's FMAs (M*H*BG / 128 a clock) take over
 // at BG = 4.
-template <int G, int CELL, int BB>
+template <int G, int CELL, int BB, int UPT>
 __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long ldh, float* c,
                                          long long ldc, float* act, long long ldact,
                                          const float* gx, long long ldgx, const float* w,
                                          long long ldw, const float* bw, long long ldbw,
                                          const float* br, long long ldbr, int T, int B,
                                          int BG) {
-    constexpr int LB = so_log2(BB);
+    // UPT 2 (R in registers): the lane's sums are UPT x BB "batches" of the reduce, unit
+    // u's batch bb the (u*BB + bb)-th; every sum is still so_reduce's one tree over the 8
+    // lanes (the same bits as UPT 1)
+    constexpr int NV = UPT * BB;
+    constexpr int LB = so_log2(NV);
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
-    const int s = tid & (SO_KS - 1), j = tid / SO_KS;   // k-split and unit of the thread
+    const int s = tid & (SO_KS - 1), j = tid / SO_KS;   // k-split and (first) unit of the thread
     const int S = Bfull;                                // rows of a step in every array
     const int CH = (H + 3) / 4, SR = 4 * CH, M = G * H;
+    const int HU = H / UPT;               // unit u of the thread: j + u*HU
     const int BGP = BB;                   // rows of an h buffer (BG <= BB: one pass a step)
     float* const Rs = smem;               // [M][SR]: row q*H + j is R[q*H + j, :]
     float* const hs = Rs + M * SR;        // [2][BGP][SR]: h_t in buffer t & 1
     float* const gs = hs + 2 * BGP * SR;  // [BB][M]: the gate sums of a step, batch-major
-    const bool unit_live = j < H;
-    const int cbb = s >> (3 - LB);        // the batch of a pass whose sums this lane ends with
+    const bool unit_live = j < HU;
+    const int cv = s >> (3 - LB);         // the (unit, batch) whose sums this lane ends with
+    const int cu = cv / BB, cbb = cv - cu * BB;
     const bool sum_lane = unit_live && (s & ((SO_KS >> LB) - 1)) == 0 && cbb < B;
 
     // The cell thread: thread tid updates cell (b, jc) = (tid / H, tid % H), B*H <= SO_KS*H
@@ -203,14 +256,60 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
         hs[e] = (buf == 0 && row < B && k < H) ? h[row * ldh + k] : 0.f;
     }
     __syncthreads();
+    // UPT 2: the thread's first SO_RR_CHUNKS chunks of its rows (unit u's row q, chunks s +
+    // 8i) also in registers, once: a step reads only the rest of R from shared memory (UPT 1
+    // reads all of R every step: the step's floor, M*H*4 bytes / 128 B a clock). Not all of
+    // it: 2 units x G x 4 chunks is 96 floats at GRU H 128, and 128 registers then spilt
+    // (nvcc 13.0: 4 chunks spilt 68 bytes at 1 batch a block, 3 none; at 2 batches 2 spilt 8).
+    constexpr int NR = UPT == 2 ? (BB == 1 ? SO_RR_CHUNKS : SO_RR_CHUNKS_BB2) : 0;
+    float4 rr[UPT * G * (NR > 0 ? NR : 1)];
+#pragma unroll
+    for (int u = 0; u < UPT; ++u)
+#pragma unroll
+        for (int q = 0; q < G; ++q)
+#pragma unroll
+            for (int i = 0; i < NR; ++i) {
+                // only the chunks the loop reads: past the row (small H) or past the units
+                // (the last warp's idle lanes) the address can leave the shared allocation
+                const int k4 = 4 * (s + SO_KS * i);
+                rr[(u * G + q) * NR + i] =
+                    unit_live && k4 < SR
+                        ? pk_lds128(pk_smem_addr(Rs + (q * H + j + u * HU) * SR + k4))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
 
     for (int t = 0; t < T; ++t) {
         const float* const hcur = hs + (t & 1) * BGP * SR;
         float* const hnext = hs + ((t + 1) & 1) * BGP * SR;
-        float acc[BB * G];
+        float acc[NV * G];
 #pragma unroll
-        for (int v = 0; v < BB * G; ++v) acc[v] = 0.f;
-        if (unit_live) {
+        for (int v = 0; v < NV * G; ++v) acc[v] = 0.f;
+        if (UPT == 2 && unit_live) {
+            // every chunk unrolled (R's registers need compile-time indices); the same FMA
+            // chain a (unit, batch, gate) as UPT 1's, chunk by chunk
+#pragma unroll
+            for (int i = 0; i < SO_NCH; ++i) {
+                const int k4 = 4 * (s + SO_KS * i);
+                if (k4 >= SR) break;
+#pragma unroll
+                for (int bb = 0; bb < BB; ++bb) {
+                    const float4 hv = pk_lds128(pk_smem_addr(hcur + bb * SR + k4));
+#pragma unroll
+                    for (int u = 0; u < UPT; ++u)
+#pragma unroll
+                        for (int q = 0; q < G; ++q) {
+                            const float4 r = i < NR ? rr[(u * G + q) * NR + i] :
+                                pk_lds128(pk_smem_addr(Rs + (q * H + j + u * HU) * SR + k4));
+                            float a = acc[(u * BB + bb) * G + q];
+                            a = fmaf(r.x, hv.x, a);
+                            a = fmaf(r.y, hv.y, a);
+                            a = fmaf(r.z, hv.z, a);
+                            a = fmaf(r.w, hv.w, a);
+                            acc[(u * BB + bb) * G + q] = a;
+                        }
+                }
+            }
+        } else if (unit_live) {
             // not unrolled: the 4 chunks' loads hoisted together cost ~G*16 registers more
             // than 64 allow; 32 warps hide a chunk's load latency instead
 #pragma unroll 1
@@ -236,10 +335,10 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
                 }
             }
         }
-        so_reduce<G, BB, 4>(acc, lane);   // every lane of the warp takes part
+        so_reduce<G, NV, 4>(acc, lane);   // every lane of the warp takes part
         if (sum_lane) {
 #pragma unroll
-            for (int q = 0; q < G; ++q) gs[cbb * M + q * H + j] = acc[q];
+            for (int q = 0; q < G; ++q) gs[cbb * M + q * H + j + cu * HU] = acc[q];
         }
         __syncthreads();   // the step's gate sums are in gs
         if (lv) {
@@ -273,8 +372,21 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
     }
 }
 
+// UPT 2's bodies as functions of their own (not inlined): with both in the entry point the
+// register allocator spilt 20 bytes of GRU's at 128 registers; apart, neither spills.
+template <int G, int CELL, int BB>
+__device__ __noinline__ void solo_fwd_rr(int Bfull, int H, float* h, long long ldh, float* c,
+                                         long long ldc, float* act, long long ldact,
+                                         const float* gx, long long ldgx, const float* w,
+                                         long long ldw, const float* bw, long long ldbw,
+                                         const float* br, long long ldbr, int T, int B,
+                                         int BG) {
+    solo_fwd<G, CELL, BB, 2>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, ldw, bw, ldbw,
+                             br, ldbr, T, B, BG);
+}
+
 // The launch's geometry checked against its arguments, then the body of its BB.
-template <int G, int CELL>
+template <int G, int CELL, int UPT>
 __device__ __forceinline__ void solo_dispatch(int Bfull, int H, float* h, long long ldh,
                                               float* c, long long ldc, float* act,
                                               long long ldact, const float* gx,
@@ -284,14 +396,15 @@ __device__ __forceinline__ void solo_dispatch(int Bfull, int H, float* h, long l
                                               int KT) {
     const int nt = blockDim.x;
     if (Bfull < 1 || H < 1 || H > SO_MAX_H || U != H || KT != 4 * ((H + 3) / 4) ||
-        nt % 32 != 0 || nt < SO_KS * H)
+        nt % 32 != 0 || H % UPT != 0 || nt < SO_KS * H / UPT)
         __trap();
     const int BG = (Bfull + (int)gridDim.x - 1) / (int)gridDim.x;
     const int b_off = (int)blockIdx.x * BG;
     const int B = min(BG, Bfull - b_off);
     const int BB = pk_pow2ceil(BG);
+    // R stays in shared memory at UPT 2 too (the chunks not held in registers)
     const long long need = 4LL * ((long long)G * H * KT + 2LL * BB * KT + (long long)BB * G * H);
-    if (B < 1 || BB > so_bb_max(G) || (long long)dynamic_smem_bytes() < need) __trap();
+    if (B < 1 || BB > so_bb_max(G, UPT) || (long long)dynamic_smem_bytes() < need) __trap();
     h += b_off * ldh;   // row b of step t of every array is now row t*S + b
     if (c) c += b_off * ldc;
     if (act) act += b_off * ldact;
@@ -299,10 +412,14 @@ __device__ __forceinline__ void solo_dispatch(int Bfull, int H, float* h, long l
     bw += b_off * ldbw;
     br += b_off * ldbr;
 #define SO_BODY(bb)                                                                         \
-    if constexpr (bb <= so_bb_max(G)) {                                                     \
+    if constexpr (bb <= so_bb_max(G, UPT)) {                                                \
         if (BB == bb) {                                                                     \
-            solo_fwd<G, CELL, bb>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, ldw, bw, \
-                                  ldbw, br, ldbr, T, B, BG);                                \
+            if constexpr (UPT == 2)                                                         \
+                solo_fwd_rr<G, CELL, bb>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, \
+                                         ldw, bw, ldbw, br, ldbr, T, B, BG);                \
+            else                                                                            \
+                solo_fwd<G, CELL, bb, 1>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, \
+                                         ldw, bw, ldbw, br, ldbr, T, B, BG);                \
             return;                                                                         \
         }                                                                                   \
     }
@@ -316,30 +433,60 @@ extern "C" __global__ void __launch_bounds__(SO_MAX_THREADS, 1) lstm_persistent_
         unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh,
         int ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T,
         int units_per_block, int k_tile) {
-    solo_dispatch<4, CELL_LSTM>(rows, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, w_hh, ldw_hh,
-                                bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+    solo_dispatch<4, CELL_LSTM, 1>(rows, cols, h, ldh, c, ldc, act, ldact, gx, ldgx, w_hh,
+                                   ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
 }
 
 extern "C" __global__ void __launch_bounds__(SO_MAX_THREADS, 1) gru_persistent_solo_fwd(
         int rows, int cols, float* h, int ldh, float* act, int ldact, unsigned int* sync,
         int ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
         int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
-    solo_dispatch<3, CELL_GRU>(rows, cols, h, ldh, nullptr, 0, act, ldact, gx, ldgx, w_hh,
-                               ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+    solo_dispatch<3, CELL_GRU, 1>(rows, cols, h, ldh, nullptr, 0, act, ldact, gx, ldgx, w_hh,
+                                  ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
 }
 
 extern "C" __global__ void __launch_bounds__(SO_MAX_THREADS, 1) rnn_tanh_persistent_solo_fwd(
         int rows, int cols, float* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
         int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
         int ldbr, int T, int units_per_block, int k_tile) {
-    solo_dispatch<1, CELL_RNN_TANH>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx, ldgx, w_hh,
-                                    ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+    solo_dispatch<1, CELL_RNN_TANH, 1>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx, ldgx,
+                                       w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                       k_tile);
 }
 
 extern "C" __global__ void __launch_bounds__(SO_MAX_THREADS, 1) rnn_relu_persistent_solo_fwd(
         int rows, int cols, float* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
         int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
         int ldbr, int T, int units_per_block, int k_tile) {
-    solo_dispatch<1, CELL_RNN_RELU>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx, ldgx, w_hh,
-                                    ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+    solo_dispatch<1, CELL_RNN_RELU, 1>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx, ldgx,
+                                       w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                       k_tile);
+}
+
+// The same entry points with R in registers (UPT 2: two units a thread, 512 threads at most,
+// 128 registers a thread).
+extern "C" __global__ void __launch_bounds__(SO_RR_THREADS, 1) gru_persistent_solo_rr_fwd(
+        int rows, int cols, float* h, int ldh, float* act, int ldact, unsigned int* sync,
+        int ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
+        int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<3, CELL_GRU, 2>(rows, cols, h, ldh, nullptr, 0, act, ldact, gx, ldgx, w_hh,
+                                  ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(SO_RR_THREADS, 1) rnn_tanh_persistent_solo_rr_fwd(
+        int rows, int cols, float* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<1, CELL_RNN_TANH, 2>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx, ldgx,
+                                       w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                       k_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(SO_RR_THREADS, 1) rnn_relu_persistent_solo_rr_fwd(
+        int rows, int cols, float* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<1, CELL_RNN_RELU, 2>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx, ldgx,
+                                       w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                       k_tile);
 }

@@ -360,7 +360,7 @@ _SHAPE = r"[a-z_]+-L\d+-H\d+-B\d+-T\d+"
 RECORD_KINDS = {  # kind: (stem, extension)
     "ladder": (rf"ladder-{_SHAPE}-(?:fwd|fwdbwd)(?:-(?:tf32|bfloat16|float16))?", "json"),
     "sweep": (rf"sweep{_WORDS}+", "jsonl"),
-    "kernels": (rf"(?:persistent|stack-bench|stack-bwd-bench|pointwise-bench|schedule-probe|backward-probe){_WORDS}+"
+    "kernels": (rf"(?:persistent|stack-bench|stack-bwd-bench|pointwise-bench|tile-bench|schedule-probe|backward-probe){_WORDS}+"
                 r"|gemm-layouts|pretranspose-probe",
                 "json"),
     "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}(?:-fwdbwd)?", "json"),

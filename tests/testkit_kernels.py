@@ -45,10 +45,12 @@ SMALL = dict(multiProcessorCount=6, sharedMemPerBlockOptin=49152,
              regsPerMultiprocessor=32768, regsPerBlock=32768)
 
 
-def nvcc_usage(text, tmp_path):
+def nvcc_usage(text, tmp_path, functions=False):
     """Compile CUDA source ``text`` with nvcc for sm_90a (skipping the test where nvcc is not
     on PATH): [(entry, stack bytes, spill stores, spill loads, registers)] as -Xptxas -v
-    reports them, strings."""
+    reports them, strings. ``functions``: also [(function, stack bytes, spill stores, spill
+    loads)] of every function ptxas reports, entries and the device functions they call (a
+    called function's spills are not its caller's)."""
     import shutil
     import subprocess
 
@@ -62,9 +64,14 @@ def nvcc_usage(text, tmp_path):
                         "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    return re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) "
-                      r"bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers",
-                      r.stdout + r.stderr, re.S)
+    out = r.stdout + r.stderr
+    usage = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) "
+                       r"bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers",
+                       out, re.S)
+    if not functions:
+        return usage
+    return usage, re.findall(r"Function properties for (\w+)\s+(\d+) bytes stack frame, (\d+) "
+                             r"bytes spill stores, (\d+) bytes spill loads", out)
 
 
 def nvcc_instantiations(tmp_path, file, declarations):

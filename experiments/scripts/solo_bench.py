@@ -5,8 +5,9 @@ each, in one process on one device.
 
 Each (cell, H, batch, kernel): one launch over T steps on outputs poisoned with NaN, h, c and act
 compared with the float64 NumPy reference (fp32 tolerance, worst element reported), then timed
-with CUDA events (warm-up, median of --repeats). Kernels: 'solo' (the solo fit: one wave of
-independent blocks), 'solo-half' (half the fit's blocks, twice the batches a block, where that
+with CUDA events (warm-up, median of --repeats). Kernels: 'solo' (the one-unit solo fit: one
+wave of independent blocks), 'solo-rr' (the two-unit fit, part of R in registers: the
+default where it fits), 'solo-half' (half the fit's blocks, twice the batches a block, where that
 fits: does a second batch cost less than a second wave's worth of SMs?), 'regs', 'cluster'
 (their fits). Prints a table last and writes the record (JSON, kind 'solo_bench', the device and
 the versions) into the folder --out.
@@ -31,15 +32,15 @@ from rnnrt.kernels import solo as SO  # noqa: E402
 from rnnrt.kernels.library import KernelLibrary  # noqa: E402
 from rnnrt.session import GpuSession  # noqa: E402
 
-KERNELS = ("solo", "solo-half", "regs", "cluster")
+KERNELS = ("solo", "solo-rr", "solo-half", "regs", "cluster")
 
 
 def fits(cell, H, B, props):
     """(label, fit) of each kernel timed."""
-    solo = SO.solo_fit(cell, H, B, props)
-    out = [("solo", solo)]
+    solo = SO.solo_fit(cell, H, B, props, upt=1)   # the one-unit kernel (the default is _rr)
+    out = [("solo", solo), ("solo-rr", SO.solo_fit(cell, H, B, props, upt=2))]
     if solo.ok and solo.blocks > 1:
-        half = SO.solo_fit(cell, H, B, props, blocks=-(-solo.blocks // 2))
+        half = SO.solo_fit(cell, H, B, props, blocks=-(-solo.blocks // 2), upt=1)
         if half.ok and half.blocks != solo.blocks:
             out.append(("solo-half", half))
     return out + [("regs", RG.regs_fit(cell, H, B, props)),

@@ -31,6 +31,10 @@ SCHEDULES = {
     "stack+step": C.persistent_schedule("stack"),
     "stack+grid": dataclasses.replace(C.persistent_schedule("stack"), name="stack+grid",
                                       backward="grid"),
+    # the selector's own candidate: the backward the rule picks ('persistent': the stack
+    # backward where it pays, else the per-layer persistent backward)
+    "stack+pbwd": dataclasses.replace(C.persistent_schedule("stack"), name="stack+pbwd",
+                                      backward="persistent"),
     "rung": None,
 }
 

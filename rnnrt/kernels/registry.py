@@ -309,6 +309,11 @@ REGISTRY += tuple(
     replace(k, name=solo.kernel_name(k.name.split("_persistent")[0]), file="persistent_solo.cu",
             numpy_fn=solo.solo_twin(k.name.split("_persistent")[0]))
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
+# ... and their two-units-a-thread form (part of R in registers; the same arguments and sums)
+REGISTRY += tuple(
+    replace(k, name=solo.kernel_name(k.name.split("_persistent")[0], 2))
+    for k in REGISTRY if k.name.endswith("_persistent_solo_fwd")
+    and k.name.split("_persistent")[0] in solo.RR_CELLS)
 
 # the stack kernels: every layer of an LSTM or GRU stack in one launch (stack.py)
 REGISTRY += (

@@ -31,25 +31,35 @@ SO_MAX_H = 128          # SO_KS * SO_NCH * 4 columns
 SO_BB_MAX = 4           # most batches a block (GRU, RNNs)
 SO_BB_MAX_LSTM = 1      # most batches a block (LSTM)
 SO_MAX_THREADS = 1024   # __launch_bounds__(SO_MAX_THREADS, 1): at most 64 registers
+SO_BB_MAX_RR = 2        # most batches a block of the _rr kernels (part of R in registers)
+SO_RR_THREADS = 512     # their __launch_bounds__(SO_RR_THREADS, 1): at most 128 registers
+SO_RR_CHUNKS = 3        # chunks of each of its rows an _rr lane holds in registers (BB 1)
+SO_RR_CHUNKS_BB2 = 1    # ... at 2 batches a block
+RR_CELLS = ("gru", "rnn_tanh", "rnn_relu")   # the _rr kernels (LSTM's 4 rows a unit spill)
+RR_PHRASE = ", part of it in registers, 2 units a thread"   # the _rr fits' description
 
 NVCC_REGS = {"lstm": 64, "gru": 64, "rnn_tanh": 54, "rnn_relu": 54}
+NVCC_REGS_RR = {"gru": 128, "rnn_tanh": 72, "rnn_relu": 72}
 """Registers a thread (nvcc 13.0, sm_90a, -Xptxas -v: no spills; a test holds nvcc to at most
 these). The 8-batch bodies spilled at 64 (LSTM's 4-batch one too): hence SO_BB_MAX."""
 
 
-def kernel_name(cell: str) -> str:
-    """'lstm' -> 'lstm_persistent_solo_fwd'."""
-    return f"{get_cell(cell).name}_persistent_solo_fwd"
+def kernel_name(cell: str, upt: int = 1) -> str:
+    """'lstm' -> 'lstm_persistent_solo_fwd'; upt 2 (two units a thread, part of R in
+    registers): 'gru' -> 'gru_persistent_solo_rr_fwd'."""
+    return f"{get_cell(cell).name}_persistent_solo{'_rr' if upt == 2 else ''}_fwd"
 
 
-def batch_max(cell: str) -> int:
-    """The most batches a block of ``cell`` takes (the kernel's so_bb_max(G))."""
+def batch_max(cell: str, upt: int = 1) -> int:
+    """The most batches a block of ``cell`` takes (the kernel's so_bb_max(G, UPT))."""
+    if upt == 2:
+        return SO_BB_MAX_RR
     return SO_BB_MAX_LSTM if get_cell(cell).gates == 4 else SO_BB_MAX
 
 
-def threads_for(hidden: int) -> int:
-    """The block: SO_KS threads a unit, whole warps."""
-    return 32 * ceil_div(SO_KS * int(hidden), 32)
+def threads_for(hidden: int, upt: int = 1) -> int:
+    """The block: SO_KS threads a unit (upt 2: two units a thread), whole warps."""
+    return 32 * ceil_div(SO_KS * int(hidden) // upt, 32)
 
 
 @dataclass(frozen=True)
@@ -59,11 +69,15 @@ class SoloFit(Fit):
     units_per_block = H (every block owns every unit), blocks = ``clusters`` (each its batch
     slice: ``batch_per_block`` BG = ceil(B / blocks)), lanes (1, 1, SO_KS), k_groups SO_KS,
     cells_per_thread 1, k_tile = 4*ceil(H/4) (the kernel's argument: R's and h's row stride),
-    smem_r all of R, smem_tile the two h buffers of BB rows; cluster 0 (no clusters)."""
+    smem_r all of R, smem_tile the two h buffers of BB rows; cluster 0 (no clusters).
+    upt: units a thread, 1 (the *_persistent_solo_fwd kernels) or 2 (*_persistent_solo_rr_fwd:
+    half the threads, each lane's first chunks of its rows in registers; the same sums)."""
+
+    upt: int = 1
 
     @property
     def kernel(self) -> str:
-        return kernel_name(self.cell)
+        return kernel_name(self.cell, self.upt)
 
     @property
     def batch_group(self) -> int:
@@ -84,15 +98,17 @@ class SoloFit(Fit):
         head = (f"{self.cell} H {self.hidden} B {self.batch}: block-persistent, {self.blocks} "
                 f"block{'' if self.blocks == 1 else 's'} of {self.batch_per_block} batch"
                 f"{'' if self.batch_per_block == 1 else 'es'} x {self.threads} threads (all "
-                f"of R on chip, {SO_KS} k-splits a unit), shared {self.smem_bytes} B "
+                f"of R on chip{RR_PHRASE if self.upt == 2 else ''}, {SO_KS} k-splits a unit), "
+                f"shared {self.smem_bytes} B "
                 f"(R {self.smem_r} + h {self.smem_tile} + gate sums {self.smem_partials})")
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
-def solo_geometry(cell: str, hidden: int, batch: int, blocks: int = 1) -> SoloFit:
-    """The kernel's cut over ``blocks`` blocks, no device checks (ok False where the kernel
-    would trap or has no body: hidden > SO_MAX_H, more than ``batch_max`` batches a block,
-    an empty last block)."""
+def solo_geometry(cell: str, hidden: int, batch: int, blocks: int = 1, upt: int = 1) -> SoloFit:
+    """The kernel's cut over ``blocks`` blocks, ``upt`` units a thread, no device checks (ok
+    False where the kernel would trap or has no body: hidden > SO_MAX_H, more than
+    ``batch_max`` batches a block, an empty last block; upt 2: a cell without an _rr kernel,
+    an odd hidden size)."""
     for what, v in (("hidden", hidden), ("batch", batch), ("blocks", blocks)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"solo: {what} must be a positive int, got {v!r}")
@@ -100,18 +116,24 @@ def solo_geometry(cell: str, hidden: int, batch: int, blocks: int = 1) -> SoloFi
     H, B, n = int(hidden), int(batch), int(blocks)
     BG = ceil_div(B, n)
     kt = full_tile(H)
-    fit = SoloFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
-                  units_per_block=H, blocks=n, threads=threads_for(H), lanes=(1, 1, SO_KS),
+    if upt not in (1, 2):
+        raise ValueError(f"solo: upt must be 1 or 2, got {upt!r}")
+    fit = SoloFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits", upt=upt,
+                  units_per_block=H, blocks=n, threads=threads_for(H, upt), lanes=(1, 1, SO_KS),
                   k_groups=SO_KS, cells_per_thread=1, k_tile=kt,
                   smem_r=4 * spec.gates * H * kt, smem_tile=4 * 2 * pow2ceil(BG) * kt,
                   smem_partials=4 * pow2ceil(BG) * spec.gates * H, cluster=0, clusters=n)
     problem = None
-    if H > SO_MAX_H:
+    if upt == 2 and spec.name not in RR_CELLS:
+        problem = f"no two-unit (_rr) kernel for {spec.name} (its rows in registers spill)"
+    elif upt == 2 and H % 2:
+        problem = f"hidden {H} is odd: two units a thread take units j and j + H/2"
+    elif H > SO_MAX_H:
         problem = (f"hidden {H} > {SO_MAX_H}: {SO_KS} lanes a unit hold at most {SO_NCH} "
                    f"float4 chunks of a row each")
-    elif BG > batch_max(spec.name):
-        problem = (f"{BG} batches a block > {batch_max(spec.name)} (the kernel's bodies: more "
-                   f"batches spill its 64 registers): more blocks")
+    elif BG > batch_max(spec.name, upt):
+        problem = (f"{BG} batches a block > {batch_max(spec.name, upt)} (the kernel's bodies: "
+                   f"more batches spill its {128 if upt == 2 else 64} registers): more blocks")
     elif (n - 1) * BG >= B:
         problem = f"{n} blocks of {BG} batches leave the last empty (batch {B})"
     return replace(fit, ok=False, reason=problem) if problem else fit
@@ -126,29 +148,44 @@ def blocks_per_sm(fit: SoloFit, dev: DeviceBudget, props: dict) -> int:
 
 
 def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | None = None,
-             regs_per_thread: int | None = None) -> SoloFit:
+             regs_per_thread: int | None = None, upt: int | None = None) -> SoloFit:
     """Fit one layer onto the device ``props`` (CuPy's getDeviceProperties keys, as
     persistent.persistent_fit): hidden <= SO_MAX_H; all of R and two h buffers within a
     block's shared memory (LSTM H 128's R alone is 256 KiB: declined); SO_KS * H threads
     within the device's block and the registers (NVCC_REGS[cell] unless given) within the
     SM's. Blocks: ``blocks`` if given, else one wave, SMs x ``blocks_per_sm`` blocks, with
     the batch spread evenly (BG = ceil(B / wave) batches a block, at most ``batch_max``: past
-    it more blocks, which run in waves, still correct: blocks never wait for each other)."""
+    it more blocks, which run in waves, still correct: blocks never wait for each other).
+    ``upt`` 2: the _rr kernels (two units a thread, SO_RR_THREADS at most, NVCC_REGS_RR); 1
+    the 8-threads-a-unit kernels; None (the default): 2 where it fits, else 1. The _rr
+    kernels were as fast or faster at every point measured (H200, T 100, the kernels alone,
+    one run, `kernels/persistent-solo-bench-T100-nvidia-h200-20261129T014132.json`, us a
+    step _rr / one-unit: GRU H 128 B 8 1.57 / 2.16, B 128 1.86 / 2.25, B 256 2.47 / 2.82;
+    RNN tanh H 128 B 128 1.07 / 1.56; GRU and RNN tanh at H 64, B 8-256: 0.81-1.77 /
+    0.93-1.83)."""
+    if upt is None:
+        two = solo_fit(cell, hidden, batch, props, blocks=blocks,
+                       regs_per_thread=regs_per_thread, upt=2)
+        if two.ok:
+            return two
+        upt = 1
     name = get_cell(cell).name
     H, B = int(hidden), int(batch)
-    nt = threads_for(H)
-    dev = DeviceBudget(props, NVCC_REGS[name] if regs_per_thread is None else regs_per_thread,
-                       SO_MAX_THREADS, (nt,), nt)
+    nt = threads_for(H, upt)
+    regs = (NVCC_REGS_RR.get(name, 128) if upt == 2 else NVCC_REGS[name])
+    dev = DeviceBudget(props, regs if regs_per_thread is None else regs_per_thread,
+                       SO_RR_THREADS if upt == 2 else SO_MAX_THREADS, (nt,), nt)
     where = f"{name} hidden {H}, batch {B}, block-persistent"
-    first = solo_geometry(name, H, B, 1 if blocks is None else int(blocks))
+    first = solo_geometry(name, H, B, 1 if blocks is None else int(blocks), upt)
     first = replace(first, sms=dev.sms, regs_per_thread=dev.regs)
 
     def no(fit, why):
         return replace(fit, ok=False, reason=f"{where}: {why}")
 
-    if H > SO_MAX_H:
+    no_rr_body = upt == 2 and (name not in RR_CELLS or H % 2)
+    if H > SO_MAX_H or no_rr_body:
         return no(first, first.reason)
-    one = solo_geometry(name, H, B, B)   # one batch a block: the least shared memory
+    one = solo_geometry(name, H, B, B, upt)   # one batch a block: the least shared memory
     if one.smem_bytes > dev.limit:
         return no(first, f"R alone is {first.gates} x {H} x {H} floats = {one.smem_r} bytes; "
                          f"with the h buffers {one.smem_bytes} bytes of shared memory > "
@@ -159,11 +196,12 @@ def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | N
         return no(first, f"{nt} threads x {dev.regs} registers > {dev.regs_sm} per SM")
     if blocks is None:
         wave = dev.sms * max(1, blocks_per_sm(one, dev, props))
-        bg = min(ceil_div(B, wave), batch_max(name))
-        while bg > 1 and solo_geometry(name, H, B, ceil_div(B, bg)).smem_bytes > dev.limit:
+        bg = min(ceil_div(B, wave), batch_max(name, upt))
+        while bg > 1 and solo_geometry(name, H, B, ceil_div(B, bg), upt).smem_bytes > dev.limit:
             bg -= 1
         blocks = ceil_div(B, bg)
-    fit = replace(solo_geometry(name, H, B, int(blocks)), sms=dev.sms, regs_per_thread=dev.regs)
+    fit = replace(solo_geometry(name, H, B, int(blocks), upt), sms=dev.sms,
+                  regs_per_thread=dev.regs)
     if not fit.ok:
         return no(fit, fit.reason)
     if fit.smem_bytes > dev.limit:

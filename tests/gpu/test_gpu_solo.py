@@ -3,12 +3,15 @@ skipped without a GPU). Written before any GPU run.
 
 Each kernel runs one layer's T steps in one launch (gx from a cuBLAS matmul), outputs poisoned
 with NaN, and is compared with the float64 NumPy reference at the fp32 tolerances (the worst
-element named on failure): every cell x H 64 and 128 (LSTM at 128: declined, the fit's reason
-checked) x B 1, 8, 64, 128, 256 x T 1, 37, 100, with the fit's block count and, beside it, a
-forced smaller one (more batches a block, a different body) and a larger one (past one wave:
-blocks never wait for each other, so waves are correct). Then whole models through GpuRunner
-with the family 'solo' named (the selector given that one candidate, and its '+pbwd' twin for
-training): L1 and L4, forward and a training step, against the model's reference.
+element named on failure): every cell x H 16, 64 and 128 (LSTM at 128: declined, the fit's
+reason checked; H 16: rows shorter than the chunks a lane could hold) x B 1, 8, 64, 128, 256
+x T 1, 37, 100, with the fit's block count and, beside it, a forced smaller one (more batches
+a block, a different body) and a larger one (past one wave: blocks never wait for each other,
+so waves are correct), for the one-unit kernels and the two-unit (_rr) ones; the _rr kernels
+bit-equal to the one-unit ones (H 4-128, odd and even unit counts a half). Then whole models
+through GpuRunner with the family 'solo' named (the selector given that one candidate, and
+its '+pbwd' twin for training): L1 and L4, forward and a training step, against the model's
+reference.
 
 Run on the device: pytest -m gpu tests/gpu/test_gpu_solo.py
 """
@@ -33,11 +36,15 @@ CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)
-@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("H", [16, 64, 128])
 @pytest.mark.parametrize("B", [1, 8, 64, 128, 256])
 @pytest.mark.parametrize("T", [1, 37, 100])
-def test_solo_kernel_matches_the_reference(cp, props, lib, cell, H, B, T):   # noqa: F811
-    fit = SO.solo_fit(cell, H, B, props)
+@pytest.mark.parametrize("upt", [1, 2])
+def test_solo_kernel_matches_the_reference(cp, props, lib, cell, H, B, T, upt):   # noqa: F811
+    fit = SO.solo_fit(cell, H, B, props, upt=upt)
+    if cell == "lstm" and upt == 2:
+        assert not fit.ok and "no two-unit (_rr) kernel for lstm" in fit.reason, fit.reason
+        return
     if cell == "lstm" and H == 128:
         assert not fit.ok and "R alone is 4 x 128 x 128 floats" in fit.reason, fit.reason
         return
@@ -45,11 +52,11 @@ def test_solo_kernel_matches_the_reference(cp, props, lib, cell, H, B, T):   # n
     layer = Layer(cp, cell, T, B, H, seed=7)
     outs, ins = layer.pairs()
     fits = [fit]
-    fewer = SO.solo_fit(cell, H, B, props, blocks=-(-B // SO.batch_max(cell)))
+    fewer = SO.solo_fit(cell, H, B, props, blocks=-(-B // SO.batch_max(cell, upt)), upt=upt)
     if fewer.ok and fewer.blocks != fit.blocks:
         fits.append(fewer)
     if T == 37:   # past one wave: one batch a block and 8 times the SMs' worth where it can
-        more = SO.solo_fit(cell, H, B, props, blocks=B)
+        more = SO.solo_fit(cell, H, B, props, blocks=B, upt=upt)
         if more.ok and more.blocks != fit.blocks:
             fits.append(more)
     for f in fits:
@@ -59,6 +66,29 @@ def test_solo_kernel_matches_the_reference(cp, props, lib, cell, H, B, T):   # n
         cp.cuda.Device().synchronize()
         layer.check(f.describe())
     assert int(layer.sync.get().sum()) == 0   # not touched
+
+
+@pytest.mark.parametrize("cell", SO.RR_CELLS)
+@pytest.mark.parametrize("H, B", [(128, 1), (128, 128), (128, 256), (64, 37), (38, 5),
+                                  (16, 5), (4, 3), (12, 7)])
+def test_rr_kernel_equals_the_one_unit_kernel_bit_for_bit(cp, props, lib, cell, H, B):  # noqa: F811
+    """The _rr kernel sums every gate in the same FMA chains and the same 8-lane tree as the
+    one-unit kernel: h, c and the gates bit-equal, after both were checked against the
+    reference."""
+    T = 23
+    layer = Layer(cp, cell, T, B, H, seed=11)
+    outs, ins = layer.pairs()
+    got = []
+    for upt in (1, 2):
+        f = SO.solo_fit(cell, H, B, props, upt=upt)
+        assert f.ok and f.upt == upt, f.describe()
+        layer.poison()
+        lib.launch_persistent(f, outs, ins, T)
+        cp.cuda.Device().synchronize()
+        layer.check(f.describe())
+        got.append([a.get() for a in (layer.h, layer.c, layer.act) if a is not None])
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)
@@ -84,7 +114,8 @@ def test_gpu_runner_runs_the_named_solo_family(cp, cell, layers, H, B):
         assert key.family == "solo", key
         choice = C.choose_persistent(key)
         assert choice.family == "solo" and choice.fallback is None, choice.describe()
-        assert choice.fit.kernel == f"{cell}_persistent_solo_fwd" and not choice.chunked
+        assert choice.fit.kernel == SO.kernel_name(cell, 2 if cell in SO.RR_CELLS else 1)
+        assert not choice.chunked
         assert key.backward == ("persistent" if train else None), key
     y, hx = r.forward(x)
     assert_close(y, y_ref, FP32_ATOL, FP32_RTOL, name=f"{cell} L{layers} solo y")

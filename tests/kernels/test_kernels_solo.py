@@ -36,18 +36,22 @@ H90 = dict(H100, major=9, maxThreadsPerBlock=1024, maxThreadsPerMultiProcessor=2
 
 # --- the fit ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cell, H", [("gru", 128), ("rnn_tanh", 128), ("rnn_relu", 64),
-                                     ("lstm", 112), ("lstm", 64), ("gru", 37)])
+@pytest.mark.parametrize("cell, H, upt", [("gru", 128, 1), ("rnn_tanh", 128, 1),
+                                          ("rnn_relu", 64, 1), ("lstm", 112, 1), ("lstm", 64, 1),
+                                          ("gru", 37, 1), ("gru", 128, 2), ("rnn_tanh", 128, 2),
+                                          ("rnn_relu", 64, 2), ("gru", 38, 2)])
 @pytest.mark.parametrize("B", [1, 8, 128, 256])
-def test_the_fit_takes_one_wave_of_independent_blocks(cell, H, B):
-    f = SO.solo_fit(cell, H, B, H90)
+def test_the_fit_takes_one_wave_of_independent_blocks(cell, H, B, upt):
+    f = SO.solo_fit(cell, H, B, H90, upt=upt)
     assert f.ok, f.reason
-    assert f.kernel == f"{cell}_persistent_solo_fwd" and f.kernel in KERNELS
-    assert f.threads == 32 * ceil(8 * H, 32) and f.units_per_block == H and f.cluster == 0
-    assert f.batch_per_block == ceil(B, f.blocks) <= SO.batch_max(cell)
+    assert f.upt == upt and f.kernel in KERNELS
+    assert f.kernel == f"{cell}_persistent_solo{'_rr' if upt == 2 else ''}_fwd"
+    assert f.threads == 32 * ceil(8 * H // upt, 32) and f.units_per_block == H
+    assert f.cluster == 0 and f.batch_per_block == ceil(B, f.blocks) <= SO.batch_max(cell, upt)
     assert (f.blocks - 1) * f.batch_per_block < B            # no empty block
-    per_sm = SO.blocks_per_sm(f, DeviceBudget(H90, SO.NVCC_REGS[cell], 1024, (1024,)), H90)
-    if B <= 132 * per_sm * SO.batch_max(cell):
+    regs = SO.NVCC_REGS_RR[cell] if upt == 2 else SO.NVCC_REGS[cell]
+    per_sm = SO.blocks_per_sm(f, DeviceBudget(H90, regs, 1024, (f.threads,)), H90)
+    if B <= 132 * per_sm * SO.batch_max(cell, upt):
         assert f.blocks <= 132 * per_sm, f.describe()       # one wave
     kt = 4 * ceil(H, 4)
     G = f.gates
@@ -59,7 +63,21 @@ def test_the_fit_takes_one_wave_of_independent_blocks(cell, H, B):
     assert "block-persistent" in f.describe()
 
 
+@pytest.mark.parametrize("cell, H", [("gru", 128), ("rnn_tanh", 64), ("lstm", 64), ("gru", 37)])
+def test_the_default_is_two_units_a_thread_where_the_cell_has_that_kernel(cell, H):
+    f = SO.solo_fit(cell, H, 64, H90)
+    two = cell != "lstm" and H % 2 == 0
+    assert f.ok and f.upt == (2 if two else 1), f.describe()
+    assert ("2 units a thread" in f.describe()) == two
+
+
 def test_the_fit_says_why_it_declines():
+    f = SO.solo_fit("lstm", 64, 8, H90, upt=2)
+    assert not f.ok and "no two-unit (_rr) kernel for lstm" in f.reason, f.reason
+    f = SO.solo_fit("gru", 37, 8, H90, upt=2)
+    assert not f.ok and "hidden 37 is odd" in f.reason, f.reason
+    f = SO.solo_geometry("gru", 64, 12, 4, upt=2)           # 3 batches a block > 2
+    assert not f.ok and "3 batches a block > 2" in f.reason
     f = SO.solo_fit("lstm", 128, 8, H90)
     assert not f.ok and "R alone is 4 x 128 x 128 floats = 262144 bytes" in f.reason, f.reason
     assert "hidden 129 > 128" in SO.solo_fit("gru", 129, 8, H90).reason
@@ -68,7 +86,8 @@ def test_the_fit_says_why_it_declines():
     f = SO.solo_geometry("gru", 64, 9, 8)                   # 8 blocks of 2: the last empty
     assert not f.ok and "last empty" in f.reason
     small = dict(H90, maxThreadsPerBlock=512)
-    assert "1024 threads" in SO.solo_fit("gru", 128, 8, small).reason
+    assert "1024 threads" in SO.solo_fit("gru", 128, 8, small, upt=1).reason
+    assert SO.solo_fit("gru", 128, 8, small).upt == 2        # 512 threads: the _rr kernel
     assert "registers" in SO.solo_fit("gru", 128, 8, dict(H90, regsPerMultiprocessor=32768,
                                                            regsPerBlock=32768)).reason
     with pytest.raises(ValueError, match="batch must be a positive int"):
@@ -101,6 +120,25 @@ def test_every_cell_has_exactly_one_lane(cell, H, B, blocks):
         assert (tid == bb * H + j).all() and tid.max() < len(f.batches(x)) * H
         np.add.at(count, (b, j), 1)
     assert (count == 1).all()
+
+
+@pytest.mark.parametrize("H, B", [(128, 1), (128, 2), (64, 2), (38, 1), (20, 2)])
+def test_rr_sums_every_units_gates_of_every_batch_once(H, B):
+    """The _rr kernels' sum lanes (the kernel's index arithmetic, as written in solo_fwd: lane
+    s of thread 8j + s ends with 'batch' cv = s >> (3 - log2(UPT*BB)) of the reduce, unit
+    cu = cv / BB's (j + cu*H/2), batch cv % BB): each (batch, unit) written exactly once,
+    by a live unit."""
+    BB = 1 << (B - 1).bit_length()
+    nv = 2 * BB
+    lb = nv.bit_length() - 1
+    count = np.zeros((B, H), int)
+    for tid in range(SO.threads_for(H, 2)):
+        s, j = tid % 8, tid // 8
+        cv = s >> (3 - lb)
+        cu, cbb = divmod(cv, BB)
+        if j < H // 2 and s % (8 >> lb) == 0 and cbb < B:
+            count[cbb, j + cu * (H // 2)] += 1
+    assert (count == 1).all(), count
 
 
 def _reduce(vals, G):
@@ -224,6 +262,11 @@ def persistent_kernels(plan):
     return [op.name for op in plan.ops if getattr(op, "kind", "") == "persistent"]
 
 
+def solo_kernel(cell):
+    """The kernel the default fit runs at _key's hidden 6: the _rr form where the cell has one."""
+    return f"{cell}_persistent_solo{'_rr' if cell in SO.RR_CELLS else ''}_fwd"
+
+
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("layers", [1, 3])
 def test_the_plan_runs_the_solo_kernel_and_equals_the_reference(cell, layers):
@@ -231,7 +274,7 @@ def test_the_plan_runs_the_solo_kernel_and_equals_the_reference(cell, layers):
     plan = forward_plan(key)
     assert plan.fallback is None, plan.fallback
     ops = persistent_kernels(plan)
-    assert ops == [f"{cell}_persistent_solo_fwd"] * layers     # one launch a layer, all T
+    assert ops == [solo_kernel(cell)] * layers                # one launch a layer, all T
     assert "block-persistent" in plan.fit and "layers overlap" not in plan.fit
     flat, x, h0, c0, ref = plan_case(cell, layers)
     check_outputs(run_numpy(plan, flat, x, h0, c0), ref, f"{cell} L{layers} solo")
@@ -240,7 +283,7 @@ def test_the_plan_runs_the_solo_kernel_and_equals_the_reference(cell, layers):
 @pytest.mark.parametrize("cell", CELLS)
 def test_training_plans_pair_solo_with_the_persistent_backward(cell):
     key = _key(cell, 2, train=True, backward="persistent")
-    assert persistent_kernels(forward_plan(key)) == [f"{cell}_persistent_solo_fwd"] * 2
+    assert persistent_kernels(forward_plan(key)) == [solo_kernel(cell)] * 2
     bwd = backward_plan(key)
     assert bwd.fallback is None and persistent_kernels(bwd), bwd.fallback
     check_bwd_key(key, bwd_plan_case(cell, 2), f"{cell} solo + pbwd")
@@ -291,19 +334,31 @@ def test_the_selector_times_solo_first_and_takes_it_when_fastest():
 def test_constants_match_the_kernel():
     define = lambda n: int(re.search(rf"#define {n} (\d+)", SRC)[1])   # noqa: E731
     for name in ("SO_KS", "SO_NCH", "SO_MAX_H", "SO_BB_MAX", "SO_BB_MAX_LSTM",
-                 "SO_MAX_THREADS"):
+                 "SO_MAX_THREADS", "SO_BB_MAX_RR", "SO_RR_THREADS", "SO_RR_CHUNKS",
+                 "SO_RR_CHUNKS_BB2"):
         assert define(name) == getattr(SO, name), name
     assert SO.SO_KS * SO.SO_NCH * 4 == SO.SO_MAX_H
+    assert SO.SO_RR_CHUNKS <= SO.SO_NCH and SO.SO_RR_CHUNKS_BB2 <= SO.SO_NCH
     assert SRC.count("__launch_bounds__(SO_MAX_THREADS, 1)") == 4
+    assert SRC.count("__launch_bounds__(SO_RR_THREADS, 1)") == len(SO.RR_CELLS)
     own = (S.cuda_src_dir() / "persistent_solo.cu").read_text()   # without its includes
     assert "__cluster_dims__" not in own and "grid_barrier(" not in own
-    assert "const int cbb = s >> (3 - LB);" in SRC                       # lane_cells
+    assert "const int cv = s >> (3 - LB);" in SRC                        # lane_cells
+    assert "const int cu = cv / BB, cbb = cv - cu * BB;" in SRC          # ..._rr_sums
     assert "const int BG = (Bfull + (int)gridDim.x - 1) / (int)gridDim.x;" in SRC
 
 
 def test_nvcc_compiles_without_spills_within_the_fit_registers(tmp_path):
-    usage = nvcc_usage(SRC, tmp_path)
-    assert {u[0] for u in usage} == {f"{c}_persistent_solo_fwd" for c in CELLS}, usage
+    usage, functions = nvcc_usage(SRC, tmp_path, functions=True)
+    assert {u[0] for u in usage} == ({f"{c}_persistent_solo_fwd" for c in CELLS}
+                                     | {f"{c}_persistent_solo_rr_fwd" for c in SO.RR_CELLS}), usage
     for name, stack, st, ld, regs in usage:
+        cell = name.split("_persistent")[0]
         assert (stack, st, ld) == ("0", "0", "0"), (name, stack, st, ld)
-        assert int(regs) <= SO.NVCC_REGS[name.split("_persistent")[0]], (name, regs)
+        assert int(regs) <= (SO.NVCC_REGS_RR if "_rr_" in name else SO.NVCC_REGS)[cell], \
+            (name, regs)
+    # the _rr bodies are functions of their own (2 batch counts x the RR cells): none spills
+    called = [f for f in functions if "solo_fwd_rr" in f[0]]
+    assert len(called) == 2 * len(SO.RR_CELLS), functions
+    for name, stack, st, ld in functions:
+        assert (st, ld) == ("0", "0"), (name, stack, st, ld)
