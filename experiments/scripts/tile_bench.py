@@ -11,6 +11,18 @@ block's A and B tiles (KT rows) are loaded once; the loop runs over them ITERS t
 (the device's max, as the other records). CUDA events, warm-up, median of --repeats; the sum
 of the tiles checked against NumPy's (the loop cannot be optimised away).
 
+The same loop on tensor cores at fp32 accuracy (issue 22: is the recurrent product worth moving
+there?): one block's step of the paper's stack kernel, 64 gate rows x 64 batches, K 256 a pass
+from shared memory (A [64][K], B as [64][K]: k contiguous, rows padded by 4 floats), 8 warps
+(4 tiles of C x 2 halves of K, the halves added at the end), mma.sync m16n8k8 tf32 with fp32
+accumulation: 'mma-tf32' one MMA of the operands rounded to tf32 (not fp32 accuracy: for
+scale), 'mma-3xtf32' each operand split into hi = tf32(x) and lo = tf32(x - hi) as it is
+loaded and three MMAs (lo.hi + hi.lo + hi.hi; the lo.lo term dropped, ~2^-22 of the product),
+'mma-3xtf32-presplit' the same with A's split done once into a second array (as a kernel
+holding R would); warp tiles 64 x 16 (every warp reads all of A), the '-w32' ones 32 x 32.
+FLOPs counted as fp32's (2 M N K, not 3x); the product of one pass checked against float64:
+worst |err| / sum_k |a||b| reported beside NumPy float32's.
+
 Usage (GPU): python experiments/scripts/tile_bench.py [--out DIR] [--repeats 20]
 Prints a table last; writes `kernels/tile-bench-fma-<device>-<stamp>.json` under --out.
 """
@@ -84,8 +96,201 @@ extern "C" __global__ void __launch_bounds__(512, 1) tile_8x8(const float* a, co
 }
 """
 
+MMA_SOURCE = r"""
+// mma_tile<MODE, WM, WN>: C[64][64] (+)= A[64][K] B[K][64] a pass, ITERS passes; MODE 0 tf32,
+// 1 3xtf32 split on the fly, 2 3xtf32 with A's split stored (As hi, Al lo); a warp's tile of C
+// WM x WN mma tiles (4 x 2: 64 x 16, every warp reads all of A; 2 x 4: 32 x 32). Fragments of
+// mma.m16n8k8.tf32 (g = lane / 4, t = lane % 4): A regs (g, t), (g+8, t), (g, t+4),
+// (g+8, t+4); B regs (k t, n g), (k t+4, n g); C (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+#define MK 256
+#define MS (MK + 4)      // row stride: g * MS + t covers 32 banks
+__device__ __forceinline__ unsigned tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void mma8(float (&d)[4], const unsigned (&a)[4],
+                                     const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Warp tiles: WM m16 tiles x WN n8 tiles; the 4 warps of a K half cover 64 x 64.
+template <int MODE, int WM, int WN>
+__device__ void mma_tile(const float* a, const float* bt, float* out, int iters) {
+    constexpr int NWN = 64 / (8 * WN);                 // warps along the columns
+    static_assert((64 / (16 * WM)) * NWN == 4, "4 warps a K half");
+    extern __shared__ float4 smem4[];
+    float* const As = reinterpret_cast<float*>(smem4);
+    float* const Bs = As + 64 * MS;
+    float* const Al = Bs + 64 * MS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3, wk = warp >> 2;
+    const int wn = (warp & 3) % NWN, wm = (warp & 3) / NWN;   // the warp's tile of C
+    for (int e = tid; e < 64 * MK; e += blockDim.x) {
+        const int r = e / MK, k = e % MK;
+        const float x = a[e];
+        if (MODE == 2) {
+            const float hi = __uint_as_float(tf32(x));
+            As[r * MS + k] = hi;
+            Al[r * MS + k] = __uint_as_float(tf32(x - hi));
+        } else {
+            As[r * MS + k] = x;
+        }
+        Bs[r * MS + k] = bt[e];
+    }
+    __syncthreads();
+    float acc[WM][WN][4];
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < WN; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll 2
+        for (int kk = wk * (MK / 2); kk < (wk + 1) * (MK / 2); kk += 8) {
+            unsigned ah[WM][4], al[WM][4], bh[WN][2], bl[WN][2];
+#pragma unroll
+            for (int i = 0; i < WM; ++i)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int o = (16 * (wm * WM + i) + g + 8 * (r & 1)) * MS + kk + t +
+                                  4 * (r >> 1);
+                    const float x = As[o];
+                    if (MODE == 0) {
+                        ah[i][r] = tf32(x);
+                    } else if (MODE == 1) {
+                        ah[i][r] = tf32(x);
+                        al[i][r] = tf32(x - __uint_as_float(ah[i][r]));
+                    } else {
+                        ah[i][r] = __float_as_uint(x);
+                        al[i][r] = __float_as_uint(Al[o]);
+                    }
+                }
+#pragma unroll
+            for (int j = 0; j < WN; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float y = Bs[(8 * (wn * WN + j) + g) * MS + kk + t + 4 * r];
+                    bh[j][r] = tf32(y);
+                    if (MODE != 0) bl[j][r] = tf32(y - __uint_as_float(bh[j][r]));
+                }
+#pragma unroll
+            for (int i = 0; i < WM; ++i)
+#pragma unroll
+                for (int j = 0; j < WN; ++j) {
+                    if (MODE != 0) {
+                        mma8(acc[i][j], al[i], bh[j]);
+                        mma8(acc[i][j], ah[i], bl[j]);
+                    }
+                    mma8(acc[i][j], ah[i], bh[j]);
+                }
+        }
+    }
+    __syncthreads();   // the K halves added through shared memory (As is free now)
+    float* const red = As;
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < WN; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int row = 16 * (wm * WM + i) + g + 8 * (c >> 1);
+                const int col = 8 * (wn * WN + j) + 2 * t + (c & 1);
+                if (wk == 1) red[row * 64 + col] = acc[i][j][c];
+            }
+    __syncthreads();
+    if (wk == 0) {
+#pragma unroll
+        for (int i = 0; i < WM; ++i)
+#pragma unroll
+            for (int j = 0; j < WN; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int row = 16 * (wm * WM + i) + g + 8 * (c >> 1);
+                    const int col = 8 * (wn * WN + j) + 2 * t + (c & 1);
+                    out[blockIdx.x * 4096 + row * 64 + col] = acc[i][j][c] + red[row * 64 + col];
+                }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mma_tf32(const float* a, const float* b,
+                                                              float* o, int it) {
+    mma_tile<0, 4, 2>(a, b, o, it);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mma_3xtf32(const float* a, const float* b,
+                                                                float* o, int it) {
+    mma_tile<1, 4, 2>(a, b, o, it);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mma_3xtf32_presplit(
+        const float* a, const float* b, float* o, int it) {
+    mma_tile<2, 4, 2>(a, b, o, it);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mma_3xtf32_w32(
+        const float* a, const float* b, float* o, int it) {
+    mma_tile<1, 2, 4>(a, b, o, it);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mma_3xtf32_presplit_w32(
+        const float* a, const float* b, float* o, int it) {
+    mma_tile<2, 2, 4>(a, b, o, it);
+}
+"""
+
 VARIANTS = (("tile_16x8", 16, 8, 256), ("tile_8x8", 8, 8, 512), ("tile_8x8", 8, 8, 256))
+MMA_VARIANTS = (("mma-tf32", "mma_tf32"), ("mma-3xtf32", "mma_3xtf32"),
+                ("mma-3xtf32-presplit", "mma_3xtf32_presplit"),
+                ("mma-3xtf32-w32", "mma_3xtf32_w32"),
+                ("mma-3xtf32-presplit-w32", "mma_3xtf32_presplit_w32"))
+MMA_K, MMA_ITERS = 256, 400
 KT, ITERS = 32, 2000
+
+
+def time_launch(cp, launch, repeats):
+    """Median ms of ``launch()`` (CUDA events, 3 warm-up launches)."""
+    ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(3):
+        launch()
+    ms = []
+    for _ in range(repeats):
+        ev0.record()
+        launch()
+        ev1.record()
+        ev1.synchronize()
+        ms.append(cp.cuda.get_elapsed_time(ev0, ev1))
+    return float(np.median(ms))
+
+
+def mma_rows(cp, sms, peak, repeats, rng):
+    """The tensor-core variants: one pass checked against float64, then ITERS passes timed."""
+    mod = cp.RawModule(code=MMA_SOURCE, options=("-std=c++17",))
+    A = rng.uniform(-1, 1, (64, MMA_K)).astype(np.float32)
+    Bt = rng.uniform(-1, 1, (64, MMA_K)).astype(np.float32)    # B^T: [batch][k]
+    ref = A.astype(np.float64) @ Bt.astype(np.float64).T
+    mag = np.abs(A).astype(np.float64) @ np.abs(Bt).astype(np.float64).T
+    np32 = float(np.max(np.abs((A @ Bt.T).astype(np.float64) - ref) / mag))
+    da, db = cp.asarray(A), cp.asarray(Bt)
+    out = cp.empty(sms * 4096, dtype=cp.float32)
+    smem = 4 * 3 * 64 * (MMA_K + 4)
+    rows = []
+    for label, kname in MMA_VARIANTS:
+        fn = mod.get_function(kname)
+        fn.max_dynamic_shared_size_bytes = smem
+        out.fill(np.nan)
+        fn((sms,), (256,), (da, db, out, np.int32(1)), shared_mem=smem)
+        got = cp.asnumpy(out).reshape(sms, 64, 64).astype(np.float64)
+        err = float(np.max(np.abs(got - ref[None]) / mag[None]))   # NaN (unwritten) -> nan
+        args = (da, db, out, np.int32(MMA_ITERS))
+        med = time_launch(cp, lambda: fn((sms,), (256,), args, shared_mem=smem), repeats)
+        tflops = 2.0 * 64 * 64 * MMA_K * MMA_ITERS * sms / (med * 1e-3) / 1e12
+        rows.append({"kernel": kname, "tile": label, "threads": 256, "blocks": sms,
+                     "kt": MMA_K, "iters": MMA_ITERS, "ms_median": med, "tflops": tflops,
+                     "share_of_fma_peak": tflops / peak,
+                     # tf32 (10-bit mantissas) within 1e-3 of the terms' magnitude, 3xtf32 1e-5
+                     "check_ok": bool(np.isfinite(err)) and err <= (1e-3 if label == "mma-tf32"
+                                                                     else 1e-5),
+                     "check_worst_scaled": err, "numpy_float32_worst_scaled": np32})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -119,22 +324,13 @@ def main(argv=None) -> int:
                         np.abs(B).reshape(KT, 16, tn).sum(2).astype(np.float64)).reshape(-1)
         got = cp.asnumpy(out).reshape(sms, nt)
         err = float(np.max(np.abs(got - ref[None, :]) / (2e-4 * ITERS * mag[None, :])))
-        ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
-        for _ in range(3):
-            fn((sms,), (nt,), args, shared_mem=smem)
-        ms = []
-        for _ in range(a.repeats):
-            ev0.record()
-            fn((sms,), (nt,), args, shared_mem=smem)
-            ev1.record()
-            ev1.synchronize()
-            ms.append(cp.cuda.get_elapsed_time(ev0, ev1))
-        med = float(np.median(ms))
+        med = time_launch(cp, lambda: fn((sms,), (nt,), args, shared_mem=smem), a.repeats)
         tflops = 2.0 * tm * tn * nt * sms * KT * ITERS / (med * 1e-3) / 1e12
         rows.append({"kernel": kname, "tile": f"{tm}x{tn}", "threads": nt, "blocks": sms,
                      "kt": KT, "iters": ITERS, "ms_median": med, "tflops": tflops,
                      "share_of_fma_peak": tflops / peak, "check_ok": err <= 1.0,
                      "check_worst_scaled": err})
+    rows += mma_rows(cp, sms, peak, a.repeats, rng)
     created = now_iso()
     rec = {"schema": "rnnrt.tile_bench/1", "kind": "tile_bench", "created": created,
            "command": "experiments/scripts/tile_bench.py " + " ".join(argv or sys.argv[1:]),
@@ -146,10 +342,13 @@ def main(argv=None) -> int:
         write_json(rec, p)
         print("record:", p)
     print(f"{name}: FP32 FMA peak {peak:.1f} TFLOPS ({sms} SMs x {mhz:.0f} MHz)")
-    print(f"{'tile':>6} {'threads':>7} {'ms':>8} {'TFLOPS':>7} {'of peak':>7} check")
+    print(f"{'tile':>20} {'threads':>7} {'ms':>8} {'TFLOPS':>7} {'of peak':>7} check")
     for r in rows:
-        print(f"{r['tile']:>6} {r['threads']:>7} {r['ms_median']:8.3f} {r['tflops']:7.1f} "
-              f"{r['share_of_fma_peak']:7.0%} {'ok' if r['check_ok'] else 'FAIL'}")
+        err = (f" worst {r['check_worst_scaled']:.1e} (NumPy fp32 "
+               f"{r['numpy_float32_worst_scaled']:.1e})" if "numpy_float32_worst_scaled" in r
+               else "")
+        print(f"{r['tile']:>20} {r['threads']:>7} {r['ms_median']:8.3f} {r['tflops']:7.1f} "
+              f"{r['share_of_fma_peak']:7.0%} {'ok' if r['check_ok'] else 'FAIL'}{err}")
     return 0 if all(r["check_ok"] for r in rows) else 1
 
 
