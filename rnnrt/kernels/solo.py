@@ -147,6 +147,16 @@ def blocks_per_sm(fit: SoloFit, dev: DeviceBudget, props: dict) -> int:
     return max(0, min(by_threads, by_smem, by_regs))
 
 
+def wave_count(fit: SoloFit, props: dict) -> int:
+    """Waves of blocks ``fit`` runs in on the device ``props``: its blocks over the SMs' worth
+    of them (blocks_per_sm with the fit's own threads and registers)."""
+    regs = fit.regs_per_thread or (NVCC_REGS_RR.get(fit.cell, 128) if fit.upt == 2
+                                   else NVCC_REGS[fit.cell])
+    dev = DeviceBudget(props, regs, SO_RR_THREADS if fit.upt == 2 else SO_MAX_THREADS,
+                       (fit.threads,), fit.threads)
+    return ceil_div(fit.blocks, dev.sms * max(1, blocks_per_sm(fit, dev, props)))
+
+
 def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | None = None,
              regs_per_thread: int | None = None, upt: int | None = None) -> SoloFit:
     """Fit one layer onto the device ``props`` (CuPy's getDeviceProperties keys, as
@@ -157,7 +167,9 @@ def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | N
     the batch spread evenly (BG = ceil(B / wave) batches a block, at most ``batch_max``: past
     it more blocks, which run in waves, still correct: blocks never wait for each other).
     ``upt`` 2: the _rr kernels (two units a thread, SO_RR_THREADS at most, NVCC_REGS_RR); 1
-    the 8-threads-a-unit kernels; None (the default): 2 where it fits, else 1. The _rr
+    the 8-threads-a-unit kernels; None (the default): 2 where it fits in as few waves of
+    blocks as the one-unit kernel (it takes at most 2 batches a block, the one-unit kernel 4:
+    past two per SM it would need more waves, which no run has timed), else 1. The _rr
     kernels were as fast or faster at every point measured (H200, T 100, the kernels alone,
     one run, `kernels/persistent-solo-bench-T100-nvidia-h200-20261129T014132.json`, us a
     step _rr / one-unit: GRU H 128 B 8 1.57 / 2.16, B 128 1.86 / 2.25, B 256 2.47 / 2.82;
@@ -166,9 +178,11 @@ def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | N
     if upt is None:
         two = solo_fit(cell, hidden, batch, props, blocks=blocks,
                        regs_per_thread=regs_per_thread, upt=2)
-        if two.ok:
+        one = solo_fit(cell, hidden, batch, props, blocks=blocks,
+                       regs_per_thread=regs_per_thread, upt=1)
+        if two.ok and (not one.ok or wave_count(two, props) <= wave_count(one, props)):
             return two
-        upt = 1
+        return one
     name = get_cell(cell).name
     H, B = int(hidden), int(batch)
     nt = threads_for(H, upt)
@@ -207,7 +221,7 @@ def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | N
     if fit.smem_bytes > dev.limit:
         return no(fit, f"R and the h buffers of {fit.batch_per_block} batches = "
                        f"{fit.smem_bytes} bytes of shared memory > {dev.limit} a block can have")
-    waves = ceil_div(fit.blocks, dev.sms * max(1, blocks_per_sm(fit, dev, props)))
+    waves = wave_count(fit, props)
     return replace(fit, reason=f"fits: {fit.blocks} independent blocks ({dev.sms} SMs, "
                                f"{waves} wave{'' if waves == 1 else 's'}), all of R in each "
                                f"block's shared memory")

@@ -71,6 +71,16 @@ def test_the_default_is_two_units_a_thread_where_the_cell_has_that_kernel(cell, 
     assert ("2 units a thread" in f.describe()) == two
 
 
+@pytest.mark.parametrize("B, upt", [(256, 2), (264, 2), (265, 1), (512, 1)])
+def test_the_default_keeps_the_one_unit_kernel_where_two_units_need_more_waves(B, upt):
+    """At most 2 batches a block for the _rr kernel, 4 for the one-unit one: past 2 x 132
+    batches the _rr kernel would run a second wave of blocks, which no run has timed."""
+    f = SO.solo_fit("gru", 128, B, H90)
+    assert f.ok and f.upt == upt, f.describe()
+    assert SO.wave_count(f, H90) == 1, f.describe()
+    assert SO.wave_count(SO.solo_fit("gru", 128, B, H90, upt=2), H90) == (1 if upt == 2 else 2)
+
+
 def test_the_fit_says_why_it_declines():
     f = SO.solo_fit("lstm", 64, 8, H90, upt=2)
     assert not f.ok and "no two-unit (_rr) kernel for lstm" in f.reason, f.reason

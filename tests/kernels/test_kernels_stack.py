@@ -157,11 +157,20 @@ def test_a_gru_stack_that_skips_the_wrong_group_is_caught(tmp_path_factory, tmp_
 def test_batch_groups_sharing_one_row_of_counters_are_caught(tmp_path_factory, tmp_path):
     """Each batch group waits on its own row of progress counters. A kernel whose groups all
     count on row 0 lets a block pass its waits on the other group's progress, before the
-    h^T of its own group is written (NaN poison): the comparison must fail."""
+    h^T of its own group is written (NaN poison): the comparison must fail. To show it
+    whatever the host's scheduling (a loaded 2-core host once ran the groups in step and the
+    race did not show), group 1's layer 0 starts its step 0 only after both groups' layer 1
+    finished theirs (row 0's word 2 at 2 NB): group 1's layer 1 has then run its step 0 on
+    group 0's progress alone. (In the right kernel that wait would never end: there group 1's
+    layer 1 waits for group 1's layer 0.)"""
     text = source("persistent_stack.cu")
     old = "sync + grp * ldsync + 2 * l;"
     assert text.count(old) == 1
-    exe = _build(tmp_path_factory, text.replace(old, "sync + 2 * l;"), "stack_sim_one_row")
+    top = "PS_NOTE(t, 0);"
+    assert text.count(top) == 1
+    lag = "if (grp == 1 && l == 0 && t == 0 && tid == 0) ps_wait(sync + 2, 2u * NB);"
+    text = text.replace(old, "sync + 2 * l;").replace(top, top + lag)
+    exe = _build(tmp_path_factory, text, "stack_sim_one_row")
     got, want = run_sim(exe, tmp_path, 100, 64, 4, 2, launches=1)
     assert not compare(got[0], want[0], FP32_ATOL, FP32_RTOL).ok
 
