@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rnnrt.bench.records import device_slug, now_iso, stamp, versions, write_json  # noqa: E402
+from rnnrt.bench.timing import time_gpu  # noqa: E402
 
 SOURCE = r"""
 // tile_fma<TM, TN>: one block a SM; thread t owns rows (t / NY) * TM.. and cols (t % NY) * TN..
@@ -247,18 +248,8 @@ KT, ITERS = 32, 2000
 
 
 def time_launch(cp, launch, repeats):
-    """Median ms of ``launch()`` (CUDA events, 3 warm-up launches)."""
-    ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(3):
-        launch()
-    ms = []
-    for _ in range(repeats):
-        ev0.record()
-        launch()
-        ev1.record()
-        ev1.synchronize()
-        ms.append(cp.cuda.get_elapsed_time(ev0, ev1))
-    return float(np.median(ms))
+    """Median ms of ``launch()`` on the current stream (rnnrt.bench.timing's protocol)."""
+    return time_gpu(cp, launch, cp.cuda.get_current_stream(), repeats, 3).ms_median
 
 
 def mma_rows(cp, sms, peak, repeats, rng):

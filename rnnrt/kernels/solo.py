@@ -50,6 +50,31 @@ def kernel_name(cell: str, upt: int = 1) -> str:
     return f"{get_cell(cell).name}_persistent_solo{'_rr' if upt == 2 else ''}_fwd"
 
 
+def launch_bound(upt: int = 1) -> int:
+    """The kernels' __launch_bounds__ threads: SO_MAX_THREADS (64 registers a thread), the _rr
+    kernels' SO_RR_THREADS (128)."""
+    return SO_RR_THREADS if upt == 2 else SO_MAX_THREADS
+
+
+def nvcc_regs(cell: str, upt: int = 1) -> int:
+    """Registers a thread of ``cell``'s kernel (NVCC_REGS, the _rr kernels' NVCC_REGS_RR)."""
+    return (NVCC_REGS_RR if upt == 2 else NVCC_REGS)[get_cell(cell).name]
+
+
+def body_problem(cell: str, hidden: int, upt: int = 1) -> str | None:
+    """Why no kernel body takes ``cell`` at ``hidden`` with ``upt`` units a thread (None: one
+    does), whatever the batch and the device."""
+    name = get_cell(cell).name
+    if upt == 2 and name not in RR_CELLS:
+        return f"no two-unit (_rr) kernel for {name} (its rows in registers spill)"
+    if upt == 2 and hidden % 2:
+        return f"hidden {hidden} is odd: two units a thread take units j and j + H/2"
+    if hidden > SO_MAX_H:
+        return (f"hidden {hidden} > {SO_MAX_H}: {SO_KS} lanes a unit hold at most {SO_NCH} "
+                f"float4 chunks of a row each")
+    return None
+
+
 def batch_max(cell: str, upt: int = 1) -> int:
     """The most batches a block of ``cell`` takes (the kernel's so_bb_max(G, UPT))."""
     if upt == 2:
@@ -123,18 +148,12 @@ def solo_geometry(cell: str, hidden: int, batch: int, blocks: int = 1, upt: int 
                   k_groups=SO_KS, cells_per_thread=1, k_tile=kt,
                   smem_r=4 * spec.gates * H * kt, smem_tile=4 * 2 * pow2ceil(BG) * kt,
                   smem_partials=4 * pow2ceil(BG) * spec.gates * H, cluster=0, clusters=n)
-    problem = None
-    if upt == 2 and spec.name not in RR_CELLS:
-        problem = f"no two-unit (_rr) kernel for {spec.name} (its rows in registers spill)"
-    elif upt == 2 and H % 2:
-        problem = f"hidden {H} is odd: two units a thread take units j and j + H/2"
-    elif H > SO_MAX_H:
-        problem = (f"hidden {H} > {SO_MAX_H}: {SO_KS} lanes a unit hold at most {SO_NCH} "
-                   f"float4 chunks of a row each")
-    elif BG > batch_max(spec.name, upt):
+    problem = body_problem(spec.name, H, upt)
+    if problem is None and BG > batch_max(spec.name, upt):
         problem = (f"{BG} batches a block > {batch_max(spec.name, upt)} (the kernel's bodies: "
-                   f"more batches spill its {128 if upt == 2 else 64} registers): more blocks")
-    elif (n - 1) * BG >= B:
+                   f"more batches spill its {65536 // launch_bound(upt)} registers): more "
+                   f"blocks")
+    elif problem is None and (n - 1) * BG >= B:
         problem = f"{n} blocks of {BG} batches leave the last empty (batch {B})"
     return replace(fit, ok=False, reason=problem) if problem else fit
 
@@ -150,10 +169,8 @@ def blocks_per_sm(fit: SoloFit, dev: DeviceBudget, props: dict) -> int:
 def wave_count(fit: SoloFit, props: dict) -> int:
     """Waves of blocks ``fit`` runs in on the device ``props``: its blocks over the SMs' worth
     of them (blocks_per_sm with the fit's own threads and registers)."""
-    regs = fit.regs_per_thread or (NVCC_REGS_RR.get(fit.cell, 128) if fit.upt == 2
-                                   else NVCC_REGS[fit.cell])
-    dev = DeviceBudget(props, regs, SO_RR_THREADS if fit.upt == 2 else SO_MAX_THREADS,
-                       (fit.threads,), fit.threads)
+    dev = DeviceBudget(props, fit.regs_per_thread or nvcc_regs(fit.cell, fit.upt),
+                       launch_bound(fit.upt), (fit.threads,), fit.threads)
     return ceil_div(fit.blocks, dev.sms * max(1, blocks_per_sm(fit, dev, props)))
 
 
@@ -186,9 +203,9 @@ def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | N
     name = get_cell(cell).name
     H, B = int(hidden), int(batch)
     nt = threads_for(H, upt)
-    regs = (NVCC_REGS_RR.get(name, 128) if upt == 2 else NVCC_REGS[name])
-    dev = DeviceBudget(props, regs if regs_per_thread is None else regs_per_thread,
-                       SO_RR_THREADS if upt == 2 else SO_MAX_THREADS, (nt,), nt)
+    problem = body_problem(name, H, upt)   # declined below; its registers: the one-unit count
+    regs = nvcc_regs(name, 1 if problem else upt) if regs_per_thread is None else regs_per_thread
+    dev = DeviceBudget(props, regs, launch_bound(upt), (nt,), nt)
     where = f"{name} hidden {H}, batch {B}, block-persistent"
     first = solo_geometry(name, H, B, 1 if blocks is None else int(blocks), upt)
     first = replace(first, sms=dev.sms, regs_per_thread=dev.regs)
@@ -196,9 +213,8 @@ def solo_fit(cell: str, hidden: int, batch: int, props: dict, *, blocks: int | N
     def no(fit, why):
         return replace(fit, ok=False, reason=f"{where}: {why}")
 
-    no_rr_body = upt == 2 and (name not in RR_CELLS or H % 2)
-    if H > SO_MAX_H or no_rr_body:
-        return no(first, first.reason)
+    if problem:
+        return no(first, problem)
     one = solo_geometry(name, H, B, B, upt)   # one batch a block: the least shared memory
     if one.smem_bytes > dev.limit:
         return no(first, f"R alone is {first.gates} x {H} x {H} floats = {one.smem_r} bytes; "
