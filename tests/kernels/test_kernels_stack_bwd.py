@@ -180,11 +180,21 @@ def test_stack_bwd_kernel_on_cpu_threads_matches_reference(sim, tmp_path, shape)
 def test_stack_bwd_groups_on_one_row_of_counters_are_caught(tmp_path_factory, tmp_path):
     """Each batch group counts on its own row: a kernel whose groups share row 0 lets a
     block take the other group's progress for its own and read dg^T before it is written
-    (NaN poison): the comparison must fail."""
+    (NaN poison): the comparison must fail. To show it whatever the host's scheduling (the
+    race is otherwise left to how the host runs the threads, as the forward's test once
+    found), group 1's first block of the top layer starts its step 0 only after every other
+    block of both groups published its dg_0 on row 0 (2 NB - 1): group 1's other blocks have
+    then passed their wait for dg_0 on group 0's count and read this block's rows unwritten.
+    (In the right kernel that wait would never end: group 1's row reaches NB - 1.)"""
     text = source(KERNELS[False])
     old = "sync + grp * ldsync + 2 * l;"
     assert text.count(old) == 1
-    exe = _build(tmp_path_factory, text.replace(old, "sync + 2 * l;"), "single_one_row")
+    top = "const unsigned int done = (unsigned int)(s + 1) * NB;   // counts after step t"
+    assert text.count(top) == 1
+    lag = ("if (grp == 1 && l == L - 1 && j0 == 0 && s == 0) {"
+           " if (tid == 0) ps_wait(dg_done, 2u * NB - 1); __syncthreads(); }")
+    text = text.replace(old, "sync + 2 * l;").replace(top, top + "\n" + lag)
+    exe = _build(tmp_path_factory, text, "single_one_row_lagged")
     case, p, cache = make_case(128, 64, 3, 2, seed=7)
     got = run_sim(exe, tmp_path, case, launches=1)
     assert not compare(got["dx"], run_twin(case)["dx"], 1e-5, 1e-4).ok
