@@ -257,15 +257,15 @@ class GpuRunner:
         if self.switches == "auto":
             sched = self.schedule(steps, batch, train, pattern is not None).schedule
             sw, family, backward = sched.switches, sched.family, sched.backward
-            clusters = sched.clusters
+            clusters, gemm = sched.clusters, sched.gemm
         else:
-            sw, family, backward, clusters = self.switches, None, None, None
+            sw, family, backward, clusters, gemm = self.switches, None, None, None, "cublas"
         capacity = None
         if pattern is not None:
             from .kernels.selector import bucket_steps
             capacity = max(bucket_steps(len(pattern)), len(pattern))
         key = self.new_key(steps, batch, train, sw, family, backward, pattern, capacity,
-                           clusters, chunk=chunk)
+                           clusters, chunk=chunk, gemm=gemm)
         entry = self._keys[k] = (key, self._workspace_key(key))
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
@@ -274,10 +274,11 @@ class GpuRunner:
     def new_key(self, steps: int, batch: int, train: bool, switches, family=None,
                 backward=None, pattern: tuple | None = None,
                 capacity: int | None = None, clusters: int | None = None,
-                chunk: bool = False) -> PlanKey:
+                chunk: bool = False, gemm: str = "cublas") -> PlanKey:
         """The PlanKey of this runner's model, limits and dtype for a schedule (switches,
         family, backward, the cluster count; ``chunk``: a piece of a chunked pass, whose
-        training key recomputes where the runner does, PlanKey.recompute) — the one place a
+        training key recomputes where the runner does, PlanKey.recompute; ``gemm``: who
+        picks the GEMM kernels, PlanKey.gemm) — the one place a
         runner's keys are made (``plan_key``, the selector's timer, chunked.py's
         candidates). Not remembered: ``plan_key`` is."""
         m = self.model
@@ -287,7 +288,8 @@ class GpuRunner:
                        family=family, backward=backward if train and pattern is None else None,
                        batch_sizes=pattern, capacity=capacity, dtype=self.dtype,
                        clusters=clusters,
-                       recompute=self.recompute and bool(train) and chunk and pattern is None)
+                       recompute=self.recompute and bool(train) and chunk and pattern is None,
+                       gemm=gemm)
 
     def _precompile(self):
         """Compile every kernel file once, before any timing (a first use on a machine takes

@@ -52,7 +52,8 @@ class ScheduleTimer:
             pattern = staircase(steps, shape.batch)
             steps = len(pattern)
         key = r.new_key(steps, shape.batch, shape.train, sched.switches, sched.family,
-                        sched.backward, pattern, clusters=sched.clusters)
+                        sched.backward, pattern, clusters=sched.clusters,
+                        gemm=sched.gemm)
         what = (sched.name, shape.key(), steps)
         if self._what != what:
             self.release()   # free the last candidate's workspace first

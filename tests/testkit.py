@@ -361,7 +361,7 @@ RECORD_KINDS = {  # kind: (stem, extension)
     "ladder": (rf"ladder-{_SHAPE}-(?:fwd|fwdbwd)(?:-(?:tf32|bfloat16|float16))?", "json"),
     "sweep": (rf"sweep{_WORDS}+", "jsonl"),
     "kernels": (rf"(?:persistent|stack-bench|stack-bwd-bench|pointwise-bench|tile-bench|schedule-probe|backward-probe){_WORDS}+"
-                r"|gemm-layouts|gemm3x-bench|pretranspose-probe",
+                r"|gemm-layouts|gemm3x-bench|gemm-algos-bench|pretranspose-probe",
                 "json"),
     "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}(?:-fwdbwd)?", "json"),
     "training": ((rf"charlm-{_SHAPE}-S\d+|train-step-{_SHAPE}"
@@ -437,7 +437,7 @@ from testkit_kernels import (  # noqa: E402, F401  (re-exported: tests import fr
     nvcc_instantiations, nvcc_usage)
 from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from testkit)
     BWD_OUTPUTS, GPU_SHAPE, cell_model, gpu_backward_case, gpu_forward_case, gpu_plan_key,
-    RELU_AMBIGUOUS, launch_stack_fit, random_layer_stack, relu_margin, run_gpu_backward_case,
-    run_gpu_forward_case)
+    RELU_AMBIGUOUS, assert_runs_allocate_nothing, launch_stack_fit, random_layer_stack,
+    relu_margin, run_gpu_backward_case, run_gpu_forward_case)
 from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
     CpuSession, NumpyCupy, NumpyPlanExecutor, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)

@@ -222,3 +222,14 @@ def relu_margin(data) -> float:
                                                           + p["bias_hh"])
         low = min(low, float(np.abs(a).min()))
     return low
+
+
+def assert_runs_allocate_nothing(cp, ex, runs=3):
+    """``ex.run()`` ``runs`` times leaves the CuPy pool's used and total bytes as they were."""
+    pool = cp.get_default_memory_pool()
+    cp.cuda.Device().synchronize()
+    before = pool.used_bytes(), pool.total_bytes()
+    for _ in range(runs):
+        ex.run()
+    cp.cuda.Device().synchronize()
+    assert (pool.used_bytes(), pool.total_bytes()) == before

@@ -292,13 +292,13 @@ class RungRun:
 
     def __init__(self, cfg, rung, xp, make_executor, params, inputs, device: DeviceLimits,
                  family: str | None = None, backward: str | None = None,
-                 ws_dtype=np.float32, clusters: int | None = None):
+                 ws_dtype=np.float32, clusters: int | None = None, gemm: str = "cublas"):
         from ..exec.workspace import Workspace
         from ..plan.backward import backward_plan
         key = PlanKey(cfg.cell, cfg.steps, cfg.batch, cfg.inp, cfg.hidden, cfg.layers, True,
                       rung.switches, train=cfg.backward, device=device, family=family,
                       backward=backward if cfg.backward else None, dtype=cfg.dtype,
-                      clusters=clusters)
+                      clusters=clusters, gemm=gemm)
         self.plans = [forward_plan(key)] + ([backward_plan(key)] if cfg.backward else [])
         self.ws = Workspace(self.plans[-1], xp, ws_dtype, params)
         self.ws.poison()
@@ -341,6 +341,14 @@ class RungRun:
             out["backward_note"] = ("backward: the schedule of the other switches (the rung "
                                     "below's, reverse wavefront included; the persistent "
                                     "backward kernel is a schedule of its own)")
+        if fwd.key.gemm == "lt":
+            # which kernel ran each GEMM (kernels/gemm_algos.py), and which it declined
+            tally = {}
+            for ex in self.executors:
+                for kind, _, label in getattr(getattr(ex, "prepared", None), "gemm_choices", ()):
+                    k = f"{kind}: {label}"
+                    tally[k] = tally.get(k, 0) + 1
+            out["gemm_algos"] = tally
         return out
 
 
@@ -364,15 +372,16 @@ def _ladder_rows(cfg, executors, make_executor, xp, params, inputs, ref, ref_nam
         for rung, family, selection in entries:
             n += 1
             backward = clusters = None
+            gemm = "cublas"
             if rung is None:
                 selection = _select(cfg, executor, make_executor, xp, params, inputs, device,
                                     samples_fn, progress)
                 sched = selection.schedule
                 rung, family = Rung(AUTO, sched.switches), sched.family
-                backward, clusters = sched.backward, sched.clusters
+                backward, clusters, gemm = sched.backward, sched.clusters, sched.gemm
             rr = RungRun(cfg, rung, xp, lambda plan, ws: make_executor(executor, plan, ws),
                          params, inputs, device, family=family, backward=backward,
-                         clusters=clusters)
+                         clusters=clusters, gemm=gemm)
             if rr.plans[0].fallback:
                 progress(f"{n}/{total} {rung.name} {executor}: {rr.plans[0].fallback}")
             rr.run()
@@ -434,7 +443,8 @@ def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn
             last["rr"] = RungRun(cfg_t, Rung(sched.name, sched.switches), xp,
                                  lambda plan, ws: make_executor(executor, plan, ws), params,
                                  inputs_t, device, family=sched.family,
-                                 backward=sched.backward, clusters=sched.clusters)
+                                 backward=sched.backward, clusters=sched.clusters,
+                                 gemm=sched.gemm)
             return samples_fn(last["rr"], repeats, warmup=1)
         return samples_fn(last["rr"], repeats, warmup=0)
 

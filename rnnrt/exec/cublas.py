@@ -55,28 +55,32 @@ class CublasError(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def load_library() -> ctypes.CDLL:
-    """Locate and load libcublas once per process: cuda-pathfinder (a CuPy dependency)
+    """Locate and load libcublas once per process (``load_nvidia_lib``)."""
+    return _declare(load_nvidia_lib("cublas"))
+
+
+def load_nvidia_lib(name: str) -> ctypes.CDLL:
+    """Locate and load lib<name> ('cublas', 'cublasLt'): cuda-pathfinder (a CuPy dependency)
     first, then the usual sonames. Raises CublasError listing what was tried."""
     tried = []
     try:
         from cuda import pathfinder  # type: ignore
-        loaded = pathfinder.load_nvidia_dynamic_lib("cublas")
-        path = getattr(loaded, "abs_path", None)
+        path = getattr(pathfinder.load_nvidia_dynamic_lib(name), "abs_path", None)
         if path:
-            return _declare(ctypes.CDLL(path))
+            return ctypes.CDLL(path)
         tried.append("cuda.pathfinder (no abs_path)")
     except Exception as e:  # noqa: BLE001 - report and try the next way
         tried.append(f"cuda.pathfinder: {e}")
-    names = ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
-    found = ctypes.util.find_library("cublas")
+    names = [f"lib{name}.so.13", f"lib{name}.so.12", f"lib{name}.so"]
+    found = ctypes.util.find_library(name)
     if found:
         names.append(found)
-    for name in names:
+    for so in names:
         try:
-            return _declare(ctypes.CDLL(name))
+            return ctypes.CDLL(so)
         except OSError as e:
-            tried.append(f"{name}: {e}")
-    raise CublasError("could not load libcublas; tried: " + "; ".join(tried))
+            tried.append(f"{so}: {e}")
+    raise CublasError(f"could not load lib{name}; tried: " + "; ".join(tried))
 
 
 def _declare(lib):

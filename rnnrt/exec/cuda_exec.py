@@ -36,6 +36,8 @@ class GpuContext:
         self.kernels = kernel_library
         self._streams = {}
         self._keep = []                       # workspaces the handles point into
+        self._workspaces = {}                 # stream key -> its handle's workspace
+        self._lt = None
 
     def stream(self, index: int, priority: int):
         """(cupy Stream, CublasHandle) for plan stream ``index`` at ``priority``
@@ -46,13 +48,33 @@ class GpuContext:
             s = self.cp.cuda.Stream(non_blocking=True, priority=prio)
             ws = self.cp.empty(WORKSPACE_BYTES, dtype=self.cp.uint8)
             self._keep.append(ws)
+            self._workspaces[key] = ws
             self._streams[key] = (s, CublasHandle(s.ptr, ws.data.ptr, WORKSPACE_BYTES))
         return self._streams[key]
+
+    def workspace_ptr(self, index: int, priority: int) -> int:
+        """The device address of stream (index, priority)'s GEMM workspace (WORKSPACE_BYTES;
+        cuBLASLt calls on the stream use it too: the stream orders them)."""
+        self.stream(index, priority)
+        return self._workspaces[(index, int(priority))].data.ptr
+
+    def lt(self, chooser=None):
+        """The context's chosen-algorithm GEMMs (exec/lt_gemms.py), made on first use (with
+        ``chooser``, a kernels.gemm_algos.GemmAlgoChooser; None: the default rule)."""
+        if self._lt is None:
+            from .lt_gemms import LtGemms
+            self._lt = LtGemms(self.cp, WORKSPACE_BYTES, chooser)
+        elif chooser is not None and chooser is not self._lt.chooser:
+            raise ValueError("lt: this context's GEMMs already have a chooser")
+        return self._lt
 
     def close(self):
         for _, h in self._streams.values():
             h.close()
         self._streams.clear()
+        if self._lt is not None:
+            self._lt.close()
+            self._lt = None
 
 
 def view_types(op, elements) -> tuple[str, ...]:
@@ -86,6 +108,7 @@ class Prepared:
         self.dtype = plan.key.dtype
         # the typed twins this plan runs, compiled together (one compile a file) up front
         ctx.kernels.instantiate(twin_requests(plan, ws.elements))
+        self.gemm_choices = []   # PlanKey.gemm 'lt': (op kind, layer, choice label or why not)
         self.calls = [self._prepare(op) for op in plan.ops]
 
     def ptr(self, v):
@@ -110,6 +133,10 @@ class Prepared:
             self._check_gemm(op)
             m, n, k = op.mnk()
             h = self.handles[op.stream]
+            if self.plan.key.gemm == "lt":
+                call = self._chosen_gemm(op)
+                if call is not None:
+                    return call
             prepared = h.prepare_gemm(self.ptr(op.out), op.out.ld, self.ptr(op.a), op.a.ld,
                                       self.ptr(op.b), op.b.ld, m, n, k, op.trans_a,
                                       op.trans_b, op.alpha, op.beta, dtype=self.dtype,
@@ -141,6 +168,23 @@ class Prepared:
         if isinstance(op, Wait):
             return functools.partial(self.streams[op.stream].wait_event, self.events[op.event])
         raise TypeError(f"unknown op {op!r}")
+
+    def _chosen_gemm(self, op):
+        """PlanKey.gemm 'lt': the call of ``op`` with the algorithm kernels/gemm_algos.py
+        chooses (timed beside as many copies as the plan has layers, up to its cap), or None
+        where cublasSgemm's own choice runs it (chosen, or the op is batched: declined, and
+        ``gemm_choices`` says so)."""
+        if op.batch != 1:
+            self.gemm_choices.append((op.kind, op.layer, "declined: batched (cublasSgemm)"))
+            return None
+        m, n, k = op.mnk()
+        prio = self.plan.stream_priority[op.stream]
+        call, choice = self.ctx.lt().prepare(
+            m, n, k, op.trans_a, op.trans_b, self.ptr(op.out), op.out.ld, self.ptr(op.a),
+            op.a.ld, self.ptr(op.b), op.b.ld, op.alpha, op.beta, self.streams[op.stream].ptr,
+            self.ctx.workspace_ptr(op.stream, prio), copies=self.plan.key.num_layers)
+        self.gemm_choices.append((op.kind, op.layer, choice.label))
+        return call
 
     def issue(self):
         """Issue fork, every op in plan order, join — on the plan's streams."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..plan.model import BACKWARD_FAMILIES, CLUSTER_FAMILIES, PERSISTENT_FAMILIES
+from ..plan.model import (BACKWARD_FAMILIES, CLUSTER_FAMILIES, GEMM_CHOICES,
+                          PERSISTENT_FAMILIES)
 from ..plan.switches import Switches
 
 
@@ -17,17 +18,20 @@ class Schedule:
     (``backward``: None, the switches' per-step backward; else the persistent backward
     kernel, as PlanKey.backward names it); with family 'cluster' or 'regs' the cluster count
     (``clusters``: None, the rule's; else exactly that, PlanKey.clusters). ``name`` is what
-    records and tables show ('cluster/14' for 14 clusters, 'regs/30')."""
+    records and tables show ('cluster/14' for 14 clusters, 'regs/30'). ``gemm``: who picks
+    the cuBLAS GEMMs' kernels (PlanKey.gemm: 'cublas', or 'lt' timed per GEMM; the name
+    ends in '+lt', ``with_lt``)."""
 
     name: str
     switches: Switches
     family: str | None = None
     backward: str | None = None
     clusters: int | None = None
+    gemm: str = "cublas"
 
     def as_dict(self) -> dict:
         return {"name": self.name, "switches": self.switches.as_dict(), "family": self.family,
-                "backward": self.backward, "clusters": self.clusters}
+                "backward": self.backward, "clusters": self.clusters, "gemm": self.gemm}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
@@ -51,7 +55,17 @@ class Schedule:
                               or family not in CLUSTER_FAMILIES):
             raise ValueError(f"schedule {d['name']!r}: clusters {n!r} is not a cluster count "
                              f"(an int >= 1 with family one of {list(CLUSTER_FAMILIES)})")
-        return cls(d["name"], switches, family, backward, n)
+        gemm = d.get("gemm", "cublas")   # absent in entries written before the choice
+        if gemm not in GEMM_CHOICES:
+            raise ValueError(f"schedule {d['name']!r}: gemm {gemm!r} is not one of "
+                             f"{list(GEMM_CHOICES)}")
+        return cls(d["name"], switches, family, backward, n, gemm)
+
+
+def with_lt(s: Schedule) -> Schedule:
+    """``s`` with its cuBLAS GEMMs' kernels chosen by timing (PlanKey.gemm 'lt'), named
+    '<name>+lt'."""
+    return replace(s, name=f"{s.name}+lt", gemm="lt")
 
 
 _PAPER = dict(grouped=True, streams=True, fused=True, wavefront=True)

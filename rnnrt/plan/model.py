@@ -33,6 +33,8 @@ PERSISTENT_FAMILIES = ("stack", "grid", "cluster", "regs", "mma", "solo")
 CLUSTER_FAMILIES = ("cluster", "regs")
 """The persistent families whose count of clusters is a launch parameter (PlanKey.clusters)."""
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
+GEMM_CHOICES = ("cublas", "lt")
+"""PlanKey.gemm: who picks each cuBLAS GEMM's kernel (cublasSgemm's heuristic, or timed)."""
 BACKWARD_FAMILIES = ("persistent", "grid", "cluster", "stack", "regs", "pair")
 """The persistent backward kernels a training PlanKey may name (``PlanKey.backward``):
 'grid' or 'cluster', 'pair' (the grid kernel in cluster pairs, a block half the gate rows:
@@ -108,6 +110,10 @@ class PlanKey:
     of 5). The same function, rounded differently: the recomputed gates come from GEMMs over
     a piece's steps, not the forward's products. fp32 storage only (float32, tf32), fixed
     lengths.
+    gemm: who picks the kernel of each cuBLAS GEMM: 'cublas' (cublasSgemm's heuristic, as
+    always) or 'lt' (fp32 only: the executor times the algorithms cuBLASLt offers for each
+    GEMM against that one and runs the fastest, kernels/gemm_algos.py; the plan's ops are the
+    same, only the GEMM kernels differ, and a GEMM it cannot take (batched) keeps cublasSgemm).
 """
 
     cell: str
@@ -132,6 +138,7 @@ class PlanKey:
     wgrad_steps: int | None = None
     wgrad_streams: int | None = None
     recompute: bool = False
+    gemm: str = "cublas"
 
     def __post_init__(self):
         get_cell(self.cell)
@@ -141,6 +148,12 @@ class PlanKey:
             except ValueError:
                 raise ValueError(f"PlanKey.dtype: expected one of {list(DTYPES)}, got "
                                  f"{self.dtype!r}") from None
+        if self.gemm not in GEMM_CHOICES:
+            raise ValueError(f"PlanKey.gemm: expected one of {list(GEMM_CHOICES)}, got "
+                             f"{self.gemm!r}")
+        if self.gemm == "lt" and self.dtype != "float32":
+            raise ValueError(f"PlanKey.gemm: 'lt' chooses among fp32 GEMM kernels, but dtype "
+                             f"is {self.dtype!r} (float32 only)")
         for name in ("steps", "batch", "input_size", "hidden_size", "num_layers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -192,6 +192,7 @@ def test_a_varlen_key_is_tuned_on_a_representative_pattern(monkeypatch):
     import rnnrt.session
     from rnnrt.gpu import GpuRunner
     from rnnrt.kernels.choice import varlen_schedules
+    from rnnrt.kernels.schedules import with_lt
     from rnnrt.plan import forward_plan
     monkeypatch.setattr(rnnrt.session, "GpuSession", CpuSession)
     monkeypatch.setenv("RNNRT_AUTOTUNE", "1")
@@ -208,7 +209,10 @@ def test_a_varlen_key_is_tuned_on_a_representative_pattern(monkeypatch):
     check_runner_packed_step(r, lengths, np.random.default_rng(8))
     sel = r.schedule(13, 20, True, varlen=True)
     assert sel.source == "tuned"
-    assert [c["name"] for c in sel.candidates] == [s.name for s in varlen_schedules()]
-    assert sel.schedule in varlen_schedules()
+    # every candidate, then the fastest again with its GEMMs' kernels timed (PlanKey.gemm)
+    names = [c["name"] for c in sel.candidates]
+    assert names[:-1] == [s.name for s in varlen_schedules()]
+    assert names[-1].endswith("+lt") and names[-1][:-3] in names[:-1]
+    assert sel.schedule in varlen_schedules() + tuple(with_lt(s) for s in varlen_schedules())
     proxies = [k for k in timed if k.varlen and k.capacity is None]
     assert proxies and all(len(set(k.batch_sizes)) > 1 for k in proxies)

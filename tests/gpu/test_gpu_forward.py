@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.gpu,
 
 from rnnrt.check import assert_close  # noqa: E402
 from rnnrt.plan.switches import ALL, all_combinations, ladder  # noqa: E402
-from testkit import GPU_SHAPE, gpu_forward_case as case  # noqa: E402
+from testkit import GPU_SHAPE, assert_runs_allocate_nothing  # noqa: E402
+from testkit import gpu_forward_case as case  # noqa: E402
 from testkit import gpu_plan_key as PlanKey  # noqa: E402 (plans for this GPU)
 from testkit import run_gpu_forward_case as run_case  # noqa: E402
 
@@ -62,16 +63,9 @@ def test_paper_size_last_rung(cp, ctx, executor):
 
 
 def test_run_allocates_nothing(cp, ctx):
-    pool = cp.get_default_memory_pool()
     for executor in EXECUTORS:
         key = PlanKey("gru", T, B, I, H, 4, True, ladder()[-1].switches)
-        ex = run_case(cp, ctx, key, executor, case("gru", 4))
-        cp.cuda.Device().synchronize()
-        before = pool.used_bytes(), pool.total_bytes()
-        for _ in range(3):
-            ex.run()
-        cp.cuda.Device().synchronize()
-        assert (pool.used_bytes(), pool.total_bytes()) == before
+        assert_runs_allocate_nothing(cp, run_case(cp, ctx, key, executor, case("gru", 4)))
 
 
 def test_runner_api_matches_model(cp):
