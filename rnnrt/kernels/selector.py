@@ -110,6 +110,8 @@ shorter prefix (``tuning_steps``), so a new key costs about the budget whatever 
 TUNE_MIN_STEPS = 32
 TUNE_ASSUMED_TFLOPS = 30.0
 """The rate ``tuning_steps`` assumes to estimate a run's time from its FLOPs (fp32, H100)."""
+LT_MIN_GAIN = 0.01
+"""How much faster the winner's '+lt' form must be to replace it."""
 MEMORY_ENTRIES = 1024
 """Choices a selector keeps in memory (the disk cache keeps its own bound)."""
 
@@ -242,12 +244,13 @@ class Selector:
             if ms is not None and ms < best_ms:
                 best, best_ms = sched, ms
         # the winner again with its GEMMs' kernels chosen by timing (PlanKey.gemm 'lt'):
-        # the same plan, so it is timed whatever the budget left (one candidate more)
+        # the same plan, so it is timed whatever the budget left (one candidate more); it
+        # wins only by LT_MIN_GAIN (a plan with no GEMM it changes must not win by noise)
         if (best is not None and self.try_lt and shape.dtype == "float32"
                 and best.gemm == "cublas"):
             lt = with_lt(best)
             ms = time_one(lt)
-            if ms is not None and ms < best_ms:
+            if ms is not None and ms * (1.0 + LT_MIN_GAIN) <= best_ms:
                 best, best_ms = lt, ms
         tune_s = self.clock() - t0
         # the caps the cluster counts were bounded by (each family's rule's count's fit: the
