@@ -7,7 +7,8 @@ workspaces and chooser are the runner's, nothing module-level).
 """
 from __future__ import annotations
 
-from ..kernels.gemm_algos import MAX_COPIES, OPTIONS, GemmAlgoChooser, GemmProblem
+from ..kernels.gemm_algos import (MAX_COPIES, OPTIONS, AlgoChoice, GemmAlgoChooser,
+                                  GemmProblem)
 from .cublas import CublasHandle
 from .cublaslt import Heuristic, LtAlgo, LtHandle, LtProblem, alignment
 
@@ -17,11 +18,15 @@ TIME_REPEATS, TIME_WARMUP = 5, 2
 class LtGemms:
     """Chosen-algorithm GEMMs of one GpuContext (module docstring)."""
 
-    def __init__(self, cp, workspace_bytes: int, chooser: GemmAlgoChooser | None = None):
+    def __init__(self, cp, workspace_bytes: int, chooser: GemmAlgoChooser | None = None,
+                 timer=None):
+        """timer: ``timer(problem, lt_problem, options) -> time_fn`` (options[0] None: the
+        default; None: ``time_on_scratch``, the GPU's; tests pass a fake)."""
         self.cp = cp
         self.workspace_bytes = int(workspace_bytes)
         self.handle = LtHandle()
         self.chooser = chooser or GemmAlgoChooser()
+        self.timer = timer or self.time_on_scratch
         self._timing = []    # (stream, its workspace, a CublasHandle on it), made on first use
 
     def _timing_streams(self, n):
@@ -47,10 +52,16 @@ class LtGemms:
             choice = self.chooser.known(problem)
             if choice is None:
                 algos = lp.algos(OPTIONS, self.workspace_bytes)
-                choice = self.chooser.choose(
-                    problem, ["cublasSgemm"] + [a.describe() for a in algos],
-                    self._timer(problem, lp, [None] + algos),
-                    [None] + [bytes(a.struct) for a in algos])
+                try:
+                    choice = self.chooser.choose(
+                        problem, ["cublasSgemm"] + [a.describe() for a in algos],
+                        self.timer(problem, lp, [None] + algos),
+                        [None] + [bytes(a.struct) for a in algos])
+                except MemoryError as e:   # CuPy's OutOfMemoryError is one
+                    # no room for the scratch operands: cublasSgemm's own kernel, said in the
+                    # choice's label (not remembered: memory may be free next time)
+                    choice = AlgoChoice(0, f"declined: no memory to time the algorithms "
+                                           f"({type(e).__name__}; cublasSgemm)")
             if choice.index == 0:
                 lp.close()
                 return None, choice
@@ -61,7 +72,7 @@ class LtGemms:
             lp.close()
             raise
 
-    def _timer(self, p: GemmProblem, lp: LtProblem, options):
+    def time_on_scratch(self, p: GemmProblem, lp: LtProblem, options):
         """time_fn(i): the median ms of ``p.copies`` copies of option i at once (None: the
         default cublasSgemm), on scratch operands of the problem's extents (random data)."""
         cp = self.cp
