@@ -448,7 +448,8 @@ def _select(cfg, executor, make_executor, xp, params, inputs, device, samples_fn
             return samples_fn(last["rr"], repeats, warmup=1)
         return samples_fn(last["rr"], repeats, warmup=0)
 
-    sel = Selector(timer, device, cache=None, autotune=True).select(shape)
+    # '+lt' (cuBLASLt kernels chosen by timing) means nothing to the NumPy executor: GPU only
+    sel = Selector(timer, device, cache=None, autotune=True, try_lt=not cfg.cpu).select(shape)
     last.clear()
     if steps != cfg.steps:
         sel.note = "; ".join(x for x in (f"tuned on the first {steps} of {cfg.steps} steps",
