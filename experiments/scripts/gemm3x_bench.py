@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from rnnrt.bench.records import device_slug, now_iso, stamp, versions, write_json  # noqa: E402
+from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from rnnrt.bench.timing import time_gpu  # noqa: E402
 
 # (label, N, M, K, trans_a, trans_b): row-major out[N, M] = op(a) @ op(b), op(a) [N, K]
@@ -136,8 +136,8 @@ def main(argv=None) -> int:
            "device": {"device": name, "sm_count": int(props["multiProcessorCount"])},
            "versions": {**versions(cp), "cublas": cublas_version()}, "rows": rows}
     if a.out:
-        path = Path(a.out) / "kernels" / f"gemm3x-bench-{device_slug(name)}-{stamp(created)}.json"
-        write_json(rec, path)
+        path = write_json(rec, record_path("kernels", "gemm3x-bench", name, created,
+                                           root=a.out))
         print("wrote", path)
     print(f"{'shape':42s} {'variant':11s} {'ms':>8s} {'TFLOPS':>7s} {'x sgemm':>7s} "
           f"{'worst':>9s} {'normwise':>9s}")

@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from rnnrt.bench.records import device_slug, now_iso, stamp, versions, write_json  # noqa: E402
+from rnnrt.bench.records import now_iso, record_path, versions, write_json  # noqa: E402
 from rnnrt.bench.timing import time_gpu  # noqa: E402
 
 SOURCE = r"""
@@ -329,8 +329,7 @@ def main(argv=None) -> int:
                       "fp32_fma_peak_tflops": peak},
            "versions": versions(cp), "rows": rows}
     if a.out:
-        p = Path(a.out) / "kernels" / f"tile-bench-fma-{device_slug(name)}-{stamp(created)}.json"
-        write_json(rec, p)
+        p = write_json(rec, record_path("kernels", "tile-bench-fma", name, created, root=a.out))
         print("record:", p)
     print(f"{name}: FP32 FMA peak {peak:.1f} TFLOPS ({sms} SMs x {mhz:.0f} MHz)")
     print(f"{'tile':>20} {'threads':>7} {'ms':>8} {'TFLOPS':>7} {'of peak':>7} check")

@@ -110,7 +110,7 @@ class LtAlgo:
 
     def __init__(self, lib, h: Heuristic):
         self.struct = Heuristic.from_buffer_copy(h)
-        self.workspace = int(h.workspace)
+        self.workspace, self.waves = int(h.workspace), float(h.waves)
         cfg = {}
         for name, attr in (("tile", CONFIG_TILE_ID), ("splitk", CONFIG_SPLITK_NUM),
                            ("stages", CONFIG_STAGES_ID)):

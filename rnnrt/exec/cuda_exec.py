@@ -35,8 +35,7 @@ class GpuContext:
         self.cp = cupy_module
         self.kernels = kernel_library
         self._streams = {}
-        self._keep = []                       # workspaces the handles point into
-        self._workspaces = {}                 # stream key -> its handle's workspace
+        self._workspaces = {}                 # stream key -> the workspace its handle points into
         self._lt = None
 
     def stream(self, index: int, priority: int):
@@ -47,7 +46,6 @@ class GpuContext:
         if key not in self._streams:
             s = self.cp.cuda.Stream(non_blocking=True, priority=prio)
             ws = self.cp.empty(WORKSPACE_BYTES, dtype=self.cp.uint8)
-            self._keep.append(ws)
             self._workspaces[key] = ws
             self._streams[key] = (s, CublasHandle(s.ptr, ws.data.ptr, WORKSPACE_BYTES))
         return self._streams[key]

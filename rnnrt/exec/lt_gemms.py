@@ -7,10 +7,13 @@ workspaces and chooser are the runner's, nothing module-level).
 """
 from __future__ import annotations
 
+import statistics
+
 from ..kernels.gemm_algos import (MAX_COPIES, OPTIONS, AlgoChoice, GemmAlgoChooser,
                                   GemmProblem)
+from ..session import time_events
 from .cublas import CublasHandle
-from .cublaslt import Heuristic, LtAlgo, LtHandle, LtProblem, alignment
+from .cublaslt import LtHandle, LtProblem, alignment
 
 TIME_REPEATS, TIME_WARMUP = 5, 2
 
@@ -46,31 +49,27 @@ class LtGemms:
         problem = GemmProblem(M, N, K, bool(trans_a), bool(trans_b), a_ld, b_ld, out_ld,
                               (alignment(a_ptr), alignment(b_ptr), alignment(out_ptr)),
                               beta != 0.0, copies)
-        lp = LtProblem(self.handle, M, N, K, trans_a, trans_b, a_ld, b_ld, out_ld,
-                       problem.aligns)
-        try:
-            choice = self.chooser.known(problem)
-            if choice is None:
-                algos = lp.algos(OPTIONS, self.workspace_bytes)
-                try:
-                    choice = self.chooser.choose(
-                        problem, ["cublasSgemm"] + [a.describe() for a in algos],
-                        self.timer(problem, lp, [None] + algos),
-                        [None] + [bytes(a.struct) for a in algos])
-                except MemoryError as e:   # CuPy's OutOfMemoryError is one
-                    # no room for the scratch operands: cublasSgemm's own kernel, said in the
-                    # choice's label (not remembered: memory may be free next time)
-                    choice = AlgoChoice(0, f"declined: no memory to time the algorithms "
-                                           f"({type(e).__name__}; cublasSgemm)")
-            if choice.index == 0:
-                lp.close()
-                return None, choice
-            algo = LtAlgo(self.handle.lib, Heuristic.from_buffer_copy(choice.payload))
-            return lp.prepare(algo, out_ptr, a_ptr, b_ptr, alpha, beta, workspace_ptr,
-                              self.workspace_bytes, stream_ptr), choice
-        except Exception:
-            lp.close()
-            raise
+        choice = self.chooser.known(problem)
+        if choice is None:
+            # the problem's descriptors (shapes, not pointers): one for every op of the problem,
+            # kept with the winning algorithm in the choice's payload
+            lp = LtProblem(self.handle, M, N, K, trans_a, trans_b, a_ld, b_ld, out_ld,
+                           problem.aligns)
+            algos = lp.algos(OPTIONS, self.workspace_bytes)
+            try:
+                choice = self.chooser.choose(
+                    problem, ["cublasSgemm"] + [a.describe() for a in algos],
+                    self.timer(problem, lp, [None] + algos), [None] + [(lp, a) for a in algos])
+            except MemoryError as e:   # CuPy's OutOfMemoryError is one
+                # no room for the scratch operands: cublasSgemm's own kernel, said in the
+                # choice's label (not remembered: memory may be free next time)
+                choice = AlgoChoice(0, f"declined: no memory to time the algorithms "
+                                       f"({type(e).__name__}; cublasSgemm)")
+        if choice.index == 0:
+            return None, choice
+        lp, algo = choice.payload
+        return lp.prepare(algo, out_ptr, a_ptr, b_ptr, alpha, beta, workspace_ptr,
+                          self.workspace_bytes, stream_ptr), choice
 
     def time_on_scratch(self, p: GemmProblem, lp: LtProblem, options):
         """time_fn(i): the median ms of ``p.copies`` copies of option i at once (None: the
@@ -84,9 +83,10 @@ class LtGemms:
         tim = self._timing_streams(p.copies)
         beta = 1.0 if p.accumulate else 0.0
         s0 = tim[0][0]
+        fork = cp.cuda.Event(disable_timing=True)
+        joins = [cp.cuda.Event(disable_timing=True) for _ in tim[1:]]
 
         def time_fn(i):
-            from ..session import time_events
             opt = options[i]
             calls = []
             for (s, ws, h), o in zip(tim, outs):
@@ -97,8 +97,6 @@ class LtGemms:
                 else:
                     calls.append(lp.prepare(opt, o.data.ptr, a.data.ptr, b.data.ptr, 1.0, beta,
                                             ws.data.ptr, self.workspace_bytes, s.ptr))
-            fork = cp.cuda.Event(disable_timing=True)
-            joins = [cp.cuda.Event(disable_timing=True) for _ in tim[1:]]
 
             def run():
                 fork.record(s0)
@@ -110,8 +108,7 @@ class LtGemms:
                     e.record(s)
                     s0.wait_event(e)
 
-            ms = sorted(time_events(cp, run, s0, TIME_REPEATS, TIME_WARMUP))
-            return ms[len(ms) // 2]
+            return statistics.median(time_events(cp, run, s0, TIME_REPEATS, TIME_WARMUP))
         return time_fn
 
     def close(self):

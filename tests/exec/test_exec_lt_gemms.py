@@ -26,29 +26,29 @@ class FakeAlgo:
 
 
 class FakeProblem:
-    made, closed = [], []
+    """Records the problems made (their ids and arguments) and those freed (their ids)."""
+
+    made, args, closed = [], [], []
 
     def __init__(self, handle, M, N, K, ta, tb, a_ld, b_ld, out_ld, aligns):
-        self.args = (M, N, K, ta, tb, a_ld, b_ld, out_ld, aligns)
-        FakeProblem.made.append(self)
+        FakeProblem.made.append(id(self))
+        FakeProblem.args.append((M, N, K, ta, tb, a_ld, b_ld, out_ld, aligns))
 
     def algos(self, n, ws):
         return [FakeAlgo("x"), FakeAlgo("y")]
 
     def prepare(self, algo, *ptrs):
-        return ("call", algo, ptrs)
+        return ("call", algo.name, ptrs)
 
-    def close(self):
-        FakeProblem.closed.append(self)
+    def __del__(self):   # the real one frees its descriptors when the last user lets go
+        FakeProblem.closed.append(id(self))
 
 
 @pytest.fixture
 def lt(monkeypatch):
-    FakeProblem.made, FakeProblem.closed = [], []
+    FakeProblem.made, FakeProblem.args, FakeProblem.closed = [], [], []
     monkeypatch.setattr(LT, "LtHandle", FakeHandle)
     monkeypatch.setattr(LT, "LtProblem", FakeProblem)
-    monkeypatch.setattr(LT, "LtAlgo", lambda lib, h: h)                  # the payload itself
-    monkeypatch.setattr(LT.Heuristic, "from_buffer_copy", staticmethod(lambda b: b.decode()))
 
     def make(ms=None, oom=False):
         calls = []
@@ -83,8 +83,12 @@ def test_a_winner_runs_on_the_ops_own_pointers(lt):
     assert (tag, algo) == ("call", "x")
     # out, a, b, alpha, beta, workspace, its bytes, stream
     assert ptrs == (0x2000, 0x1000, 0x3000, 1.0, 0.0, 0x9000, 1 << 20, 0x77)
-    assert FakeProblem.made[0].args[-1] == (256, 256, 256)
+    assert FakeProblem.args[0][-1] == (256, 256, 256)
     assert [r["algo"] for r in g.chooser.summary()] == ["x"]
+    # another op of the same problem: its own pointers on the problem's one set of descriptors
+    call2, again = g.prepare(**{**ARGS, "out_ptr": 0x5000, "stream_ptr": 0x78})
+    assert again is choice and call2[2][0] == 0x5000 and call2[2][-1] == 0x78
+    assert len(FakeProblem.made) == 1 and calls == [0, 1, 2]
 
 
 def test_no_memory_to_time_declines_and_says_so(lt):
@@ -100,4 +104,4 @@ def test_alignments_and_copies_are_part_of_the_problem(lt):
     g.prepare(**{**ARGS, "a_ptr": 0x1004})          # 4-byte aligned a: another problem
     g.prepare(**{**ARGS, "copies": 9})              # capped at MAX_COPIES (4): the same
     assert len(g.chooser) == 2 and calls == [0, 1, 2, 0, 1, 2]
-    assert FakeProblem.made[1].args[-1] == (4, 256, 256)
+    assert FakeProblem.args[1][-1] == (4, 256, 256)
