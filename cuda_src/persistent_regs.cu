@@ -1,5 +1,5 @@
 /*
- * persistent_regs.cu: the register-resident cluster kernels (forward, fp32) for small hidden
+ * persistent_regs.cu: the register-resident cluster kernels (forward) for small hidden
  * sizes (H <= RG_K = 128). ONE launch runs ALL T steps of ONE layer (or one input chunk of
  * them) in thread-block clusters of PK_CLUSTER = 8 blocks, as the cluster kernels of
  * persistent.cu do (each cluster holds all of R and runs its own slice of the batch, h_{t+1}
@@ -9,9 +9,13 @@
  * __syncthreads. Design and latency budget: docs/kernels.md ("The register-resident cluster
  * kernels"); host side: rnnrt/kernels/regs.py (fit, lane map), emulate_regs.py (NumPy cut).
  *
- * Variants: one template regs_fwd<G, CELL, UW, BB> per cell, dispatched at run time on
- *   UW (units a warp: 1 or 2) and BB (batches a group: 2, 4 or 8) (regs_dispatch); a
- *   single entry point `*_persistent_regs_fwd` a cell (sm_90+). Compile-time: RG_* below.
+ * Variants: one template regs_fwd<G, CELL, UW, BB, TS, TF32> per cell, dispatched at run time
+ *   on UW (units a warp: 1 or 2) and BB (batches a group: 2, 4 or 8) (regs_dispatch); an
+ *   entry point `*_persistent_regs_fwd` a cell (fp32, sm_90+) and its typed instantiation
+ *   `*_persistent_regs_fwd_t<TS, TF32>` (bottom of the file; TS the storage of h: float, bf16,
+ *   fp16; TF32: operands TF32-rounded; the rule of persistent.cu's typed kernels: R and h
+ *   rounded as the rungs' GEMMs read them, h stored rounded to TS, all else fp32).
+ *   Compile-time: RG_* below.
  *
  * Calling convention: exactly the cluster kernels' (persistent.cu's header; registry entries
  *   have persistent=True):
@@ -21,8 +25,8 @@
  *   columns the 32 lanes cover, 4 each); the block is NW = threads / 32 warps with UW =
  *   ceil(U / NW) <= 2 units a warp.
  *
- * Kernels (one variant each, fp32; per step t = 0..T-1, for every (b, j): the cluster
- *   kernels' arithmetic, ((gx + bw) + gh) + br, sigmoidf / tanhf, GRU's n gate; only the
+ * Kernels (fp32 shown: the typed ones take h as a TS*; per step t = 0..T-1, for every (b, j):
+ *   the cluster kernels' arithmetic, ((gx + bw) + gh) + br, sigmoidf / tanhf, GRU's n gate; only the
  *   order of gh's sum over k differs: lane partials over 4 k's, then a butterfly tree):
  *   kernel lstm_persistent_regs_fwd(rows = B, cols = H)
  *     out h      [T+1, B, H]   h[0] = h0 is read; slots 1..T are written
@@ -116,8 +120,8 @@ __device__ __forceinline__ float rg_group(const float4 (&r)[ROWS], const float* 
 // sums reduce-scattered (one per lane), then gathered by shuffles to the lane that updates
 // the cell: lane = gi*C + u*BB + bb (C = UW*BB cells a group, gi the round's group) reads gate
 // q from lane ((q*UW + u)*BB + bb) << SH of group gi's sums.
-template <int G, int CELL, int UW, int BB>
-__device__ __forceinline__ void regs_fwd(int Bfull, int H, float* h, long long ldh, float* c,
+template <int G, int CELL, int UW, int BB, class TS, bool TF32>
+__device__ __forceinline__ void regs_fwd(int Bfull, int H, TS* h, long long ldh, float* c,
                                          long long ldc, float* act, long long ldact,
                                          const float* gx, long long ldgx, const float* w,
                                          long long ldw, const float* bw, long long ldbw,
@@ -144,7 +148,8 @@ __device__ __forceinline__ void regs_fwd(int Bfull, int H, float* h, long long l
             const float* const p = w + ((long long)q * H + j0 + jl) * ldw + k;
             float e[4];
 #pragma unroll
-            for (int x = 0; x < 4; ++x) e[x] = (jl < Ub && k + x < H) ? __ldg(p + x) : 0.f;
+            for (int x = 0; x < 4; ++x)
+                e[x] = (jl < Ub && k + x < H) ? pk_operand<TS, TF32>(__ldg(p + x)) : 0.f;
             r[q * UW + u] = make_float4(e[0], e[1], e[2], e[3]);
         }
 
@@ -180,7 +185,7 @@ __device__ __forceinline__ void regs_fwd(int Bfull, int H, float* h, long long l
         if constexpr (CELL == CELL_LSTM) {
             if (lv) carry[i] = c[b * ldc + j];
         } else if constexpr (CELL == CELL_GRU) {
-            if (lv) carry[i] = h[b * ldh + j];
+            if (lv) carry[i] = to_f(h[b * ldh + j]);
         }
     }
     prefetch(0);
@@ -190,7 +195,7 @@ __device__ __forceinline__ void regs_fwd(int Bfull, int H, float* h, long long l
     for (int e = tid; e < 2 * BGP * RG_K; e += nt) {
         const int buf = e / (BGP * RG_K), rr = e - buf * BGP * RG_K;
         const int b = rr / RG_K, k = rr - b * RG_K;
-        hs[e] = (buf == 0 && b < B && k < H) ? h[b * ldh + k] : 0.f;
+        hs[e] = (buf == 0 && b < B && k < H) ? pk_operand<TS, TF32>(to_f(h[b * ldh + k])) : 0.f;
     }
     pk_cluster_sync();   // every block of the cluster runs (and has its h_0) before any push
 
@@ -223,13 +228,15 @@ __device__ __forceinline__ void regs_fwd(int Bfull, int H, float* h, long long l
                 s[q] = (CELL == CELL_GRU && q == 2) ? v + brv[q][i] : (xb[q] + v) + brv[q][i];
             }
             if (!live(i) || (PK_TIMING & 8)) continue;
-            const float hv = pk_cell_update<G, CELL>(s, xb, carry[i], keep_c[i], keep_a[0][i],
-                                                     keep_a[1][i], keep_a[2][i], keep_a[3][i]);
+            const float hv = pk_cell_update<G, CELL, TS>(s, xb, carry[i], keep_c[i],
+                                                         keep_a[0][i], keep_a[1][i],
+                                                         keep_a[2][i], keep_a[3][i]);
             keep_h[i] = hv;
             if (!(PK_TIMING & 1)) {   // h_{t+1}[b, j] into every block's next buffer
                 const pk_saddr a = pk_smem_addr(hnext + cell_b(i) * RG_K + j);
+                const float hop = pk_operand<TS, TF32>(hv);   // as the product reads h_{t+1}
 #pragma unroll
-                for (int rk = 0; rk < PK_CLUSTER; ++rk) pk_st_cluster(a, (unsigned int)rk, hv);
+                for (int rk = 0; rk < PK_CLUSTER; ++rk) pk_st_cluster(a, (unsigned int)rk, hop);
             }
         }
         // The step's global stores and the next step's gx loads go between the arrive and
@@ -244,7 +251,7 @@ __device__ __forceinline__ void regs_fwd(int Bfull, int H, float* h, long long l
                 if constexpr (CELL == CELL_LSTM || CELL == CELL_GRU)
                     store_gates(act + row * ldact + j, H, keep_a[0][i], keep_a[1][i],
                                 keep_a[2][i], keep_a[3][i]);
-                __stcg(h + (row + S) * ldh + j, keep_h[i]);   // h_{t+1}[b, j]
+                pk_stcg(h + (row + S) * ldh + j, keep_h[i]);   // h_{t+1}[b, j], rounded to TS
             }
         };
         // After every step, the last too (the cluster kernel's argument): the pushes are in
@@ -265,8 +272,8 @@ __device__ __forceinline__ void regs_fwd(int Bfull, int H, float* h, long long l
 }
 
 // The launch's geometry checked against its arguments, then the body of its (UW, BB).
-template <int G, int CELL>
-__device__ __forceinline__ void regs_dispatch(int Bfull, int H, float* h, long long ldh,
+template <int G, int CELL, class TS = float, bool TF32 = false>
+__device__ __forceinline__ void regs_dispatch(int Bfull, int H, TS* h, long long ldh,
                                               float* c, long long ldc, float* act,
                                               long long ldact, const float* gx,
                                               long long ldgx, const float* w, long long ldw,
@@ -296,8 +303,9 @@ __device__ __forceinline__ void regs_dispatch(int Bfull, int H, float* h, long l
 #define RG_BODY(uw, bb)                                                                      \
     if constexpr (rg_pow2(G * uw) * bb <= 32) {                                              \
         if (UW == uw && BB == bb) {                                                          \
-            regs_fwd<G, CELL, uw, bb>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, ldw, \
-                                      bw, ldbw, br, ldbr, T, U, B, BG, rank);                \
+            regs_fwd<G, CELL, uw, bb, TS, TF32>(Bfull, H, h, ldh, c, ldc, act, ldact, gx,     \
+                                                ldgx, w, ldw, bw, ldbw, br, ldbr, T, U, B, BG, \
+                                                rank);                                       \
             return;                                                                          \
         }                                                                                    \
     }
@@ -307,6 +315,9 @@ __device__ __forceinline__ void regs_dispatch(int Bfull, int H, float* h, long l
 }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// The fp32 kernels (extern "C"), left out of a module compiled for the typed instantiations
+// only (-DRNNRT_TYPED_ONLY: rnnrt/kernels/library.py get_persistent, as persistent.cu's).
+#ifndef RNNRT_TYPED_ONLY
 extern "C" __global__ void __launch_bounds__(RG_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) lstm_persistent_regs_fwd(
         int rows, int cols, float* h, int ldh, float* c, int ldc, float* act, int ldact,
         unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh,
@@ -338,5 +349,51 @@ extern "C" __global__ void __launch_bounds__(RG_MAX_THREADS, 1) __cluster_dims__
         int ldbr, int T, int units_per_block, int k_tile) {
     regs_dispatch<1, CELL_RNN_RELU>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx, ldgx, w_hh,
                                     ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+#endif  // RNNRT_TYPED_ONLY
+
+// The typed instantiations (NVRTC name expressions, rnnrt/kernels/typed.py
+// persistent_expression): `K_t<TS, TF32>` for each kernel K above, TS the element type of h
+// (float, bf16, fp16), TF32 whether the product reads its operands TF32-rounded; the same
+// arguments as K with h a TS*. K_t<float, false> compiles to K's PTX (a test holds it).
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(RG_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) lstm_persistent_regs_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* c, int ldc, float* act, int ldact,
+        unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh,
+        int ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T,
+        int units_per_block, int k_tile) {
+    regs_dispatch<4, CELL_LSTM, TS, TF32>(rows, cols, h, ldh, c, ldc, act, ldact, gx, ldgx,
+                                          w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                          k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(RG_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) gru_persistent_regs_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* act, int ldact, unsigned int* sync,
+        int ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
+        int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    regs_dispatch<3, CELL_GRU, TS, TF32>(rows, cols, h, ldh, nullptr, 0, act, ldact, gx, ldgx,
+                                         w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
+                                         k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(RG_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_tanh_persistent_regs_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    regs_dispatch<1, CELL_RNN_TANH, TS, TF32>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx,
+                                              ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
+                                              units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(RG_MAX_THREADS, 1) __cluster_dims__(PK_CLUSTER, 1, 1) rnn_relu_persistent_regs_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    regs_dispatch<1, CELL_RNN_RELU, TS, TF32>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx,
+                                              ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T,
+                                              units_per_block, k_tile);
 }
 #endif

@@ -50,15 +50,18 @@ from .stack_mma import stack_mma_fit
 if TYPE_CHECKING:   # selector.py imports this module at its top
     from .selector import Shape
 
-PERSISTENT_STORAGE_REASON = ("the register-resident and the block-persistent kernels run fp32 "
-                             "only (their typed instantiations, h in the storage type and "
-                             "operands rounded as the rungs read them, are not written yet); "
-                             "the grid and cluster kernels run every dtype, the stack kernels "
-                             "float32, bfloat16 and float16")
-FP32_ONLY_FAMILIES = ("regs", "solo")
-"""The persistent families without typed instantiations."""
-"""Why a tf32, bfloat16 or float16 key runs no regs or solo kernel. The per-layer kernels (grid,
-cluster, forward and backward) run every precision with the rungs' math: under the storage
+PERSISTENT_STORAGE_REASON = ("the block-persistent (solo) kernels and the register-resident "
+                             "backward run fp32 only (their typed instantiations, h / dg in the "
+                             "storage type and operands rounded as the rungs read them, are not "
+                             "written yet); the grid, cluster and register-resident forward "
+                             "kernels run every dtype, the stack kernels float32, bfloat16 and "
+                             "float16")
+FP32_ONLY_FAMILIES = ("solo", "regs_bwd")
+"""The persistent families without typed instantiations ('regs_bwd': the register-resident
+backward, PlanKey.backward 'regs'; the register-resident forward 'regs' has them)."""
+"""Why a tf32, bfloat16 or float16 key runs no solo kernel or register-resident backward. The
+per-layer kernels (grid, cluster, register-resident forward; forward and backward) run every
+precision with the rungs' math: under the storage
 rule every product operand is rounded to the storage type (bf16 / fp16 stored; tf32:
 TF32-rounded as read), and the product of two such values is exact in fp32 (8 x 8, 11 x 11
 significand bits), so fp32 FMAs over operands rounded where the rungs round them (h, and R,
@@ -72,11 +75,11 @@ STACK_TF32_REASON = ("the stack family runs float32 (FMAs: persistent_stack.cu) 
 
 
 def persistent_storage_declines(dtype, family: str) -> str | None:
-    """Why ``family`` ('stack', 'grid', 'cluster', 'regs' or a backward) cannot run precision
-    ``dtype``, or None: PERSISTENT_STORAGE_REASON for the FP32_ONLY_FAMILIES at every
-    precision but float32; STACK_TF32_REASON for the stack at tf32 (bfloat16 / float16 keys
-    run the tensor-core stack kernel, ``stack_fit_of``); None otherwise (the grid and cluster
-    kernels' typed instantiations run every dtype)."""
+    """Why ``family`` ('stack', 'grid', 'cluster', 'regs', 'solo', 'regs_bwd' or another
+    backward) cannot run precision ``dtype``, or None: PERSISTENT_STORAGE_REASON for the
+    FP32_ONLY_FAMILIES at every precision but float32; STACK_TF32_REASON for the stack at tf32
+    (bfloat16 / float16 keys run the tensor-core stack kernel, ``stack_fit_of``); None
+    otherwise (the grid, cluster and regs kernels' typed instantiations run every dtype)."""
     name = get_precision(dtype).name
     if family == "stack":
         return STACK_TF32_REASON if name == "tf32" else None
@@ -294,7 +297,7 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
     (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
     lengths first: the persistent kernels run the whole batch every step, choose_persistent
-    declines a pattern). No regs or solo kernel for a tf32 / 16-bit ``shape.dtype``
+    declines a pattern). No solo kernel for a tf32 / 16-bit ``shape.dtype``
     (PERSISTENT_STORAGE_REASON), no stack kernel for tf32 (STACK_TF32_REASON; bfloat16 /
     float16 take the tensor-core stack kernel: ``stack_fit_of``); the tensor-core grid
     kernel ('mma') for bfloat16 / float16 only (mma.MMA_DTYPES_REASON)."""
@@ -339,7 +342,7 @@ def regs_backward_candidates(shape: "Shape", device,
     where its fit (the layers overlapping along the reverse wavefront, as the candidates
     run) accepts the shape; else none. Timed beside the '+pbwd' ones: the selector takes
     it only where it is faster."""
-    if not shape.train or not regs or persistent_storage_declines(shape.dtype, "regs"):
+    if not shape.train or not regs or persistent_storage_declines(shape.dtype, "regs_bwd"):
         return ()
     fit = regs_bwd_fit(shape.cell, shape.hidden, shape.batch, device.props(),
                        layers=shape.layers)

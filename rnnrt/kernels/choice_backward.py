@@ -216,7 +216,7 @@ def regs_backward(key) -> BackwardChoice:
     from .choice import persistent_storage_declines   # choice.py imports this module
     fit = regs_bwd_fit(key.cell, key.hidden_size, key.batch, key.device.props(),
                        clusters=key.bwd_clusters, layers=overlapping_layers(key))
-    why = persistent_storage_declines(key.dtype, "regs") or _declines(fit, key.steps)
+    why = persistent_storage_declines(key.dtype, "regs_bwd") or _declines(fit, key.steps)
     if why is not None:
         return BackwardChoice(fit, f"register-resident backward declined on "
                                    f"{key.device.name}: {why}; ran the per-step backward")

@@ -7,7 +7,9 @@ element named on failure): every cell, H 64 and 128, B 8, 64 and 256 (the cluste
 batch splits: 2, 8 and 8 clusters), with 256 threads and, where a cluster holds 64 batches,
 512; the cluster kernel on the same layer beside it. Then whole models through GpuRunner with
 the family 'regs' named (the selector given that one candidate): L1 and L4 (the wavefront:
-chunked launches overlapping), forward and a training step, against the model's reference.
+chunked launches overlapping), forward and a training step, against the model's reference;
+and at tf32, bfloat16 and float16 (the typed instantiations) against the rounding-aware
+reference.
 
 Run on the device: pytest -m gpu tests/gpu/test_gpu_regs.py
 """
@@ -91,3 +93,31 @@ def test_gpu_runner_runs_the_named_regs_family(cp, cell, layers, H, B):
     assert_close(g.dx, g_ref.dx, FP32_ATOL, FP32_RTOL, name=f"{cell} L{layers} regs dx")
     for name, arr in g_ref.params.items():
         assert_close(g.params[name], arr, FP32_ATOL, FP32_RTOL, name=f"{cell} regs {name}")
+
+
+@pytest.mark.parametrize("dtype", ("tf32", "bfloat16", "float16"))
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_typed_regs_forward_matches_the_rounding_reference(cp, cell, dtype):
+    """GpuRunner(dtype=...) with the one candidate 'regs': every forward launch is the regs
+    kernel's typed instantiation (no fallback), and a training step (the backward: not the
+    register-resident one, fp32 only) equals the rounding-aware reference within the
+    precision's tolerance, y stored as storage values (test_gpu_runner_dtype's check: T 7,
+    B 24, H 64, L 2, random data)."""
+    from rnnrt.kernels.typed import persistent_expression
+    from rnnrt.plan import forward_plan
+    from test_gpu_runner_dtype import _check_step
+    from test_gpu_runner_dtype import _model as dtype_model
+    from test_gpu_runner_dtype import B as DB
+    from test_gpu_runner_dtype import T as DT
+    m = dtype_model(cell)
+    r = GpuRunner(m, dtype=dtype, schedule_cache=False)
+    r.selector.candidates_fn = lambda shape, device: (C.persistent_schedule("regs"),)
+    for train in (False, True):
+        key = r.plan_key(DT, DB, train)
+        choice = C.choose_persistent(key)
+        assert key.dtype == dtype and choice.family == "regs" and choice.fallback is None, \
+            choice.describe()
+        ops = [op.name for op in forward_plan(key).ops if op.kind == "persistent"]
+        assert ops and all(n == f"{cell}_persistent_regs_fwd" for n in ops), ops
+        assert persistent_expression(ops[0], dtype).startswith(ops[0] + "_t<")
+    _check_step(cp, r, m, dtype, f"{cell} {dtype} regs")

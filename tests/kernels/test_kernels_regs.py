@@ -207,7 +207,7 @@ def test_constants_match_the_kernel():
     for name in ("RG_K", "RG_BB_MAX", "RG_NR_MAX", "RG_CPL", "RG_MAX_THREADS"):
         assert define(name) == getattr(RG, name), name
     assert define("PK_CLUSTER") == PK_CLUSTER
-    assert SRC.count("__launch_bounds__(RG_MAX_THREADS, 1)") == 4
+    assert SRC.count("__launch_bounds__(RG_MAX_THREADS, 1)") == 8   # 4 cells, fp32 and typed
     assert RG.RG_MAX_THREADS * 128 <= 65536 and max(RG.NVCC_REGS.values()) <= 128
     assert "const int BB = max(2, min(min(RG_BB_MAX, 32 / RP), pk_pow2ceil(BG)));" in SRC
     assert "src[q] = ((q * UW + cu) * BB + cbb) << SH;" in SRC          # gather_source
