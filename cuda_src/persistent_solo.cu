@@ -1,5 +1,5 @@
 /*
- * persistent_solo.cu: the block-persistent ("solo") kernels (forward, fp32) for small hidden
+ * persistent_solo.cu: the block-persistent ("solo") kernels (forward) for small hidden
  * sizes (H <= SO_MAX_H = 128). ONE launch runs ALL T steps of ONE layer; EACH BLOCK holds ALL
  * of R in its shared memory and runs its own slice of the batch for every step, with no
  * communication between blocks: no grid barrier, no cluster, no co-residency requirement (any
@@ -10,14 +10,17 @@
  * GRU H 128 B 128 on the H100). Design and budget: docs/kernels.md ("The block-persistent
  * kernels"); host side: rnnrt/kernels/solo.py (fit, lane map, NumPy cut).
  *
- * Variants: one template solo_fwd<G, CELL, BB, UPT> per cell, dispatched at run time on BB
+ * Variants: one template solo_fwd<G, CELL, BB, UPT, TS, TF32> per cell, dispatched at run time on BB
  *   (the block's batches rounded up to a power of two: 1, 2, 4; LSTM 1) (solo_dispatch); two
  *   entry points a cell: `*_persistent_solo_fwd` (UPT 1: thread 8j + s is k-split s of unit
  *   j, R read from shared memory every step) and `*_persistent_solo_rr_fwd` (UPT 2, GRU and the
  *   RNNs: half the threads, thread 8j + s k-split s of units j and j + H/2, the first
  *   SO_RR_CHUNKS (at 2 batches SO_RR_CHUNKS_BB2) chunks of its rows held in registers for the
  *   whole launch, BB <= 2). Both sum every gate in the same FMA chains and the same 8-lane
- *   tree: the same bits. Compile-time: SO_* below.
+ *   tree: the same bits. Each entry point K has its typed instantiation K_t<TS, TF32> (bottom
+ *   of the file; TS the storage of h: float, bf16, fp16; TF32: operands TF32-rounded; the rule
+ *   of persistent.cu's typed kernels: R and h rounded as the rungs' GEMMs read them, h stored
+ *   rounded to TS, all else fp32). Compile-time: SO_* below.
  *
  * Calling convention: exactly the cluster kernels' (persistent.cu's header; registry entries
  *   have persistent=True):
@@ -28,8 +31,8 @@
  *   block x runs batches [x*BG, min(B, x*BG + BG)), BG = ceil(B / gridDim.x) (none empty);
  *   threads >= SO_KS * H / UPT, whole warps, <= SO_MAX_THREADS (_rr: SO_RR_THREADS).
  *
- * Kernels (one variant each, fp32; per step t = 0..T-1, for every (b, j): the other persistent
- *   kernels' arithmetic (pk_cell_update), ((gx + bw) + gh) + br, GRU's n gate
+ * Kernels (fp32 shown: the typed ones take h as a TS*; per step t = 0..T-1, for every (b, j):
+ *   the other persistent kernels' arithmetic (pk_cell_update), ((gx + bw) + gh) + br, GRU's n gate
  *   tanh((gx_n + bw_n) + r * (gh_n + br_n)); only the order of gh's sum over k is this
  *   kernel's own: each lane's FMA chain over its chunks, then a tree over 8 lanes):
  *   kernel lstm_persistent_solo_fwd(rows = B, cols = H)
@@ -183,8 +186,8 @@ __device__ __forceinline__ void so_reduce(float (&v)[N], int lane) {
 // R is read from shared memory once a step: the step's floor is M*H*4 bytes / 128 B a clock
 // (GRU H 128: 1,536 clocks, ~0.78 us), past which BG's FMAs (M*H*BG / 128 a clock) take over
 // at BG = 4.
-template <int G, int CELL, int BB, int UPT>
-__device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long ldh, float* c,
+template <int G, int CELL, int BB, int UPT, class TS, bool TF32>
+__device__ __forceinline__ void solo_fwd(int Bfull, int H, TS* h, long long ldh, float* c,
                                          long long ldc, float* act, long long ldact,
                                          const float* gx, long long ldgx, const float* w,
                                          long long ldw, const float* bw, long long ldbw,
@@ -229,7 +232,7 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
     if constexpr (CELL == CELL_LSTM) {
         if (lv) carry = c[b * ldc + jc];
     } else if constexpr (CELL == CELL_GRU) {
-        if (lv) carry = h[b * ldh + jc];
+        if (lv) carry = to_f(h[b * ldh + jc]);
     }
     prefetch(0);   // in flight during the copy of R
 
@@ -241,19 +244,24 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
     if (H % 4 == 0 && ldw % 4 == 0 && (reinterpret_cast<unsigned long long>(w) & 15ull) == 0) {
         for (int e = tid; e < M * CH; e += nt) {
             const int row = e / CH, c4 = e - row * CH;
-            *reinterpret_cast<float4*>(Rs + row * SR + 4 * c4) =
-                __ldg(reinterpret_cast<const float4*>(w + (long long)row * ldw) + c4);
+            float4 v = __ldg(reinterpret_cast<const float4*>(w + (long long)row * ldw) + c4);
+            if constexpr (!PkRaw<TS, TF32>::v) {   // R as the rungs' GEMMs read it
+                v.x = pk_operand<TS, TF32>(v.x), v.y = pk_operand<TS, TF32>(v.y);
+                v.z = pk_operand<TS, TF32>(v.z), v.w = pk_operand<TS, TF32>(v.w);
+            }
+            *reinterpret_cast<float4*>(Rs + row * SR + 4 * c4) = v;
         }
     } else {
         for (int e = tid; e < M * SR; e += nt) {
             const int row = e / SR, k = e - row * SR;
-            Rs[e] = k < H ? __ldg(w + (long long)row * ldw + k) : 0.f;
+            Rs[e] = k < H ? pk_operand<TS, TF32>(__ldg(w + (long long)row * ldw + k)) : 0.f;
         }
     }
     for (int e = tid; e < 2 * BGP * SR; e += nt) {
         const int buf = e / (BGP * SR), r = e - buf * BGP * SR;
         const int row = r / SR, k = r - row * SR;
-        hs[e] = (buf == 0 && row < B && k < H) ? h[row * ldh + k] : 0.f;
+        hs[e] = (buf == 0 && row < B && k < H) ? pk_operand<TS, TF32>(to_f(h[row * ldh + k]))
+                                               : 0.f;
     }
     __syncthreads();
     // UPT 2: the thread's first SO_RR_CHUNKS chunks of its rows (unit u's row q, chunks s +
@@ -353,14 +361,15 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
                 sg[q] = (CELL == CELL_GRU && q == 2) ? gh + brq : (xb[q] + gh) + brq;
             }
             float cn = 0.f, a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-            const float hv = pk_cell_update<G, CELL>(sg, xb, carry, cn, a0, a1, a2, a3);
-            hnext[b * SR + jc] = hv;   // h_{t+1}[b, jc]: read after the barrier
+            const float hv = pk_cell_update<G, CELL, TS>(sg, xb, carry, cn, a0, a1, a2, a3);
+            // h_{t+1}[b, jc] as the product reads it: read after the barrier
+            hnext[b * SR + jc] = pk_operand<TS, TF32>(hv);
             // the step's global stores: nothing in the launch reads them back
             const long long row = (long long)t * S + b;   // step t, batch b
             if constexpr (CELL == CELL_LSTM) c[(row + S) * ldc + jc] = cn;
             if constexpr (CELL == CELL_LSTM || CELL == CELL_GRU)
                 store_gates(act + row * ldact + jc, H, a0, a1, a2, a3);
-            __stcg(h + (row + S) * ldh + jc, hv);
+            pk_stcg(h + (row + S) * ldh + jc, hv);   // rounded to TS
         }
         // step t+1's gx before the barrier: its latency overlaps the other warps' work
         if (t + 1 < T) prefetch(t + 1);
@@ -374,20 +383,20 @@ __device__ __forceinline__ void solo_fwd(int Bfull, int H, float* h, long long l
 
 // UPT 2's bodies as functions of their own (not inlined): with both in the entry point the
 // register allocator spilt 20 bytes of GRU's at 128 registers; apart, neither spills.
-template <int G, int CELL, int BB>
-__device__ __noinline__ void solo_fwd_rr(int Bfull, int H, float* h, long long ldh, float* c,
+template <int G, int CELL, int BB, class TS, bool TF32>
+__device__ __noinline__ void solo_fwd_rr(int Bfull, int H, TS* h, long long ldh, float* c,
                                          long long ldc, float* act, long long ldact,
                                          const float* gx, long long ldgx, const float* w,
                                          long long ldw, const float* bw, long long ldbw,
                                          const float* br, long long ldbr, int T, int B,
                                          int BG) {
-    solo_fwd<G, CELL, BB, 2>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, ldw, bw, ldbw,
-                             br, ldbr, T, B, BG);
+    solo_fwd<G, CELL, BB, 2, TS, TF32>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, ldw,
+                                       bw, ldbw, br, ldbr, T, B, BG);
 }
 
 // The launch's geometry checked against its arguments, then the body of its BB.
-template <int G, int CELL, int UPT>
-__device__ __forceinline__ void solo_dispatch(int Bfull, int H, float* h, long long ldh,
+template <int G, int CELL, int UPT, class TS = float, bool TF32 = false>
+__device__ __forceinline__ void solo_dispatch(int Bfull, int H, TS* h, long long ldh,
                                               float* c, long long ldc, float* act,
                                               long long ldact, const float* gx,
                                               long long ldgx, const float* w, long long ldw,
@@ -415,11 +424,11 @@ __device__ __forceinline__ void solo_dispatch(int Bfull, int H, float* h, long l
     if constexpr (bb <= so_bb_max(G, UPT)) {                                                \
         if (BB == bb) {                                                                     \
             if constexpr (UPT == 2)                                                         \
-                solo_fwd_rr<G, CELL, bb>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, \
-                                         ldw, bw, ldbw, br, ldbr, T, B, BG);                \
+                solo_fwd_rr<G, CELL, bb, TS, TF32>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, \
+                                                   ldgx, w, ldw, bw, ldbw, br, ldbr, T, B, BG); \
             else                                                                            \
-                solo_fwd<G, CELL, bb, 1>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, ldgx, w, \
-                                         ldw, bw, ldbw, br, ldbr, T, B, BG);                \
+                solo_fwd<G, CELL, bb, 1, TS, TF32>(Bfull, H, h, ldh, c, ldc, act, ldact, gx, \
+                                                   ldgx, w, ldw, bw, ldbw, br, ldbr, T, B, BG); \
             return;                                                                         \
         }                                                                                   \
     }
@@ -428,6 +437,9 @@ __device__ __forceinline__ void solo_dispatch(int Bfull, int H, float* h, long l
     __trap();   // no body for this BB: the fit never asks for one
 }
 
+// The fp32 kernels (extern "C"), left out of a module compiled for the typed instantiations
+// only (-DRNNRT_TYPED_ONLY: rnnrt/kernels/library.py get_persistent, as persistent.cu's).
+#ifndef RNNRT_TYPED_ONLY
 extern "C" __global__ void __launch_bounds__(SO_MAX_THREADS, 1) lstm_persistent_solo_fwd(
         int rows, int cols, float* h, int ldh, float* c, int ldc, float* act, int ldact,
         unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh,
@@ -489,4 +501,74 @@ extern "C" __global__ void __launch_bounds__(SO_RR_THREADS, 1) rnn_relu_persiste
     solo_dispatch<1, CELL_RNN_RELU, 2>(rows, cols, h, ldh, nullptr, 0, nullptr, 0, gx, ldgx,
                                        w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block,
                                        k_tile);
+}
+#endif  // RNNRT_TYPED_ONLY
+
+// The typed instantiations (NVRTC name expressions, rnnrt/kernels/typed.py
+// persistent_expression): `K_t<TS, TF32>` for each kernel K above, TS the element type of h
+// (float, bf16, fp16), TF32 whether the product reads its operands TF32-rounded; the same
+// arguments as K with h a TS*. K_t<float, false> compiles to K's PTX (a test holds it).
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(SO_MAX_THREADS, 1) lstm_persistent_solo_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* c, int ldc, float* act, int ldact,
+        unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh, int
+        ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T, int
+        units_per_block, int k_tile) {
+    solo_dispatch<4, CELL_LSTM, 1, TS, TF32>(rows, cols, h, ldh, c, ldc, act, ldact, gx,
+        ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(SO_MAX_THREADS, 1) gru_persistent_solo_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* act, int ldact, unsigned int* sync, int
+        ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
+        int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<3, CELL_GRU, 1, TS, TF32>(rows, cols, h, ldh, nullptr, 0, act, ldact, gx,
+        ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(SO_MAX_THREADS, 1) rnn_tanh_persistent_solo_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<1, CELL_RNN_TANH, 1, TS, TF32>(rows, cols, h, ldh, nullptr, 0, nullptr, 0,
+        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(SO_MAX_THREADS, 1) rnn_relu_persistent_solo_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<1, CELL_RNN_RELU, 1, TS, TF32>(rows, cols, h, ldh, nullptr, 0, nullptr, 0,
+        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(SO_RR_THREADS, 1) gru_persistent_solo_rr_fwd_t(
+        int rows, int cols, TS* h, int ldh, float* act, int ldact, unsigned int* sync, int
+        ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
+        int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<3, CELL_GRU, 2, TS, TF32>(rows, cols, h, ldh, nullptr, 0, act, ldact, gx,
+        ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(SO_RR_THREADS, 1) rnn_tanh_persistent_solo_rr_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<1, CELL_RNN_TANH, 2, TS, TF32>(rows, cols, h, ldh, nullptr, 0, nullptr, 0,
+        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
+}
+
+template <class TS, bool TF32>
+__global__ void __launch_bounds__(SO_RR_THREADS, 1) rnn_relu_persistent_solo_rr_fwd_t(
+        int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float* gx,
+        int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const float* br,
+        int ldbr, int T, int units_per_block, int k_tile) {
+    solo_dispatch<1, CELL_RNN_RELU, 2, TS, TF32>(rows, cols, h, ldh, nullptr, 0, nullptr, 0,
+        gx, ldgx, w_hh, ldw_hh, bw, ldbw, br, ldbr, T, units_per_block, k_tile);
 }

@@ -50,17 +50,16 @@ from .stack_mma import stack_mma_fit
 if TYPE_CHECKING:   # selector.py imports this module at its top
     from .selector import Shape
 
-PERSISTENT_STORAGE_REASON = ("the block-persistent (solo) kernels and the register-resident "
-                             "backward run fp32 only (their typed instantiations, h / dg in the "
-                             "storage type and operands rounded as the rungs read them, are not "
-                             "written yet); the grid, cluster and register-resident forward "
-                             "kernels run every dtype, the stack kernels float32, bfloat16 and "
-                             "float16")
-FP32_ONLY_FAMILIES = ("solo", "regs_bwd")
+PERSISTENT_STORAGE_REASON = ("the register-resident backward runs fp32 only (its typed "
+                             "instantiations, dg in the storage type and operands rounded as the "
+                             "rungs read them, are not written yet); the grid, cluster, "
+                             "register-resident and block-persistent (solo) forward kernels run "
+                             "every dtype, the stack kernels float32, bfloat16 and float16")
+FP32_ONLY_FAMILIES = ("regs_bwd",)
 """The persistent families without typed instantiations ('regs_bwd': the register-resident
-backward, PlanKey.backward 'regs'; the register-resident forward 'regs' has them)."""
-"""Why a tf32, bfloat16 or float16 key runs no solo kernel or register-resident backward. The
-per-layer kernels (grid, cluster, register-resident forward; forward and backward) run every
+backward, PlanKey.backward 'regs'; the forward families all have them)."""
+"""Why a tf32, bfloat16 or float16 key runs no register-resident backward. The per-layer
+kernels (grid, cluster, register-resident and solo forward; forward and backward) run every
 precision with the rungs' math: under the storage
 rule every product operand is rounded to the storage type (bf16 / fp16 stored; tf32:
 TF32-rounded as read), and the product of two such values is exact in fp32 (8 x 8, 11 x 11
@@ -79,7 +78,7 @@ def persistent_storage_declines(dtype, family: str) -> str | None:
     backward) cannot run precision ``dtype``, or None: PERSISTENT_STORAGE_REASON for the
     FP32_ONLY_FAMILIES at every precision but float32; STACK_TF32_REASON for the stack at tf32
     (bfloat16 / float16 keys run the tensor-core stack kernel, ``stack_fit_of``); None
-    otherwise (the grid, cluster and regs kernels' typed instantiations run every dtype)."""
+    otherwise (the forward kernels' typed instantiations run every dtype)."""
     name = get_precision(dtype).name
     if family == "stack":
         return STACK_TF32_REASON if name == "tf32" else None
@@ -253,7 +252,7 @@ def _solo_choice(key, declined) -> PersistentChoice:
     """The block-persistent kernel for ``key`` (named as its family): one launch a layer over
     all T steps, never chunked, even with the wavefront (each launch wants every SM: its
     blocks hold all of R for their batches, so a layer's share of the SMs would only cut
-    its batch into more waves), after one W.x GEMM a layer; fp32 only."""
+    its batch into more waves), after one W.x GEMM a layer."""
     storage = persistent_storage_declines(key.dtype, "solo")
     if storage is not None:
         return declined(f"{key.dtype}: {storage}")
@@ -297,8 +296,7 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     """{family: why it fits} for every persistent family that fits ``shape`` on ``device``
     (a kernels.limits.DeviceLimits), as the fits see the shape (its callers handle variable
     lengths first: the persistent kernels run the whole batch every step, choose_persistent
-    declines a pattern). No solo kernel for a tf32 / 16-bit ``shape.dtype``
-    (PERSISTENT_STORAGE_REASON), no stack kernel for tf32 (STACK_TF32_REASON; bfloat16 /
+    declines a pattern). No stack kernel for tf32 (STACK_TF32_REASON; bfloat16 /
     float16 take the tensor-core stack kernel: ``stack_fit_of``); the tensor-core grid
     kernel ('mma') for bfloat16 / float16 only (mma.MMA_DTYPES_REASON)."""
     props = device.props()

@@ -8,12 +8,13 @@ template twin ``K_t<T_1, ..., T_n>``: one element type per pointer argument in c
 all-fp32 combination is the ``extern "C"`` kernel itself (what fp32 plans have always run),
 so only a plan with 16-bit buffers compiles a twin. Nothing here needs CuPy.
 
-The per-layer persistent kernels (persistent.cu, persistent_bwd.cu) and the register-resident
-forward kernels (persistent_regs.cu) are instantiated per precision instead
+The per-layer persistent kernels (persistent.cu, persistent_bwd.cu), the register-resident
+and the block-persistent forward kernels (persistent_regs.cu, persistent_solo.cu) are
+instantiated per precision instead
 (``persistent_expression``): ``K_t<TS, TF32>``, TS the storage type of the sequences their
 product reads (h, dg), TF32 whether it reads its operands TF32-rounded; a float32 key runs the
-``extern "C"`` kernel. The fp32 stack kernels, the register-resident backward and the solo
-kernels are fp32 only; the tensor-core grid kernels (persistent_mma.cu, and the backward's
+``extern "C"`` kernel. The fp32 stack kernels and the register-resident backward are fp32
+only; the tensor-core grid kernels (persistent_mma.cu, and the backward's
 persistent_mma_bwd.cu) and the tensor-core stack kernels (persistent_stack_mma.cu, its
 backward persistent_stack_mma_bwd.cu) are bf16 / fp16 only (``MMA_FILES``).
 """
@@ -92,7 +93,8 @@ def persistent_expression(name: str, dtype) -> str | None:
     return f"{name}_t<{ELEMENT_CTYPES[p.storage]}, {tf32}>"
 
 
-TYPED_PERSISTENT_FILES = ("persistent.cu", "persistent_bwd.cu", "persistent_regs.cu")
+TYPED_PERSISTENT_FILES = ("persistent.cu", "persistent_bwd.cu", "persistent_regs.cu",
+                          "persistent_solo.cu")
 """The files whose persistent kernels have typed instantiations."""
 CLUSTER_ONLY_FILES = ("persistent_regs.cu",)
 """Typed files whose every kernel runs in thread-block clusters (sm_90 and later only: a

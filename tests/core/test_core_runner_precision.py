@@ -58,9 +58,9 @@ def test_runner_passes_round_like_the_reference(monkeypatch, dtype):
 def test_auto_schedule_is_chosen_per_dtype(monkeypatch, tmp_path):
     """switches='auto': the selector's shape carries the dtype (the schedule cache keys on
     it: its file's entry names float16); a 16-bit shape runs no fp32-only persistent family
-    (solo, the register-resident backward: choice.FP32_ONLY_FAMILIES) whichever candidate
-    the timing picks (the grid, cluster and tensor-core kernels run 16 bits since 0.7.0 /
-    0.8.0, the register-resident forward since 0.20.0)."""
+    (the register-resident backward: choice.FP32_ONLY_FAMILIES) whichever candidate the
+    timing picks (the grid, cluster and tensor-core kernels run 16 bits since 0.7.0 / 0.8.0,
+    the register-resident and solo forwards since 0.20.0)."""
     import json
 
     import rnnrt.session
@@ -104,10 +104,12 @@ def test_a_bad_dtype_is_refused_before_any_work(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ("tf32", "bfloat16", "float16"))
 @pytest.mark.parametrize("cell", ("lstm", "gru", "rnn_tanh"))
-def test_register_resident_forward_runs_every_precision(monkeypatch, cell, dtype):
-    """The selector given the one candidate 'regs' at a tf32 / 16-bit dtype: the forward runs
-    the register-resident kernel (its typed instantiation on a GPU; here its NumPy twin with
-    the typed kernels' rounding), no fallback; the training step's backward is not the
+@pytest.mark.parametrize("family", ("regs", "solo"))
+def test_small_hidden_forwards_run_every_precision(monkeypatch, family, cell, dtype):
+    """The selector given the one candidate 'regs' (the register-resident kernel) or 'solo'
+    (the block-persistent one) at a tf32 / 16-bit dtype: the forward runs that kernel (its
+    typed instantiation on a GPU; here its NumPy twin with the typed kernels' rounding), no
+    fallback; the training step's backward is not the
     register-resident one (fp32 only: choice.FP32_ONLY_FAMILIES 'regs_bwd') and says so
     where asked for; forward and gradients within the precision's tolerance of the
     rounding-aware reference, the stored h storage values."""
@@ -117,14 +119,14 @@ def test_register_resident_forward_runs_every_precision(monkeypatch, cell, dtype
     from testkit import cell_model
     m = cell_model(cell, I, H, L, 5)
     r = _runner(monkeypatch, m, dtype=dtype)
-    r.selector.candidates_fn = lambda shape, device: (C.persistent_schedule("regs"),)
+    r.selector.candidates_fn = lambda shape, device: (C.persistent_schedule(family),)
     for train in (False, True):
         key = r.plan_key(T, B, train)
         choice = C.choose_persistent(key)
-        assert key.family == "regs" and choice.family == "regs" and choice.fallback is None, \
+        assert key.family == family and choice.family == family and choice.fallback is None, \
             choice.describe()
         assert [op.name for op in forward_plan(key).ops if op.kind == "persistent"] == \
-            [f"{m.cell_name}_persistent_regs_fwd"] * L
+            [choice.fit.kernel] * L and f"_persistent_{family}_" in choice.fit.kernel
     key = r.plan_key(T, B, True)
     assert "fp32 only" in regs_backward(replace(key, backward="regs")).fallback
     rng = np.random.default_rng(4)
@@ -137,7 +139,7 @@ def test_register_resident_forward_runs_every_precision(monkeypatch, cell, dtype
     prec = get_precision(dtype)
     hn = hx[0] if lstm else hx
     for name, got in (("y", y), ("h_n", hn), ("dx", g.dx), ("dh0", g.dh0)):
-        assert_close(got, ref[name], prec.atol, prec.rtol, name=f"{cell} {dtype} regs {name}")
+        assert_close(got, ref[name], prec.atol, prec.rtol, name=f"{cell} {dtype} {family} {name}")
     want = ref["grads"]
     for e in m.layout.entries:
         s = slice(e.offset, e.offset + int(np.prod(e.shape)))

@@ -103,21 +103,5 @@ def test_typed_regs_forward_matches_the_rounding_reference(cp, cell, dtype):
     register-resident one, fp32 only) equals the rounding-aware reference within the
     precision's tolerance, y stored as storage values (test_gpu_runner_dtype's check: T 7,
     B 24, H 64, L 2, random data)."""
-    from rnnrt.kernels.typed import persistent_expression
-    from rnnrt.plan import forward_plan
-    from test_gpu_runner_dtype import _check_step
-    from test_gpu_runner_dtype import _model as dtype_model
-    from test_gpu_runner_dtype import B as DB
-    from test_gpu_runner_dtype import T as DT
-    m = dtype_model(cell)
-    r = GpuRunner(m, dtype=dtype, schedule_cache=False)
-    r.selector.candidates_fn = lambda shape, device: (C.persistent_schedule("regs"),)
-    for train in (False, True):
-        key = r.plan_key(DT, DB, train)
-        choice = C.choose_persistent(key)
-        assert key.dtype == dtype and choice.family == "regs" and choice.fallback is None, \
-            choice.describe()
-        ops = [op.name for op in forward_plan(key).ops if op.kind == "persistent"]
-        assert ops and all(n == f"{cell}_persistent_regs_fwd" for n in ops), ops
-        assert persistent_expression(ops[0], dtype).startswith(ops[0] + "_t<")
-    _check_step(cp, r, m, dtype, f"{cell} {dtype} regs")
+    from test_gpu_runner_dtype import check_named_family
+    check_named_family(cp, cell, dtype, "regs")

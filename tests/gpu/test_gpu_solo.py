@@ -11,7 +11,8 @@ so waves are correct), for the one-unit kernels and the two-unit (_rr) ones; the
 bit-equal to the one-unit ones (H 4-128, odd and even unit counts a half). Then whole models
 through GpuRunner with the family 'solo' named (the selector given that one candidate, and
 its '+pbwd' twin for training): L1 and L4, forward and a training step, against the model's
-reference.
+reference; and at tf32, bfloat16 and float16 (the typed instantiations) against the
+rounding-aware reference.
 
 Run on the device: pytest -m gpu tests/gpu/test_gpu_solo.py
 """
@@ -127,3 +128,14 @@ def test_gpu_runner_runs_the_named_solo_family(cp, cell, layers, H, B):
     assert_close(g.dx, g_ref.dx, FP32_ATOL, FP32_RTOL, name=f"{cell} L{layers} solo dx")
     for name, arr in g_ref.params.items():
         assert_close(g.params[name], arr, FP32_ATOL, FP32_RTOL, name=f"{cell} solo {name}")
+
+
+@pytest.mark.parametrize("dtype", ("tf32", "bfloat16", "float16"))
+@pytest.mark.parametrize("cell", ("lstm", "gru", "rnn_tanh", "rnn_relu"))
+def test_typed_solo_forward_matches_the_rounding_reference(cp, cell, dtype):
+    """GpuRunner(dtype=...) with the one candidate 'solo': every forward launch is the solo
+    kernel's typed instantiation (no fallback), and a training step equals the rounding-aware
+    reference within the precision's tolerance, y stored as storage values
+    (test_gpu_runner_dtype's check: T 7, B 24, H 64, L 2, random data)."""
+    from test_gpu_runner_dtype import check_named_family
+    check_named_family(cp, cell, dtype, "solo")

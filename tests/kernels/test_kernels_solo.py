@@ -299,11 +299,12 @@ def test_training_plans_pair_solo_with_the_persistent_backward(cell):
     check_bwd_key(key, bwd_plan_case(cell, 2), f"{cell} solo + pbwd")
 
 
-def test_typed_keys_and_large_hidden_fall_back_with_the_reason():
+def test_typed_keys_run_and_large_hidden_falls_back_with_the_reason():
     import dataclasses
-    key = dataclasses.replace(_key("gru", 1), dtype="bfloat16")
-    ch = C.choose_persistent(key)
-    assert not ch.runs and "block-persistent kernels run fp32 only" in ch.fallback
+    for dtype in ("tf32", "bfloat16", "float16"):   # the typed instantiations (0.20.0)
+        key = dataclasses.replace(_key("gru", 1), dtype=dtype)
+        ch = C.choose_persistent(key)
+        assert ch.runs and ch.family == "solo" and ch.fallback is None, ch.describe()
     big = cpu_plan_key("lstm", 5, 8, 128, 128, 1, True, C.persistent_schedule("solo").switches,
                        family="solo")
     plan = forward_plan(big)
@@ -335,8 +336,8 @@ def test_the_selector_times_solo_first_and_takes_it_when_fastest():
     tnames = [s.name for s in C.candidates(train, H100_SXM)]
     assert "solo+pbwd" in tnames and "solo" in tnames
     assert "solo" not in C.fitting_families(SEL.Shape("lstm", 1, 128, 128, 8, 100), H100_SXM)
-    assert "solo" not in C.fitting_families(SEL.Shape("gru", 1, 128, 128, 8, 100,
-                                                    dtype="bfloat16"), H100_SXM)
+    assert "solo" in C.fitting_families(SEL.Shape("gru", 1, 128, 128, 8, 100,
+                                                dtype="bfloat16"), H100_SXM)   # typed
 
 
 # --- the source -------------------------------------------------------------------------------
@@ -349,8 +350,9 @@ def test_constants_match_the_kernel():
         assert define(name) == getattr(SO, name), name
     assert SO.SO_KS * SO.SO_NCH * 4 == SO.SO_MAX_H
     assert SO.SO_RR_CHUNKS <= SO.SO_NCH and SO.SO_RR_CHUNKS_BB2 <= SO.SO_NCH
-    assert SRC.count("__launch_bounds__(SO_MAX_THREADS, 1)") == 4
-    assert SRC.count("__launch_bounds__(SO_RR_THREADS, 1)") == len(SO.RR_CELLS)
+    # every entry point twice: the fp32 kernel and its typed instantiation
+    assert SRC.count("__launch_bounds__(SO_MAX_THREADS, 1)") == 2 * 4
+    assert SRC.count("__launch_bounds__(SO_RR_THREADS, 1)") == 2 * len(SO.RR_CELLS)
     own = (S.cuda_src_dir() / "persistent_solo.cu").read_text()   # without its includes
     assert "__cluster_dims__" not in own and "grid_barrier(" not in own
     assert "const int cv = s >> (3 - LB);" in SRC                        # lane_cells

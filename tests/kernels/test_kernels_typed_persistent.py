@@ -1,5 +1,5 @@
 """The per-layer persistent kernels' typed instantiations (persistent.cu, persistent_bwd.cu,
-persistent_regs.cu: K_t<TS, TF32>; rnnrt/kernels/typed.py persistent_expression), checked without a GPU through
+persistent_regs.cu, persistent_solo.cu: K_t<TS, TF32>; rnnrt/kernels/typed.py persistent_expression), checked without a GPU through
 NVRTC as CuPy compiles them (name expressions):
 
 - K_t<float, false> compiles to the ``extern "C"`` kernel K's PTX, the entry's name aside
@@ -41,8 +41,9 @@ def compiled():
 
 
 def test_every_per_layer_persistent_kernel_is_typed():
-    # 4 cells x (grid, cluster x forward, backward + the register-resident forward)
-    assert len(TYPED) == 20
+    # 4 cells x (grid, cluster x forward, backward + the register-resident and the solo
+    # forward) + the solo forward with R in registers (GRU and the RNNs)
+    assert len(TYPED) == 27
 
 
 @pytest.mark.parametrize("kinfo", TYPED, ids=lambda k: k.name)
@@ -66,9 +67,9 @@ def test_typed_instantiations_round_where_the_design_says(kinfo, compiled):
             assert re.search(r"ld\.global(\.cg|\.cs|\.nc)?\.[ub]16", body[d]), d
     for d in DTYPES[1:]:   # no 16-byte staging of the typed sequence
         assert "cp.async.cg.shared.global" not in body[d], d
-    if "cluster" not in kinfo.name and "regs" not in kinfo.name:
-        # the contrast: the fp32 grid kernel stages 16 bytes (the cluster and register-
-        # resident kernels push h_{t+1} into shared memory instead)
+    if kinfo.file in ("persistent.cu", "persistent_bwd.cu") and "cluster" not in kinfo.name:
+        # the contrast: the fp32 grid kernel stages 16 bytes (the cluster, register-resident
+        # and solo kernels keep h_{t+1} in shared memory instead)
         assert "cp.async.cg.shared.global" in fp32
     assert "-8192" in body["tf32"] or "0xffffe000" in body["tf32"].lower() or \
         "4294959104" in body["tf32"], "tf32: no TF32 rounding mask"
