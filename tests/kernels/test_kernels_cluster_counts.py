@@ -277,13 +277,14 @@ def test_the_derived_cap_counts_blocks_an_sm_holds():
 
 def test_the_register_resident_kernel_gets_its_own_counts():
     """The regs family times counts too (its blocks are small: its cap may pass the cluster
-    kernel's); an explicit count runs exactly that many clusters; typed keys get none (the
-    regs kernel is fp32 only) and the cluster kernel's counts stay."""
+    kernel's); an explicit count runs exactly that many clusters; typed keys get the same
+    counts (its typed instantiations: the fit does not depend on the dtype) and the cluster
+    kernel's stay."""
     got = counts(GRU256, cap(30), "regs")
     assert got and all(8 < n <= 30 for n in got) and len(got) <= CN.MAX_EXTRA_COUNTS, got
     assert counts(GRU256, cap(8), "regs") == []
     bf16 = SEL.Shape("gru", 1, 128, 128, 256, 100, dtype="bfloat16")
-    assert counts(bf16, cap(30), "regs") == [] and counts(bf16, cap(14)) == [10, 12, 14]
+    assert counts(bf16, cap(30), "regs") == got and counts(bf16, cap(14)) == [10, 12, 14]
     names_ = names(C.candidates(GRU256, H100_SXM, cap(30)))
     assert [n for n in names_ if n.startswith("regs/")] == [f"regs/{n}" for n in got]
     key = PlanKey("gru", 100, 256, 128, 128, 1, True, C.persistent_schedule("regs").switches,
