@@ -3,7 +3,8 @@ persistent_regs.cu, persistent_solo.cu: K_t<TS, TF32>; rnnrt/kernels/typed.py pe
 NVRTC as CuPy compiles them (name expressions):
 
 - K_t<float, false> compiles to the ``extern "C"`` kernel K's PTX, the entry's name aside
-  (the typed kernel at float32 is the fp32 kernel's math, not a second copy of it);
+  (the typed kernel at float32 is the fp32 kernel's math, not a second copy of it; with the
+  functions an entry calls, the solo _rr kernels' bodies);
 - every kernel's tf32, bf16 and fp16 instantiations compile without warnings, and round
   where the design says: a 16-bit instantiation stores h / dg with cvt.rn and a 2-byte
   store and stages them with 2-byte loads (no 16-byte cp.async of them), tf32 rounds its
@@ -40,6 +41,19 @@ def compiled():
     return out
 
 
+def _with_callees(ptx, name):
+    """Entry ``name``'s PTX (``entry``) and the bodies of the functions it calls (the solo
+    _rr kernels' bodies are __noinline__ functions: solo_fwd_rr), call sequence numbers
+    dropped (PTX numbers the calls of a whole module: two entries calling one function differ
+    there only)."""
+    text = entry(ptx, name)
+    for callee in sorted(set(re.findall(r"\b(_Z\w+)", text))):
+        m = re.search(r"\.func\s+" + re.escape(callee) + r"\(.*?\n}\n", ptx, re.S)
+        if m:
+            text += m[0]
+    return re.sub(r"callseq \d+", "callseq", text)
+
+
 def test_every_per_layer_persistent_kernel_is_typed():
     # 4 cells x (grid, cluster x forward, backward + the register-resident and the solo
     # forward) + the solo forward with R in registers (GRU and the RNNs)
@@ -50,15 +64,15 @@ def test_every_per_layer_persistent_kernel_is_typed():
 def test_fp32_instantiation_is_the_fp32_kernel(kinfo, compiled):
     ptx, lowered = compiled[kinfo.file]
     low = lowered[f"{kinfo.name}_t<float, false>"]
-    assert entry(ptx, low) == entry(ptx, kinfo.name), \
+    assert _with_callees(ptx, low) == _with_callees(ptx, kinfo.name), \
         f"{kinfo.name}_t<float, false> does not compile to {kinfo.name}'s PTX"
 
 
 @pytest.mark.parametrize("kinfo", TYPED, ids=lambda k: k.name)
 def test_typed_instantiations_round_where_the_design_says(kinfo, compiled):
     ptx, lowered = compiled[kinfo.file]
-    fp32 = entry(ptx, kinfo.name)
-    body = {d: entry(ptx, lowered[typed.persistent_expression(kinfo.name, d)])
+    fp32 = _with_callees(ptx, kinfo.name)
+    body = {d: _with_callees(ptx, lowered[typed.persistent_expression(kinfo.name, d)])
             for d in DTYPES[1:]}
     assert "cvt.rn.bf16.f32" in body["bfloat16"] and "cvt.rn.f16.f32" in body["float16"]
     for d in ("bfloat16", "float16"):
