@@ -67,7 +67,7 @@ def test_a_shape_or_precision_it_cannot_take_falls_back_and_says_why():
     plan = backward_plan(key_of("lstm", 2, 5, 2, dtype="bfloat16"))
     assert not launches(plan)
     assert "register-resident backward declined" in plan.fallback, plan.fallback
-    assert "run fp32 only" in plan.fallback, plan.fallback
+    assert "register-resident backward runs fp32 only" in plan.fallback, plan.fallback
     T = 3
     key = PlanKey("lstm", T, B, I, 130, 1, True, Switches(grouped=True, fused=True),
                   train=True, backward="regs")   # H 130 > 128
