@@ -58,15 +58,14 @@ PERSISTENT_STORAGE_REASON = ("the register-resident backward runs fp32 only (its
 FP32_ONLY_FAMILIES = ("regs_bwd",)
 """The persistent families without typed instantiations ('regs_bwd': the register-resident
 backward, PlanKey.backward 'regs'; the forward families all have them)."""
-"""Why a tf32, bfloat16 or float16 key runs no register-resident backward. The per-layer
-kernels (grid, cluster, register-resident and solo forward; forward and backward) run every
-precision with the rungs' math: under the storage
-rule every product operand is rounded to the storage type (bf16 / fp16 stored; tf32:
-TF32-rounded as read), and the product of two such values is exact in fp32 (8 x 8, 11 x 11
-significand bits), so fp32 FMAs over operands rounded where the rungs round them (h, and R,
-rounded as the typed kernels read them; dg in the backward) are the cuBLAS rungs' products
-with fp32 accumulation, up to summation order -- the difference the fp32 persistent kernels
-already have. The switch changes the schedule, not the math."""
+"""Why a tf32, bfloat16 or float16 key runs no register-resident backward. The per-layer kernels
+(grid, cluster, register-resident and solo forward; forward and backward) run every precision
+with the rungs' math: under the storage rule every product operand is rounded to the storage
+type (bf16 / fp16 stored; tf32: TF32-rounded as read), and the product of two such values is
+exact in fp32 (8 x 8, 11 x 11 significand bits), so fp32 FMAs over operands rounded where the
+rungs round them (h, and R, rounded as the typed kernels read them; dg in the backward) are the
+cuBLAS rungs' products with fp32 accumulation, up to summation order -- the difference the fp32
+persistent kernels already have. The switch changes the schedule, not the math."""
 STACK_TF32_REASON = ("the stack family runs float32 (FMAs: persistent_stack.cu) and bfloat16 / "
                      "float16 (tensor cores: persistent_stack_mma.cu); no stack kernel reads "
                      "TF32-rounded operands")

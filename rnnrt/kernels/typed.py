@@ -10,10 +10,9 @@ so only a plan with 16-bit buffers compiles a twin. Nothing here needs CuPy.
 
 The per-layer persistent kernels (persistent.cu, persistent_bwd.cu), the register-resident
 and the block-persistent forward kernels (persistent_regs.cu, persistent_solo.cu) are
-instantiated per precision instead
-(``persistent_expression``): ``K_t<TS, TF32>``, TS the storage type of the sequences their
-product reads (h, dg), TF32 whether it reads its operands TF32-rounded; a float32 key runs the
-``extern "C"`` kernel. The fp32 stack kernels and the register-resident backward are fp32
+instantiated per precision instead (``persistent_expression``): ``K_t<TS, TF32>``, TS the
+storage type of the sequences their product reads (h, dg), TF32 whether it reads its operands
+TF32-rounded; a float32 key runs the ``extern "C"`` kernel. The fp32 stack kernels and the register-resident backward are fp32
 only; the tensor-core grid kernels (persistent_mma.cu, and the backward's
 persistent_mma_bwd.cu) and the tensor-core stack kernels (persistent_stack_mma.cu, its
 backward persistent_stack_mma_bwd.cu) are bf16 / fp16 only (``MMA_FILES``).
