@@ -440,4 +440,5 @@ from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from t
     RELU_AMBIGUOUS, assert_runs_allocate_nothing, launch_stack_fit, random_layer_stack,
     relu_margin, run_gpu_backward_case, run_gpu_forward_case)
 from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
-    CpuSession, NumpyCupy, NumpyPlanExecutor, check_runner_packed_step, check_varlen, draw32, run_varlen_numpy, varlen_case)
+    CpuSession, NumpyCupy, NumpyPlanExecutor, check_runner_packed_step, check_varlen, draw32,
+    run_varlen_numpy, runs_named_family, varlen_case)

@@ -121,6 +121,27 @@ def draw32(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
+def runs_named_family(r, family, steps, batch):
+    """Give GpuRunner ``r``'s selector the one candidate persistent family ``family`` and
+    check, for the forward and the training key of (steps, batch) at the runner's dtype, that
+    the family runs it without a fallback: every persistent op of the forward plan launches
+    the family's kernel. -> (that kernel's name, the count of its forward ops)."""
+    from rnnrt.kernels import choice as C
+    from rnnrt.plan import forward_plan
+    r.selector.candidates_fn = lambda shape, device: (C.persistent_schedule(family),)
+    got = set()
+    for train in (False, True):
+        key = r.plan_key(steps, batch, train)
+        choice = C.choose_persistent(key)
+        assert key.dtype == r.dtype and key.family == family and choice.family == family \
+            and choice.fallback is None, choice.describe()
+        ops = [op.name for op in forward_plan(key).ops if op.kind == "persistent"]
+        assert ops and set(ops) == {choice.fit.kernel}, ops
+        got.add((choice.fit.kernel, len(ops)))
+    assert len(got) == 1, got
+    return got.pop()
+
+
 def check_runner_packed_step(r, lengths, rng, reverse=False, with_states=True, what=""):
     """One training step of GpuRunner ``r`` (a real one, or one on CpuSession) on a packed
     batch of sequences of ``lengths``: forward_packed, backward, every output against

@@ -131,14 +131,13 @@ compiled for its typed instantiations (``KernelLibrary.get_persistent``)."""
 
 
 def typed_persistent_kernels(file: str, cluster: bool) -> tuple[str, ...]:
-    """The registered persistent kernels of ``file`` that have typed instantiations, the
-    cluster kernels (and every kernel of typed.CLUSTER_ONLY_FILES) only where ``cluster``
-    (they exist for sm_90 and later only)."""
+    """The registered persistent kernels of ``file`` that have typed instantiations, those
+    that run in clusters (``typed.needs_clusters``: sm_90 and later only) only where
+    ``cluster``."""
     return tuple(k.name for k in REGISTRY
                  if k.persistent and k.file == file
                  and file in typed.TYPED_PERSISTENT_FILES + typed.MMA_FILES
-                 and (cluster or ("_cluster_" not in k.name
-                                  and file not in typed.CLUSTER_ONLY_FILES)))
+                 and (cluster or not typed.needs_clusters(k.name)))
 
 
 def precompile(lib, dtype="float32", cluster: bool = True) -> None:

@@ -96,8 +96,15 @@ TYPED_PERSISTENT_FILES = ("persistent.cu", "persistent_bwd.cu", "persistent_regs
                           "persistent_solo.cu")
 """The files whose persistent kernels have typed instantiations."""
 CLUSTER_ONLY_FILES = ("persistent_regs.cu",)
-"""Typed files whose every kernel runs in thread-block clusters (sm_90 and later only: a
-device without clusters has none of them to instantiate)."""
+"""Typed files whose every kernel runs in thread-block clusters (``needs_clusters``)."""
+
+
+def needs_clusters(name: str) -> bool:
+    """Whether persistent kernel ``name`` runs in thread-block clusters, so exists for sm_90
+    and later only (a device without clusters has no instantiation of it): the cluster
+    kernels of persistent.cu / persistent_bwd.cu ('_cluster_' in the name) and every kernel
+    of CLUSTER_ONLY_FILES."""
+    return "_cluster_" in name or get_kernel(name).file in CLUSTER_ONLY_FILES
 MMA_FILES = ("persistent_mma.cu", "persistent_mma_bwd.cu", "persistent_stack_mma.cu",
              "persistent_stack_mma_bwd.cu")
 """The files whose persistent kernels are typed instantiations only, at MMA_DTYPES (the

@@ -109,24 +109,15 @@ def test_small_hidden_forwards_run_every_precision(monkeypatch, family, cell, dt
     """The selector given the one candidate 'regs' (the register-resident kernel) or 'solo'
     (the block-persistent one) at a tf32 / 16-bit dtype: the forward runs that kernel (its
     typed instantiation on a GPU; here its NumPy twin with the typed kernels' rounding), no
-    fallback; the training step's backward is not the
-    register-resident one (fp32 only: choice.FP32_ONLY_FAMILIES 'regs_bwd') and says so
-    where asked for; forward and gradients within the precision's tolerance of the
+    fallback; the training step's backward is not the register-resident one (fp32 only:
+    choice.FP32_ONLY_FAMILIES 'regs_bwd') and says so where asked for; forward and gradients within the precision's tolerance of the
     rounding-aware reference, the stored h storage values."""
-    from rnnrt.kernels import choice as C
     from rnnrt.kernels.choice_backward import regs_backward
-    from rnnrt.plan import forward_plan
-    from testkit import cell_model
+    from testkit import cell_model, runs_named_family
     m = cell_model(cell, I, H, L, 5)
     r = _runner(monkeypatch, m, dtype=dtype)
-    r.selector.candidates_fn = lambda shape, device: (C.persistent_schedule(family),)
-    for train in (False, True):
-        key = r.plan_key(T, B, train)
-        choice = C.choose_persistent(key)
-        assert key.family == family and choice.family == family and choice.fallback is None, \
-            choice.describe()
-        assert [op.name for op in forward_plan(key).ops if op.kind == "persistent"] == \
-            [choice.fit.kernel] * L and f"_persistent_{family}_" in choice.fit.kernel
+    kernel, launches = runs_named_family(r, family, T, B)
+    assert launches == L and f"_persistent_{family}_" in kernel, (kernel, launches)
     key = r.plan_key(T, B, True)
     assert "fp32 only" in regs_backward(replace(key, backward="regs")).fallback
     rng = np.random.default_rng(4)

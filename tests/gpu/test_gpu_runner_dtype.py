@@ -125,17 +125,10 @@ def check_named_family(cp, cell, dtype, family):
     (test_gpu_regs, test_gpu_solo: their typed instantiations): every forward launch is that
     family's kernel at ``dtype``'s typed instantiation (no fallback), and a training step
     passes ``_check_step`` (the rounding-aware reference, y stored as storage values)."""
-    from rnnrt.kernels import choice as C
     from rnnrt.kernels.typed import persistent_expression
+    from testkit import runs_named_family
     m = _model(cell)
     r = GpuRunner(m, dtype=dtype, schedule_cache=False)
-    r.selector.candidates_fn = lambda shape, device: (C.persistent_schedule(family),)
-    for train in (False, True):
-        key = r.plan_key(T, B, train)
-        choice = C.choose_persistent(key)
-        assert key.dtype == dtype and choice.family == family and choice.fallback is None, \
-            choice.describe()
-        ops = [op.name for op in forward_plan(key).ops if op.kind == "persistent"]
-        assert ops and all(n == choice.fit.kernel for n in ops), ops
-        assert persistent_expression(ops[0], dtype).startswith(ops[0] + "_t<")
+    kernel, _ = runs_named_family(r, family, T, B)
+    assert persistent_expression(kernel, dtype).startswith(kernel + "_t<")
     _check_step(cp, r, m, dtype, f"{cell} {dtype} {family}")

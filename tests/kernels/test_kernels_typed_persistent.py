@@ -157,3 +157,18 @@ def test_get_persistent_compiles_one_module_a_file_and_precision(monkeypatch):
     lib.get_persistent("gru_persistent_bwd", "tf32")
     assert [c[0] for c in calls] == ["persistent.cu", "persistent.cu", "persistent_bwd.cu"]
     assert "gru_persistent_fwd_t<float, true>" in calls[1][2]
+
+
+def test_a_device_without_clusters_instantiates_no_cluster_kernel():
+    """typed_persistent_kernels(cluster=False): no cluster kernel of persistent.cu /
+    persistent_bwd.cu, none of the register-resident file (every kernel there runs in
+    clusters), every solo kernel (one block, no cluster)."""
+    from rnnrt.kernels.library import typed_persistent_kernels
+    assert typed_persistent_kernels("persistent_regs.cu", cluster=False) == ()
+    assert len(typed_persistent_kernels("persistent_regs.cu", cluster=True)) == 4
+    grid = typed_persistent_kernels("persistent.cu", cluster=False)
+    assert len(grid) == 4 and not any("_cluster_" in n for n in grid), grid
+    assert len(typed_persistent_kernels("persistent.cu", cluster=True)) == 8
+    assert len(typed_persistent_kernels("persistent_solo.cu", cluster=False)) == 7
+    assert typed.needs_clusters("gru_persistent_regs_fwd")
+    assert not typed.needs_clusters("gru_persistent_solo_rr_fwd")
