@@ -6,7 +6,10 @@
  *                            f16x2 register, lo in the low half
  *   pk_mma16816<TS>(d, a, b) one mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d += A B,
  *                            fp32 accumulation (fragment layout: persistent_mma.cuh's header)
- * tests/kernels/persistent_host_sim.cpp defines PK_HOST_SIM and emulates both (the mma
+ *   pk_ld_pair(p)            two TS values p[0], p[1] (4-byte aligned) as one packed
+ *                            register, p[0] in the low half: a fragment register read from
+ *                            operands stored in TS (the tensor-core cluster kernel's R slice)
+ * tests/kernels/persistent_host_sim.cpp defines PK_HOST_SIM and emulates them (the mma
  * through the warp's exchange buffer: a wrong fragment layout gives wrong sums).
  */
 #ifndef RNNRT_MMA_SYNC_CUH
@@ -27,6 +30,10 @@ template <> __device__ __forceinline__ unsigned int pk_pack2<fp16>(float lo, flo
     unsigned int d;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
     return d;
+}
+
+template <class TS> __device__ __forceinline__ unsigned int pk_ld_pair(const TS* p) {
+    return *reinterpret_cast<const unsigned int*>(p);   // little-endian: p[0] is the low half
 }
 
 // d += A (16 x 16) B (16 x 8), fp32 accumulation, one warp (every lane, converged).

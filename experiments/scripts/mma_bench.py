@@ -1,7 +1,8 @@
 """Issue 24: the tensor-core grid kernel (family 'mma', cuda_src/persistent_mma.cu) against the
 typed FMA grid kernel (family 'grid') on one layer, bf16 and fp16, H in {256, 512, 1024}, B in
 {8, 64, 256}, T 100, in one process on one device; plus cuDNN at the same dtype (torch, where
-it imports). Each point: GpuRunner forward (graph executor) with the selector's one
+it imports). ``--families`` times others too (e.g. 'mmac,mma,cluster': the tensor-core
+cluster kernel, persistent_mmac.cu), ``--cells`` LSTM and / or GRU. Each point: GpuRunner forward (graph executor) with the selector's one
 candidate the named family (no fallback allowed: a declined point is recorded with the fit's
 reason), y checked against the runner's cuBLAS rung at the same precision (the precision's
 tolerance) before timing; then timed with CUDA events (warm-up, median of --repeats). The
@@ -10,9 +11,10 @@ families, so the difference is the recurrent kernel's.
 
 Usage (GPU, repo root): python experiments/scripts/mma_bench.py --out DIR
   [--dtypes bfloat16,float16] [--hidden 256,512,1024] [--batches 8,64,256] [--steps 100]
-  [--repeats 20] [--no-cudnn]
-Prints a table last; writes DIR/mma-bench-<device>-<stamp>.json (kind 'mma_bench': device,
-versions, one row per point: us a step of mma, grid, cuDNN, the ratios, fits, checks).
+  [--repeats 20] [--no-cudnn] [--families mma,grid] [--cells lstm] [--tag TAG]
+Prints a table last; writes DIR/persistent-mma-bench[-TAG]-L1-T<T>-<device>-<stamp>.json
+(kind 'mma_bench': device, versions, one row per point: us a step of each family and of
+cuDNN, each family's fit or the reason it declined, the checks).
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def cudnn_point(m, dtype, x, repeats):
     from rnnrt.bench.timing import time_torch
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     H = m.hidden_size
-    net = torch.nn.LSTM(H, H).cuda().to(tdt)
+    net = (torch.nn.LSTM if m.cell_name == "lstm" else torch.nn.GRU)(H, H).cuda().to(tdt)
     xt = torch.as_tensor(x).cuda().to(tdt)
     with torch.no_grad():
         t = time_torch(torch, lambda: net(xt), repeats=repeats)
@@ -86,49 +88,54 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-cudnn", action="store_true")
+    ap.add_argument("--families", default="mma,grid")
+    ap.add_argument("--cells", default="lstm")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
+    fams = args.families.split(",")
     rows = []
-    for dtype in args.dtypes.split(","):
-        for H in map(int, args.hidden.split(",")):
-            for B in map(int, args.batches.split(",")):
-                m = rnnrt.LSTM(H, H, seed=0)
-                x = np.random.default_rng(1).standard_normal((args.steps, B, H)).astype(
-                    np.float32)
-                base = GpuRunner(m, switches=RUNG, schedule_cache=False, dtype=dtype)
-                y_ref, _ = base.forward(x)
-                y_ref = np.asarray(y_ref.get() if hasattr(y_ref, "get") else y_ref)
-                row = {"cell": "lstm", "layers": 1, "hidden": H, "batch": B,
-                       "steps": args.steps, "dtype": dtype}
-                for fam in ("mma", "grid"):
-                    try:
-                        row[fam] = point(cp, m, fam, dtype, x, y_ref, args.repeats)
-                    except Exception as e:  # noqa: BLE001 - a failed point is recorded
-                        row[fam] = {"error": repr(e)}
-                row["cudnn_us_step"] = None if args.no_cudnn else cudnn_point(
-                    m, dtype, x, args.repeats)
-                a, g = row["mma"].get("us_step"), row["grid"].get("us_step")
-                row["mma_vs_grid"] = g / a if a and g else None
-                rows.append(row)
-                print(f"{dtype} H{H} B{B}: mma {a} grid {g}", flush=True)
+    points = [(d, c, H, B) for d in args.dtypes.split(",") for c in args.cells.split(",")
+              for H in map(int, args.hidden.split(",")) for B in map(int, args.batches.split(","))]
+    for dtype, cell, H, B in points:
+        m = (rnnrt.LSTM if cell == "lstm" else rnnrt.GRU)(H, H, seed=0)
+        x = np.random.default_rng(1).standard_normal((args.steps, B, H)).astype(np.float32)
+        base = GpuRunner(m, switches=RUNG, schedule_cache=False, dtype=dtype)
+        y_ref, _ = base.forward(x)
+        y_ref = np.asarray(y_ref.get() if hasattr(y_ref, "get") else y_ref)
+        row = {"cell": cell, "layers": 1, "hidden": H, "batch": B, "steps": args.steps,
+               "dtype": dtype}
+        for fam in fams:
+            try:
+                row[fam] = point(cp, m, fam, dtype, x, y_ref, args.repeats)
+            except Exception as e:  # noqa: BLE001 - a failed point is recorded
+                row[fam] = {"error": repr(e)}
+        row["cudnn_us_step"] = None if args.no_cudnn else cudnn_point(m, dtype, x, args.repeats)
+        if "mma" in row and "grid" in row:
+            a, g = row["mma"].get("us_step"), row["grid"].get("us_step")
+            row["mma_vs_grid"] = g / a if a and g else None
+        rows.append(row)
+        print(f"{dtype} {cell} H{H} B{B}: " + ", ".join(
+            f"{f} {row[f].get('us_step')}" for f in fams), flush=True)
     from rnnrt.session import device_info
     device = device_info()
     record = {"schema": "rnnrt.mma_bench/1", "kind": "mma_bench", "created": now_iso(),
               "command": " ".join(sys.argv), "device": device, "versions": versions(cp),
               "rows": rows}
-    path = Path(args.out) / (f"persistent-mma-bench-L1-T{args.steps}-{device_slug(device['device'])}"
-                             f"-{stamp(record['created'])}.json")
+    tag = f"-{args.tag}" if args.tag else ""
+    path = Path(args.out) / (f"persistent-mma-bench{tag}-L1-T{args.steps}-"
+                             f"{device_slug(device['device'])}-{stamp(record['created'])}.json")
     write_json(record, path)
     print(f"\nrecord: {path}")
-    print(f"{'dtype':<10}{'H':>6}{'B':>5}{'mma us':>9}{'grid us':>9}{'cuDNN us':>10}"
-          f"{'grid/mma':>9}  ok")
+    print(f"{'dtype':<10}{'cell':<6}{'H':>6}{'B':>5}" + "".join(f"{f + ' us':>11}" for f in fams)
+          + f"{'cuDNN us':>10}  ok (us a step; - declined)")
     for r in rows:
         def f(v):
             return f"{v:.2f}" if isinstance(v, float) else "-"
         ok = all((r[k].get("check") or {}).get("ok", True) and "error" not in r[k]
-                 for k in ("mma", "grid"))
-        print(f"{r['dtype']:<10}{r['hidden']:>6}{r['batch']:>5}{f(r['mma'].get('us_step')):>9}"
-              f"{f(r['grid'].get('us_step')):>9}{f(r['cudnn_us_step']):>10}"
-              f"{f(r['mma_vs_grid']):>9}  {'ok' if ok else 'FAILED'}")
+                 for k in fams)
+        print(f"{r['dtype']:<10}{r['cell']:<6}{r['hidden']:>6}{r['batch']:>5}"
+              + "".join(f"{f(r[k].get('us_step')):>11}" for k in fams)
+              + f"{f(r['cudnn_us_step']):>10}  {'ok' if ok else 'FAILED'}")
     return 0
 
 

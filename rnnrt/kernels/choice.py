@@ -8,7 +8,7 @@ the cluster kernel or the grid kernel (one launch a layer, ``persistent.py``) �
 cluster launches are cut into input chunks that overlap along the wavefront, and, where
 nothing fits, why the plan falls back to the schedule without the switch. A key may name the
 family (``PlanKey.family``: the register-resident cluster kernel, 'regs', and the tensor-core
-grid kernel, 'mma', run only where named, as the selector's candidates name them); else the
+grid and cluster kernels, 'mma' and 'mmac', run only where named, as the selector's candidates name them); else the
 rules below pick one. The plan builders follow the answer; they decide nothing about kernels themselves.
 
 ``choose_persistent_backward(key)``: for a training key that names the persistent backward
@@ -39,6 +39,7 @@ from .choice_backward import (CUBLAS_BWD_LAYER_STEP_US, CUBLAS_BWD_STEP_US,  # n
                               grid_pair_alternatives, prefers_persistent_backward,
                               prefers_stack_backward)
 from .mma import MMA_DTYPES, mma_fit
+from .mmac import mmac_fit
 from .regs import regs_fit
 from .regs_bwd import regs_bwd_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
@@ -104,7 +105,7 @@ def stack_fit_of(cell: str, hidden: int, batch: int, layers: int, input_size: in
 class PersistentChoice:
     """What the persistent switch runs for one plan key.
 
-    family: 'stack', 'grid', 'cluster', 'regs', 'mma' or 'solo' — what runs — or None:
+    family: 'stack', 'grid', 'cluster', 'regs', 'mma', 'mmac' or 'solo' — what runs — or None:
     nothing persistent fits and the plan is the schedule without the switch (``fallback``
     says why).
     fit: the per-layer fit (grid or cluster kernel; for the stack, the per-layer fit the
@@ -178,6 +179,8 @@ def choose_persistent(key) -> PersistentChoice:
         return _regs_choice(key, declined)
     if family == "mma":
         return _mma_choice(key, declined)
+    if family == "mmac":
+        return _mmac_choice(key, declined)
     if family == "solo":
         return _solo_choice(key, declined)
     kind = family if family in ("grid", "cluster") else None
@@ -247,6 +250,18 @@ def _mma_choice(key, declined) -> PersistentChoice:
     return PersistentChoice("mma", fit, None, False, key.steps)
 
 
+def _mmac_choice(key, declined) -> PersistentChoice:
+    """The tensor-core cluster kernel for ``key`` (named as its family): bfloat16 / float16
+    keys only (mma.MMA_DTYPES_REASON). One launch a layer over all T steps after one W.x
+    GEMM a layer, never chunked: its clusters are one for every 8 batches, and at the
+    batches it is for (8-32) a layer's launch leaves most SMs to nobody, so chunks would
+    only add launches."""
+    fit = mmac_fit(key.cell, key.hidden_size, key.batch, key.device.props(), key.dtype)
+    if not fit.ok:
+        return declined(fit.reason, fit)
+    return PersistentChoice("mmac", fit, None, False, key.steps)
+
+
 def _solo_choice(key, declined) -> PersistentChoice:
     """The block-persistent kernel for ``key`` (named as its family): one launch a layer over
     all T steps, never chunked, even with the wavefront (each launch wants every SM: its
@@ -297,7 +312,8 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     lengths first: the persistent kernels run the whole batch every step, choose_persistent
     declines a pattern). No stack kernel for tf32 (STACK_TF32_REASON; bfloat16 /
     float16 take the tensor-core stack kernel: ``stack_fit_of``); the tensor-core grid
-    kernel ('mma') for bfloat16 / float16 only (mma.MMA_DTYPES_REASON)."""
+    kernels ('mma', 'mmac': grid and cluster) for bfloat16 / float16 only
+    (mma.MMA_DTYPES_REASON)."""
     props = device.props()
     out = {}
     st = stack_fit_of(shape.cell, shape.hidden, shape.batch, shape.layers, shape.input_size,
@@ -314,6 +330,9 @@ def fitting_families(shape: "Shape", device) -> dict[str, str]:
     mf = mma_fit(shape.cell, shape.hidden, shape.batch, props, shape.dtype)
     if mf.ok:
         out["mma"] = mf.reason
+    mc = mmac_fit(shape.cell, shape.hidden, shape.batch, props, shape.dtype)
+    if mc.ok:
+        out["mmac"] = mc.reason
     so = solo_fit(shape.cell, shape.hidden, shape.batch, props)
     if so.ok and not persistent_storage_declines(shape.dtype, "solo"):
         out["solo"] = so.reason
@@ -348,7 +367,8 @@ def regs_backward_candidates(shape: "Shape", device,
 
 def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]:
     """Every schedule worth timing for ``shape``: the persistent families that fit (solo,
-    stack, cluster, regs, mma (bf16 / fp16), grid: each runs the recurrence with R on chip)
+    stack, mmac and mma (bf16 / fp16), cluster, regs, grid: each runs the recurrence with R
+    on chip)
     and the cluster families at other counts (``counts.count_schedules``, capped by ``cluster_cap(fit)``: an
     occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
@@ -365,7 +385,7 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     fams = fitting_families(shape, device)
     # solo first: it fits at hidden <= 128 only, where it is expected to win at batch >= 128
     persistent = tuple(persistent_schedule(f)
-                       for f in ("solo", "stack", "cluster", "regs", "mma", "grid")
+                       for f in ("solo", "stack", "mmac", "cluster", "regs", "mma", "grid")
                        if f in fams)
     counts = tuple(c for f in CLUSTER_FAMILIES if f in fams
                    for c in count_schedules(shape, device, f, cluster_cap))
@@ -420,9 +440,14 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
          not a clear win to take untimed); past 64 batches in batch groups where they fit
          (H200, L4 H 256 B 128 forward: LSTM 1.77 ms against ib10's 2.81, GRU 1.50 against
          2.57);
-      2. the cluster kernel where it fits and hidden <= 128;
-      3. the grid kernel where it fits and hidden x batch <= GRID_MAX_WORK;
-      4. cuBLAS: the paper rung (pre-transposed weights) at batch >= 128, else chunks of 10
+      2. the tensor-core cluster kernel ('mmac', bfloat16 / float16) where it fits, one
+         layer and batch <= 64 (H200, float16, forward: LSTM H 256 B 8 / 32 / 64 0.26 / 0.27
+         / 0.27 ms against the FMA cluster kernel's 0.92 / 0.93 / - and cuBLAS's 0.49-0.57;
+         at H 128 B 8 0.19 against the cluster kernel's 0.30,
+         `sweep/sweep-wide-float16-l1-h128-256-mmac-lstm-gru-nvidia-h200-20261129T082936.jsonl`);
+      3. the cluster kernel where it fits and hidden <= 128;
+      4. the grid kernel where it fits and hidden x batch <= GRID_MAX_WORK;
+      5. cuBLAS: the paper rung (pre-transposed weights) at batch >= 128, else chunks of 10
          without the transposition (at batch 8 cuBLAS's kernel for the transposed product of
          so few rows is slow: 3.4 against 0.8 ms at LSTM L1 H128 B8)."""
     if shape.varlen:   # the pre-transposed paper rung: fast at the few rows of late steps
@@ -431,6 +456,8 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
     if ("stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256
             and shape.dtype == "float32"):
         return persistent_schedule("stack")
+    if "mmac" in fams and shape.layers == 1 and shape.batch <= 64:
+        return persistent_schedule("mmac")
     if "cluster" in fams and shape.hidden <= 128:
         return persistent_schedule("cluster")
     if "grid" in fams and shape.hidden * shape.batch <= GRID_MAX_WORK:

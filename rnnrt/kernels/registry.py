@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import emulate, emulate_bwd, emulate_regs, mma, mma_bwd
+from . import emulate, emulate_bwd, emulate_regs, mma, mma_bwd, mmac
 from . import persistent as pk
 from . import regs, regs_bwd
 from . import solo
@@ -302,6 +302,14 @@ REGISTRY += tuple(
             numpy_fn=mma.mma_twin(k.name.split("_persistent")[0]))
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_fwd")
     and k.file == "persistent.cu")
+
+# the tensor-core cluster kernels (persistent_mmac.cu; mmac.py): the cluster kernels'
+# arguments, bf16 / fp16 instantiations only (typed.py), the emulation with their parts of
+# the sum over k as twins
+REGISTRY += tuple(
+    replace(k, name=mmac.kernel_name(k.name.split("_persistent")[0]), file="persistent_mmac.cu",
+            numpy_fn=mmac.mmac_twin(k.name.split("_persistent")[0]))
+    for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
 
 # the block-persistent kernels (persistent_solo.cu; solo.py): the cluster kernels' arguments,
 # each block all of R and its own batches

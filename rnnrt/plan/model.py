@@ -29,7 +29,7 @@ STATE_INPUTS = ("h0", "c0", "dh_n", "dc_n")
 """Inputs no op of a plan may write (``validate`` refuses one that does): GpuRunner loads a
 None state (zeros) once and skips the fill while the caller keeps passing None
 (gpu.py ``_load_states``), which is right only while nothing overwrites them."""
-PERSISTENT_FAMILIES = ("stack", "grid", "cluster", "regs", "mma", "solo")
+PERSISTENT_FAMILIES = ("stack", "grid", "cluster", "regs", "mma", "mmac", "solo")
 CLUSTER_FAMILIES = ("cluster", "regs")
 """The persistent families whose count of clusters is a launch parameter (PlanKey.clusters)."""
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
@@ -50,8 +50,9 @@ class PlanKey:
     """Everything a plan depends on. Hashable: plans are cached per key.
 
     family: with the persistent switch, which persistent kernel family the plan must use —
-    'stack', 'grid', 'cluster', 'regs' (the register-resident cluster kernel), 'mma' (the
-    tensor-core grid kernel, bfloat16 / float16 keys) or 'solo' (the block-persistent kernel)
+    'stack', 'grid', 'cluster', 'regs' (the register-resident cluster kernel), 'mma' and
+    'mmac' (the tensor-core grid and cluster kernels, bfloat16 / float16 keys) or 'solo' (the
+    block-persistent kernel)
     — the schedule selector names one per candidate — or None:
     kernels/choice.py picks one by its rules. Where the named family does not fit, the plan
     falls back to the schedule without the switch and says why, as for None.

@@ -14,7 +14,8 @@
 // test_kernels_pair_bwd_sim.py: PK_SIM_BWD_PAIR, the grid kernels in cluster pairs, CLUSTER 2:
 // the grid barrier and the cluster primitives both) and
 // test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
-// emulated over the warp's exchange buffer) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
+// emulated over the warp's exchange buffer; test_kernels_mmac_sim.py: PK_SIM_MMAC, the
+// tensor-core cluster kernels in its main, CLUSTER 8) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
 // the tensor-core backward kernels, likewise) and test_kernels_stack_mma.py
 // (PK_SIM_STACK_MMA: the tensor-core stack kernel, likewise) and
 // test_kernels_stack_mma_bwd.py (PK_SIM_STACK_MMA_BWD: its backward, in cluster pairs)
@@ -48,6 +49,9 @@
 #include <thread>
 #include <vector>
 
+#ifdef PK_SIM_MMAC   // the tensor-core forward main runs the tensor-core cluster kernels
+#define PK_SIM_MMA
+#endif
 #if defined(PK_SIM_REGS_BWD) || defined(PK_SIM_BWD_PAIR)   // the backward main below runs
 #define PK_SIM_BWD                                          // their kernels
 #endif
@@ -229,6 +233,11 @@ template <class TS> static float sim_unpack(unsigned int r, int half) {
     TS v;
     v.bits = static_cast<unsigned short>(r >> (16 * half));
     return to_f(v);
+}
+// two TS values side by side as one packed register, p[0] in the low half (the device's
+// 32-bit load, little-endian)
+template <class TS> static unsigned int pk_ld_pair(const TS* p) {
+    return static_cast<unsigned int>(p[0].bits) | (static_cast<unsigned int>(p[1].bits) << 16);
 }
 template <class TS>
 static void pk_mma16816(float (&d)[4], const unsigned int (&a)[4], const unsigned int (&b)[2]) {
@@ -475,6 +484,12 @@ int main(int argc, char** argv) {
     return 0;
 }
 #elif defined(PK_SIM_MMA) || defined(PK_SIM_MMA_BWD)
+#ifdef PK_SIM_MMAC   // the forward main below runs the tensor-core cluster kernels
+#define lstm_persistent_mma_fwd_t lstm_persistent_mmac_fwd_t
+#define gru_persistent_mma_fwd_t gru_persistent_mmac_fwd_t
+#define rnn_tanh_persistent_mma_fwd_t rnn_tanh_persistent_mmac_fwd_t
+#define rnn_relu_persistent_mma_fwd_t rnn_relu_persistent_mmac_fwd_t
+#endif
 #ifdef PK_SIM_MMA
 // The tensor-core grid kernels (persistent_mma.cu, `*_persistent_mma_fwd_t<TS, false>`):
 //   persistent_host_sim_mma CELL B H T U BLOCKS THREADS SMEM_BYTES LAUNCHES DIR K_TILE TS
@@ -493,6 +508,9 @@ static int run_mma(const std::string& cell, int B, int H, int T, int U, int bloc
     std::vector<TS> h(h_in.size());
     for (size_t i = 0; i < h.size(); ++i) h[i] = from_f<TS>(h_in[i]);
     unsigned int sync[2] = {0, 0};
+#ifdef PK_SIM_MMAC
+    sim_cluster = 8;   // PK_CLUSTER: the cluster kernels' blocks a cluster
+#endif
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int l = 0; l < launches; ++l) {
         std::fill(h.begin() + (size_t)B * H, h.end(), from_f<TS>(nan));

@@ -1,0 +1,232 @@
+"""The tensor-core cluster kernels (cuda_src/persistent_mmac.cu, ``*_persistent_mmac_fwd``):
+how one layer is cut (``mmac_layout``) and which shapes they take (``mmac_fit``). The NumPy
+twin is the grid kernel's emulation (``emulate.emulate``) with this kernel's order of the
+sums over k.
+
+Clusters of PK_CLUSTER = 8 blocks, as the FMA cluster kernel (persistent.py): each cluster
+holds all of R and updates its own slice of at most MMAC_BG = 8 batches (one n8 tile of
+mma.sync m16n8k16: ``clusters`` = ceil(B / 8)); block rank r owns the hidden units
+[r*U, r*U + U), U = ceil(H / 8), with all G gate rows (M = G*U rows of R). The R slice is
+kept in shared memory in the storage type (bf16 / fp16: half the bytes of the FMA kernels'
+fp32 copy), h_t in two buffers of every block (pushed there by the blocks that update it,
+then the cluster barrier). The block's MT = ceil(M / 16) m16 tiles times KPARTS parts of the
+k16 steps over H are its warps: warp w multiplies tile w % MT over part w // MT (two
+accumulator chains, even and odd steps, added at the end), the parts' sums meet in shared
+memory and are added in part order by the thread that updates the cell.
+
+bfloat16 and float16 keys only (mma.MMA_DTYPES_REASON): R and h_t are exact in the tensor
+core's input type, so the kernel computes the other persistent kernels' math up to
+summation order. Why a cluster and not the grid (mma.py): at a batch of 8-32 and H 256-512
+the tensor-core grid kernel's step is its grid barrier and the L2 staging of h_t (~8 us on
+the H200), while a cluster exchanges h_{t+1} through distributed shared memory and meets at
+the hardware barrier; the FMA cluster kernel cannot hold LSTM H 256's R (fp32) with its
+partial sums in one block's shared memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..cells import get_cell
+from ..precision import get_precision
+from .budget import DeviceBudget, ceil_div
+from .mma import MMA_DTYPES, MMA_DTYPES_REASON, mma_stride
+from .persistent import PK_CLUSTER, PK_CPT, Fit
+
+# The kernel's compile-time constants (cuda_src/persistent_mmac.cu; a test holds them equal).
+MMAC_MAX_THREADS = 512   # __launch_bounds__(PK_MMAC_MAX_THREADS, 1): at most 128 registers
+MMAC_BG = 8              # most batches a cluster (PK_MMAC_BG): one n8 tile
+
+NVCC_REGS = {"lstm": 128, "gru": 128, "rnn_tanh": 128, "rnn_relu": 128}
+"""Registers a thread the fit assumes: the most __launch_bounds__(512, 1) allows (nvcc 13.0,
+sm_90a, --resource-usage: LSTM 108, GRU 96, the RNNs 64, bf16 and fp16 alike, no spills; a
+test holds nvcc to at most these)."""
+
+
+def kernel_name(cell: str) -> str:
+    """'lstm' -> 'lstm_persistent_mmac_fwd'."""
+    return f"{get_cell(cell).name}_persistent_mmac_fwd"
+
+
+@dataclass(frozen=True)
+class MmacFit(Fit):
+    """How one layer runs as one tensor-core cluster launch (a ``persistent.Fit``: the plan
+    builders read its kernel, grid, block, shared memory and scalars as the cluster kernel's).
+    ``k_parts``: KPARTS, the parts of the k16 steps (threads = 32 * m_tiles * k_parts);
+    ``k_groups`` is the same number (the partial sums each gate sum adds); ``k_tile`` is
+    KP = H rounded up to 16 (one tile: all of h_t is in shared memory)."""
+
+    @property
+    def kernel(self) -> str:
+        return kernel_name(self.cell)
+
+    @property
+    def m_tiles(self) -> int:
+        """MT: m16 tiles of the block's G*U rows."""
+        return ceil_div(self.rows, 16)
+
+    @property
+    def k_steps(self) -> int:
+        """KS: k16 steps over H."""
+        return ceil_div(self.hidden, 16)
+
+    @property
+    def k_parts(self) -> int:
+        return self.k_groups
+
+    def part_steps(self, part: int) -> range:
+        """The k16 steps part ``part`` multiplies: [part*KS // KPARTS, (part+1)*KS // KPARTS)."""
+        ks, n = self.k_steps, self.k_parts
+        return range(part * ks // n, (part + 1) * ks // n)
+
+    def part_columns(self, part: int) -> np.ndarray:
+        """The columns k < H of h_t (and of R) part ``part`` sums over, in order."""
+        s = self.part_steps(part)
+        return np.arange(16 * s.start, min(16 * s.stop, self.hidden), dtype=np.int64)
+
+    def describe(self) -> str:
+        head = (f"{self.cell} H {self.hidden} B {self.batch}: tensor-core cluster kernel "
+                f"(mma.sync m16n8k16), U {self.units_per_block}, {self.clusters} cluster"
+                f"{'' if self.clusters == 1 else 's'} of {self.cluster} blocks "
+                f"({self.batch_per_block} batches each) x {self.threads} threads "
+                f"({self.m_tiles} m16 tiles x {self.k_parts} part"
+                f"{'' if self.k_parts == 1 else 's'} of {self.k_steps} k16 steps), shared "
+                f"{self.smem_bytes} B (R {self.smem_r} + h buffers {self.smem_tile} + "
+                f"partials {self.smem_partials})")
+        return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
+
+
+def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
+                clusters: int | None = None) -> MmacFit:
+    """The kernel's cut with ``k_parts`` parts of the k16 steps and ``clusters`` clusters
+    (default ceil(B / MMAC_BG)), no device checks (ok False where the kernel would trap: a
+    cluster past MMAC_BG batches or empty, threads past MMAC_MAX_THREADS, more than PK_CPT
+    cells a thread, more parts than k16 steps). Shared memory (the kernel's mmac_geom):
+    R slice [MT*16][KP + 8] 16-bit values, two h buffers [MMAC_BG][mma_stride(KP)] floats,
+    partial sums [KPARTS][MT*16][8] floats."""
+    for what, v in (("hidden", hidden), ("batch", batch), ("k_parts", k_parts),
+                    ("clusters", 1 if clusters is None else clusters)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"mmac: {what} must be a positive int, got {v!r}")
+    spec = get_cell(cell)
+    H, B, kparts = int(hidden), int(batch), int(k_parts)
+    ncl = ceil_div(B, MMAC_BG) if clusters is None else int(clusters)
+    U = ceil_div(H, PK_CLUSTER)
+    M = spec.gates * U
+    mt, ks = ceil_div(M, 16), ceil_div(H, 16)
+    kp = 16 * ks
+    nt = 32 * mt * kparts
+    BG = ceil_div(B, ncl)
+    fit = MmacFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
+                  units_per_block=U, blocks=PK_CLUSTER * ncl, threads=nt, lanes=(1, 1, 1),
+                  k_groups=kparts, cells_per_thread=ceil_div(U * BG, nt), k_tile=kp,
+                  smem_r=2 * mt * 16 * (kp + 8), smem_tile=4 * 2 * MMAC_BG * mma_stride(kp),
+                  smem_partials=4 * kparts * mt * 16 * 8, cluster=PK_CLUSTER, clusters=ncl)
+    problem = None
+    if BG > MMAC_BG:
+        problem = f"{BG} batches a cluster > {MMAC_BG} (one n8 tile): more clusters"
+    elif (ncl - 1) * BG >= B:
+        problem = f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
+    elif nt > MMAC_MAX_THREADS:
+        problem = (f"{mt} m16 tiles x {kparts} parts = {nt} threads > {MMAC_MAX_THREADS} "
+                   f"(the kernel's launch bound)")
+    elif kparts > ks:
+        problem = f"{kparts} parts of {ks} k16 steps: a part would be empty"
+    elif U * BG > PK_CPT * nt:
+        problem = f"{U} units x {BG} batches > {PK_CPT} cells a thread x {nt} threads"
+    return replace(fit, ok=False, reason=problem) if problem else fit
+
+
+def mmac_declines(dtype) -> str | None:
+    """MMA_DTYPES_REASON unless precision ``dtype`` is one the kernels run; else None."""
+    return None if get_precision(dtype).name in MMA_DTYPES else MMA_DTYPES_REASON
+
+
+def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", *,
+             k_parts: int | None = None, clusters: int | None = None,
+             regs_per_thread: int | None = None) -> MmacFit:
+    """Fit one layer onto the device ``props`` (CuPy's getDeviceProperties keys, as
+    persistent.persistent_fit), at precision ``dtype``. Rules in order (the first that fails
+    is the reason):
+      0. dtype bfloat16 or float16 (MMA_DTYPES_REASON), compute capability >= 9.0, a
+         cluster's SMs.
+      1. ceil(B / MMAC_BG) clusters unless ``clusters`` is given (clusters wait only for
+         their own blocks: more than the device holds at once run in waves, correctly).
+      2. The k16 steps in ``k_parts`` parts, else the most parts whose block stays within
+         MMAC_MAX_THREADS threads (more warps: shorter mma chains a step; the parts' sums
+         are added by the pointwise threads), at least one.
+      3. Shared memory (R slice + h buffers + partial sums, ``mmac_layout``) within a
+         block's, registers (NVCC_REGS unless given) within the SM's.
+    Any hidden size whose R slice fits: columns past H, rows past G*U and batches past B are
+    zeros in the fragments, never stored."""
+    name = get_cell(cell).name
+    H, B = int(hidden), int(batch)
+    dev = DeviceBudget(props, NVCC_REGS[name] if regs_per_thread is None else regs_per_thread,
+                       MMAC_MAX_THREADS, (MMAC_MAX_THREADS,))
+    where = f"{name} hidden {H}, batch {B}, tensor-core cluster kernel"
+    if k_parts is None:
+        mt = ceil_div(get_cell(name).gates * ceil_div(H, PK_CLUSTER), 16)
+        k_parts = max(1, min(dev.max_threads // (32 * mt), ceil_div(H, 16)))
+    fit = replace(mmac_layout(name, H, B, k_parts, clusters), sms=dev.sms,
+                  regs_per_thread=dev.regs)
+
+    def no(why):
+        return replace(fit, ok=False, reason=f"{where}: {why}")
+
+    storage = mmac_declines(dtype)
+    if storage is not None:
+        return no(f"{get_precision(dtype).name}: {storage}")
+    if dev.cc_major < 9:
+        return no(f"thread-block clusters need compute capability 9.0 or later (device: "
+                  f"{dev.cc_major}.x)")
+    if dev.sms < PK_CLUSTER:
+        return no(f"{dev.sms} SMs < one cluster")
+    if not fit.ok:
+        return no(fit.reason)
+    if fit.threads > dev.max_threads:
+        return no(f"{fit.threads} threads > {dev.max_threads} a block")
+    if fit.smem_bytes > dev.limit:
+        return no(f"R slice {fit.smem_r} + h buffers {fit.smem_tile} + partial sums "
+                  f"{fit.smem_partials} = {fit.smem_bytes} bytes of shared memory > "
+                  f"{dev.limit} a block can have")
+    if not dev.regs_ok(fit.threads):
+        return no(f"{fit.threads} threads x {dev.regs} registers > {dev.regs_sm} per SM")
+    return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
+                               f" of {PK_CLUSTER} blocks ({fit.blocks} of {dev.sms} SMs), R "
+                               f"slice in shared memory as 16-bit values")
+
+
+# --- the registry's NumPy twins ---------------------------------------------------------------
+
+def mmac_products(fit: MmacFit):
+    """emulate's ``products`` for ``fit``: each part's columns (``part_columns``) as one
+    float32 matmul, the parts added in order (the kernel's order over parts; inside a part
+    the tensor core's, which the twin does not copy: the same math, not the same bits)."""
+    from .emulate import sum_k_groups
+    runs = [fit.part_columns(p) for p in range(fit.k_parts)]
+    runs = [r if r.size else None for r in runs]
+
+    def products(rs, ht):   # rs [G, Ub, H], ht [B, H] -> [G, Ub, B]
+        return sum_k_groups(runs, lambda cols: rs[:, :, cols] @ ht[:, cols].T,
+                            (*rs.shape[:2], ht.shape[0]), np.result_type(rs, ht))
+    return products
+
+
+def _fit_of(cell, B, H, units_per_block, k_tile, cluster):
+    """(kernel name, fit, emulate's keywords) of the twin: the default cut (the parts only
+    change the order of the sums over k)."""
+    fit = mmac_layout(cell, H, B)
+    if units_per_block != fit.units_per_block or k_tile < H:
+        fit = replace(fit, ok=False, reason=f"the twin runs U {fit.units_per_block} and a "
+                                            f"k_tile >= H, got U {units_per_block}, k_tile "
+                                            f"{k_tile}")
+    return kernel_name(cell), fit, {"products": mmac_products(fit)}
+
+
+def mmac_twin(cell: str):
+    """The registry's NumPy twin of ``cell``'s tensor-core cluster kernel: the grid kernel's
+    emulation (``emulate.emulate``: the key's rounding, the cells ``owned`` as the other
+    persistent kernels own them) with this kernel's parts of the sum over k."""
+    from .emulate import twin_of
+    return twin_of(get_cell(cell).name, _fit_of, kernel_name(cell))

@@ -1,0 +1,89 @@
+"""The tensor-core cluster kernel's family ('mmac', rnnrt/kernels/mmac.py) in plans, without a
+GPU: a bfloat16 / float16 key that names it runs its kernel (no fallback), and the NumPy
+executor's plan (the kernel's twin: the emulation with its parts of the sum over k) equals
+the rounding-aware reference to float64 agreement (the twin runs in the workspace's float64,
+so the tensor core's summation order, which the GPU tests allow for, does not show here);
+float32 and tf32 keys fall back to the schedule without the switch, saying why; the
+selector's candidates and the fitting families name it for 16-bit shapes only, before the
+FMA cluster kernel; a training key runs it with the FMA backward.
+"""
+from __future__ import annotations
+
+import pytest
+from test_plan_precision import EXACT, case, check, key_of, run_plans
+
+from rnnrt.kernels import choice, selector
+from rnnrt.kernels import mmac as MC
+from rnnrt.kernels.limits import H100_SXM
+from rnnrt.plan import forward_plan
+from rnnrt.plan.switches import Switches
+
+CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+PERSISTENT = Switches(grouped=True, streams=True, fused=True, wavefront=True, input_batch=2,
+                      persistent=True)
+
+
+@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+def test_mmac_family_runs_its_kernel_and_equals_the_reference(cell, dtype):
+    c = case(cell, dtype, seed=7)
+    for train in (False, True):
+        key = key_of(cell, PERSISTENT, dtype, train, family="mmac")
+        plan = forward_plan(key)
+        assert plan.fallback is None, plan.fallback
+        names = {op.name for op in plan.ops if getattr(op, "kind", "") == "persistent"}
+        assert names == {MC.kernel_name(cell)}, names
+        assert "tensor-core cluster kernel" in plan.fit
+        check(run_plans(key, c), c, f"{cell} {dtype} mmac{' train' if train else ''}",
+              EXACT["atol"], EXACT["rtol"])
+
+
+@pytest.mark.parametrize("dtype", ("float32", "tf32"))
+def test_fp32_and_tf32_keys_decline_with_the_reason(dtype):
+    key = key_of("lstm", PERSISTENT, dtype, False, family="mmac")
+    plan = forward_plan(key)
+    assert plan.fallback is not None and MC.MMA_DTYPES_REASON in plan.fallback, plan.fallback
+    assert not any(getattr(op, "kind", "") == "persistent" for op in plan.ops)
+
+
+def test_a_planted_twin_fault_is_caught(monkeypatch):
+    """The check can fail: a twin whose first part drops its last column differs."""
+    real = MC.MmacFit.part_columns
+
+    def short(self, part):
+        cols = real(self, part)
+        return cols[:-1] if part == 0 and len(cols) else cols
+    monkeypatch.setattr(MC.MmacFit, "part_columns", short)
+    c = case("lstm", "bfloat16", seed=7)
+    key = key_of("lstm", PERSISTENT, "bfloat16", False, family="mmac")
+    with pytest.raises(AssertionError):
+        check(run_plans(key, c), c, "planted")
+
+
+def _shape(dtype, hidden=256, batch=8, cell="lstm"):
+    return selector.Shape(cell, 1, hidden, hidden, batch, 100, False, dtype=dtype)
+
+
+def test_candidates_name_mmac_for_16_bit_shapes_it_fits():
+    for dtype in MC.MMA_DTYPES:
+        fams = choice.fitting_families(_shape(dtype), H100_SXM)
+        assert "mmac" in fams and "fits" in fams["mmac"]
+        names = [s.name for s in choice.candidates(_shape(dtype), H100_SXM)]
+        assert "mmac" in names and names.index("mmac") < names.index("cluster"), names
+    for dtype in ("float32", "tf32"):
+        assert "mmac" not in choice.fitting_families(_shape(dtype), H100_SXM)
+    # LSTM H 512: the 16-bit R slice of a block (266 KB) does not fit; the FMA families do
+    fams = choice.fitting_families(_shape("float16", hidden=512), H100_SXM)
+    assert "mmac" not in fams and "grid" in fams
+
+
+def test_the_heuristic_takes_mmac_for_one_16_bit_layer_up_to_64_batches():
+    for dtype in MC.MMA_DTYPES:
+        for hidden in (128, 256):
+            for batch in (8, 64):
+                assert choice.forward_heuristic(_shape(dtype, hidden, batch),
+                                                H100_SXM).family == "mmac"
+        assert choice.forward_heuristic(_shape(dtype, batch=128), H100_SXM).family != "mmac"
+        four = selector.Shape("lstm", 4, 256, 256, 8, 100, False, dtype=dtype)
+        assert choice.forward_heuristic(four, H100_SXM).family != "mmac"
+    assert choice.forward_heuristic(_shape("float32"), H100_SXM).family != "mmac"
