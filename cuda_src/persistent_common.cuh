@@ -149,7 +149,8 @@ __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int* p) {
 // Thread-block clusters (sm_90): this block's rank in its cluster, the cluster's index in
 // the grid and the number of clusters; the cluster barrier (every thread of every block of
 // the cluster; release / acquire: shared-memory writes to any block of the cluster before
-// it are seen by every thread after it); and a 4-byte (pk_st_cluster4: 16-byte) store into
+// it are seen by every thread after it); and a 4-byte (pk_st_cluster4: 16-byte;
+// pk_st_cluster_b16: 2-byte) store into
 // block `rank`'s shared memory at the address that `local` is in this block's (mapa: the
 // same offset there).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900   // no clusters: the grid kernels only
@@ -161,6 +162,9 @@ __device__ __forceinline__ void pk_cluster_arrive() { __trap(); }
 __device__ __forceinline__ void pk_cluster_wait() { __trap(); }
 __device__ __forceinline__ void pk_st_cluster(pk_saddr, unsigned int, float) { __trap(); }
 __device__ __forceinline__ void pk_st_cluster4(pk_saddr, unsigned int, float4) { __trap(); }
+__device__ __forceinline__ void pk_st_cluster_b16(pk_saddr, unsigned int, unsigned short) {
+    __trap();
+}
 #else
 __device__ __forceinline__ unsigned int pk_cluster_rank() {
     unsigned int v;
@@ -193,6 +197,14 @@ __device__ __forceinline__ void pk_st_cluster(pk_saddr local, unsigned int rank,
     unsigned int remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
     asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+// The same for 2 bytes (`local` 2-byte aligned): a 16-bit value's bits (the tensor-core
+// cluster kernel's h buffers in the storage type).
+__device__ __forceinline__ void pk_st_cluster_b16(pk_saddr local, unsigned int rank,
+                                                  unsigned short bits) {
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.b16 [%0], %1;" :: "r"(remote), "h"(bits) : "memory");
 }
 // The same for 16 bytes (`local` 16-byte aligned): one store where a thread pushes 4 floats
 // that lie side by side (the register-resident backward's LSTM gates of one cell).

@@ -25,8 +25,10 @@ import time
 
 from collections import OrderedDict
 
+from . import mmac
 from . import persistent as pk
 from . import typed
+from .occupancy import allow_non_portable_clusters
 from .registry import REGISTRY, get_kernel, kernel_args
 from .sources import source
 
@@ -266,11 +268,14 @@ class KernelLibrary:
     def with_shared(self, name: str, smem_bytes: int, dtype="float32"):
         """The cupy.RawKernel ``name`` (at precision ``dtype``: ``get_persistent``), opted in
         (cudaFuncSetAttribute) to ``smem_bytes`` of dynamic shared memory where that is past
-        the default 48 KB and past what it already allows. Call it before a launch or a
+        the default 48 KB and past what it already allows, and for a kernel of clusters past
+        8 blocks (mmac.non_portable) allowed to launch them. Call it before a launch or a
         graph capture, not inside one."""
         fn = self.get_persistent(name, dtype)
         if smem_bytes > pk.DEFAULT_SHARED_BYTES and fn.max_dynamic_shared_size_bytes < smem_bytes:
             fn.max_dynamic_shared_size_bytes = smem_bytes
+        if mmac.non_portable(name):   # clusters of 16 blocks: the launch must opt in (a
+            allow_non_portable_clusters(fn)   # driver call; the kernel may be a new load)
         return fn
 
     def launch(self, name: str, rows: int, cols: int, out_ptrs_lds, in_ptrs_lds) -> None:

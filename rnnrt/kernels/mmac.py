@@ -3,13 +3,14 @@ how one layer is cut (``mmac_layout``) and which shapes they take (``mmac_fit``)
 twin is the grid kernel's emulation (``emulate.emulate``) with this kernel's order of the
 sums over k.
 
-Clusters of PK_CLUSTER = 8 blocks, as the FMA cluster kernel (persistent.py): each cluster
-holds all of R and updates its own slice of at most MMAC_BG = 8 batches (one n8 tile of
-mma.sync m16n8k16: ``clusters`` = ceil(B / 8)); block rank r owns the hidden units
-[r*U, r*U + U), U = ceil(H / 8), with all G gate rows (M = G*U rows of R). The R slice is
-kept in shared memory in the storage type (bf16 / fp16: half the bytes of the FMA kernels'
-fp32 copy), h_t in two buffers of every block (pushed there by the blocks that update it,
-then the cluster barrier). The block's MT = ceil(M / 16) m16 tiles times KPARTS parts of the
+Clusters of CN blocks, CN = PK_CLUSTER = 8 as the FMA cluster kernel (persistent.py), or 16
+(the ``*_mmac16_*`` kernels: a non-portable cluster size, the launch opts in) where a block's
+share of R does not fit at 8: each cluster holds all of R and updates its own slice of at
+most MMAC_BG = 8 batches (one n8 tile of mma.sync m16n8k16: ``clusters`` = ceil(B / 8));
+block rank r owns the hidden units [r*U, r*U + U), U = ceil(H / CN), with all G gate rows
+(M = G*U rows of R). The R slice and h_t (two buffers: pushed there by the blocks that
+update it, then the cluster barrier) are kept in shared memory in the storage type (bf16 /
+fp16: half the bytes of the FMA kernels' fp32 copies). The block's MT = ceil(M / 16) m16 tiles times KPARTS parts of the
 k16 steps over H are its warps: warp w multiplies tile w % MT over part w // MT (two
 accumulator chains, even and odd steps, added at the end), the parts' sums meet in shared
 memory and are added in part order by the thread that updates the cell.
@@ -31,22 +32,33 @@ import numpy as np
 from ..cells import get_cell
 from ..precision import get_precision
 from .budget import DeviceBudget, ceil_div
-from .mma import MMA_DTYPES, MMA_DTYPES_REASON, mma_stride
+from .mma import MMA_DTYPES, MMA_DTYPES_REASON
 from .persistent import PK_CLUSTER, PK_CPT, Fit
 
 # The kernel's compile-time constants (cuda_src/persistent_mmac.cu; a test holds them equal).
-MMAC_MAX_THREADS = 512   # __launch_bounds__(PK_MMAC_MAX_THREADS, 1): at most 128 registers
+MMAC_MAX_THREADS = 256   # __launch_bounds__(PK_MMAC_MAX_THREADS, 1): up to 255 registers
+MMAC_KR = 32             # k16 steps a warp holds the A fragments of in registers (PK_MMAC_KR)
 MMAC_BG = 8              # most batches a cluster (PK_MMAC_BG): one n8 tile
+MMAC_CLUSTERS = (PK_CLUSTER, 16)   # blocks a cluster: PK_CLUSTER, PK_MMAC_CLUSTER16
+NON_PORTABLE = 16        # cluster sizes past 8 need the launch's opt-in (library.py)
 
-NVCC_REGS = {"lstm": 128, "gru": 128, "rnn_tanh": 128, "rnn_relu": 128}
-"""Registers a thread the fit assumes: the most __launch_bounds__(512, 1) allows (nvcc 13.0,
-sm_90a, --resource-usage: LSTM 108, GRU 96, the RNNs 64, bf16 and fp16 alike, no spills; a
+NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
+"""Registers a thread the fit assumes: the most __launch_bounds__(256, 1) allows (nvcc 13.0,
+sm_90a, --resource-usage: 206-241, the MMAC_KR steps' A fragments 128 of them, no spills; a
 test holds nvcc to at most these)."""
 
 
-def kernel_name(cell: str) -> str:
-    """'lstm' -> 'lstm_persistent_mmac_fwd'."""
-    return f"{get_cell(cell).name}_persistent_mmac_fwd"
+def kernel_name(cell: str, cluster: int = PK_CLUSTER) -> str:
+    """'lstm' -> 'lstm_persistent_mmac_fwd'; at clusters of 16, 'lstm_persistent_mmac16_fwd'."""
+    if cluster not in MMAC_CLUSTERS:
+        raise ValueError(f"mmac: cluster must be one of {MMAC_CLUSTERS}, got {cluster!r}")
+    return f"{get_cell(cell).name}_persistent_mmac{'' if cluster == PK_CLUSTER else cluster}_fwd"
+
+
+def non_portable(name: str) -> bool:
+    """Whether kernel ``name`` runs in clusters past the portable 8 blocks (its launch must
+    opt in: cudaFuncAttributeNonPortableClusterSizeAllowed)."""
+    return f"_persistent_mmac{NON_PORTABLE}_" in name
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,7 @@ class MmacFit(Fit):
 
     @property
     def kernel(self) -> str:
-        return kernel_name(self.cell)
+        return kernel_name(self.cell, self.cluster)
 
     @property
     def m_tiles(self) -> int:
@@ -98,31 +110,32 @@ class MmacFit(Fit):
 
 
 def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
-                clusters: int | None = None) -> MmacFit:
-    """The kernel's cut with ``k_parts`` parts of the k16 steps and ``clusters`` clusters
-    (default ceil(B / MMAC_BG)), no device checks (ok False where the kernel would trap: a
-    cluster past MMAC_BG batches or empty, threads past MMAC_MAX_THREADS, more than PK_CPT
-    cells a thread, more parts than k16 steps). Shared memory (the kernel's mmac_geom):
-    R slice [MT*16][KP + 8] 16-bit values, two h buffers [MMAC_BG][mma_stride(KP)] floats,
-    partial sums [KPARTS][MT*16][8] floats."""
+                clusters: int | None = None, cluster: int = PK_CLUSTER) -> MmacFit:
+    """The kernel's cut at clusters of ``cluster`` blocks (MMAC_CLUSTERS) with ``k_parts``
+    parts of the k16 steps and ``clusters`` clusters (default ceil(B / MMAC_BG)), no device
+    checks (ok False where the kernel would trap: a cluster past MMAC_BG batches or empty,
+    threads past MMAC_MAX_THREADS, more than PK_CPT cells a thread, more parts than k16
+    steps). Shared memory (the kernel's mmac_geom): R slice [MT*16][KP + 8] and two h
+    buffers [MMAC_BG][KP + 8] of 16-bit values, partial sums [KPARTS][MT*16][8] floats."""
     for what, v in (("hidden", hidden), ("batch", batch), ("k_parts", k_parts),
                     ("clusters", 1 if clusters is None else clusters)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"mmac: {what} must be a positive int, got {v!r}")
     spec = get_cell(cell)
-    H, B, kparts = int(hidden), int(batch), int(k_parts)
+    H, B, kparts, cn = int(hidden), int(batch), int(k_parts), int(cluster)
+    kernel_name(spec.name, cn)   # checks cluster
     ncl = ceil_div(B, MMAC_BG) if clusters is None else int(clusters)
-    U = ceil_div(H, PK_CLUSTER)
+    U = ceil_div(H, cn)
     M = spec.gates * U
     mt, ks = ceil_div(M, 16), ceil_div(H, 16)
     kp = 16 * ks
     nt = 32 * mt * kparts
     BG = ceil_div(B, ncl)
     fit = MmacFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
-                  units_per_block=U, blocks=PK_CLUSTER * ncl, threads=nt, lanes=(1, 1, 1),
+                  units_per_block=U, blocks=cn * ncl, threads=nt, lanes=(1, 1, 1),
                   k_groups=kparts, cells_per_thread=ceil_div(U * BG, nt), k_tile=kp,
-                  smem_r=2 * mt * 16 * (kp + 8), smem_tile=4 * 2 * MMAC_BG * mma_stride(kp),
-                  smem_partials=4 * kparts * mt * 16 * 8, cluster=PK_CLUSTER, clusters=ncl)
+                  smem_r=2 * mt * 16 * (kp + 8), smem_tile=2 * 2 * MMAC_BG * (kp + 8),
+                  smem_partials=4 * kparts * mt * 16 * 8, cluster=cn, clusters=ncl)
     problem = None
     if BG > MMAC_BG:
         problem = f"{BG} batches a cluster > {MMAC_BG} (one n8 tile): more clusters"
@@ -145,18 +158,20 @@ def mmac_declines(dtype) -> str | None:
 
 def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", *,
              k_parts: int | None = None, clusters: int | None = None,
-             regs_per_thread: int | None = None) -> MmacFit:
+             cluster: int | None = None, regs_per_thread: int | None = None) -> MmacFit:
     """Fit one layer onto the device ``props`` (CuPy's getDeviceProperties keys, as
     persistent.persistent_fit), at precision ``dtype``. Rules in order (the first that fails
     is the reason):
-      0. dtype bfloat16 or float16 (MMA_DTYPES_REASON), compute capability >= 9.0, a
-         cluster's SMs.
-      1. ceil(B / MMAC_BG) clusters unless ``clusters`` is given (clusters wait only for
+      0. dtype bfloat16 or float16 (MMA_DTYPES_REASON), compute capability >= 9.0.
+      1. Clusters of ``cluster`` blocks where given, else of 8 where the block's share fits
+         and of 16 where only that fits (a non-portable size: on the H100 / H200 every GPC
+         holds one); a cluster's SMs.
+      2. ceil(B / MMAC_BG) clusters unless ``clusters`` is given (clusters wait only for
          their own blocks: more than the device holds at once run in waves, correctly).
-      2. The k16 steps in ``k_parts`` parts, else the most parts whose block stays within
+      3. The k16 steps in ``k_parts`` parts, else the most parts whose block stays within
          MMAC_MAX_THREADS threads (more warps: shorter mma chains a step; the parts' sums
          are added by the pointwise threads), at least one.
-      3. Shared memory (R slice + h buffers + partial sums, ``mmac_layout``) within a
+      4. Shared memory (R slice + h buffers + partial sums, ``mmac_layout``) within a
          block's, registers (NVCC_REGS unless given) within the SM's.
     Any hidden size whose R slice fits: columns past H, rows past G*U and batches past B are
     zeros in the fragments, never stored."""
@@ -165,10 +180,20 @@ def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", 
     dev = DeviceBudget(props, NVCC_REGS[name] if regs_per_thread is None else regs_per_thread,
                        MMAC_MAX_THREADS, (MMAC_MAX_THREADS,))
     where = f"{name} hidden {H}, batch {B}, tensor-core cluster kernel"
+    fit = None
+    for cn in (MMAC_CLUSTERS if cluster is None else (int(cluster),)):
+        fit = _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn)
+        if fit.ok:
+            break
+    return fit
+
+
+def _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn) -> MmacFit:
+    """mmac_fit's rules at clusters of ``cn`` blocks."""
     if k_parts is None:
-        mt = ceil_div(get_cell(name).gates * ceil_div(H, PK_CLUSTER), 16)
+        mt = ceil_div(get_cell(name).gates * ceil_div(H, cn), 16)
         k_parts = max(1, min(dev.max_threads // (32 * mt), ceil_div(H, 16)))
-    fit = replace(mmac_layout(name, H, B, k_parts, clusters), sms=dev.sms,
+    fit = replace(mmac_layout(name, H, B, k_parts, clusters, cn), sms=dev.sms,
                   regs_per_thread=dev.regs)
 
     def no(why):
@@ -180,21 +205,21 @@ def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", 
     if dev.cc_major < 9:
         return no(f"thread-block clusters need compute capability 9.0 or later (device: "
                   f"{dev.cc_major}.x)")
-    if dev.sms < PK_CLUSTER:
-        return no(f"{dev.sms} SMs < one cluster")
+    if dev.sms < cn:
+        return no(f"{dev.sms} SMs < one cluster of {cn}")
     if not fit.ok:
         return no(fit.reason)
     if fit.threads > dev.max_threads:
         return no(f"{fit.threads} threads > {dev.max_threads} a block")
     if fit.smem_bytes > dev.limit:
-        return no(f"R slice {fit.smem_r} + h buffers {fit.smem_tile} + partial sums "
-                  f"{fit.smem_partials} = {fit.smem_bytes} bytes of shared memory > "
-                  f"{dev.limit} a block can have")
+        return no(f"clusters of {cn}: R slice {fit.smem_r} + h buffers {fit.smem_tile} + "
+                  f"partial sums {fit.smem_partials} = {fit.smem_bytes} bytes of shared "
+                  f"memory > {dev.limit} a block can have")
     if not dev.regs_ok(fit.threads):
         return no(f"{fit.threads} threads x {dev.regs} registers > {dev.regs_sm} per SM")
     return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
-                               f" of {PK_CLUSTER} blocks ({fit.blocks} of {dev.sms} SMs), R "
-                               f"slice in shared memory as 16-bit values")
+                               f" of {cn} blocks ({fit.blocks} of {dev.sms} SMs), R slice and "
+                               f"h_t in shared memory as 16-bit values")
 
 
 # --- the registry's NumPy twins ---------------------------------------------------------------
@@ -214,19 +239,23 @@ def mmac_products(fit: MmacFit):
 
 
 def _fit_of(cell, B, H, units_per_block, k_tile, cluster):
-    """(kernel name, fit, emulate's keywords) of the twin: the default cut (the parts only
-    change the order of the sums over k)."""
-    fit = mmac_layout(cell, H, B)
+    """(kernel name, fit, emulate's keywords) of the twin of clusters of ``cluster`` blocks:
+    the default cut (the parts only change the order of the sums over k)."""
+    fit = mmac_layout(cell, H, B, cluster=cluster)
     if units_per_block != fit.units_per_block or k_tile < H:
         fit = replace(fit, ok=False, reason=f"the twin runs U {fit.units_per_block} and a "
                                             f"k_tile >= H, got U {units_per_block}, k_tile "
                                             f"{k_tile}")
-    return kernel_name(cell), fit, {"products": mmac_products(fit)}
+    return kernel_name(cell, cluster), fit, {"products": mmac_products(fit)}
 
 
-def mmac_twin(cell: str):
-    """The registry's NumPy twin of ``cell``'s tensor-core cluster kernel: the grid kernel's
-    emulation (``emulate.emulate``: the key's rounding, the cells ``owned`` as the other
-    persistent kernels own them) with this kernel's parts of the sum over k."""
+def mmac_twin(cell: str, cluster: int = PK_CLUSTER):
+    """The registry's NumPy twin of ``cell``'s tensor-core cluster kernel at clusters of
+    ``cluster`` blocks: the grid kernel's emulation (``emulate.emulate``: the key's rounding,
+    the cells ``owned`` as the other persistent kernels own them) with this kernel's parts
+    of the sum over k."""
+    import functools
+
     from .emulate import twin_of
-    return twin_of(get_cell(cell).name, _fit_of, kernel_name(cell))
+    return functools.partial(twin_of(get_cell(cell).name, _fit_of, kernel_name(cell, cluster)),
+                             cluster=cluster)

@@ -95,18 +95,47 @@ class _LaunchConfig(ctypes.Structure):   # CUlaunchConfig
                 ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
 
 
-def libcuda_query():
-    """The driver's ``cuOccupancyMaxActiveClusters`` (ctypes), from the libcuda already in
-    the process (CuPy links it); raises OccupancyUnavailable where there is none."""
+def libcuda_function(symbol: str, argtypes: list):
+    """The driver's function ``symbol`` (ctypes, returning a CUresult int, taking
+    ``argtypes``), from the libcuda already in the process (CuPy links it); raises
+    OccupancyUnavailable where there is none."""
     name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
     try:
-        fn = ctypes.CDLL(name).cuOccupancyMaxActiveClusters
+        fn = getattr(ctypes.CDLL(name), symbol)
     except (OSError, AttributeError) as e:
-        raise OccupancyUnavailable(f"no cuOccupancyMaxActiveClusters in {name} ({e})") from e
+        raise OccupancyUnavailable(f"no {symbol} in {name} ({e})") from e
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
-                   ctypes.POINTER(_LaunchConfig)]
+    fn.argtypes = argtypes
     return fn
+
+
+def libcuda_query():
+    """The driver's ``cuOccupancyMaxActiveClusters`` (``libcuda_function``)."""
+    return libcuda_function("cuOccupancyMaxActiveClusters",
+                            [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                             ctypes.POINTER(_LaunchConfig)])
+
+
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # cuda.h, CUfunction_attribute
+
+
+def libcuda_set_attribute():
+    """The driver's ``cuFuncSetAttribute`` (``libcuda_function``)."""
+    return libcuda_function("cuFuncSetAttribute", [ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
+
+
+def allow_non_portable_clusters(kernel, setter=None) -> None:
+    """Let ``kernel`` (a loaded cupy.RawKernel) launch in clusters past the portable 8 blocks
+    (cuFuncSetAttribute NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 1: the tensor-core cluster
+    kernels of 16 blocks). ``setter``: the ctypes function (default
+    ``libcuda_set_attribute()``; tests pass a fake). RuntimeError saying what the driver
+    returned where it refuses: the launch would fail without it."""
+    fn = libcuda_set_attribute() if setter is None else setter
+    func = int(kernel.kernel.ptr)   # the CUfunction of the loaded kernel
+    status = fn(ctypes.c_void_p(func), CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    if status != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) returned "
+                           f"CUresult {status}: clusters past 8 blocks cannot launch")
 
 
 def driver_max_active_clusters(kernel, threads: int, smem_bytes: int, query=None,

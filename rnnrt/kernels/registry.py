@@ -307,8 +307,9 @@ REGISTRY += tuple(
 # arguments, bf16 / fp16 instantiations only (typed.py), the emulation with their parts of
 # the sum over k as twins
 REGISTRY += tuple(
-    replace(k, name=mmac.kernel_name(k.name.split("_persistent")[0]), file="persistent_mmac.cu",
-            numpy_fn=mmac.mmac_twin(k.name.split("_persistent")[0]))
+    replace(k, name=mmac.kernel_name(k.name.split("_persistent")[0], cn),
+            file="persistent_mmac.cu", numpy_fn=mmac.mmac_twin(k.name.split("_persistent")[0], cn))
+    for cn in mmac.MMAC_CLUSTERS
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
 
 # the block-persistent kernels (persistent_solo.cu; solo.py): the cluster kernels' arguments,

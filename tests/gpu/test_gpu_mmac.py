@@ -6,7 +6,8 @@ candidate): every forward launch is the kernel's bf16 / fp16 instantiation (no f
 a training step (T 7, B 24: 3 clusters, H 64, L 2, random data) equals the rounding-aware
 float64 reference within the precision's tolerance (test_gpu_runner_dtype's check); then
 the shapes it is for, one layer, T 100: LSTM H 256 B 8 and B 13 (two clusters, the last
-short), GRU H 384 B 8, RNN tanh H 256 B 20 (three clusters), the forward's y against the
+short), LSTM H 512 B 13 and GRU H 512 B 8 (clusters of 16 blocks: the launch opts in to the
+non-portable size), RNN tanh H 256 B 20 (three clusters), the forward's y against the
 rounding-aware reference (outputs poisoned: the runner's workspace is NaN-filled before the
 run), the worst element named on failure.
 
@@ -42,9 +43,10 @@ def test_typed_mmac_training_step_matches_the_rounding_reference(cp, cell, dtype
 
 
 @pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
-@pytest.mark.parametrize("cell, H, B", [("lstm", 256, 8), ("lstm", 256, 13), ("gru", 384, 8),
-                                        ("rnn_tanh", 256, 20)])
-def test_mmac_forward_at_its_shapes(cp, cell, H, B, dtype):
+@pytest.mark.parametrize("cell, H, B, cluster", [
+    ("lstm", 256, 8, 8), ("lstm", 256, 13, 8), ("lstm", 512, 13, 16), ("gru", 512, 8, 16),
+    ("rnn_tanh", 256, 20, 8)])
+def test_mmac_forward_at_its_shapes(cp, cell, H, B, cluster, dtype):
     T = 100
     kw = {"seed": 4}
     model = (rnnrt.LSTM(H, H, **kw) if cell == "lstm" else rnnrt.GRU(H, H, **kw)
@@ -52,7 +54,7 @@ def test_mmac_forward_at_its_shapes(cp, cell, H, B, dtype):
     r = GpuRunner(model, dtype=dtype, schedule_cache=False)
     try:
         kernel, _ = runs_named_family(r, "mmac", T, B)
-        assert kernel == MC.kernel_name(cell)
+        assert kernel == MC.kernel_name(cell, cluster)
         rng = np.random.default_rng(5)
         x = rng.standard_normal((T, B, H)).astype(np.float32)
         h0 = (0.5 * rng.standard_normal((1, B, H))).astype(np.float32)

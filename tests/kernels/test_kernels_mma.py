@@ -17,12 +17,12 @@ from rnnrt.kernels.limits import H100_SXM
 from testkit import CELLS, check_no_spills, nvcc_instantiations
 
 SRC = S.source("persistent_mma.cu")
-_ARGS = {"lstm": "int, int, {T}*, int, float*, int, float*, int, unsigned int*, int, "
+FORWARD_ARGS = {"lstm": "int, int, {T}*, int, float*, int, float*, int, unsigned int*, int, "
                  "const float*, int, const float*, int, const float*, int, const float*, int, "
                  "int, int, int",
          "gru": "int, int, {T}*, int, float*, int, unsigned int*, int, const float*, int, "
                 "const float*, int, const float*, int, const float*, int, int, int, int"}
-_ARGS["rnn_tanh"] = _ARGS["rnn_relu"] = (
+FORWARD_ARGS["rnn_tanh"] = FORWARD_ARGS["rnn_relu"] = (
     "int, int, {T}*, int, unsigned int*, int, const float*, int, const float*, int, "
     "const float*, int, const float*, int, int, int, int")
 
@@ -40,7 +40,7 @@ def test_constants_match_the_kernel():
 def usage(tmp_path_factory):
     return nvcc_instantiations(
         tmp_path_factory.mktemp("mma"), "persistent_mma.cu",
-        [f"{MM.kernel_name(c)}_t<{t}, false>({_ARGS[c].format(T=t)})"
+        [f"{MM.kernel_name(c)}_t<{t}, false>({FORWARD_ARGS[c].format(T=t)})"
          for c in CELLS for t in ("bf16", "fp16")])
 
 

@@ -90,7 +90,9 @@ def run_sim(exe, work, cell, fit, data, T, dtype, launches=2):
 SIM_CASES = [(40, 9, 3, 5, 128, None), (48, 20, 3, 12, 128, 16), (64, 5, 2, 8, 64, 64)]
 
 
-def _check(cell, dtype, got, ref, what):
+def check_outputs(cell, dtype, got, ref, what):
+    """A sim's (h, c, act) against the rounding-aware reference ``ref`` within ``dtype``'s
+    tolerance (also the tensor-core cluster kernels' sim test's check)."""
     p = get_precision(dtype)
     for name, g, r in zip(("h", "c", "act"), got, (ref["h"], ref["c"], ref["act"])):
         if r is None:
@@ -108,7 +110,7 @@ def test_mma_kernel_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, U, 
     assert fit.ok, fit.reason
     data, ref = mma_case(cell, T, B, H, dtype)
     got = run_sim(host_sim, tmp_path, cell, fit, data, T, dtype)
-    _check(cell, dtype, got, ref, f"{cell} {dtype} H{H} B{B} sim")
+    check_outputs(cell, dtype, got, ref, f"{cell} {dtype} H{H} B{B} sim")
     assert np.array_equal(got[0][0], data["h0"].astype(np.float32)), "h0 changed"
 
 
@@ -149,4 +151,4 @@ def test_a_wrong_fragment_layout_is_refused(tmp_path_factory, tmp_path):
     data, ref = mma_case("lstm", T, B, H, "bfloat16")
     got = run_sim(exe, tmp_path, "lstm", fit, data, T, "bfloat16")
     with pytest.raises(AssertionError):
-        _check("lstm", "bfloat16", got, ref, "planted")
+        check_outputs("lstm", "bfloat16", got, ref, "planted")

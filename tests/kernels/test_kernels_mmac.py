@@ -17,7 +17,7 @@ from rnnrt.kernels import sources as S
 from rnnrt.kernels import typed
 from rnnrt.kernels.library import typed_persistent_kernels
 from rnnrt.kernels.limits import H100_SXM
-from test_kernels_mma import _ARGS
+from test_kernels_mma import FORWARD_ARGS
 from testkit import CELLS, check_no_spills, nvcc_instantiations
 
 SRC = S.source("persistent_mmac.cu")
@@ -25,26 +25,33 @@ SRC = S.source("persistent_mmac.cu")
 
 def test_constants_match_the_kernel():
     for name, value in (("PK_MMAC_MAX_THREADS", MC.MMAC_MAX_THREADS),
-                        ("PK_MMAC_BG", MC.MMAC_BG)):
+                        ("PK_MMAC_BG", MC.MMAC_BG), ("PK_MMAC_CLUSTER16", MC.NON_PORTABLE),
+                        ("PK_MMAC_KR", MC.MMAC_KR)):
         m = re.search(rf"#define {name} (\d+)", SRC)
         assert m and int(m[1]) == value, name
     assert SRC.count("__cluster_dims__(PK_CLUSTER, 1, 1)") == 4
+    assert SRC.count("__cluster_dims__(PK_MMAC_CLUSTER16, 1, 1)") == 4
+    assert MC.MMAC_CLUSTERS == (8, MC.NON_PORTABLE)
 
 
 @pytest.fixture(scope="module")
 def usage(tmp_path_factory):
     return nvcc_instantiations(
         tmp_path_factory.mktemp("mmac"), "persistent_mmac.cu",
-        [f"{MC.kernel_name(c)}_t<{t}, false>({_ARGS[c].format(T=t)})"
-         for c in CELLS for t in ("bf16", "fp16")])
+        [f"{MC.kernel_name(c, cn)}_t<{t}, false>({FORWARD_ARGS[c].format(T=t)})"
+         for cn in MC.MMAC_CLUSTERS for c in CELLS for t in ("bf16", "fp16")])
 
 
-def test_every_instantiation_compiles_without_spills(usage):
+@pytest.mark.parametrize("cluster", MC.MMAC_CLUSTERS)
+def test_every_instantiation_compiles_without_spills(usage, cluster):
     found, ptx = usage
-    check_no_spills(found, MC.kernel_name, MC.NVCC_REGS)
+    tag = "mmac16" if cluster == 16 else "mmac_"
+    check_no_spills({k: v for k, v in found.items() if tag in k},
+                    lambda c: MC.kernel_name(c, cluster), MC.NVCC_REGS)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
-    assert "barrier.cluster.arrive.release" in ptx and "st.shared::cluster.f32" in ptx
+    assert "barrier.cluster.arrive.release" in ptx and "st.shared::cluster.b16" in ptx
+    assert ".reqnctapercluster 16, 1, 1" in ptx and ".reqnctapercluster 8, 1, 1" in ptx
 
 
 def test_layout_is_the_kernels():
@@ -52,12 +59,16 @@ def test_layout_is_the_kernels():
     f = MC.mmac_layout("lstm", 40, 5, 2)
     assert (f.units_per_block, f.m_tiles, f.k_steps, f.threads, f.k_tile) == (5, 2, 3, 128, 48)
     assert f.smem_r == 2 * 32 * (48 + 8)                       # [MT*16][KP + 8] 16-bit
-    assert f.smem_tile == 4 * 2 * MC.MMAC_BG * (64 + 8)        # 2 x [8][mma_stride(48)]
+    assert f.smem_tile == 2 * 2 * MC.MMAC_BG * (48 + 8)        # 2 x [8][KP + 8] 16-bit
     assert f.smem_partials == 4 * 2 * 32 * 8                   # [KPARTS][MT*16][8] floats
     assert [list(f.part_steps(p)) for p in range(2)] == [[0], [1, 2]]
     assert f.part_columns(1).tolist() == list(range(16, 40))
     g = MC.mmac_layout("gru", 30, 11)
     assert (g.clusters, g.batch_per_block, g.blocks) == (2, 6, 16)
+    g = MC.mmac_layout("gru", 30, 11, cluster=16)
+    assert (g.units_per_block, g.blocks, g.kernel) == (2, 32, "gru_persistent_mmac16_fwd")
+    with pytest.raises(ValueError, match="cluster must be one of"):
+        MC.mmac_layout("gru", 30, 11, cluster=4)
 
 
 def test_fit_takes_16_bit_keys_on_clusters_with_the_reasons():
@@ -65,16 +76,26 @@ def test_fit_takes_16_bit_keys_on_clusters_with_the_reasons():
     for dtype in MC.MMA_DTYPES:
         f = MC.mmac_fit("lstm", 256, 32, props, dtype)
         assert f.ok and f.clusters == 4 and f.threads <= MC.MMAC_MAX_THREADS, f.reason
-        assert f.k_parts == 2 and f.m_tiles == 8
+        assert f.k_parts == 1 and f.m_tiles == 8 and f.threads == 256
+        assert MC.mmac_fit("lstm", 128, 8, props, dtype).k_parts == 2   # 4 m16 tiles
     for dtype in ("float32", "tf32"):
         f = MC.mmac_fit("lstm", 256, 32, props, dtype)
         assert not f.ok and MC.MMA_DTYPES_REASON in f.reason
     f = MC.mmac_fit("gru", 256, 8, dict(props, major=8), "float16")
     assert not f.ok and "compute capability 9.0" in f.reason
+    # LSTM H 512: a block's share at clusters of 8 does not fit; at 16 it does
+    f = MC.mmac_fit("lstm", 512, 8, props, "float16", cluster=8)
+    assert not f.ok and "launch bound" in f.reason   # 16 m16 tiles: 512 threads
     f = MC.mmac_fit("lstm", 512, 8, props, "float16")
-    assert not f.ok and "shared memory" in f.reason
+    assert f.ok and f.cluster == 16 and f.kernel == "lstm_persistent_mmac16_fwd", f.reason
+    f = MC.mmac_fit("lstm", 256, 8, props, "float16")
+    assert f.ok and f.cluster == 8, f.reason   # 8 where it fits
+    f = MC.mmac_fit("rnn_tanh", 1536, 4, props, "float16")
+    assert not f.ok and "clusters of 16" in f.reason and "shared memory" in f.reason
     f = MC.mmac_fit("lstm", 1024, 8, props, "float16")
     assert not f.ok and "launch bound" in f.reason
+    f = MC.mmac_fit("lstm", 512, 8, dict(props, multiProcessorCount=12), "float16")
+    assert not f.ok and "12 SMs < one cluster of 16" in f.reason
     f = MC.mmac_fit("gru", 64, 8, props, "float16", k_parts=5)   # 4 k16 steps
     assert not f.ok and "empty" in f.reason
     with pytest.raises(ValueError, match="hidden must be a positive int"):
@@ -83,11 +104,39 @@ def test_fit_takes_16_bit_keys_on_clusters_with_the_reasons():
 
 def test_expressions_and_devices_without_clusters():
     for c in CELLS:
-        name = MC.kernel_name(c)
-        assert typed.persistent_expression(name, "float16") == f"{name}_t<fp16, false>"
-        assert typed.persistent_expression(name, "bfloat16") == f"{name}_t<bf16, false>"
-        with pytest.raises(ValueError, match="no float32 instantiation"):
-            typed.persistent_expression(name, "float32")
-        assert typed.needs_clusters(name)
+        for cn in MC.MMAC_CLUSTERS:
+            name = MC.kernel_name(c, cn)
+            assert typed.persistent_expression(name, "float16") == f"{name}_t<fp16, false>"
+            assert typed.persistent_expression(name, "bfloat16") == f"{name}_t<bf16, false>"
+            with pytest.raises(ValueError, match="no float32 instantiation"):
+                typed.persistent_expression(name, "float32")
+            assert typed.needs_clusters(name)
+            assert MC.non_portable(name) == (cn == 16)
     assert typed_persistent_kernels("persistent_mmac.cu", cluster=False) == ()
-    assert len(typed_persistent_kernels("persistent_mmac.cu", cluster=True)) == 4
+    assert len(typed_persistent_kernels("persistent_mmac.cu", cluster=True)) == 8
+
+
+class _Fn:
+    def __init__(self):
+        self.max_dynamic_shared_size_bytes = 48 * 1024
+        self.kernel = type("F", (), {"ptr": 1234})()
+
+
+def test_clusters_of_16_opt_in_before_every_launch(monkeypatch):
+    """KernelLibrary.with_shared sets NON_PORTABLE_CLUSTER_SIZE_ALLOWED on a kernel of
+    clusters of 16 (cuFuncSetAttribute, a fake here), not on one of 8; a refusal says what
+    the driver returned."""
+    from rnnrt.kernels import library as L
+    from rnnrt.kernels import occupancy as O
+    calls = []
+    fn = _Fn()
+    monkeypatch.setattr(L.KernelLibrary, "get_persistent", lambda self, name, dtype: fn)
+    monkeypatch.setattr(O, "libcuda_set_attribute",
+                        lambda: lambda f, attr, value: calls.append((f.value, attr, value)) or 0)
+    lib = L.KernelLibrary()
+    lib.with_shared(MC.kernel_name("lstm", 8), 100_000, "float16")
+    assert calls == [] and fn.max_dynamic_shared_size_bytes == 100_000
+    lib.with_shared(MC.kernel_name("lstm", 16), 100_000, "float16")
+    assert calls == [(1234, O.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)]
+    with pytest.raises(RuntimeError, match="CUresult 1"):
+        O.allow_non_portable_clusters(fn, setter=lambda f, attr, value: 1)

@@ -2,61 +2,85 @@
 CPU threads (tests/kernels/persistent_host_sim.cpp, PK_SIM_MMAC: the tensor-core main with
 clusters of 8 blocks, mma.sync emulated over the warp's exchange buffer by the PTX ISA's
 fragment layout, the pushes into the cluster's blocks and its barrier as the other cluster
-kernels' sims run them), without a GPU. Every cell x {bfloat16, float16} equals the float64
-rounding-aware reference within the precision's tolerance (not bit-exactly: the tensor core's
-summation order), at one and at several clusters (the last one short), one and several
-parts of the k16 steps, a hidden size that is not whole k16 steps and one whose last block
-owns fewer units; outputs poisoned before each of two launches, h0 left as it was. A kernel
-whose A fragment reads rows g and g + 8 the wrong way round is refused.
+kernels' sims run them; PK_SIM_MMAC16: the kernels of clusters of 16), without a GPU. Every
+cell x {bfloat16, float16} equals the float64 rounding-aware reference within the precision's
+tolerance (not bit-exactly: the tensor core's summation order), at clusters of 8 and of 16,
+one and several clusters (the last one short), one and several parts of the k16 steps, a
+hidden size that is not whole k16 steps and one whose last block owns fewer units (or
+none); outputs poisoned before each of two launches, h0 left as it was. A kernel whose A
+fragment reads rows g and g + 8 the wrong way round is refused.
 """
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
 import pytest
-from test_kernels_mma_sim import _check, mma_case, run_sim
+from test_kernels_mma_sim import check_outputs, mma_case, run_sim
 
 from rnnrt.kernels import mmac as MC
 from rnnrt.kernels import sources as S
 from testkit import CELLS, build_host_sim
 
 
-def build(tmp_path_factory, src_dir):
-    exe = tmp_path_factory.mktemp("simmmac") / "persistent_host_sim_mmac"
-    return build_host_sim(exe, src_dir / "persistent_mmac.cu", define="PK_SIM_MMAC")
+def build(tmp_path_factory, src_dir, cluster=8):
+    define = "PK_SIM_MMAC" if cluster == 8 else f"PK_SIM_MMAC{cluster}"
+    exe = tmp_path_factory.mktemp("simmmac") / f"persistent_host_sim_{define.lower()}"
+    return build_host_sim(exe, src_dir / "persistent_mmac.cu", define=define)
 
 
 @pytest.fixture(scope="module")
 def host_sim(tmp_path_factory):
-    return build(tmp_path_factory, S.cuda_src_dir())
+    return {cn: build(tmp_path_factory, S.cuda_src_dir(), cn) for cn in MC.MMAC_CLUSTERS}
 
 
-# (H, B, T, k_parts): H 40 (U 5: the last block 5 units, 3 k16 steps, the last partly past
-# H) B 5 one cluster, 2 parts; H 30 (U 4, the last block owns 2) B 11: two clusters of 6 and
-# 5 batches, 1 part; H 64 B 8, 4 parts of 4 whole k16 steps
-SIM_CASES = [(40, 5, 3, 2), (30, 11, 3, 1), (64, 8, 2, 4)]
+# (H, B, T, k_parts, cluster): H 40 (U 5: the last block 5 units, 3 k16 steps, the last
+# partly past H) B 5 one cluster, 2 parts; H 30 (U 4, the last block owns 2) B 11: two
+# clusters of 6 and 5 batches, 1 part; H 64 B 8, 4 parts of 4 whole k16 steps; clusters of
+# 16: H 40 (U 3, the last two blocks own 1 and none) B 9 (two clusters of 5 and 4), 2 parts;
+# H 72 one part of 5 k16 steps: PK_MMAC_UNROLL steps loaded together, then the rest
+SIM_CASES = [(40, 5, 3, 2, 8), (30, 11, 3, 1, 8), (64, 8, 2, 4, 8), (40, 9, 2, 2, 16),
+             (72, 6, 2, 1, 8)]
 
 
 @pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
 @pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("H, B, T, k_parts", SIM_CASES)
-def test_mmac_kernel_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, k_parts):
-    fit = MC.mmac_layout(cell, H, B, k_parts)
+@pytest.mark.parametrize("H, B, T, k_parts, cluster", SIM_CASES)
+def test_mmac_kernel_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, k_parts,
+                                    cluster):
+    fit = MC.mmac_layout(cell, H, B, k_parts, cluster=cluster)
     assert fit.ok, fit.reason
     data, ref = mma_case(cell, T, B, H, dtype, seed=3)
-    got = run_sim(host_sim, tmp_path, cell, fit, data, T, dtype)
-    _check(cell, dtype, got, ref, f"{cell} {dtype} H{H} B{B} parts {k_parts} sim")
+    got = run_sim(host_sim[cluster], tmp_path, cell, fit, data, T, dtype)
+    check_outputs(cell, dtype, got, ref, f"{cell} {dtype} H{H} B{B} parts {k_parts} sim")
     assert np.array_equal(got[0][0], data["h0"].astype(np.float32)), "h0 changed"
 
 
+@pytest.mark.parametrize("cell", ["gru", "rnn_tanh"])
+def test_steps_past_the_registers_come_from_shared_memory(host_sim, tmp_path, cell):
+    """H 528: one part of 33 k16 steps, PK_MMAC_KR held in registers, the last from the
+    R slice in shared memory (clusters of 16)."""
+    H, B, T = 528, 3, 2
+    fit = MC.mmac_layout(cell, H, B, 1, cluster=16)
+    assert fit.ok and len(fit.part_steps(0)) > MC.MMAC_KR, fit.describe()
+    data, ref = mma_case(cell, T, B, H, "bfloat16", seed=4)
+    got = run_sim(host_sim[16], tmp_path, cell, fit, data, T, "bfloat16")
+    check_outputs(cell, "bfloat16", got, ref, f"{cell} H{H} sim")
+
+
 def test_sim_cases_cover_the_paths():
-    fits = [MC.mmac_layout(c, H, B, k) for H, B, _, k in SIM_CASES for c in CELLS]
+    fits = [MC.mmac_layout(c, H, B, k, cluster=cn) for H, B, _, k, cn in SIM_CASES
+            for c in CELLS]
     assert {f.clusters > 1 for f in fits} == {False, True}
     assert {f.k_parts > 1 for f in fits} == {False, True}
     assert {f.hidden % 16 == 0 for f in fits} == {False, True}
+    assert {f.cluster for f in fits} == set(MC.MMAC_CLUSTERS)
     assert any(f.hidden % f.units_per_block for f in fits)
     assert any(f.batch % f.clusters for f in fits)
+    assert any(f.cluster * f.units_per_block - f.hidden >= f.units_per_block for f in fits)
+    unroll = int(re.search(r"#define PK_MMAC_UNROLL (\d+)", S.source("persistent_mmac.cu"))[1])
+    assert any(len(f.part_steps(0)) > unroll and len(f.part_steps(0)) % 2 for f in fits)
 
 
 def test_a_fragment_with_its_rows_swapped_is_refused(tmp_path_factory, tmp_path):
@@ -66,13 +90,15 @@ def test_a_fragment_with_its_rows_swapped_is_refused(tmp_path_factory, tmp_path)
         shutil.copy(f, bad / f.name)
     path = bad / "persistent_mmac.cu"
     text = path.read_text()
-    good = "pk_ld_pair(a_lo + k), pk_ld_pair(a_hi + k),"
+    good = ("ar[u][0] = in ? pk_ld_pair(a_lo + k) : 0u;\n"
+            "        ar[u][1] = in ? pk_ld_pair(a_hi + k) : 0u;")
     assert text.count(good) == 1
-    path.write_text(text.replace(good, "pk_ld_pair(a_hi + k), pk_ld_pair(a_lo + k),"))
+    path.write_text(text.replace(good, "ar[u][0] = in ? pk_ld_pair(a_hi + k) : 0u;\n"
+                                       "        ar[u][1] = in ? pk_ld_pair(a_lo + k) : 0u;"))
     exe = build(tmp_path_factory, bad)
     H, B, T = 40, 5, 3
     fit = MC.mmac_layout("lstm", H, B, 2)
     data, ref = mma_case("lstm", T, B, H, "bfloat16", seed=3)
     got = run_sim(exe, tmp_path, "lstm", fit, data, T, "bfloat16")
     with pytest.raises(AssertionError):
-        _check("lstm", "bfloat16", got, ref, "swapped rows")
+        check_outputs("lstm", "bfloat16", got, ref, "swapped rows")

@@ -72,8 +72,10 @@ def test_candidates_name_mmac_for_16_bit_shapes_it_fits():
         assert "mmac" in names and names.index("mmac") < names.index("cluster"), names
     for dtype in ("float32", "tf32"):
         assert "mmac" not in choice.fitting_families(_shape(dtype), H100_SXM)
-    # LSTM H 512: the 16-bit R slice of a block (266 KB) does not fit; the FMA families do
+    # LSTM H 512 at clusters of 16; H 1024: a block's 16-bit R slice (528 KB) does not fit
     fams = choice.fitting_families(_shape("float16", hidden=512), H100_SXM)
+    assert "mmac" in fams and "of 16 blocks" in fams["mmac"]
+    fams = choice.fitting_families(_shape("float16", hidden=1024), H100_SXM)
     assert "mmac" not in fams and "grid" in fams
 
 
