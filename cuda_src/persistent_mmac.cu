@@ -121,7 +121,9 @@
  * two h buffers [PK_MMAC_BG][KP + 8] TS (KP = H rounded up to 16; the row stride is 4 mod 8
  * words, so a fragment's 32-bit loads by rows g = 0..7 and words c = 0..3 hit 32 banks),
  * partial sums [KPARTS][MT*16][8] floats.
- * Resources: __launch_bounds__(PK_MMAC_MAX_THREADS = 512, 1); rnnrt.kernels.mmac.NVCC_REGS.
+ * Resources (nvcc 13.0, sm_90a, no spills): __launch_bounds__(PK_MMAC_MAX_THREADS = 256, 1),
+ *   206-241 registers (128 of them the PK_MMAC_KR steps' A fragments);
+ *   rnnrt.kernels.mmac.NVCC_REGS.
  */
 #include "persistent_layer.cuh"
 

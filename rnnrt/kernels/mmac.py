@@ -10,10 +10,12 @@ most MMAC_BG = 8 batches (one n8 tile of mma.sync m16n8k16: ``clusters`` = ceil(
 block rank r owns the hidden units [r*U, r*U + U), U = ceil(H / CN), with all G gate rows
 (M = G*U rows of R). The R slice and h_t (two buffers: pushed there by the blocks that
 update it, then the cluster barrier) are kept in shared memory in the storage type (bf16 /
-fp16: half the bytes of the FMA kernels' fp32 copies). The block's MT = ceil(M / 16) m16 tiles times KPARTS parts of the
-k16 steps over H are its warps: warp w multiplies tile w % MT over part w // MT (two
-accumulator chains, even and odd steps, added at the end), the parts' sums meet in shared
-memory and are added in part order by the thread that updates the cell.
+fp16: half the bytes of the FMA kernels' fp32 copies). The block's MT = ceil(M / 16) m16
+tiles times KPARTS parts of the k16 steps over H are its warps (at most MMAC_MAX_THREADS
+threads): warp w multiplies tile w % MT over part w // MT (two accumulator chains, even and
+odd steps, added at the end; the A fragments of its first MMAC_KR steps held in registers for
+the whole launch), the parts' sums meet in shared memory and are added in part order by the
+thread that updates the cell.
 
 bfloat16 and float16 keys only (mma.MMA_DTYPES_REASON): R and h_t are exact in the tensor
 core's input type, so the kernel computes the other persistent kernels' math up to
