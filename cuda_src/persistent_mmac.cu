@@ -308,9 +308,11 @@ __device__ __forceinline__ void mmac_fwd(
             load(a, b, ks);
             pk_mma16816<TS>(d, a, b);
         };
-        // Two chains (even and odd steps from ks0); PK_MMAC_UNROLL steps' fragments loaded
-        // before their mma.sync (one at a time, each step waited for its loads: ~100 cycles
-        // a k16 step, `kernels/persistent-mmac-bench-T100-...-20261129T084201.json`)
+        // Two chains (even and odd steps from ks0). The steps held in registers first; any
+        // past PK_MMAC_KR from the R slice, PK_MMAC_UNROLL steps' fragments loaded before
+        // their mma.sync (that unrolling alone did not shorten a step: the fragment loads
+        // were bound by shared-memory bandwidth, not latency; `kernels/persistent-mmac-bench-
+        // T100-...-20261129T084857.json`)
         int ks = (PK_TIMING & 2) ? ks1 : ks0;
         if (!(PK_TIMING & 2)) {   // the steps held in registers (PK_MMAC_KR is even)
 #pragma unroll
