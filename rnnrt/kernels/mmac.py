@@ -41,8 +41,8 @@ from .persistent import PK_CLUSTER, PK_CPT, Fit
 MMAC_MAX_THREADS = 256   # __launch_bounds__(PK_MMAC_MAX_THREADS, 1): up to 255 registers
 MMAC_KR = 32             # k16 steps a warp holds the A fragments of in registers (PK_MMAC_KR)
 MMAC_BG = 8              # most batches a cluster (PK_MMAC_BG): one n8 tile
-MMAC_CLUSTERS = (PK_CLUSTER, 16)   # blocks a cluster: PK_CLUSTER, PK_MMAC_CLUSTER16
-NON_PORTABLE = 16        # cluster sizes past 8 need the launch's opt-in (library.py)
+NON_PORTABLE = 16        # PK_MMAC_CLUSTER16: past 8 blocks the launch opts in (library.py)
+MMAC_CLUSTERS = (PK_CLUSTER, NON_PORTABLE)   # blocks a cluster
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes: the most __launch_bounds__(256, 1) allows (nvcc 13.0,

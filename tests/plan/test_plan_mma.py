@@ -27,27 +27,38 @@ PERSISTENT = Switches(grouped=True, streams=True, fused=True, wavefront=True, in
                       persistent=True)
 
 
-@pytest.mark.parametrize("dtype", MM.MMA_DTYPES)
-@pytest.mark.parametrize("cell", CELLS)
-def test_mma_family_runs_its_kernel_and_equals_the_reference(cell, dtype):
-    c = case(cell, dtype, seed=5)
+def check_family_plan(cell, dtype, family, kernel, words, seed):
+    """A ``dtype`` key naming ``family`` runs ``kernel`` (no fallback; ``words`` in the plan's
+    fit string), forward and training, and the NumPy executor's plans equal the reference
+    (also the tensor-core cluster family's test, test_plan_mmac.py)."""
+    c = case(cell, dtype, seed=seed)
     for train in (False, True):
-        key = key_of(cell, PERSISTENT, dtype, train, family="mma")
+        key = key_of(cell, PERSISTENT, dtype, train, family=family)
         plan = forward_plan(key)
         assert plan.fallback is None, plan.fallback
         names = {op.name for op in plan.ops if getattr(op, "kind", "") == "persistent"}
-        assert names == {MM.kernel_name(cell)}, names
-        assert "tensor-core grid kernel" in plan.fit
-        check(run_plans(key, c), c, f"{cell} {dtype} mma{' train' if train else ''}",
+        assert names == {kernel}, names
+        assert words in plan.fit
+        check(run_plans(key, c), c, f"{cell} {dtype} {family}{' train' if train else ''}",
               EXACT["atol"], EXACT["rtol"])
+
+
+def check_declines_with_the_reason(family, dtype):
+    """A ``dtype`` key naming the 16-bit-only ``family`` falls back, saying why."""
+    plan = forward_plan(key_of("lstm", PERSISTENT, dtype, False, family=family))
+    assert plan.fallback is not None and MM.MMA_DTYPES_REASON in plan.fallback, plan.fallback
+    assert not any(getattr(op, "kind", "") == "persistent" for op in plan.ops)
+
+
+@pytest.mark.parametrize("dtype", MM.MMA_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+def test_mma_family_runs_its_kernel_and_equals_the_reference(cell, dtype):
+    check_family_plan(cell, dtype, "mma", MM.kernel_name(cell), "tensor-core grid kernel", 5)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "tf32"))
 def test_fp32_and_tf32_keys_decline_with_the_reason(dtype):
-    key = key_of("lstm", PERSISTENT, dtype, False, family="mma")
-    plan = forward_plan(key)
-    assert plan.fallback is not None and MM.MMA_DTYPES_REASON in plan.fallback, plan.fallback
-    assert not any(getattr(op, "kind", "") == "persistent" for op in plan.ops)
+    check_declines_with_the_reason("mma", dtype)
 
 
 def test_a_planted_twin_fault_is_caught(monkeypatch):

@@ -10,40 +10,25 @@ FMA cluster kernel; a training key runs it with the FMA backward.
 from __future__ import annotations
 
 import pytest
-from test_plan_precision import EXACT, case, check, key_of, run_plans
+from test_plan_mma import PERSISTENT, check_declines_with_the_reason, check_family_plan
+from test_plan_precision import case, check, key_of, run_plans
 
 from rnnrt.kernels import choice, selector
 from rnnrt.kernels import mmac as MC
 from rnnrt.kernels.limits import H100_SXM
-from rnnrt.plan import forward_plan
-from rnnrt.plan.switches import Switches
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
-PERSISTENT = Switches(grouped=True, streams=True, fused=True, wavefront=True, input_batch=2,
-                      persistent=True)
 
 
 @pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
 @pytest.mark.parametrize("cell", CELLS)
 def test_mmac_family_runs_its_kernel_and_equals_the_reference(cell, dtype):
-    c = case(cell, dtype, seed=7)
-    for train in (False, True):
-        key = key_of(cell, PERSISTENT, dtype, train, family="mmac")
-        plan = forward_plan(key)
-        assert plan.fallback is None, plan.fallback
-        names = {op.name for op in plan.ops if getattr(op, "kind", "") == "persistent"}
-        assert names == {MC.kernel_name(cell)}, names
-        assert "tensor-core cluster kernel" in plan.fit
-        check(run_plans(key, c), c, f"{cell} {dtype} mmac{' train' if train else ''}",
-              EXACT["atol"], EXACT["rtol"])
+    check_family_plan(cell, dtype, "mmac", MC.kernel_name(cell), "tensor-core cluster kernel", 7)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "tf32"))
 def test_fp32_and_tf32_keys_decline_with_the_reason(dtype):
-    key = key_of("lstm", PERSISTENT, dtype, False, family="mmac")
-    plan = forward_plan(key)
-    assert plan.fallback is not None and MC.MMA_DTYPES_REASON in plan.fallback, plan.fallback
-    assert not any(getattr(op, "kind", "") == "persistent" for op in plan.ops)
+    check_declines_with_the_reason("mmac", dtype)
 
 
 def test_a_planted_twin_fault_is_caught(monkeypatch):
