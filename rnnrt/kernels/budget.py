@@ -61,6 +61,16 @@ class DeviceBudget:
             self.candidates = ([t for t in block_sizes if t <= self.max_threads
                                 and self.regs_ok(t)] or [min(block_sizes)])
 
+    def cluster_problem(self, blocks: int) -> str | None:
+        """Why clusters of ``blocks`` blocks cannot run on this device (thread-block clusters
+        need compute capability 9.0; a cluster needs its blocks' SMs), or None."""
+        if self.cc_major < 9:
+            return (f"thread-block clusters need compute capability 9.0 or later (device: "
+                    f"{self.cc_major}.x)")
+        if self.sms < blocks:
+            return f"{self.sms} SMs < one cluster of {blocks}"
+        return None
+
     def regs_ok(self, threads: int) -> bool:
         """Whether a block of ``threads`` threads gets its registers (per block and per SM)."""
         return (self.regs * threads <= self.regs_block

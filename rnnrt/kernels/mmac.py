@@ -204,11 +204,9 @@ def _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn) -> MmacFit:
     storage = mmac_declines(dtype)
     if storage is not None:
         return no(f"{get_precision(dtype).name}: {storage}")
-    if dev.cc_major < 9:
-        return no(f"thread-block clusters need compute capability 9.0 or later (device: "
-                  f"{dev.cc_major}.x)")
-    if dev.sms < cn:
-        return no(f"{dev.sms} SMs < one cluster of {cn}")
+    problem = dev.cluster_problem(cn)
+    if problem is not None:
+        return no(problem)
     if not fit.ok:
         return no(fit.reason)
     if fit.threads > dev.max_threads:

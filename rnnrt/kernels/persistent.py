@@ -579,13 +579,10 @@ def cluster_fit(dev: DeviceBudget, fit_class: type[Fit], cell: str, H: int, B: i
         scored.append(((not fits, max(0, f.k_groups - KG_MAX), -t), f))
     fit = min(scored, key=lambda x: x[0])[1]
     where = f"{name}{fit_class.PASS} hidden {H}, batch {B}, clusters of {PK_CLUSTER}"
-    if dev.cc_major < 9:
+    problem = dev.cluster_problem(PK_CLUSTER)
+    if problem is not None:
         return replace(fit, sms=sms, regs_per_thread=dev.regs, ok=False,
-                       reason=f"{where}: thread-block clusters need compute capability 9.0 "
-                              f"or later (device: {dev.cc_major}.x)")
-    if sms < PK_CLUSTER:
-        return replace(fit, sms=sms, regs_per_thread=dev.regs, ok=False,
-                       reason=f"{where}: {sms} SMs < one cluster")
+                       reason=f"{where}: {problem}")
     fit = finish_fit(dev, fit, where)
     if not fit.ok:
         return fit

@@ -191,11 +191,9 @@ def on_device(fit, dev: DeviceBudget, where: str, buffers: str, held: str):
     def no(why):
         return replace(fit, ok=False, reason=f"{where}: {why}")
 
-    if dev.cc_major < 9:
-        return no(f"thread-block clusters need compute capability 9.0 or later (device: "
-                  f"{dev.cc_major}.x)")
-    if dev.sms < PK_CLUSTER:
-        return no(f"{dev.sms} SMs < one cluster")
+    problem = dev.cluster_problem(PK_CLUSTER)
+    if problem is not None:
+        return no(problem)
     if not fit.ok:
         return no(fit.reason)
     if fit.smem_bytes > dev.limit:
