@@ -1,7 +1,8 @@
 """Time one layer of the tensor-core cluster kernel (cuda_src/persistent_mmac.cu) alone (gx
 given, no input GEMM) over its knob, the parts of the k16 steps (threads = 32 x m16 tiles x
 parts), and its PK_TIMING variants, to choose the fit's default and to say where a step's
-time goes.
+time goes. ``--family mma`` times the tensor-core grid kernel (persistent_mma.cu, the fit's
+own geometry; no parts knob) the same way: its variant 4 leaves out the grid barrier.
 
 Each configuration: one launch over T steps on outputs poisoned with NaN; variant 0's h and c
 compared with the float64 rounding-aware reference (gx, R and h0 drawn representable in the
@@ -13,8 +14,8 @@ checked.
 
 Usage (GPU, repo root): python experiments/scripts/mmac_bench.py --out DIR [--cells lstm,gru]
   [--hidden 128,256] [--batches 8,32] [--dtype float16] [--parts auto,1,2,4]
-  [--variants 0,1,2,4,8] [--steps 100] [--repeats 30]
-Prints a table last; writes DIR/persistent-mmac-bench-T<T>-<device>-<stamp>.json.
+  [--variants 0,1,2,4,8] [--steps 100] [--repeats 30] [--family mmac|mma]
+Prints a table last; writes DIR/persistent-<family>-bench-T<T>-<device>-<stamp>.json.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from rnnrt.bench.records import device_slug, now_iso, stamp, versions, write_jso
 from rnnrt.bench.timing import time_gpu  # noqa: E402
 from rnnrt.cells import get_cell  # noqa: E402
 from rnnrt.check import compare  # noqa: E402
+from rnnrt.kernels import mma as MA  # noqa: E402
 from rnnrt.kernels import mmac as MC  # noqa: E402
 from rnnrt.kernels.library import KernelLibrary  # noqa: E402
 from rnnrt.precision import get_precision, round_to_storage  # noqa: E402
@@ -87,7 +89,10 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="0,1,2,4,8")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--family", default="mmac", choices=("mmac", "mma"))
     a = ap.parse_args(argv)
+    if a.family == "mma":
+        a.parts = "auto"   # the grid kernel's geometry is the fit's
     session = GpuSession()
     cp = session.cp
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
@@ -112,7 +117,8 @@ def main(argv=None) -> int:
                        (d["br"].data.ptr, 0)]
                 for parts in a.parts.split(","):
                     kp = None if parts == "auto" else int(parts)
-                    fit = MC.mmac_fit(cell, H, B, props, dtype, k_parts=kp)
+                    fit = (MC.mmac_fit(cell, H, B, props, dtype, k_parts=kp)
+                           if a.family == "mmac" else MA.mma_fit(cell, H, B, props, dtype))
                     if not fit.ok:
                         rows.append({"cell": cell, "hidden": H, "batch": B, "parts": parts,
                                      "ok": False, "fit": fit.describe()})
@@ -139,25 +145,27 @@ def main(argv=None) -> int:
                             t = time_gpu(cp, lambda: lib.launch_persistent(fit, outs, ins, T,
                                                                            dtype),
                                          stream, repeats=a.repeats, warmup=3)
-                        row = {"cell": cell, "hidden": H, "batch": B, "parts": fit.k_parts,
+                        row = {"cell": cell, "hidden": H, "batch": B,
+                               "parts": getattr(fit, "k_parts", None),
                                "default": parts == "auto", "variant": v,
-                               "threads": fit.threads, "clusters": fit.clusters,
+                               "threads": fit.threads, "clusters": getattr(fit, "clusters", None),
                                "smem_bytes": fit.smem_bytes, "fit": fit.describe(),
                                "us_per_step": 1e3 * t.ms_median / T, "ms_min": t.ms_min,
                                "ok": all(c.ok for c in checks),
                                "checks": [str(c) for c in checks]}
                         rows.append(row)
-                        print(f"{cell} H{H} B{B} parts {fit.k_parts} variant {v}: "
+                        print(f"{cell} H{H} B{B} parts {row['parts']} variant {v}: "
                               f"{row['us_per_step']:.2f} us/step {row['checks']}", flush=True)
     rec = {"schema": "rnnrt.mmac_bench/1", "kind": "mmac_bench", "created": now_iso(),
            "command": " ".join(sys.argv), "device": session.info, "versions": versions(cp),
-           "dtype": dtype, "steps": T, "rows": rows}
-    path = Path(a.out) / (f"persistent-mmac-bench-T{T}-{device_slug(session.info['device'])}"
+           "family": a.family, "dtype": dtype, "steps": T, "rows": rows}
+    path = Path(a.out) / (f"persistent-{a.family}-bench-T{T}-{device_slug(session.info['device'])}"
                           f"-{stamp(rec['created'])}.json")
     write_json(rec, path)
     print(f"\nrecord: {path}")
-    print("variant: PK_TIMING mask, phases left out (1 pushes, 2 mma.sync, 4 cluster barrier, "
-          "8 pointwise update); us a step of the kernel alone")
+    print("variant: PK_TIMING mask, phases left out (1 pushes / the grid kernel's staging, "
+          "2 mma.sync, 4 cluster / grid barrier, 8 pointwise update); us a step of the kernel "
+          "alone")
     print(f"{'cell':<6}{'H':>5}{'B':>4}{'parts':>6}{'thr':>5}" + "".join(
         f"{'v' + str(v):>8}" for v in variants) + "  ok")
     seen = {}
@@ -167,7 +175,7 @@ def main(argv=None) -> int:
                              r["default"]), {})[r["variant"]] = r
     for (cell, H, B, parts, thr, dflt), vs in seen.items():
         ok = all(x["ok"] for x in vs.values())
-        print(f"{cell:<6}{H:>5}{B:>4}{parts:>5}{'*' if dflt else ' '}{thr:>5}" + "".join(
+        print(f"{cell:<6}{H:>5}{B:>4}{str(parts):>5}{'*' if dflt else ' '}{thr:>5}" + "".join(
             f"{vs[v]['us_per_step']:>8.2f}" if v in vs else f"{'-':>8}" for v in variants)
             + f"  {'ok' if ok else 'WRONG'}")
     return 0

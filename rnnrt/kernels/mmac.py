@@ -1,7 +1,7 @@
-"""The tensor-core cluster kernels (cuda_src/persistent_mmac.cu, ``*_persistent_mmac_fwd``):
-how one layer is cut (``mmac_layout``) and which shapes they take (``mmac_fit``). The NumPy
-twin is the grid kernel's emulation (``emulate.emulate``) with this kernel's order of the
-sums over k.
+"""The tensor-core cluster kernels (cuda_src/persistent_mmac.cu, ``*_persistent_mmac_fwd``)
+and their grid form (persistent_mmag.cu, ``*_persistent_mmacg_fwd``): how one layer is cut
+(``mmac_layout``) and which shapes they take (``mmac_fit``). The NumPy twin is the grid
+kernel's emulation (``emulate.emulate``) with this kernel's order of the sums over k.
 
 Clusters of CN blocks, CN = PK_CLUSTER = 8 as the FMA cluster kernel (persistent.py), or 16
 (the ``*_mmac16_*`` kernels: a non-portable cluster size, the launch opts in) where a block's
@@ -24,6 +24,14 @@ the tensor-core grid kernel's step is its grid barrier and the L2 staging of h_t
 the H200), while a cluster exchanges h_{t+1} through distributed shared memory and meets at
 the hardware barrier; the FMA cluster kernel cannot hold LSTM H 256's R (fp32) with its
 partial sums in one block's shared memory.
+
+The grid form (``cluster`` 0, GRID_FORM) is for a layer whose R no cluster holds (LSTM H
+1024: 8 MiB of fp16): one block an SM, U = ceil(H / SMs), every block all B <= MMAG_BATCH
+batches (MMAG_NT n8 tiles), the same product and cells; h_{t+1} goes to global memory, the
+blocks meet at the grid kernels' flag barrier and stage h_t from L2 at the top of a step.
+At LSTM H 1024 B 8 the tensor-core grid kernel (mma.py: R as fp32 in shared memory, its
+fragments converted every step, h_t staged in k tiles) took 14.9 us a step on the H200
+(`kernels/persistent-mma-bench-T100-nvidia-h200-20261129T102006.json`).
 """
 from __future__ import annotations
 
@@ -43,6 +51,11 @@ MMAC_KR = 32             # k16 steps a warp holds the A fragments of in register
 MMAC_BG = 8              # most batches a cluster (PK_MMAC_BG): one n8 tile
 NON_PORTABLE = 16        # PK_MMAC_CLUSTER16: past 8 blocks the launch opts in (library.py)
 MMAC_CLUSTERS = (PK_CLUSTER, NON_PORTABLE)   # blocks a cluster
+GRID_FORM = 0            # ``cluster`` of the grid form (persistent_mmag.cu), as persistent.Fit
+MMAC_FORMS = MMAC_CLUSTERS + (GRID_FORM,)    # what mmac_fit tries, in order
+MMAG_NT = 4              # the grid form's most n8 tiles (PK_MMAG_NT)
+MMAG_BATCH = 8 * MMAG_NT                     # ... so its most batches
+MMAG_KR = 16             # the grid form's k16 steps held in registers (PK_MMAG_KR)
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes: the most __launch_bounds__(256, 1) allows (nvcc 13.0,
@@ -51,10 +64,12 @@ test holds nvcc to at most these)."""
 
 
 def kernel_name(cell: str, cluster: int = PK_CLUSTER) -> str:
-    """'lstm' -> 'lstm_persistent_mmac_fwd'; at clusters of 16, 'lstm_persistent_mmac16_fwd'."""
-    if cluster not in MMAC_CLUSTERS:
-        raise ValueError(f"mmac: cluster must be one of {MMAC_CLUSTERS}, got {cluster!r}")
-    return f"{get_cell(cell).name}_persistent_mmac{'' if cluster == PK_CLUSTER else cluster}_fwd"
+    """'lstm' -> 'lstm_persistent_mmac_fwd'; at clusters of 16, 'lstm_persistent_mmac16_fwd';
+    the grid form (cluster GRID_FORM), 'lstm_persistent_mmacg_fwd'."""
+    if cluster not in MMAC_FORMS:
+        raise ValueError(f"mmac: cluster must be one of {MMAC_FORMS}, got {cluster!r}")
+    tail = {PK_CLUSTER: "", GRID_FORM: "g"}.get(cluster, str(cluster))
+    return f"{get_cell(cell).name}_persistent_mmac{tail}_fwd"
 
 
 def non_portable(name: str) -> bool:
@@ -100,10 +115,12 @@ class MmacFit(Fit):
         return np.arange(16 * s.start, min(16 * s.stop, self.hidden), dtype=np.int64)
 
     def describe(self) -> str:
+        where = (f"{self.clusters} cluster{'' if self.clusters == 1 else 's'} of "
+                 f"{self.cluster} blocks ({self.batch_per_block} batches each)" if self.cluster
+                 else f"grid form, {self.blocks} blocks ({self.batch} batches each)")
         head = (f"{self.cell} H {self.hidden} B {self.batch}: tensor-core cluster kernel "
-                f"(mma.sync m16n8k16), U {self.units_per_block}, {self.clusters} cluster"
-                f"{'' if self.clusters == 1 else 's'} of {self.cluster} blocks "
-                f"({self.batch_per_block} batches each) x {self.threads} threads "
+                f"(mma.sync m16n8k16), U {self.units_per_block}, {where} x {self.threads} "
+                f"threads "
                 f"({self.m_tiles} m16 tiles x {self.k_parts} part"
                 f"{'' if self.k_parts == 1 else 's'} of {self.k_steps} k16 steps), shared "
                 f"{self.smem_bytes} B (R {self.smem_r} + h buffers {self.smem_tile} + "
@@ -112,34 +129,47 @@ class MmacFit(Fit):
 
 
 def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
-                clusters: int | None = None, cluster: int = PK_CLUSTER) -> MmacFit:
-    """The kernel's cut at clusters of ``cluster`` blocks (MMAC_CLUSTERS) with ``k_parts``
+                clusters: int | None = None, cluster: int = PK_CLUSTER,
+                units_per_block: int | None = None) -> MmacFit:
+    """The kernel's cut at clusters of ``cluster`` blocks (MMAC_FORMS) with ``k_parts``
     parts of the k16 steps and ``clusters`` clusters (default ceil(B / MMAC_BG)), no device
     checks (ok False where the kernel would trap: a cluster past MMAC_BG batches or empty,
     threads past MMAC_MAX_THREADS, more than PK_CPT cells a thread, more parts than k16
     steps). Shared memory (the kernel's mmac_geom): R slice [MT*16][KP + 8] and two h
-    buffers [MMAC_BG][KP + 8] of 16-bit values, partial sums [KPARTS][MT*16][8] floats."""
+    buffers [MMAC_BG][KP + 8] of 16-bit values, partial sums [KPARTS][MT*16][8] floats.
+    The grid form (``cluster`` GRID_FORM): ``units_per_block`` U (required: the device's SMs
+    set it), ceil(H / U) blocks of all B <= MMAG_BATCH batches in NT = ceil(B / 8) n8 tiles,
+    one h buffer [8 NT][KP + 8], partial sums [KPARTS][MT*16][8 NT]."""
     for what, v in (("hidden", hidden), ("batch", batch), ("k_parts", k_parts),
-                    ("clusters", 1 if clusters is None else clusters)):
+                    ("clusters", 1 if clusters is None else clusters),
+                    ("units_per_block", 1 if units_per_block is None else units_per_block)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"mmac: {what} must be a positive int, got {v!r}")
     spec = get_cell(cell)
     H, B, kparts, cn = int(hidden), int(batch), int(k_parts), int(cluster)
     kernel_name(spec.name, cn)   # checks cluster
-    ncl = ceil_div(B, MMAC_BG) if clusters is None else int(clusters)
-    U = ceil_div(H, cn)
+    grid = cn == GRID_FORM
+    if grid and units_per_block is None:
+        raise ValueError("mmac: the grid form needs units_per_block (ceil(H / SMs))")
+    ncl = 1 if grid else ceil_div(B, MMAC_BG) if clusters is None else int(clusters)
+    U = int(units_per_block) if grid else ceil_div(H, cn)
     M = spec.gates * U
     mt, ks = ceil_div(M, 16), ceil_div(H, 16)
     kp = 16 * ks
     nt = 32 * mt * kparts
     BG = ceil_div(B, ncl)
+    ntiles = ceil_div(B, 8) if grid else 1
+    rows_h = 8 * ntiles if grid else 2 * MMAC_BG
     fit = MmacFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
-                  units_per_block=U, blocks=cn * ncl, threads=nt, lanes=(1, 1, 1),
-                  k_groups=kparts, cells_per_thread=ceil_div(U * BG, nt), k_tile=kp,
-                  smem_r=2 * mt * 16 * (kp + 8), smem_tile=2 * 2 * MMAC_BG * (kp + 8),
-                  smem_partials=4 * kparts * mt * 16 * 8, cluster=cn, clusters=ncl)
+                  units_per_block=U, blocks=ceil_div(H, U) if grid else cn * ncl, threads=nt,
+                  lanes=(1, 1, 1), k_groups=kparts, cells_per_thread=ceil_div(U * BG, nt),
+                  k_tile=kp, smem_r=2 * mt * 16 * (kp + 8), smem_tile=2 * rows_h * (kp + 8),
+                  smem_partials=4 * kparts * mt * 16 * 8 * ntiles, cluster=cn, clusters=ncl)
     problem = None
-    if BG > MMAC_BG:
+    if grid and B > MMAG_BATCH:
+        problem = (f"batch {B} > {MMAG_BATCH} (the grid form's {MMAG_NT} n8 tiles: its "
+                   f"accumulators are registers)")
+    elif BG > MMAC_BG and not grid:
         problem = f"{BG} batches a cluster > {MMAC_BG} (one n8 tile): more clusters"
     elif (ncl - 1) * BG >= B:
         problem = f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
@@ -167,7 +197,9 @@ def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", 
       0. dtype bfloat16 or float16 (MMA_DTYPES_REASON), compute capability >= 9.0.
       1. Clusters of ``cluster`` blocks where given, else of 8 where the block's share fits
          and of 16 where only that fits (a non-portable size: on the H100 / H200 every GPC
-         holds one); a cluster's SMs.
+         holds one); a cluster's SMs. Where neither fits, the grid form (GRID_FORM): U =
+         ceil(H / SMs), one block an SM, all resident (as the grid kernels), B <= MMAG_BATCH;
+         its reason is the one reported when it does not fit either.
       2. ceil(B / MMAC_BG) clusters unless ``clusters`` is given (clusters wait only for
          their own blocks: more than the device holds at once run in waves, correctly).
       3. The k16 steps in ``k_parts`` parts, else the most parts whose block stays within
@@ -183,7 +215,7 @@ def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", 
                        MMAC_MAX_THREADS, (MMAC_MAX_THREADS,))
     where = f"{name} hidden {H}, batch {B}, tensor-core cluster kernel"
     fit = None
-    for cn in (MMAC_CLUSTERS if cluster is None else (int(cluster),)):
+    for cn in (MMAC_FORMS if cluster is None else (int(cluster),)):
         fit = _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn)
         if fit.ok:
             break
@@ -191,20 +223,25 @@ def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", 
 
 
 def _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn) -> MmacFit:
-    """mmac_fit's rules at clusters of ``cn`` blocks."""
+    """mmac_fit's rules at clusters of ``cn`` blocks (GRID_FORM: the grid form)."""
+    grid = cn == GRID_FORM
+    U = ceil_div(H, dev.sms) if grid else ceil_div(H, cn)
     if k_parts is None:
-        mt = ceil_div(get_cell(name).gates * ceil_div(H, cn), 16)
+        mt = ceil_div(get_cell(name).gates * U, 16)
         k_parts = max(1, min(dev.max_threads // (32 * mt), ceil_div(H, 16)))
-    fit = replace(mmac_layout(name, H, B, k_parts, clusters, cn), sms=dev.sms,
-                  regs_per_thread=dev.regs)
+    fit = replace(mmac_layout(name, H, B, k_parts, None if grid else clusters, cn,
+                              units_per_block=U if grid else None),
+                  sms=dev.sms, regs_per_thread=dev.regs)
 
     def no(why):
-        return replace(fit, ok=False, reason=f"{where}: {why}")
+        return replace(fit, ok=False, reason=f"{where}{', grid form' if grid else ''}: {why}")
 
     storage = mmac_declines(dtype)
     if storage is not None:
         return no(f"{get_precision(dtype).name}: {storage}")
-    problem = dev.cluster_problem(cn)
+    problem = (dev.cluster_problem(cn) if not grid else None if dev.cc_major >= 9 else
+               f"compute capability 9.0 or later, as the cluster kernels it shares its body "
+               f"with (device: {dev.cc_major}.x)")
     if problem is not None:
         return no(problem)
     if not fit.ok:
@@ -212,11 +249,16 @@ def _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn) -> MmacFit:
     if fit.threads > dev.max_threads:
         return no(f"{fit.threads} threads > {dev.max_threads} a block")
     if fit.smem_bytes > dev.limit:
-        return no(f"clusters of {cn}: R slice {fit.smem_r} + h buffers {fit.smem_tile} + "
+        return no(f"{f'clusters of {cn}' if cn else 'one block an SM'}: R slice {fit.smem_r} "
+                  f"+ h buffers {fit.smem_tile} + "
                   f"partial sums {fit.smem_partials} = {fit.smem_bytes} bytes of shared "
                   f"memory > {dev.limit} a block can have")
     if not dev.regs_ok(fit.threads):
         return no(f"{fit.threads} threads x {dev.regs} registers > {dev.regs_sm} per SM")
+    if grid:
+        return replace(fit, reason=f"fits: the grid form, {fit.blocks} of {dev.sms} SMs (one "
+                                   f"block an SM), R slice and h_t in shared memory as 16-bit "
+                                   f"values, h_t staged from L2 a step")
     return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
                                f" of {cn} blocks ({fit.blocks} of {dev.sms} SMs), R slice and "
                                f"h_t in shared memory as 16-bit values")
@@ -239,9 +281,12 @@ def mmac_products(fit: MmacFit):
 
 
 def _fit_of(cell, B, H, units_per_block, k_tile, cluster):
-    """(kernel name, fit, emulate's keywords) of the twin of clusters of ``cluster`` blocks:
-    the default cut (the parts only change the order of the sums over k)."""
-    fit = mmac_layout(cell, H, B, cluster=cluster)
+    """(kernel name, fit, emulate's keywords) of the twin of clusters of ``cluster`` blocks
+    (GRID_FORM: the grid form at the launch's U): the default cut (the parts only change the
+    order of the sums over k)."""
+    grid = cluster == GRID_FORM
+    fit = mmac_layout(cell, H, B, cluster=cluster,
+                      units_per_block=units_per_block if grid else None)
     if units_per_block != fit.units_per_block or k_tile < H:
         fit = replace(fit, ok=False, reason=f"the twin runs U {fit.units_per_block} and a "
                                             f"k_tile >= H, got U {units_per_block}, k_tile "

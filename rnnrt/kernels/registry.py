@@ -303,13 +303,14 @@ REGISTRY += tuple(
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_fwd")
     and k.file == "persistent.cu")
 
-# the tensor-core cluster kernels (persistent_mmac.cu; mmac.py): the cluster kernels'
-# arguments, bf16 / fp16 instantiations only (typed.py), the emulation with their parts of
-# the sum over k as twins
+# the tensor-core cluster kernels (persistent_mmac.cu; mmac.py) and their grid form
+# (persistent_mmag.cu: sync is its barrier's): the cluster kernels' arguments, bf16 / fp16
+# instantiations only (typed.py), the emulation with their parts of the sum over k as twins
 REGISTRY += tuple(
     replace(k, name=mmac.kernel_name(k.name.split("_persistent")[0], cn),
-            file="persistent_mmac.cu", numpy_fn=mmac.mmac_twin(k.name.split("_persistent")[0], cn))
-    for cn in mmac.MMAC_CLUSTERS
+            file="persistent_mmag.cu" if cn == mmac.GRID_FORM else "persistent_mmac.cu",
+            numpy_fn=mmac.mmac_twin(k.name.split("_persistent")[0], cn))
+    for cn in mmac.MMAC_FORMS
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
 
 # the block-persistent kernels (persistent_solo.cu; solo.py): the cluster kernels' arguments,

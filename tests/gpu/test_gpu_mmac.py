@@ -1,5 +1,5 @@
-"""GPU tests of the tensor-core cluster kernels (cuda_src/persistent_mmac.cu, family 'mmac';
-marker gpu, skipped without a GPU).
+"""GPU tests of the tensor-core cluster kernels (cuda_src/persistent_mmac.cu, family 'mmac',
+and their grid form, persistent_mmag.cu; marker gpu, skipped without a GPU).
 
 Whole models through GpuRunner with the family 'mmac' named (the selector given that one
 candidate): every forward launch is the kernel's bf16 / fp16 instantiation (no fallback) and
@@ -7,9 +7,11 @@ a training step (T 7, B 24: 3 clusters, H 64, L 2, random data) equals the round
 float64 reference within the precision's tolerance (test_gpu_runner_dtype's check); then
 the shapes it is for, one layer, T 100: LSTM H 256 B 8 and B 13 (two clusters, the last
 short), LSTM H 512 B 13 and GRU H 512 B 8 (clusters of 16 blocks: the launch opts in to the
-non-portable size), RNN tanh H 256 B 20 (three clusters), the forward's y against the
-rounding-aware reference (outputs poisoned: the runner's workspace is NaN-filled before the
-run), the worst element named on failure.
+non-portable size), RNN tanh H 256 B 20 (three clusters), LSTM H 1024 B 8 and B 32 and GRU
+H 1024 B 13 (the grid form: no cluster holds R), the forward's y against the rounding-aware
+reference (outputs poisoned: the runner's workspace is NaN-filled before the run), the worst
+element named on failure. The training step again with the fit held to the grid form (H 64:
+64 blocks of one unit, B 24: three n8 tiles), every cell.
 
 Run on the device: pytest -m gpu tests/gpu/test_gpu_mmac.py
 """
@@ -43,9 +45,27 @@ def test_typed_mmac_training_step_matches_the_rounding_reference(cp, cell, dtype
 
 
 @pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_grid_form_training_step_matches_the_rounding_reference(cp, monkeypatch, cell, dtype):
+    import functools
+
+    from rnnrt.kernels import choice
+    from rnnrt.plan import forward_plan
+    from test_gpu_runner_dtype import check_named_family
+    monkeypatch.setattr(choice, "mmac_fit",
+                        functools.partial(MC.mmac_fit, cluster=MC.GRID_FORM))
+    forward_plan.cache_clear()   # plans of the same keys, cut by the cluster form
+    try:
+        check_named_family(cp, cell, dtype, "mmac")
+    finally:
+        forward_plan.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
 @pytest.mark.parametrize("cell, H, B, cluster", [
     ("lstm", 256, 8, 8), ("lstm", 256, 13, 8), ("lstm", 512, 13, 16), ("gru", 512, 8, 16),
-    ("rnn_tanh", 256, 20, 8)])
+    ("rnn_tanh", 256, 20, 8), ("lstm", 1024, 8, MC.GRID_FORM), ("lstm", 1024, 32, MC.GRID_FORM),
+    ("gru", 1024, 13, MC.GRID_FORM)])
 def test_mmac_forward_at_its_shapes(cp, cell, H, B, cluster, dtype):
     T = 100
     kw = {"seed": 4}

@@ -1,10 +1,11 @@
 """The tensor-core cluster kernels' host side and compile (rnnrt/kernels/mmac.py,
-cuda_src/persistent_mmac.cu), without a GPU: the constants match the kernel; nvcc compiles
+cuda_src/persistent_mmac.cu, their grid form persistent_mmag.cu), without a GPU: the constants match the kernel; nvcc compiles
 every bf16 / fp16 instantiation for sm_90a with mma.sync of that type, the cluster barrier and
 distributed shared-memory stores, no stack, no spills and no more registers than the fit
 assumes; the fit's decisions (16-bit keys only, compute capability 9.0, a cluster per 8
 batches, the parts of the k16 steps within the launch bound, shared memory) with their
-reasons; the NVRTC expressions; a device without clusters compiles none of them.
+reasons; the grid form where no cluster holds R; the NVRTC expressions; a device without
+clusters compiles none of them.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from test_kernels_mma import FORWARD_ARGS
 from testkit import CELLS, check_no_spills, nvcc_instantiations
 
 SRC = S.source("persistent_mmac.cu")
+GRID_SRC = S.source("persistent_mmag.cu")
 
 
 def test_constants_match_the_kernel():
@@ -29,6 +31,10 @@ def test_constants_match_the_kernel():
                         ("PK_MMAC_KR", MC.MMAC_KR)):
         m = re.search(rf"#define {name} (\d+)", SRC)
         assert m and int(m[1]) == value, name
+    for name, value in (("PK_MMAG_NT", MC.MMAG_NT), ("PK_MMAG_KR", MC.MMAG_KR)):
+        m = re.search(rf"#define {name} (\d+)", GRID_SRC)
+        assert m and int(m[1]) == value, name
+    assert "__cluster_dims__" not in GRID_SRC.split("#endif  // RNNRT_PERSISTENT_MMAC_CUH")[1]
     assert SRC.count("__cluster_dims__(PK_CLUSTER, 1, 1)") == 4
     assert SRC.count("__cluster_dims__(PK_MMAC_CLUSTER16, 1, 1)") == 4
     assert MC.MMAC_CLUSTERS == (8, MC.NON_PORTABLE)
@@ -40,6 +46,22 @@ def usage(tmp_path_factory):
         tmp_path_factory.mktemp("mmac"), "persistent_mmac.cu",
         [f"{MC.kernel_name(c, cn)}_t<{t}, false>({FORWARD_ARGS[c].format(T=t)})"
          for cn in MC.MMAC_CLUSTERS for c in CELLS for t in ("bf16", "fp16")])
+
+
+@pytest.fixture(scope="module")
+def grid_usage(tmp_path_factory):
+    return nvcc_instantiations(
+        tmp_path_factory.mktemp("mmag"), "persistent_mmag.cu",
+        [f"{MC.kernel_name(c, MC.GRID_FORM)}_t<{t}, false>({FORWARD_ARGS[c].format(T=t)})"
+         for c in CELLS for t in ("bf16", "fp16")])
+
+
+def test_the_grid_form_compiles_without_spills(grid_usage):
+    found, ptx = grid_usage
+    check_no_spills(found, lambda c: MC.kernel_name(c, MC.GRID_FORM), MC.NVCC_REGS)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    assert "cp.async.cg.shared.global" in ptx and "ld.acquire.gpu" in ptx
+    assert "barrier.cluster" not in ptx and ".reqnctapercluster" not in ptx
 
 
 @pytest.mark.parametrize("cluster", MC.MMAC_CLUSTERS)
@@ -71,6 +93,31 @@ def test_layout_is_the_kernels():
         MC.mmac_layout("gru", 30, 11, cluster=4)
 
 
+def test_fit_takes_the_grid_form_where_no_cluster_holds_r():
+    """LSTM H 1024 (8 MiB of fp16 R): neither cluster size holds a block's share; the grid
+    form does, one block an SM at U = ceil(H / SMs), all batches up to MMAG_BATCH."""
+    props = H100_SXM.props()
+    for B in (8, 32):
+        f = MC.mmac_fit("lstm", 1024, B, props, "float16")
+        assert f.ok and f.cluster == MC.GRID_FORM, f.reason
+        assert f.kernel == "lstm_persistent_mmacg_fwd" and "grid form" in f.reason
+        assert (f.units_per_block, f.blocks, f.m_tiles, f.k_parts, f.threads) == (
+            8, 128, 2, 4, 256)
+        assert f.smem_tile == 2 * 8 * MC.ceil_div(B, 8) * (1024 + 8)   # one [8 NT][KP + 8]
+        assert f.smem_partials == 4 * 4 * 32 * 8 * MC.ceil_div(B, 8)
+        assert f.barrier_arrivals(100) == 99 * 128   # the grid barrier's counter
+    f = MC.mmac_fit("lstm", 1024, 64, props, "float16")
+    assert not f.ok and "grid form" in f.reason and "batch 64 > 32" in f.reason
+    f = MC.mmac_fit("lstm", 2048, 8, props, "bfloat16")
+    assert not f.ok and "one block an SM" in f.reason and "shared memory" in f.reason
+    f = MC.mmac_fit("lstm", 1024, 8, dict(props, major=8), "bfloat16", cluster=MC.GRID_FORM)
+    assert not f.ok and "compute capability 9.0" in f.reason
+    f = MC.mmac_fit("gru", 256, 8, props, "float16")
+    assert f.ok and f.cluster == 8, f.reason   # a cluster where one holds R
+    with pytest.raises(ValueError, match="units_per_block"):
+        MC.mmac_layout("lstm", 1024, 8, cluster=MC.GRID_FORM)
+
+
 def test_fit_takes_16_bit_keys_on_clusters_with_the_reasons():
     props = H100_SXM.props()
     for dtype in MC.MMA_DTYPES:
@@ -90,11 +137,12 @@ def test_fit_takes_16_bit_keys_on_clusters_with_the_reasons():
     assert f.ok and f.cluster == 16 and f.kernel == "lstm_persistent_mmac16_fwd", f.reason
     f = MC.mmac_fit("lstm", 256, 8, props, "float16")
     assert f.ok and f.cluster == 8, f.reason   # 8 where it fits
-    f = MC.mmac_fit("rnn_tanh", 1536, 4, props, "float16")
+    f = MC.mmac_fit("rnn_tanh", 1536, 4, props, "float16", cluster=16)
     assert not f.ok and "clusters of 16" in f.reason and "shared memory" in f.reason
-    f = MC.mmac_fit("lstm", 1024, 8, props, "float16")
+    f = MC.mmac_fit("lstm", 1024, 8, props, "float16", cluster=16)
     assert not f.ok and "launch bound" in f.reason
-    f = MC.mmac_fit("lstm", 512, 8, dict(props, multiProcessorCount=12), "float16")
+    f = MC.mmac_fit("lstm", 512, 8, dict(props, multiProcessorCount=12), "float16",
+                    cluster=16)
     assert not f.ok and "12 SMs < one cluster of 16" in f.reason
     f = MC.mmac_fit("gru", 64, 8, props, "float16", k_parts=5)   # 4 k16 steps
     assert not f.ok and "empty" in f.reason
@@ -104,7 +152,7 @@ def test_fit_takes_16_bit_keys_on_clusters_with_the_reasons():
 
 def test_expressions_and_devices_without_clusters():
     for c in CELLS:
-        for cn in MC.MMAC_CLUSTERS:
+        for cn in MC.MMAC_FORMS:
             name = MC.kernel_name(c, cn)
             assert typed.persistent_expression(name, "float16") == f"{name}_t<fp16, false>"
             assert typed.persistent_expression(name, "bfloat16") == f"{name}_t<bf16, false>"
@@ -112,8 +160,9 @@ def test_expressions_and_devices_without_clusters():
                 typed.persistent_expression(name, "float32")
             assert typed.needs_clusters(name)
             assert MC.non_portable(name) == (cn == 16)
-    assert typed_persistent_kernels("persistent_mmac.cu", cluster=False) == ()
-    assert len(typed_persistent_kernels("persistent_mmac.cu", cluster=True)) == 8
+    for file, n in (("persistent_mmac.cu", 8), ("persistent_mmag.cu", 4)):
+        assert typed_persistent_kernels(file, cluster=False) == ()
+        assert len(typed_persistent_kernels(file, cluster=True)) == n
 
 
 class _Fn:

@@ -2,13 +2,17 @@
 CPU threads (tests/kernels/persistent_host_sim.cpp, PK_SIM_MMAC: the tensor-core main with
 clusters of 8 blocks, mma.sync emulated over the warp's exchange buffer by the PTX ISA's
 fragment layout, the pushes into the cluster's blocks and its barrier as the other cluster
-kernels' sims run them; PK_SIM_MMAC16: the kernels of clusters of 16), without a GPU. Every
+kernels' sims run them; PK_SIM_MMAC16: the kernels of clusters of 16; PK_SIM_MMACG: their grid form, persistent_mmag.cu, the grid barrier
+and the staging of h_t from global memory as the grid kernels' sims run them), without a
+GPU. Every
 cell x {bfloat16, float16} equals the float64 rounding-aware reference within the precision's
 tolerance (not bit-exactly: the tensor core's summation order), at clusters of 8 and of 16,
 one and several clusters (the last one short), one and several parts of the k16 steps, a
 hidden size that is not whole k16 steps and one whose last block owns fewer units (or
-none); outputs poisoned before each of two launches, h0 left as it was. A kernel whose A
-fragment reads rows g and g + 8 the wrong way round is refused.
+none); the grid form at one to four n8 tiles, 16-byte and 2-byte staging, its counters back
+at zero after each launch; outputs poisoned before each of two launches, h0 left as it was.
+A kernel whose A fragment reads rows g and g + 8 the wrong way round is refused, and so is a
+grid form that stages h_t before the barrier's wait.
 """
 from __future__ import annotations
 
@@ -25,14 +29,16 @@ from testkit import CELLS, build_host_sim
 
 
 def build(tmp_path_factory, src_dir, cluster=8):
-    define = "PK_SIM_MMAC" if cluster == 8 else f"PK_SIM_MMAC{cluster}"
+    define = {8: "PK_SIM_MMAC", MC.GRID_FORM: "PK_SIM_MMACG"}.get(cluster,
+                                                                f"PK_SIM_MMAC{cluster}")
     exe = tmp_path_factory.mktemp("simmmac") / f"persistent_host_sim_{define.lower()}"
-    return build_host_sim(exe, src_dir / "persistent_mmac.cu", define=define)
+    file = "persistent_mmag.cu" if cluster == MC.GRID_FORM else "persistent_mmac.cu"
+    return build_host_sim(exe, src_dir / file, define=define)
 
 
 @pytest.fixture(scope="module")
 def host_sim(tmp_path_factory):
-    return {cn: build(tmp_path_factory, S.cuda_src_dir(), cn) for cn in MC.MMAC_CLUSTERS}
+    return {cn: build(tmp_path_factory, S.cuda_src_dir(), cn) for cn in MC.MMAC_FORMS}
 
 
 # (H, B, T, k_parts, cluster): H 40 (U 5: the last block 5 units, 3 k16 steps, the last
@@ -69,6 +75,58 @@ def test_steps_past_the_registers_come_from_shared_memory(host_sim, tmp_path, ce
     check_outputs(cell, "bfloat16", got, ref, f"{cell} H{H} sim")
 
 
+# the grid form (H, B, T, U, k_parts): H 40 U 3 (14 blocks, the last owns 1) B 5, one n8 tile,
+# 2 parts, 16-byte staging; H 30 U 4 B 27 (four n8 tiles, the last 3 batches), 2 parts, 2-byte
+# staging (H % 8 != 0); H 64 U 8 B 20 (three tiles), 4 parts; H 528 U 2: one part of 33 k16
+# steps, PK_MMAG_KR in registers, the rest from shared memory, B 11 (two tiles)
+GRID_CASES = [(40, 5, 3, 3, 2), (30, 27, 3, 4, 2), (64, 20, 2, 8, 4), (528, 11, 2, 2, 1)]
+
+
+@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("H, B, T, U, k_parts", GRID_CASES)
+def test_grid_form_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, U, k_parts):
+    if H == 528 and (dtype == "float16" or cell in ("lstm", "rnn_relu")):
+        pytest.skip("the long case once a cell family (GRU: 3 gates, RNN: 1), bfloat16")
+    fit = MC.mmac_layout(cell, H, B, k_parts, cluster=MC.GRID_FORM, units_per_block=U)
+    assert fit.ok, fit.reason
+    data, ref = mma_case(cell, T, B, H, dtype, seed=5)
+    got = run_sim(host_sim[MC.GRID_FORM], tmp_path, cell, fit, data, T, dtype)
+    check_outputs(cell, dtype, got, ref, f"{cell} {dtype} H{H} B{B} grid form sim")
+    assert np.array_equal(got[0][0], data["h0"].astype(np.float32)), "h0 changed"
+
+
+def test_grid_cases_cover_the_paths():
+    fits = [MC.mmac_layout(c, H, B, k, cluster=MC.GRID_FORM, units_per_block=U)
+            for H, B, _, U, k in GRID_CASES for c in CELLS]
+    assert {MC.ceil_div(f.batch, 8) for f in fits} == set(range(1, MC.MMAG_NT + 1))
+    assert {f.hidden % 8 == 0 for f in fits} == {False, True}
+    assert {f.k_parts > 1 for f in fits} == {False, True}
+    assert any(len(f.part_steps(0)) > MC.MMAG_KR for f in fits)
+    assert any(f.blocks * f.units_per_block > f.hidden for f in fits)
+
+
+def test_grid_form_staging_another_step_is_refused(tmp_path_factory, tmp_path):
+    """The sim can fail the grid form's exchange: a kernel that stages h_{t-1} from global
+    memory in place of h_t gives wrong sums."""
+    bad = tmp_path_factory.mktemp("bad_mmacg")
+    for f in S.cuda_src_dir().iterdir():
+        shutil.copy(f, bad / f.name)
+    path = bad / "persistent_mmac.cuh"
+    text = path.read_text()
+    good = "mmag_stage(hs, g.SRH, h + (long long)t * S * ldh,"
+    assert text.count(good) == 1
+    path.write_text(text.replace(good, "mmag_stage(hs, g.SRH, h + (long long)(t > 0 ? t - 1 : 0)"
+                                       " * S * ldh,"))
+    exe = build(tmp_path_factory, bad, MC.GRID_FORM)
+    H, B, T, U = 64, 8, 4, 2
+    fit = MC.mmac_layout("rnn_tanh", H, B, 1, cluster=MC.GRID_FORM, units_per_block=U)
+    data, ref = mma_case("rnn_tanh", T, B, H, "bfloat16", seed=6)
+    got = run_sim(exe, tmp_path, "rnn_tanh", fit, data, T, "bfloat16")
+    with pytest.raises(AssertionError):
+        check_outputs("rnn_tanh", "bfloat16", got, ref, "h_{t-1} staged")
+
+
 def test_sim_cases_cover_the_paths():
     fits = [MC.mmac_layout(c, H, B, k, cluster=cn) for H, B, _, k, cn in SIM_CASES
             for c in CELLS]
@@ -88,7 +146,7 @@ def test_a_fragment_with_its_rows_swapped_is_refused(tmp_path_factory, tmp_path)
     bad = tmp_path_factory.mktemp("bad_mmac")
     for f in S.cuda_src_dir().iterdir():
         shutil.copy(f, bad / f.name)
-    path = bad / "persistent_mmac.cu"
+    path = bad / "persistent_mmac.cuh"
     text = path.read_text()
     good = ("ar[u][0] = in ? pk_ld_pair(a_lo + k) : 0u;\n"
             "        ar[u][1] = in ? pk_ld_pair(a_hi + k) : 0u;")

@@ -5,7 +5,8 @@ the rounding-aware reference to float64 agreement (the twin runs in the workspac
 so the tensor core's summation order, which the GPU tests allow for, does not show here);
 float32 and tf32 keys fall back to the schedule without the switch, saying why; the
 selector's candidates and the fitting families name it for 16-bit shapes only, before the
-FMA cluster kernel; a training key runs it with the FMA backward.
+FMA cluster kernel; a training key runs it with the FMA backward; its grid form likewise
+(the fit held to it), and where no cluster holds R (LSTM H 1024) the fit takes it.
 """
 from __future__ import annotations
 
@@ -24,6 +25,25 @@ CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 @pytest.mark.parametrize("cell", CELLS)
 def test_mmac_family_runs_its_kernel_and_equals_the_reference(cell, dtype):
     check_family_plan(cell, dtype, "mmac", MC.kernel_name(cell), "tensor-core cluster kernel", 7)
+
+
+@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+def test_the_grid_form_runs_its_kernel_and_equals_the_reference(monkeypatch, cell, dtype):
+    """The fit held to the grid form (persistent_mmag.cu): its kernel runs, its twin (the
+    grid kernel's emulation over one block a U units, every batch) equals the reference, and
+    the plan gives the launch its barrier counters."""
+    import functools
+
+    from rnnrt.plan import forward_plan
+    monkeypatch.setattr(choice, "mmac_fit", functools.partial(MC.mmac_fit,
+                                                              cluster=MC.GRID_FORM))
+    forward_plan.cache_clear()   # plans of the same keys, cut by the cluster form
+    try:
+        check_family_plan(cell, dtype, "mmac", MC.kernel_name(cell, MC.GRID_FORM),
+                          "the grid form", 8)
+    finally:
+        forward_plan.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", ("float32", "tf32"))
@@ -57,11 +77,16 @@ def test_candidates_name_mmac_for_16_bit_shapes_it_fits():
         assert "mmac" in names and names.index("mmac") < names.index("cluster"), names
     for dtype in ("float32", "tf32"):
         assert "mmac" not in choice.fitting_families(_shape(dtype), H100_SXM)
-    # LSTM H 512 at clusters of 16; H 1024: a block's 16-bit R slice (528 KB) does not fit
+    # LSTM H 512 at clusters of 16; H 1024: a block's 16-bit R slice (528 KB at 16) fits no
+    # cluster, the grid form takes it (one block an SM); H 2048 not even that (257 KB)
     fams = choice.fitting_families(_shape("float16", hidden=512), H100_SXM)
     assert "mmac" in fams and "of 16 blocks" in fams["mmac"]
     fams = choice.fitting_families(_shape("float16", hidden=1024), H100_SXM)
-    assert "mmac" not in fams and "grid" in fams
+    assert "mmac" in fams and "the grid form" in fams["mmac"]
+    names = [s.name for s in choice.candidates(_shape("float16", hidden=1024), H100_SXM)]
+    assert "mmac" in names, names
+    assert "mmac" not in choice.fitting_families(_shape("float16", hidden=2048), H100_SXM)
+    assert not MC.mmac_fit("lstm", 2048, 8, H100_SXM.props(), "float16").ok
 
 
 def test_the_heuristic_takes_mmac_for_one_16_bit_layer_up_to_64_batches():

@@ -1,0 +1,412 @@
+/*
+ * persistent_mmac.cuh: the body of the tensor-core cluster kernels, mmac_fwd<G, CELL, TS, CN>
+ * (its geometry MmacGeom, the grid form's staging mmag_stage). #included by persistent_mmac.cu
+ * (clusters of CN = 8 or 16 blocks) and persistent_mmag.cu (CN = 0: the grid form), whose
+ * headers document the kernels, their arguments and variants; rnnrt's loader inlines it. No
+ * kernels of its own.
+ *   PK_MMAC_*   the cluster form's constants; PK_MMAG_*: the grid form's
+ */
+#ifndef RNNRT_PERSISTENT_MMAC_CUH
+#define RNNRT_PERSISTENT_MMAC_CUH
+
+#include "persistent_layer.cuh"
+
+#define PK_MMAC_MAX_THREADS 256   // __launch_bounds__ and the fit's cap on threads a block
+                                  // (255 registers a thread: PK_MMAC_KR steps' A fragments)
+#define PK_MMAC_BG 8              // most batches a cluster: one n8 tile
+#define PK_MMAC_CLUSTER16 16      // blocks a cluster of the *_mmac16_* kernels
+#define PK_MMAC_KR 32             // k16 steps a warp holds the A fragments of (even)
+#define PK_MMAC_UNROLL 4          // k16 steps whose fragments are loaded together (even)
+#define PK_MMAC_LOADS 8           // R elements a thread loads at once in the prologue
+#define PK_MMAG_NT 4              // the grid form: most n8 tiles (batches 8 * PK_MMAG_NT)
+#define PK_MMAG_KR 16             // the grid form: k16 steps held in registers (even; its
+                                  // PK_MMAG_NT tiles' accumulators take the registers)
+
+// The block's decomposition (rnnrt/kernels/mmac.py mmac_layout: the same numbers).
+struct MmacGeom {
+    int M, MT;        // rows of the R slice (G * U), its m16 tiles
+    int KS, KP;       // k16 steps over H, and H rounded up to them
+    int NW, KPARTS;   // warps; parts of the k16 steps (warps = MT * KPARTS)
+    int SRH;          // row stride of the R slice and of the h buffers (TS elements)
+    int NT;           // n8 tiles of batches (1 in a cluster; the grid form ceil(B / 8))
+    int HR;           // rows of the h buffers: 2 x PK_MMAC_BG (two buffers) / 8 NT (one)
+    int RS;           // row stride of the partial sums (floats): 8 NT
+};
+
+__device__ __forceinline__ MmacGeom mmac_geom(int G, int U, int H, int nt, int B, bool grid) {
+    MmacGeom g;
+    g.M = G * U;
+    g.MT = (g.M + 15) / 16;
+    g.KS = (H + 15) / 16;
+    g.KP = 16 * g.KS;
+    g.NW = nt / 32;
+    g.KPARTS = g.NW / g.MT;
+    g.SRH = g.KP + 8;
+    g.NT = grid ? (B + 7) / 8 : 1;
+    g.HR = grid ? 8 * g.NT : 2 * PK_MMAC_BG;
+    g.RS = 8 * g.NT;
+    return g;
+}
+
+// Floats of the R slice and the h buffers, 16-bit values (a multiple of 4: SRH * 2 bytes is
+// a multiple of 16).
+__device__ __forceinline__ int mmac_rh_floats(const MmacGeom& g) {
+    return (g.MT * 16 + g.HR) * g.SRH / 2;
+}
+
+// The grid form's staging of h_t [B][H] (row stride ldh) into the buffer's rows 0..B-1
+// (stride SRH): 16-byte cp.async copies where every row is 16-byte aligned (vec), else
+// 2-byte L2 loads (ld.cg: the other blocks wrote h_t during this launch). The caller
+// commits, waits and syncs.
+template <class TS>
+__device__ __forceinline__ void mmag_stage(TS* hs, int SRH, const TS* ht, long long ldh, int B,
+                                           int H, bool vec, int tid, int nt) {
+    if (PK_TIMING & 1) return;
+    if (vec) {
+        const int cpr = H / 8;   // 16-byte chunks a row
+        for (int e = tid; e < B * cpr; e += nt) {
+            const int b = e / cpr, q = e - b * cpr;
+            pk_cp_async16(reinterpret_cast<float*>(hs + b * SRH + 8 * q),
+                          reinterpret_cast<const float*>(ht + b * ldh + 8 * q));
+        }
+    } else {
+        for (int e = tid; e < B * H; e += nt) {
+            const int b = e / H, k = e - b * H;
+            hs[b * SRH + k] = from_f<TS>(pk_ldcg(ht + b * ldh + k));
+        }
+    }
+}
+
+// CN blocks a cluster (8, 16), or CN = 0: the grid form (every block of the grid is one
+// "cluster" over all B <= 8 PK_MMAG_NT batches; h_{t+1} goes to global memory, the blocks meet
+// at the flag grid barrier on `sync`, and each stages h_t from L2 at the top of a step).
+template <int G, int CELL, class TS, int CN>
+__device__ __forceinline__ void mmac_fwd(
+        int Bfull, int H, TS* h, long long ldh, float* c, long long ldc, float* act,
+        long long ldact, unsigned int* sync, const float* gx, long long ldgx, const float* w,
+        long long ldw, const float* bw, long long ldbw, const float* br, long long ldbr, int T,
+        int U, int KT) {
+    constexpr bool GRID = CN == 0;
+    constexpr int NTX = GRID ? PK_MMAG_NT : 1;        // n8 tiles the registers are sized for
+    constexpr int KR = GRID ? PK_MMAG_KR : PK_MMAC_KR;
+    float* const smem = dynamic_smem();
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    int rank, BG, b_off;
+    if constexpr (GRID) {
+        rank = blockIdx.x;
+        BG = Bfull;
+        b_off = 0;
+    } else {
+        rank = (int)pk_cluster_rank();
+        BG = (Bfull + (int)pk_clusters() - 1) / (int)pk_clusters();
+        b_off = (int)pk_cluster_id() * BG;
+    }
+    const int B = min(BG, Bfull - b_off);
+    const int ranks = GRID ? (int)gridDim.x : CN;
+    const MmacGeom g = mmac_geom(G, U, H, nt, BG, GRID);
+    const long long need = 4LL * (mmac_rh_floats(g) + (long long)g.KPARTS * g.MT * 16 * g.RS);
+    if (U < 1 || H < 1 || B < 1 || BG > 8 * NTX || KT < H || nt % 32 != 0 ||
+        g.KPARTS < 1 || g.NW != g.MT * g.KPARTS || (long long)ranks * U < H ||
+        (long long)U * BG > (long long)PK_CPT * nt || (long long)dynamic_smem_bytes() < need)
+        __trap();
+    const int S = Bfull;   // rows of a step in every time-major array
+    h += b_off * ldh;      // row b of step t of every array is now row t*S + b
+    if (c) c += b_off * ldc;
+    if (act) act += b_off * ldact;
+    gx += b_off * ldgx;
+    bw += b_off * ldbw;
+    br += b_off * ldbr;
+    const int j0 = rank * U;
+    const int Ub = max(0, min(U, H - j0));   // units this block owns
+    // timing variant 8 (no pointwise update): a runtime test, so that the code it skips
+    // is not "unreachable" to the compiler (-Werror)
+    const bool no_update = (PK_TIMING & 8) && T > 0;
+    TS* const Rs = reinterpret_cast<TS*>(smem);           // [MT*16][SRH]
+    TS* const hs = Rs + g.MT * 16 * g.SRH;                // [HR][SRH]
+    float* const red = smem + mmac_rh_floats(g);          // [KPARTS][MT*16][RS]
+    // the grid form's 16-byte staging: rows of h 16-byte aligned, whole chunks
+    [[maybe_unused]] const bool vec = GRID && H % 8 == 0 && ldh % 8 == 0 &&
+                     (reinterpret_cast<unsigned long long>(h) & 15ull) == 0;
+
+    // Pointwise cells of this thread: e = tid + i*nt, jj = e % U, b = e / U (live: jj < Ub,
+    // b < B), as the other persistent kernels (emulate.owned). gx of step t+1 is loaded
+    // between the barrier's arrive and wait of step t; the biases once; c_t (LSTM) and h_t
+    // (GRU) of the cells are the thread's own writes of the step before: registers.
+    float xg[G][PK_CPT], bwv[G][PK_CPT], brv[G][PK_CPT], carry[PK_CPT];
+    int cell_b[PK_CPT], cell_j[PK_CPT];
+    bool cell_live[PK_CPT];
+#pragma unroll
+    for (int i = 0; i < PK_CPT; ++i) {
+        const int e = tid + i * nt;
+        const int jj = e % U;
+        cell_b[i] = e / U;
+        cell_j[i] = j0 + jj;
+        cell_live[i] = cell_b[i] < B && jj < Ub;
+    }
+    auto prefetch = [&](int t) {
+#pragma unroll
+        for (int i = 0; i < PK_CPT; ++i) {
+            const float* const x = gx + ((long long)t * S + cell_b[i]) * ldgx + cell_j[i];
+#pragma unroll
+            for (int q = 0; q < G; ++q)
+                xg[q][i] = cell_live[i] ? __ldcs(x + q * (long long)H) : 0.f;
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < PK_CPT; ++i) {
+        const bool live = cell_live[i];
+        const int b = cell_b[i], j = cell_j[i];
+#pragma unroll
+        for (int q = 0; q < G; ++q) {
+            bwv[q][i] = live ? __ldg(bw + b * ldbw + j + q * (long long)H) : 0.f;
+            brv[q][i] = live ? __ldg(br + b * ldbr + j + q * (long long)H) : 0.f;
+        }
+        carry[i] = 0.f;
+        if constexpr (CELL == CELL_LSTM) {
+            if (live) carry[i] = c[b * ldc + j];
+        } else if constexpr (CELL == CELL_GRU) {
+            if (live) carry[i] = to_f(h[b * ldh + j]);
+        }
+    }
+    prefetch(0);   // step 0's: in flight during the copy of R
+
+    // R slice, once, rounded to TS (exactly what the rungs' GEMMs read of R): row q*U + ju
+    // holds R[q*H + j0 + ju, :]; zeros past H, past Ub and in the rows past M of the last
+    // m16 tile.
+    // PK_MMAC_LOADS elements a thread at a time, all loads before any store: each load is
+    // an L2 / DRAM round trip, and one at a time (the compiler may not move a global load
+    // above a store through a generic pointer) the copy took ~20 us of a 20-step launch.
+    for (int e0 = tid; e0 < g.MT * 16 * g.SRH; e0 += PK_MMAC_LOADS * nt) {
+        float v[PK_MMAC_LOADS];
+#pragma unroll
+        for (int u = 0; u < PK_MMAC_LOADS; ++u) {
+            const int e = e0 + u * nt;
+            const int row = e / g.SRH, k = e - row * g.SRH;
+            const int q = row / U, ju = row - q * U;
+            const bool live = e < g.MT * 16 * g.SRH && row < g.M && ju < Ub && k < H;
+            v[u] = live ? __ldg(w + ((long long)q * H + j0 + ju) * ldw + k) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < PK_MMAC_LOADS; ++u)
+            if (e0 + u * nt < g.MT * 16 * g.SRH) Rs[e0 + u * nt] = from_f<TS>(v[u]);
+    }
+    if constexpr (GRID) {
+        // zeros in the buffer (rows past B and columns past H are read by the fragments,
+        // never staged); h_t is staged at the top of every step, h_0 too
+        for (int e = tid; e < g.HR * g.SRH; e += nt) hs[e] = from_f<TS>(0.f);
+        __syncthreads();   // the R slice and the zeros, before any fragment is read
+    } else {
+        // h_0 of the cluster's batches into buffer 0; zeros everywhere else in both buffers
+        // (rows past B and columns past H are read by the fragments, never pushed)
+        for (int e = tid; e < 2 * PK_MMAC_BG * g.SRH; e += nt) {
+            const int buf = e / (PK_MMAC_BG * g.SRH), r = e - buf * PK_MMAC_BG * g.SRH;
+            const int b = r / g.SRH, k = r - b * g.SRH;
+            hs[e] = (buf == 0 && b < B && k < H) ? h[b * ldh + k] : from_f<TS>(0.f);
+        }
+        pk_cluster_sync();   // every block of the cluster runs before any block pushes to it
+    }
+
+    // This warp's m16 tile and k16 steps [ks0, ks1); its fragments' rows g and g + 8 of the
+    // tile and columns 2c, 2c + 1 (+ 8) of each step (persistent_mma.cuh: the layout).
+    const int mt = warp % g.MT, kp = warp / g.MT;
+    const int ks0 = kp * g.KS / g.KPARTS, ks1 = (kp + 1) * g.KS / g.KPARTS;
+    const int fg = lane >> 2, fc = lane & 3;
+    const TS* const a_lo = Rs + (mt * 16 + fg) * g.SRH + 2 * fc;   // row g
+    const TS* const a_hi = a_lo + 8 * g.SRH;                        // row g + 8
+    float* const red_mine = red + ((kp * g.MT + mt) * 16 + fg) * g.RS + 2 * fc;
+    // The A fragments of this warp's first KR k16 steps, held in registers for the whole
+    // launch (R does not change), so that a step reads only h_t's B fragments from shared
+    // memory. Read from the R slice every step, the fragments were the step's shared-memory
+    // traffic: the whole slice a step, 128 bytes a clock (GRU H 512: 196 KB, ~0.8 us of a
+    // 4.5 us step; `kernels/persistent-mmac-bench-T100-...-20261129T084857.json`).
+    unsigned int ar[KR][4];
+#pragma unroll
+    for (int u = 0; u < KR; ++u) {
+        const int k = 16 * (ks0 + u);
+        const bool in = ks0 + u < ks1;
+        ar[u][0] = in ? pk_ld_pair(a_lo + k) : 0u;
+        ar[u][1] = in ? pk_ld_pair(a_hi + k) : 0u;
+        ar[u][2] = in ? pk_ld_pair(a_lo + k + 8) : 0u;
+        ar[u][3] = in ? pk_ld_pair(a_hi + k + 8) : 0u;
+    }
+
+    for (int t = 0; t < T; ++t) {
+        if constexpr (GRID) {   // h_t, complete since the last barrier (h_0: the caller's)
+            mmag_stage(hs, g.SRH, h + (long long)t * S * ldh, ldh, B, H, vec, tid, nt);
+            pk_cp_commit();
+            pk_cp_wait<0>();
+            __syncthreads();
+        }
+        // batch g of n8 tile n: b_row + 8 n SRH
+        const TS* const b_row = hs + ((GRID ? 0 : (t & 1) * PK_MMAC_BG) + fg) * g.SRH + 2 * fc;
+        float d0[NTX][4], d1[NTX][4];
+#pragma unroll
+        for (int n = 0; n < NTX; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) d0[n][r] = d1[n][r] = 0.f;
+        // the B fragments of tile n at k16 step ks (column k = 16 ks)
+        auto bfrag = [&](unsigned int (&b)[2], int n, int k) {
+            const TS* const p = b_row + n * 8 * g.SRH + k;
+            b[0] = pk_ld_pair(p);
+            b[1] = pk_ld_pair(p + 8);
+        };
+        // the A fragments of k16 step ks (rows g, g + 8; columns 2c, 2c + 8)
+        auto afrag = [&](unsigned int (&a)[4], int ks) {
+            const int k = 16 * ks;
+            a[0] = pk_ld_pair(a_lo + k);
+            a[1] = pk_ld_pair(a_hi + k);
+            a[2] = pk_ld_pair(a_lo + k + 8);
+            a[3] = pk_ld_pair(a_hi + k + 8);
+        };
+        auto step = [&](float (&d)[NTX][4], int ks) {
+            unsigned int a[4];
+            afrag(a, ks);
+#pragma unroll
+            for (int n = 0; n < NTX; ++n) {
+                if (n >= g.NT) break;
+                unsigned int b[2];
+                bfrag(b, n, 16 * ks);
+                pk_mma16816<TS>(d[n], a, b);
+            }
+        };
+        // Two chains (even and odd steps from ks0). The steps held in registers first; any
+        // past KR from the R slice, PK_MMAC_UNROLL steps' fragments loaded before their
+        // mma.sync (that unrolling alone did not shorten a step: the fragment loads were
+        // bound by shared-memory bandwidth, not latency; `kernels/persistent-mmac-bench-
+        // T100-...-20261129T084857.json`)
+        int ks = (PK_TIMING & 2) ? ks1 : ks0;
+        if (!(PK_TIMING & 2)) {   // the steps held in registers (KR is even)
+#pragma unroll
+            for (int u = 0; u < KR; u += 2) {
+                const int k = 16 * (ks0 + u);
+#pragma unroll
+                for (int n = 0; n < NTX; ++n) {
+                    if (n >= g.NT) break;
+                    if (ks0 + u < ks1) {
+                        unsigned int b[2];
+                        bfrag(b, n, k);
+                        pk_mma16816<TS>(d0[n], ar[u], b);
+                    }
+                    if (ks0 + u + 1 < ks1) {
+                        unsigned int b[2];
+                        bfrag(b, n, k + 16);
+                        pk_mma16816<TS>(d1[n], ar[u + 1], b);
+                    }
+                }
+            }
+            ks = min(ks1, ks0 + KR);
+        }
+        // the rest from the R slice in shared memory (ks - ks0 is even here)
+        for (; ks + PK_MMAC_UNROLL <= ks1; ks += PK_MMAC_UNROLL) {
+            unsigned int a[PK_MMAC_UNROLL][4], b[PK_MMAC_UNROLL][NTX][2];
+#pragma unroll
+            for (int u = 0; u < PK_MMAC_UNROLL; ++u) {
+                afrag(a[u], ks + u);
+#pragma unroll
+                for (int n = 0; n < NTX; ++n)
+                    if (n < g.NT) bfrag(b[u][n], n, 16 * (ks + u));
+            }
+#pragma unroll
+            for (int u = 0; u < PK_MMAC_UNROLL; u += 2)
+#pragma unroll
+                for (int n = 0; n < NTX; ++n) {
+                    if (n >= g.NT) break;
+                    pk_mma16816<TS>(d0[n], a[u], b[u][n]);
+                    pk_mma16816<TS>(d1[n], a[u + 1], b[u + 1][n]);
+                }
+        }
+        for (; ks + 1 < ks1; ks += 2) {   // the last few (ks - ks0 is even here)
+            step(d0, ks);
+            step(d1, ks + 1);
+        }
+        if (ks < ks1) step(d0, ks);
+        // D of tile n: d0, d1 (row g, batches 8n + 2c, 8n + 2c + 1), d2, d3 (row g + 8)
+#pragma unroll
+        for (int n = 0; n < NTX; ++n) {
+            if (n >= g.NT) break;
+            red_mine[8 * n] = d0[n][0] + d1[n][0];
+            red_mine[8 * n + 1] = d0[n][1] + d1[n][1];
+            red_mine[8 * g.RS + 8 * n] = d0[n][2] + d1[n][2];
+            red_mine[8 * g.RS + 8 * n + 1] = d0[n][3] + d1[n][3];
+        }
+        __syncthreads();   // every part's sums are in red
+
+        float keep_h[PK_CPT] = {}, keep_c[PK_CPT] = {}, keep_a[4][PK_CPT] = {};
+        TS* const hnext = hs + ((t + 1) & 1) * PK_MMAC_BG * g.SRH;   // the cluster form's
+#pragma unroll
+        for (int i = 0; i < PK_CPT; ++i) {
+            if (!cell_live[i] || no_update) continue;
+            const int b = cell_b[i], j = cell_j[i], jj = j - j0;
+            float s[G], xb[G];
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                const float* const p = red + (q * U + jj) * g.RS + b;
+                float v = p[0];
+                for (int k = 1; k < g.KPARTS; ++k) v += p[k * g.MT * 16 * g.RS];
+                xb[q] = xg[q][i] + bwv[q][i];
+                const float brq = brv[q][i];
+                // ((gx + bw) + gh) + br, the fused kernels' order (GRU's n gate: gh_n + br_n)
+                s[q] = (CELL == CELL_GRU && q == 2) ? v + brq : (xb[q] + v) + brq;
+            }
+            const float hv = pk_cell_update<G, CELL, TS>(s, xb, carry[i], keep_c[i],
+                                                         keep_a[0][i], keep_a[1][i],
+                                                         keep_a[2][i], keep_a[3][i]);
+            keep_h[i] = hv;
+            if constexpr (GRID) {   // h_{t+1}[b, j], rounded to TS: read after the barrier
+                pk_stcg(h + ((long long)(t + 1) * S + b) * ldh + j, hv);
+            } else {   // h_{t+1}[b, j], rounded to TS, into every block's next buffer
+                const pk_saddr a = pk_smem_addr(
+                        reinterpret_cast<const float*>(hnext + b * g.SRH + j));
+                const unsigned short bits = from_f<TS>(hv).bits;
+#pragma unroll
+                for (int r = 0; r < ((PK_TIMING & 1) ? 0 : CN); ++r)
+                    pk_st_cluster_b16(a, (unsigned int)r, bits);
+            }
+        }
+        // After every step, the last too (the cluster form): h_{t+1} is in every buffer
+        // before any block reads it, every block has read buffer t & 1 and red before they
+        // are rewritten, and no block exits while another may still push into it. The
+        // global stores and step t+1's gx loads go between the arrive and the wait
+        // (persistent_layer.cuh: why). The grid form between steps: its arrival (thread 0,
+        // after the block's stores of h_{t+1}: a fence, then the counter) releases h_{t+1},
+        // the wait (a relaxed spin, then one acquire load, not a fence: that would also wait
+        // for the gx loads in flight) acquires every block's.
+        const bool barrier = GRID ? t + 1 < T : true;
+        if (GRID && barrier) {
+            __syncthreads();   // the block's stores of h_{t+1} are issued
+            if (tid == 0 && !(PK_TIMING & 4)) {
+                pk_fence_acq_rel();
+                atomicAdd(sync, 1u);
+            }
+        } else if (!GRID && !(PK_TIMING & 4)) {
+            pk_cluster_arrive();
+        }
+        if (t + 1 < T) prefetch(t + 1);
+#pragma unroll
+        for (int i = 0; i < PK_CPT; ++i) {
+            if (!cell_live[i] || no_update) continue;
+            const int b = cell_b[i], j = cell_j[i];
+            const long long row = (long long)t * S + b;   // step t, batch b
+            if constexpr (CELL == CELL_LSTM) c[(row + S) * ldc + j] = keep_c[i];
+            if constexpr (CELL == CELL_LSTM || CELL == CELL_GRU)
+                store_gates(act + row * ldact + j, H, keep_a[0][i], keep_a[1][i], keep_a[2][i],
+                            keep_a[3][i]);
+            if constexpr (!GRID)
+                pk_stcg(h + (row + S) * ldh + j, keep_h[i]);   // h_{t+1}[b, j], rounded to TS
+        }
+        if constexpr (GRID) {
+            if (barrier) {
+                if (tid == 0) ps_wait(sync, (unsigned int)(t + 1) * gridDim.x);
+                __syncthreads();   // no thread stages h_{t+1} before thread 0 saw every block's
+            }
+        } else if (PK_TIMING & 4) {
+            __syncthreads();   // timing only: red is rewritten next step
+        } else {
+            pk_cluster_wait();
+        }
+    }
+    if constexpr (GRID) grid_exit(sync);
+    else if (PK_TIMING & 4) pk_cluster_sync();   // timing only: no exit before the pushes
+}
+
+#endif  // RNNRT_PERSISTENT_MMAC_CUH
