@@ -2,17 +2,17 @@
 CPU threads (tests/kernels/persistent_host_sim.cpp, PK_SIM_MMAC: the tensor-core main with
 clusters of 8 blocks, mma.sync emulated over the warp's exchange buffer by the PTX ISA's
 fragment layout, the pushes into the cluster's blocks and its barrier as the other cluster
-kernels' sims run them; PK_SIM_MMAC16: the kernels of clusters of 16; PK_SIM_MMACG: their grid form, persistent_mmag.cu, the grid barrier
-and the staging of h_t from global memory as the grid kernels' sims run them), without a
-GPU. Every
-cell x {bfloat16, float16} equals the float64 rounding-aware reference within the precision's
-tolerance (not bit-exactly: the tensor core's summation order), at clusters of 8 and of 16,
-one and several clusters (the last one short), one and several parts of the k16 steps, a
-hidden size that is not whole k16 steps and one whose last block owns fewer units (or
-none); the grid form at one to four n8 tiles, 16-byte and 2-byte staging, its counters back
-at zero after each launch; outputs poisoned before each of two launches, h0 left as it was.
-A kernel whose A fragment reads rows g and g + 8 the wrong way round is refused, and so is a
-grid form that stages h_t before the barrier's wait.
+kernels' sims run them; PK_SIM_MMAC16: the kernels of clusters of 16; PK_SIM_MMACG: their
+grid form, persistent_mmag.cu, its grid barrier and its staging of h_t from global memory as
+the grid kernels' sims run them), without a GPU. Every cell x {bfloat16, float16} equals the
+float64 rounding-aware reference within the precision's tolerance (not bit-exactly: the
+tensor core's summation order), at clusters of 8 and of 16, one and several clusters (the
+last one short), one and several parts of the k16 steps, a hidden size that is not whole k16
+steps and one whose last block owns fewer units (or none); the grid form at one to four n8
+tiles, 16-byte and 2-byte staging, its counters back at zero after each launch; outputs
+poisoned before each of two launches, h0 left as it was. A kernel whose A fragment reads rows
+g and g + 8 the wrong way round is refused, and so is a grid form that stages h_{t-1} in
+place of h_t.
 """
 from __future__ import annotations
 
