@@ -99,3 +99,15 @@ def test_the_heuristic_takes_mmac_for_one_16_bit_layer_up_to_64_batches():
         four = selector.Shape("lstm", 4, 256, 256, 8, 100, False, dtype=dtype)
         assert choice.forward_heuristic(four, H100_SXM).family != "mmac"
     assert choice.forward_heuristic(_shape("float32"), H100_SXM).family != "mmac"
+
+
+def test_the_heuristic_takes_the_grid_form_at_one_n8_tile_only():
+    """Untimed, the grid form (LSTM / GRU H 1024) at B <= 8, where it measured 1.5x the
+    cuBLAS rungs; at B 32 (a tie with them) the rung."""
+    for cell in ("lstm", "gru"):
+        for batch, mmac in ((8, True), (5, True), (32, False), (16, False)):
+            shape = _shape("float16", 1024, batch, cell)
+            fit = MC.mmac_fit(cell, 1024, batch, H100_SXM.props(), "float16")
+            assert fit.ok and fit.cluster == MC.GRID_FORM, fit.reason
+            assert (choice.forward_heuristic(shape, H100_SXM).family == "mmac") == mmac, \
+                (cell, batch)
