@@ -12,7 +12,11 @@ point and pass (a point: cell, layers, hidden, input size, batch, steps; newest 
   - where a point has both passes: whether the training step (fwd+bwd) is at least the
     forward's ratio, and for each miss what it would take -- the share of the precision's
     GEMM ceiling the training step would need to reach the forward's ratio (its share now
-    x forward ratio / fwd+bwd ratio: the same run's cuDNN time, so no cross-run ratio).
+    x forward ratio / fwd+bwd ratio: the same run's cuDNN time, so no cross-run ratio);
+  - where both passes of a point come from one run (the rows' ``session``): the backward
+    alone (the training step less the forward) against cuDNN's backward alone, cuDNN ms /
+    ours, its geometric mean and the points below 1.0 (a training step below its forward's
+    ratio is a slow backward only where this is below 1.0: else cuDNN's forward is slow).
 
 Rows come through ``plots.load_rows`` (sweep .jsonl files, ladder records, folders of them,
 read by recordio with damaged lines skipped and named). ``summarize(rows)`` -> list of
@@ -98,6 +102,22 @@ def backward_per_forward(fwd_row: dict, fb_row: dict) -> tuple:
     return (t_fb - t_f) / t_f, (c_fb - c_f) / c_f
 
 
+def backward_vs_cudnn(fwd_row: dict, fb_row: dict) -> float | None:
+    """cuDNN's backward time / ours at one point, a backward being the training step less the
+    forward (each from its row: ms_median, and cuDNN's = ours x ratio_vs_cudnn), where both
+    rows come from one run (the same non-empty ``session``: cuDNN's two times are then of one
+    process); None otherwise, or where a number is missing or a backward is not positive."""
+    run = fwd_row.get("session")
+    if not run or run != fb_row.get("session"):
+        return None
+    t_f, t_fb = number(fwd_row.get("ms_median")), number(fb_row.get("ms_median"))
+    r_f, r_fb = number(fwd_row.get("ratio_vs_cudnn")), number(fb_row.get("ratio_vs_cudnn"))
+    if None in (t_f, t_fb, r_f, r_fb):
+        return None
+    ours, theirs = t_fb - t_f, t_fb * r_fb - t_f * r_f
+    return theirs / ours if ours > 0 and theirs > 0 else None
+
+
 @dataclass
 class GridSummary:
     """The verdict of one device at one precision (module docstring)."""
@@ -118,6 +138,17 @@ class GridSummary:
 
     def below_one(self, pass_: str) -> list:
         return sorted((p, v) for p, v in self.ratios(pass_).items() if v < 1.0)
+
+    def backward_ratios(self) -> dict:
+        """{point: cuDNN's backward ms / ours} where both passes are timed in one run
+        (``backward_vs_cudnn``)."""
+        fwd, fb = self.ratios("fwd"), self.ratios("fwd+bwd")
+        out = {}
+        for p in sorted(set(fwd) & set(fb)):
+            v = backward_vs_cudnn(self.rows[(p, "fwd")], self.rows[(p, "fwd+bwd")])
+            if v is not None:
+                out[p] = v
+        return out
 
     def misses(self) -> tuple[int, list]:
         """(points with both passes timed, the Misses among them, worst first)."""
@@ -144,10 +175,15 @@ class GridSummary:
                                         for p, v in self.below_one(ps)],
                           "refused": [dict(zip(POINT, p)) for p in self.refused(ps)]}
         every = [v for ps in PASSES for v in self.ratios(ps).values()]
+        bwd = self.backward_ratios()
         return {"device": self.device, "dtype": self.dtype, "executor": self.executor,
                 "passes": passes, "geomean_all": geomean(every), "rows": len(every),
                 "both_passes": n_both, "fwdbwd_at_least_fwd": n_both - len(misses),
-                "misses": [m.as_dict() for m in misses]}
+                "misses": [m.as_dict() for m in misses],
+                "backward_alone": {"points": len(bwd), "geomean": geomean(bwd.values()),
+                                   "below_one": [{"point": dict(zip(POINT, p)), "ratio": v}
+                                                 for p, v in sorted(bwd.items())
+                                                 if v < 1.0]}}
 
     def text(self, limit: int | None = None) -> list[str]:
         """The printed verdict; ``limit`` lists at most that many points a list."""
@@ -197,6 +233,16 @@ class GridSummary:
                 lines.append(f"      {point_label(m.point):<28} {m.fwd:5.2f}x {m.fwdbwd:7.2f}x"
                              f"  {share:>27}  {per:>23}  {m.schedule}")
             lines += more(misses)
+        bwd = d["backward_alone"]
+        if bwd["points"]:
+            lines.append(f"  backward alone (fwd+bwd less fwd, both passes of one run) vs "
+                         f"cuDNN's: {bwd['points']} point{'' if bwd['points'] == 1 else 's'}, "
+                         f"geometric mean {bwd['geomean']:.2f}x, below 1.0 at "
+                         f"{len(bwd['below_one'])}")
+            low = [(tuple(b["point"][f] for f in POINT), b["ratio"]) for b in bwd["below_one"]]
+            for p, v in cut(low):
+                lines.append(f"      {point_label(p):<28} {v:.2f}x")
+            lines += more(low)
         return lines
 
 

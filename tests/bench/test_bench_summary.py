@@ -1,7 +1,8 @@
 """`rnnrt summary` (rnnrt/bench/summary.py) on the CPU: the verdict of synthetic sweep rows
 (newest row per point and pass, devices and precisions apart, refused rows, the training
-step's verdict and the share of the ceiling it would need), the command's outputs and bad
-inputs, and the README's grid figures against the committed records."""
+step's verdict and the share of the ceiling it would need, the backward alone against
+cuDNN's where both passes are one run), the command's outputs and bad inputs, and the
+README's grid figures against the committed records."""
 from __future__ import annotations
 
 import json
@@ -116,6 +117,33 @@ def test_backward_per_forward_time_ours_against_cudnns():
                 assert (r_fb >= r_f) == (ours <= cudnn + 1e-12), (r_f, r_fb, t_f, t_fb)
     assert S.backward_per_forward({"ms_median": 1.0}, {"ms_median": 2.0,
                                                         "ratio_vs_cudnn": 1.0}) == (None, None)
+
+
+def test_backward_alone_against_cudnns_where_both_passes_are_one_run():
+    """Backward = training step less forward, each time ours and cuDNN's (ours x ratio):
+    H 128 (fwd 1 ms at 3x, step 3 ms at 2x: cuDNN's backward 3 ms, ours 2) 1.5x; H 256
+    (fwd 1 ms at 1x, step 4 ms at 0.5x: 1 ms against 3) below 1.0; H 512's passes from two
+    runs, and H 1024's with no session, have no say."""
+    one, other = "2026-11-29T10:00:00", "2026-11-29T11:00:00"
+    rows = [row(H=128, ratio=3.0, ms_median=1.0, session=one),
+            row(H=128, pass_="fwd+bwd", ratio=2.0, ms_median=3.0, session=one),
+            row(H=256, ratio=1.0, ms_median=1.0, session=one),
+            row(H=256, pass_="fwd+bwd", ratio=0.5, ms_median=4.0, session=one),
+            row(H=512, ratio=1.0, ms_median=1.0, session=one),
+            row(H=512, pass_="fwd+bwd", ratio=0.5, ms_median=4.0, session=other),
+            row(H=1024, ratio=1.0, ms_median=1.0),
+            row(H=1024, pass_="fwd+bwd", ratio=0.5, ms_median=4.0)]
+    (g,) = S.summarize(rows)
+    got = {p[2]: v for p, v in g.backward_ratios().items()}
+    assert got == pytest.approx({128: 1.5, 256: 1.0 / 3.0})
+    d = g.as_dict()["backward_alone"]
+    assert d["points"] == 2 and d["geomean"] == pytest.approx(math.sqrt(0.5))
+    assert [b["point"]["hidden"] for b in d["below_one"]] == [256]
+    text = "\n".join(g.text())
+    assert "backward alone" in text and "2 points" in text and "below 1.0 at 1" in text
+    assert S.backward_vs_cudnn({"session": one, "ms_median": 2.0, "ratio_vs_cudnn": 1.0},
+                               {"session": one, "ms_median": 1.0,
+                                "ratio_vs_cudnn": 1.0}) is None   # no backward time
 
 
 def test_limit_cuts_each_list_and_says_how_many_more():
