@@ -6,6 +6,7 @@ Nothing here imports CuPy at import time.
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -119,6 +120,26 @@ def _packed_reference(r, x, bs, hx, dy, dhx, reverse):
 def draw32(rng, *shape):
     """Standard normal float32 of ``shape``."""
     return rng.standard_normal(shape).astype(np.float32)
+
+
+@contextlib.contextmanager
+def mmac_grid_form_held(monkeypatch):
+    """Within: the selector's fit of family 'mmac' (kernels/choice.py ``mmac_fit``) held to
+    the tensor-core cluster kernels' grid form (persistent_mmag.cu), whatever the shape; the
+    plan cache cleared on the way in and out (its plans of the same keys are the cluster
+    form's)."""
+    import functools
+
+    from rnnrt.kernels import choice
+    from rnnrt.kernels import mmac
+    from rnnrt.plan import forward_plan
+    monkeypatch.setattr(choice, "mmac_fit",
+                        functools.partial(mmac.mmac_fit, cluster=mmac.GRID_FORM))
+    forward_plan.cache_clear()
+    try:
+        yield
+    finally:
+        forward_plan.cache_clear()
 
 
 def runs_named_family(r, family, steps, batch):

@@ -12,11 +12,12 @@ and __syncthreads only.
 
 Variants (the arrival and the wait of thread 0; the rest of the block waits at
 __syncthreads):
-  0  the kernels' grid_barrier: gx loaded, then fence.acq_rel, atomicAdd, a relaxed spin,
-     fence.acq_rel (each fence waits for the thread's loads in flight, gx's too)
+  0  the kernels' grid_barrier itself (persistent_layer.cuh): gx loaded, then fence.acq_rel,
+     atomicAdd, a relaxed spin, fence.acq_rel (each fence waits for the thread's loads in
+     flight, gx's too)
   1  0 with the gx load between the arrival and the wait
-  2  red.release.gpu for the arrival, a relaxed spin and one ld.acquire.gpu (no fence.acq_rel
-     after the spin), the gx load between the arrival and the wait
+  2  red.release.gpu for the arrival, the stack kernels' ps_wait (a relaxed spin and one
+     ld.acquire.gpu, no fence.acq_rel after it), the gx load between the arrival and the wait
   3  2 with the gx load before the arrival (the release then waits for it)
   4  2 over 8 counters a 128-byte line apart: block b arrives at counter b % 8, lanes 0..7 of
      warp 0 poll one counter each (an eighth of the arrivals on each address)
@@ -46,26 +47,18 @@ VARIANTS = (0, 1, 2, 3, 4, 5)
 COUNTERS = 8           # variant 4's counters
 LINE = 32              # unsigned ints between two counters (128 bytes)
 
-SOURCE = r"""
-#define SPIN_LIMIT (1LL << 33)
-__device__ __forceinline__ unsigned int ld_relaxed(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+# The barrier's pieces are the kernels' own (cuda_src/persistent_layer.cuh and
+# persistent_common.cuh, inlined by rnnrt.kernels.sources): grid_barrier, pk_fence_acq_rel,
+# ld_relaxed_gpu / ld_acquire_gpu, ps_wait, PK_SPIN_LIMIT; only what they lack is here.
+KERNEL = r"""
 __device__ __forceinline__ void red_release(unsigned int* p, unsigned int v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+// thread 0's relaxed spin of the kernels' grid_barrier, without its fence
 __device__ __forceinline__ void spin(const unsigned int* p, unsigned int target) {
     const long long start = clock64();
-    while (ld_relaxed(p) < target)
-        if (clock64() - start > SPIN_LIMIT) __trap();
+    while (ld_relaxed_gpu(p) < target)
+        if (clock64() - start > PK_SPIN_LIMIT) __trap();
 }
 
 template <int V, int PAY>
@@ -84,21 +77,19 @@ __global__ void __launch_bounds__(256, 1) bar_t(unsigned int* sync, float* pay,
         const unsigned int target = (unsigned int)(t + 1) * nb;
         if (V == 0) {
             gx(t);
-            __syncthreads();
-            if (tid == 0) { fence_acq_rel(); atomicAdd(sync, 1u); spin(sync, target); fence_acq_rel(); }
-            __syncthreads();
+            grid_barrier(sync, target);
         } else if (V == 1) {
             __syncthreads();
-            if (tid == 0) { fence_acq_rel(); atomicAdd(sync, 1u); }
+            if (tid == 0) { pk_fence_acq_rel(); atomicAdd(sync, 1u); }
             gx(t);
-            if (tid == 0) { spin(sync, target); fence_acq_rel(); }
+            if (tid == 0) { spin(sync, target); pk_fence_acq_rel(); }
             __syncthreads();
         } else if (V == 2 || V == 3) {
             if (V == 3) gx(t);
             __syncthreads();
             if (tid == 0) red_release(sync, 1u);
             if (V == 2) gx(t);
-            if (tid == 0) { spin(sync, target); if (ld_acquire(sync) < target) __trap(); }
+            if (tid == 0) ps_wait(sync, target);
             __syncthreads();
         } else if (V == 4) {
             __syncthreads();
@@ -111,10 +102,10 @@ __global__ void __launch_bounds__(256, 1) bar_t(unsigned int* sync, float* pay,
                 bool done = lane >= @C@;
                 const long long start = clock64();
                 while (!__all_sync(0xffffffffu, done)) {
-                    if (!done) done = ld_relaxed(p) >= (unsigned int)(t + 1) * n;
-                    if (clock64() - start > SPIN_LIMIT) __trap();
+                    if (!done) done = ld_relaxed_gpu(p) >= (unsigned int)(t + 1) * n;
+                    if (clock64() - start > PK_SPIN_LIMIT) __trap();
                 }
-                if (lane < @C@ && ld_acquire(p) < (unsigned int)(t + 1) * n) __trap();
+                if (lane < @C@ && ld_acquire_gpu(p) < (unsigned int)(t + 1) * n) __trap();
                 __syncwarp();
             }
             __syncthreads();
@@ -137,6 +128,12 @@ __global__ void __launch_bounds__(256, 1) bar_t(unsigned int* sync, float* pay,
 """.replace("@LINE@", str(LINE)).replace("@C@", str(COUNTERS))
 
 
+def source() -> str:
+    """The bench's CUDA text: the kernels' barrier header, then its own kernel."""
+    from rnnrt.kernels.sources import source as kernel_source
+    return kernel_source("persistent_layer.cuh") + "\n" + KERNEL
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -148,7 +145,7 @@ def main(argv=None) -> int:
     from rnnrt.session import GpuSession
     session = GpuSession()
     names = [f"bar_t<{v}, {p}>" for v in VARIANTS for p in (0, 1)]
-    mod = cp.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
+    mod = cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=names)
     T, nt = a.steps, 256
     big_n = 1 << 26                       # 256 MiB of floats: streamed, never L2-resident
     big = cp.random.random(big_n, dtype=cp.float32)

@@ -110,12 +110,11 @@ def backward_vs_cudnn(fwd_row: dict, fb_row: dict) -> float | None:
     run = fwd_row.get("session")
     if not run or run != fb_row.get("session"):
         return None
-    t_f, t_fb = number(fwd_row.get("ms_median")), number(fb_row.get("ms_median"))
-    r_f, r_fb = number(fwd_row.get("ratio_vs_cudnn")), number(fb_row.get("ratio_vs_cudnn"))
-    if None in (t_f, t_fb, r_f, r_fb):
+    ours, theirs = backward_per_forward(fwd_row, fb_row)
+    if ours is None or ours <= 0 or theirs <= 0:
         return None
-    ours, theirs = t_fb - t_f, t_fb * r_fb - t_f * r_f
-    return theirs / ours if ours > 0 and theirs > 0 else None
+    # each a backward per its own forward: cuDNN's forward is ours x the forward's ratio
+    return theirs / ours * number(fwd_row.get("ratio_vs_cudnn"))
 
 
 @dataclass

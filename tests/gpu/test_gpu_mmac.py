@@ -32,7 +32,7 @@ from rnnrt.gpu import GpuRunner  # noqa: E402
 from rnnrt.kernels import mmac as MC  # noqa: E402
 from rnnrt.params import per_layer  # noqa: E402
 from rnnrt.precision import get_precision  # noqa: E402
-from testkit import runs_named_family  # noqa: E402
+from testkit import mmac_grid_form_held, runs_named_family  # noqa: E402
 
 CELL_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
@@ -47,18 +47,9 @@ def test_typed_mmac_training_step_matches_the_rounding_reference(cp, cell, dtype
 @pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
 @pytest.mark.parametrize("cell", CELL_NAMES)
 def test_grid_form_training_step_matches_the_rounding_reference(cp, monkeypatch, cell, dtype):
-    import functools
-
-    from rnnrt.kernels import choice
-    from rnnrt.plan import forward_plan
     from test_gpu_runner_dtype import check_named_family
-    monkeypatch.setattr(choice, "mmac_fit",
-                        functools.partial(MC.mmac_fit, cluster=MC.GRID_FORM))
-    forward_plan.cache_clear()   # plans of the same keys, cut by the cluster form
-    try:
+    with mmac_grid_form_held(monkeypatch):
         check_named_family(cp, cell, dtype, "mmac")
-    finally:
-        forward_plan.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", MC.MMA_DTYPES)

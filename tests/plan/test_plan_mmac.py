@@ -17,6 +17,7 @@ from test_plan_precision import case, check, key_of, run_plans
 from rnnrt.kernels import choice, selector
 from rnnrt.kernels import mmac as MC
 from rnnrt.kernels.limits import H100_SXM
+from testkit import mmac_grid_form_held
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
@@ -33,17 +34,9 @@ def test_the_grid_form_runs_its_kernel_and_equals_the_reference(monkeypatch, cel
     """The fit held to the grid form (persistent_mmag.cu): its kernel runs, its twin (the
     grid kernel's emulation over one block a U units, every batch) equals the reference, and
     the plan gives the launch its barrier counters."""
-    import functools
-
-    from rnnrt.plan import forward_plan
-    monkeypatch.setattr(choice, "mmac_fit", functools.partial(MC.mmac_fit,
-                                                              cluster=MC.GRID_FORM))
-    forward_plan.cache_clear()   # plans of the same keys, cut by the cluster form
-    try:
+    with mmac_grid_form_held(monkeypatch):
         check_family_plan(cell, dtype, "mmac", MC.kernel_name(cell, MC.GRID_FORM),
                           "the grid form", 8)
-    finally:
-        forward_plan.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", ("float32", "tf32"))
