@@ -1,10 +1,11 @@
 /*
- * persistent_mmac.cuh: the body of the tensor-core cluster kernels, mmac_fwd<G, CELL, TS, CN>
- * (its geometry MmacGeom, the grid form's staging mmag_stage). #included by persistent_mmac.cu
- * (clusters of CN = 8 or 16 blocks) and persistent_mmag.cu (CN = 0: the grid form), whose
- * headers document the kernels, their arguments and variants; rnnrt's loader inlines it. No
- * kernels of its own.
- *   PK_MMAC_*   the cluster form's constants; PK_MMAG_*: the grid form's
+ * persistent_mmac.cuh: the body of the tensor-core cluster kernels, mmac_fwd<G, CELL, TS, CN,
+ * NTC> (its geometry MmacGeom, the grid form's staging mmag_stage). #included by
+ * persistent_mmac.cu (clusters of CN = 8 or 16 blocks, one n8 tile), persistent_mmacw.cu (the
+ * wide form: clusters of 8, NTC = PK_MMAC_WNT n8 tiles) and persistent_mmag.cu (CN = 0: the
+ * grid form), whose headers document the kernels, their arguments and variants; rnnrt's
+ * loader inlines it. No kernels of its own.
+ *   PK_MMAC_*   the cluster forms' constants; PK_MMAG_*: the grid form's
  */
 #ifndef RNNRT_PERSISTENT_MMAC_CUH
 #define RNNRT_PERSISTENT_MMAC_CUH
@@ -21,6 +22,8 @@
 #define PK_MMAG_NT 4              // the grid form: most n8 tiles (batches 8 * PK_MMAG_NT)
 #define PK_MMAG_KR 16             // the grid form: k16 steps held in registers (even; its
                                   // PK_MMAG_NT tiles' accumulators take the registers)
+#define PK_MMAC_WNT 4             // the wide cluster form (*_mmacw_*): most n8 tiles a
+                                  // cluster (batches 8 * PK_MMAC_WNT), PK_MMAG_KR in registers
 
 // The block's decomposition (rnnrt/kernels/mmac.py mmac_layout: the same numbers).
 struct MmacGeom {
@@ -28,12 +31,15 @@ struct MmacGeom {
     int KS, KP;       // k16 steps over H, and H rounded up to them
     int NW, KPARTS;   // warps; parts of the k16 steps (warps = MT * KPARTS)
     int SRH;          // row stride of the R slice and of the h buffers (TS elements)
-    int NT;           // n8 tiles of batches (1 in a cluster; the grid form ceil(B / 8))
-    int HR;           // rows of the h buffers: 2 x PK_MMAC_BG (two buffers) / 8 NT (one)
+    int NT;           // n8 tiles of batches: ceil(B / 8) in the grid and the wide cluster
+                      // forms, else 1
+    int HR;           // rows of the h buffers: 2 x 8 NT (a cluster's two) / 8 NT (the grid
+                      // form's one)
     int RS;           // row stride of the partial sums (floats): 8 NT
 };
 
-__device__ __forceinline__ MmacGeom mmac_geom(int G, int U, int H, int nt, int B, bool grid) {
+__device__ __forceinline__ MmacGeom mmac_geom(int G, int U, int H, int nt, int B, bool grid,
+                                              bool wide) {
     MmacGeom g;
     g.M = G * U;
     g.MT = (g.M + 15) / 16;
@@ -42,8 +48,8 @@ __device__ __forceinline__ MmacGeom mmac_geom(int G, int U, int H, int nt, int B
     g.NW = nt / 32;
     g.KPARTS = g.NW / g.MT;
     g.SRH = g.KP + 8;
-    g.NT = grid ? (B + 7) / 8 : 1;
-    g.HR = grid ? 8 * g.NT : 2 * PK_MMAC_BG;
+    g.NT = (grid || wide) ? (B + 7) / 8 : 1;
+    g.HR = grid ? 8 * g.NT : 2 * 8 * g.NT;
     g.RS = 8 * g.NT;
     return g;
 }
@@ -79,16 +85,19 @@ __device__ __forceinline__ void mmag_stage(TS* hs, int SRH, const TS* ht, long l
 
 // CN blocks a cluster (8, 16), or CN = 0: the grid form (every block of the grid is one
 // "cluster" over all B <= 8 PK_MMAG_NT batches; h_{t+1} goes to global memory, the blocks meet
-// at the flag grid barrier on `sync`, and each stages h_t from L2 at the top of a step).
-template <int G, int CELL, class TS, int CN>
+// at the flag grid barrier on `sync`, and each stages h_t from L2 at the top of a step). NTC:
+// the n8 tiles a cluster's registers are sized for (1; PK_MMAC_WNT: the wide cluster form,
+// up to 8 NTC batches a cluster, PK_MMAG_KR steps' A fragments in registers).
+template <int G, int CELL, class TS, int CN, int NTC = 1>
 __device__ __forceinline__ void mmac_fwd(
         int Bfull, int H, TS* h, long long ldh, float* c, long long ldc, float* act,
         long long ldact, unsigned int* sync, const float* gx, long long ldgx, const float* w,
         long long ldw, const float* bw, long long ldbw, const float* br, long long ldbr, int T,
         int U, int KT) {
     constexpr bool GRID = CN == 0;
-    constexpr int NTX = GRID ? PK_MMAG_NT : 1;        // n8 tiles the registers are sized for
-    constexpr int KR = GRID ? PK_MMAG_KR : PK_MMAC_KR;
+    constexpr int NTX = GRID ? PK_MMAG_NT : NTC;      // n8 tiles the registers are sized for
+    constexpr bool TILED = NTX > 1;                   // several n8 tiles (grid or wide form)
+    constexpr int KR = TILED ? PK_MMAG_KR : PK_MMAC_KR;
     float* const smem = dynamic_smem();
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
     int rank, BG, b_off;
@@ -103,7 +112,7 @@ __device__ __forceinline__ void mmac_fwd(
     }
     const int B = min(BG, Bfull - b_off);
     const int ranks = GRID ? (int)gridDim.x : CN;
-    const MmacGeom g = mmac_geom(G, U, H, nt, BG, GRID);
+    const MmacGeom g = mmac_geom(G, U, H, nt, BG, GRID, TILED);
     const long long need = 4LL * (mmac_rh_floats(g) + (long long)g.KPARTS * g.MT * 16 * g.RS);
     if (U < 1 || H < 1 || B < 1 || BG > 8 * NTX || KT < H || nt % 32 != 0 ||
         g.KPARTS < 1 || g.NW != g.MT * g.KPARTS || (long long)ranks * U < H ||
@@ -198,8 +207,8 @@ __device__ __forceinline__ void mmac_fwd(
     } else {
         // h_0 of the cluster's batches into buffer 0; zeros everywhere else in both buffers
         // (rows past B and columns past H are read by the fragments, never pushed)
-        for (int e = tid; e < 2 * PK_MMAC_BG * g.SRH; e += nt) {
-            const int buf = e / (PK_MMAC_BG * g.SRH), r = e - buf * PK_MMAC_BG * g.SRH;
+        for (int e = tid; e < g.HR * g.SRH; e += nt) {
+            const int buf = e / (8 * g.NT * g.SRH), r = e - buf * 8 * g.NT * g.SRH;
             const int b = r / g.SRH, k = r - b * g.SRH;
             hs[e] = (buf == 0 && b < B && k < H) ? h[b * ldh + k] : from_f<TS>(0.f);
         }
@@ -238,7 +247,7 @@ __device__ __forceinline__ void mmac_fwd(
             __syncthreads();
         }
         // batch g of n8 tile n: b_row + 8 n SRH
-        const TS* const b_row = hs + ((GRID ? 0 : (t & 1) * PK_MMAC_BG) + fg) * g.SRH + 2 * fc;
+        const TS* const b_row = hs + ((GRID ? 0 : (t & 1) * 8 * g.NT) + fg) * g.SRH + 2 * fc;
         float d0[NTX][4], d1[NTX][4];
 #pragma unroll
         for (int n = 0; n < NTX; ++n)
@@ -276,13 +285,22 @@ __device__ __forceinline__ void mmac_fwd(
         // T100-...-20261129T084857.json`)
         int ks = (PK_TIMING & 2) ? ks1 : ks0;
         if (!(PK_TIMING & 2)) {   // the steps held in registers (KR is even)
+            // The wide form branches out past the part's last step (uniform in the warp):
+            // predicated off, its KR x NTX unrolled fragment loads and mma.sync still issue
+            // (LSTM H 128 B 256 in 14 clusters, 4 live steps of 16: a third of the step's
+            // stall samples in this loop, `profiles/ncu-persistent-mmacw-lstm-H128-B256-...`;
+            // the branch took its step from 3.83 to 3.70 us, GRU 3.52 to 3.40, 11 clusters
+            // 3.62 to 3.14). The one-tile and grid forms keep the predicates: with the branch
+            // they moved both ways (LSTM H 128 B 8 2.46 -> 2.07 us, GRU 1.99 -> 2.39).
+            constexpr bool BRANCH = !GRID && NTC > 1;
 #pragma unroll
             for (int u = 0; u < KR; u += 2) {
+                if (BRANCH && ks0 + u >= ks1) break;
                 const int k = 16 * (ks0 + u);
 #pragma unroll
                 for (int n = 0; n < NTX; ++n) {
                     if (n >= g.NT) break;
-                    if (ks0 + u < ks1) {
+                    if (BRANCH || ks0 + u < ks1) {
                         unsigned int b[2];
                         bfrag(b, n, k);
                         pk_mma16816<TS>(d0[n], ar[u], b);
@@ -332,7 +350,7 @@ __device__ __forceinline__ void mmac_fwd(
         __syncthreads();   // every part's sums are in red
 
         float keep_h[PK_CPT] = {}, keep_c[PK_CPT] = {}, keep_a[4][PK_CPT] = {};
-        TS* const hnext = hs + ((t + 1) & 1) * PK_MMAC_BG * g.SRH;   // the cluster form's
+        TS* const hnext = hs + ((t + 1) & 1) * 8 * g.NT * g.SRH;   // the cluster form's
 #pragma unroll
         for (int i = 0; i < PK_CPT; ++i) {
             if (!cell_live[i] || no_update) continue;

@@ -98,9 +98,9 @@ def runner_selector(runner, schedule_cache, timer, log=None):
     elif cache is False:   # memory only (not `or None`: an empty cache is falsy)
         cache = None
 
-    def cap(fit):
-        lib = runner.session.ctx.kernels
+    def cap(fit, dtype="float32"):   # the instantiation the key runs (the mmac kernels have
+        lib = runner.session.ctx.kernels   # 16-bit ones only)
         return cluster_cap(fit, runner.limits.props(),
-                           lib.with_shared(fit.kernel, fit.smem_bytes))
+                           lib.with_shared(fit.kernel, fit.smem_bytes, dtype))
 
     return Selector(timer, runner.limits, cache, log=log, cluster_cap=cap)

@@ -441,4 +441,4 @@ from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from t
     relu_margin, run_gpu_backward_case, run_gpu_forward_case)
 from testkit_runner import (  # noqa: E402, F401  (re-exported: tests import from testkit)
     CpuSession, NumpyCupy, NumpyPlanExecutor, check_runner_packed_step, check_varlen, draw32,
-    mmac_grid_form_held, run_varlen_numpy, runs_named_family, varlen_case)
+    mmac_fit_held, mmac_grid_form_held, run_varlen_numpy, runs_named_family, varlen_case)

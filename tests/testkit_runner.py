@@ -123,23 +123,28 @@ def draw32(rng, *shape):
 
 
 @contextlib.contextmanager
-def mmac_grid_form_held(monkeypatch):
-    """Within: the selector's fit of family 'mmac' (kernels/choice.py ``mmac_fit``) held to
-    the tensor-core cluster kernels' grid form (persistent_mmag.cu), whatever the shape; the
-    plan cache cleared on the way in and out (its plans of the same keys are the cluster
-    form's)."""
-    import functools
-
+def mmac_fit_held(monkeypatch, **held):
+    """Within: the selector's fit of family 'mmac' (kernels/choice.py ``mmac_fit``) called
+    with the keywords ``held`` whatever the shape (``cluster=GRID_FORM``: the grid form,
+    persistent_mmag.cu; ``clusters=1``: one cluster of every batch, the wide form past 8);
+    the plan cache cleared on the way in and out (its plans of the same keys are the
+    default fit's)."""
     from rnnrt.kernels import choice
     from rnnrt.kernels import mmac
     from rnnrt.plan import forward_plan
     monkeypatch.setattr(choice, "mmac_fit",
-                        functools.partial(mmac.mmac_fit, cluster=mmac.GRID_FORM))
+                        lambda *a, **kw: mmac.mmac_fit(*a, **{**kw, **held}))
     forward_plan.cache_clear()
     try:
         yield
     finally:
         forward_plan.cache_clear()
+
+
+def mmac_grid_form_held(monkeypatch):
+    """``mmac_fit_held`` at the tensor-core cluster kernels' grid form."""
+    from rnnrt.kernels import mmac
+    return mmac_fit_held(monkeypatch, cluster=mmac.GRID_FORM)
 
 
 def runs_named_family(r, family, steps, batch):
@@ -282,7 +287,7 @@ class CpuSession:
         # (kernels/occupancy.py cluster_cap without a kernel)
         self.ctx = types.SimpleNamespace(kernels=types.SimpleNamespace(
             get=lambda name: None, get_persistent=lambda name, dtype: None,
-            with_shared=lambda name, smem_bytes: None))
+            with_shared=lambda name, smem_bytes, dtype="float32": None))
         self.executors_made = 0
 
     def workspace(self, plan, params, grads=None):

@@ -1,7 +1,8 @@
 """Time one layer of the tensor-core cluster kernel (cuda_src/persistent_mmac.cu) alone (gx
 given, no input GEMM) over its knob, the parts of the k16 steps (threads = 32 x m16 tiles x
 parts), and its PK_TIMING variants, to choose the fit's default and to say where a step's
-time goes. ``--family mma`` times the tensor-core grid kernel (persistent_mma.cu, the fit's
+time goes; ``--clusters`` over cluster counts too (past one n8 tile a cluster, the wide
+form, persistent_mmacw.cu). ``--family mma`` times the tensor-core grid kernel (persistent_mma.cu, the fit's
 own geometry; no parts knob) the same way: its variant 4 leaves out the grid barrier.
 
 Each configuration: one launch over T steps on outputs poisoned with NaN; variant 0's h and c
@@ -14,7 +15,8 @@ checked.
 
 Usage (GPU, repo root): python experiments/scripts/mmac_bench.py --out DIR [--cells lstm,gru]
   [--hidden 128,256] [--batches 8,32] [--dtype float16] [--parts auto,1,2,4]
-  [--variants 0,1,2,4,8] [--steps 100] [--repeats 30] [--family mmac|mma]
+  [--variants 0,1,2,4,8] [--clusters auto,8,16] [--cluster 4|8|16] [--steps 100] [--repeats 30]
+  [--family mmac|mma]
 Prints a table last; writes DIR/persistent-<family>-bench-T<T>-<device>-<stamp>.json.
 """
 from __future__ import annotations
@@ -89,10 +91,12 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="0,1,2,4,8")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--clusters", default="auto")
+    ap.add_argument("--cluster", default="auto", help="blocks a cluster (4, 8, 16; auto: the fit's)")
     ap.add_argument("--family", default="mmac", choices=("mmac", "mma"))
     a = ap.parse_args(argv)
     if a.family == "mma":
-        a.parts = "auto"   # the grid kernel's geometry is the fit's
+        a.parts = a.clusters = "auto"   # the grid kernel's geometry is the fit's
     session = GpuSession()
     cp = session.cp
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
@@ -115,9 +119,13 @@ def main(argv=None) -> int:
                 G = get_cell(cell).gates
                 ins = [(d["gx"].data.ptr, G * H), (d["w"].data.ptr, H), (d["bw"].data.ptr, 0),
                        (d["br"].data.ptr, 0)]
-                for parts in a.parts.split(","):
+                for parts, ncl in [(p, n) for n in a.clusters.split(",")
+                                   for p in a.parts.split(",")]:
                     kp = None if parts == "auto" else int(parts)
-                    fit = (MC.mmac_fit(cell, H, B, props, dtype, k_parts=kp)
+                    n = None if ncl == "auto" else int(ncl)
+                    cs = None if a.cluster == "auto" else int(a.cluster)
+                    fit = (MC.mmac_fit(cell, H, B, props, dtype, k_parts=kp, clusters=n,
+                                       cluster=cs)
                            if a.family == "mmac" else MA.mma_fit(cell, H, B, props, dtype))
                     if not fit.ok:
                         rows.append({"cell": cell, "hidden": H, "batch": B, "parts": parts,
@@ -147,8 +155,9 @@ def main(argv=None) -> int:
                                          stream, repeats=a.repeats, warmup=3)
                         row = {"cell": cell, "hidden": H, "batch": B,
                                "parts": getattr(fit, "k_parts", None),
-                               "default": parts == "auto", "variant": v,
+                               "default": parts == "auto" and ncl == "auto", "variant": v,
                                "threads": fit.threads, "clusters": getattr(fit, "clusters", None),
+                               "cluster": getattr(fit, "cluster", None),
                                "smem_bytes": fit.smem_bytes, "fit": fit.describe(),
                                "us_per_step": 1e3 * t.ms_median / T, "ms_min": t.ms_min,
                                "ok": all(c.ok for c in checks),
@@ -166,16 +175,17 @@ def main(argv=None) -> int:
     print("variant: PK_TIMING mask, phases left out (1 pushes / the grid kernel's staging, "
           "2 mma.sync, 4 cluster / grid barrier, 8 pointwise update); us a step of the kernel "
           "alone")
-    print(f"{'cell':<6}{'H':>5}{'B':>4}{'parts':>6}{'thr':>5}" + "".join(
+    print(f"{'cell':<6}{'H':>5}{'B':>4}{'parts':>6}{'thr':>5}{'cl':>4}" + "".join(
         f"{'v' + str(v):>8}" for v in variants) + "  ok")
     seen = {}
     for r in rows:
         if "variant" in r:
             seen.setdefault((r["cell"], r["hidden"], r["batch"], r["parts"], r["threads"],
-                             r["default"]), {})[r["variant"]] = r
-    for (cell, H, B, parts, thr, dflt), vs in seen.items():
+                             r["clusters"], r["default"]), {})[r["variant"]] = r
+    for (cell, H, B, parts, thr, ncl, dflt), vs in seen.items():
         ok = all(x["ok"] for x in vs.values())
-        print(f"{cell:<6}{H:>5}{B:>4}{str(parts):>5}{'*' if dflt else ' '}{thr:>5}" + "".join(
+        print(f"{cell:<6}{H:>5}{B:>4}{str(parts):>5}{'*' if dflt else ' '}{thr:>5}"
+              f"{str(ncl):>4}" + "".join(
             f"{vs[v]['us_per_step']:>8.2f}" if v in vs else f"{'-':>8}" for v in variants)
             + f"  {'ok' if ok else 'WRONG'}")
     return 0

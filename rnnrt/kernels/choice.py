@@ -251,15 +251,16 @@ def _mma_choice(key, declined) -> PersistentChoice:
 
 
 def _mmac_choice(key, declined) -> PersistentChoice:
-    """The tensor-core cluster kernel for ``key`` (named as its family): bfloat16 / float16
-    keys only (mma.MMA_DTYPES_REASON). One launch a layer over all T steps after one W.x
-    GEMM a layer, never chunked: its clusters are one for every 8 batches, and at the
-    batches it is for (8-32) a layer's launch leaves most SMs to nobody, so chunks would
-    only add launches."""
-    fit = mmac_fit(key.cell, key.hidden_size, key.batch, key.device.props(), key.dtype)
+    """The tensor-core cluster kernel for ``key`` (named as its family), at ``key.clusters``
+    clusters where given: bfloat16 / float16 keys only (mma.MMA_DTYPES_REASON). One launch a
+    layer over all T steps after one W.x GEMM a layer, never chunked: its clusters are one
+    for every 8 batches up to half the SMs (mmac.cluster_count), so a layer's launch takes
+    the SMs a second layer's would need, and chunks would only add launches."""
+    fit = mmac_fit(key.cell, key.hidden_size, key.batch, key.device.props(), key.dtype,
+                   clusters=key.clusters)
     if not fit.ok:
         return declined(fit.reason, fit)
-    return PersistentChoice("mmac", fit, None, False, key.steps)
+    return PersistentChoice("mmac", fit, None, False, key.steps, given_count(key))
 
 
 def _solo_choice(key, declined) -> PersistentChoice:
@@ -369,7 +370,8 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     """Every schedule worth timing for ``shape``: the persistent families that fit (solo,
     stack, mmac and mma (bf16 / fp16), cluster, regs, grid: each runs the recurrence with R
     on chip)
-    and the cluster families at other counts (``counts.count_schedules``, capped by ``cluster_cap(fit)``: an
+    and the cluster families at other counts (``counts.count_schedules``, capped by
+    ``cluster_cap(fit, dtype)``: an
     occupancy.ClusterCap, default derived from the properties), then the paper schedules. For
     a training shape where the persistent backward fits, also each persistent family with
     it (or, where none fits, ib10 with it), and with the other of the grid kernel and its
@@ -410,6 +412,10 @@ def candidates(shape: "Shape", device, cluster_cap=None) -> tuple[Schedule, ...]
     return persistent + counts + pbwd + rbwd + paper_schedules()
 
 
+MMAC_HEURISTIC_BATCH = 128
+"""The most batches at which the heuristic takes the tensor-core cluster kernel (one layer;
+``forward_heuristic`` rule 2: its wide form past 64, and a tie with cuBLAS at B 256)."""
+
 GRID_MAX_WORK = 16384
 """hidden x batch up to which the heuristic takes the grid kernel: past it (more h tiles a
 step, more cells a thread) cuBLAS wins (LSTM L4 H1024 B64 forward: grid 31.7 ms, the paper
@@ -441,10 +447,13 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
          (H200, L4 H 256 B 128 forward: LSTM 1.77 ms against ib10's 2.81, GRU 1.50 against
          2.57);
       2. the tensor-core cluster kernel ('mmac', bfloat16 / float16) where it fits, one
-         layer and batch <= 64 (H200, float16, forward: LSTM H 256 B 8 / 32 / 64 0.26 / 0.27
-         / 0.27 ms against the FMA cluster kernel's 0.92 / 0.93 / - and cuBLAS's 0.49-0.57;
-         at H 128 B 8 0.19 against the cluster kernel's 0.30,
-         `sweep/sweep-wide-float16-l1-h128-256-mmac-lstm-gru-nvidia-h200-20261129T082936.jsonl`);
+         layer and batch <= MMAC_HEURISTIC_BATCH (H200, float16, forward: LSTM H 256 B 8 / 32
+         / 64 0.26 / 0.27 / 0.27 ms against the FMA cluster kernel's 0.92 / 0.93 / - and
+         cuBLAS's 0.49-0.57; at H 128 B 8 0.19 against the cluster kernel's 0.30,
+         `sweep/sweep-wide-float16-l1-h128-256-mmac-lstm-gru-nvidia-h200-20261129T082936.jsonl`;
+         B 128 in its wide form: LSTM H 128 / 256 0.28 / 0.37 ms against the
+         register-resident kernel's 0.40 and cuBLAS's 0.66; at B 256 H 256 a tie with
+         cuBLAS, `sweep/sweep-wide-float16-l1-h128-256-b128-256-mmacw-*-nvidia-h200-*.jsonl`);
          its grid form (no cluster holds R) at one n8 tile only, batch <= 8 (H200, float16,
          H 1024: B 8 LSTM / GRU 0.47 / 0.42 ms against the cuBLAS rungs' 0.71 / 0.64; B 32
          0.78 / 0.76 against 0.80 / 0.72, a tie, so the rung,
@@ -460,7 +469,7 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
     if ("stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256
             and shape.dtype == "float32"):
         return persistent_schedule("stack")
-    if "mmac" in fams and shape.layers == 1 and shape.batch <= 64 and (
+    if "mmac" in fams and shape.layers == 1 and shape.batch <= MMAC_HEURISTIC_BATCH and (
             shape.batch <= MMAC_BG or mmac_fit(shape.cell, shape.hidden, shape.batch,
                                                device.props(), shape.dtype).cluster):
         return persistent_schedule("mmac")

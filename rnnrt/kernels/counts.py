@@ -1,6 +1,7 @@
-"""The cluster counts of the two cluster families (the cluster kernel, ``persistent.py``; the
-register-resident kernel, ``regs.py``): which counts besides the rule's the schedule selector
-times, each within the device's co-resident cap (``occupancy.py``), and each layer's share of
+"""The cluster counts of the cluster families (the cluster kernel, ``persistent.py``; the
+register-resident kernel, ``regs.py``; the tensor-core cluster kernel in clusters of 8,
+``mmac.py``, whose counts past one n8 tile a cluster run its wide form): which counts besides
+the rule's the schedule selector times, each within the device's co-resident cap (``occupancy.py``), and each layer's share of
 the SMs in a chunked plan. choice.py decides with them; nothing here picks a kernel.
 
 Why timed, not ruled (H100, L1 H 128, 100 steps): at B 256, 14-15 clusters of the cluster
@@ -13,8 +14,9 @@ from __future__ import annotations
 from typing import Callable
 
 from .budget import ceil_div
+from .mmac import mmac_fit
 from .occupancy import ClusterCap, derived_cap
-from .persistent import CLUSTER_MAX_FMAS, cluster_count, persistent_fit
+from .persistent import CLUSTER_MAX_FMAS, PK_CLUSTER, cluster_count, persistent_fit
 from .regs import regs_fit
 from ..plan.model import CLUSTER_FAMILIES
 from .schedules import Schedule, cluster_schedule
@@ -23,10 +25,14 @@ MAX_EXTRA_COUNTS = 3
 """Cluster counts a key times besides the rule's (each one run of the budget where slower)."""
 
 
-def family_fit(family: str, cell: str, H: int, B: int, props: dict, clusters=None):
-    """The fit of cluster family ``family`` at ``clusters`` clusters (None: the rule's)."""
+def family_fit(family: str, cell: str, H: int, B: int, props: dict, clusters=None,
+               dtype="float32"):
+    """The fit of cluster family ``family`` at ``clusters`` clusters (None: the rule's), at
+    precision ``dtype`` (the tensor-core cluster kernel's fit declines all but bf16 / fp16)."""
     if family == "regs":
         return regs_fit(cell, H, B, props, clusters=clusters)
+    if family == "mmac":
+        return mmac_fit(cell, H, B, props, dtype, clusters=clusters)
     if family == "cluster":
         if clusters is None:
             return persistent_fit(cell, H, B, props, kind="cluster")
@@ -71,26 +77,31 @@ def count_schedules(shape, device, family: str = "cluster",
     """Cluster family ``family`` at other counts than the rule's, for ``shape`` (a
     selector.Shape whose precision the family runs: the caller checks) on ``device``
     (DeviceLimits), where the family fits: the ``extra_cluster_counts`` up to the device's
-    co-resident cap — for one layer's launch, ``cluster_cap(fit)`` (an occupancy.ClusterCap;
-    default ``occupancy.derived_cap`` from the properties), for a chunked plan (several
-    layers' launches overlapping) each layer's 1/L share of it — each count's own fit within
-    its own cap. Nothing for a training shape's persistent backward: the count is the
-    forward kernel's."""
+    co-resident cap — for one layer's launch, ``cluster_cap(fit, dtype)`` (an
+    occupancy.ClusterCap of the kernel at the shape's precision; default
+    ``occupancy.derived_cap`` from the properties), for a chunked plan (several layers'
+    launches overlapping) each layer's 1/L share of it — each count's own fit within its own
+    cap. The tensor-core cluster kernel: in clusters of 8 only (the cap counts clusters of
+    PK_CLUSTER), one launch a layer (never chunked). Nothing for a training shape's
+    persistent backward: the count is the forward kernel's."""
     if shape.varlen:
         return ()
     props = device.props()
-    cap_of = cluster_cap or (lambda f: derived_cap(f, props))
-    fit = family_fit(family, shape.cell, shape.hidden, shape.batch, props)
-    if not fit.ok:
+    cap_of = cluster_cap or (lambda f, dtype: derived_cap(f, props))
+    fit = family_fit(family, shape.cell, shape.hidden, shape.batch, props, dtype=shape.dtype)
+    if not fit.ok or fit.cluster != PK_CLUSTER:
         return ()
     sched = cluster_schedule(fit.clusters, family)
     layers = 1
-    if shape.layers > 1 and sched.switches.steps_per_input_gemm(shape.steps) < shape.steps:
+    if (family != "mmac" and shape.layers > 1
+            and sched.switches.steps_per_input_gemm(shape.steps) < shape.steps):
         layers = shape.layers   # chunked: every layer's launch resident at once
         fit = layer_share_fit(shape.cell, shape.hidden, shape.batch, props, layers, fit, family)
     out = []
-    for n in extra_cluster_counts(shape.batch, fit.clusters, cap_of(fit).clusters // layers):
-        f = family_fit(family, shape.cell, shape.hidden, shape.batch, props, clusters=n)
-        if f.ok and n <= cap_of(f).clusters // layers:
+    for n in extra_cluster_counts(shape.batch, fit.clusters,
+                                  cap_of(fit, shape.dtype).clusters // layers):
+        f = family_fit(family, shape.cell, shape.hidden, shape.batch, props, clusters=n,
+                       dtype=shape.dtype)
+        if f.ok and f.cluster == PK_CLUSTER and n <= cap_of(f, shape.dtype).clusters // layers:
             out.append(cluster_schedule(n, family))
     return tuple(out)

@@ -6,8 +6,10 @@ kernel's emulation (``emulate.emulate``) with this kernel's order of the sums ov
 Clusters of CN blocks, CN = PK_CLUSTER = 8 as the FMA cluster kernel (persistent.py), or 16
 (the ``*_mmac16_*`` kernels: a non-portable cluster size, the launch opts in) where a block's
 share of R does not fit at 8: each cluster holds all of R and updates its own slice of at
-most MMAC_BG = 8 batches (one n8 tile of mma.sync m16n8k16: ``clusters`` = ceil(B / 8));
-block rank r owns the hidden units [r*U, r*U + U), U = ceil(H / CN), with all G gate rows
+most MMAC_BG = 8 batches (one n8 tile of mma.sync m16n8k16: ``clusters`` = ceil(B / 8)), or,
+in clusters of 8 past what the device holds at once (``cluster_count``), of up to
+MMAC_WIDE_BATCH (the wide form, persistent_mmacw.cu, ``*_persistent_mmacw_fwd``: MMAC_WNT n8
+tiles, MMAG_KR steps' A fragments in registers, as the grid form); block rank r owns the hidden units [r*U, r*U + U), U = ceil(H / CN), with all G gate rows
 (M = G*U rows of R). The R slice and h_t (two buffers: pushed there by the blocks that
 update it, then the cluster barrier) are kept in shared memory in the storage type (bf16 /
 fp16: half the bytes of the FMA kernels' fp32 copies). The block's MT = ceil(M / 16) m16
@@ -43,7 +45,7 @@ from ..cells import get_cell
 from ..precision import get_precision
 from .budget import DeviceBudget, ceil_div
 from .mma import MMA_DTYPES, MMA_DTYPES_REASON
-from .persistent import PK_CLUSTER, PK_CPT, Fit
+from .persistent import PK_CLUSTER, PK_CPT, Fit, rule_cluster_cap
 
 # The kernel's compile-time constants (cuda_src/persistent_mmac.cu; a test holds them equal).
 MMAC_MAX_THREADS = 256   # __launch_bounds__(PK_MMAC_MAX_THREADS, 1): up to 255 registers
@@ -56,6 +58,8 @@ MMAC_FORMS = MMAC_CLUSTERS + (GRID_FORM,)    # what mmac_fit tries, in order
 MMAG_NT = 4              # the grid form's most n8 tiles (PK_MMAG_NT)
 MMAG_BATCH = 8 * MMAG_NT                     # ... so its most batches
 MMAG_KR = 16             # the grid form's k16 steps held in registers (PK_MMAG_KR)
+MMAC_WNT = 4             # the wide cluster form's most n8 tiles a cluster (PK_MMAC_WNT)
+MMAC_WIDE_BATCH = 8 * MMAC_WNT               # ... so its most batches a cluster
 
 NVCC_REGS = {"lstm": 255, "gru": 255, "rnn_tanh": 255, "rnn_relu": 255}
 """Registers a thread the fit assumes: the most __launch_bounds__(256, 1) allows (nvcc 13.0,
@@ -63,12 +67,15 @@ sm_90a, --resource-usage: 206-241, the MMAC_KR steps' A fragments 128 of them, n
 test holds nvcc to at most these)."""
 
 
-def kernel_name(cell: str, cluster: int = PK_CLUSTER) -> str:
+def kernel_name(cell: str, cluster: int = PK_CLUSTER, wide: bool = False) -> str:
     """'lstm' -> 'lstm_persistent_mmac_fwd'; at clusters of 16, 'lstm_persistent_mmac16_fwd';
-    the grid form (cluster GRID_FORM), 'lstm_persistent_mmacg_fwd'."""
+    the grid form (cluster GRID_FORM), 'lstm_persistent_mmacg_fwd'; ``wide`` (clusters of 8
+    only: up to MMAC_WNT n8 tiles a cluster, persistent_mmacw.cu), 'lstm_persistent_mmacw_fwd'."""
     if cluster not in MMAC_FORMS:
         raise ValueError(f"mmac: cluster must be one of {MMAC_FORMS}, got {cluster!r}")
-    tail = {PK_CLUSTER: "", GRID_FORM: "g"}.get(cluster, str(cluster))
+    if wide and cluster != PK_CLUSTER:
+        raise ValueError(f"mmac: the wide form runs clusters of {PK_CLUSTER}, got {cluster!r}")
+    tail = "w" if wide else {PK_CLUSTER: "", GRID_FORM: "g"}.get(cluster, str(cluster))
     return f"{get_cell(cell).name}_persistent_mmac{tail}_fwd"
 
 
@@ -88,7 +95,17 @@ class MmacFit(Fit):
 
     @property
     def kernel(self) -> str:
-        return kernel_name(self.cell, self.cluster)
+        return kernel_name(self.cell, self.cluster, self.wide)
+
+    @property
+    def wide(self) -> bool:
+        """Whether a cluster updates more than one n8 tile of batches (the wide form)."""
+        return self.cluster == PK_CLUSTER and self.batch_per_block > MMAC_BG
+
+    @property
+    def n_tiles(self) -> int:
+        """NT: the n8 tiles of a block's batches (1 in clusters of one tile)."""
+        return ceil_div(self.batch_per_block, 8) if self.wide or not self.cluster else 1
 
     @property
     def m_tiles(self) -> int:
@@ -116,7 +133,9 @@ class MmacFit(Fit):
 
     def describe(self) -> str:
         where = (f"{self.clusters} cluster{'' if self.clusters == 1 else 's'} of "
-                 f"{self.cluster} blocks ({self.batch_per_block} batches each)" if self.cluster
+                 f"{self.cluster} blocks ({self.batch_per_block} batches each"
+                 f"{f', {self.n_tiles} n8 tiles: the wide form' if self.wide else ''})"
+                 if self.cluster
                  else f"grid form, {self.blocks} blocks ({self.batch} batches each)")
         head = (f"{self.cell} H {self.hidden} B {self.batch}: tensor-core cluster kernel "
                 f"(mma.sync m16n8k16), U {self.units_per_block}, {where} x {self.threads} "
@@ -133,10 +152,12 @@ def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
                 units_per_block: int | None = None) -> MmacFit:
     """The kernel's cut at clusters of ``cluster`` blocks (MMAC_FORMS) with ``k_parts``
     parts of the k16 steps and ``clusters`` clusters (default ceil(B / MMAC_BG)), no device
-    checks (ok False where the kernel would trap: a cluster past MMAC_BG batches or empty,
-    threads past MMAC_MAX_THREADS, more than PK_CPT cells a thread, more parts than k16
-    steps). Shared memory (the kernel's mmac_geom): R slice [MT*16][KP + 8] and two h
-    buffers [MMAC_BG][KP + 8] of 16-bit values, partial sums [KPARTS][MT*16][8] floats.
+    checks (ok False where the kernel would trap: a cluster past MMAC_BG batches (clusters of
+    16) or MMAC_WIDE_BATCH (clusters of 8: past MMAC_BG the wide form) or empty, threads past
+    MMAC_MAX_THREADS, more than PK_CPT cells a thread, more parts than k16 steps). Shared
+    memory (the kernel's mmac_geom): R slice [MT*16][KP + 8] and two h buffers [8 NT][KP + 8]
+    of 16-bit values (NT = ceil(BG / 8) n8 tiles in the wide form, else 1), partial sums
+    [KPARTS][MT*16][8 NT] floats.
     The grid form (``cluster`` GRID_FORM): ``units_per_block`` U (required: the device's SMs
     set it), ceil(H / U) blocks of all B <= MMAG_BATCH batches in NT = ceil(B / 8) n8 tiles,
     one h buffer [8 NT][KP + 8], partial sums [KPARTS][MT*16][8 NT]."""
@@ -158,8 +179,9 @@ def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
     kp = 16 * ks
     nt = 32 * mt * kparts
     BG = ceil_div(B, ncl)
-    ntiles = ceil_div(B, 8) if grid else 1
-    rows_h = 8 * ntiles if grid else 2 * MMAC_BG
+    wide = cn == PK_CLUSTER and BG > MMAC_BG
+    ntiles = ceil_div(BG, 8) if grid or wide else 1
+    rows_h = 8 * ntiles * (1 if grid else 2)
     fit = MmacFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
                   units_per_block=U, blocks=ceil_div(H, U) if grid else cn * ncl, threads=nt,
                   lanes=(1, 1, 1), k_groups=kparts, cells_per_thread=ceil_div(U * BG, nt),
@@ -169,8 +191,12 @@ def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
     if grid and B > MMAG_BATCH:
         problem = (f"batch {B} > {MMAG_BATCH} (the grid form's {MMAG_NT} n8 tiles: its "
                    f"accumulators are registers)")
-    elif BG > MMAC_BG and not grid:
-        problem = f"{BG} batches a cluster > {MMAC_BG} (one n8 tile): more clusters"
+    elif BG > MMAC_BG and not grid and not wide:
+        problem = (f"{BG} batches a cluster > {MMAC_BG} (one n8 tile; the wide form runs "
+                   f"clusters of {PK_CLUSTER}): more clusters")
+    elif wide and BG > MMAC_WIDE_BATCH:
+        problem = (f"{BG} batches a cluster > {MMAC_WIDE_BATCH} (the wide form's {MMAC_WNT} "
+                   f"n8 tiles: its accumulators are registers): more clusters")
     elif (ncl - 1) * BG >= B:
         problem = f"{ncl} clusters of {BG} batches leave the last empty (batch {B})"
     elif nt > MMAC_MAX_THREADS:
@@ -200,8 +226,10 @@ def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", 
          holds one); a cluster's SMs. Where neither fits, the grid form (GRID_FORM): U =
          ceil(H / SMs), one block an SM, all resident (as the grid kernels), B <= MMAG_BATCH;
          its reason is the one reported when it does not fit either.
-      2. ceil(B / MMAC_BG) clusters unless ``clusters`` is given (clusters wait only for
-         their own blocks: more than the device holds at once run in waves, correctly).
+      2. ``cluster_count`` clusters of 8 (one a n8 tile up to half the SMs, then the wide
+         form), ceil(B / MMAC_BG) of 16, unless ``clusters`` is given (then no grid form;
+         clusters wait only for their own blocks: more than the device holds at once run in
+         waves, correctly).
       3. The k16 steps in ``k_parts`` parts, else the most parts whose block stays within
          MMAC_MAX_THREADS threads (more warps: shorter mma chains a step; the parts' sums
          are added by the pointwise threads), at least one.
@@ -215,20 +243,43 @@ def mmac_fit(cell: str, hidden: int, batch: int, props: dict, dtype="bfloat16", 
                        MMAC_MAX_THREADS, (MMAC_MAX_THREADS,))
     where = f"{name} hidden {H}, batch {B}, tensor-core cluster kernel"
     fit = None
-    for cn in (MMAC_FORMS if cluster is None else (int(cluster),)):
+    forms = MMAC_FORMS if clusters is None else MMAC_CLUSTERS   # a count: clusters only
+    for cn in (forms if cluster is None else (int(cluster),)):
         fit = _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn)
         if fit.ok:
             break
     return fit
 
 
+def cluster_count(batch: int, sms: int, cells_most: int) -> int:
+    """The clusters of 8 blocks the fit takes for ``batch`` on ``sms`` SMs, where a block's
+    threads update at most ``cells_most`` batches of its units (PK_CPT cells a thread): one
+    a n8 tile (ceil(B / MMAC_BG), the one-tile kernels) while they fill at most half the SMs
+    (``persistent.rule_cluster_cap``, as the FMA cluster kernel's rule); past that, the wide
+    form at the fewest n8 tiles a cluster that keeps the count within that cap, and the
+    fewest clusters at those tiles. Why: a block takes an SM (255 registers a thread), and
+    clusters past what the device holds at once run in waves, each adding all T steps (H200,
+    float16, LSTM H 128 forward: B 8 0.19 ms in 1 cluster, B 128 0.36 in 16, B 256 0.54 in
+    32). The selector times other counts up to the driver's co-resident cap
+    (counts.count_schedules)."""
+    one = ceil_div(int(batch), MMAC_BG)
+    cap = rule_cluster_cap(int(sms))
+    most = min(MMAC_WIDE_BATCH, int(cells_most))
+    if one <= cap or most <= MMAC_BG:
+        return one
+    tiles = ceil_div(int(batch), 8 * cap)
+    return ceil_div(int(batch), max(MMAC_BG, min(8 * tiles, most)))
+
+
 def _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn) -> MmacFit:
     """mmac_fit's rules at clusters of ``cn`` blocks (GRID_FORM: the grid form)."""
     grid = cn == GRID_FORM
     U = ceil_div(H, dev.sms) if grid else ceil_div(H, cn)
+    mt = ceil_div(get_cell(name).gates * U, 16)
     if k_parts is None:
-        mt = ceil_div(get_cell(name).gates * U, 16)
         k_parts = max(1, min(dev.max_threads // (32 * mt), ceil_div(H, 16)))
+    if clusters is None and cn == PK_CLUSTER:
+        clusters = cluster_count(B, dev.sms, PK_CPT * 32 * mt * int(k_parts) // U)
     fit = replace(mmac_layout(name, H, B, k_parts, None if grid else clusters, cn,
                               units_per_block=U if grid else None),
                   sms=dev.sms, regs_per_thread=dev.regs)
@@ -259,9 +310,11 @@ def _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn) -> MmacFit:
         return replace(fit, reason=f"fits: the grid form, {fit.blocks} of {dev.sms} SMs (one "
                                    f"block an SM), R slice and h_t in shared memory as 16-bit "
                                    f"values, h_t staged from L2 a step")
+    wide = (f"; the wide form, {fit.batch_per_block} batches ({fit.n_tiles} n8 tiles) a "
+            f"cluster" if fit.wide else "")
     return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"
-                               f" of {cn} blocks ({fit.blocks} of {dev.sms} SMs), R slice and "
-                               f"h_t in shared memory as 16-bit values")
+                               f" of {cn} blocks ({fit.blocks} of {dev.sms} SMs{wide}), R slice "
+                               f"and h_t in shared memory as 16-bit values")
 
 
 # --- the registry's NumPy twins ---------------------------------------------------------------
@@ -294,13 +347,13 @@ def _fit_of(cell, B, H, units_per_block, k_tile, cluster):
     return kernel_name(cell, cluster), fit, {"products": mmac_products(fit)}
 
 
-def mmac_twin(cell: str, cluster: int = PK_CLUSTER):
+def mmac_twin(cell: str, cluster: int = PK_CLUSTER, wide: bool = False):
     """The registry's NumPy twin of ``cell``'s tensor-core cluster kernel at clusters of
-    ``cluster`` blocks: the grid kernel's emulation (``emulate.emulate``: the key's rounding,
-    the cells ``owned`` as the other persistent kernels own them) with this kernel's parts
-    of the sum over k."""
+    ``cluster`` blocks (``wide``: the wide form's, the same math): the grid kernel's
+    emulation (``emulate.emulate``: the key's rounding, the cells ``owned`` as the other
+    persistent kernels own them) with this kernel's parts of the sum over k."""
     import functools
 
     from .emulate import twin_of
-    return functools.partial(twin_of(get_cell(cell).name, _fit_of, kernel_name(cell, cluster)),
-                             cluster=cluster)
+    return functools.partial(twin_of(get_cell(cell).name, _fit_of,
+                                     kernel_name(cell, cluster, wide)), cluster=cluster)

@@ -64,14 +64,16 @@ def blocks_per_sm(props: dict, threads: int, smem_bytes: int, regs_per_thread: i
 
 
 def derived_cap(fit, props: dict) -> ClusterCap:
-    """The cap from the device properties alone: SMs x ``blocks_per_sm`` / PK_CLUSTER. An
-    upper bound: a cluster must sit in one GPC, and the properties do not give the GPCs'
-    sizes (the driver's count is at most this)."""
+    """The cap from the device properties alone: SMs x ``blocks_per_sm`` / the fit's blocks a
+    cluster (PK_CLUSTER, or the tensor-core cluster kernel's 4 / 16). An upper bound: a
+    cluster must sit in one GPC, and the properties do not give the GPCs' sizes (the
+    driver's count is at most this)."""
     bps = blocks_per_sm(props, fit.threads, fit.smem_bytes, fit.regs_per_thread or 255)
-    n = max(1, int(props["multiProcessorCount"]) * bps // PK_CLUSTER)
+    cn = fit.cluster or PK_CLUSTER
+    n = max(1, int(props["multiProcessorCount"]) * bps // cn)
     return ClusterCap(n, "derived", f"derived from the device properties: "
                                     f"{props['multiProcessorCount']} SMs x {bps} block"
-                                    f"{'' if bps == 1 else 's'} an SM / {PK_CLUSTER}, an upper "
+                                    f"{'' if bps == 1 else 's'} an SM / {cn}, an upper "
                                     f"bound (the GPCs' sizes are not in them)")
 
 
@@ -175,7 +177,8 @@ def cluster_cap(fit, props: dict, kernel=None, query=None) -> ClusterCap:
     if kernel is None:
         return derived_cap(fit, props)
     try:
-        n = driver_max_active_clusters(kernel, fit.threads, fit.smem_bytes, query)
+        n = driver_max_active_clusters(kernel, fit.threads, fit.smem_bytes, query,
+                                       cluster=fit.cluster)
     except OccupancyUnavailable as e:
         rule = rule_cluster_cap(int(props["multiProcessorCount"]))
         return ClusterCap(rule, "rule", f"occupancy query unavailable ({e}): the rule's cap, "

@@ -312,6 +312,12 @@ REGISTRY += tuple(
             numpy_fn=mmac.mmac_twin(k.name.split("_persistent")[0], cn))
     for cn in mmac.MMAC_FORMS
     for k in REGISTRY if k.persistent and k.name.endswith("_persistent_cluster_fwd"))
+# ... and their wide form (persistent_mmacw.cu: clusters of 8, up to mmac.MMAC_WNT n8 tiles)
+REGISTRY += tuple(
+    replace(k, name=mmac.kernel_name(k.name.split("_persistent")[0], wide=True),
+            file="persistent_mmacw.cu",
+            numpy_fn=mmac.mmac_twin(k.name.split("_persistent")[0], wide=True))
+    for k in REGISTRY if k.name.endswith("_persistent_mmac_fwd"))
 
 # the block-persistent kernels (persistent_solo.cu; solo.py): the cluster kernels' arguments,
 # each block all of R and its own batches

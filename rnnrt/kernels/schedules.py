@@ -107,7 +107,7 @@ def persistent_schedule(family: str) -> Schedule:
 
 
 def cluster_schedule(clusters: int, family: str = "cluster") -> Schedule:
-    """Cluster family ``family``'s schedule ('cluster' or 'regs') at exactly ``clusters``
+    """Cluster family ``family``'s schedule (CLUSTER_FAMILIES) at exactly ``clusters``
     clusters ('cluster/14')."""
     if family not in CLUSTER_FAMILIES:
         raise ValueError(f"family: expected one of {CLUSTER_FAMILIES}, got {family!r}")

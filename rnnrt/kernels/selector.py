@@ -153,8 +153,8 @@ class Selector:
     autotune: None reads RNNRT_AUTOTUNE. clock: seconds (tests pass a fake).
     candidates_fn: ``candidates_fn(shape, device) -> schedules`` to time (default: this
     module's ``candidates``; a benchmark passes fewer to measure a choice without some).
-    cluster_cap: ``cluster_cap(fit) -> occupancy.ClusterCap``, the co-resident cap of the
-    cluster kernel's fit that bounds the cluster counts timed (the GPU runner queries the
+    cluster_cap: ``cluster_cap(fit, dtype) -> occupancy.ClusterCap``, the co-resident cap of
+    the cluster kernel's fit (its instantiation at precision ``dtype``) that bounds the cluster counts timed (the GPU runner queries the
     driver for the compiled kernel, ``occupancy.cluster_cap``); None: derived from the
     device properties. The cap a tuning used is in its Selection's note. try_lt: after the
     candidates, time the fastest again with its GEMMs' kernels chosen by timing
@@ -207,8 +207,8 @@ class Selector:
         best, best_ms, rows = None, float("inf"), []
         caps: dict[str, ClusterCap] = {}   # kernel -> the cap of its rule's count's fit
 
-        def cap_of(fit):
-            c = (self.cluster_cap(fit) if self.cluster_cap is not None
+        def cap_of(fit, dtype="float32"):
+            c = (self.cluster_cap(fit, dtype) if self.cluster_cap is not None
                  else derived_cap(fit, self.device.props()))
             caps.setdefault(fit.kernel, c)
             return c

@@ -14,8 +14,8 @@ instantiated per precision instead (``persistent_expression``): ``K_t<TS, TF32>`
 storage type of the sequences their product reads (h, dg), TF32 whether it reads its operands
 TF32-rounded; a float32 key runs the ``extern "C"`` kernel. The fp32 stack kernels and the register-resident backward are fp32
 only; the tensor-core grid kernels (persistent_mma.cu, and the backward's
-persistent_mma_bwd.cu), the tensor-core cluster kernels (persistent_mmac.cu, their grid form
-persistent_mmag.cu) and the
+persistent_mma_bwd.cu), the tensor-core cluster kernels (persistent_mmac.cu, their wide form
+persistent_mmacw.cu, their grid form persistent_mmag.cu) and the
 tensor-core stack kernels (persistent_stack_mma.cu, its
 backward persistent_stack_mma_bwd.cu) are bf16 / fp16 only (``MMA_FILES``).
 """
@@ -97,7 +97,8 @@ def persistent_expression(name: str, dtype) -> str | None:
 TYPED_PERSISTENT_FILES = ("persistent.cu", "persistent_bwd.cu", "persistent_regs.cu",
                           "persistent_solo.cu")
 """The files whose persistent kernels have typed instantiations."""
-CLUSTER_ONLY_FILES = ("persistent_regs.cu", "persistent_mmac.cu", "persistent_mmag.cu")
+CLUSTER_ONLY_FILES = ("persistent_regs.cu", "persistent_mmac.cu", "persistent_mmacw.cu",
+                      "persistent_mmag.cu")
 """Typed files whose every kernel exists on sm_90 and later only (``needs_clusters``): those
 that run in thread-block clusters, and the cluster kernels' grid form (persistent_mmag.cu:
 its body is theirs, and its fit is the tensor-core cluster kernel's, which asks for 9.0)."""
@@ -110,7 +111,7 @@ def needs_clusters(name: str) -> bool:
     of CLUSTER_ONLY_FILES."""
     return "_cluster_" in name or get_kernel(name).file in CLUSTER_ONLY_FILES
 MMA_FILES = ("persistent_mma.cu", "persistent_mma_bwd.cu", "persistent_mmac.cu",
-             "persistent_mmag.cu", "persistent_stack_mma.cu", "persistent_stack_mma_bwd.cu")
+             "persistent_mmacw.cu", "persistent_mmag.cu", "persistent_stack_mma.cu", "persistent_stack_mma_bwd.cu")
 """The files whose persistent kernels are typed instantiations only, at MMA_DTYPES (the
 tensor-core grid kernels and the tensor-core stack kernels, forward and backward: no
 ``extern "C"`` fp32 kernel)."""

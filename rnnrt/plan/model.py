@@ -30,7 +30,7 @@ STATE_INPUTS = ("h0", "c0", "dh_n", "dc_n")
 None state (zeros) once and skips the fill while the caller keeps passing None
 (gpu.py ``_load_states``), which is right only while nothing overwrites them."""
 PERSISTENT_FAMILIES = ("stack", "grid", "cluster", "regs", "mma", "mmac", "solo")
-CLUSTER_FAMILIES = ("cluster", "regs")
+CLUSTER_FAMILIES = ("cluster", "regs", "mmac")
 """The persistent families whose count of clusters is a launch parameter (PlanKey.clusters)."""
 """The persistent kernel families a PlanKey may name (kernels/choice.py)."""
 GEMM_CHOICES = ("cublas", "lt")

@@ -15,8 +15,8 @@
 // the grid barrier and the cluster primitives both) and
 // test_kernels_mma_sim.py (PK_SIM_MMA: the tensor-core kernels at bf16 / fp16, mma.sync
 // emulated over the warp's exchange buffer; test_kernels_mmac_sim.py: PK_SIM_MMAC and
-// PK_SIM_MMAC16, the tensor-core cluster kernels in its main, CLUSTER 8 and 16, and
-// PK_SIM_MMACG, their grid form) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
+// PK_SIM_MMAC16, the tensor-core cluster kernels in its main, CLUSTER 8 and 16,
+// PK_SIM_MMACW their wide form and PK_SIM_MMACG their grid form) and test_kernels_mma_bwd_sim.py (PK_SIM_MMA_BWD:
 // the tensor-core backward kernels, likewise) and test_kernels_stack_mma.py
 // (PK_SIM_STACK_MMA: the tensor-core stack kernel, likewise) and
 // test_kernels_stack_mma_bwd.py (PK_SIM_STACK_MMA_BWD: its backward, in cluster pairs)
@@ -51,8 +51,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(PK_SIM_MMAC16) || defined(PK_SIM_MMACG)   // ... those of clusters of 16 blocks,
-#define PK_SIM_MMAC                                      // and the grid form
+#if defined(PK_SIM_MMAC16) || defined(PK_SIM_MMACG) || defined(PK_SIM_MMACW)
+#define PK_SIM_MMAC   // ... those of clusters of 16 blocks, the grid form and the wide form
 #endif
 #ifdef PK_SIM_MMAC   // the tensor-core forward main runs the tensor-core cluster kernels
 #define PK_SIM_MMA

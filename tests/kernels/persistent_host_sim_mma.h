@@ -1,8 +1,9 @@
 // The tensor-core kernels' mains of persistent_host_sim.cpp (included by it, after its
 // primitives, helpers and launch(); see its header): PK_SIM_MMA, the tensor-core grid
 // kernels (persistent_mma.cu), and with PK_SIM_MMAC / PK_SIM_MMAC16 the tensor-core cluster
-// kernels in their stead (persistent_mmac.cu, clusters of 8 / 16; PK_SIM_MMACG their grid
-// form, persistent_mmag.cu); PK_SIM_MMA_BWD, the
+// kernels in their stead (persistent_mmac.cu, clusters of 8 / 16; PK_SIM_MMACW their wide
+// form, persistent_mmacw.cu; PK_SIM_MMACG their grid form, persistent_mmag.cu);
+// PK_SIM_MMA_BWD, the
 // tensor-core backward grid kernels (persistent_mma_bwd.cu).
 #if defined(PK_SIM_MMA) || defined(PK_SIM_MMA_BWD)
 #if defined(PK_SIM_MMACG)   // the forward main below runs the tensor-core cluster kernels'
@@ -10,6 +11,12 @@
 #define gru_persistent_mma_fwd_t gru_persistent_mmacg_fwd_t
 #define rnn_tanh_persistent_mma_fwd_t rnn_tanh_persistent_mmacg_fwd_t
 #define rnn_relu_persistent_mma_fwd_t rnn_relu_persistent_mmacg_fwd_t
+#elif defined(PK_SIM_MMACW)   // ... their wide form (clusters of 8, several n8 tiles)
+#define lstm_persistent_mma_fwd_t lstm_persistent_mmacw_fwd_t
+#define gru_persistent_mma_fwd_t gru_persistent_mmacw_fwd_t
+#define rnn_tanh_persistent_mma_fwd_t rnn_tanh_persistent_mmacw_fwd_t
+#define rnn_relu_persistent_mma_fwd_t rnn_relu_persistent_mmacw_fwd_t
+#define PK_SIM_CLUSTER 8
 #elif defined(PK_SIM_MMAC16)   // the forward main below runs the tensor-core cluster kernels
 #define lstm_persistent_mma_fwd_t lstm_persistent_mmac16_fwd_t
 #define gru_persistent_mma_fwd_t gru_persistent_mmac16_fwd_t

@@ -31,7 +31,7 @@ def names(scheds):
 
 
 def cap(n, source="driver"):
-    return lambda fit: O.ClusterCap(n, source, f"fake {source}")
+    return lambda fit, dtype="float32": O.ClusterCap(n, source, f"fake {source}")
 
 
 def counts(shape, cap_fn=None, family="cluster"):
@@ -213,7 +213,7 @@ def test_the_rule_stands_in_when_the_occupancy_query_is_unavailable():
     assert "occupancy query unavailable" in c.describe() and "CUresult 1" in c.note
     assert O.cluster_cap(fit, PROPS, object(), query=failing).source == "rule"   # no ptr
     sel = SEL.Selector(Timer({"cluster": 1.0}), H100_SXM, autotune=True,
-                     cluster_cap=lambda f: O.cluster_cap(f, PROPS, Loaded(), query=failing))
+                     cluster_cap=lambda f, dtype: O.cluster_cap(f, PROPS, Loaded(), query=failing))
     s = sel.select(GRU256)
     assert "occupancy query unavailable" in s.note
     assert not any(r["name"].startswith("cluster/") for r in s.candidates)   # the rule: 8

@@ -1,10 +1,11 @@
 """The tensor-core cluster kernels' host side and compile (rnnrt/kernels/mmac.py,
-cuda_src/persistent_mmac.cu, their grid form persistent_mmag.cu), without a GPU: the constants match the kernel; nvcc compiles
+cuda_src/persistent_mmac.cu, their wide form persistent_mmacw.cu and grid form
+persistent_mmag.cu), without a GPU: the constants match the kernel; nvcc compiles
 every bf16 / fp16 instantiation for sm_90a with mma.sync of that type, the cluster barrier and
 distributed shared-memory stores, no stack, no spills and no more registers than the fit
 assumes; the fit's decisions (16-bit keys only, compute capability 9.0, a cluster per 8
 batches, the parts of the k16 steps within the launch bound, shared memory) with their
-reasons; the grid form where no cluster holds R; the NVRTC expressions; a device without
+reasons; the wide form past half the SMs' clusters; the grid form where no cluster holds R; the NVRTC expressions; a device without
 clusters compiles none of them.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from testkit import CELLS, check_no_spills, nvcc_instantiations
 
 SRC = S.source("persistent_mmac.cu")
 GRID_SRC = S.source("persistent_mmag.cu")
+WIDE_SRC = S.source("persistent_mmacw.cu")
 
 
 def test_constants_match_the_kernel():
@@ -31,9 +33,13 @@ def test_constants_match_the_kernel():
                         ("PK_MMAC_KR", MC.MMAC_KR)):
         m = re.search(rf"#define {name} (\d+)", SRC)
         assert m and int(m[1]) == value, name
-    for name, value in (("PK_MMAG_NT", MC.MMAG_NT), ("PK_MMAG_KR", MC.MMAG_KR)):
+    for name, value in (("PK_MMAG_NT", MC.MMAG_NT), ("PK_MMAG_KR", MC.MMAG_KR),
+                        ("PK_MMAC_WNT", MC.MMAC_WNT)):
         m = re.search(rf"#define {name} (\d+)", GRID_SRC)
         assert m and int(m[1]) == value, name
+    wide = WIDE_SRC.split("#endif  // RNNRT_PERSISTENT_MMAC_CUH")[1]
+    assert wide.count("__cluster_dims__(PK_CLUSTER, 1, 1)") == 4
+    assert wide.count("PK_CLUSTER, PK_MMAC_WNT>(") == 4
     assert "__cluster_dims__" not in GRID_SRC.split("#endif  // RNNRT_PERSISTENT_MMAC_CUH")[1]
     assert SRC.count("__cluster_dims__(PK_CLUSTER, 1, 1)") == 4
     assert SRC.count("__cluster_dims__(PK_MMAC_CLUSTER16, 1, 1)") == 4
@@ -54,6 +60,22 @@ def grid_usage(tmp_path_factory):
         tmp_path_factory.mktemp("mmag"), "persistent_mmag.cu",
         [f"{MC.kernel_name(c, MC.GRID_FORM)}_t<{t}, false>({FORWARD_ARGS[c].format(T=t)})"
          for c in CELLS for t in ("bf16", "fp16")])
+
+
+@pytest.fixture(scope="module")
+def wide_usage(tmp_path_factory):
+    return nvcc_instantiations(
+        tmp_path_factory.mktemp("mmacw"), "persistent_mmacw.cu",
+        [f"{MC.kernel_name(c, wide=True)}_t<{t}, false>({FORWARD_ARGS[c].format(T=t)})"
+         for c in CELLS for t in ("bf16", "fp16")])
+
+
+def test_the_wide_form_compiles_without_spills(wide_usage):
+    found, ptx = wide_usage
+    check_no_spills(found, lambda c: MC.kernel_name(c, wide=True), MC.NVCC_REGS)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    assert "barrier.cluster.arrive.release" in ptx and "st.shared::cluster.b16" in ptx
+    assert ".reqnctapercluster 8, 1, 1" in ptx and "ld.acquire.gpu" not in ptx
 
 
 def test_the_grid_form_compiles_without_spills(grid_usage):
@@ -118,6 +140,54 @@ def test_fit_takes_the_grid_form_where_no_cluster_holds_r():
         MC.mmac_layout("lstm", 1024, 8, cluster=MC.GRID_FORM)
 
 
+def test_layout_of_the_wide_form():
+    """Past one n8 tile a cluster (clusters of 8 only): NT tiles, two h buffers of 8 NT rows,
+    partial sums 8 NT wide; past MMAC_WIDE_BATCH, or at clusters of 16, more clusters."""
+    f = MC.mmac_layout("lstm", 40, 20, 2, clusters=1)   # 20 batches: 3 n8 tiles
+    assert f.ok and f.wide and f.n_tiles == 3 and f.kernel == "lstm_persistent_mmacw_fwd"
+    assert f.smem_tile == 2 * 2 * 8 * 3 * (48 + 8)             # 2 x [8 NT][KP + 8] 16-bit
+    assert f.smem_partials == 4 * 2 * 32 * 8 * 3               # [KPARTS][MT*16][8 NT] floats
+    assert "3 n8 tiles: the wide form" in f.describe()
+    one = MC.mmac_layout("lstm", 40, 16, 2, clusters=2)        # 8 a cluster: one tile
+    assert one.ok and not one.wide and one.n_tiles == 1 and one.kernel.endswith("mmac_fwd")
+    f = MC.mmac_layout("lstm", 40, 33, 2, clusters=1)
+    assert not f.ok and "33 batches a cluster > 32" in f.reason
+    f = MC.mmac_layout("lstm", 40, 9, 2, clusters=1, cluster=16)
+    assert not f.ok and "the wide form runs clusters of 8" in f.reason
+    with pytest.raises(ValueError, match="the wide form runs clusters of 8"):
+        MC.kernel_name("gru", 16, wide=True)
+
+
+def test_fit_takes_the_wide_form_past_half_the_sms():
+    """One n8 tile a cluster while ceil(B / 8) clusters fill at most half the SMs (64 of
+    132); past that the fewest tiles that keep the count there, within PK_CPT cells a thread
+    (``cluster_count``); clusters of 16 stay one tile a cluster. The rule's cases in turn."""
+    props = H100_SXM.props()
+    for B, n in ((8, 1), (64, 8), (72, 9)):
+        f = MC.mmac_fit("lstm", 128, B, props, "float16")
+        if B == 72:   # 9 one-tile clusters > 8: two tiles, 5 clusters of 15 batches
+            assert f.ok and f.wide and (f.clusters, f.batch_per_block) == (5, 15), f.reason
+        else:
+            assert f.ok and not f.wide and f.clusters == n, f.reason
+    f = MC.mmac_fit("lstm", 128, 256, props, "float16")
+    assert f.ok and f.wide and (f.clusters, f.n_tiles) == (8, 4), f.reason
+    assert "the wide form, 32 batches (4 n8 tiles) a cluster" in f.reason
+    f = MC.mmac_fit("lstm", 128, 128, props, "bfloat16")
+    assert f.ok and (f.clusters, f.n_tiles, f.kernel) == (8, 2, "lstm_persistent_mmacw_fwd")
+    # LSTM H 256: 256 threads of 32 units hold 16 batches (PK_CPT 2): 16 clusters at B 256
+    f = MC.mmac_fit("lstm", 256, 256, props, "float16")
+    assert f.ok and (f.clusters, f.batch_per_block) == (16, 16), f.reason
+    f = MC.mmac_fit("gru", 128, 256, props, "float16")   # 192 threads of 16 units: 24
+    assert f.ok and (f.clusters, f.batch_per_block) == (11, 24), f.reason
+    f = MC.mmac_fit("lstm", 512, 128, props, "float16")   # clusters of 16: one tile each
+    assert f.ok and f.cluster == 16 and (f.clusters, f.n_tiles) == (16, 1), f.reason
+    f = MC.mmac_fit("lstm", 128, 256, props, "float16", clusters=32)   # named: one tile
+    assert f.ok and not f.wide and f.clusters == 32
+    assert MC.cluster_count(256, 132, 32) == 8 and MC.cluster_count(256, 132, 8) == 32
+    assert MC.cluster_count(100, 132, 32) == 7 and MC.cluster_count(64, 132, 32) == 8
+    assert MC.cluster_count(256, 66, 32) == 8   # 4 clusters' cap: 4 tiles still 8 clusters
+
+
 def test_fit_takes_16_bit_keys_on_clusters_with_the_reasons():
     props = H100_SXM.props()
     for dtype in MC.MMA_DTYPES:
@@ -160,7 +230,11 @@ def test_expressions_and_devices_without_clusters():
                 typed.persistent_expression(name, "float32")
             assert typed.needs_clusters(name)
             assert MC.non_portable(name) == (cn == 16)
-    for file, n in (("persistent_mmac.cu", 8), ("persistent_mmag.cu", 4)):
+        name = MC.kernel_name(c, wide=True)
+        assert typed.persistent_expression(name, "float16") == f"{name}_t<fp16, false>"
+        assert typed.needs_clusters(name) and not MC.non_portable(name)
+    for file, n in (("persistent_mmac.cu", 8), ("persistent_mmag.cu", 4),
+                    ("persistent_mmacw.cu", 4)):
         assert typed_persistent_kernels(file, cluster=False) == ()
         assert len(typed_persistent_kernels(file, cluster=True)) == n
 

@@ -11,8 +11,8 @@ last one short), one and several parts of the k16 steps, a hidden size that is n
 steps and one whose last block owns fewer units (or none); the grid form at one to four n8
 tiles, 16-byte and 2-byte staging, its counters back at zero after each launch; outputs
 poisoned before each of two launches, h0 left as it was. A kernel whose A fragment reads rows
-g and g + 8 the wrong way round is refused, and so is a grid form that stages h_{t-1} in
-place of h_t.
+g and g + 8 the wrong way round is refused, and so are a grid form that stages h_{t-1} in
+place of h_t and a wide form whose two h buffers overlap.
 """
 from __future__ import annotations
 
@@ -28,17 +28,34 @@ from rnnrt.kernels import sources as S
 from testkit import CELLS, build_host_sim
 
 
+WIDE = "w"   # the host_sim key of the wide form (clusters of 8, several n8 tiles)
+
+
 def build(tmp_path_factory, src_dir, cluster=8):
-    define = {8: "PK_SIM_MMAC", MC.GRID_FORM: "PK_SIM_MMACG"}.get(cluster,
-                                                                f"PK_SIM_MMAC{cluster}")
+    define = {8: "PK_SIM_MMAC", MC.GRID_FORM: "PK_SIM_MMACG", WIDE: "PK_SIM_MMACW"}.get(
+        cluster, f"PK_SIM_MMAC{cluster}")
     exe = tmp_path_factory.mktemp("simmmac") / f"persistent_host_sim_{define.lower()}"
-    file = "persistent_mmag.cu" if cluster == MC.GRID_FORM else "persistent_mmac.cu"
+    file = {MC.GRID_FORM: "persistent_mmag.cu", WIDE: "persistent_mmacw.cu"}.get(
+        cluster, "persistent_mmac.cu")
     return build_host_sim(exe, src_dir / file, define=define)
+
+
+def build_planted(tmp_path_factory, tag, good, bad, cluster=8):
+    """The sim of ``cluster``'s form built from a copy of cuda_src whose persistent_mmac.cuh
+    has ``good`` (found exactly once) replaced by ``bad``: a planted fault."""
+    folder = tmp_path_factory.mktemp(tag)
+    for f in S.cuda_src_dir().iterdir():
+        shutil.copy(f, folder / f.name)
+    path = folder / "persistent_mmac.cuh"
+    text = path.read_text()
+    assert text.count(good) == 1, good
+    path.write_text(text.replace(good, bad))
+    return build(tmp_path_factory, folder, cluster)
 
 
 @pytest.fixture(scope="module")
 def host_sim(tmp_path_factory):
-    return {cn: build(tmp_path_factory, S.cuda_src_dir(), cn) for cn in MC.MMAC_FORMS}
+    return {cn: build(tmp_path_factory, S.cuda_src_dir(), cn) for cn in MC.MMAC_FORMS + (WIDE,)}
 
 
 # (H, B, T, k_parts, cluster): H 40 (U 5: the last block 5 units, 3 k16 steps, the last
@@ -109,22 +126,67 @@ def test_grid_cases_cover_the_paths():
 def test_grid_form_staging_another_step_is_refused(tmp_path_factory, tmp_path):
     """The sim can fail the grid form's exchange: a kernel that stages h_{t-1} from global
     memory in place of h_t gives wrong sums."""
-    bad = tmp_path_factory.mktemp("bad_mmacg")
-    for f in S.cuda_src_dir().iterdir():
-        shutil.copy(f, bad / f.name)
-    path = bad / "persistent_mmac.cuh"
-    text = path.read_text()
-    good = "mmag_stage(hs, g.SRH, h + (long long)t * S * ldh,"
-    assert text.count(good) == 1
-    path.write_text(text.replace(good, "mmag_stage(hs, g.SRH, h + (long long)(t > 0 ? t - 1 : 0)"
-                                       " * S * ldh,"))
-    exe = build(tmp_path_factory, bad, MC.GRID_FORM)
+    exe = build_planted(tmp_path_factory, "bad_mmacg",
+                        "mmag_stage(hs, g.SRH, h + (long long)t * S * ldh,",
+                        "mmag_stage(hs, g.SRH, h + (long long)(t > 0 ? t - 1 : 0) * S * ldh,",
+                        MC.GRID_FORM)
     H, B, T, U = 64, 8, 4, 2
     fit = MC.mmac_layout("rnn_tanh", H, B, 1, cluster=MC.GRID_FORM, units_per_block=U)
     data, ref = mma_case("rnn_tanh", T, B, H, "bfloat16", seed=6)
     got = run_sim(exe, tmp_path, "rnn_tanh", fit, data, T, "bfloat16")
     with pytest.raises(AssertionError):
         check_outputs("rnn_tanh", "bfloat16", got, ref, "h_{t-1} staged")
+
+
+# the wide form (H, B, T, k_parts, clusters): H 40 B 20 one cluster of three n8 tiles (the last
+# 4 batches), 2 parts; H 30 B 27 two clusters of 14 and 13 batches (two tiles each), 1 part;
+# H 64 B 32 one cluster of four whole tiles, 4 parts; H 48 B 25 four tiles, the last one
+# batch, 3 parts of one k16 step; H 264 B 11: one part of 17 k16 steps, PK_MMAG_KR in
+# registers, the last from shared memory (GRU only: LSTM's 9 m16 tiles exceed the launch
+# bound, and an RNN's 3 tiles have too few threads for the cells)
+WIDE_CASES = [(40, 20, 3, 2, 1), (30, 27, 3, 1, 2), (64, 32, 2, 4, 1), (48, 25, 2, 3, 1),
+              (264, 11, 2, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("H, B, T, k_parts, clusters", WIDE_CASES)
+def test_wide_form_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, k_parts, clusters):
+    if H == 264 and cell != "gru":
+        pytest.skip("the long case for GRU only (see WIDE_CASES)")
+    fit = MC.mmac_layout(cell, H, B, k_parts, clusters=clusters)
+    assert fit.ok and fit.wide and fit.kernel.endswith("_mmacw_fwd"), fit.describe()
+    data, ref = mma_case(cell, T, B, H, dtype, seed=7)
+    got = run_sim(host_sim[WIDE], tmp_path, cell, fit, data, T, dtype)
+    check_outputs(cell, dtype, got, ref, f"{cell} {dtype} H{H} B{B} wide form sim")
+    assert np.array_equal(got[0][0], data["h0"].astype(np.float32)), "h0 changed"
+
+
+def test_wide_cases_cover_the_paths():
+    fits = [MC.mmac_layout(c, H, B, k, clusters=n) for H, B, _, k, n in WIDE_CASES
+            for c in CELLS]
+    fits = [f for f in fits if f.ok]
+    assert {f.n_tiles for f in fits} == set(range(2, MC.MMAC_WNT + 1))
+    assert {f.clusters > 1 for f in fits} == {False, True}
+    assert {f.k_parts > 1 for f in fits} == {False, True}
+    assert any(f.batch_per_block % 8 for f in fits)
+    assert any(f.batch % f.clusters for f in fits)
+    assert any(len(f.part_steps(0)) > MC.MMAG_KR for f in fits)
+
+
+def test_a_wide_form_reading_the_wrong_buffer_is_refused(tmp_path_factory, tmp_path):
+    """The sim can fail the wide form's exchange: a kernel whose buffers are one n8 tile apart
+    (the one-tile kernels' stride) reads batches of the other buffer."""
+    exe = build_planted(tmp_path_factory, "bad_mmacw",
+                        "TS* const hnext = hs + ((t + 1) & 1) * 8 * g.NT * g.SRH;",
+                        "TS* const hnext = hs + ((t + 1) & 1) * 8 * g.SRH;", WIDE)
+    H, B, T = 40, 20, 3
+    fit = MC.mmac_layout("gru", H, B, 2, clusters=1)
+    assert fit.ok and fit.n_tiles == 3, fit.describe()
+    data, ref = mma_case("gru", T, B, H, "bfloat16", seed=8)
+    got = run_sim(exe, tmp_path, "gru", fit, data, T, "bfloat16")
+    with pytest.raises(AssertionError):
+        check_outputs("gru", "bfloat16", got, ref, "buffers one tile apart")
 
 
 def test_sim_cases_cover_the_paths():
@@ -143,17 +205,11 @@ def test_sim_cases_cover_the_paths():
 
 def test_a_fragment_with_its_rows_swapped_is_refused(tmp_path_factory, tmp_path):
     """The sim can fail: rows g and g + 8 of the A fragment exchanged give wrong sums."""
-    bad = tmp_path_factory.mktemp("bad_mmac")
-    for f in S.cuda_src_dir().iterdir():
-        shutil.copy(f, bad / f.name)
-    path = bad / "persistent_mmac.cuh"
-    text = path.read_text()
-    good = ("ar[u][0] = in ? pk_ld_pair(a_lo + k) : 0u;\n"
-            "        ar[u][1] = in ? pk_ld_pair(a_hi + k) : 0u;")
-    assert text.count(good) == 1
-    path.write_text(text.replace(good, "ar[u][0] = in ? pk_ld_pair(a_hi + k) : 0u;\n"
-                                       "        ar[u][1] = in ? pk_ld_pair(a_lo + k) : 0u;"))
-    exe = build(tmp_path_factory, bad)
+    exe = build_planted(tmp_path_factory, "bad_mmac",
+                        "ar[u][0] = in ? pk_ld_pair(a_lo + k) : 0u;\n"
+                        "        ar[u][1] = in ? pk_ld_pair(a_hi + k) : 0u;",
+                        "ar[u][0] = in ? pk_ld_pair(a_hi + k) : 0u;\n"
+                        "        ar[u][1] = in ? pk_ld_pair(a_lo + k) : 0u;")
     H, B, T = 40, 5, 3
     fit = MC.mmac_layout("lstm", H, B, 2)
     data, ref = mma_case("lstm", T, B, H, "bfloat16", seed=3)

@@ -27,13 +27,15 @@ PERSISTENT = Switches(grouped=True, streams=True, fused=True, wavefront=True, in
                       persistent=True)
 
 
-def check_family_plan(cell, dtype, family, kernel, words, seed):
-    """A ``dtype`` key naming ``family`` runs ``kernel`` (no fallback; ``words`` in the plan's
-    fit string), forward and training, and the NumPy executor's plans equal the reference
-    (also the tensor-core cluster family's test, test_plan_mmac.py)."""
-    c = case(cell, dtype, seed=seed)
+def check_family_plan(cell, dtype, family, kernel, words, seed, batch=None, **key_kw):
+    """A ``dtype`` key naming ``family`` (and ``key_kw``: a cluster count) runs ``kernel``
+    (no fallback; ``words`` in the plan's fit string), forward and training, and the NumPy
+    executor's plans equal the reference, at ``batch`` (default the case's) (also the
+    tensor-core cluster family's test, test_plan_mmac.py)."""
+    size = {} if batch is None else {"batch": batch}
+    c = case(cell, dtype, seed=seed, **size)
     for train in (False, True):
-        key = key_of(cell, PERSISTENT, dtype, train, family=family)
+        key = key_of(cell, PERSISTENT, dtype, train, family=family, **size, **key_kw)
         plan = forward_plan(key)
         assert plan.fallback is None, plan.fallback
         names = {op.name for op in plan.ops if getattr(op, "kind", "") == "persistent"}

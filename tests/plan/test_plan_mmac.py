@@ -39,6 +39,18 @@ def test_the_grid_form_runs_its_kernel_and_equals_the_reference(monkeypatch, cel
                           "the grid form", 8)
 
 
+@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+def test_the_wide_form_runs_its_kernel_and_equals_the_reference(cell, dtype):
+    """A count that gives a cluster more than one n8 tile (PlanKey.clusters 2 at B 20: 10
+    batches a cluster) runs the wide form (persistent_mmacw.cu), and its twin equals the
+    reference; the plan's fit string names the count."""
+    check_family_plan(cell, dtype, "mmac", MC.kernel_name(cell, wide=True), "the wide form",
+                      9, batch=20, clusters=2)
+    check_family_plan(cell, dtype, "mmac", MC.kernel_name(cell), "as the key names", 9,
+                      batch=20, clusters=3)   # 7 batches a cluster: one tile
+
+
 @pytest.mark.parametrize("dtype", ("float32", "tf32"))
 def test_fp32_and_tf32_keys_decline_with_the_reason(dtype):
     check_declines_with_the_reason("mmac", dtype)
@@ -82,13 +94,16 @@ def test_candidates_name_mmac_for_16_bit_shapes_it_fits():
     assert not MC.mmac_fit("lstm", 2048, 8, H100_SXM.props(), "float16").ok
 
 
-def test_the_heuristic_takes_mmac_for_one_16_bit_layer_up_to_64_batches():
+def test_the_heuristic_takes_mmac_for_one_16_bit_layer_up_to_128_batches():
+    """B 128 too since the wide form (8 clusters of 16 batches; H200, float16, LSTM H 128 /
+    256 B 128: 0.28 / 0.37 ms against the register-resident kernel's 0.40 and the cuBLAS
+    rungs' 0.66); at B 256 not (a tie with the rungs at H 256)."""
     for dtype in MC.MMA_DTYPES:
         for hidden in (128, 256):
-            for batch in (8, 64):
+            for batch in (8, 64, 128):
                 assert choice.forward_heuristic(_shape(dtype, hidden, batch),
                                                 H100_SXM).family == "mmac"
-        assert choice.forward_heuristic(_shape(dtype, batch=128), H100_SXM).family != "mmac"
+        assert choice.forward_heuristic(_shape(dtype, batch=256), H100_SXM).family != "mmac"
         four = selector.Shape("lstm", 4, 256, 256, 8, 100, False, dtype=dtype)
         assert choice.forward_heuristic(four, H100_SXM).family != "mmac"
     assert choice.forward_heuristic(_shape("float32"), H100_SXM).family != "mmac"
@@ -104,3 +119,27 @@ def test_the_heuristic_takes_the_grid_form_at_one_n8_tile_only():
             assert fit.ok and fit.cluster == MC.GRID_FORM, fit.reason
             assert (choice.forward_heuristic(shape, H100_SXM).family == "mmac") == mmac, \
                 (cell, batch)
+
+
+def test_candidates_time_other_counts_up_to_the_cap():
+    """At B 256 the rule's 8 clusters of 32 batches (four n8 tiles; the wide form); the
+    selector also times counts with fewer batches a cluster up to the co-resident cap (a
+    fake driver answer here), the whole cap for any number of layers (the launches are one a
+    layer, never side by side); none at clusters of 16, at fp32, or past the cap."""
+    from rnnrt.kernels.occupancy import ClusterCap
+
+    def cap(n):
+        return lambda fit, dtype="float32": ClusterCap(n, "driver", "fake")
+
+    def counts(shape, n):
+        return [s.clusters for s in choice.candidates(shape, H100_SXM, cap(n))
+                if s.family == "mmac" and s.clusters]
+    one = _shape("float16", hidden=128, batch=256)
+    assert counts(one, 14) == [10, 12, 14]
+    assert counts(one, 8) == []
+    four = selector.Shape("lstm", 4, 128, 128, 256, 100, False, dtype="float16")
+    assert counts(four, 14) == [10, 12, 14]
+    assert counts(_shape("float32", hidden=128, batch=256), 14) == []
+    assert counts(_shape("float16", hidden=512, batch=128), 32) == []   # clusters of 16
+    names = [s.name for s in choice.candidates(one, H100_SXM, cap(14))]
+    assert names.index("mmac") < names.index("mmac/10"), names

@@ -32,11 +32,11 @@ T, B, I, H, L = 4, 3, 5, 6, 2
 EXACT = {"atol": 1e-12, "rtol": 1e-9}   # the same rounding points: float64 agreement
 
 
-def case(cell, dtype, seed=0):
-    """testkit.bwd_plan_case at (T, B, I, H), two layers, with the rounding-aware reference
-    of ``dtype``: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref {y, h_n, c_n, dx,
-    dh0, dc0, grads})."""
-    return bwd_plan_case(cell, L, seed=seed, shape=(T, B, I, H), dtype=dtype)
+def case(cell, dtype, seed=0, batch=B):
+    """testkit.bwd_plan_case at (T, ``batch``, I, H), two layers, with the rounding-aware
+    reference of ``dtype``: -> (layout, flat, (x, h0, c0), (dy, dh_n, dc_n), ref {y, h_n,
+    c_n, dx, dh0, dc0, grads})."""
+    return bwd_plan_case(cell, L, seed=seed, shape=(T, batch, I, H), dtype=dtype)
 
 
 def run_plans(key, c, order="program", seed=None):
@@ -74,8 +74,8 @@ def check(out, c, what, atol=EXACT["atol"], rtol=EXACT["rtol"]):
             assert_close(out[name], r, atol, rtol, name=f"{what}: {name}")
 
 
-def key_of(cell, sw, dtype, train, **kw):
-    return cpu_plan_key(cell, T, B, I, H, L, True, sw, train=train, dtype=dtype, **kw)
+def key_of(cell, sw, dtype, train, batch=B, **kw):
+    return cpu_plan_key(cell, T, batch, I, H, L, True, sw, train=train, dtype=dtype, **kw)
 
 
 # --------------------------------------------------------------------------- the key
