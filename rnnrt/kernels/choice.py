@@ -252,10 +252,10 @@ def _mma_choice(key, declined) -> PersistentChoice:
 
 def _mmac_choice(key, declined) -> PersistentChoice:
     """The tensor-core cluster kernel for ``key`` (named as its family), at ``key.clusters``
-    clusters where given: bfloat16 / float16 keys only (mma.MMA_DTYPES_REASON). One launch a
-    layer over all T steps after one W.x GEMM a layer, never chunked: its clusters are one
-    for every 8 batches up to half the SMs (mmac.cluster_count), so a layer's launch takes
-    the SMs a second layer's would need, and chunks would only add launches."""
+    clusters where given (else ``mmac.cluster_count``'s): bfloat16 / float16 keys only
+    (mma.MMA_DTYPES_REASON). One launch a layer over all T steps after one W.x GEMM a layer,
+    never chunked: layers of this family overlapping along the wavefront are not built (the
+    count's cap is one launch's, ``counts.count_schedules``)."""
     fit = mmac_fit(key.cell, key.hidden_size, key.batch, key.device.props(), key.dtype,
                    clusters=key.clusters)
     if not fit.ok:

@@ -1,8 +1,9 @@
 """The cluster counts of the cluster families (the cluster kernel, ``persistent.py``; the
 register-resident kernel, ``regs.py``; the tensor-core cluster kernel in clusters of 8,
 ``mmac.py``, whose counts past one n8 tile a cluster run its wide form): which counts besides
-the rule's the schedule selector times, each within the device's co-resident cap (``occupancy.py``), and each layer's share of
-the SMs in a chunked plan. choice.py decides with them; nothing here picks a kernel.
+the rule's the schedule selector times, each within the device's co-resident cap
+(``occupancy.py``), and each layer's share of the SMs in a chunked plan. choice.py decides
+with them; nothing here picks a kernel.
 
 Why timed, not ruled (H100, L1 H 128, 100 steps): at B 256, 14-15 clusters of the cluster
 kernel are 10-14% faster than the rule's 8 and 16 run in two waves; at B 128, 10 beat 8 and

@@ -65,7 +65,7 @@ def blocks_per_sm(props: dict, threads: int, smem_bytes: int, regs_per_thread: i
 
 def derived_cap(fit, props: dict) -> ClusterCap:
     """The cap from the device properties alone: SMs x ``blocks_per_sm`` / the fit's blocks a
-    cluster (PK_CLUSTER, or the tensor-core cluster kernel's 4 / 16). An upper bound: a
+    cluster (PK_CLUSTER, or the tensor-core cluster kernel's 16). An upper bound: a
     cluster must sit in one GPC, and the properties do not give the GPCs' sizes (the
     driver's count is at most this)."""
     bps = blocks_per_sm(props, fit.threads, fit.smem_bytes, fit.regs_per_thread or 255)

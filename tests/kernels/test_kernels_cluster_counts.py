@@ -262,6 +262,12 @@ def test_the_driver_query_gets_the_launch_config_and_its_answer_is_the_cap():
         return 0
 
     assert O.cluster_cap(fit, PROPS, Loaded(), query=zero).source == "rule"
+    # a kernel of clusters of 16 (the tensor-core cluster kernel's): asked as 16 blocks
+    from rnnrt.kernels.mmac import mmac_fit
+    f16 = mmac_fit("lstm", 512, 64, PROPS, "float16")
+    assert f16.cluster == 16
+    O.cluster_cap(f16, PROPS, Loaded(), query=driver)
+    assert (seen["grid"], seen["dims"][1]) == (16, 16)
 
 
 def test_the_derived_cap_counts_blocks_an_sm_holds():
@@ -271,6 +277,8 @@ def test_the_derived_cap_counts_blocks_an_sm_holds():
     assert O.blocks_per_sm(PROPS, 32, 100_000, 32) == 2                      # shared memory
     d = O.derived_cap(fit, PROPS)
     assert (d.clusters, d.source) == (16, "derived") and "upper bound" in d.note
+    from rnnrt.kernels.mmac import mmac_fit   # clusters of 16: half as many
+    assert O.derived_cap(mmac_fit("lstm", 512, 64, PROPS, "float16"), PROPS).clusters == 8
     with pytest.raises(ValueError, match="not a cluster kernel"):
         O.cluster_cap(persistent_fit("gru", 128, 256, PROPS, kind="grid"), PROPS)
 

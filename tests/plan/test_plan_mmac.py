@@ -128,14 +128,18 @@ def test_candidates_time_other_counts_up_to_the_cap():
     layer, never side by side); none at clusters of 16, at fp32, or past the cap."""
     from rnnrt.kernels.occupancy import ClusterCap
 
-    def cap(n):
-        return lambda fit, dtype="float32": ClusterCap(n, "driver", "fake")
+    asked = []
+
+    def cap(n):   # a fake driver: records the kernel and precision it was asked about
+        return lambda fit, dtype="float32": asked.append((fit.kernel, dtype)) or ClusterCap(
+            n, "driver", "fake")
 
     def counts(shape, n):
         return [s.clusters for s in choice.candidates(shape, H100_SXM, cap(n))
                 if s.family == "mmac" and s.clusters]
     one = _shape("float16", hidden=128, batch=256)
     assert counts(one, 14) == [10, 12, 14]
+    assert ("lstm_persistent_mmacw_fwd", "float16") in asked   # the key's instantiation
     assert counts(one, 8) == []
     four = selector.Shape("lstm", 4, 128, 128, 256, 100, False, dtype="float16")
     assert counts(four, 14) == [10, 12, 14]
