@@ -34,7 +34,9 @@
 // of h_{t+1} into the cluster's blocks);  2: the FMAs;  4: the grid barrier (blocks run
 // free; the exit still resets the counters; cluster kernels: the per-step cluster barrier,
 // a __syncthreads instead, and one cluster barrier before exit);  8: the pointwise update
-// (no gate sums, no activations, no stores).
+// (no gate sums, no activations, no stores);  16 (the tensor-core cluster kernels, right
+// results): the held-register loop branches out past a part's last step in every form, as
+// the wide form's does (persistent_mmac.cuh: a one-process A/B of that choice).
 #ifndef PK_TIMING
 #define PK_TIMING 0
 #endif

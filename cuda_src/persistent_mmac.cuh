@@ -290,9 +290,12 @@ __device__ __forceinline__ void mmac_fwd(
             // (LSTM H 128 B 256 in 14 clusters, 4 live steps of 16: a third of the step's
             // stall samples in this loop, `profiles/ncu-persistent-mmacw-lstm-H128-B256-...`;
             // the branch took its step from 3.83 to 3.70 us, GRU 3.52 to 3.40, 11 clusters
-            // 3.62 to 3.14). The one-tile and grid forms keep the predicates: with the branch
-            // they moved both ways (LSTM H 128 B 8 2.46 -> 2.07 us, GRU 1.99 -> 2.39).
-            constexpr bool BRANCH = !GRID && NTC > 1;
+            // 3.62 to 3.14). The one-tile and grid forms keep the predicates: timed against
+            // them in one process (PK_TIMING 16), the branch wins where few of the KR steps
+            // are live (LSTM H 128 B 8 2.21 -> 1.95 us) and loses where most are (GRU H 512
+            // B 8 3.32 -> 3.75, LSTM H 1024 B 32 7.54 -> 7.65;
+            // `kernels/persistent-mmac-bench-T100-nvidia-h200-20261129T1336*.json`).
+            constexpr bool BRANCH = (!GRID && NTC > 1) || (PK_TIMING & 16);
 #pragma unroll
             for (int u = 0; u < KR; u += 2) {
                 if (BRANCH && ks0 + u >= ks1) break;
