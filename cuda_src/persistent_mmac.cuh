@@ -38,8 +38,9 @@ struct MmacGeom {
     int RS;           // row stride of the partial sums (floats): 8 NT
 };
 
+// tiled: several n8 tiles (the grid and the wide forms), else one.
 __device__ __forceinline__ MmacGeom mmac_geom(int G, int U, int H, int nt, int B, bool grid,
-                                              bool wide) {
+                                              bool tiled) {
     MmacGeom g;
     g.M = G * U;
     g.MT = (g.M + 15) / 16;
@@ -48,7 +49,7 @@ __device__ __forceinline__ MmacGeom mmac_geom(int G, int U, int H, int nt, int B
     g.NW = nt / 32;
     g.KPARTS = g.NW / g.MT;
     g.SRH = g.KP + 8;
-    g.NT = (grid || wide) ? (B + 7) / 8 : 1;
+    g.NT = tiled ? (B + 7) / 8 : 1;
     g.HR = grid ? 8 * g.NT : 2 * 8 * g.NT;
     g.RS = 8 * g.NT;
     return g;

@@ -98,8 +98,10 @@ def runner_selector(runner, schedule_cache, timer, log=None):
     elif cache is False:   # memory only (not `or None`: an empty cache is falsy)
         cache = None
 
-    def cap(fit, dtype="float32"):   # the instantiation the key runs (the mmac kernels have
-        lib = runner.session.ctx.kernels   # 16-bit ones only)
+    def cap(fit, dtype="float32"):
+        # the kernel's instantiation at the key's precision (the mmac kernels have 16-bit
+        # ones only)
+        lib = runner.session.ctx.kernels
         return cluster_cap(fit, runner.limits.props(),
                            lib.with_shared(fit.kernel, fit.smem_bytes, dtype))
 

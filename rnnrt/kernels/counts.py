@@ -17,7 +17,7 @@ from typing import Callable
 from .budget import ceil_div
 from .mmac import mmac_fit
 from .occupancy import ClusterCap, derived_cap
-from .persistent import CLUSTER_MAX_FMAS, PK_CLUSTER, cluster_count, persistent_fit
+from .persistent import CLUSTER_MAX_FMAS, cluster_count, persistent_fit
 from .regs import regs_fit
 from ..plan.model import CLUSTER_FAMILIES
 from .schedules import Schedule, cluster_schedule
@@ -82,15 +82,16 @@ def count_schedules(shape, device, family: str = "cluster",
     occupancy.ClusterCap of the kernel at the shape's precision; default
     ``occupancy.derived_cap`` from the properties), for a chunked plan (several layers'
     launches overlapping) each layer's 1/L share of it — each count's own fit within its own
-    cap. The tensor-core cluster kernel: in clusters of 8 only (the cap counts clusters of
-    PK_CLUSTER), one launch a layer (never chunked). Nothing for a training shape's
-    persistent backward: the count is the forward kernel's."""
+    cap. The tensor-core cluster kernel: only where the rule's count runs its wide form (a
+    one-tile cluster multiplies a whole n8 tile at any batch up to 8, so more clusters would
+    only add copies of R), one launch a layer (never chunked). Nothing for a training
+    shape's persistent backward: the count is the forward kernel's."""
     if shape.varlen:
         return ()
     props = device.props()
     cap_of = cluster_cap or (lambda f, dtype: derived_cap(f, props))
     fit = family_fit(family, shape.cell, shape.hidden, shape.batch, props, dtype=shape.dtype)
-    if not fit.ok or fit.cluster != PK_CLUSTER:
+    if not fit.ok or (family == "mmac" and not fit.wide):
         return ()
     sched = cluster_schedule(fit.clusters, family)
     layers = 1
@@ -103,6 +104,6 @@ def count_schedules(shape, device, family: str = "cluster",
                                   cap_of(fit, shape.dtype).clusters // layers):
         f = family_fit(family, shape.cell, shape.hidden, shape.batch, props, clusters=n,
                        dtype=shape.dtype)
-        if f.ok and f.cluster == PK_CLUSTER and n <= cap_of(f, shape.dtype).clusters // layers:
+        if f.ok and n <= cap_of(f, shape.dtype).clusters // layers:
             out.append(cluster_schedule(n, family))
     return tuple(out)

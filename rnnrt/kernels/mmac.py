@@ -100,12 +100,12 @@ class MmacFit(Fit):
     @property
     def wide(self) -> bool:
         """Whether a cluster updates more than one n8 tile of batches (the wide form)."""
-        return self.cluster == PK_CLUSTER and self.batch_per_block > MMAC_BG
+        return is_wide(self.cluster, self.batch_per_block)
 
     @property
     def n_tiles(self) -> int:
         """NT: the n8 tiles of a block's batches (1 in clusters of one tile)."""
-        return ceil_div(self.batch_per_block, 8) if self.wide or not self.cluster else 1
+        return tiles_of(self.cluster, self.batch_per_block)
 
     @property
     def m_tiles(self) -> int:
@@ -147,6 +147,18 @@ class MmacFit(Fit):
         return head if self.ok else f"{head}: DOES NOT FIT: {self.reason}"
 
 
+def is_wide(cluster: int, bg: int) -> bool:
+    """Whether clusters of ``cluster`` blocks of ``bg`` batches each run the wide form (past
+    one n8 tile; clusters of 8 only)."""
+    return cluster == PK_CLUSTER and bg > MMAC_BG
+
+
+def tiles_of(cluster: int, bg: int) -> int:
+    """NT, the n8 tiles of ``bg`` batches a block in form ``cluster``: ceil(bg / 8) in the
+    grid form (GRID_FORM) and the wide form, else one (the kernel's mmac_geom)."""
+    return ceil_div(bg, 8) if cluster == GRID_FORM or is_wide(cluster, bg) else 1
+
+
 def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
                 clusters: int | None = None, cluster: int = PK_CLUSTER,
                 units_per_block: int | None = None) -> MmacFit:
@@ -179,8 +191,8 @@ def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
     kp = 16 * ks
     nt = 32 * mt * kparts
     BG = ceil_div(B, ncl)
-    wide = cn == PK_CLUSTER and BG > MMAC_BG
-    ntiles = ceil_div(BG, 8) if grid or wide else 1
+    wide = is_wide(cn, BG)
+    ntiles = tiles_of(cn, BG)
     rows_h = 8 * ntiles * (1 if grid else 2)
     fit = MmacFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
                   units_per_block=U, blocks=ceil_div(H, U) if grid else cn * ncl, threads=nt,

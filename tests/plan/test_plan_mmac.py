@@ -125,7 +125,8 @@ def test_candidates_time_other_counts_up_to_the_cap():
     """At B 256 the rule's 8 clusters of 32 batches (four n8 tiles; the wide form); the
     selector also times counts with fewer batches a cluster up to the co-resident cap (a
     fake driver answer here), the whole cap for any number of layers (the launches are one a
-    layer, never side by side); none at clusters of 16, at fp32, or past the cap."""
+    layer, never side by side); none where the rule's clusters hold one n8 tile (B 64: more
+    clusters would multiply the same tile), at clusters of 16, at fp32, or past the cap."""
     from rnnrt.kernels.occupancy import ClusterCap
 
     asked = []
@@ -141,6 +142,7 @@ def test_candidates_time_other_counts_up_to_the_cap():
     assert counts(one, 14) == [10, 12, 14]
     assert ("lstm_persistent_mmacw_fwd", "float16") in asked   # the key's instantiation
     assert counts(one, 8) == []
+    assert counts(_shape("float16", hidden=128, batch=64), 14) == []   # 8 one-tile clusters
     four = selector.Shape("lstm", 4, 128, 128, 256, 100, False, dtype="float16")
     assert counts(four, 14) == [10, 12, 14]
     assert counts(_shape("float32", hidden=128, batch=256), 14) == []
