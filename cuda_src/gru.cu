@@ -55,6 +55,19 @@
  *     in  dh_rec   [B, H]    gradient of h_t from step t+1 (dh_n at t = T-1)
  *     in  act      [B, 4H]   the forward's act: r, z, n, hn
  *     in  h_prev   [B, H]    h_{t-1}
+ *   kernel gru_bwd_split(rows = B, cols = H)   gru_bwd with dh_rec summed from the split-K
+ *       recurrent GEMM's partial products as ew_sum_splits sums them (dh_rec = base + parts[0]
+ *       + ... + parts[splits - 1], in that order, fp32; pointwise_common.cuh SplitRec): the
+ *       same bits as ew_sum_splits into fp32 dh_rec, then gru_bwd, in one launch
+ *     out dgx      [B, 3H]
+ *     out dgh      [B, 3H]
+ *     out dh_prev  [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]         the sum's base (step t+1's direct part of dh_rec)
+ *     in  parts    [splits*B, H]  the partial products: part s is rows s*B .. (s+1)*B - 1
+ *     in  act      [B, 4H]
+ *     in  h_prev   [B, H]
+ *     int splits                  >= 0
  *
  * Masked variants, for variable-length plans (rnnrt/plan/packing.py): a row whose sequence
  * has ended by this step (mask 0) is *frozen*: its state passes through unchanged, so that
@@ -126,17 +139,18 @@ __device__ __forceinline__ void gru_fwd_element(
     a[3 * (long long)cols] = from_f<TACT>(hn);
 }
 
-// One element (b, j) of gru_bwd, shared by the plain and the masked kernel.
+// One element (b, j) of gru_bwd, shared by the plain, the masked and the split kernel
+// (dh_rec: a pointer, or gru_bwd_split's SplitRec; rec_at reads either).
 template <class TDGX, class TDGH, class TDHP, class TDHA, class TDHR, class TACT, class THP>
 __device__ __forceinline__ void gru_bwd_element(
         long long b, long long j, int cols, TDGX* dgx, int lddgx, TDGH* dgh, int lddgh,
         TDHP* dh_prev, int lddh_prev, const TDHA* dh_above, int lddh_above,
-        const TDHR* dh_rec, int lddh_rec, const TACT* act, int ldact, const THP* h_prev,
+        TDHR dh_rec, int lddh_rec, const TACT* act, int ldact, const THP* h_prev,
         int ldh_prev) {
     const TACT* a = act + b * ldact + j;
     const float r = to_f(a[0]), z = to_f(a[cols]);
     const float n = to_f(a[2 * (long long)cols]), hn = to_f(a[3 * (long long)cols]);
-    const float dh = to_f(dh_above[b * lddh_above + j]) + to_f(dh_rec[b * lddh_rec + j]);
+    const float dh = to_f(dh_above[b * lddh_above + j]) + rec_at(dh_rec, lddh_rec, b, j);
     const float hp = to_f(h_prev[b * ldh_prev + j]);
     // All reads are done: from here on only writes (outputs may alias inputs).
     float vx[3], vh[3], dhz;
@@ -256,6 +270,20 @@ extern "C" __global__ void gru_bwd(int rows, int cols, float* dgx, int lddgx, fl
     });
 }
 
+extern "C" __global__ void gru_bwd_split(int rows, int cols, float* dgx, int lddgx, float* dgh,
+                                         int lddgh, float* dh_prev, int lddh_prev,
+                                         const float* dh_above, int lddh_above,
+                                         const float* dh_rec, int lddh_rec,
+                                         const float* parts, int ldparts,
+                                         const float* act, int ldact,
+                                         const float* h_prev, int ldh_prev, int splits) {
+    const SplitRec<float, float> rec{dh_rec, parts, ldparts, rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
+                        lddh_above, rec, lddh_rec, act, ldact, h_prev, ldh_prev);
+    });
+}
+
 extern "C" __global__ void gru_fwd_mask(int rows, int cols, float* h, int ldh,
                                         float* act, int ldact,
                                         const float* gx, int ldgx, const float* gh, int ldgh,
@@ -323,6 +351,20 @@ __global__ void gru_bwd_t(int rows, int cols, TDGX* dgx, int lddgx, TDGH* dgh, i
     for_each_element(rows, cols, [=](long long b, long long j) {
         gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
                         lddh_above, dh_rec, lddh_rec, act, ldact, h_prev, ldh_prev);
+    });
+}
+
+template <class TDGX, class TDGH, class TDHP, class TDHA, class TDHR, class TP, class TACT,
+          class THP>
+__global__ void gru_bwd_split_t(int rows, int cols, TDGX* dgx, int lddgx, TDGH* dgh, int lddgh,
+                                TDHP* dh_prev, int lddh_prev, const TDHA* dh_above,
+                                int lddh_above, const TDHR* dh_rec, int lddh_rec,
+                                const TP* parts, int ldparts, const TACT* act, int ldact,
+                                const THP* h_prev, int ldh_prev, int splits) {
+    const SplitRec<TDHR, TP> rec{dh_rec, parts, ldparts, rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
+                        lddh_above, rec, lddh_rec, act, ldact, h_prev, ldh_prev);
     });
 }
 

@@ -61,6 +61,20 @@
  *     in  act      [B, 4H]   the forward's act: i, f, g, o after activation
  *     in  c        [B, H]    c_t, the cell state this step produced
  *     in  c_prev   [B, H]    c_{t-1}, the cell state it started from
+ *   kernel lstm_bwd_split(rows = B, cols = H)   lstm_bwd with dh_rec summed from the split-K
+ *       recurrent GEMM's partial products as ew_sum_splits sums them (dh_rec = base + parts[0]
+ *       + ... + parts[splits - 1], in that order, fp32; pointwise_common.cuh SplitRec): the
+ *       same bits as ew_sum_splits into fp32 dh_rec, then lstm_bwd, in one launch
+ *     out dgx      [B, 4H]
+ *     out dc_prev  [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]         the sum's base (the first partial product)
+ *     in  parts    [splits*B, H]  the rest: part s is rows s*B .. (s+1)*B - 1
+ *     in  dc_next  [B, H]
+ *     in  act      [B, 4H]
+ *     in  c        [B, H]
+ *     in  c_prev   [B, H]
+ *     int splits                  >= 0
  *
  * Masked variants, for variable-length plans (rnnrt/plan/packing.py): a row whose sequence
  * has ended by this step (mask 0) is *frozen*: its state passes through unchanged, so that
@@ -140,18 +154,19 @@ __device__ __forceinline__ void lstm_fwd_element(
     a[3 * (long long)cols] = from_f<TACT>(o);
 }
 
-// One element (b, j) of lstm_bwd, shared by the plain and the masked kernel.
+// One element (b, j) of lstm_bwd, shared by the plain, the masked and the split kernel
+// (dh_rec: a pointer, or lstm_bwd_split's SplitRec; rec_at reads either).
 template <class TDGX, class TDCP, class TDHA, class TDHR, class TDCN, class TACT, class TC,
           class TCP>
 __device__ __forceinline__ void lstm_bwd_element(
         long long b, long long j, int cols, TDGX* dgx, int lddgx, TDCP* dc_prev,
-        int lddc_prev, const TDHA* dh_above, int lddh_above, const TDHR* dh_rec,
+        int lddc_prev, const TDHA* dh_above, int lddh_above, TDHR dh_rec,
         int lddh_rec, const TDCN* dc_next, int lddc_next, const TACT* act, int ldact,
         const TC* c, int ldc, const TCP* c_prev, int ldc_prev) {
     const TACT* a = act + b * ldact + j;
     const float i = to_f(a[0]), f = to_f(a[cols]);
     const float g = to_f(a[2 * (long long)cols]), o = to_f(a[3 * (long long)cols]);
-    const float dh = to_f(dh_above[b * lddh_above + j]) + to_f(dh_rec[b * lddh_rec + j]);
+    const float dh = to_f(dh_above[b * lddh_above + j]) + rec_at(dh_rec, lddh_rec, b, j);
     const float dcn = to_f(dc_next[b * lddc_next + j]);
     const float cn = to_f(c[b * ldc + j]), cp = to_f(c_prev[b * ldc_prev + j]);
     // All reads are done: from here on only writes (outputs may alias inputs).
@@ -273,6 +288,22 @@ extern "C" __global__ void lstm_bwd(int rows, int cols, float* dgx, int lddgx,
     });
 }
 
+extern "C" __global__ void lstm_bwd_split(int rows, int cols, float* dgx, int lddgx,
+                                          float* dc_prev, int lddc_prev,
+                                          const float* dh_above, int lddh_above,
+                                          const float* dh_rec, int lddh_rec,
+                                          const float* parts, int ldparts,
+                                          const float* dc_next, int lddc_next,
+                                          const float* act, int ldact, const float* c, int ldc,
+                                          const float* c_prev, int ldc_prev, int splits) {
+    const SplitRec<float, float> rec{dh_rec, parts, ldparts, rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
+                         rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
+                         ldc_prev);
+    });
+}
+
 extern "C" __global__ void lstm_fwd_mask(int rows, int cols,
                                          float* h, int ldh, float* c, int ldc,
                                          float* act, int ldact,
@@ -352,6 +383,22 @@ __global__ void lstm_bwd_t(int rows, int cols, TDGX* dgx, int lddgx, TDCP* dc_pr
     for_each_element(rows, cols, [=](long long b, long long j) {
         lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
                          dh_rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
+                         ldc_prev);
+    });
+}
+
+template <class TDGX, class TDCP, class TDHA, class TDHR, class TP, class TDCN, class TACT,
+          class TC, class TCP>
+__global__ void lstm_bwd_split_t(int rows, int cols, TDGX* dgx, int lddgx, TDCP* dc_prev,
+                                 int lddc_prev, const TDHA* dh_above, int lddh_above,
+                                 const TDHR* dh_rec, int lddh_rec, const TP* parts, int ldparts,
+                                 const TDCN* dc_next, int lddc_next, const TACT* act, int ldact,
+                                 const TC* c, int ldc, const TCP* c_prev, int ldc_prev,
+                                 int splits) {
+    const SplitRec<TDHR, TP> rec{dh_rec, parts, ldparts, rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_bwd_element(b, j, cols, dgx, lddgx, dc_prev, lddc_prev, dh_above, lddh_above,
+                         rec, lddh_rec, dc_next, lddc_next, act, ldact, c, ldc, c_prev,
                          ldc_prev);
     });
 }

@@ -8,6 +8,8 @@
  *   for_each_element_batched   the same walk, a batch of elements loaded before any is
  *                      stored (ew_copy: one load and one store an element)
  *   sigmoidf           the sigmoid of the naive and the fused kernels
+ *   SplitRec, rec_at   the fused backward kernels' dh_rec: one array, or (the *_bwd_split
+ *                      kernels) the split-K recurrent GEMM's partial products summed in order
  * and includes storage.cuh (bf16, fp16, to_f, from_f: the typed twins' element types).
  * persistent_common.cuh keeps its own sigmoidf (the forward persistent kernels' code stays
  * as measured); a test holds the two identical.
@@ -101,6 +103,36 @@ __device__ __forceinline__ void for_each_element_batched(int rows, int cols, LOA
 __device__ __forceinline__ float sigmoidf(float x) {
     const float e = expf(-fabsf(x));
     return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+}
+
+// dh_rec of a backward step kernel (lstm.cu, gru.cu, rnn.cu), element (r, c): read from one
+// array (rec_at(p, ld, r, c) = p[r*ld + c]), or, in the *_bwd_split kernels, summed from the
+// split-K recurrent GEMM's partial products as ew_sum_splits sums them: base, then parts[0],
+// ..., parts[splits - 1] in that order, in fp32 (part s is rows s*rows .. (s+1)*rows - 1 of
+// parts). The sum is what ew_sum_splits writes into the plans' fp32 dh_rec buffer and the
+// plain kernel reads back: the same bits, one launch a step fewer on the backward's chain.
+template <class TB, class TP>
+struct SplitRec {
+    const TB* base;     // [rows, cols], row stride: the kernel's ld of dh_rec
+    const TP* parts;    // [splits*rows, cols]
+    int ldparts;
+    int rows;
+    int splits;
+};
+
+template <class T>
+__device__ __forceinline__ float rec_at(const T* p, int ld, long long r, long long c) {
+    return to_f(p[r * ld + c]);
+}
+
+template <class TB, class TP>
+__device__ __forceinline__ float rec_at(const SplitRec<TB, TP>& s, int ldbase, long long r,
+                                        long long c) {
+    float acc = to_f(s.base[r * ldbase + c]);
+    for (int k = 0; k < s.splits; ++k) {
+        acc += to_f(s.parts[(k * (long long)s.rows + r) * s.ldparts + c]);
+    }
+    return acc;
 }
 
 #endif  // RNNRT_POINTWISE_COMMON_CUH

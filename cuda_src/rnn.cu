@@ -46,6 +46,23 @@
  *     in  dh_above [B, H]
  *     in  dh_rec   [B, H]
  *     in  h        [B, H]
+ *   kernel rnn_tanh_bwd_split(rows = B, cols = H)   rnn_tanh_bwd with dh_rec summed from the
+ *       split-K recurrent GEMM's partial products as ew_sum_splits sums them (dh_rec = base +
+ *       parts[0] + ... + parts[splits - 1], in that order, fp32; pointwise_common.cuh
+ *       SplitRec): the same bits as ew_sum_splits into fp32 dh_rec, then rnn_tanh_bwd
+ *     out dg       [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]         the sum's base (the first partial product)
+ *     in  parts    [splits*B, H]  the rest: part s is rows s*B .. (s+1)*B - 1
+ *     in  h        [B, H]
+ *     int splits                  >= 0
+ *   kernel rnn_relu_bwd_split(rows = B, cols = H)   rnn_relu_bwd, dh_rec as rnn_tanh_bwd_split's
+ *     out dg       [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]
+ *     in  parts    [splits*B, H]
+ *     in  h        [B, H]
+ *     int splits                  >= 0
  *
  * Masked variants, for variable-length plans (rnnrt/plan/packing.py): a row whose sequence
  * has ended by this step (mask 0) is *frozen*: h_prev (forward) or dh_rec (backward) passes
@@ -106,12 +123,13 @@ __device__ __forceinline__ void rnn_fwd_element(
     }
 }
 
-// One element (b, j) of rnn_{tanh,relu}_bwd, shared by the plain and the masked kernels.
+// One element (b, j) of rnn_{tanh,relu}_bwd, shared by the plain, the masked and the split
+// kernels (dh_rec: a pointer, or the split kernels' SplitRec; rec_at reads either).
 template <bool RELU, class TDG, class TDHA, class TDHR, class TH>
 __device__ __forceinline__ void rnn_bwd_element(
         long long b, long long j, TDG* dg, int lddg, const TDHA* dh_above, int lddh_above,
-        const TDHR* dh_rec, int lddh_rec, const TH* h, int ldh) {
-    const float dh = to_f(dh_above[b * lddh_above + j]) + to_f(dh_rec[b * lddh_rec + j]);
+        TDHR dh_rec, int lddh_rec, const TH* h, int ldh) {
+    const float dh = to_f(dh_above[b * lddh_above + j]) + rec_at(dh_rec, lddh_rec, b, j);
     const float y = to_f(h[b * ldh + j]);
     dg[b * lddg + j] = from_f<TDG>(rnn_bwd_point<RELU>(dh, y));
 }
@@ -147,6 +165,28 @@ extern "C" __global__ void rnn_relu_bwd(int rows, int cols, float* dg, int lddg,
                                         const float* h, int ldh) {
     for_each_element(rows, cols, [=](long long b, long long j) {
         rnn_bwd_element<true>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
+    });
+}
+
+extern "C" __global__ void rnn_tanh_bwd_split(int rows, int cols, float* dg, int lddg,
+                                              const float* dh_above, int lddh_above,
+                                              const float* dh_rec, int lddh_rec,
+                                              const float* parts, int ldparts,
+                                              const float* h, int ldh, int splits) {
+    const SplitRec<float, float> rec{dh_rec, parts, ldparts, rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_element<false>(b, j, dg, lddg, dh_above, lddh_above, rec, lddh_rec, h, ldh);
+    });
+}
+
+extern "C" __global__ void rnn_relu_bwd_split(int rows, int cols, float* dg, int lddg,
+                                              const float* dh_above, int lddh_above,
+                                              const float* dh_rec, int lddh_rec,
+                                              const float* parts, int ldparts,
+                                              const float* h, int ldh, int splits) {
+    const SplitRec<float, float> rec{dh_rec, parts, ldparts, rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_element<true>(b, j, dg, lddg, dh_above, lddh_above, rec, lddh_rec, h, ldh);
     });
 }
 
@@ -260,12 +300,34 @@ __global__ void rnn_tanh_bwd_t(int rows, int cols, TDG* dg, int lddg, const TDHA
     });
 }
 
+template <class TDG, class TDHA, class TDHR, class TP, class TH>
+__global__ void rnn_tanh_bwd_split_t(int rows, int cols, TDG* dg, int lddg,
+                                     const TDHA* dh_above, int lddh_above, const TDHR* dh_rec,
+                                     int lddh_rec, const TP* parts, int ldparts, const TH* h,
+                                     int ldh, int splits) {
+    const SplitRec<TDHR, TP> rec{dh_rec, parts, ldparts, rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_element<false>(b, j, dg, lddg, dh_above, lddh_above, rec, lddh_rec, h, ldh);
+    });
+}
+
 template <class TDG, class TDHA, class TDHR, class TH>
 __global__ void rnn_relu_bwd_t(int rows, int cols, TDG* dg, int lddg, const TDHA* dh_above,
                                int lddh_above, const TDHR* dh_rec, int lddh_rec, const TH* h,
                                int ldh) {
     for_each_element(rows, cols, [=](long long b, long long j) {
         rnn_bwd_element<true>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
+    });
+}
+
+template <class TDG, class TDHA, class TDHR, class TP, class TH>
+__global__ void rnn_relu_bwd_split_t(int rows, int cols, TDG* dg, int lddg,
+                                     const TDHA* dh_above, int lddh_above, const TDHR* dh_rec,
+                                     int lddh_rec, const TP* parts, int ldparts, const TH* h,
+                                     int ldh, int splits) {
+    const SplitRec<TDHR, TP> rec{dh_rec, parts, ldparts, rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_element<true>(b, j, dg, lddg, dh_above, lddh_above, rec, lddh_rec, h, ldh);
     });
 }
 

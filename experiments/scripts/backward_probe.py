@@ -5,6 +5,7 @@ another) timed forward + backward with the per-step backward's dh GEMM split S w
 op (sums by kind); cuDNN forward and forward + backward (TF32 off) in the same process.
 
 Usage (GPU): python experiments/scripts/backward_probe.py --shapes lstm:4:512:64,gru:1:1024:8
+    [--dtype float32] [--fold on,off]
     [--steps 100] [--splits 1,2,4,8,16,rule] [--chunks 1,2,5,10] [--bwd-clusters rule,2,4,8]
     [--wgrad-steps 100,50,25,10,rule [--wgrad-backward cluster]] [--wgrad-streams 1,2,3]
     [--trace] [--out DIR]
@@ -18,6 +19,11 @@ the backward alone, beside cuDNN; with --trace-backwards each of those backward 
 op by op (sums by kind). E.g. the regs backward against the cluster backward:
 --fwd-family regs --backwards cluster,regs --splits rule; the grid backward against its
 cluster pairs: --fwd-family grid --backwards grid,pair --splits rule.
+--fold on,off: the chosen schedule with its per-step backward as planned ('on': step t-1's
+pointwise kernel sums the split GEMM's partial products, plan/backward.py sums_splits) and
+with the sum as a launch of its own every step ('off': sums_splits held False here, the
+plan before the fold), in one process; the gradients are the same bits either way.
+--dtype: the runner's and cuDNN's precision (float32: TF32 off; float16, bfloat16).
 Prints a table last; writes a JSON record (kind 'backward_probe') into --out.
 """
 from __future__ import annotations
@@ -126,14 +132,14 @@ def trace_backward(runner, sched, T, B, splits="rule"):
     return kinds, [list(o) for o in ops], ex.info["total_ms"]
 
 
-def cudnn_ms(model, T, B, train, repeats):
+def cudnn_ms(model, T, B, train, repeats, dtype="float32"):
     import torch
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    m = torch_module(torch, model, "float32")
+    m = torch_module(torch, model, dtype)   # TF32 off but for tf32
+    dt = next(m.parameters()).dtype
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(T, B, model.input_size, device="cuda", generator=g, requires_grad=train)
-    dy = torch.randn(T, B, model.hidden_size, device="cuda", generator=g)
+    x = torch.randn(T, B, model.input_size, device="cuda", generator=g,
+                    dtype=dt).requires_grad_(train)
+    dy = torch.randn(T, B, model.hidden_size, device="cuda", generator=g, dtype=dt)
 
     def run():
         y, _ = m(x)
@@ -222,15 +228,47 @@ def time_chunks(runner, sched, T, B, chunks, repeats):
     return out
 
 
+def time_fold(runner, sched, T, B, modes, repeats):
+    """{mode: {fwdbwd_ms, fwd_ms, bwd_ms, launches}} of ``sched``'s forward with the per-step
+    backward, 'on' as planned (the split GEMM's partial products summed by the next step's
+    pointwise kernel), 'off' with ``BackwardBuilder.sums_splits`` held False (the ordered sum
+    kernel every step): the plan cache cleared around each, so that neither plan outlives
+    its mode."""
+    from rnnrt.plan import backward as bwd_module
+    from rnnrt.plan.backward import backward_plan
+    original = bwd_module.BackwardBuilder.sums_splits
+    out = {}
+    for mode in modes:
+        backward_plan.cache_clear()
+        if mode == "off":
+            bwd_module.BackwardBuilder.sums_splits = lambda self, t: False
+        try:
+            key = runner.new_key(T, B, True, sched.switches, sched.family, None,
+                                 clusters=sched.clusters)
+            row, bplan = time_key(runner, key, repeats, backward_alone=True)
+        finally:
+            bwd_module.BackwardBuilder.sums_splits = original
+            backward_plan.cache_clear()
+        row["launches"] = sum(1 for op in bplan.ops if type(op).__name__ in ("Kernel", "Gemm"))
+        out[mode] = row
+        print(f"  fold {mode}: fwd+bwd {row['fwdbwd_ms']:.3f} ms, fwd {row['fwd_ms']:.3f}, "
+              f"bwd {row['bwd_ms']:.3f} ({row['launches']} launches)", file=sys.stderr,
+              flush=True)
+    return out
+
+
 def probe(a, cell, layers, hidden, batch):
     cls = {"lstm": rnnrt.LSTM, "gru": rnnrt.GRU}[cell]
     model = cls(hidden, hidden, num_layers=layers, seed=0)
-    runner = GpuRunner(model, schedule_cache=False)
+    runner = GpuRunner(model, schedule_cache=False, dtype=a.dtype)
     sel = runner.schedule(a.steps, batch, train=True)
     sched = sel.schedule
     fwd_sched = runner.schedule(a.steps, batch, train=False).schedule
     splits = [s for s in a.splits.split(",") if s]
     rows = {"chosen": time_splits(runner, sched, a.steps, batch, splits, a.repeats)}
+    if a.fold:
+        rows["fold"] = time_fold(runner, dataclasses.replace(sched, backward=None), a.steps,
+                                 batch, [m for m in a.fold.split(",") if m], a.repeats)
     if fwd_sched.name != sched.name.split("+")[0]:   # +pbwd, +rbwd: the backward
         rows["fwd_choice"] = time_splits(runner, fwd_sched, a.steps, batch, splits,
                                          a.repeats)
@@ -261,8 +299,8 @@ def probe(a, cell, layers, hidden, batch):
         backwards = time_backwards(runner, a.steps, batch,
                                    [n for n in a.backwards.split(",") if n], a.repeats,
                                    a.trace_backwards, a.fwd_family)
-    cd_f = cudnn_ms(model, a.steps, batch, False, a.repeats)
-    cd_fb = cudnn_ms(model, a.steps, batch, True, a.repeats)
+    cd_f = cudnn_ms(model, a.steps, batch, False, a.repeats, a.dtype)
+    cd_fb = cudnn_ms(model, a.steps, batch, True, a.repeats, a.dtype)
     runner.close()
     return {"cell": cell, "layers": layers, "hidden": hidden, "batch": batch,
             "schedule": sched.as_dict(), "fwd_schedule": fwd_sched.as_dict(),
@@ -276,6 +314,12 @@ def main(argv=None):
     ap.add_argument("--shapes", default="lstm:4:512:64",
                     help="cell:layers:hidden:batch, comma-separated")
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--dtype", default="float32",
+                    help="the runner's and cuDNN's precision: float32 (TF32 off), float16, "
+                         "bfloat16")
+    ap.add_argument("--fold", default="",
+                    help="also time the chosen schedule's per-step backward with the split "
+                         "sum folded into the pointwise kernel and without: on,off")
     ap.add_argument("--splits", default="1,2,4,8,16,rule")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--chunks", default="",
@@ -321,7 +365,7 @@ def main(argv=None):
            "versions": records.versions(cp), "command": " ".join(sys.argv), "config": vars(a),
            "results": results,
            "note": "rnnrt: graph executor, all steps, forward then backward, CUDA events, "
-                   "median; cuDNN fp32 with TF32 off, same process"}
+                   f"median; cuDNN at {a.dtype} (fp32: TF32 off), same process"}
     if a.out:
         slug = records.device_slug(info["device"])
         path = Path(a.out) / f"backward-probe-splits-{slug}-{records.stamp(created)}.json"
@@ -350,8 +394,10 @@ def main(argv=None):
             line(f"wgrad {k} ({v['chunks']} chunks)", v)
         for k, v in r["splits"].get("chunks", {}).items():
             line(f"chunk {k}", v)
+        for k, v in r["splits"].get("fold", {}).items():
+            line(f"fold {k} (bwd {v['bwd_ms']:.3f}, {v['launches']} launches)", v)
         for which, rows in r["splits"].items():
-            if which in ("chunks", "bwd_clusters", "wgrad", "wgrad_streams"):
+            if which in ("chunks", "bwd_clusters", "wgrad", "wgrad_streams", "fold"):
                 continue
             cells = []
             for s in a.splits.split(","):

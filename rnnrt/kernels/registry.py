@@ -201,6 +201,11 @@ _GRU_FWD_INS = (("gx", "R,3C"), ("gh", "R,3C"), ("bw", "R,3C"), ("br", "R,3C"),
 _LSTM_STATE = (("h", "R,C"), ("c", "R,C"))
 _ACT = ("act", "R,4C")
 _RNN_BWD_MASK = dict(outs=(("dg", "R,C"), ("dh_prev", "R,C")), ins=_RNN_BWD["ins"] + (_MASK,))
+# the split variants (*_bwd_split): dh_rec the sum's base, then the partial products [splits*B, H]
+_PARTS = ("parts", "splits*R,C")
+_RNN_BWD_SPLIT = dict(outs=_RNN_BWD["outs"],
+                      ins=(_RNN_BWD["ins"][0], _RNN_BWD["ins"][1], _PARTS, _RNN_BWD["ins"][2]),
+                      scalars=("splits",))
 # persistent kernels: one layer's whole sequence (rows = B, cols = H; scalars T, U, k_tile)
 _PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block", "k_tile"),
                    uint_args=("sync",), persistent=True)
@@ -242,6 +247,20 @@ REGISTRY: tuple[KernelInfo, ...] = (
     KernelInfo("rnn_tanh_bwd", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd, **_RNN_BWD),
     KernelInfo("rnn_relu_bwd", "rnn.cu", numpy_fn=knp.rnn_relu_bwd, **_RNN_BWD),
     KernelInfo("ew_copy", "elementwise.cu", numpy_fn=knp.ew_copy, **_UNARY),
+    # the fused backward kernels reading dh_rec as the split-K recurrent GEMM's partial
+    # products summed in order (ew_sum_splits's sum, one launch a step fewer; plan/backward.py)
+    KernelInfo("lstm_bwd_split", "lstm.cu", numpy_fn=knp.lstm_bwd_split,
+               outs=(("dgx", "R,4C"), ("dc_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), _PARTS, ("dc_next", "R,C"),
+                    ("act", "R,4C"), ("c", "R,C"), ("c_prev", "R,C")), scalars=("splits",)),
+    KernelInfo("gru_bwd_split", "gru.cu", numpy_fn=knp.gru_bwd_split,
+               outs=(("dgx", "R,3C"), ("dgh", "R,3C"), ("dh_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), _PARTS, ("act", "R,4C"),
+                    ("h_prev", "R,C")), scalars=("splits",)),
+    KernelInfo("rnn_tanh_bwd_split", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd_split,
+               **_RNN_BWD_SPLIT),
+    KernelInfo("rnn_relu_bwd_split", "rnn.cu", numpy_fn=knp.rnn_relu_bwd_split,
+               **_RNN_BWD_SPLIT),
     KernelInfo("ew_sum_splits", "elementwise.cu", numpy_fn=knp.ew_sum_splits,
                outs=(("out", "R,C"),), ins=(("base", "R,C"), ("parts", "splits*R,C")),
                scalars=("splits",)),

@@ -244,6 +244,38 @@ def rnn_relu_bwd(rows, cols, outs, ins):
     dg[...] = _drelu(dh_above + dh_rec, h)
 
 
+def _split_sum(rows, base, parts, splits):
+    """dh_rec of the *_bwd_split kernels: base, then each part in order, in the parts'
+    type (what ew_sum_splits sums into: the plans' dhr and dpart are alike, fp32 on the
+    GPU)."""
+    acc = base.astype(parts.dtype, copy=True)
+    for s in range(splits):
+        acc += parts[s * rows:(s + 1) * rows]
+    return acc
+
+
+def lstm_bwd_split(rows, cols, outs, ins, splits):
+    """lstm_bwd on dh_rec = base + parts[0] + ... (``_split_sum``)."""
+    dh_above, base, parts, *rest = ins
+    lstm_bwd(rows, cols, outs, (dh_above, _split_sum(rows, base, parts, splits), *rest))
+
+
+def gru_bwd_split(rows, cols, outs, ins, splits):
+    """gru_bwd on dh_rec = base + parts[0] + ... (``_split_sum``)."""
+    dh_above, base, parts, *rest = ins
+    gru_bwd(rows, cols, outs, (dh_above, _split_sum(rows, base, parts, splits), *rest))
+
+
+def rnn_tanh_bwd_split(rows, cols, outs, ins, splits):
+    dh_above, base, parts, h = ins
+    rnn_tanh_bwd(rows, cols, outs, (dh_above, _split_sum(rows, base, parts, splits), h))
+
+
+def rnn_relu_bwd_split(rows, cols, outs, ins, splits):
+    dh_above, base, parts, h = ins
+    rnn_relu_bwd(rows, cols, outs, (dh_above, _split_sum(rows, base, parts, splits), h))
+
+
 # --- elementwise.cu: copies and row selects (variable-length plans) -----------------------
 
 def ew_copy(rows, cols, outs, ins):

@@ -230,7 +230,8 @@ class BackwardBuilder(ForwardBuilder):
         # into dhr[t]: add to it
         first_beta = 1.0 if (self.gru or self.varlen) else 0.0
         if self.splits > 1:
-            ops += self.split_dh(layer, t, s, dgh_t, out, first_beta)
+            ops += self.split_dh(layer, t, s, dgh_t, out, first_beta,
+                                 summed_later=self.sums_splits(t - 1))
         else:
             for i, (w, trans_b, c0) in enumerate(self.data_weight_blocks(layer, "hh")):
                 width = w.rows if not trans_b else w.cols
@@ -247,10 +248,31 @@ class BackwardBuilder(ForwardBuilder):
             deps.append(("dxb", layer + 1, (t // self.k) * self.k))
         return Task(("cellb", layer, t), s, deps, self.prio(layer, t, 1), ops)
 
-    def split_dh(self, layer, t, s, dgh_t, out, beta):
+    def sums_splits(self, t) -> bool:
+        """Whether step ``t``'s pointwise kernel sums step t+1's split-K partial products
+        itself (the *_bwd_split kernels: ew_sum_splits's sum, in its order, read straight
+        from dpart instead of from dhr, one launch a step fewer on the chain): the fused
+        kernels of a key without lengths, at every step but the last (whose dh_rec is dh_n),
+        where the recurrent GEMM is split."""
+        return (self.splits > 1 and self.sw.fused and not self.varlen
+                and 0 <= t < self.T - 1)
+
+    def split_rec(self, layer, t):
+        """(base, parts, n) of step ``t``'s dh_rec where ``sums_splits(t)``: base + parts[0]
+        + ... + parts[n - 1], ew_sum_splits's operands for step t+1's GEMM (``split_dh``):
+        the GRU's direct part in dhr[t+1] and all S products, else the first product and the
+        other S - 1."""
+        S, B, H = self.splits, self.bs[t], self.H
+        if self.gru:
+            return self.slot("dhr", layer, t + 1), View(f"dpart{layer}", 0, S * B, H, H), S
+        return (View(f"dpart{layer}", 0, B, H, H),
+                View(f"dpart{layer}", B * H, (S - 1) * B, H, H), S - 1)
+
+    def split_dh(self, layer, t, s, dgh_t, out, beta, summed_later=False):
         """dh_rec of step t-1 = dG_h[t] @ R as S products of K / S rows of R (K = G*H), one
         strided-batched GEMM writing S partial sums into dpart, then their sum in order
-        (ew_sum_splits) into ``out`` (beta 1: after what is there, the GRU's direct part).
+        (ew_sum_splits) into ``out`` (beta 1: after what is there, the GRU's direct part) --
+        unless ``summed_later``: step t-1's pointwise kernel sums them (``sums_splits``).
         Why: at batch <= 64 the one GEMM has a handful of output tiles (B/64 x H/64), so it
         ran on ~8 of 132 SMs at ~44 us a step, the backward's critical path."""
         S, B, H, GH = self.splits, dgh_t.rows, self.H, self.GH
@@ -264,6 +286,8 @@ class BackwardBuilder(ForwardBuilder):
         part = View(f"dpart{layer}", 0, B, H, H)
         ops = [Gemm(s, part, a, b, trans_b=trans_b, kind="dh", layer=layer, steps=(t, t + 1),
                     batch=S, strides=(ks, sb, B * H))]
+        if summed_later:
+            return ops
         if beta:
             base, parts, n = out, View(part.buf, 0, S * B, H, H), S
         else:
@@ -466,18 +490,24 @@ class BackwardBuilder(ForwardBuilder):
                 outs, ins = (dgx, dh_prev), (dhin, dhr_next, self.h(layer, t + 1), m)
             return [Kernel(s, f"{name}_bwd_mask", B, H, outs, ins, **meta)]
         if self.sw.fused:
+            # dh_rec: dhr[t+1], or step t+1's split-K products summed here (sums_splits)
+            rec, suffix = (dhr_next,), ""
+            if self.sums_splits(t):
+                base, parts, n = self.split_rec(layer, t)
+                rec, suffix = (base, parts), "_split"
+                meta["scalars"] = (("splits", n),)
             if name == "lstm":
                 outs = (dgx, self.slot("dc", layer, t, B))
-                ins = (dhin, dhr_next, self.slot("dc", layer, t + 1), act, self.c(layer, t + 1),
+                ins = (dhin, *rec, self.slot("dc", layer, t + 1), act, self.c(layer, t + 1),
                        self.c(layer, t, B))
-                return [Kernel(s, "lstm_bwd", B, H, outs, ins, **meta)]
+                return [Kernel(s, f"lstm_bwd{suffix}", B, H, outs, ins, **meta)]
             if name == "gru":
                 dgh = View(f"dgh{layer}", self.off[t] * GH, B, GH, GH)
                 outs = (dgx, dgh, self.slot("dhr", layer, t, B))
-                return [Kernel(s, "gru_bwd", B, H, outs,
-                               (dhin, dhr_next, act, self.h(layer, t, B)), **meta)]
-            return [Kernel(s, f"{name}_bwd", B, H, (dgx,), (dhin, dhr_next, self.h(layer, t + 1)),
-                           **meta)]
+                return [Kernel(s, f"gru_bwd{suffix}", B, H, outs,
+                               (dhin, *rec, act, self.h(layer, t, B)), **meta)]
+            return [Kernel(s, f"{name}_bwd{suffix}", B, H, (dgx,),
+                           (dhin, *rec, self.h(layer, t + 1)), **meta)]
         ops = naive.backward_ops(self, layer, t, s, dhin, dhr_next, dgx, act, meta)
         if self.varlen:
             ops += naive.select_backward_ops(self, layer, t, s, dhr_next, dgx, meta)

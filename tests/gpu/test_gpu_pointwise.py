@@ -49,9 +49,10 @@ class Views:
     with NaN (bf16: its NaN bits). skew: every view starts that many elements into its
     array (its pointer off the array's alignment)."""
 
-    def __init__(self, cp, name, rows, cols, rng, bf16=(), bcast=(), pad=PAD, skew=0):
-        self.cp, self.k = cp, KERNELS[name]
-        outs, ins = self.k.arg_shapes(rows, cols)
+    def __init__(self, cp, name, rows, cols, rng, bf16=(), bcast=(), pad=PAD, skew=0,
+                 scalars=None):
+        self.cp, self.k, self.scalars = cp, KERNELS[name], scalars
+        outs, ins = self.k.arg_shapes(rows, cols, **(scalars or {}))
         self.host, self.dev, self.ld, self.shape, self.types = {}, {}, {}, {}, []
         for (arg, _), (r, c), is_out in ([(a, s, True) for a, s in zip(self.k.outs, outs)]
                                           + [(a, s, False) for a, s in zip(self.k.ins, ins)]):
@@ -78,8 +79,15 @@ class Views:
                  for a, _ in k.outs + k.ins]
         fn = lib.get_typed(k.name, self.types)
         grid, block = k.launch(rows, cols)
-        fn(grid, block, kernel_args(k, rows, cols, pairs[:k.n_outs], pairs[k.n_outs:]))
+        fn(grid, block, kernel_args(k, rows, cols, pairs[:k.n_outs], pairs[k.n_outs:],
+                                    self.scalars))
         self.cp.cuda.Device().synchronize()
+
+    def set_input(self, arg, value):
+        """Input ``arg`` (fp32 here) as the [rows, ld] host array ``value`` (a copy), on the
+        device too."""
+        self.host[arg] = np.array(value, np.float32)
+        self.dev[arg] = self.cp.asarray(self.host[arg])
 
     def got(self, arg):
         a = self.dev[arg].get()
@@ -91,7 +99,7 @@ class Views:
         k = self.k
         outs = [np.full(self.shape[a], np.nan, dtype) for a, _ in k.outs]
         ins = [self._view(a, dtype) for a, _ in k.ins]
-        k.numpy_fn(rows, cols, outs, ins)
+        k.numpy_fn(rows, cols, outs, ins, **(self.scalars or {}))
         return {a: o for (a, _), o in zip(k.outs, outs)}
 
     def _at(self, a, arg):
@@ -135,7 +143,10 @@ def lib(cp):
     lib = KernelLibrary()
     lib.instantiate([(name, ["bfloat16" if a in ("h", "h_prev") else "float32"
                              for a, _ in KERNELS[name].outs + KERNELS[name].ins])
-                     for name in sorted(NOACT)] + [("ew_copy", ts) for ts in COPY_TYPES])
+                     for name in sorted(NOACT)] + [("ew_copy", ts) for ts in COPY_TYPES]
+                    + [(name, ["bfloat16" if a in SPLIT_BF16 else "float32"
+                               for a, _ in KERNELS[name].outs + KERNELS[name].ins])
+                       for plain in SPLIT for name in (plain, f"{plain}_split")])
     return lib
 
 
@@ -162,6 +173,62 @@ def test_noact_kernels_against_the_reference(cp, lib, name, shape, bf16):
     for arg in ref:
         a, b = v.out(arg), w.out(arg)
         assert (a.view(np.uint32) == b.view(np.uint32)).all(), f"{name} {arg} != {NOACT[name]}'s"
+
+
+SPLIT = ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd")
+# a 16-bit plan's typed twins: the gate gradients and h in the storage type
+SPLIT_BF16 = ("dgx", "dgh", "dg", "h", "h_prev")
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-dg-h"])
+@pytest.mark.parametrize("splits", [1, 4, 15])
+@pytest.mark.parametrize("shape", [(7, 33), (64, 512), (3, 1)], ids=["7x33", "64x512", "3x1"])
+@pytest.mark.parametrize("plain", SPLIT)
+def test_split_kernels_are_the_sum_then_the_plain_kernel(cp, lib, plain, shape, splits, bf16):
+    """*_bwd_split on (base, parts) gives bit for bit what the plain kernel gives on dh_rec =
+    base + parts[0] + ... + parts[splits - 1] summed in that order in fp32 (ew_sum_splits's
+    sum; NumPy's fp32 adds round as the GPU's), views padded (ld != cols), outputs poisoned,
+    nothing written outside them; and within fp32 tolerance of the plain kernel's float64 twin
+    on that sum."""
+    rows, cols = shape
+    name = f"{plain}_split"
+    bf = SPLIT_BF16 if bf16 else ()
+    v = Views(cp, name, rows, cols, np.random.default_rng(splits + rows), bf16=bf,
+              scalars={"splits": splits})
+    v.set_input("parts", v.host["parts"] / splits)   # dh_rec about the others' size
+    v.launch(lib, rows, cols)
+    base, parts = v._view("dh_rec", np.float32), v._view("parts", np.float32)
+    rec = base.copy()
+    for k in range(splits):
+        rec += parts[k * rows:(k + 1) * rows]
+    w = Views(cp, plain, rows, cols, np.random.default_rng(0), bf16=bf)
+    for arg, _ in w.k.ins:
+        value = rec if arg == "dh_rec" else v._view(arg, np.float32)
+        if arg in bf:   # the same 16-bit values
+            w.host[arg] = value
+            w.dev[arg] = cp.asarray(_bf16_bits(value))
+        else:
+            w.set_input(arg, value)
+        w.ld[arg] = value.shape[1]   # the host array is the view itself, unpadded
+    w.launch(lib, rows, cols)
+    # the sum against float64's, then the pointwise math against the float64 twin of the
+    # plain kernel on that fp32 sum (with act's random values far outside the gates' range,
+    # the formula amplifies a last-bit difference in dh_rec by ~10^4: comparing the split
+    # twin's float64 sum would test that amplification, not the kernel)
+    parts64 = parts.astype(np.float64).reshape(splits, rows, cols).sum(axis=0)
+    assert_close(rec, base.astype(np.float64) + parts64, 1e-5, 1e-5, name=f"{name} sum")
+    ref = w.twin(rows, cols)
+    for arg, _ in v.k.outs:
+        a, b = v.out(arg), w.out(arg)
+        assert (a.view(np.uint32) == b.view(np.uint32)).all(), f"{name} {arg} != {plain}'s"
+        want = ref[arg]
+        if arg in bf:
+            want = round_to_bfloat16(want).astype(np.float64)
+        # (2e-4, 2e-3): fp32 against float64 on random act far outside the gates' range
+        # (NumPy's fp32 lstm_bwd twin on such data, 40 seeds of 64 x 512: worst 1.0x of
+        # (1e-4, 1e-3)); bf16 outputs: one rounding more
+        assert_close(a, want, 2e-4, 1e-2 if arg in bf else 2e-3, name=f"{name} {arg}")
+        v.check_untouched_padding(arg)
 
 
 # shapes for the walk: odd, one row / one column, and past the grid cap (rows*cols above

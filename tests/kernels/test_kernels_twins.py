@@ -116,6 +116,20 @@ REF.update({
     "rnn_relu_bwd_mask": _masked_ref("rnn_relu_bwd", lambda x: {"dg": 0,
                                                                  "dh_prev": x["dh_rec"]}),
 })
+
+
+def _split_ref(plain):
+    """The reference of a *_bwd_split kernel: ``plain``'s formula on dh_rec = base + the
+    parts' sum."""
+    def ref(x):
+        n = SCALARS[f"{plain}_split"]["splits"]
+        rec = x["dh_rec"] + x["parts"].reshape(n, len(x["dh_rec"]), -1).sum(axis=0)
+        return REF[plain]({**x, "dh_rec": rec})
+    return ref
+
+
+REF.update({f"{k}_split": _split_ref(k)
+            for k in ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd")})
 # the forward kernels without act: their act twin's formula (the outputs they have)
 NOACT = {f"{k}_noact": k for k in ("lstm_fwd", "gru_fwd", "lstm_fwd_mask", "gru_fwd_mask")}
 REF.update({noact: REF[k] for noact, k in NOACT.items()})
@@ -127,7 +141,8 @@ TOL_FP32_BWD = (2e-5, 1e-4)
 
 
 def _tol(name, dtype):
-    fused_bwd = ("lstm_bwd", "gru_bwd", "lstm_bwd_mask", "gru_bwd_mask")
+    fused_bwd = ("lstm_bwd", "gru_bwd", "lstm_bwd_mask", "gru_bwd_mask", "lstm_bwd_split",
+                 "gru_bwd_split", "rnn_tanh_bwd_split", "rnn_relu_bwd_split")
     return TOL_FP32_BWD if dtype is np.float32 and name in fused_bwd else TOL[dtype]
 BIAS = ("bw", "br")
 # Inputs that the "bcast" layout hands over with ld = 0: the biases, and in the backward the
@@ -157,7 +172,9 @@ def assert_close(got, ref, atol, rtol, what):
 
 
 # the scalars of the step kernels that take any
-SCALARS = {"ew_sum_splits": {"splits": 3}}
+SCALARS = {"ew_sum_splits": {"splits": 3}, "lstm_bwd_split": {"splits": 2},
+           "gru_bwd_split": {"splits": 3}, "rnn_tanh_bwd_split": {"splits": 3},
+           "rnn_relu_bwd_split": {"splits": 1}}
 
 
 def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, seed=0):
@@ -238,10 +255,13 @@ IN_PLACE = {"ew_add": ("out", "a"), "ew_sub": ("out", "b"), "ew_mul": ("out", "a
             "lstm_bwd_mask": ("dgx", "act"), "gru_bwd_mask": ("dh_prev", "dh_rec"),
             "rnn_tanh_bwd_mask": ("dh_prev", "dh_rec"), "rnn_relu_bwd_mask": ("dg", "h"),
             "lstm_fwd_noact": ("c", "c_prev"), "gru_fwd_noact": ("h", "h_prev"),
-            "lstm_fwd_mask_noact": ("h", "h_prev"), "gru_fwd_mask_noact": ("h", "h_prev")}
+            "lstm_fwd_mask_noact": ("h", "h_prev"), "gru_fwd_mask_noact": ("h", "h_prev"),
+            "lstm_bwd_split": ("dgx", "act"), "gru_bwd_split": ("dh_prev", "dh_rec"),
+            "rnn_tanh_bwd_split": ("dg", "h"), "rnn_relu_bwd_split": ("dg", "dh_above")}
 # and a second output in place, for the kernels with more than one
 IN_PLACE_2 = {"lstm_bwd": ("dc_prev", "dc_next"), "gru_bwd": ("dh_prev", "dh_above"),
-              "lstm_bwd_mask": ("dc_prev", "dc_next"), "gru_bwd_mask": ("dh_prev", "dh_above")}
+              "lstm_bwd_mask": ("dc_prev", "dc_next"), "gru_bwd_mask": ("dh_prev", "dh_above"),
+              "lstm_bwd_split": ("dc_prev", "dc_next"), "gru_bwd_split": ("dh_prev", "dh_above")}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -1,8 +1,10 @@
 """The split-K recurrent backward GEMM (plan/backward.py ``split_dh``, kernels/gemm_split.py)
 on the CPU: every cell x grouped rung x split count gives the reference gradients in program
 order and random interleavings (every buffer poisoned first), statically race-free, for full
-and variable-length batches; the plan has one batched GEMM and one ordered sum a step; the
-rule's choices; bad counts refused; the sum kernel's twin; a dropped partial is caught."""
+and variable-length batches; the plan has one batched GEMM a step and one ordered sum a step
+(in the fused rungs, folded into the next step's pointwise kernel but at step 0), the same
+bits either way; the rule's choices; bad counts refused; the sum kernel's twin; a dropped
+partial is caught."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +47,16 @@ def test_split_backward_gives_reference_gradients(cell, layers):
             plan = check_bwd_key(key, case, f"{rung.name} S={s}", always_random=True)
             dh = [op for op in plan.ops if isinstance(op, Gemm) and op.kind == "dh"]
             sums = [op for op in plan.ops if isinstance(op, Kernel) and op.kind == "reduce"]
-            assert len(dh) == len(sums) == T * layers
+            folded = [op for op in plan.ops
+                      if isinstance(op, Kernel) and op.name.endswith("_bwd_split")]
+            assert len(dh) == T * layers
             assert {op.batch for op in dh} == {s}
+            if rung.switches.fused:   # steps T-2..0 sum the products of the step after
+                assert len(sums) == layers and len(folded) == (T - 1) * layers
+                n = s if cell == "gru" else s - 1   # the GRU's base: its direct part
+                assert {op.scalars for op in folded} == {(("splits", n),)}
+            else:
+                assert len(sums) == T * layers and not folded
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)
@@ -63,18 +73,51 @@ def test_split_backward_variable_length(cell):
         check_varlen(out, case, reverse, f"split varlen reverse={reverse}")
 
 
-def test_a_dropped_partial_is_caught():
-    """The sum told one part fewer: the last K slice's contribution is lost, and the
-    gradients leave the tolerance (the check can fail)."""
+@pytest.mark.parametrize("where", ["reduce", "folded"])
+def test_a_dropped_partial_is_caught(where):
+    """The sum told one part fewer, in the ordered sum kernel (step 0's) or in the
+    pointwise kernels that fold it (steps T-2..0): the last K slice's contribution is lost,
+    and the gradients leave the tolerance (the check can fail)."""
     case = make_case("lstm", 2, seed=3)
     sw = ladder(input_batch=2)[PAPER_RUNGS - 1].switches
     key = PlanKey("lstm", T, B, I, H, 2, True, sw, train=True, bwd_splits=3)
     plan = backward_plan(key)
+
+    def hit(op):
+        return isinstance(op, Kernel) and (op.kind == "reduce" if where == "reduce"
+                                           else op.name.endswith("_bwd_split"))
     ops = tuple(dataclasses.replace(op, scalars=(("splits", op.scalars[0][1] - 1),))
-                if isinstance(op, Kernel) and op.kind == "reduce" else op for op in plan.ops)
+                if hit(op) else op for op in plan.ops)
+    assert ops != plan.ops
     broken = dataclasses.replace(plan, ops=ops)
     with pytest.raises(AssertionError):
         check(run(key, *case[1:4], bwd=broken), case[0], case[4], "dropped partial")
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_folded_sum_gives_the_sum_kernels_bits(cell, monkeypatch):
+    """In float32, the plan whose pointwise kernels sum the partial products (the
+    *_bwd_split kernels) gives bit for bit the gradients of the plan that sums them with
+    ew_sum_splits into dhr first (``sums_splits`` held False): the fold moves a launch, not
+    the arithmetic."""
+    from rnnrt.plan import backward as bwd_module
+    case = make_case(cell, 2, seed=5)
+    sw = ladder(input_batch=2)[PAPER_RUNGS - 1].switches
+    key = PlanKey(cell, T, B, I, H, 2, True, sw, train=True, bwd_splits=3)
+    folded = backward_plan(key)
+    assert any(op.name.endswith("_bwd_split") for op in folded.ops if isinstance(op, Kernel))
+    monkeypatch.setattr(bwd_module.BackwardBuilder, "sums_splits", lambda self, t: False)
+    backward_plan.cache_clear()
+    try:
+        summed = backward_plan(key)
+    finally:
+        backward_plan.cache_clear()   # no plan built under the patch outlives the test
+    assert not any(op.name.endswith("_bwd_split") for op in summed.ops
+                   if isinstance(op, Kernel))
+    a = run(key, *case[1:4], bwd=folded, dtype=np.float32)
+    b = run(key, *case[1:4], bwd=summed, dtype=np.float32)
+    for name in ("dx", "dh0", "grads") + (("dc0",) if cell == "lstm" else ()):
+        assert np.array_equal(a.read(name), b.read(name), equal_nan=True), name
 
 
 def test_rule():
