@@ -102,6 +102,21 @@
  *     in  act      [B, 4H]
  *     in  h_prev   [B, H]
  *     in  mask     [B, 1]
+ *   kernel gru_bwd_mask_split(rows = B, cols = H)   gru_bwd_mask with dh_rec summed from the
+ *       split-K recurrent GEMM's partial products of step t, which has part_rows <= B rows
+ *       (dh_rec = base + parts[0] + ... + parts[splits - 1] on rows < part_rows, base alone
+ *       past them: ew_sum_splits's sum over step t's rows, fp32; pointwise_common.cuh)
+ *     out dgx      [B, 3H]
+ *     out dgh      [B, 3H]
+ *     out dh_prev  [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]                 the sum's base (the direct part, dh_n past step t)
+ *     in  parts    [splits*part_rows, H]  part s is rows s*part_rows .. (s+1)*part_rows - 1
+ *     in  act      [B, 4H]
+ *     in  h_prev   [B, H]
+ *     in  mask     [B, 1]
+ *     int splits                          >= 0
+ *     int part_rows                       0 .. B
  */
 
 // for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh); *_bwd_point: the
@@ -186,8 +201,8 @@ __device__ __forceinline__ void gru_fwd_frozen_element(
 template <class TDGX, class TDGH, class TDHP, class TDHR>
 __device__ __forceinline__ void gru_bwd_frozen_element(
         long long b, long long j, int cols, TDGX* dgx, int lddgx, TDGH* dgh, int lddgh,
-        TDHP* dh_prev, int lddh_prev, const TDHR* dh_rec, int lddh_rec) {
-    const float dhr = to_f(dh_rec[b * lddh_rec + j]);
+        TDHP* dh_prev, int lddh_prev, TDHR dh_rec, int lddh_rec) {
+    const float dhr = rec_at(dh_rec, lddh_rec, b, j);
     // All reads are done: from here on only writes (outputs may alias inputs).
     TDGX* gx = dgx + b * lddgx + j;
     gx[0] = from_f<TDGX>(0.f);
@@ -224,7 +239,7 @@ template <class TDGX, class TDGH, class TDHP, class TDHA, class TDHR, class TACT
 __device__ __forceinline__ void gru_bwd_mask_element(
         long long b, long long j, const TMASK* mask, int ldmask, int cols, TDGX* dgx, int lddgx,
         TDGH* dgh, int lddgh, TDHP* dh_prev, int lddh_prev, const TDHA* dh_above,
-        int lddh_above, const TDHR* dh_rec, int lddh_rec, const TACT* act, int ldact,
+        int lddh_above, TDHR dh_rec, int lddh_rec, const TACT* act, int ldact,
         const THP* h_prev, int ldh_prev) {
     if (to_f(mask[b * ldmask]) != 0.f) {
         gru_bwd_element(b, j, cols, dgx, lddgx, dgh, lddgh, dh_prev, lddh_prev, dh_above,
@@ -321,6 +336,23 @@ extern "C" __global__ void gru_bwd_mask(int rows, int cols, float* dgx, int lddg
     });
 }
 
+extern "C" __global__ void gru_bwd_mask_split(int rows, int cols, float* dgx, int lddgx,
+                                              float* dgh, int lddgh, float* dh_prev,
+                                              int lddh_prev, const float* dh_above,
+                                              int lddh_above, const float* dh_rec, int lddh_rec,
+                                              const float* parts, int ldparts,
+                                              const float* act, int ldact,
+                                              const float* h_prev, int ldh_prev,
+                                              const float* mask, int ldmask, int splits,
+                                              int part_rows) {
+    const SplitRec<float, float> rec{dh_rec, parts, ldparts, part_rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dgh, lddgh, dh_prev,
+                             lddh_prev, dh_above, lddh_above, rec, lddh_rec, act, ldact,
+                             h_prev, ldh_prev);
+    });
+}
+
 // --- the typed twins (see the header): the same element code, each pointer its own type
 
 template <class TH, class TACT, class TGX, class TGH, class TBW, class TBR, class THP>
@@ -401,6 +433,23 @@ __global__ void gru_bwd_mask_t(int rows, int cols, TDGX* dgx, int lddgx, TDGH* d
     for_each_element(rows, cols, [=](long long b, long long j) {
         gru_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dgh, lddgh, dh_prev,
                              lddh_prev, dh_above, lddh_above, dh_rec, lddh_rec, act, ldact,
+                             h_prev, ldh_prev);
+    });
+}
+
+template <class TDGX, class TDGH, class TDHP, class TDHA, class TDHR, class TP, class TACT,
+          class THP, class TMASK>
+__global__ void gru_bwd_mask_split_t(int rows, int cols, TDGX* dgx, int lddgx, TDGH* dgh,
+                                     int lddgh, TDHP* dh_prev, int lddh_prev,
+                                     const TDHA* dh_above, int lddh_above, const TDHR* dh_rec,
+                                     int lddh_rec, const TP* parts, int ldparts,
+                                     const TACT* act, int ldact, const THP* h_prev,
+                                     int ldh_prev, const TMASK* mask, int ldmask, int splits,
+                                     int part_rows) {
+    const SplitRec<TDHR, TP> rec{dh_rec, parts, ldparts, part_rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        gru_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dgh, lddgh, dh_prev,
+                             lddh_prev, dh_above, lddh_above, rec, lddh_rec, act, ldact,
                              h_prev, ldh_prev);
     });
 }

@@ -117,6 +117,23 @@
  *     in  c        [B, H]
  *     in  c_prev   [B, H]
  *     in  mask     [B, 1]
+ *   kernel lstm_bwd_mask_split(rows = B, cols = H)   lstm_bwd_mask with dh_rec summed from the
+ *       split-K recurrent GEMM's partial products of step t, which has part_rows <= B rows
+ *       (dh_rec = base + parts[0] + ... + parts[splits - 1] on rows < part_rows, base alone
+ *       past them: ew_sum_splits's sum over step t's rows, fp32; pointwise_common.cuh)
+ *     out dgx      [B, 4H]
+ *     out dc_prev  [B, H]
+ *     out dh_prev  [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]                 the sum's base (the direct part, dh_n past step t)
+ *     in  parts    [splits*part_rows, H]  part s is rows s*part_rows .. (s+1)*part_rows - 1
+ *     in  dc_next  [B, H]
+ *     in  act      [B, 4H]
+ *     in  c        [B, H]
+ *     in  c_prev   [B, H]
+ *     in  mask     [B, 1]
+ *     int splits                          >= 0
+ *     int part_rows                       0 .. B
  */
 
 // for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh); *_bwd_point: the
@@ -197,9 +214,9 @@ __device__ __forceinline__ void lstm_fwd_frozen_element(
 template <class TDGX, class TDCP, class TDHP, class TDHR, class TDCN>
 __device__ __forceinline__ void lstm_bwd_frozen_element(
         long long b, long long j, int cols, TDGX* dgx, int lddgx, TDCP* dc_prev, int lddc_prev,
-        TDHP* dh_prev, int lddh_prev, const TDHR* dh_rec, int lddh_rec, const TDCN* dc_next,
+        TDHP* dh_prev, int lddh_prev, TDHR dh_rec, int lddh_rec, const TDCN* dc_next,
         int lddc_next) {
-    const float dhr = to_f(dh_rec[b * lddh_rec + j]), dcn = to_f(dc_next[b * lddc_next + j]);
+    const float dhr = rec_at(dh_rec, lddh_rec, b, j), dcn = to_f(dc_next[b * lddc_next + j]);
     // All reads are done: from here on only writes (outputs may alias inputs).
     TDGX* d = dgx + b * lddgx + j;
     d[0] = from_f<TDGX>(0.f);
@@ -236,7 +253,7 @@ template <class TDGX, class TDCP, class TDHP, class TDHA, class TDHR, class TDCN
           class TC, class TCP, class TMASK>
 __device__ __forceinline__ void lstm_bwd_mask_element(
         long long b, long long j, const TMASK* mask, int ldmask, int cols, TDGX* dgx, int lddgx,
-        TDCP* dc_prev, int lddc_prev, const TDHA* dh_above, int lddh_above, const TDHR* dh_rec,
+        TDCP* dc_prev, int lddc_prev, const TDHA* dh_above, int lddh_above, TDHR dh_rec,
         int lddh_rec, const TDCN* dc_next, int lddc_next, const TACT* act, int ldact,
         const TC* c, int ldc, const TCP* c_prev, int ldc_prev, TDHP* dh_prev, int lddh_prev) {
     if (to_f(mask[b * ldmask]) != 0.f) {
@@ -349,6 +366,26 @@ extern "C" __global__ void lstm_bwd_mask(int rows, int cols, float* dgx, int ldd
     });
 }
 
+extern "C" __global__ void lstm_bwd_mask_split(int rows, int cols, float* dgx, int lddgx,
+                                               float* dc_prev, int lddc_prev,
+                                               float* dh_prev, int lddh_prev,
+                                               const float* dh_above, int lddh_above,
+                                               const float* dh_rec, int lddh_rec,
+                                               const float* parts, int ldparts,
+                                               const float* dc_next, int lddc_next,
+                                               const float* act, int ldact,
+                                               const float* c, int ldc,
+                                               const float* c_prev, int ldc_prev,
+                                               const float* mask, int ldmask, int splits,
+                                               int part_rows) {
+    const SplitRec<float, float> rec{dh_rec, parts, ldparts, part_rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dc_prev, lddc_prev,
+                              dh_above, lddh_above, rec, lddh_rec, dc_next, lddc_next, act,
+                              ldact, c, ldc, c_prev, ldc_prev, dh_prev, lddh_prev);
+    });
+}
+
 // --- the typed twins (see the header): the same element code, each pointer its own type
 
 template <class TH, class TC, class TACT, class TGX, class TGH, class TBW, class TBR, class TCP>
@@ -443,6 +480,24 @@ __global__ void lstm_bwd_mask_t(int rows, int cols, TDGX* dgx, int lddgx, TDCP* 
     for_each_element(rows, cols, [=](long long b, long long j) {
         lstm_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dc_prev, lddc_prev,
                               dh_above, lddh_above, dh_rec, lddh_rec, dc_next, lddc_next, act,
+                              ldact, c, ldc, c_prev, ldc_prev, dh_prev, lddh_prev);
+    });
+}
+
+template <class TDGX, class TDCP, class TDHP, class TDHA, class TDHR, class TP, class TDCN,
+          class TACT, class TC, class TCP, class TMASK>
+__global__ void lstm_bwd_mask_split_t(int rows, int cols, TDGX* dgx, int lddgx, TDCP* dc_prev,
+                                      int lddc_prev, TDHP* dh_prev, int lddh_prev,
+                                      const TDHA* dh_above, int lddh_above,
+                                      const TDHR* dh_rec, int lddh_rec, const TP* parts,
+                                      int ldparts, const TDCN* dc_next, int lddc_next,
+                                      const TACT* act, int ldact, const TC* c, int ldc,
+                                      const TCP* c_prev, int ldc_prev, const TMASK* mask,
+                                      int ldmask, int splits, int part_rows) {
+    const SplitRec<TDHR, TP> rec{dh_rec, parts, ldparts, part_rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        lstm_bwd_mask_element(b, j, mask, ldmask, cols, dgx, lddgx, dc_prev, lddc_prev,
+                              dh_above, lddh_above, rec, lddh_rec, dc_next, lddc_next, act,
                               ldact, c, ldc, c_prev, ldc_prev, dh_prev, lddh_prev);
     });
 }

@@ -106,17 +106,20 @@ __device__ __forceinline__ float sigmoidf(float x) {
 }
 
 // dh_rec of a backward step kernel (lstm.cu, gru.cu, rnn.cu), element (r, c): read from one
-// array (rec_at(p, ld, r, c) = p[r*ld + c]), or, in the *_bwd_split kernels, summed from the
-// split-K recurrent GEMM's partial products as ew_sum_splits sums them: base, then parts[0],
-// ..., parts[splits - 1] in that order, in fp32 (part s is rows s*rows .. (s+1)*rows - 1 of
-// parts). The sum is what ew_sum_splits writes into the plans' fp32 dh_rec buffer and the
-// plain kernel reads back: the same bits, one launch a step fewer on the backward's chain.
+// array (rec_at(p, ld, r, c) = p[r*ld + c]), or, in the *_bwd_split / *_bwd_mask_split
+// kernels, summed from the split-K recurrent GEMM's partial products as ew_sum_splits sums
+// them: base, then parts[0], ..., parts[splits - 1] in that order, in fp32 (part s is rows
+// s*prows .. (s+1)*prows - 1 of parts; rows r >= prows have no parts: base alone, as
+// ew_sum_splits over the first prows rows leaves the rest -- a variable-length plan's step
+// t-1 has more rows than step t's product). The sum is what ew_sum_splits writes into the
+// plans' fp32 dh_rec buffer and the plain kernel reads back: the same bits, one launch a
+// step fewer on the backward's chain.
 template <class TB, class TP>
 struct SplitRec {
     const TB* base;     // [rows, cols], row stride: the kernel's ld of dh_rec
-    const TP* parts;    // [splits*rows, cols]
+    const TP* parts;    // [splits*prows, cols]
     int ldparts;
-    int rows;
+    int prows;          // rows of a part (the kernel's rows, or fewer)
     int splits;
 };
 
@@ -129,8 +132,10 @@ template <class TB, class TP>
 __device__ __forceinline__ float rec_at(const SplitRec<TB, TP>& s, int ldbase, long long r,
                                         long long c) {
     float acc = to_f(s.base[r * ldbase + c]);
-    for (int k = 0; k < s.splits; ++k) {
-        acc += to_f(s.parts[(k * (long long)s.rows + r) * s.ldparts + c]);
+    if (r < s.prows) {
+        for (int k = 0; k < s.splits; ++k) {
+            acc += to_f(s.parts[(k * (long long)s.prows + r) * s.ldparts + c]);
+        }
     }
     return acc;
 }

@@ -101,6 +101,30 @@
  *     in  dh_rec   [B, H]
  *     in  h        [B, H]
  *     in  mask     [B, 1]
+ *   kernel rnn_tanh_bwd_mask_split(rows = B, cols = H)   rnn_tanh_bwd_mask with dh_rec summed
+ *       from the split-K recurrent GEMM's partial products of step t (part_rows <= B rows)
+ *       (dh_rec = base + parts[0] + ... + parts[splits - 1] on rows < part_rows, base alone
+ *       past them: ew_sum_splits's sum over step t's rows, fp32; pointwise_common.cuh)
+ *     out dg       [B, H]
+ *     out dh_prev  [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]                 the sum's base (the direct part, dh_n past step t)
+ *     in  parts    [splits*part_rows, H]  part s is rows s*part_rows .. (s+1)*part_rows - 1
+ *     in  h        [B, H]
+ *     in  mask     [B, 1]
+ *     int splits                          >= 0
+ *     int part_rows                       0 .. B
+ *   kernel rnn_relu_bwd_mask_split(rows = B, cols = H)   rnn_relu_bwd_mask, dh_rec as
+ *       rnn_tanh_bwd_mask_split's
+ *     out dg       [B, H]
+ *     out dh_prev  [B, H]
+ *     in  dh_above [B, H]
+ *     in  dh_rec   [B, H]
+ *     in  parts    [splits*part_rows, H]
+ *     in  h        [B, H]
+ *     in  mask     [B, 1]
+ *     int splits                          >= 0
+ *     int part_rows                       0 .. B
  */
 
 // for_each_element, sigmoidf; bf16, fp16, to_f, from_f (storage.cuh); *_bwd_point: the
@@ -208,13 +232,13 @@ __device__ __forceinline__ void rnn_fwd_mask_element(
 template <bool RELU, class TDG, class TDHP, class TDHA, class TDHR, class TH, class TMASK>
 __device__ __forceinline__ void rnn_bwd_mask_element(
         long long b, long long j, TDG* dg, int lddg, TDHP* dh_prev, int lddh_prev,
-        const TDHA* dh_above, int lddh_above, const TDHR* dh_rec, int lddh_rec,
+        const TDHA* dh_above, int lddh_above, TDHR dh_rec, int lddh_rec,
         const TH* h, int ldh, const TMASK* mask, int ldmask) {
     if (to_f(mask[b * ldmask]) != 0.f) {
         rnn_bwd_element<RELU>(b, j, dg, lddg, dh_above, lddh_above, dh_rec, lddh_rec, h, ldh);
         dh_prev[b * lddh_prev + j] = from_f<TDHP>(0.f);
     } else {
-        const float dhr = to_f(dh_rec[b * lddh_rec + j]);
+        const float dhr = rec_at(dh_rec, lddh_rec, b, j);
         // All reads are done: from here on only writes (outputs may alias inputs).
         dg[b * lddg + j] = from_f<TDG>(0.f);
         dh_prev[b * lddh_prev + j] = from_f<TDHP>(dhr);
@@ -268,6 +292,36 @@ extern "C" __global__ void rnn_relu_bwd_mask(int rows, int cols, float* dg, int 
     for_each_element(rows, cols, [=](long long b, long long j) {
         rnn_bwd_mask_element<true>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
                                    dh_rec, lddh_rec, h, ldh, mask, ldmask);
+    });
+}
+
+extern "C" __global__ void rnn_tanh_bwd_mask_split(int rows, int cols, float* dg, int lddg,
+                                                   float* dh_prev, int lddh_prev,
+                                                   const float* dh_above, int lddh_above,
+                                                   const float* dh_rec, int lddh_rec,
+                                                   const float* parts, int ldparts,
+                                                   const float* h, int ldh,
+                                                   const float* mask, int ldmask, int splits,
+                                                   int part_rows) {
+    const SplitRec<float, float> rec{dh_rec, parts, ldparts, part_rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_mask_element<false>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
+                                    rec, lddh_rec, h, ldh, mask, ldmask);
+    });
+}
+
+extern "C" __global__ void rnn_relu_bwd_mask_split(int rows, int cols, float* dg, int lddg,
+                                                   float* dh_prev, int lddh_prev,
+                                                   const float* dh_above, int lddh_above,
+                                                   const float* dh_rec, int lddh_rec,
+                                                   const float* parts, int ldparts,
+                                                   const float* h, int ldh,
+                                                   const float* mask, int ldmask, int splits,
+                                                   int part_rows) {
+    const SplitRec<float, float> rec{dh_rec, parts, ldparts, part_rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_mask_element<true>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
+                                    rec, lddh_rec, h, ldh, mask, ldmask);
     });
 }
 
@@ -372,5 +426,33 @@ __global__ void rnn_relu_bwd_mask_t(int rows, int cols, TDG* dg, int lddg, TDHP*
     for_each_element(rows, cols, [=](long long b, long long j) {
         rnn_bwd_mask_element<true>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
                                     dh_rec, lddh_rec, h, ldh, mask, ldmask);
+    });
+}
+
+template <class TDG, class TDHP, class TDHA, class TDHR, class TP, class TH, class TMASK>
+__global__ void rnn_tanh_bwd_mask_split_t(int rows, int cols, TDG* dg, int lddg,
+                                          TDHP* dh_prev, int lddh_prev, const TDHA* dh_above,
+                                          int lddh_above, const TDHR* dh_rec, int lddh_rec,
+                                          const TP* parts, int ldparts, const TH* h, int ldh,
+                                          const TMASK* mask, int ldmask, int splits,
+                                          int part_rows) {
+    const SplitRec<TDHR, TP> rec{dh_rec, parts, ldparts, part_rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_mask_element<false>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
+                                    rec, lddh_rec, h, ldh, mask, ldmask);
+    });
+}
+
+template <class TDG, class TDHP, class TDHA, class TDHR, class TP, class TH, class TMASK>
+__global__ void rnn_relu_bwd_mask_split_t(int rows, int cols, TDG* dg, int lddg,
+                                          TDHP* dh_prev, int lddh_prev, const TDHA* dh_above,
+                                          int lddh_above, const TDHR* dh_rec, int lddh_rec,
+                                          const TP* parts, int ldparts, const TH* h, int ldh,
+                                          const TMASK* mask, int ldmask, int splits,
+                                          int part_rows) {
+    const SplitRec<TDHR, TP> rec{dh_rec, parts, ldparts, part_rows, splits};
+    for_each_element(rows, cols, [=](long long b, long long j) {
+        rnn_bwd_mask_element<true>(b, j, dg, lddg, dh_prev, lddh_prev, dh_above, lddh_above,
+                                    rec, lddh_rec, h, ldh, mask, ldmask);
     });
 }

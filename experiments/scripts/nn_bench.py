@@ -1,7 +1,7 @@
 """rnnrt.nn against torch.nn on the GPU: one training step, and memory over varied lengths.
 
 Usage (GPU, from the repo root):
-    python experiments/scripts/nn_bench.py train-step [--repeats 30] [--out DIR]
+    python experiments/scripts/nn_bench.py train-step [--repeats 30] [--fold on,off] [--out DIR]
     python experiments/scripts/nn_bench.py memory-varlen [--steps 1000] [--out DIR]
 
 train-step: one training step (forward, a loss, backward, SGD step, zero_grad) of an LSTM
@@ -11,8 +11,10 @@ uniform in 20-200 (rnnrt.nn: a variable-length plan, a per-step active batch); C
 around each step, median of --repeats after warm-up, the two modules timed in turn. Both
 start from the same weights; the first step's parameters after the update are compared (fp32
 tolerance). Beside them, each case's forward + backward through GpuRunner alone (CuPy arrays,
-no torch): what a step costs beyond it is the module's own. Record: kind 'train-step', rows
-{case, impl, ms_median, ms_min, ms_max, runs}.
+no torch): what a step costs beyond it is the module's own; with --fold on,off that twice, the
+per-step backward as planned and with the split GEMM's sum a launch of its own every step
+(plan/backward.py ``sums_splits`` held False; the row's 'fold'). Record: kind 'train-step',
+rows {case, impl, ms_median, ms_min, ms_max, runs}.
 
 memory-varlen: --steps training steps of rnnrt.nn's LSTM (2 x 256, batch 32) on packed
 batches whose every sequence has a random length in 1-500 (--lengths per-batch: one random
@@ -72,7 +74,7 @@ def _step_fn(module, inp, lr=1e-3):
     return step
 
 
-def train_step(repeats: int) -> dict:
+def train_step(repeats: int, folds=("on",)) -> dict:
     _no_tf32()
     T, B, H, L = 100, 64, 512, 2
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -103,23 +105,41 @@ def train_step(repeats: int) -> dict:
         for r in rows[-len(times):]:
             print(f"{case:24s} {r['impl']:9s} {r['ms_median']:8.3f} ms", flush=True)
     for case, bs in (("fixed-T100", None), ("packed-lengths-20-200", batch_sizes(lengths))):
-        rows.append(_runner_only(case, T, B, H, L, repeats, bs))
-        print(f"{case:24s} GpuRunner {rows[-1]['ms_median']:8.3f} ms (fwd+bwd alone)")
+        for fold in folds:
+            rows.append(_runner_only(case, T, B, H, L, repeats, bs, fold))
+            print(f"{case:24s} GpuRunner {rows[-1]['ms_median']:8.3f} ms (fwd+bwd alone, "
+                  f"fold {fold})")
     return {"kind": "train-step", "shape": dict(cell="lstm", layers=L, input_size=H,
                                                 hidden=H, batch=B, steps=T),
             "rows": rows, "note": "SGD step; loss mean(y^2); torch.nn fp32 with TF32 off; "
                                   "timed in turn with CUDA events"}
 
 
-def _runner_only(case, T, B, H, L, repeats, batch_sizes=None) -> dict:
+def _runner_only(case, T, B, H, L, repeats, batch_sizes=None, fold="on") -> dict:
     """The case's forward + backward through GpuRunner alone (CuPy arrays, no torch; a
     packed case through forward_packed): what rnnrt.nn's step costs beyond it is the
-    module's own overhead."""
+    module's own overhead. ``fold`` 'off': the backward plans built with
+    ``BackwardBuilder.sums_splits`` held False (the split sum a launch of its own), the plan
+    cache cleared before and after."""
     import cupy as cp
 
     import rnnrt
     from rnnrt.gpu import GpuRunner
-    r = GpuRunner(rnnrt.LSTM(H, H, num_layers=L, seed=0))
+    from rnnrt.plan import backward as bwd_module
+    original = bwd_module.BackwardBuilder.sums_splits
+    bwd_module.backward_plan.cache_clear()
+    if fold == "off":
+        bwd_module.BackwardBuilder.sums_splits = lambda self, t: False
+    try:
+        return _time_runner(case, T, B, H, L, repeats, batch_sizes, fold, cp, rnnrt,
+                            GpuRunner)
+    finally:
+        bwd_module.BackwardBuilder.sums_splits = original
+        bwd_module.backward_plan.cache_clear()
+
+
+def _time_runner(case, T, B, H, L, repeats, batch_sizes, fold, cp, rnnrt, GpuRunner):
+    r = GpuRunner(rnnrt.LSTM(H, H, num_layers=L, seed=0), schedule_cache=False)
     rng = cp.random.default_rng(0)
     n = T * B if batch_sizes is None else sum(batch_sizes)
     x = rng.standard_normal((n, H), dtype=cp.float32)
@@ -135,7 +155,7 @@ def _runner_only(case, T, B, H, L, repeats, batch_sizes=None) -> dict:
 
     t = time_in_turn({"runner": run}, repeats, torch=torch)["runner"]
     steps, varlen = (T, False) if batch_sizes is None else (len(batch_sizes), True)
-    return {"case": case, "impl": "GpuRunner (fwd+bwd alone)", **t.as_dict(),
+    return {"case": case, "impl": "GpuRunner (fwd+bwd alone)", **t.as_dict(), "fold": fold,
             "schedule": r.schedule(steps, B, True, varlen).schedule.name}
 
 
@@ -196,9 +216,13 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--lengths", choices=["per-sequence", "per-batch"], default="per-sequence",
                     help="memory-varlen: a random length for each sequence, or one a batch")
+    ap.add_argument("--fold", default="on",
+                    help="train-step: time GpuRunner's fwd+bwd with the split sum folded into "
+                         "the pointwise kernels (on) and without (off), e.g. on,off")
     ap.add_argument("--out", default=None, help="folder (default experiments/results/training)")
     a = ap.parse_args(argv)
-    rec = (train_step(a.repeats) if a.what == "train-step"
+    rec = (train_step(a.repeats, tuple(f for f in a.fold.split(",") if f))
+           if a.what == "train-step"
            else memory_varlen(a.steps, a.lengths == "per-batch"))
     rec.update(created=now_iso(), command=" ".join(sys.argv), device=device_info(),
                versions=versions())

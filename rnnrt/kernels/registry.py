@@ -206,6 +206,11 @@ _PARTS = ("parts", "splits*R,C")
 _RNN_BWD_SPLIT = dict(outs=_RNN_BWD["outs"],
                       ins=(_RNN_BWD["ins"][0], _RNN_BWD["ins"][1], _PARTS, _RNN_BWD["ins"][2]),
                       scalars=("splits",))
+_MASK_PARTS = ("parts", "splits*part_rows,C")   # part_rows <= R: step t's rows
+_MASK_SPLIT = ("splits", "part_rows")
+_RNN_BWD_MASK_SPLIT = dict(outs=_RNN_BWD_MASK["outs"],
+                           ins=(_RNN_BWD["ins"][0], _RNN_BWD["ins"][1], _MASK_PARTS,
+                                _RNN_BWD["ins"][2], _MASK), scalars=_MASK_SPLIT)
 # persistent kernels: one layer's whole sequence (rows = B, cols = H; scalars T, U, k_tile)
 _PERSISTENT = dict(file="persistent.cu", scalars=("T", "units_per_block", "k_tile"),
                    uint_args=("sync",), persistent=True)
@@ -282,6 +287,20 @@ REGISTRY: tuple[KernelInfo, ...] = (
     KernelInfo("rnn_relu_fwd_mask", "rnn.cu", numpy_fn=knp.rnn_relu_fwd_mask, **_RNN_MASK),
     KernelInfo("rnn_tanh_bwd_mask", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd_mask, **_RNN_BWD_MASK),
     KernelInfo("rnn_relu_bwd_mask", "rnn.cu", numpy_fn=knp.rnn_relu_bwd_mask, **_RNN_BWD_MASK),
+    # the masked kernels summing step t's split-K products over its part_rows rows
+    KernelInfo("lstm_bwd_mask_split", "lstm.cu", numpy_fn=knp.lstm_bwd_mask_split,
+               outs=(("dgx", "R,4C"), ("dc_prev", "R,C"), ("dh_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), _MASK_PARTS, ("dc_next", "R,C"),
+                    ("act", "R,4C"), ("c", "R,C"), ("c_prev", "R,C"), _MASK),
+               scalars=_MASK_SPLIT),
+    KernelInfo("gru_bwd_mask_split", "gru.cu", numpy_fn=knp.gru_bwd_mask_split,
+               outs=(("dgx", "R,3C"), ("dgh", "R,3C"), ("dh_prev", "R,C")),
+               ins=(("dh_above", "R,C"), ("dh_rec", "R,C"), _MASK_PARTS, ("act", "R,4C"),
+                    ("h_prev", "R,C"), _MASK), scalars=_MASK_SPLIT),
+    KernelInfo("rnn_tanh_bwd_mask_split", "rnn.cu", numpy_fn=knp.rnn_tanh_bwd_mask_split,
+               **_RNN_BWD_MASK_SPLIT),
+    KernelInfo("rnn_relu_bwd_mask_split", "rnn.cu", numpy_fn=knp.rnn_relu_bwd_mask_split,
+               **_RNN_BWD_MASK_SPLIT),
     # the forward step kernels without act (inference plans, plan/forward.py)
     KernelInfo("lstm_fwd_noact", "lstm.cu", numpy_fn=knp.lstm_fwd_noact, outs=_LSTM_STATE,
                ins=_LSTM_FWD_INS),

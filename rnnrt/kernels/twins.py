@@ -247,10 +247,11 @@ def rnn_relu_bwd(rows, cols, outs, ins):
 def _split_sum(rows, base, parts, splits):
     """dh_rec of the *_bwd_split kernels: base, then each part in order, in the parts'
     type (what ew_sum_splits sums into: the plans' dhr and dpart are alike, fp32 on the
-    GPU)."""
+    GPU); parts of ``rows`` rows each, added to base's first ``rows`` rows (the masked
+    kernels' part_rows: base alone past them)."""
     acc = base.astype(parts.dtype, copy=True)
     for s in range(splits):
-        acc += parts[s * rows:(s + 1) * rows]
+        acc[:rows] += parts[s * rows:(s + 1) * rows]
     return acc
 
 
@@ -393,3 +394,19 @@ def rnn_relu_bwd_mask(rows, cols, outs, ins):
     on = mask[:, 0] != 0
     _masked(_with_zero_direct(rnn_relu_bwd), cols, outs, plain_ins, on,
             (0, np.array(plain_ins[1][~on])))
+
+
+def _mask_split(masked):
+    """The *_bwd_mask_split twin of masked twin ``masked``: ``masked`` on dh_rec = base +
+    the parts' sum over the first part_rows rows (``_split_sum``)."""
+    def fn(rows, cols, outs, ins, splits, part_rows):
+        dh_above, base, parts, *rest = ins
+        masked(rows, cols, outs, (dh_above, _split_sum(part_rows, base, parts, splits), *rest))
+    fn.__name__ = f"{masked.__name__}_split"
+    return fn
+
+
+lstm_bwd_mask_split = _mask_split(lstm_bwd_mask)
+gru_bwd_mask_split = _mask_split(gru_bwd_mask)
+rnn_tanh_bwd_mask_split = _mask_split(rnn_tanh_bwd_mask)
+rnn_relu_bwd_mask_split = _mask_split(rnn_relu_bwd_mask)

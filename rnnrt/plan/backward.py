@@ -250,23 +250,25 @@ class BackwardBuilder(ForwardBuilder):
 
     def sums_splits(self, t) -> bool:
         """Whether step ``t``'s pointwise kernel sums step t+1's split-K partial products
-        itself (the *_bwd_split kernels: ew_sum_splits's sum, in its order, read straight
-        from dpart instead of from dhr, one launch a step fewer on the chain): the fused
-        kernels of a key without lengths, at every step but the last (whose dh_rec is dh_n),
-        where the recurrent GEMM is split."""
-        return (self.splits > 1 and self.sw.fused and not self.varlen
-                and 0 <= t < self.T - 1)
+        itself (the *_bwd_split and *_bwd_mask_split kernels: ew_sum_splits's sum, in its
+        order, read straight from dpart instead of from dhr, one launch a step fewer on the
+        chain): the fused kernels, at every step but the last (whose dh_rec is dh_n), where
+        the recurrent GEMM is split."""
+        return self.splits > 1 and self.sw.fused and 0 <= t < self.T - 1
 
     def split_rec(self, layer, t):
-        """(base, parts, n) of step ``t``'s dh_rec where ``sums_splits(t)``: base + parts[0]
-        + ... + parts[n - 1], ew_sum_splits's operands for step t+1's GEMM (``split_dh``):
-        the GRU's direct part in dhr[t+1] and all S products, else the first product and the
-        other S - 1."""
-        S, B, H = self.splits, self.bs[t], self.H
-        if self.gru:
-            return self.slot("dhr", layer, t + 1), View(f"dpart{layer}", 0, S * B, H, H), S
-        return (View(f"dpart{layer}", 0, B, H, H),
-                View(f"dpart{layer}", B * H, (S - 1) * B, H, H), S - 1)
+        """(base, parts, n, part_rows) of step ``t``'s dh_rec where ``sums_splits(t)``: base
+        + parts[0] + ... + parts[n - 1] over the first part_rows rows, ew_sum_splits's
+        operands for step t+1's GEMM (``split_dh``): where the pointwise kernels write a
+        direct part into dhr[t+1] (the GRU's, the masked ones'), it and all S products of
+        step t+1's rows (a variable-length step t may have more: theirs, past them, hold dh_n
+        alone); else the first product and the other S - 1."""
+        S, P, H = self.splits, self.bs[t + 1], self.H
+        if self.gru or self.varlen:
+            return (self.slot("dhr", layer, t + 1), View(f"dpart{layer}", 0, S * P, H, H), S,
+                    P)
+        return (View(f"dpart{layer}", 0, P, H, H),
+                View(f"dpart{layer}", P * H, (S - 1) * P, H, H), S - 1, P)
 
     def split_dh(self, layer, t, s, dgh_t, out, beta, summed_later=False):
         """dh_rec of step t-1 = dG_h[t] @ R as S products of K / S rows of R (K = G*H), one
@@ -477,25 +479,26 @@ class BackwardBuilder(ForwardBuilder):
                if nsave else None)
         meta = dict(layer=layer, steps=(t, t + 1))
         name = self.cell.name
+        # dh_rec: dhr[t+1], or step t+1's split-K products summed here (sums_splits)
+        rec, suffix = (dhr_next,), ""
+        if self.sums_splits(t):
+            base, parts, n, part_rows = self.split_rec(layer, t)
+            rec, suffix = (base, parts), "_split"
+            meta["scalars"] = ((("splits", n), ("part_rows", part_rows)) if self.varlen
+                               else (("splits", n),))
         if self.sw.fused and self.varlen:   # masked: frozen rows pass the gradient through
             dh_prev, m = self.slot("dhr", layer, t, B), self.mask(t)
             if name == "lstm":
                 outs = (dgx, self.slot("dc", layer, t, B), dh_prev)
-                ins = (dhin, dhr_next, self.slot("dc", layer, t + 1), act,
+                ins = (dhin, *rec, self.slot("dc", layer, t + 1), act,
                        self.c(layer, t + 1), self.c(layer, t, B), m)
             elif name == "gru":
                 outs = (dgx, self.step("dgh", layer, t, GH), dh_prev)
-                ins = (dhin, dhr_next, act, self.h(layer, t, B), m)
+                ins = (dhin, *rec, act, self.h(layer, t, B), m)
             else:
-                outs, ins = (dgx, dh_prev), (dhin, dhr_next, self.h(layer, t + 1), m)
-            return [Kernel(s, f"{name}_bwd_mask", B, H, outs, ins, **meta)]
+                outs, ins = (dgx, dh_prev), (dhin, *rec, self.h(layer, t + 1), m)
+            return [Kernel(s, f"{name}_bwd_mask{suffix}", B, H, outs, ins, **meta)]
         if self.sw.fused:
-            # dh_rec: dhr[t+1], or step t+1's split-K products summed here (sums_splits)
-            rec, suffix = (dhr_next,), ""
-            if self.sums_splits(t):
-                base, parts, n = self.split_rec(layer, t)
-                rec, suffix = (base, parts), "_split"
-                meta["scalars"] = (("splits", n),)
             if name == "lstm":
                 outs = (dgx, self.slot("dc", layer, t, B))
                 ins = (dhin, *rec, self.slot("dc", layer, t + 1), act, self.c(layer, t + 1),

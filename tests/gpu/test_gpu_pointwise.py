@@ -175,7 +175,8 @@ def test_noact_kernels_against_the_reference(cp, lib, name, shape, bf16):
         assert (a.view(np.uint32) == b.view(np.uint32)).all(), f"{name} {arg} != {NOACT[name]}'s"
 
 
-SPLIT = ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd")
+SPLIT = ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd", "lstm_bwd_mask", "gru_bwd_mask",
+         "rnn_tanh_bwd_mask", "rnn_relu_bwd_mask")
 # a 16-bit plan's typed twins: the gate gradients and h in the storage type
 SPLIT_BF16 = ("dgx", "dgh", "dg", "h", "h_prev")
 
@@ -187,20 +188,23 @@ SPLIT_BF16 = ("dgx", "dgh", "dg", "h", "h_prev")
 def test_split_kernels_are_the_sum_then_the_plain_kernel(cp, lib, plain, shape, splits, bf16):
     """*_bwd_split on (base, parts) gives bit for bit what the plain kernel gives on dh_rec =
     base + parts[0] + ... + parts[splits - 1] summed in that order in fp32 (ew_sum_splits's
-    sum; NumPy's fp32 adds round as the GPU's), views padded (ld != cols), outputs poisoned,
+    sum; NumPy's fp32 adds round as the GPU's; the masked kernels' over the first part_rows
+    = rows - 1 rows, base alone past them), views padded (ld != cols), outputs poisoned,
     nothing written outside them; and within fp32 tolerance of the plain kernel's float64 twin
     on that sum."""
     rows, cols = shape
     name = f"{plain}_split"
     bf = SPLIT_BF16 if bf16 else ()
+    p = max(1, rows - 1) if plain.endswith("_mask") else rows   # the parts' rows
+    scalars = {"splits": splits, **({"part_rows": p} if plain.endswith("_mask") else {})}
     v = Views(cp, name, rows, cols, np.random.default_rng(splits + rows), bf16=bf,
-              scalars={"splits": splits})
+              scalars=scalars)
     v.set_input("parts", v.host["parts"] / splits)   # dh_rec about the others' size
     v.launch(lib, rows, cols)
     base, parts = v._view("dh_rec", np.float32), v._view("parts", np.float32)
     rec = base.copy()
     for k in range(splits):
-        rec += parts[k * rows:(k + 1) * rows]
+        rec[:p] += parts[k * p:(k + 1) * p]
     w = Views(cp, plain, rows, cols, np.random.default_rng(0), bf16=bf)
     for arg, _ in w.k.ins:
         value = rec if arg == "dh_rec" else v._view(arg, np.float32)
@@ -215,8 +219,9 @@ def test_split_kernels_are_the_sum_then_the_plain_kernel(cp, lib, plain, shape, 
     # plain kernel on that fp32 sum (with act's random values far outside the gates' range,
     # the formula amplifies a last-bit difference in dh_rec by ~10^4: comparing the split
     # twin's float64 sum would test that amplification, not the kernel)
-    parts64 = parts.astype(np.float64).reshape(splits, rows, cols).sum(axis=0)
-    assert_close(rec, base.astype(np.float64) + parts64, 1e-5, 1e-5, name=f"{name} sum")
+    want = base.astype(np.float64)
+    want[:p] += parts.astype(np.float64).reshape(splits, p, cols).sum(axis=0)
+    assert_close(rec, want, 1e-5, 1e-5, name=f"{name} sum")
     ref = w.twin(rows, cols)
     for arg, _ in v.k.outs:
         a, b = v.out(arg), w.out(arg)

@@ -154,6 +154,10 @@ def test_nvrtc_ptx_resource_usage_no_spills(tmp_path, file, kernels):
     (tmp_path / "p.ptx").write_bytes(ptx.value)
     r = subprocess.run([ptxas, "-arch=sm_90", "-v", str(tmp_path / "p.ptx"), "-o",
                         str(tmp_path / "p.cubin")], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and "Unsupported .version" in r.stderr:
+        # an NVRTC newer than the CUDA toolkit's ptxas (a pip wheel beside an older nvcc):
+        # its PTX cannot be assembled here, which says nothing of the kernels
+        pytest.skip(f"ptxas {ptxas} cannot read this NVRTC's PTX: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr
     usage = _resource_usage(r.stdout + r.stderr)
     assert set(usage) == set(kernels), usage

@@ -122,13 +122,30 @@ def _split_ref(plain):
     """The reference of a *_bwd_split kernel: ``plain``'s formula on dh_rec = base + the
     parts' sum."""
     def ref(x):
-        n = SCALARS[f"{plain}_split"]["splits"]
+        n = _scalars(f"{plain}_split", len(x["dh_rec"]))["splits"]
         rec = x["dh_rec"] + x["parts"].reshape(n, len(x["dh_rec"]), -1).sum(axis=0)
         return REF[plain]({**x, "dh_rec": rec})
     return ref
 
 
 REF.update({f"{k}_split": _split_ref(k)
+            for k in ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd")})
+
+
+def _mask_split_ref(masked):
+    """The reference of a *_bwd_mask_split kernel: ``masked``'s on dh_rec = base + the
+    parts' sum on its first part_rows rows, base alone past them."""
+    def ref(x):
+        rows = len(x["dh_rec"])
+        scalars = _scalars(f"{masked}_split", rows)
+        n, p = scalars["splits"], scalars["part_rows"]
+        rec = x["dh_rec"].copy()
+        rec[:p] += x["parts"].reshape(n, p, -1).sum(axis=0)
+        return REF[masked]({**x, "dh_rec": rec})
+    return ref
+
+
+REF.update({f"{k}_mask_split": _mask_split_ref(f"{k}_mask")
             for k in ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd")})
 # the forward kernels without act: their act twin's formula (the outputs they have)
 NOACT = {f"{k}_noact": k for k in ("lstm_fwd", "gru_fwd", "lstm_fwd_mask", "gru_fwd_mask")}
@@ -142,7 +159,9 @@ TOL_FP32_BWD = (2e-5, 1e-4)
 
 def _tol(name, dtype):
     fused_bwd = ("lstm_bwd", "gru_bwd", "lstm_bwd_mask", "gru_bwd_mask", "lstm_bwd_split",
-                 "gru_bwd_split", "rnn_tanh_bwd_split", "rnn_relu_bwd_split")
+                 "gru_bwd_split", "rnn_tanh_bwd_split", "rnn_relu_bwd_split",
+                 "lstm_bwd_mask_split", "gru_bwd_mask_split", "rnn_tanh_bwd_mask_split",
+                 "rnn_relu_bwd_mask_split")
     return TOL_FP32_BWD if dtype is np.float32 and name in fused_bwd else TOL[dtype]
 BIAS = ("bw", "br")
 # Inputs that the "bcast" layout hands over with ld = 0: the biases, and in the backward the
@@ -174,7 +193,18 @@ def assert_close(got, ref, atol, rtol, what):
 # the scalars of the step kernels that take any
 SCALARS = {"ew_sum_splits": {"splits": 3}, "lstm_bwd_split": {"splits": 2},
            "gru_bwd_split": {"splits": 3}, "rnn_tanh_bwd_split": {"splits": 3},
-           "rnn_relu_bwd_split": {"splits": 1}}
+           "rnn_relu_bwd_split": {"splits": 1},
+           # the masked kernels' parts cover the first part_rows rows (a later step's)
+           "lstm_bwd_mask_split": {"splits": 2, "part_rows": lambda rows: max(1, rows - 2)},
+           "gru_bwd_mask_split": {"splits": 3, "part_rows": lambda rows: max(1, rows - 1)},
+           "rnn_tanh_bwd_mask_split": {"splits": 1, "part_rows": lambda rows: rows},
+           "rnn_relu_bwd_mask_split": {"splits": 2, "part_rows": lambda rows: max(1, rows - 3)}}
+
+
+def _scalars(name, rows):
+    """Kernel ``name``'s scalars for a launch of ``rows`` rows (SCALARS: a value, or a
+    function of the rows)."""
+    return {k: (v(rows) if callable(v) else v) for k, v in SCALARS.get(name, {}).items()}
 
 
 def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, seed=0):
@@ -185,7 +215,7 @@ def run_twin(name, rows, cols, dtype, strided=False, bcast=False, alias=None, se
     and check that nothing outside the outputs changed."""
     kinfo = K.KERNELS[name]
     rng = np.random.default_rng(seed)
-    scalars = SCALARS.get(name, {})
+    scalars = _scalars(name, rows)
     out_shapes, in_shapes = kinfo.arg_shapes(rows, cols, **scalars)
     args = ([(a, s, False) for (a, _), s in zip(kinfo.ins, in_shapes)]
             + [(a, s, True) for (a, _), s in zip(kinfo.outs, out_shapes)])
@@ -257,11 +287,16 @@ IN_PLACE = {"ew_add": ("out", "a"), "ew_sub": ("out", "b"), "ew_mul": ("out", "a
             "lstm_fwd_noact": ("c", "c_prev"), "gru_fwd_noact": ("h", "h_prev"),
             "lstm_fwd_mask_noact": ("h", "h_prev"), "gru_fwd_mask_noact": ("h", "h_prev"),
             "lstm_bwd_split": ("dgx", "act"), "gru_bwd_split": ("dh_prev", "dh_rec"),
-            "rnn_tanh_bwd_split": ("dg", "h"), "rnn_relu_bwd_split": ("dg", "dh_above")}
+            "rnn_tanh_bwd_split": ("dg", "h"), "rnn_relu_bwd_split": ("dg", "dh_above"),
+            "lstm_bwd_mask_split": ("dgx", "act"), "gru_bwd_mask_split": ("dh_prev", "dh_rec"),
+            "rnn_tanh_bwd_mask_split": ("dh_prev", "dh_rec"),
+            "rnn_relu_bwd_mask_split": ("dg", "h")}
 # and a second output in place, for the kernels with more than one
 IN_PLACE_2 = {"lstm_bwd": ("dc_prev", "dc_next"), "gru_bwd": ("dh_prev", "dh_above"),
               "lstm_bwd_mask": ("dc_prev", "dc_next"), "gru_bwd_mask": ("dh_prev", "dh_above"),
-              "lstm_bwd_split": ("dc_prev", "dc_next"), "gru_bwd_split": ("dh_prev", "dh_above")}
+              "lstm_bwd_split": ("dc_prev", "dc_next"), "gru_bwd_split": ("dh_prev", "dh_above"),
+              "lstm_bwd_mask_split": ("dc_prev", "dc_next"),
+              "gru_bwd_mask_split": ("dh_prev", "dh_above")}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

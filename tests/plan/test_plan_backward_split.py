@@ -67,10 +67,44 @@ def test_split_backward_variable_length(cell):
     sw = ladder(input_batch=2)[PAPER_RUNGS - 1].switches
     key = PlanKey(cell, 7, 5, 4, 6, 2, True, sw, train=True, batch_sizes=case["bs"], capacity=9,
                   bwd_splits=2)
-    assert not find_races(backward_plan(key))
+    plan = backward_plan(key)
+    assert not find_races(plan)
+    # steps 5..0 sum the products of the step after, over that step's rows (part_rows)
+    folded = [op for op in plan.ops if isinstance(op, Kernel)
+              and op.name == f"{cell}_bwd_mask_split"]
+    assert len(folded) == 6 * 2
+    assert len([op for op in plan.ops if isinstance(op, Kernel) and op.kind == "reduce"]) == 2
+    assert {dict(op.scalars)["part_rows"] for op in folded} == set(case["bs"][1:])
     for reverse in (False, True):
         out, _ = run_varlen_numpy(key, case, reverse, order="random", seed=2)
         check_varlen(out, case, reverse, f"split varlen reverse={reverse}")
+
+
+@pytest.mark.parametrize("cell", CELL_NAMES)
+def test_folded_sum_variable_length_gives_the_sum_kernels_bits(cell, monkeypatch):
+    """The masked kernels' fold (*_bwd_mask_split: step t's products summed over its rows,
+    step t-1's further rows their dh_n alone) gives the plan with the ordered sum kernel's
+    gradients bit for bit, in float32."""
+    from rnnrt.plan import backward as bwd_module
+    lengths = [7, 5, 5, 2, 1]
+    case = varlen_case(cell, 2, lengths, 4, 6, seed=13)
+    case = {k: (v.astype(np.float32) if k == "flat" else v) for k, v in case.items()}
+    sw = ladder(input_batch=2)[PAPER_RUNGS - 1].switches
+    key = PlanKey(cell, 7, 5, 4, 6, 2, True, sw, train=True, batch_sizes=case["bs"], capacity=9,
+                  bwd_splits=3)
+    folded = backward_plan(key)
+    monkeypatch.setattr(bwd_module.BackwardBuilder, "sums_splits", lambda self, t: False)
+    backward_plan.cache_clear()
+    try:
+        summed = backward_plan(key)
+    finally:
+        backward_plan.cache_clear()
+    assert not any(op.name.endswith("_split") for op in summed.ops if isinstance(op, Kernel))
+    a, _ = run_varlen_numpy(key, case, bwd=folded)
+    b, _ = run_varlen_numpy(key, case, bwd=summed)
+    assert a["grads"].dtype == np.float32
+    for name in a:
+        assert np.array_equal(a[name], b[name], equal_nan=True), name
 
 
 @pytest.mark.parametrize("where", ["reduce", "folded"])
