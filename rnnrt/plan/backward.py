@@ -34,7 +34,10 @@ per layer one kernel launch for the recurrent chain, or with the cluster kernel 
 one launch an input chunk along the reverse wavefront, each followed by its dx GEMM; then
 one GEMM each for the weight and bias gradients), or this schedule with the reason where its
 kernel does not fit. The recurrent GEMM of this schedule may be split along K
-(kernels/gemm_split.py; ``split_dh``).
+(kernels/gemm_split.py; ``split_dh``): its partial products are summed by the next step's
+fused pointwise kernel (the *_split kernels; ``sums_splits``), so that in such a plan dhr's
+slots 1..T-1 hold only the direct parts the GRU's and the masked kernels write (nothing for
+the others), and by one ordered sum kernel at step 0 (into dh0's slot).
 
 Buffers added to the forward's (sizes in elements):
   dhin{l}  [T, B, H]   gradient arriving at h{l}[t+1] from above (top layer: dy)
