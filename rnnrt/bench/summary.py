@@ -16,7 +16,10 @@ point and pass (a point: cell, layers, hidden, input size, batch, steps; newest 
   - where both passes of a point come from one run (the rows' ``session``): the backward
     alone (the training step less the forward) against cuDNN's backward alone, cuDNN ms /
     ours, its geometric mean and the points below 1.0 (a training step below its forward's
-    ratio is a slow backward only where this is below 1.0: else cuDNN's forward is slow).
+    ratio is a slow backward only where this is below 1.0: else cuDNN's forward is slow);
+  - for each point below 1.0 timed in more than one run, cuDNN's own time across those runs
+    (the auto rows' ms x ratio: min - max over n runs). The verdict stays the newest run's;
+    the spread says how much of a miss is cuDNN's run-to-run variation.
 
 Rows come through ``plots.load_rows`` (sweep .jsonl files, ladder records, folders of them,
 read by recordio with damaged lines skipped and named). ``summarize(rows)`` -> list of
@@ -125,6 +128,7 @@ class GridSummary:
     dtype: str
     executor: str
     rows: dict = field(default_factory=dict)   # (point, pass) -> newest auto row
+    history: dict = field(default_factory=dict)   # (point, pass) -> every auto row timed
 
     def ratios(self, pass_: str) -> dict:
         """{point: cuDNN ms / auto ms} of the timed points of ``pass_``."""
@@ -137,6 +141,27 @@ class GridSummary:
 
     def below_one(self, pass_: str) -> list:
         return sorted((p, v) for p, v in self.ratios(pass_).items() if v < 1.0)
+
+    def cudnn_spread(self, point: tuple, pass_: str) -> tuple | None:
+        """(fastest, slowest cuDNN ms, runs) of ``point``'s ``pass_`` over every auto row
+        with a ratio (cuDNN ms = ours x ratio, each in its own run), or None where it was
+        timed in fewer than two runs."""
+        ms = []
+        for r in self.history.get((point, pass_), ()):
+            ours, ratio = number(r.get("ms_median")), number(r.get("ratio_vs_cudnn"))
+            if ours is not None and ratio is not None and "refused" not in r:
+                ms.append(ours * ratio)
+        return (min(ms), max(ms), len(ms)) if len(ms) > 1 else None
+
+    def _below(self, pass_: str) -> list:
+        out = []
+        for p, v in self.below_one(pass_):
+            b = {"point": dict(zip(POINT, p)), "ratio": v}
+            spread = self.cudnn_spread(p, pass_)
+            if spread is not None:
+                b["cudnn_ms"] = {"fastest": spread[0], "slowest": spread[1], "runs": spread[2]}
+            out.append(b)
+        return out
 
     def backward_ratios(self) -> dict:
         """{point: cuDNN's backward ms / ours} where both passes are timed in one run
@@ -170,8 +195,7 @@ class GridSummary:
         for ps in PASSES:
             r = self.ratios(ps)
             passes[ps] = {"points": len(r), "geomean": geomean(r.values()),
-                          "below_one": [{"point": dict(zip(POINT, p)), "ratio": v}
-                                        for p, v in self.below_one(ps)],
+                          "below_one": self._below(ps),
                           "refused": [dict(zip(POINT, p)) for p in self.refused(ps)]}
         every = [v for ps in PASSES for v in self.ratios(ps).values()]
         bwd = self.backward_ratios()
@@ -211,9 +235,14 @@ class GridSummary:
                          f"{'-' if gm is None else f'{gm:.2f}x'}, below 1.0 at "
                          f"{len(info['below_one'])}"
                          + (f", refused at {len(info['refused'])}" if info["refused"] else ""))
-            for p, v in cut(self.below_one(ps)):
-                lines.append(f"      {point_label(p):<28} {v:.2f}x")
-            lines += more(self.below_one(ps))
+            for b in cut(info["below_one"]):
+                p = tuple(b["point"][f] for f in POINT)
+                spread = b.get("cudnn_ms")
+                lines.append(f"      {point_label(p):<28} {b['ratio']:.2f}x" + (
+                    "" if spread is None else
+                    f"   (cuDNN {spread['fastest']:.3f}-{spread['slowest']:.3f} ms over "
+                    f"{spread['runs']} runs)"))
+            lines += more(info["below_one"])
             for p in cut(self.refused(ps)):
                 lines.append(f"      {point_label(p):<28} refused (its check failed)")
             lines += more(self.refused(ps))
@@ -256,13 +285,15 @@ def summarize(rows, executor: str | None = None) -> list[GridSummary]:
     if executor is None:
         have = {r.get("executor") for r in autos}
         executor = next((e for e in ("graph", "numpy", "eager") if e in have), "graph")
-    groups = defaultdict(dict)
+    groups, history = defaultdict(dict), defaultdict(lambda: defaultdict(list))
     for r in autos:
         if r.get("executor") != executor:
             continue
         g = (str(r.get("device") or "unknown device"), str(r.get("dtype", "float32")))
         k = (point_of(r), r.get("pass", "fwd"))
+        history[g][k].append(r)
         old = groups[g].get(k)
         if old is None or str(r.get("created", "")) >= str(old.get("created", "")):
             groups[g][k] = r
-    return [GridSummary(dev, dt, executor, groups[(dev, dt)]) for dev, dt in sorted(groups)]
+    return [GridSummary(dev, dt, executor, groups[(dev, dt)], dict(history[(dev, dt)]))
+            for dev, dt in sorted(groups)]

@@ -146,6 +146,27 @@ def test_backward_alone_against_cudnns_where_both_passes_are_one_run():
                                 "ratio_vs_cudnn": 1.0}) is None   # no backward time
 
 
+def test_cudnn_spread_of_a_point_below_one_across_its_runs():
+    """A point below 1.0 timed in several runs shows cuDNN's fastest and slowest time over
+    them (ours x ratio of each run; refused rows have no say); the verdict stays the newest
+    run's; a point of one run shows none."""
+    runs = [row(H=1024, ratio=0.80, ms_median=0.5, created="2026-11-21T00:00:00"),
+            row(H=1024, ratio=1.20, ms_median=0.5, created="2026-11-22T00:00:00"),
+            row(H=1024, refused="y disagreed", ms_median=0.1, created="2026-11-23T00:00:00"),
+            row(H=1024, ratio=0.90, ms_median=0.45, created="2026-11-24T00:00:00"),
+            row(H=2048, ratio=0.50, ms_median=2.0)]
+    (g,) = S.summarize(runs)
+    assert g.ratios("fwd") == {S.point_of(runs[0]): 0.90, S.point_of(runs[-1]): 0.50}
+    lo, hi, n = g.cudnn_spread(S.point_of(runs[0]), "fwd")
+    assert (round(lo, 6), round(hi, 6), n) == (0.4, 0.6, 3)
+    assert g.cudnn_spread(S.point_of(runs[-1]), "fwd") is None
+    below = {b["point"]["hidden"]: b for b in g.as_dict()["passes"]["fwd"]["below_one"]}
+    assert below[1024]["cudnn_ms"]["runs"] == 3 and "cudnn_ms" not in below[2048]
+    text = "\n".join(g.text())
+    assert "lstm L4 H1024 B64 T100       0.90x   (cuDNN 0.400-0.600 ms over 3 runs)" in text
+    assert re.search(r"H2048 B64 T100 +0\.50x\n", text + "\n")
+
+
 def test_limit_cuts_each_list_and_says_how_many_more():
     rows = [row(H=h, ratio=0.5) for h in (128, 256, 512, 1024)]
     (g,) = S.summarize(rows)
