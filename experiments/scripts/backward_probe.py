@@ -21,8 +21,9 @@ op by op (sums by kind). E.g. the regs backward against the cluster backward:
 cluster pairs: --fwd-family grid --backwards grid,pair --splits rule.
 --fold on,off: the chosen schedule with its per-step backward as planned ('on': step t-1's
 pointwise kernel sums the split GEMM's partial products, plan/backward.py sums_splits) and
-with the sum as a launch of its own every step ('off': sums_splits held False here, the
-plan before the fold), in one process; the gradients are the same bits either way.
+with the sum as a launch of its own every step ('off': inside plan/backward.py
+split_sums_unfolded, the plan before the fold), in one process; the gradients are the same
+bits either way.
 --dtype: the runner's and cuDNN's precision (float32: TF32 off; float16, bfloat16).
 Prints a table last; writes a JSON record (kind 'backward_probe') into --out.
 """
@@ -231,24 +232,17 @@ def time_chunks(runner, sched, T, B, chunks, repeats):
 def time_fold(runner, sched, T, B, modes, repeats):
     """{mode: {fwdbwd_ms, fwd_ms, bwd_ms, launches}} of ``sched``'s forward with the per-step
     backward, 'on' as planned (the split GEMM's partial products summed by the next step's
-    pointwise kernel), 'off' with ``BackwardBuilder.sums_splits`` held False (the ordered sum
-    kernel every step): the plan cache cleared around each, so that neither plan outlives
-    its mode."""
-    from rnnrt.plan import backward as bwd_module
-    from rnnrt.plan.backward import backward_plan
-    original = bwd_module.BackwardBuilder.sums_splits
+    pointwise kernel), 'off' inside plan.backward.split_sums_unfolded (the ordered sum
+    kernel every step)."""
+    import contextlib
+
+    from rnnrt.plan.backward import split_sums_unfolded
     out = {}
     for mode in modes:
-        backward_plan.cache_clear()
-        if mode == "off":
-            bwd_module.BackwardBuilder.sums_splits = lambda self, t: False
-        try:
+        with split_sums_unfolded() if mode == "off" else contextlib.nullcontext():
             key = runner.new_key(T, B, True, sched.switches, sched.family, None,
                                  clusters=sched.clusters)
             row, bplan = time_key(runner, key, repeats, backward_alone=True)
-        finally:
-            bwd_module.BackwardBuilder.sums_splits = original
-            backward_plan.cache_clear()
         row["launches"] = sum(1 for op in bplan.ops if type(op).__name__ in ("Kernel", "Gemm"))
         out[mode] = row
         print(f"  fold {mode}: fwd+bwd {row['fwdbwd_ms']:.3f} ms, fwd {row['fwd_ms']:.3f}, "

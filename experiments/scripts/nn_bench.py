@@ -13,7 +13,7 @@ start from the same weights; the first step's parameters after the update are co
 tolerance). Beside them, each case's forward + backward through GpuRunner alone (CuPy arrays,
 no torch): what a step costs beyond it is the module's own; with --fold on,off that twice, the
 per-step backward as planned and with the split GEMM's sum a launch of its own every step
-(plan/backward.py ``sums_splits`` held False; the row's 'fold'). Record: kind 'train-step',
+(plan/backward.py ``split_sums_unfolded``; the row's 'fold'). Record: kind 'train-step',
 rows {case, impl, ms_median, ms_min, ms_max, runs}.
 
 memory-varlen: --steps training steps of rnnrt.nn's LSTM (2 x 256, batch 32) on packed
@@ -118,45 +118,34 @@ def train_step(repeats: int, folds=("on",)) -> dict:
 def _runner_only(case, T, B, H, L, repeats, batch_sizes=None, fold="on") -> dict:
     """The case's forward + backward through GpuRunner alone (CuPy arrays, no torch; a
     packed case through forward_packed): what rnnrt.nn's step costs beyond it is the
-    module's own overhead. ``fold`` 'off': the backward plans built with
-    ``BackwardBuilder.sums_splits`` held False (the split sum a launch of its own), the plan
-    cache cleared before and after."""
+    module's own overhead. ``fold`` 'off': inside plan.backward.split_sums_unfolded (the
+    split sum a launch of its own every step)."""
+    import contextlib
+
     import cupy as cp
 
     import rnnrt
     from rnnrt.gpu import GpuRunner
-    from rnnrt.plan import backward as bwd_module
-    original = bwd_module.BackwardBuilder.sums_splits
-    bwd_module.backward_plan.cache_clear()
-    if fold == "off":
-        bwd_module.BackwardBuilder.sums_splits = lambda self, t: False
-    try:
-        return _time_runner(case, T, B, H, L, repeats, batch_sizes, fold, cp, rnnrt,
-                            GpuRunner)
-    finally:
-        bwd_module.BackwardBuilder.sums_splits = original
-        bwd_module.backward_plan.cache_clear()
+    from rnnrt.plan.backward import split_sums_unfolded
+    with split_sums_unfolded() if fold == "off" else contextlib.nullcontext():
+        r = GpuRunner(rnnrt.LSTM(H, H, num_layers=L, seed=0), schedule_cache=False)
+        rng = cp.random.default_rng(0)
+        n = T * B if batch_sizes is None else sum(batch_sizes)
+        x = rng.standard_normal((n, H), dtype=cp.float32)
+        dy = cp.ones((n, H), cp.float32)
 
+        def run():   # no dx: the modules' input needs no gradient either
+            if batch_sizes is None:
+                _, _, tape = r.forward(x.reshape(T, B, H), train=True)
+                r.backward(tape, dy.reshape(T, B, H), need_dx=False)
+            else:
+                _, _, tape = r.forward_packed(x, batch_sizes, train=True)
+                r.backward(tape, dy, need_dx=False)
 
-def _time_runner(case, T, B, H, L, repeats, batch_sizes, fold, cp, rnnrt, GpuRunner):
-    r = GpuRunner(rnnrt.LSTM(H, H, num_layers=L, seed=0), schedule_cache=False)
-    rng = cp.random.default_rng(0)
-    n = T * B if batch_sizes is None else sum(batch_sizes)
-    x = rng.standard_normal((n, H), dtype=cp.float32)
-    dy = cp.ones((n, H), cp.float32)
-
-    def run():   # no dx: the modules' input needs no gradient either
-        if batch_sizes is None:
-            _, _, tape = r.forward(x.reshape(T, B, H), train=True)
-            r.backward(tape, dy.reshape(T, B, H), need_dx=False)
-        else:
-            _, _, tape = r.forward_packed(x, batch_sizes, train=True)
-            r.backward(tape, dy, need_dx=False)
-
-    t = time_in_turn({"runner": run}, repeats, torch=torch)["runner"]
-    steps, varlen = (T, False) if batch_sizes is None else (len(batch_sizes), True)
-    return {"case": case, "impl": "GpuRunner (fwd+bwd alone)", **t.as_dict(), "fold": fold,
-            "schedule": r.schedule(steps, B, True, varlen).schedule.name}
+        t = time_in_turn({"runner": run}, repeats, torch=torch)["runner"]
+        steps, varlen = (T, False) if batch_sizes is None else (len(batch_sizes), True)
+        return {"case": case, "impl": "GpuRunner (fwd+bwd alone)", **t.as_dict(),
+                "fold": fold, "schedule": r.schedule(steps, B, True, varlen).schedule.name}
 
 
 def memory_varlen(steps: int, per_batch: bool = False) -> dict:

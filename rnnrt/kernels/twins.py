@@ -255,26 +255,22 @@ def _split_sum(rows, base, parts, splits):
     return acc
 
 
-def lstm_bwd_split(rows, cols, outs, ins, splits):
-    """lstm_bwd on dh_rec = base + parts[0] + ... (``_split_sum``)."""
-    dh_above, base, parts, *rest = ins
-    lstm_bwd(rows, cols, outs, (dh_above, _split_sum(rows, base, parts, splits), *rest))
+def _split(fn):
+    """The *_split twin of backward twin ``fn`` (plain or masked): ``fn`` on dh_rec = base +
+    the parts' sum (``_split_sum``) over the first part_rows rows (the masked kernels'
+    scalar; the plain kernels' parts cover every row)."""
+    def twin(rows, cols, outs, ins, splits, part_rows=None):
+        dh_above, base, parts, *rest = ins
+        rec = _split_sum(rows if part_rows is None else part_rows, base, parts, splits)
+        fn(rows, cols, outs, (dh_above, rec, *rest))
+    twin.__name__ = f"{fn.__name__}_split"
+    return twin
 
 
-def gru_bwd_split(rows, cols, outs, ins, splits):
-    """gru_bwd on dh_rec = base + parts[0] + ... (``_split_sum``)."""
-    dh_above, base, parts, *rest = ins
-    gru_bwd(rows, cols, outs, (dh_above, _split_sum(rows, base, parts, splits), *rest))
-
-
-def rnn_tanh_bwd_split(rows, cols, outs, ins, splits):
-    dh_above, base, parts, h = ins
-    rnn_tanh_bwd(rows, cols, outs, (dh_above, _split_sum(rows, base, parts, splits), h))
-
-
-def rnn_relu_bwd_split(rows, cols, outs, ins, splits):
-    dh_above, base, parts, h = ins
-    rnn_relu_bwd(rows, cols, outs, (dh_above, _split_sum(rows, base, parts, splits), h))
+lstm_bwd_split = _split(lstm_bwd)
+gru_bwd_split = _split(gru_bwd)
+rnn_tanh_bwd_split = _split(rnn_tanh_bwd)
+rnn_relu_bwd_split = _split(rnn_relu_bwd)
 
 
 # --- elementwise.cu: copies and row selects (variable-length plans) -----------------------
@@ -396,17 +392,7 @@ def rnn_relu_bwd_mask(rows, cols, outs, ins):
             (0, np.array(plain_ins[1][~on])))
 
 
-def _mask_split(masked):
-    """The *_bwd_mask_split twin of masked twin ``masked``: ``masked`` on dh_rec = base +
-    the parts' sum over the first part_rows rows (``_split_sum``)."""
-    def fn(rows, cols, outs, ins, splits, part_rows):
-        dh_above, base, parts, *rest = ins
-        masked(rows, cols, outs, (dh_above, _split_sum(part_rows, base, parts, splits), *rest))
-    fn.__name__ = f"{masked.__name__}_split"
-    return fn
-
-
-lstm_bwd_mask_split = _mask_split(lstm_bwd_mask)
-gru_bwd_mask_split = _mask_split(gru_bwd_mask)
-rnn_tanh_bwd_mask_split = _mask_split(rnn_tanh_bwd_mask)
-rnn_relu_bwd_mask_split = _mask_split(rnn_relu_bwd_mask)
+lstm_bwd_mask_split = _split(lstm_bwd_mask)
+gru_bwd_mask_split = _split(gru_bwd_mask)
+rnn_tanh_bwd_mask_split = _split(rnn_tanh_bwd_mask)
+rnn_relu_bwd_mask_split = _split(rnn_relu_bwd_mask)

@@ -71,6 +71,8 @@ does (the rounding is only where dn' is stored for the GEMMs).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from ..cells import backward_flops, forward_flops, get_cell
 from ..kernels.gemm_split import dh_splits, wgrad_chunk_steps, wgrad_stream_count
 from ..sizes import check_plan
@@ -82,6 +84,23 @@ from .ops import Gemm, Kernel, View
 from .recompute import after_recompute, recompute_buffers, recompute_tasks, recomputes
 from .schedule import Task, schedule
 from .storage import labelled
+
+
+@contextmanager
+def split_sums_unfolded():
+    """Within the block, backward plans sum the split recurrent GEMM's partial products with
+    ew_sum_splits at every step (``BackwardBuilder.sums_splits`` False): the plan before the
+    fold, for timing the two in one process (experiments/scripts) and for the tests that
+    compare their bits. The plan cache is cleared on entry and on exit, so that no plan of
+    one kind is served inside the other's block. Not thread-safe (it swaps a method)."""
+    original = BackwardBuilder.sums_splits
+    backward_plan.cache_clear()
+    BackwardBuilder.sums_splits = lambda self, t: False
+    try:
+        yield
+    finally:
+        BackwardBuilder.sums_splits = original
+        backward_plan.cache_clear()
 
 
 @plan_cache(maxsize=128)
@@ -231,10 +250,9 @@ class BackwardBuilder(ForwardBuilder):
         out = self.slot("dhr", layer, t, B)
         # the GRU's pointwise kernel (and every masked one) wrote the direct part of dh_{t-1}
         # into dhr[t]: add to it
-        first_beta = 1.0 if (self.gru or self.varlen) else 0.0
+        first_beta = 1.0 if self.writes_direct_part else 0.0
         if self.splits > 1:
-            ops += self.split_dh(layer, t, s, dgh_t, out, first_beta,
-                                 summed_later=self.sums_splits(t - 1))
+            ops += self.split_dh(layer, t, s, dgh_t, out, summed_later=self.sums_splits(t - 1))
         else:
             for i, (w, trans_b, c0) in enumerate(self.data_weight_blocks(layer, "hh")):
                 width = w.rows if not trans_b else w.cols
@@ -259,25 +277,37 @@ class BackwardBuilder(ForwardBuilder):
         the recurrent GEMM is split."""
         return self.splits > 1 and self.sw.fused and 0 <= t < self.T - 1
 
-    def split_rec(self, layer, t):
-        """(base, parts, n, part_rows) of step ``t``'s dh_rec where ``sums_splits(t)``: base
-        + parts[0] + ... + parts[n - 1] over the first part_rows rows, ew_sum_splits's
-        operands for step t+1's GEMM (``split_dh``): where the pointwise kernels write a
-        direct part into dhr[t+1] (the GRU's, the masked ones'), it and all S products of
-        step t+1's rows (a variable-length step t may have more: theirs, past them, hold dh_n
-        alone); else the first product and the other S - 1."""
-        S, P, H = self.splits, self.bs[t + 1], self.H
-        if self.gru or self.varlen:
-            return (self.slot("dhr", layer, t + 1), View(f"dpart{layer}", 0, S * P, H, H), S,
-                    P)
-        return (View(f"dpart{layer}", 0, P, H, H),
-                View(f"dpart{layer}", P * H, (S - 1) * P, H, H), S - 1, P)
+    @property
+    def writes_direct_part(self) -> bool:
+        """Whether the pointwise backward kernels write the direct part of dh_{t-1} into
+        dhr[t] (the GRU's, every masked one's), to which the recurrent GEMM's product adds."""
+        return self.gru or self.varlen
 
-    def split_dh(self, layer, t, s, dgh_t, out, beta, summed_later=False):
+    def sum_operands(self, layer, rows, direct):
+        """(base, parts, n): ew_sum_splits's operands for the S partial products of a step's
+        split GEMM over ``rows`` rows, summed as base + parts[0] + ... + parts[n - 1]: the
+        direct part (the view ``direct``, where ``writes_direct_part``) and all S products,
+        else the first product and the other S - 1."""
+        S, H = self.splits, self.H
+        if self.writes_direct_part:
+            return direct, View(f"dpart{layer}", 0, S * rows, H, H), S
+        return (View(f"dpart{layer}", 0, rows, H, H),
+                View(f"dpart{layer}", rows * H, (S - 1) * rows, H, H), S - 1)
+
+    def split_rec(self, layer, t):
+        """(base, parts, n, part_rows) of step ``t``'s dh_rec where ``sums_splits(t)``: step
+        t+1's ``sum_operands`` (the direct part in dhr[t+1], whose rows past step t+1's --
+        a variable-length step t may have more -- hold dh_n alone), summed over its
+        part_rows = bs[t+1] rows."""
+        P = self.bs[t + 1]
+        return (*self.sum_operands(layer, P, self.slot("dhr", layer, t + 1)), P)
+
+    def split_dh(self, layer, t, s, dgh_t, out, summed_later=False):
         """dh_rec of step t-1 = dG_h[t] @ R as S products of K / S rows of R (K = G*H), one
         strided-batched GEMM writing S partial sums into dpart, then their sum in order
-        (ew_sum_splits) into ``out`` (beta 1: after what is there, the GRU's direct part) --
-        unless ``summed_later``: step t-1's pointwise kernel sums them (``sums_splits``).
+        (ew_sum_splits, ``sum_operands``) into ``out`` (after what is there where the
+        pointwise kernels write a direct part) -- unless ``summed_later``: step t-1's
+        pointwise kernel sums them (``sums_splits``).
         Why: at batch <= 64 the one GEMM has a handful of output tiles (B/64 x H/64), so it
         ran on ~8 of 132 SMs at ~44 us a step, the backward's critical path."""
         S, B, H, GH = self.splits, dgh_t.rows, self.H, self.GH
@@ -293,10 +323,7 @@ class BackwardBuilder(ForwardBuilder):
                     batch=S, strides=(ks, sb, B * H))]
         if summed_later:
             return ops
-        if beta:
-            base, parts, n = out, View(part.buf, 0, S * B, H, H), S
-        else:
-            base, parts, n = part, View(part.buf, B * H, (S - 1) * B, H, H), S - 1
+        base, parts, n = self.sum_operands(layer, B, out)
         ops.append(Kernel(s, "ew_sum_splits", B, H, (out,), (base, parts), kind="reduce",
                           layer=layer, steps=(t, t + 1), scalars=(("splits", n),)))
         return ops

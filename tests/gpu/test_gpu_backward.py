@@ -88,12 +88,11 @@ def test_split_dh_gemm_backward(cp, ctx, cell, executor):
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)
-def test_folded_split_sum_gives_the_sum_kernels_bits(cp, ctx, cell, monkeypatch):
+def test_folded_split_sum_gives_the_sum_kernels_bits(cp, ctx, cell):
     """On the GPU, the plan whose pointwise kernels sum the split GEMM's partial products
     (*_bwd_split) gives bit for bit the gradients of the plan with the ordered sum kernel
-    every step (``sums_splits`` held False), both within the reference's tolerance."""
-    from rnnrt.plan import backward as bwd_module
-    from rnnrt.plan.backward import backward_plan
+    every step (``split_sums_unfolded``), both within the reference's tolerance."""
+    from rnnrt.plan.backward import backward_plan, split_sums_unfolded
     from rnnrt.plan.ops import Kernel
     data = case(cell, 2)
     key = PlanKey(cell, T, B, I, H, 2, True, ladder(input_batch=4)[-1].switches, train=True,
@@ -101,12 +100,8 @@ def test_folded_split_sum_gives_the_sum_kernels_bits(cp, ctx, cell, monkeypatch)
     assert any(isinstance(op, Kernel) and op.name.endswith("_bwd_split")
                for op in backward_plan(key).ops)
     folded = run_gpu_backward_case(cp, ctx, key, "graph", data, runs=1)[0]
-    monkeypatch.setattr(bwd_module.BackwardBuilder, "sums_splits", lambda self, t: False)
-    backward_plan.cache_clear()
-    try:
+    with split_sums_unfolded():
         summed = run_gpu_backward_case(cp, ctx, key, "graph", data, runs=1)[0]
-    finally:
-        backward_plan.cache_clear()
     check_bwd_outputs(folded, data[0], data[4], f"{cell} folded", FP32_ATOL, FP32_RTOL)
     for name in summed:
         assert np.array_equal(folded[name], summed[name], equal_nan=True), f"{cell}: {name}"

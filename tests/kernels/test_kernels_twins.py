@@ -118,35 +118,23 @@ REF.update({
 })
 
 
-def _split_ref(plain):
-    """The reference of a *_bwd_split kernel: ``plain``'s formula on dh_rec = base + the
-    parts' sum."""
-    def ref(x):
-        n = _scalars(f"{plain}_split", len(x["dh_rec"]))["splits"]
-        rec = x["dh_rec"] + x["parts"].reshape(n, len(x["dh_rec"]), -1).sum(axis=0)
-        return REF[plain]({**x, "dh_rec": rec})
-    return ref
-
-
-REF.update({f"{k}_split": _split_ref(k)
-            for k in ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd")})
-
-
-def _mask_split_ref(masked):
-    """The reference of a *_bwd_mask_split kernel: ``masked``'s on dh_rec = base + the
-    parts' sum on its first part_rows rows, base alone past them."""
+def _split_ref(kernel):
+    """The reference of a *_split kernel of ``kernel`` (a plain or a masked backward
+    kernel): its formula on dh_rec = base + the parts' sum on the first part_rows rows (all
+    rows without that scalar), base alone past them."""
     def ref(x):
         rows = len(x["dh_rec"])
-        scalars = _scalars(f"{masked}_split", rows)
-        n, p = scalars["splits"], scalars["part_rows"]
+        scalars = _scalars(f"{kernel}_split", rows)
+        n, p = scalars["splits"], scalars.get("part_rows", rows)
         rec = x["dh_rec"].copy()
         rec[:p] += x["parts"].reshape(n, p, -1).sum(axis=0)
-        return REF[masked]({**x, "dh_rec": rec})
+        return REF[kernel]({**x, "dh_rec": rec})
     return ref
 
 
-REF.update({f"{k}_mask_split": _mask_split_ref(f"{k}_mask")
-            for k in ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd")})
+REF.update({f"{k}{m}_split": _split_ref(f"{k}{m}")
+            for k in ("lstm_bwd", "gru_bwd", "rnn_tanh_bwd", "rnn_relu_bwd")
+            for m in ("", "_mask")})
 # the forward kernels without act: their act twin's formula (the outputs they have)
 NOACT = {f"{k}_noact": k for k in ("lstm_fwd", "gru_fwd", "lstm_fwd_mask", "gru_fwd_mask")}
 REF.update({noact: REF[k] for noact, k in NOACT.items()})

@@ -81,11 +81,11 @@ def test_split_backward_variable_length(cell):
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)
-def test_folded_sum_variable_length_gives_the_sum_kernels_bits(cell, monkeypatch):
+def test_folded_sum_variable_length_gives_the_sum_kernels_bits(cell):
     """The masked kernels' fold (*_bwd_mask_split: step t's products summed over its rows,
     step t-1's further rows their dh_n alone) gives the plan with the ordered sum kernel's
     gradients bit for bit, in float32."""
-    from rnnrt.plan import backward as bwd_module
+    from rnnrt.plan.backward import split_sums_unfolded
     lengths = [7, 5, 5, 2, 1]
     case = varlen_case(cell, 2, lengths, 4, 6, seed=13)
     case = {k: (v.astype(np.float32) if k == "flat" else v) for k, v in case.items()}
@@ -93,12 +93,8 @@ def test_folded_sum_variable_length_gives_the_sum_kernels_bits(cell, monkeypatch
     key = PlanKey(cell, 7, 5, 4, 6, 2, True, sw, train=True, batch_sizes=case["bs"], capacity=9,
                   bwd_splits=3)
     folded = backward_plan(key)
-    monkeypatch.setattr(bwd_module.BackwardBuilder, "sums_splits", lambda self, t: False)
-    backward_plan.cache_clear()
-    try:
+    with split_sums_unfolded():
         summed = backward_plan(key)
-    finally:
-        backward_plan.cache_clear()
     assert not any(op.name.endswith("_split") for op in summed.ops if isinstance(op, Kernel))
     a, _ = run_varlen_numpy(key, case, bwd=folded)
     b, _ = run_varlen_numpy(key, case, bwd=summed)
@@ -129,23 +125,19 @@ def test_a_dropped_partial_is_caught(where):
 
 
 @pytest.mark.parametrize("cell", CELL_NAMES)
-def test_folded_sum_gives_the_sum_kernels_bits(cell, monkeypatch):
+def test_folded_sum_gives_the_sum_kernels_bits(cell):
     """In float32, the plan whose pointwise kernels sum the partial products (the
     *_bwd_split kernels) gives bit for bit the gradients of the plan that sums them with
-    ew_sum_splits into dhr first (``sums_splits`` held False): the fold moves a launch, not
+    ew_sum_splits into dhr first (``split_sums_unfolded``): the fold moves a launch, not
     the arithmetic."""
-    from rnnrt.plan import backward as bwd_module
+    from rnnrt.plan.backward import split_sums_unfolded
     case = make_case(cell, 2, seed=5)
     sw = ladder(input_batch=2)[PAPER_RUNGS - 1].switches
     key = PlanKey(cell, T, B, I, H, 2, True, sw, train=True, bwd_splits=3)
     folded = backward_plan(key)
     assert any(op.name.endswith("_bwd_split") for op in folded.ops if isinstance(op, Kernel))
-    monkeypatch.setattr(bwd_module.BackwardBuilder, "sums_splits", lambda self, t: False)
-    backward_plan.cache_clear()
-    try:
+    with split_sums_unfolded():
         summed = backward_plan(key)
-    finally:
-        backward_plan.cache_clear()   # no plan built under the patch outlives the test
     assert not any(op.name.endswith("_bwd_split") for op in summed.ops
                    if isinstance(op, Kernel))
     a = run(key, *case[1:4], bwd=folded, dtype=np.float32)
