@@ -12,8 +12,9 @@ sequences cost their real steps); CUDA tensors on rnnrt's GPU runner (``rnnrt.nn
 packed batches of different lengths on variable-length plans, the parameters read in place
 from the module's flat buffer) in float32. On either device bfloat16 / float16 run under
 ``torch.autocast`` and for ``.to(torch.bfloat16)`` / ``.half()`` modules, with fp32
-accumulation and 16-bit storage (``rnnrt.nn.precision`` says what each means). Not
-implemented: LSTM projections (proj_size > 0).
+accumulation and 16-bit storage (``rnnrt.nn.precision`` says what each means). An LSTM
+with projections (proj_size > 0) runs torch's own LSTM (cuDNN on CUDA), as torch.nn's: rnnrt
+has no projection kernels, and the module says so (a warning, ``implementation``).
 
 This is the only part of rnnrt that needs PyTorch; ``import rnnrt`` works without it.
 Modules: ``modules`` (the nn.Modules), ``inputs`` (argument checks, packed form),

@@ -27,14 +27,15 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from .backend import backend_for
-from .precision import CallPrecision, call_precision, check_autocast_inputs
+from .precision import CallPrecision, autocast_dtype, call_precision, check_autocast_inputs
 
 
 @dataclass
 class Prepared:
     """The checked forward call, in the packed form the layers run on.
 
-    data:        [N, I] packed input (for a plain tensor: x time-major reshaped, [T*B, I])
+    data:        [N, I] packed input (for a plain tensor: x time-major reshaped, [T*B, I]; for a
+                 module that runs torch's LSTM, a plain tensor as the caller gave it)
     batch_sizes: [T] int64 NumPy array (host); batch_sizes[t] sequences active at step t
     batch_sizes_tensor: the same as a CPU int64 tensor (the caller's, for packed input)
     sorted_indices, unsorted_indices: [B] int64 tensors, or None (no permutation)
@@ -42,7 +43,8 @@ class Prepared:
     packed:      the input was a PackedSequence (the output will be one)
     batched:     False for an unbatched 2-D tensor (outputs lose the batch dimension)
     steps, batch: T and B
-    backend:     the seam implementation for the input's device and dtype
+    backend:     the seam implementation for the input's device and dtype; None for a module
+                 that runs torch's LSTM (proj_size > 0: modules.RNNBase.implementation)
     precision:   nn/precision.py's CallPrecision (autocast, or 16-bit parameters on CUDA), or
                  None for the plain path in the tensors' dtype
     """
@@ -134,7 +136,8 @@ def prepare(module, input, hx) -> Prepared:
 
     input: [T, B, I] ([B, T, I] with batch_first), [T, I] unbatched, or a PackedSequence
            whose data is [N, I]
-    hx:    LSTM (h_0, c_0), GRU / RNN h_0: [L*D, B, H] ([L*D, H] for unbatched input), or None
+    hx:    LSTM (h_0, c_0), GRU / RNN h_0: [L*D, B, H] ([L*D, H] for unbatched input), or None;
+           an LSTM's h_0 is [L*D, B, P] where proj_size P > 0
     """
     name = type(module).__name__
     weights = module._flat_weights
@@ -171,10 +174,16 @@ def prepare(module, input, hx) -> Prepared:
                         f"{type(input).__name__}")
 
     # the precision first: a refusal (CPU autocast, an autocast dtype rnnrt has not) comes
-    # before anything else is looked at; under autocast the dtypes may differ (as torch.nn's)
-    precision = call_precision(data.device, wdtype)
-    autocast = precision is not None and precision.autocast
-    if autocast:
+    # before anything else is looked at; under autocast the dtypes may differ (as torch.nn's).
+    # A module that runs torch's LSTM (proj_size > 0) takes torch's rules: no rnnrt backend.
+    rnnrt_runs = module.implementation == "rnnrt"
+    if rnnrt_runs:
+        precision = call_precision(data.device, wdtype)
+        autocast = precision is not None and precision.autocast
+    else:
+        precision = None
+        autocast = autocast_dtype(data.device.type) is not None
+    if autocast and rnnrt_runs:
         check_autocast_inputs({"input": data, "hx[0]" if c0 is not None else "hx": h0,
                                "hx[1]": c0})
     # torch.nn.RNNBase.check_input, in its order.
@@ -208,8 +217,10 @@ def prepare(module, input, hx) -> Prepared:
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
-    expected = (module.num_layers * module.num_directions, batch, module.hidden_size)
     for i, t in enumerate(states):
+        # h is out_size (proj_size where > 0), c hidden_size
+        expected = (module.num_layers * module.num_directions, batch,
+                    module.out_size if i == 0 else module.hidden_size)
         got = tuple(t.shape) if (packed or batched) else (t.shape[0], 1, *t.shape[1:])
         if got != expected:
             what = f"hidden[{i}] size" if module.mode == "LSTM" else "hidden size"
@@ -218,19 +229,22 @@ def prepare(module, input, hx) -> Prepared:
         if t.dtype != data.dtype and not autocast:
             raise RuntimeError(f"hx: dtype {t.dtype} does not match the input's dtype "
                                f"{data.dtype}; convert it with .to({data.dtype})")
-    backend = backend_for(data.device, torch.float32 if precision is not None else data.dtype)
+    backend = (backend_for(data.device, torch.float32 if precision is not None else data.dtype)
+               if rnnrt_runs else None)
 
     # ---- every check passed: only views and (for batch_first) one copy from here on.
     if not packed:
         if not batched:
-            data = data.unsqueeze(1)
             h0 = None if h0 is None else h0.unsqueeze(1)
             c0 = None if c0 is None else c0.unsqueeze(1)
-        elif module.batch_first:
-            data = data.transpose(0, 1)
-        # [T, B, I] -> [T*B, I]: a plain batch is the packed layout with batch_sizes [B]*T
-        # (a view when x is contiguous time-major; batch_first costs one copy).
-        data = data.reshape(steps * batch, module.input_size)
+        if rnnrt_runs:   # (torch's LSTM takes the caller's layout as it is)
+            if not batched:
+                data = data.unsqueeze(1)
+            elif module.batch_first:
+                data = data.transpose(0, 1)
+            # [T, B, I] -> [T*B, I]: a plain batch is the packed layout with batch_sizes
+            # [B]*T (a view when x is contiguous time-major; batch_first costs one copy).
+            data = data.reshape(steps * batch, module.input_size)
         bs = np.full(steps, batch, np.int64)
         bs_tensor = torch.from_numpy(bs)
     elif sorted_indices is not None:

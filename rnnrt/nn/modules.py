@@ -35,6 +35,9 @@ from .inputs import prepare
 
 _CELLS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+_PROJ_WARNING = ("rnnrt.nn.LSTM(proj_size={proj_size}): rnnrt has no kernels for LSTM "
+                 "projections; this module runs torch's own LSTM (cuDNN on CUDA): torch.nn's "
+                 "results and speed, not rnnrt's (module.implementation == 'torch')")
 
 
 class RNNBase(torch.nn.Module):
@@ -42,8 +45,8 @@ class RNNBase(torch.nn.Module):
 
     mode: 'LSTM', 'GRU', 'RNN_TANH' or 'RNN_RELU'. The other arguments are torch.nn's:
     input_size I, hidden_size H, num_layers L, bias, batch_first, dropout (between layers,
-    training mode only), bidirectional (D = 2 directions), proj_size (LSTM; only 0 --
-    projections are not implemented), device, dtype; and rnnrt's own keyword ``recompute``
+    training mode only), bidirectional (D = 2 directions), proj_size (LSTM: P > 0 runs
+    torch's own LSTM, ``implementation``), device, dtype; and rnnrt's own keyword ``recompute``
     (default False): on CUDA, the chunks of a training call longer than one chunk
     (rnnrt.chunked) keep no gates for the backward, which remakes them from h (and c): LSTM
     a third of the activations a step, GRU a fifth, for the forward's GEMMs again
@@ -52,8 +55,9 @@ class RNNBase(torch.nn.Module):
     without.
 
     Parameters, per layer l and direction (suffix '' or '_reverse'), registered in torch's
-    order: weight_ih_l{l} [G*H, I_l] (I_l = I for l = 0, else D*H), weight_hh_l{l} [G*H, H],
-    bias_ih_l{l} [G*H], bias_hh_l{l} [G*H] (with bias); all uniform(-1/sqrt(H), 1/sqrt(H)).
+    order: weight_ih_l{l} [G*H, I_l] (I_l = I for l = 0, else D*P), weight_hh_l{l} [G*H, P],
+    bias_ih_l{l} [G*H], bias_hh_l{l} [G*H] (with bias), weight_hr_l{l} [P, H] (proj_size P >
+    0; else P = H and no weight_hr); all uniform(-1/sqrt(H), 1/sqrt(H)).
     """
 
     recompute = False   # (a module pickled before the keyword existed reads this)
@@ -89,11 +93,12 @@ class RNNBase(torch.nn.Module):
                              "projections")
         if proj_size >= hidden_size:
             raise ValueError("proj_size has to be smaller than hidden_size")
+        if proj_size > 0 and recompute:
+            raise ValueError(f"recompute: a module with proj_size > 0 (got proj_size="
+                             f"{proj_size}) runs torch's own LSTM, which has no recompute; "
+                             f"use recompute=False")
         if proj_size > 0:
-            raise NotImplementedError(
-                f"proj_size: rnnrt.nn.LSTM does not implement projections (proj_size > 0, "
-                f"got proj_size={proj_size}); use proj_size=0, or torch.nn.LSTM for an LSTM "
-                f"with projections")
+            warnings.warn(_PROJ_WARNING.format(proj_size=proj_size), UserWarning, stacklevel=3)
 
         self.mode = mode
         self.input_size = input_size
@@ -111,12 +116,14 @@ class RNNBase(torch.nn.Module):
         self._all_weights = []
         for layer in range(num_layers):
             for direction in range(self.num_directions):
-                in_size = input_size if layer == 0 else hidden_size * self.num_directions
+                in_size = input_size if layer == 0 else self.out_size * self.num_directions
                 suffix = "_reverse" if direction == 1 else ""
                 shapes = [("weight_ih", (gate_size, in_size)),
-                          ("weight_hh", (gate_size, hidden_size))]
+                          ("weight_hh", (gate_size, self.out_size))]
                 if bias:
                     shapes += [("bias_ih", (gate_size,)), ("bias_hh", (gate_size,))]
+                if proj_size > 0:
+                    shapes += [("weight_hr", (proj_size, hidden_size))]
                 names = []
                 for kind, shape in shapes:
                     n = f"{kind}_l{layer}{suffix}"
@@ -131,6 +138,20 @@ class RNNBase(torch.nn.Module):
     @property
     def num_directions(self) -> int:
         return 2 if self.bidirectional else 1
+
+    @property
+    def out_size(self) -> int:
+        """The size of h (each step's output, h_0, h_n): proj_size where it is > 0, else
+        hidden_size (torch.nn's ``real_hidden_size``)."""
+        return self.proj_size if self.proj_size > 0 else self.hidden_size
+
+    @property
+    def implementation(self) -> str:
+        """Which code runs the recurrence: 'rnnrt' (its backends: GpuRunner on CUDA, the
+        NumPy reference on the CPU), or 'torch' for an LSTM with proj_size > 0 (torch's own
+        LSTM, cuDNN on CUDA: rnnrt has no projection kernels; said by a warning at
+        construction)."""
+        return "torch" if self.proj_size > 0 else "rnnrt"
 
     @property
     def cell(self) -> str:
@@ -164,7 +185,11 @@ class RNNBase(torch.nn.Module):
         ``.cuda()`` / ``.to()``; after anything that replaces a
         parameter's storage (``load_state_dict(assign=True)``, ``p.data = ...``) the backend
         copies the parameters each call until this is called again. Elsewhere a no-op (the
-        CPU path reads the parameters in place)."""
+        CPU path reads the parameters in place). A module that runs torch's LSTM
+        (``implementation``) is compacted for cuDNN, by torch.nn's own method."""
+        if self.implementation == "torch":
+            torch.nn.RNNBase.flatten_parameters(self)
+            return
         flatten(self)
 
     def _apply(self, fn, *args, **kwargs):
@@ -175,6 +200,8 @@ class RNNBase(torch.nn.Module):
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
+        if self.proj_size != 0:
+            s += f", proj_size={self.proj_size}"
         if self.num_layers != 1:
             s += f", num_layers={self.num_layers}"
         if self.bias is not True:
@@ -202,6 +229,8 @@ class RNNBase(torch.nn.Module):
 
     def _run_layers(self, p):
         """All layers over the packed data. -> (y [N, D*H], h_n [L*D, B, H], c_n or None)"""
+        if self.implementation == "torch":
+            return self._run_torch(p)
         L, D = self.num_layers, self.num_directions
         dropout = self.dropout if self.training else 0.0
         if D == 1 and (dropout == 0 or L == 1):
@@ -223,6 +252,25 @@ class RNNBase(torch.nn.Module):
             if dropout > 0 and layer < L - 1:
                 x = torch.nn.functional.dropout(x, p=dropout, training=True)
         return x, torch.cat(hs, 0), (torch.cat(cs, 0) if self.mode == "LSTM" else None)
+
+    def _run_torch(self, p):
+        """torch's LSTM (``torch.lstm``, the op torch.nn.LSTM runs: cuDNN on CUDA, its
+        autocast rules) over the checked call, on the caller's layout as torch.nn.LSTM
+        passes it (so its results are torch.nn's bit for bit). -> (y [N, D*P] packed or
+        time-major, h_n [L*D, B, P], c_n [L*D, B, H])"""
+        LD, B = self.num_layers * self.num_directions, p.batch
+        like = dict(dtype=p.data.dtype, device=p.data.device)
+        h0 = p.h0 if p.h0 is not None else torch.zeros(LD, B, self.out_size, **like)
+        c0 = p.c0 if p.c0 is not None else torch.zeros(LD, B, self.hidden_size, **like)
+        args = ((h0, c0), self._flat_weights, self.bias, self.num_layers, self.dropout,
+                self.training, self.bidirectional)
+        if p.packed:
+            return torch.lstm(p.data, p.batch_sizes_tensor, *args)
+        x = p.data if p.batched else p.data.unsqueeze(0 if self.batch_first else 1)
+        y, h_n, c_n = torch.lstm(x, *args, self.batch_first)
+        if self.batch_first:
+            y = y.transpose(0, 1)
+        return y.reshape(p.steps * B, y.shape[-1]), h_n, c_n
 
     def forward(self, input, hx=None):
         """torch.nn's forward.
@@ -258,8 +306,8 @@ class LSTM(RNNBase):
     """torch.nn.LSTM's drop-in (gates i, f, g, o). Arguments as torch.nn.LSTM's:
     (input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
     bidirectional=False, proj_size=0, device=None, dtype=None), and rnnrt's recompute=False
-    (RNNBase); proj_size > 0 raises
-    NotImplementedError. forward(input, (h_0, c_0)) -> output, (h_n, c_n)."""
+    (RNNBase); proj_size > 0 runs torch's own LSTM (warned at construction; ``implementation``).
+    forward(input, (h_0, c_0)) -> output, (h_n, c_n)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__("LSTM", *args, **kwargs)

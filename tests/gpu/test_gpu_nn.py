@@ -5,7 +5,8 @@ plain input; and packed sequences of different lengths (sorted, unsorted, padded
 lengths: rnnrt's variable-length plans, outputs zero past each sequence's end); the work runs
 on PyTorch's current stream (a side stream here); the parameters are read in place after
 .cuda() (no copy a call) and copied once they move; the charLM example's torch path trains
-on the GPU; what the CUDA path does not run is refused by name.
+on the GPU; what the CUDA path does not run is refused by name; an LSTM with proj_size runs
+torch's own LSTM (cuDNN), its results torch.nn's.
 
 Run on the device: pytest -m gpu tests/gpu/test_gpu_nn.py
 """
@@ -211,6 +212,47 @@ def test_parameters_are_read_in_place_until_they_move(cp):
     now = [s for (wid, *_), s in _cuda_backend()._sites.items() if wid == id(first)]
     assert len(now) == 1 and now[0] is not sites[0], "the moved parameters kept the old site"
     assert now[0].adopted_ptrs is None and now[0].copies == 1
+
+
+@pytest.mark.parametrize("kind", ["plain", "packed", "autocast"])
+def test_projection_runs_torchs_lstm_on_cuda(kind):
+    """proj_size > 0 runs torch's own LSTM (cuDNN): torch.nn.LSTM's output, states and
+    every gradient, packed (unsorted lengths) and under bf16 autocast too; .cuda() compacts
+    the parameters for cuDNN (one storage), as torch.nn's does."""
+    import warnings
+    from torch.nn.utils.rnn import pack_padded_sequence
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(I, H, num_layers=2, bidirectional=True, proj_size=5).cuda()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = rnnrt.nn.LSTM(I, H, num_layers=2, bidirectional=True, proj_size=5).cuda()
+    ours.load_state_dict(ref.state_dict())
+    ours.flatten_parameters()   # load_state_dict copies in place: still one buffer
+    assert ours.implementation == "torch"
+    assert len({p.untyped_storage().data_ptr() for p in ours.parameters()}) == 1
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(T, B, I, device="cuda", generator=g)
+    hx = (0.5 * torch.randn(4, B, 5, device="cuda", generator=g),
+          0.5 * torch.randn(4, B, H, device="cuda", generator=g))
+    lengths = torch.tensor([3, 6, 1, 6, 4])
+
+    def step(m, xi, hxi):
+        if kind == "packed":
+            y, hn = m(pack_padded_sequence(xi, lengths, enforce_sorted=False), hxi)
+            y = y.data
+        else:
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=kind == "autocast"):
+                y, hn = m(xi, hxi)
+        assert y.shape[-1] == 10 and hn[0].shape == (4, B, 5) and hn[1].shape == (4, B, H)
+        return y, hn, (y.float() ** 2).sum() + sum((h.float() ** 2).sum() for h in hn)
+
+    outs = _both(ref, ours, x, hx, step)
+    # under autocast the dtype is torch's choice (cuDNN's LSTM with projections gave float16
+    # under bfloat16 autocast on the H200): the same as torch.nn's, whatever it is
+    assert outs[1][0].dtype == outs[0][0].dtype
+    assert outs[0][0].dtype in ((torch.float16, torch.bfloat16) if kind == "autocast"
+                                else (torch.float32,))
+    _compare(outs, f"proj {kind}")
 
 
 def test_what_cuda_does_not_run_is_refused_by_name(cp):
