@@ -10,7 +10,9 @@
  *   hardware primitives   dynamic shared memory, 16-byte cp.async copies, 32-bit shared
  *                         addresses and 16-byte shared loads, the gpu-scope acq_rel fence,
  *                         acquire and relaxed loads, thread-block cluster rank / barrier /
- *                         distributed shared-memory store (sm_90), L2 prefetch.
+ *                         distributed shared-memory store, bulk copies (plain and
+ *                         multicast into a cluster) on mbarriers, async-proxy fences
+ *                         (sm_90), L2 prefetch.
  *   ps_wait               the stack kernels' wait on a progress counter (forward and
  *                         backward: persistent_stack.cu, persistent_stack_mma.cu,
  *                         persistent_stack_bwd.cu)
@@ -224,6 +226,11 @@ __device__ __forceinline__ void pk_st_cluster4(pk_saddr local, unsigned int rank
 // pk_mbar_wait waits for the barrier's phase of parity `parity` to complete (traps past
 // PK_SPIN_LIMIT, as the other waits); pk_fence_async_smem orders this thread's earlier
 // shared-memory accesses (generic proxy) before later bulk copies into it (async proxy).
+// pk_bulk_g2s_mc: the same copy into every block of this block's cluster named in `mask`
+// (bit r: rank r), at `dst`'s offset in each, completing on each one's barrier at `bar`'s
+// offset (multicast: one read of the source for all of them); pk_fence_async_global orders
+// the global memory this thread has seen (the other blocks' stores it acquired) before its
+// later bulk copies read it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 __device__ __forceinline__ void pk_mbar_init(pk_saddr, unsigned int) { __trap(); }
 __device__ __forceinline__ void pk_mbar_init_fence() { __trap(); }
@@ -231,8 +238,13 @@ __device__ __forceinline__ void pk_mbar_expect(pk_saddr, unsigned int) { __trap(
 __device__ __forceinline__ void pk_bulk_g2s(pk_saddr, const void*, unsigned int, pk_saddr) {
     __trap();
 }
+__device__ __forceinline__ void pk_bulk_g2s_mc(pk_saddr, const void*, unsigned int, pk_saddr,
+                                               unsigned short) {
+    __trap();
+}
 __device__ __forceinline__ void pk_mbar_wait(pk_saddr, unsigned int) { __trap(); }
 __device__ __forceinline__ void pk_fence_async_smem() { __trap(); }
+__device__ __forceinline__ void pk_fence_async_global() { __trap(); }
 #else
 __device__ __forceinline__ void pk_mbar_init(pk_saddr bar, unsigned int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
@@ -260,8 +272,18 @@ __device__ __forceinline__ void pk_mbar_wait(pk_saddr bar, unsigned int parity) 
         if (!done && clock64() - start > PK_SPIN_LIMIT) __trap();
     }
 }
+__device__ __forceinline__ void pk_bulk_g2s_mc(pk_saddr dst, const void* src,
+                                               unsigned int bytes, pk_saddr bar,
+                                               unsigned short mask) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1], %2, [%3], %4;"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
+}
 __device__ __forceinline__ void pk_fence_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void pk_fence_async_global() {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 #endif
 

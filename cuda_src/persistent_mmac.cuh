@@ -1,6 +1,7 @@
 /*
  * persistent_mmac.cuh: the body of the tensor-core cluster kernels, mmac_fwd<G, CELL, TS, CN,
- * NTC> (its geometry MmacGeom, the grid form's staging mmag_stage). #included by
+ * NTC> (its geometry MmacGeom, the grid form's staging mmag_stage, mmag_stage_mc: by
+ * the cluster's multicast bulk copies). #included by
  * persistent_mmac.cu (clusters of CN = 8 or 16 blocks, one n8 tile), persistent_mmacw.cu (the
  * wide form: clusters of 8, NTC = PK_MMAC_WNT n8 tiles) and persistent_mmag.cu (CN = 0: the
  * grid form), whose headers document the kernels, their arguments and variants; rnnrt's
@@ -22,6 +23,9 @@
 #define PK_MMAG_NT 4              // the grid form: most n8 tiles (batches 8 * PK_MMAG_NT)
 #define PK_MMAG_KR 16             // the grid form: k16 steps held in registers (even; its
                                   // PK_MMAG_NT tiles' accumulators take the registers)
+#define PK_MMAG_CLUSTER 2         // the grid form's blocks a cluster: a pair shares the
+                                  // staging of h_t (one L2 read a pair, multicast; an SM
+                                  // pair is a TPC, so every pair of SMs holds a cluster)
 #define PK_MMAC_WNT 4             // the wide cluster form (*_mmacw_*): most n8 tiles a
                                   // cluster (batches 8 * PK_MMAC_WNT), PK_MMAG_KR in registers
 
@@ -62,31 +66,46 @@ __device__ __forceinline__ int mmac_rh_floats(const MmacGeom& g) {
 }
 
 // The grid form's staging of h_t [B][H] (row stride ldh) into the buffer's rows 0..B-1
-// (stride SRH): 16-byte cp.async copies where every row is 16-byte aligned (vec), else
-// 2-byte L2 loads (ld.cg: the other blocks wrote h_t during this launch). The caller
-// commits, waits and syncs.
+// (stride SRH) where its rows are not 16-byte aligned (else mmag_stage_mc): 2-byte L2 loads
+// (ld.cg: the other blocks wrote h_t during this launch), each block all of h_t. The caller
+// syncs.
 template <class TS>
 __device__ __forceinline__ void mmag_stage(TS* hs, int SRH, const TS* ht, long long ldh, int B,
-                                           int H, bool vec, int tid, int nt) {
+                                           int H, int tid, int nt) {
     if (PK_TIMING & 1) return;
-    if (vec) {
-        const int cpr = H / 8;   // 16-byte chunks a row
-        for (int e = tid; e < B * cpr; e += nt) {
-            const int b = e / cpr, q = e - b * cpr;
-            pk_cp_async16(reinterpret_cast<float*>(hs + b * SRH + 8 * q),
-                          reinterpret_cast<const float*>(ht + b * ldh + 8 * q));
-        }
-    } else {
-        for (int e = tid; e < B * H; e += nt) {
-            const int b = e / H, k = e - b * H;
-            hs[b * SRH + k] = from_f<TS>(pk_ldcg(ht + b * ldh + k));
-        }
+    for (int e = tid; e < B * H; e += nt) {
+        const int b = e / H, k = e - b * H;
+        hs[b * SRH + k] = from_f<TS>(pk_ldcg(ht + b * ldh + k));
     }
+}
+
+// The grid form's staging of h_t by the bulk copy engine, where rows are 16-byte aligned:
+// block rank r of a cluster of PK_MMAG_CLUSTER copies rows r, r + PK_MMAG_CLUSTER, ... of
+// h_t [B][H] once, multicast into the same rows of every block's buffer (stride SRH), and
+// each block's mbarrier `bar` expects all B rows (its phase t & 1 completes when they have
+// landed: the caller waits on it). Warp 0 issues; lane 0's arrival carries the byte count.
+// The other block's copies may land before this block's expect: the phase also needs that
+// one arrival, so it cannot complete early.
+template <class TS>
+__device__ __forceinline__ void mmag_stage_mc(TS* hs, int SRH, const TS* ht, long long ldh,
+                                              int B, int H, pk_saddr bar, int tid) {
+    if (tid >= 32) return;
+    pk_fence_async_global();   // the other blocks' h_t, acquired at the barrier, before the
+                               // copies read it
+    if (tid == 0) pk_mbar_expect(bar, (unsigned int)(B * H * (int)sizeof(TS)));
+    __syncwarp();
+    const unsigned int rank = pk_cluster_rank();
+    for (int b = (int)rank + PK_MMAG_CLUSTER * tid; b < B; b += 32 * PK_MMAG_CLUSTER)
+        pk_bulk_g2s_mc(pk_smem_addr(reinterpret_cast<const float*>(hs + b * SRH)),
+                       ht + b * ldh, (unsigned int)(H * (int)sizeof(TS)), bar,
+                       (unsigned short)((1u << PK_MMAG_CLUSTER) - 1u));
 }
 
 // CN blocks a cluster (8, 16), or CN = 0: the grid form (every block of the grid is one
 // "cluster" over all B <= 8 PK_MMAG_NT batches; h_{t+1} goes to global memory, the blocks meet
-// at the flag grid barrier on `sync`, and each stages h_t from L2 at the top of a step). NTC:
+// at the flag grid barrier on `sync`, and each stages h_t from L2 at the top of a step: in
+// clusters of PK_MMAG_CLUSTER (the launch's) sharing the copy where rows are 16-byte aligned,
+// mmag_stage_mc; else each block its own, mmag_stage). NTC:
 // the n8 tiles a cluster's registers are sized for (1; PK_MMAC_WNT: the wide cluster form,
 // up to 8 NTC batches a cluster, PK_MMAG_KR steps' A fragments in registers).
 template <int G, int CELL, class TS, int CN, int NTC = 1>
@@ -114,7 +133,9 @@ __device__ __forceinline__ void mmac_fwd(
     const int B = min(BG, Bfull - b_off);
     const int ranks = GRID ? (int)gridDim.x : CN;
     const MmacGeom g = mmac_geom(G, U, H, nt, BG, GRID, TILED);
-    const long long need = 4LL * (mmac_rh_floats(g) + (long long)g.KPARTS * g.MT * 16 * g.RS);
+    // (the grid form: 16 bytes past the partial sums for the staging's mbarrier)
+    const long long need = 4LL * (mmac_rh_floats(g) + (long long)g.KPARTS * g.MT * 16 * g.RS +
+                                  (GRID ? 4 : 0));
     if (U < 1 || H < 1 || B < 1 || BG > 8 * NTX || KT < H || nt % 32 != 0 ||
         g.KPARTS < 1 || g.NW != g.MT * g.KPARTS || (long long)ranks * U < H ||
         (long long)U * BG > (long long)PK_CPT * nt || (long long)dynamic_smem_bytes() < need)
@@ -134,9 +155,12 @@ __device__ __forceinline__ void mmac_fwd(
     TS* const Rs = reinterpret_cast<TS*>(smem);           // [MT*16][SRH]
     TS* const hs = Rs + g.MT * 16 * g.SRH;                // [HR][SRH]
     float* const red = smem + mmac_rh_floats(g);          // [KPARTS][MT*16][RS]
-    // the grid form's 16-byte staging: rows of h 16-byte aligned, whole chunks
-    [[maybe_unused]] const bool vec = GRID && H % 8 == 0 && ldh % 8 == 0 &&
-                     (reinterpret_cast<unsigned long long>(h) & 15ull) == 0;
+    // the grid form's staging by the cluster's multicast bulk copies (mc), completing on
+    // the mbarrier `bar`: where the rows of h are 16-byte aligned, whole 16-byte chunks
+    [[maybe_unused]] const bool mc = GRID && !(PK_TIMING & 1) && H % 8 == 0 &&
+                     ldh % 8 == 0 && (reinterpret_cast<unsigned long long>(h) & 15ull) == 0;
+    [[maybe_unused]] const pk_saddr bar =
+            pk_smem_addr(red + (long long)g.KPARTS * g.MT * 16 * g.RS);
 
     // Pointwise cells of this thread: e = tid + i*nt, jj = e % U, b = e / U (live: jj < Ub,
     // b < B), as the other persistent kernels (emulate.owned). gx of step t+1 is loaded
@@ -204,7 +228,16 @@ __device__ __forceinline__ void mmac_fwd(
         // zeros in the buffer (rows past B and columns past H are read by the fragments,
         // never staged); h_t is staged at the top of every step, h_0 too
         for (int e = tid; e < g.HR * g.SRH; e += nt) hs[e] = from_f<TS>(0.f);
-        __syncthreads();   // the R slice and the zeros, before any fragment is read
+        if (mc) {
+            if (tid == 0) {
+                pk_mbar_init(bar, 1);
+                pk_mbar_init_fence();
+            }
+            pk_fence_async_smem();   // the zeros before the copies into the buffer
+        }
+        // the R slice and the zeros before any fragment is read; in every block of the
+        // cluster, with its barrier, before the other block's first copy lands in it
+        pk_cluster_sync();
     } else {
         // h_0 of the cluster's batches into buffer 0; zeros everywhere else in both buffers
         // (rows past B and columns past H are read by the fragments, never pushed)
@@ -242,10 +275,13 @@ __device__ __forceinline__ void mmac_fwd(
 
     for (int t = 0; t < T; ++t) {
         if constexpr (GRID) {   // h_t, complete since the last barrier (h_0: the caller's)
-            mmag_stage(hs, g.SRH, h + (long long)t * S * ldh, ldh, B, H, vec, tid, nt);
-            pk_cp_commit();
-            pk_cp_wait<0>();
-            __syncthreads();
+            if (mc) {
+                mmag_stage_mc(hs, g.SRH, h + (long long)t * S * ldh, ldh, B, H, bar, tid);
+                pk_mbar_wait(bar, (unsigned int)(t & 1));
+            } else {
+                mmag_stage(hs, g.SRH, h + (long long)t * S * ldh, ldh, B, H, tid, nt);
+                __syncthreads();
+            }
         }
         // batch g of n8 tile n: b_row + 8 n SRH
         const TS* const b_row = hs + ((GRID ? 0 : (t & 1) * 8 * g.NT) + fg) * g.SRH + 2 * fc;
@@ -342,6 +378,8 @@ __device__ __forceinline__ void mmac_fwd(
             step(d1, ks + 1);
         }
         if (ks < ks1) step(d0, ks);
+        if (GRID && mc) pk_fence_async_smem();   // this step's reads of h_t before the next
+                                                 // step's copies into the buffer
         // D of tile n: d0, d1 (row g, batches 8n + 2c, 8n + 2c + 1), d2, d3 (row g + 8)
 #pragma unroll
         for (int n = 0; n < NTX; ++n) {
@@ -427,8 +465,12 @@ __device__ __forceinline__ void mmac_fwd(
             pk_cluster_wait();
         }
     }
-    if constexpr (GRID) grid_exit(sync);
-    else if (PK_TIMING & 4) pk_cluster_sync();   // timing only: no exit before the pushes
+    if constexpr (GRID) {
+        pk_cluster_sync();   // the grid form: no block exits while a copy may land in it
+        grid_exit(sync);
+    } else if (PK_TIMING & 4) {
+        pk_cluster_sync();   // timing only: no exit before the pushes
+    }
 }
 
 #endif  // RNNRT_PERSISTENT_MMAC_CUH

@@ -9,7 +9,14 @@
  * exchange is the grid kernels': h_{t+1} (rounded to TS) to global memory, the flag grid
  * barrier on `sync` (persistent_layer.cuh's counter, its arrival a fence and an atomic by
  * thread 0, its wait a relaxed spin and one acquire load), h_t staged from L2 into shared
- * memory by 16-byte cp.async copies at the top of each step. Why not the tensor-core grid
+ * memory at the top of each step. The grid runs in clusters of PK_MMAG_CLUSTER (2) blocks
+ * that share that copy: where h's rows are 16-byte aligned, each block copies half the rows
+ * once by bulk copies multicast into both blocks (mmag_stage_mc: the pair reads h_t out of
+ * L2 once, not twice) and waits on its mbarrier; else each block stages all of h_t itself
+ * by 2-byte L2 loads (mmag_stage). Why (H200, 128 blocks, h_t staging alone with the
+ * step's reads, stores and barrier, `kernels/staging-bench-nvidia-h200-20261129T174119.json`):
+ * B 32 5.66 us a step by 16-byte cp.async copies, 5.29 by bulk copies, 4.20 multicast in
+ * pairs, 5.30 in clusters of 4; B 8 3.03 / 2.87 / 2.32 / 2.44. Why not the tensor-core grid
  * kernel (persistent_mma.cu): it keeps R as fp32 in shared memory and converts its
  * fragments every step, and stages h_t in k tiles; at LSTM H 1024 B 8 its step took 14.9 us
  * (`kernels/persistent-mma-bench-T100-nvidia-h200-20261129T102006.json`). Host side:
@@ -20,11 +27,13 @@
  *   Compile-time: PK_TIMING (persistent_common.cuh; timing variants, wrong results on
  *   purpose, experiments/scripts/mmac_bench.py only): 1 no staging of h_t, 2 no mma.sync,
  *   4 no grid barrier a step, 8 no pointwise update (no sums or stores).
+ *   __cluster_dims__(PK_MMAG_CLUSTER): every kernel runs in clusters of 2.
  *
  * Calling convention: persistent.cu's grid kernels' (registry entries persistent=True), h a
- *   TS*; units_per_block U with gridDim.x * U >= H, every block resident at once (the fit:
- *   gridDim.x <= SMs, one block an SM); k_tile KT >= H (all of h_t is staged at once);
- *   blockDim.x = 32 * MT * KPARTS, MT = ceil(G*U / 16); B <= 8 PK_MMAG_NT.
+ *   TS*; units_per_block U with gridDim.x * U >= H, gridDim.x a multiple of PK_MMAG_CLUSTER
+ *   (blocks past H own no units), every block resident at once (the fit: gridDim.x <= SMs,
+ *   one block an SM); k_tile KT >= H (all of h_t is staged at once); blockDim.x = 32 * MT *
+ *   KPARTS, MT = ceil(G*U / 16); B <= 8 PK_MMAG_NT.
  *
  * Kernels (one variant each a storage type; per step t = 0..T-1, for every (b, j): the
  *   persistent kernels' arithmetic, gh summed over k by mma.sync: each k-part's steps in
@@ -75,14 +84,15 @@
  *
  * Shared memory (mmac.py mmac_layout computes the same): the R slice [MT*16][KP + 8] TS, one
  * h buffer [8 NT][KP + 8] TS (NT = ceil(B / 8); KP = H rounded up to 16), partial sums
- * [KPARTS][MT*16][8 NT] floats.
+ * [KPARTS][MT*16][8 NT] floats, 16 bytes (the staging's mbarrier).
  * Resources (nvcc 13.0, sm_90a, no spills): __launch_bounds__(PK_MMAC_MAX_THREADS = 256, 1);
  *   rnnrt.kernels.mmac.NVCC_REGS.
  */
 #include "persistent_mmac.cuh"
 
 template <class TS, bool TF32>
-__global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) lstm_persistent_mmacg_fwd_t(
+__global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) __cluster_dims__(PK_MMAG_CLUSTER, 1, 1)
+lstm_persistent_mmacg_fwd_t(
         int rows, int cols, TS* h, int ldh, float* c, int ldc, float* act, int ldact,
         unsigned int* sync, int ldsync, const float* gx, int ldgx, const float* w_hh, int
         ldw_hh, const float* bw, int ldbw, const float* br, int ldbr, int T, int
@@ -94,7 +104,8 @@ __global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) lstm_persistent_mmacg_
 }
 
 template <class TS, bool TF32>
-__global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) gru_persistent_mmacg_fwd_t(
+__global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) __cluster_dims__(PK_MMAG_CLUSTER, 1, 1)
+gru_persistent_mmacg_fwd_t(
         int rows, int cols, TS* h, int ldh, float* act, int ldact, unsigned int* sync, int
         ldsync, const float* gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw,
         int ldbw, const float* br, int ldbr, int T, int units_per_block, int k_tile) {
@@ -105,7 +116,8 @@ __global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) gru_persistent_mmacg_f
 }
 
 template <class TS, bool TF32>
-__global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) rnn_tanh_persistent_mmacg_fwd_t(
+__global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) __cluster_dims__(PK_MMAG_CLUSTER, 1, 1)
+rnn_tanh_persistent_mmacg_fwd_t(
         int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float*
         gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const
         float* br, int ldbr, int T, int units_per_block, int k_tile) {
@@ -116,7 +128,8 @@ __global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) rnn_tanh_persistent_mm
 }
 
 template <class TS, bool TF32>
-__global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) rnn_relu_persistent_mmacg_fwd_t(
+__global__ void __launch_bounds__(PK_MMAC_MAX_THREADS, 1) __cluster_dims__(PK_MMAG_CLUSTER, 1, 1)
+rnn_relu_persistent_mmacg_fwd_t(
         int rows, int cols, TS* h, int ldh, unsigned int* sync, int ldsync, const float*
         gx, int ldgx, const float* w_hh, int ldw_hh, const float* bw, int ldbw, const
         float* br, int ldbr, int T, int units_per_block, int k_tile) {

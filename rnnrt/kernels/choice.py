@@ -39,7 +39,7 @@ from .choice_backward import (CUBLAS_BWD_LAYER_STEP_US, CUBLAS_BWD_STEP_US,  # n
                               grid_pair_alternatives, prefers_persistent_backward,
                               prefers_stack_backward)
 from .mma import MMA_DTYPES, mma_fit
-from .mmac import MMAC_BG, mmac_fit
+from .mmac import mmac_fit
 from .regs import regs_fit
 from .regs_bwd import regs_bwd_fit
 from .schedules import (Schedule, paper_schedule, paper_schedules, persistent_schedule,
@@ -454,10 +454,12 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
          B 128 in its wide form: LSTM H 128 / 256 0.28 / 0.37 ms against the
          register-resident kernel's 0.40 and cuBLAS's 0.66; at B 256 H 256 a tie with
          cuBLAS, `sweep/sweep-wide-float16-l1-h128-256-b128-256-mmacw-*-nvidia-h200-*.jsonl`);
-         its grid form (no cluster holds R) at one n8 tile only, batch <= 8 (H200, float16,
-         H 1024: B 8 LSTM / GRU 0.47 / 0.42 ms against the cuBLAS rungs' 0.71 / 0.64; B 32
-         0.78 / 0.76 against 0.80 / 0.72, a tie, so the rung,
-         `sweep/sweep-wide-float16-l1-h1024-b8-32-mmacg-*-nvidia-h200-20261129T104*.jsonl`);
+         its grid form (no cluster holds R) too, wherever it fits (batch <= 32; H200, float16,
+         H 1024, its blocks in pairs sharing the staging of h_t: B 8 LSTM / GRU 0.40 / 0.37
+         ms against the cuBLAS rungs' best 0.69 / 0.63; B 32 0.67 / 0.63 against 0.80 /
+         0.73, `sweep/sweep-wide-float16-l1-h1024-b8-32-mmacg-pairs-lstm-gru-nvidia-h200-
+         20261129T175752.jsonl`; before the pairs B 32 was a tie, 0.78 / 0.76 against 0.80 /
+         0.72, and the rule took the rung there);
       3. the cluster kernel where it fits and hidden <= 128;
       4. the grid kernel where it fits and hidden x batch <= GRID_MAX_WORK;
       5. cuBLAS: the paper rung (pre-transposed weights) at batch >= 128, else chunks of 10
@@ -469,9 +471,7 @@ def forward_heuristic(shape: "Shape", device) -> Schedule:
     if ("stack" in fams and 4 * shape.batch > PS_BMAX and shape.hidden >= 256
             and shape.dtype == "float32"):
         return persistent_schedule("stack")
-    if "mmac" in fams and shape.layers == 1 and shape.batch <= MMAC_HEURISTIC_BATCH and (
-            shape.batch <= MMAC_BG or mmac_fit(shape.cell, shape.hidden, shape.batch,
-                                               device.props(), shape.dtype).cluster):
+    if "mmac" in fams and shape.layers == 1 and shape.batch <= MMAC_HEURISTIC_BATCH:
         return persistent_schedule("mmac")
     if "cluster" in fams and shape.hidden <= 128:
         return persistent_schedule("cluster")

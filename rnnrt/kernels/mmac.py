@@ -58,6 +58,9 @@ MMAC_FORMS = MMAC_CLUSTERS + (GRID_FORM,)    # what mmac_fit tries, in order
 MMAG_NT = 4              # the grid form's most n8 tiles (PK_MMAG_NT)
 MMAG_BATCH = 8 * MMAG_NT                     # ... so its most batches
 MMAG_KR = 16             # the grid form's k16 steps held in registers (PK_MMAG_KR)
+MMAG_CLUSTER = 2         # the grid form's blocks a cluster (PK_MMAG_CLUSTER: a pair shares
+                         # the staging of h_t; its blocks round up to a multiple of it)
+MMAG_BARRIER = 16        # bytes of shared memory past the partial sums: the staging's mbarrier
 MMAC_WNT = 4             # the wide cluster form's most n8 tiles a cluster (PK_MMAC_WNT)
 MMAC_WIDE_BATCH = 8 * MMAC_WNT               # ... so its most batches a cluster
 
@@ -171,8 +174,10 @@ def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
     of 16-bit values (NT = ceil(BG / 8) n8 tiles in the wide form, else 1), partial sums
     [KPARTS][MT*16][8 NT] floats.
     The grid form (``cluster`` GRID_FORM): ``units_per_block`` U (required: the device's SMs
-    set it), ceil(H / U) blocks of all B <= MMAG_BATCH batches in NT = ceil(B / 8) n8 tiles,
-    one h buffer [8 NT][KP + 8], partial sums [KPARTS][MT*16][8 NT]."""
+    set it), ceil(H / U) blocks rounded up to a multiple of MMAG_CLUSTER (its clusters; a
+    block past H owns no units) of all B <= MMAG_BATCH batches in NT = ceil(B / 8) n8 tiles,
+    one h buffer [8 NT][KP + 8], partial sums [KPARTS][MT*16][8 NT] and the staging's
+    mbarrier (MMAG_BARRIER bytes, counted in smem_partials)."""
     for what, v in (("hidden", hidden), ("batch", batch), ("k_parts", k_parts),
                     ("clusters", 1 if clusters is None else clusters),
                     ("units_per_block", 1 if units_per_block is None else units_per_block)):
@@ -195,10 +200,14 @@ def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
     ntiles = tiles_of(cn, BG)
     rows_h = 8 * ntiles * (1 if grid else 2)
     fit = MmacFit(cell=spec.name, hidden=H, batch=B, ok=True, reason="fits",
-                  units_per_block=U, blocks=ceil_div(H, U) if grid else cn * ncl, threads=nt,
+                  units_per_block=U,
+                  blocks=(MMAG_CLUSTER * ceil_div(ceil_div(H, U), MMAG_CLUSTER) if grid
+                          else cn * ncl), threads=nt,
                   lanes=(1, 1, 1), k_groups=kparts, cells_per_thread=ceil_div(U * BG, nt),
                   k_tile=kp, smem_r=2 * mt * 16 * (kp + 8), smem_tile=2 * rows_h * (kp + 8),
-                  smem_partials=4 * kparts * mt * 16 * 8 * ntiles, cluster=cn, clusters=ncl)
+                  smem_partials=4 * kparts * mt * 16 * 8 * ntiles + (MMAG_BARRIER if grid
+                                                                      else 0),
+                  cluster=cn, clusters=ncl)
     problem = None
     if grid and B > MMAG_BATCH:
         problem = (f"batch {B} > {MMAG_BATCH} (the grid form's {MMAG_NT} n8 tiles: its "
@@ -318,10 +327,14 @@ def _on_device(name, H, B, dev, dtype, where, k_parts, clusters, cn) -> MmacFit:
                   f"memory > {dev.limit} a block can have")
     if not dev.regs_ok(fit.threads):
         return no(f"{fit.threads} threads x {dev.regs} registers > {dev.regs_sm} per SM")
+    if grid and fit.blocks > dev.sms:
+        return no(f"{fit.blocks} blocks (ceil(H / U) rounded up to clusters of "
+                  f"{MMAG_CLUSTER}) > {dev.sms} SMs: not all resident")
     if grid:
         return replace(fit, reason=f"fits: the grid form, {fit.blocks} of {dev.sms} SMs (one "
-                                   f"block an SM), R slice and h_t in shared memory as 16-bit "
-                                   f"values, h_t staged from L2 a step")
+                                   f"block an SM, clusters of {MMAG_CLUSTER}), R slice and h_t "
+                                   f"in shared memory as 16-bit values, h_t staged from L2 a "
+                                   f"step, each pair's once")
     wide = (f"; the wide form, {fit.batch_per_block} batches ({fit.n_tiles} n8 tiles) a "
             f"cluster" if fit.wide else "")
     return replace(fit, reason=f"fits: {fit.clusters} cluster{'' if fit.clusters == 1 else 's'}"

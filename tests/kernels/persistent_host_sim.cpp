@@ -40,13 +40,16 @@
 #include <optional>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -206,21 +209,111 @@ static thread_local std::optional<std::barrier<>::arrival_token> sim_cluster_tok
     std::memcpy(reinterpret_cast<char*>(sim_block_smem[pk_cluster_id() * sim_cluster + rank]) + off,
                 &bits, 2);
 }
-// the bulk copy engine: an immediate copy (the barrier it completes on, and the waits, are
-// no-ops: a copy that has landed satisfies every wait), with the GPU's alignment rules
-[[maybe_unused]] static void pk_mbar_init(pk_saddr, unsigned int) {}
+// the bulk copy engine: an immediate copy, with the GPU's alignment rules, that completes
+// its bytes on the mbarrier it names. The mbarriers are modelled as the PTX ISA defines them
+// (a phase completes when its pending arrivals and its transaction count are both zero; then
+// the next phase begins with the init's arrival count; a wait on parity P returns once the
+// phase of that parity has completed), so a kernel that waits before every byte it expects
+// has been sent (a copy another block issues late, a byte count too small) reads stale
+// memory here as it would on the GPU, and one whose phase never completes traps.
+struct SimMbar {
+    std::mutex m;
+    std::condition_variable cv;
+    int count = 1, pending = 1;
+    long long tx = 0;
+    unsigned int phase = 0;
+};
+static std::mutex sim_mbars_mutex;
+static std::map<pk_saddr, std::unique_ptr<SimMbar>> sim_mbars;
+static SimMbar& sim_mbar(pk_saddr bar) {
+    if (bar % 8) {
+        std::fprintf(stderr, "misaligned mbarrier at %p\n", reinterpret_cast<void*>(bar));
+        std::abort();
+    }
+    std::lock_guard<std::mutex> g(sim_mbars_mutex);
+    auto& p = sim_mbars[bar];
+    if (!p) p.reset(new SimMbar);
+    return *p;
+}
+static void sim_mbar_update(SimMbar& b, int arrivals, long long tx) {   // b.m held
+    b.pending -= arrivals;
+    b.tx += tx;
+    if (b.pending < 0) {
+        std::fprintf(stderr, "mbarrier: more arrivals than its count\n");
+        std::abort();
+    }
+    if (b.pending == 0 && b.tx == 0) {
+        ++b.phase;
+        b.pending = b.count;
+        b.cv.notify_all();
+    }
+}
+[[maybe_unused]] static void pk_mbar_init(pk_saddr bar, unsigned int count) {
+    SimMbar& b = sim_mbar(bar);
+    std::lock_guard<std::mutex> g(b.m);
+    b.count = b.pending = (int)count;
+    b.tx = 0;
+    b.phase = 0;
+}
 [[maybe_unused]] static void pk_mbar_init_fence() {}
-[[maybe_unused]] static void pk_mbar_expect(pk_saddr, unsigned int) {}
-[[maybe_unused]] static void pk_mbar_wait(pk_saddr, unsigned int) {}
+[[maybe_unused]] static void pk_mbar_expect(pk_saddr bar, unsigned int bytes) {
+    SimMbar& b = sim_mbar(bar);
+    std::lock_guard<std::mutex> g(b.m);
+    sim_mbar_update(b, 1, (long long)bytes);
+}
+static void sim_mbar_complete_tx(pk_saddr bar, unsigned int bytes) {
+    SimMbar& b = sim_mbar(bar);
+    std::lock_guard<std::mutex> g(b.m);
+    sim_mbar_update(b, 0, -(long long)bytes);
+}
+[[maybe_unused]] static void pk_mbar_wait(pk_saddr bar, unsigned int parity) {
+    SimMbar& b = sim_mbar(bar);
+    std::unique_lock<std::mutex> g(b.m);
+    // PK_SIM_MBAR_WAIT_S: how long before a wait traps (default 60 s; the planted-fault
+    // tests shorten it)
+    static const int limit = std::getenv("PK_SIM_MBAR_WAIT_S")
+                                 ? std::atoi(std::getenv("PK_SIM_MBAR_WAIT_S")) : 60;
+    if (!b.cv.wait_for(g, std::chrono::seconds(limit),
+                       [&] { return (b.phase & 1u) != parity; })) {
+        std::fprintf(stderr, "mbarrier wait (parity %u) never completed: block %u thread %u\n",
+                     parity, blockIdx.x, threadIdx.x);
+        std::abort();
+    }
+}
 [[maybe_unused]] static void pk_fence_async_smem() {}
-[[maybe_unused]] static void pk_bulk_g2s(pk_saddr dst, const void* src, unsigned int bytes,
-                                         pk_saddr bar) {
+[[maybe_unused]] static void pk_fence_async_global() {}
+static void sim_bulk_check(pk_saddr dst, const void* src, unsigned int bytes, pk_saddr bar) {
     if (dst % 16 || reinterpret_cast<std::uintptr_t>(src) % 16 || bytes % 16 || bar % 8) {
         std::fprintf(stderr, "misaligned bulk copy: dst %p src %p bytes %u bar %p\n",
                      reinterpret_cast<void*>(dst), src, bytes, reinterpret_cast<void*>(bar));
         std::abort();
     }
+}
+[[maybe_unused]] static void pk_bulk_g2s(pk_saddr dst, const void* src, unsigned int bytes,
+                                         pk_saddr bar) {
+    sim_bulk_check(dst, src, bytes, bar);
     std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+    sim_mbar_complete_tx(bar, bytes);
+}
+// multicast: the copy into each block of the cluster named in `mask`, at dst's offset in its
+// shared memory, completing on its barrier at bar's offset
+[[maybe_unused]] static void pk_bulk_g2s_mc(pk_saddr dst, const void* src, unsigned int bytes,
+                                            pk_saddr bar, unsigned short mask) {
+    sim_bulk_check(dst, src, bytes, bar);
+    const pk_saddr base = reinterpret_cast<pk_saddr>(sim_smem);
+    if (dst < base || dst + bytes > base + sim_smem_bytes || bar < base ||
+        bar + 8 > base + sim_smem_bytes || mask >> sim_cluster) {
+        std::fprintf(stderr, "multicast bulk copy out of range: dst %p bar %p mask %x\n",
+                     reinterpret_cast<void*>(dst), reinterpret_cast<void*>(bar), mask);
+        std::abort();
+    }
+    for (int r = 0; r < sim_cluster; ++r) {
+        if (!(mask >> r & 1u)) continue;
+        const pk_saddr other = reinterpret_cast<pk_saddr>(
+                sim_block_smem[pk_cluster_id() * sim_cluster + r]);
+        std::memcpy(reinterpret_cast<void*>(other + (dst - base)), src, bytes);
+        sim_mbar_complete_tx(other + (bar - base), bytes);
+    }
 }
 [[maybe_unused]] static void pk_st_cluster4(pk_saddr local, unsigned int rank, float4 v) {
     if (local % 16 != 0) {   // the GPU faults on this

@@ -11,6 +11,7 @@
 #define gru_persistent_mma_fwd_t gru_persistent_mmacg_fwd_t
 #define rnn_tanh_persistent_mma_fwd_t rnn_tanh_persistent_mmacg_fwd_t
 #define rnn_relu_persistent_mma_fwd_t rnn_relu_persistent_mmacg_fwd_t
+#define PK_SIM_CLUSTER 2   // PK_MMAG_CLUSTER: the grid form's pairs
 #elif defined(PK_SIM_MMACW)   // ... their wide form (clusters of 8, several n8 tiles)
 #define lstm_persistent_mma_fwd_t lstm_persistent_mmacw_fwd_t
 #define gru_persistent_mma_fwd_t gru_persistent_mmacw_fwd_t

@@ -34,13 +34,16 @@ def test_constants_match_the_kernel():
         m = re.search(rf"#define {name} (\d+)", SRC)
         assert m and int(m[1]) == value, name
     for name, value in (("PK_MMAG_NT", MC.MMAG_NT), ("PK_MMAG_KR", MC.MMAG_KR),
-                        ("PK_MMAC_WNT", MC.MMAC_WNT)):
+                        ("PK_MMAC_WNT", MC.MMAC_WNT), ("PK_MMAG_CLUSTER", MC.MMAG_CLUSTER)):
         m = re.search(rf"#define {name} (\d+)", GRID_SRC)
         assert m and int(m[1]) == value, name
     wide = WIDE_SRC.split("#endif  // RNNRT_PERSISTENT_MMAC_CUH")[1]
     assert wide.count("__cluster_dims__(PK_CLUSTER, 1, 1)") == 4
     assert wide.count("PK_CLUSTER, PK_MMAC_WNT>(") == 4
-    assert "__cluster_dims__" not in GRID_SRC.split("#endif  // RNNRT_PERSISTENT_MMAC_CUH")[1]
+    grid = GRID_SRC.split("#endif  // RNNRT_PERSISTENT_MMAC_CUH")[1]
+    assert grid.count("__cluster_dims__(PK_MMAG_CLUSTER, 1, 1)") == 4   # the grid form in pairs
+    assert re.search(r"\(GRID \? 4 : 0\)", GRID_SRC)   # the kernel's need: MMAG_BARRIER bytes
+    assert MC.MMAG_BARRIER == 4 * 4
     assert SRC.count("__cluster_dims__(PK_CLUSTER, 1, 1)") == 4
     assert SRC.count("__cluster_dims__(PK_MMAC_CLUSTER16, 1, 1)") == 4
     assert MC.MMAC_CLUSTERS == (8, MC.NON_PORTABLE)
@@ -82,8 +85,11 @@ def test_the_grid_form_compiles_without_spills(grid_usage):
     found, ptx = grid_usage
     check_no_spills(found, lambda c: MC.kernel_name(c, MC.GRID_FORM), MC.NVCC_REGS)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
-    assert "cp.async.cg.shared.global" in ptx and "ld.acquire.gpu" in ptx
-    assert "barrier.cluster" not in ptx and ".reqnctapercluster" not in ptx
+    assert ("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+            in ptx and "ld.acquire.gpu" in ptx)   # the pairs' staging, the grid barrier
+    # in clusters of 2 (its barrier at the start and the end, none a step; no pushes)
+    assert ".reqnctapercluster 2, 1, 1" in ptx and ptx.count("barrier.cluster.wait") == 2 * 8
+    assert "st.shared::cluster" not in ptx
 
 
 @pytest.mark.parametrize("cluster", MC.MMAC_CLUSTERS)
@@ -126,8 +132,16 @@ def test_fit_takes_the_grid_form_where_no_cluster_holds_r():
         assert (f.units_per_block, f.blocks, f.m_tiles, f.k_parts, f.threads) == (
             8, 128, 2, 4, 256)
         assert f.smem_tile == 2 * 8 * MC.ceil_div(B, 8) * (1024 + 8)   # one [8 NT][KP + 8]
-        assert f.smem_partials == 4 * 4 * 32 * 8 * MC.ceil_div(B, 8)
+        # [KPARTS][MT*16][8 NT] floats, then the staging's mbarrier
+        assert f.smem_partials == 4 * 4 * 32 * 8 * MC.ceil_div(B, 8) + MC.MMAG_BARRIER
         assert f.barrier_arrivals(100) == 99 * 128   # the grid barrier's counter
+        assert "clusters of 2" in f.reason
+    # blocks round up to whole clusters of 2 (the last owns no units); past the SMs, no fit
+    f = MC.mmac_layout("gru", 1000, 8, cluster=MC.GRID_FORM, units_per_block=8)
+    assert f.ok and f.blocks == 126 and f.blocks * 8 - 1000 == 8
+    odd = dict(props, multiProcessorCount=125)
+    f = MC.mmac_fit("lstm", 1000, 8, odd, "float16", cluster=MC.GRID_FORM)
+    assert not f.ok and "126 blocks" in f.reason and "125 SMs" in f.reason, f.reason
     f = MC.mmac_fit("lstm", 1024, 64, props, "float16")
     assert not f.ok and "grid form" in f.reason and "batch 64 > 32" in f.reason
     f = MC.mmac_fit("lstm", 2048, 8, props, "bfloat16")

@@ -9,10 +9,12 @@ float64 rounding-aware reference within the precision's tolerance (not bit-exact
 tensor core's summation order), at clusters of 8 and of 16, one and several clusters (the
 last one short), one and several parts of the k16 steps, a hidden size that is not whole k16
 steps and one whose last block owns fewer units (or none); the grid form at one to four n8
-tiles, 16-byte and 2-byte staging, its counters back at zero after each launch; outputs
+tiles, in pairs (clusters of 2) staging h_t by multicast bulk copies on the sim's model of
+the mbarrier, and by 2-byte loads, its counters back at zero after each launch; outputs
 poisoned before each of two launches, h0 left as it was. A kernel whose A fragment reads rows
 g and g + 8 the wrong way round is refused, and so are a grid form that stages h_{t-1} in
-place of h_t and a wide form whose two h buffers overlap.
+place of h_t (either staging), a pair whose copies land in one block only (its wait traps)
+and a wide form whose two h buffers overlap.
 """
 from __future__ import annotations
 
@@ -93,10 +95,12 @@ def test_steps_past_the_registers_come_from_shared_memory(host_sim, tmp_path, ce
 
 
 # the grid form (H, B, T, U, k_parts): H 40 U 3 (14 blocks, the last owns 1) B 5, one n8 tile,
-# 2 parts, 16-byte staging; H 30 U 4 B 27 (four n8 tiles, the last 3 batches), 2 parts, 2-byte
-# staging (H % 8 != 0); H 64 U 8 B 20 (three tiles), 4 parts; H 528 U 2: one part of 33 k16
-# steps, PK_MMAG_KR in registers, the rest from shared memory, B 11 (two tiles)
-GRID_CASES = [(40, 5, 3, 3, 2), (30, 27, 3, 4, 2), (64, 20, 2, 8, 4), (528, 11, 2, 2, 1)]
+# 2 parts, multicast staging; H 30 U 4 B 27 (four n8 tiles, the last 3 batches), 2 parts,
+# 2-byte staging (H % 8 != 0); H 64 U 8 B 20 (three tiles), 4 parts; H 528 U 2: one part of
+# 33 k16 steps, PK_MMAG_KR in registers, the rest from shared memory, B 11 (two tiles); H 40
+# U 8: 5 blocks of units and a sixth that owns none (whole pairs), B 9, 2 parts
+GRID_CASES = [(40, 5, 3, 3, 2), (30, 27, 3, 4, 2), (64, 20, 2, 8, 4), (528, 11, 2, 2, 1),
+              (40, 9, 2, 8, 2)]
 
 
 @pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
@@ -121,21 +125,42 @@ def test_grid_cases_cover_the_paths():
     assert {f.k_parts > 1 for f in fits} == {False, True}
     assert any(len(f.part_steps(0)) > MC.MMAG_KR for f in fits)
     assert any(f.blocks * f.units_per_block > f.hidden for f in fits)
+    assert any(f.blocks > MC.ceil_div(f.hidden, f.units_per_block) for f in fits)   # a pair
+    assert all(f.blocks % MC.MMAG_CLUSTER == 0 for f in fits)                      # rounds up
 
 
-def test_grid_form_staging_another_step_is_refused(tmp_path_factory, tmp_path):
+@pytest.mark.parametrize("H, staging", [(64, "mmag_stage_mc"), (60, "mmag_stage")],
+                         ids=["multicast", "2-byte"])
+def test_grid_form_staging_another_step_is_refused(tmp_path_factory, tmp_path, H, staging):
     """The sim can fail the grid form's exchange: a kernel that stages h_{t-1} from global
-    memory in place of h_t gives wrong sums."""
-    exe = build_planted(tmp_path_factory, "bad_mmacg",
-                        "mmag_stage(hs, g.SRH, h + (long long)t * S * ldh,",
-                        "mmag_stage(hs, g.SRH, h + (long long)(t > 0 ? t - 1 : 0) * S * ldh,",
+    memory in place of h_t gives wrong sums, by the pairs' multicast copies (rows 16-byte
+    aligned) and by the 2-byte loads (H % 8 != 0)."""
+    exe = build_planted(tmp_path_factory, f"bad_{staging}",
+                        f"{staging}(hs, g.SRH, h + (long long)t * S * ldh,",
+                        f"{staging}(hs, g.SRH, h + (long long)(t > 0 ? t - 1 : 0) * S * ldh,",
                         MC.GRID_FORM)
-    H, B, T, U = 64, 8, 4, 2
+    B, T, U = 8, 4, 2
     fit = MC.mmac_layout("rnn_tanh", H, B, 1, cluster=MC.GRID_FORM, units_per_block=U)
     data, ref = mma_case("rnn_tanh", T, B, H, "bfloat16", seed=6)
     got = run_sim(exe, tmp_path, "rnn_tanh", fit, data, T, "bfloat16")
     with pytest.raises(AssertionError):
         check_outputs("rnn_tanh", "bfloat16", got, ref, "h_{t-1} staged")
+
+
+def test_grid_form_multicast_to_one_block_never_completes(tmp_path_factory, tmp_path,
+                                                          monkeypatch):
+    """A pair whose copies land only in the issuing block: each block's barrier expects all
+    B rows, gets half, and its wait traps (the sim models the mbarrier's phases and byte
+    counts, not a wait that always passes)."""
+    exe = build_planted(tmp_path_factory, "bad_mask",
+                        "(unsigned short)((1u << PK_MMAG_CLUSTER) - 1u));",
+                        "(unsigned short)(1u << rank));", MC.GRID_FORM)
+    monkeypatch.setenv("PK_SIM_MBAR_WAIT_S", "2")
+    H, B, T, U = 64, 8, 2, 8
+    fit = MC.mmac_layout("rnn_tanh", H, B, 1, cluster=MC.GRID_FORM, units_per_block=U)
+    data, _ = mma_case("rnn_tanh", T, B, H, "bfloat16", seed=6)
+    with pytest.raises(AssertionError, match="never completed"):
+        run_sim(exe, tmp_path, "rnn_tanh", fit, data, T, "bfloat16")
 
 
 # the wide form (H, B, T, k_parts, clusters): H 40 B 20 one cluster of three n8 tiles (the last
