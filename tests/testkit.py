@@ -361,7 +361,8 @@ RECORD_KINDS = {  # kind: (stem, extension)
     "ladder": (rf"ladder-{_SHAPE}-(?:fwd|fwdbwd)(?:-(?:tf32|bfloat16|float16))?", "json"),
     "sweep": (rf"sweep{_WORDS}+", "jsonl"),
     "kernels": (rf"(?:persistent|stack-bench|stack-bwd-bench|pointwise-bench|tile-bench|schedule-probe|backward-probe){_WORDS}+"
-                r"|gemm-layouts|gemm3x-bench|gemm-algos-bench|pretranspose-probe|grid-barrier-bench",
+                r"|gemm-layouts|gemm3x-bench|gemm-algos-bench|pretranspose-probe|grid-barrier-bench"
+                r"|staging-bench",
                 "json"),
     "trace": (rf"trace(?:-[a-z0-9_]+)*-{_SHAPE}(?:-fwdbwd)?", "json"),
     "training": ((rf"charlm-{_SHAPE}-S\d+|train-step-{_SHAPE}"
