@@ -38,7 +38,9 @@
 // a __syncthreads instead, and one cluster barrier before exit);  8: the pointwise update
 // (no gate sums, no activations, no stores);  16 (the tensor-core cluster kernels, right
 // results): the held-register loop branches out past a part's last step in every form, as
-// the wide form's does (persistent_mmac.cuh: a one-process A/B of that choice).
+// the wide form's does (persistent_mmac.cuh: a one-process A/B of that choice);  32 (the
+// same kernels, right results): their partial sums' rows unpadded, 8 NT floats (the pad's
+// A/B).
 #ifndef PK_TIMING
 #define PK_TIMING 0
 #endif

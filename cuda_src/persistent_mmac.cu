@@ -20,7 +20,8 @@
  *   `extern "C"` kernels. Compile-time: PK_TIMING (persistent_common.cuh; timing variants,
  *   wrong results on purpose, experiments/scripts/mmac_bench.py only): 1 no pushes of
  *   h_{t+1}, 2 no mma.sync, 4 no cluster barrier a step (a __syncthreads, one cluster
- *   barrier before exit), 8 no pointwise update (no sums, pushes or stores).
+ *   barrier before exit), 8 no pointwise update (no sums, pushes or stores); right results:
+ *   16 the held-register loop's branch, 32 the partial sums' rows unpadded (A/Bs).
  *
  * Calling convention: persistent.cu's cluster kernels' (registry entries persistent=True;
  *   sync is not touched), h a TS*; units_per_block U with CN * U >= H; k_tile KT >= H (all
@@ -121,7 +122,7 @@
  * Shared memory (mmac.py mmac_layout computes the same): the R slice [MT*16][KP + 8] TS and
  * two h buffers [PK_MMAC_BG][KP + 8] TS (KP = H rounded up to 16; the row stride is 4 mod 8
  * words, so a fragment's 32-bit loads by rows g = 0..7 and words c = 0..3 hit 32 banks),
- * partial sums [KPARTS][MT*16][8] floats.
+ * partial sums [KPARTS][MT*16][8 + PK_MMAC_RS_PAD1] floats.
  * Resources (nvcc 13.0, sm_90a, no spills): __launch_bounds__(PK_MMAC_MAX_THREADS = 256, 1),
  *   206-241 registers (128 of them the PK_MMAC_KR steps' A fragments);
  *   rnnrt.kernels.mmac.NVCC_REGS.

@@ -26,6 +26,12 @@
 #define PK_MMAG_CLUSTER 2         // the grid form's blocks a cluster: a pair shares the
                                   // staging of h_t (one L2 read a pair, multicast; an SM
                                   // pair is a TPC, so every pair of SMs holds a cluster)
+#define PK_MMAC_RS_PAD1 1         // floats past 8 NT in a row of the partial sums at one n8
+#define PK_MMAC_RS_PAD 3          // tile, and at more: the cells' reads of a gate row (U units
+                                  // a row apart) and the fragments' writes (8 rows) at most
+                                  // 2-way bank conflicts in every form (at 8 NT the grid
+                                  // form's B 32 reads were 8-way, 44% of its shared-load
+                                  // wavefronts: ncu, session 31; mmac.py partial_stride)
 #define PK_MMAC_WNT 4             // the wide cluster form (*_mmacw_*): most n8 tiles a
                                   // cluster (batches 8 * PK_MMAC_WNT), PK_MMAG_KR in registers
 
@@ -39,7 +45,7 @@ struct MmacGeom {
                       // forms, else 1
     int HR;           // rows of the h buffers: 2 x 8 NT (a cluster's two) / 8 NT (the grid
                       // form's one)
-    int RS;           // row stride of the partial sums (floats): 8 NT
+    int RS;           // row stride of the partial sums (floats): 8 NT + the pad above
 };
 
 // tiled: several n8 tiles (the grid and the wide forms), else one.
@@ -55,7 +61,7 @@ __device__ __forceinline__ MmacGeom mmac_geom(int G, int U, int H, int nt, int B
     g.SRH = g.KP + 8;
     g.NT = tiled ? (B + 7) / 8 : 1;
     g.HR = grid ? 8 * g.NT : 2 * 8 * g.NT;
-    g.RS = 8 * g.NT;
+    g.RS = 8 * g.NT + ((PK_TIMING & 32) ? 0 : g.NT == 1 ? PK_MMAC_RS_PAD1 : PK_MMAC_RS_PAD);
     return g;
 }
 
@@ -154,7 +160,7 @@ __device__ __forceinline__ void mmac_fwd(
     const bool no_update = (PK_TIMING & 8) && T > 0;
     TS* const Rs = reinterpret_cast<TS*>(smem);           // [MT*16][SRH]
     TS* const hs = Rs + g.MT * 16 * g.SRH;                // [HR][SRH]
-    float* const red = smem + mmac_rh_floats(g);          // [KPARTS][MT*16][RS]
+    float* const red = smem + mmac_rh_floats(g);          // [KPARTS][MT*16][RS] (8 NT used)
     // the grid form's staging by the cluster's multicast bulk copies (mc), completing on
     // the mbarrier `bar`: where the rows of h are 16-byte aligned, whole 16-byte chunks
     [[maybe_unused]] const bool mc = GRID && !(PK_TIMING & 1) && H % 8 == 0 &&

@@ -16,7 +16,8 @@
  *   `K_t<TS, false>` for each kernel K below, TS bf16 or fp16 (typed.py: MMA_FILES). No
  *   `extern "C"` kernels. Compile-time: PK_TIMING (persistent_common.cuh; timing variants,
  *   wrong results on purpose, experiments/scripts/mmac_bench.py only): 1 no pushes of
- *   h_{t+1}, 2 no mma.sync, 4 no cluster barrier a step, 8 no pointwise update.
+ *   h_{t+1}, 2 no mma.sync, 4 no cluster barrier a step, 8 no pointwise update; right
+ *   results: 16, 32 (persistent_mmac.cu's A/Bs).
  *
  * Calling convention: persistent_mmac.cu's (registry entries persistent=True; sync is not
  *   touched), h a TS*; units_per_block U with 8 U >= H; k_tile KT >= H; blockDim.x =
@@ -72,7 +73,7 @@
  *
  * Shared memory (mmac.py mmac_layout computes the same): the R slice [MT*16][KP + 8] TS, two
  * h buffers [8 NT][KP + 8] TS (NT = ceil(BG / 8), BG = ceil(B / clusters); KP = H rounded up
- * to 16), partial sums [KPARTS][MT*16][8 NT] floats.
+ * to 16), partial sums [KPARTS][MT*16][RS] floats (RS: mmac_geom's).
  * Resources (nvcc 13.0, sm_90a, no spills): __launch_bounds__(PK_MMAC_MAX_THREADS = 256, 1);
  *   rnnrt.kernels.mmac.NVCC_REGS.
  */

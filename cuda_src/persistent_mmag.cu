@@ -26,7 +26,8 @@
  *   each kernel K below, TS bf16 or fp16 (typed.py: MMA_FILES). No `extern "C"` kernels.
  *   Compile-time: PK_TIMING (persistent_common.cuh; timing variants, wrong results on
  *   purpose, experiments/scripts/mmac_bench.py only): 1 no staging of h_t, 2 no mma.sync,
- *   4 no grid barrier a step, 8 no pointwise update (no sums or stores).
+ *   4 no grid barrier a step, 8 no pointwise update (no sums or stores); right results: 16,
+ *   32 (persistent_mmac.cu's A/Bs).
  *   __cluster_dims__(PK_MMAG_CLUSTER): every kernel runs in clusters of 2.
  *
  * Calling convention: persistent.cu's grid kernels' (registry entries persistent=True), h a
@@ -84,7 +85,7 @@
  *
  * Shared memory (mmac.py mmac_layout computes the same): the R slice [MT*16][KP + 8] TS, one
  * h buffer [8 NT][KP + 8] TS (NT = ceil(B / 8); KP = H rounded up to 16), partial sums
- * [KPARTS][MT*16][8 NT] floats, 16 bytes (the staging's mbarrier).
+ * [KPARTS][MT*16][RS] floats (RS: mmac_geom's), 16 bytes (the staging's mbarrier).
  * Resources (nvcc 13.0, sm_90a, no spills): __launch_bounds__(PK_MMAC_MAX_THREADS = 256, 1);
  *   rnnrt.kernels.mmac.NVCC_REGS.
  */

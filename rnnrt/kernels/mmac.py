@@ -27,13 +27,14 @@ the H200), while a cluster exchanges h_{t+1} through distributed shared memory a
 the hardware barrier; the FMA cluster kernel cannot hold LSTM H 256's R (fp32) with its
 partial sums in one block's shared memory.
 
-The grid form (``cluster`` 0, GRID_FORM) is for a layer whose R no cluster holds (LSTM H
-1024: 8 MiB of fp16): one block an SM, U = ceil(H / SMs), every block all B <= MMAG_BATCH
-batches (MMAG_NT n8 tiles), the same product and cells; h_{t+1} goes to global memory, the
-blocks meet at the grid kernels' flag barrier and stage h_t from L2 at the top of a step, in
-pairs (clusters of MMAG_CLUSTER: each block copies half of h_t, multicast into both; 5.07 ->
-4.35 us a step at LSTM H 1024 B 8, 7.60 -> 6.31 at B 32, H200 float16). At LSTM H 1024 B 8 the tensor-core grid kernel (mma.py: R as fp32 in shared memory, its
-fragments converted every step, h_t staged in k tiles) took 14.9 us a step on the H200
+The grid form (``cluster`` 0, GRID_FORM) is for a layer whose R no cluster holds (LSTM H 1024:
+8 MiB of fp16): one block an SM, U = ceil(H / SMs), every block all B <= MMAG_BATCH batches
+(MMAG_NT n8 tiles), the same product and cells; h_{t+1} goes to global memory, the blocks meet
+at the grid kernels' flag barrier and stage h_t from L2 at the top of a step, in pairs
+(clusters of MMAG_CLUSTER: each block copies half of h_t, multicast into both; 5.07 -> 4.35 us
+a step at LSTM H 1024 B 8, 7.60 -> 6.31 at B 32, H200 float16). At LSTM H 1024 B 8 the
+tensor-core grid kernel (mma.py: R as fp32 in shared memory, its fragments converted every
+step, h_t staged in k tiles) took 14.9 us a step on the H200
 (`kernels/persistent-mma-bench-T100-nvidia-h200-20261129T102006.json`).
 """
 from __future__ import annotations
@@ -62,6 +63,8 @@ MMAG_KR = 16             # the grid form's k16 steps held in registers (PK_MMAG_
 MMAG_CLUSTER = 2         # the grid form's blocks a cluster (PK_MMAG_CLUSTER: a pair shares
                          # the staging of h_t; its blocks round up to a multiple of it)
 MMAG_BARRIER = 16        # bytes of shared memory past the partial sums: the staging's mbarrier
+MMAC_RS_PAD1 = 1         # floats past 8 NT in a row of the partial sums at one n8 tile
+MMAC_RS_PAD = 3          # ... and at more (PK_MMAC_RS_PAD1 / PK_MMAC_RS_PAD: bank conflicts)
 MMAC_WNT = 4             # the wide cluster form's most n8 tiles a cluster (PK_MMAC_WNT)
 MMAC_WIDE_BATCH = 8 * MMAC_WNT               # ... so its most batches a cluster
 
@@ -157,6 +160,15 @@ def is_wide(cluster: int, bg: int) -> bool:
     return cluster == PK_CLUSTER and bg > MMAC_BG
 
 
+def partial_stride(n_tiles: int) -> int:
+    """RS, the row stride (floats) of the kernel's partial sums [KPARTS][MT*16][RS] at
+    ``n_tiles`` n8 tiles: 8 NT and a pad, so that the pointwise threads' reads of a gate row
+    (U units a row apart) and the fragments' writes (8 rows) are at most 2-way bank conflicts
+    in every form (the kernel's mmac_geom; at 8 NT the grid form's reads at B 32 were 8-way,
+    ncu: 44% of its shared-load wavefronts)."""
+    return 8 * n_tiles + (MMAC_RS_PAD1 if n_tiles == 1 else MMAC_RS_PAD)
+
+
 def tiles_of(cluster: int, bg: int) -> int:
     """NT, the n8 tiles of ``bg`` batches a block in form ``cluster``: ceil(bg / 8) in the
     grid form (GRID_FORM) and the wide form, else one (the kernel's mmac_geom)."""
@@ -173,11 +185,11 @@ def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
     MMAC_MAX_THREADS, more than PK_CPT cells a thread, more parts than k16 steps). Shared
     memory (the kernel's mmac_geom): R slice [MT*16][KP + 8] and two h buffers [8 NT][KP + 8]
     of 16-bit values (NT = ceil(BG / 8) n8 tiles in the wide form, else 1), partial sums
-    [KPARTS][MT*16][8 NT] floats.
+    [KPARTS][MT*16][RS] floats (``partial_stride``).
     The grid form (``cluster`` GRID_FORM): ``units_per_block`` U (required: the device's SMs
     set it), ceil(H / U) blocks rounded up to a multiple of MMAG_CLUSTER (its clusters; a
     block past H owns no units) of all B <= MMAG_BATCH batches in NT = ceil(B / 8) n8 tiles,
-    one h buffer [8 NT][KP + 8], partial sums [KPARTS][MT*16][8 NT] and the staging's
+    one h buffer [8 NT][KP + 8], partial sums [KPARTS][MT*16][RS] and the staging's
     mbarrier (MMAG_BARRIER bytes, counted in smem_partials)."""
     for what, v in (("hidden", hidden), ("batch", batch), ("k_parts", k_parts),
                     ("clusters", 1 if clusters is None else clusters),
@@ -206,8 +218,8 @@ def mmac_layout(cell: str, hidden: int, batch: int, k_parts: int = 1,
                           else cn * ncl), threads=nt,
                   lanes=(1, 1, 1), k_groups=kparts, cells_per_thread=ceil_div(U * BG, nt),
                   k_tile=kp, smem_r=2 * mt * 16 * (kp + 8), smem_tile=2 * rows_h * (kp + 8),
-                  smem_partials=4 * kparts * mt * 16 * 8 * ntiles + (MMAG_BARRIER if grid
-                                                                      else 0),
+                  smem_partials=(4 * kparts * mt * 16 * partial_stride(ntiles)
+                                 + (MMAG_BARRIER if grid else 0)),
                   cluster=cn, clusters=ncl)
     problem = None
     if grid and B > MMAG_BATCH:

@@ -34,7 +34,8 @@ def test_constants_match_the_kernel():
         m = re.search(rf"#define {name} (\d+)", SRC)
         assert m and int(m[1]) == value, name
     for name, value in (("PK_MMAG_NT", MC.MMAG_NT), ("PK_MMAG_KR", MC.MMAG_KR),
-                        ("PK_MMAC_WNT", MC.MMAC_WNT), ("PK_MMAG_CLUSTER", MC.MMAG_CLUSTER)):
+                        ("PK_MMAC_WNT", MC.MMAC_WNT), ("PK_MMAG_CLUSTER", MC.MMAG_CLUSTER),
+                        ("PK_MMAC_RS_PAD", MC.MMAC_RS_PAD), ("PK_MMAC_RS_PAD1", MC.MMAC_RS_PAD1)):
         m = re.search(rf"#define {name} (\d+)", GRID_SRC)
         assert m and int(m[1]) == value, name
     wide = WIDE_SRC.split("#endif  // RNNRT_PERSISTENT_MMAC_CUH")[1]
@@ -110,7 +111,7 @@ def test_layout_is_the_kernels():
     assert (f.units_per_block, f.m_tiles, f.k_steps, f.threads, f.k_tile) == (5, 2, 3, 128, 48)
     assert f.smem_r == 2 * 32 * (48 + 8)                       # [MT*16][KP + 8] 16-bit
     assert f.smem_tile == 2 * 2 * MC.MMAC_BG * (48 + 8)        # 2 x [8][KP + 8] 16-bit
-    assert f.smem_partials == 4 * 2 * 32 * 8                   # [KPARTS][MT*16][8] floats
+    assert f.smem_partials == 4 * 2 * 32 * (8 + 1)             # [KPARTS][MT*16][8 + pad] floats
     assert [list(f.part_steps(p)) for p in range(2)] == [[0], [1, 2]]
     assert f.part_columns(1).tolist() == list(range(16, 40))
     g = MC.mmac_layout("gru", 30, 11)
@@ -133,7 +134,9 @@ def test_fit_takes_the_grid_form_where_no_cluster_holds_r():
             8, 128, 2, 4, 256)
         assert f.smem_tile == 2 * 8 * MC.ceil_div(B, 8) * (1024 + 8)   # one [8 NT][KP + 8]
         # [KPARTS][MT*16][8 NT] floats, then the staging's mbarrier
-        assert f.smem_partials == 4 * 4 * 32 * 8 * MC.ceil_div(B, 8) + MC.MMAG_BARRIER
+        assert (f.smem_partials
+                == 4 * 4 * 32 * MC.partial_stride(MC.ceil_div(B, 8)) + MC.MMAG_BARRIER)
+        assert MC.partial_stride(1) == 9 and MC.partial_stride(4) == 35
         assert f.barrier_arrivals(100) == 99 * 128   # the grid barrier's counter
         assert "clusters of 2" in f.reason
     # blocks round up to whole clusters of 2 (the last owns no units); past the SMs, no fit
@@ -160,7 +163,7 @@ def test_layout_of_the_wide_form():
     f = MC.mmac_layout("lstm", 40, 20, 2, clusters=1)   # 20 batches: 3 n8 tiles
     assert f.ok and f.wide and f.n_tiles == 3 and f.kernel == "lstm_persistent_mmacw_fwd"
     assert f.smem_tile == 2 * 2 * 8 * 3 * (48 + 8)             # 2 x [8 NT][KP + 8] 16-bit
-    assert f.smem_partials == 4 * 2 * 32 * 8 * 3               # [KPARTS][MT*16][8 NT] floats
+    assert f.smem_partials == 4 * 2 * 32 * (8 * 3 + 3)         # [KPARTS][MT*16][8 NT + pad]
     assert "3 n8 tiles: the wide form" in f.describe()
     one = MC.mmac_layout("lstm", 40, 16, 2, clusters=2)        # 8 a cluster: one tile
     assert one.ok and not one.wide and one.n_tiles == 1 and one.kernel.endswith("mmac_fwd")
@@ -277,3 +280,51 @@ def test_clusters_of_16_opt_in_before_every_launch(monkeypatch):
     assert calls == [(1234, O.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)]
     with pytest.raises(RuntimeError, match="CUresult 1"):
         O.allow_non_portable_clusters(fn, setter=lambda f, attr, value: 1)
+
+
+def _bank_ways(addresses):
+    """The most distinct 4-byte words one shared-memory bank serves for these word addresses
+    (one warp's access: 32 banks, a word read by several lanes is one broadcast)."""
+    banks = {}
+    for a in addresses:
+        banks.setdefault(a % 32, set()).add(a)
+    return max(len(v) for v in banks.values())
+
+
+def _partial_sum_ways(fit, rs):
+    """(reads, writes): the worst bank conflict of the partial sums' accesses at row stride
+    ``rs`` (the kernel's red [KPARTS][MT*16][RS]): the pointwise threads' reads of a gate row
+    (cell e = tid + i * threads: unit e % U, batch e / U) and the fragments' writes (lane g, c:
+    row g, columns 2c (+1) + 8n)."""
+    U, BG = fit.units_per_block, fit.batch_per_block
+    reads = 1
+    for i in range(MC.ceil_div(U * BG, fit.threads)):
+        for w in range(fit.threads // 32):
+            cells = [(e % U, e // U) for e in range(i * fit.threads + 32 * w,
+                                                     i * fit.threads + 32 * w + 32)]
+            words = [jj * rs + b for jj, b in cells if b < BG]
+            if words:
+                reads = max(reads, _bank_ways(words))
+    writes = max(_bank_ways([g * rs + 2 * c + 8 * n + h for g in range(8) for c in range(4)])
+                 for n in range(fit.n_tiles) for h in (0, 1))
+    return reads, writes
+
+
+def test_partial_sums_row_stride_avoids_bank_conflicts():
+    """The rows of the partial sums are 8 NT floats and a pad (partial_stride): at 8 NT the
+    grid form's reads at B 32 were 8-way bank conflicts (ncu: 44% of its shared-load
+    wavefronts), the one-tile cluster form's at H 256 too; with the pad every form's reads
+    and writes are at most 2-way."""
+    props = H100_SXM.props()
+    fits = [MC.mmac_fit("lstm", 1024, 32, props, "float16"),             # grid form, 4 tiles
+            MC.mmac_fit("gru", 1024, 8, props, "float16"),               # grid form, 1 tile
+            MC.mmac_fit("lstm", 256, 8, props, "float16"),               # clusters of 8
+            MC.mmac_fit("lstm", 512, 8, props, "float16"),               # clusters of 16
+            MC.mmac_fit("lstm", 128, 256, props, "float16")]             # the wide form
+    assert [f.cluster for f in fits] == [0, 0, 8, 16, 8] and fits[-1].wide
+    for f in fits:
+        assert f.ok, f.reason
+        reads, writes = _partial_sum_ways(f, MC.partial_stride(f.n_tiles))
+        assert reads <= 2 and writes <= 2, (f.describe(), reads, writes)
+    assert _partial_sum_ways(fits[0], 8 * 4) == (8, 8)   # without the pad
+    assert _partial_sum_ways(fits[2], 8)[0] == 8
