@@ -35,6 +35,8 @@ from .inputs import prepare
 
 _CELLS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+_PROJ_RECOMPUTE = ("recompute: a module with proj_size > 0 (got proj_size={proj_size}) runs "
+                   "torch's own LSTM, which has no recompute; use recompute=False")
 _PROJ_WARNING = ("rnnrt.nn.LSTM(proj_size={proj_size}): rnnrt has no kernels for LSTM "
                  "projections; this module runs torch's own LSTM (cuDNN on CUDA): torch.nn's "
                  "results and speed, not rnnrt's (module.implementation == 'torch')")
@@ -94,9 +96,7 @@ class RNNBase(torch.nn.Module):
         if proj_size >= hidden_size:
             raise ValueError("proj_size has to be smaller than hidden_size")
         if proj_size > 0 and recompute:
-            raise ValueError(f"recompute: a module with proj_size > 0 (got proj_size="
-                             f"{proj_size}) runs torch's own LSTM, which has no recompute; "
-                             f"use recompute=False")
+            raise ValueError(_PROJ_RECOMPUTE.format(proj_size=proj_size))
         if proj_size > 0:
             warnings.warn(_PROJ_WARNING.format(proj_size=proj_size), UserWarning, stacklevel=3)
 
@@ -284,6 +284,8 @@ class RNNBase(torch.nn.Module):
            sequence's end when padded back) or a PackedSequence like the input; h_n, c_n
            [L*D, B, H] ([L*D, H] unbatched), each sequence's state after its own last step.
         """
+        if self.implementation == "torch" and self.recompute:   # (set after construction)
+            raise ValueError(_PROJ_RECOMPUTE.format(proj_size=self.proj_size))
         p = prepare(self, input, hx)  # raises, before any work, on bad arguments
         y, h_n, c_n = self._run_layers(p)
         if p.packed:

@@ -62,6 +62,9 @@ def test_says_what_runs_it():
     assert plain.implementation == "rnnrt" and plain.out_size == H
     with pytest.raises(ValueError, match="recompute"):
         rnnrt.nn.LSTM(I, H, proj_size=P, recompute=True)
+    m.recompute = True   # set later: refused at the call, before any work
+    with pytest.raises(ValueError, match="recompute"):
+        m(torch.randn(T, B, I))
 
 
 def run(module, kind, x, hx, batch_first, lengths):
