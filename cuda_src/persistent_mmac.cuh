@@ -26,6 +26,8 @@
 #define PK_MMAG_CLUSTER 2         // the grid form's blocks a cluster: a pair shares the
                                   // staging of h_t (one L2 read a pair, multicast; an SM
                                   // pair is a TPC, so every pair of SMs holds a cluster)
+#define PK_MMAG_BARRIER 16        // the grid form: bytes past the partial sums (its staging's
+                                  // mbarrier, 8 bytes, and 8 to keep 16-byte alignment)
 #define PK_MMAC_RS_PAD1 1         // floats past 8 NT in a row of the partial sums at one n8
 #define PK_MMAC_RS_PAD 3          // tile, and at more: the cells' reads of a gate row (U units
                                   // a row apart) and the fragments' writes (8 rows) at most
@@ -139,9 +141,8 @@ __device__ __forceinline__ void mmac_fwd(
     const int B = min(BG, Bfull - b_off);
     const int ranks = GRID ? (int)gridDim.x : CN;
     const MmacGeom g = mmac_geom(G, U, H, nt, BG, GRID, TILED);
-    // (the grid form: 16 bytes past the partial sums for the staging's mbarrier)
-    const long long need = 4LL * (mmac_rh_floats(g) + (long long)g.KPARTS * g.MT * 16 * g.RS +
-                                  (GRID ? 4 : 0));
+    const long long need = 4LL * (mmac_rh_floats(g) + (long long)g.KPARTS * g.MT * 16 * g.RS) +
+                           (GRID ? PK_MMAG_BARRIER : 0);
     if (U < 1 || H < 1 || B < 1 || BG > 8 * NTX || KT < H || nt % 32 != 0 ||
         g.KPARTS < 1 || g.NW != g.MT * g.KPARTS || (long long)ranks * U < H ||
         (long long)U * BG > (long long)PK_CPT * nt || (long long)dynamic_smem_bytes() < need)

@@ -43,19 +43,9 @@ from rnnrt.bench.timing import time_gpu  # noqa: E402
 
 VARIANTS = {"copy": (0, 1), "bulk": (1, 1), "mc2": (2, 2), "mc4": (2, 4), "none": (3, 1)}
 
-# The barrier, the copies and the mbarrier are the kernels' own (persistent_common.cuh,
-# persistent_layer.cuh, inlined by rnnrt.kernels.sources); only the multicast is here.
+# The barrier, the copies (plain and multicast), the proxy fence and the mbarrier are the
+# kernels' own (persistent_common.cuh, persistent_layer.cuh, inlined by rnnrt.kernels.sources).
 KERNEL = r"""
-__device__ __forceinline__ void bulk_mc(pk_saddr dst, const void* src, unsigned int bytes,
-                                        pk_saddr bar, unsigned short mask) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1], %2, [%3], %4;"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
-}
-__device__ __forceinline__ void fence_async_global() {
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
 // V: 0 copy, 1 bulk, 2 multicast in clusters of CS, 3 none. h [T+1][B][H] 16-bit values
 // (their bits: step t's value is t & 0x7fff).
 template <int V, int CS>
@@ -90,13 +80,13 @@ __device__ __forceinline__ void body(unsigned short* h, unsigned int* sync,
             __syncthreads();
         } else if (V == 1 || V == 2) {
             if (tid < 32) {
-                fence_async_global();   // the other blocks' h_t (acquired) before the copies
+                pk_fence_async_global();   // the other blocks' h_t (acquired) before the copies
                 if (lane == 0) pk_mbar_expect(bar, (unsigned int)(B * H * 2));
                 __syncwarp();
                 for (int b = (int)rank + CS * lane; b < B; b += 32 * CS) {
                     const pk_saddr dst = pk_smem_addr(reinterpret_cast<const float*>(hs + b * SRH));
                     if (V == 1) pk_bulk_g2s(dst, ht + b * H, (unsigned int)(H * 2), bar);
-                    else bulk_mc(dst, ht + b * H, (unsigned int)(H * 2), bar,
+                    else pk_bulk_g2s_mc(dst, ht + b * H, (unsigned int)(H * 2), bar,
                                  (unsigned short)((1u << CS) - 1u));
                 }
             }

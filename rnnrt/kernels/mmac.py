@@ -62,7 +62,7 @@ MMAG_BATCH = 8 * MMAG_NT                     # ... so its most batches
 MMAG_KR = 16             # the grid form's k16 steps held in registers (PK_MMAG_KR)
 MMAG_CLUSTER = 2         # the grid form's blocks a cluster (PK_MMAG_CLUSTER: a pair shares
                          # the staging of h_t; its blocks round up to a multiple of it)
-MMAG_BARRIER = 16        # bytes of shared memory past the partial sums: the staging's mbarrier
+MMAG_BARRIER = 16        # the grid form's bytes past the partial sums (PK_MMAG_BARRIER)
 MMAC_RS_PAD1 = 1         # floats past 8 NT in a row of the partial sums at one n8 tile
 MMAC_RS_PAD = 3          # ... and at more (PK_MMAC_RS_PAD1 / PK_MMAC_RS_PAD: bank conflicts)
 MMAC_WNT = 4             # the wide cluster form's most n8 tiles a cluster (PK_MMAC_WNT)

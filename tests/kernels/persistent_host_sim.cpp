@@ -494,6 +494,7 @@ static void launch(int blocks, int threads, unsigned int smem_bytes,
         smem[b].assign(smem_bytes / 16 + 1, float4{nan, nan, nan, nan});   // garbage: NaN
     }
     sim_block_smem.clear();
+    sim_mbars.clear();   // a launch's mbarriers live in its shared memory: none outlives it
     for (int b = 0; b < blocks; ++b) sim_block_smem.push_back(reinterpret_cast<float*>(smem[b].data()));
     std::vector<std::thread> ts;
     for (int b = 0; b < blocks; ++b)
