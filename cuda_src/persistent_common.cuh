@@ -40,7 +40,8 @@
 // results): the held-register loop branches out past a part's last step in every form, as
 // the wide form's does (persistent_mmac.cuh: a one-process A/B of that choice);  32 (the
 // same kernels, right results): their partial sums' rows unpadded, 8 NT floats (the pad's
-// A/B).
+// A/B);  64 (the tensor-core grid form, right results): its grid barrier's wait a relaxed
+// spin and one acquire load (ps_wait), not a spin on acquire loads (pk_spin_acquire's A/B).
 #ifndef PK_TIMING
 #define PK_TIMING 0
 #endif
@@ -396,6 +397,24 @@ __device__ __forceinline__ void ps_wait(const unsigned int* p, unsigned int targ
         if (clock64() - start > PK_SPIN_LIMIT) __trap();   // not co-resident: fail, not hang
     }
     if (ld_acquire_gpu(p) < target) __trap();   // counters only grow during a launch
+}
+
+// The tensor-core grid form's wait at its grid barrier (thread 0; the block's other warps
+// wait at __syncthreads, with nothing of their own in L1): a spin on acquire loads, no load
+// after it. One round trip sooner than ps_wait's relaxed spin and closing acquire load
+// (`experiments/scripts/staging_bench.py`, the grid form's step without its product,
+// 128 blocks in pairs, H200: B 8 2.36 -> 2.18 us a step, B 32 4.22 -> 4.08;
+// `kernels/staging-bench-nvidia-h200-20261129T201137.json`). The kernel's step, float16 H
+// 1024, one process, ps_wait -> this (timing variant 64 against 0): LSTM B 8 4.02 -> 3.92
+// us, B 32 5.85 -> 5.73, GRU 3.69 -> 3.53, 6.05 -> 5.73 (`kernels/persistent-mmac-bench-
+// T100-nvidia-h200-20261129T203942.json`, variants 192 / 128); faster at 7 of 8 in two
+// processes (`...T202942.json`: GRU B 8 3.67 -> 3.83 the one slower).
+__device__ __forceinline__ void pk_spin_acquire(const unsigned int* p, unsigned int target) {
+    if (PK_TIMING & 4) return;
+    const long long start = clock64();
+    while (ld_acquire_gpu(p) < target) {
+        if (clock64() - start > PK_SPIN_LIMIT) __trap();   // not co-resident: fail, not hang
+    }
 }
 
 #endif  // RNNRT_PERSISTENT_COMMON_CUH

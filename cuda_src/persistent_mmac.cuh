@@ -92,6 +92,10 @@ __device__ __forceinline__ void mmag_stage(TS* hs, int SRH, const TS* ht, long l
 // h_t [B][H] once, multicast into the same rows of every block's buffer (stride SRH), and
 // each block's mbarrier `bar` expects all B rows (its phase t & 1 completes when they have
 // landed: the caller waits on it). Warp 0 issues; lane 0's arrival carries the byte count.
+// (A bulk copy issues lane by lane. Spread over every warp, the copies cut the staging alone
+// by ~0.1 us a step but slowed the kernel's step at three of four shapes, LSTM H 1024 B 32
+// 5.73 -> 5.91 us: `kernels/staging-bench-nvidia-h200-20261129T203109.json`,
+// `kernels/persistent-mmac-bench-T100-nvidia-h200-20261129T203942.json`.)
 // The other block's copies may land before this block's expect: the phase also needs that
 // one arrival, so it cannot complete early.
 template <class TS>
@@ -463,7 +467,10 @@ __device__ __forceinline__ void mmac_fwd(
         }
         if constexpr (GRID) {
             if (barrier) {
-                if (tid == 0) ps_wait(sync, (unsigned int)(t + 1) * gridDim.x);
+                if (tid == 0) {   // pk_spin_acquire: why
+                    if (PK_TIMING & 64) ps_wait(sync, (unsigned int)(t + 1) * gridDim.x);
+                    else pk_spin_acquire(sync, (unsigned int)(t + 1) * gridDim.x);
+                }
                 __syncthreads();   // no thread stages h_{t+1} before thread 0 saw every block's
             }
         } else if (PK_TIMING & 4) {

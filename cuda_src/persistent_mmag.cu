@@ -8,9 +8,9 @@
  * and the cells are the cluster kernels' (persistent_mmac.cuh mmac_fwd with CN = 0); the
  * exchange is the grid kernels': h_{t+1} (rounded to TS) to global memory, the flag grid
  * barrier on `sync` (persistent_layer.cuh's counter, its arrival a fence and an atomic by
- * thread 0, its wait a relaxed spin and one acquire load), h_t staged from L2 into shared
- * memory at the top of each step. The grid runs in clusters of PK_MMAG_CLUSTER (2) blocks
- * that share that copy: where h's rows are 16-byte aligned, each block copies half the rows
+ * thread 0, its wait a spin on acquire loads: pk_spin_acquire), h_t staged from L2 into
+ * shared memory at the top of each step. The grid runs in clusters of PK_MMAG_CLUSTER (2)
+ * blocks that share that copy: where h's rows are 16-byte aligned, each block copies half the rows
  * once by bulk copies multicast into both blocks (mmag_stage_mc: the pair reads h_t out of
  * L2 once, not twice) and waits on its mbarrier; else each block stages all of h_t itself
  * by 2-byte L2 loads (mmag_stage). Why (H200, 128 blocks, h_t staging alone with the
@@ -27,7 +27,7 @@
  *   Compile-time: PK_TIMING (persistent_common.cuh; timing variants, wrong results on
  *   purpose, experiments/scripts/mmac_bench.py only): 1 no staging of h_t, 2 no mma.sync,
  *   4 no grid barrier a step, 8 no pointwise update (no sums or stores); right results: 16,
- *   32 (persistent_mmac.cu's A/Bs).
+ *   32 (persistent_mmac.cu's A/Bs), 64 (the grid barrier's wait as ps_wait: its A/B).
  *   __cluster_dims__(PK_MMAG_CLUSTER): every kernel runs in clusters of 2.
  *
  * Calling convention: persistent.cu's grid kernels' (registry entries persistent=True), h a
