@@ -353,6 +353,13 @@ def combos(variants, barriers):
     return out + [(v, "none") for v in variants if VARIANTS[v][0] == 4]
 
 
+def declarations(todo) -> list:
+    """The explicit instantiations of the (staging, barrier) pairs ``todo`` (for a compile
+    check without a GPU: tests/kernels/test_kernels_staging_bench.py)."""
+    params = "unsigned short*, unsigned int*, unsigned int*, unsigned int*, float*, int, int, int"
+    return [f"template __global__ void {n}({params});" for n in (kernel_of(v, b) for v, b in todo)]
+
+
 def source() -> str:
     """The bench's CUDA text: the kernels' barrier header, then its own kernel."""
     from rnnrt.kernels.sources import source as kernel_source

@@ -12,7 +12,9 @@ Defaults reproduce the paper's sweep (its Figure 1: 4-layer LSTM, hidden x minib
   executor only (eager is host-bound and would cost the time budget many times over);
   median of 10 runs after 2 warm-ups per rung.
 Points run cheapest first (by forward FLOPs), so a time budget finishes as many as it can and
-the expensive tail resumes in the next call.
+the expensive tail resumes in the next call. The budget's estimate of a point leaves out the
+kernel compiles the points before it paid (a file's first use, once a process): each row
+records them as ``compile_s``, within its ``point_seconds``.
 
 The JSON-lines file (schema 'rnnrt.sweep/1'), one object a line, three types:
   {"type": "session", ...}  written when a sweep (or a resumed one) starts: created, command,
@@ -51,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cells import forward_flops, get_cell
+from ..kernels.library import compile_seconds
 from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
 from ..precision import get_precision
 from . import ladder as ladder_mod
@@ -342,14 +345,17 @@ def _session_line(cfg, info, vers, ceiling, created):
             "cpu": cfg.cpu, "device": info, "versions": vers, "ceiling": ceiling, "grid": g}
 
 
-def _row_lines(point, cfg, record, seconds, session_created):
-    """The ladder record's rows as JSON lines: row + point configuration + device + pass."""
+def _row_lines(point, cfg, record, seconds, session_created, compile_s=0.0):
+    """The ladder record's rows as JSON lines: row + point configuration + device + pass;
+    point_seconds the point's wall time, compile_s the part of it spent compiling kernels
+    (first uses in this process)."""
     base = {**point.as_dict(), "pass": record.get("pass", point.pass_),
             "repeats": cfg.repeats, "warmup": cfg.warmup, "cpu": cfg.cpu,
             "device": record["device"].get("device"),
             "ceiling_tflops": record["ceiling"].get("tflops"),
             "flops_per_pass": record["flops_per_pass"], "point_seconds": seconds,
-            "session": session_created, "created": record.get("created")}
+            "compile_s": compile_s, "session": session_created,
+            "created": record.get("created")}
     if "skipped" in record.get("cudnn", {}):
         base["cudnn_skipped"] = record["cudnn"]["skipped"]
     return [{"type": "row", "schema": SCHEMA, **r, **base} for r in record["rows"]]
@@ -460,7 +466,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
                 else:
                     bar.update(current=f"{_p.label()}: {' '.join(msg.split())[:60]}")
 
-            t0 = clock()
+            t0, c0 = clock(), compile_seconds()
             try:
                 if cfg.processes > 1:   # the point's ladder in fresh processes, pooled
                     record = pool(run_processes(ladder_argv(point.ladder_config(cfg)),
@@ -470,11 +476,14 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
                     record = ladder_mod.run_ladder(point.ladder_config(cfg), progress=progress,
                                                    session=session)
                 seconds = clock() - t0
-                out = _row_lines(point, cfg, record, seconds, created)
+                # first-use kernel compiles (this process's; not a child's) are paid once,
+                # not by every point: the cost model learns the point's time without them
+                compile_s = min(seconds, max(0.0, compile_seconds() - c0))
+                out = _row_lines(point, cfg, record, seconds, created, compile_s)
                 note = _best(record)
                 in_a_row = 0
                 result.done += 1
-                model.add(point, seconds)
+                model.add(point, seconds - compile_s)
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # noqa: BLE001 - recorded, and the sweep goes on

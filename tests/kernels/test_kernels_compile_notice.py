@@ -84,3 +84,22 @@ def test_compile_module_announces_through_the_library(monkeypatch, capsys):
 def test_the_estimate_grows_with_the_source():
     assert L.compile_estimate_s("x") == 1.0
     assert L.compile_estimate_s("x" * 50_000) == 10.0
+
+
+def test_compile_seconds_count_every_compile_fast_or_slow():
+    """compile_seconds() grows by each compile's time (what the sweep leaves out of a point's
+    time for its budget), a failed one too."""
+    before = L.compile_seconds()
+    L.announced("a.cu", TEXT, lambda: time.sleep(0.2), say=lambda _m: None, after_s=5.0)
+    mid = L.compile_seconds()
+    assert 0.2 <= mid - before < 2.0
+
+    def fails():
+        time.sleep(0.1)
+        raise RuntimeError("nvrtc: error")
+
+    try:
+        L.announced("b.cu", TEXT, fails, say=lambda _m: None, after_s=5.0)
+    except RuntimeError:
+        pass
+    assert 0.1 <= L.compile_seconds() - mid < 2.0
