@@ -25,7 +25,8 @@ The JSON-lines file (schema 'rnnrt.sweep/1'), one object a line, three types:
         instead of timings when a rung's output disagreed) plus the point's configuration
         (cell, layers, hidden, input_size, batch, steps, input_batch, pass) and repeats,
         warmup, cpu, device (name), ceiling_tflops, flops_per_pass, point_seconds (wall
-        time of the whole point), session (its session's 'created'), created
+        time of the whole point), compile_s (the part of it spent compiling kernels), session
+        (its session's 'created'), created
   {"type": "error", ...}    a point that raised: its configuration, device, error (type and
         message), traceback (last lines), point_seconds
 With ``processes`` > 1 (`--processes N`) each point's ladder runs in N fresh processes, pooled
@@ -417,7 +418,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
             k = key_of(ln)
             if k in by_key and k not in seeded:
                 seeded.add(k)
-                model.add(by_key[k], ln["point_seconds"])
+                model.add(by_key[k], ln["point_seconds"] - ln.get("compile_s", 0.0))
 
     bar = ProgressBar(len(points), stream, clock=clock)
     bar.done = skipped

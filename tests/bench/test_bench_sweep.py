@@ -226,6 +226,10 @@ def test_time_budget_does_not_count_a_first_use_compile_against_every_point(tmp_
     for r in rows:
         by_point.setdefault(r["point_seconds"], set()).add(r["compile_s"])
     assert by_point == {100.0: {90.0}, 10.0: {0.0}}, by_point
+    # resumed, the file's points seed the estimate the same way: the last point fits in 12 s
+    res = sw.run_sweep(tiny(time_budget=12.0), path, resume=True, stream=io.StringIO(),
+                       clock=clock)
+    assert res.done == 1 and res.skipped == 3 and res.stopped is None, res
 
 
 def test_ctrl_c_leaves_a_resumable_file(tmp_path, monkeypatch):
