@@ -407,8 +407,8 @@ __device__ __forceinline__ void ps_wait(const unsigned int* p, unsigned int targ
 // `kernels/staging-bench-nvidia-h200-20261129T201137.json`). The kernel's step, float16 H
 // 1024, one process, ps_wait -> this (timing variant 64 against 0): LSTM B 8 4.02 -> 3.92
 // us, B 32 5.85 -> 5.73, GRU 3.69 -> 3.53, 6.05 -> 5.73 (`kernels/persistent-mmac-bench-
-// T100-nvidia-h200-20261129T203942.json`, variants 192 / 128); faster at 7 of 8 in two
-// processes (`...T202942.json`: GRU B 8 3.67 -> 3.83 the one slower).
+// T100-nvidia-h200-20261129T203942.json`, that run's variants 192 / 128); faster at 7 of 8
+// in two processes (`...T202942.json`: GRU B 8 3.67 -> 3.83 the one slower).
 __device__ __forceinline__ void pk_spin_acquire(const unsigned int* p, unsigned int target) {
     if (PK_TIMING & 4) return;
     const long long start = clock64();

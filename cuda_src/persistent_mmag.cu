@@ -10,10 +10,10 @@
  * barrier on `sync` (persistent_layer.cuh's counter, its arrival a fence and an atomic by
  * thread 0, its wait a spin on acquire loads: pk_spin_acquire), h_t staged from L2 into
  * shared memory at the top of each step. The grid runs in clusters of PK_MMAG_CLUSTER (2)
- * blocks that share that copy: where h's rows are 16-byte aligned, each block copies half the rows
- * once by bulk copies multicast into both blocks (mmag_stage_mc: the pair reads h_t out of
- * L2 once, not twice) and waits on its mbarrier; else each block stages all of h_t itself
- * by 2-byte L2 loads (mmag_stage). Why (H200, 128 blocks, h_t staging alone with the
+ * blocks that share that copy: where h's rows are 16-byte aligned, each block copies half
+ * the rows once by bulk copies multicast into both blocks (mmag_stage_mc: the pair reads h_t
+ * out of L2 once, not twice) and waits on its mbarrier; else each block stages all of h_t
+ * itself by 2-byte L2 loads (mmag_stage). Why (H200, 128 blocks, h_t staging alone with the
  * step's reads, stores and barrier, `kernels/staging-bench-nvidia-h200-20261129T174119.json`):
  * B 32 5.66 us a step by 16-byte cp.async copies, 5.29 by bulk copies, 4.20 multicast in
  * pairs, 5.30 in clusters of 4; B 8 3.03 / 2.87 / 2.32 / 2.44. Why not the tensor-core grid
