@@ -25,6 +25,9 @@ in the table. A rung whose plan declined its fast path (the persistent kernel on
 device cannot hold) still runs, on its fallback schedule, and its row says so: ``fallback``
 (why) and ``fit`` (what the device fit chose or refused). With --backward the persistent rung
 runs the persistent kernel forward and the rung below's schedule backward (``backward_note``).
+A GPU run's record carries ``compile_s``: the seconds it spent compiling kernels (first uses
+in its process; rnnrt.kernels.library.compile_seconds), which a sweep's time budget leaves
+out of what a point costs.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import numpy as np
 from .. import reference
 from ..cells import forward_flops, get_cell, tflops
 from ..check import compare_all
+from ..kernels.library import compile_seconds
 from ..kernels.limits import H100_SXM, DeviceLimits
 from ..params import positive_int, to_flat
 from ..plan.forward import forward_plan
@@ -235,7 +239,10 @@ def run_ladder(cfg: LadderConfig, progress=_progress, session: BenchSession | No
     try:
         from ..sizes import gpu_available
         check_sizes(cfg, gpu_available(session.cp), session.limits)
-        return _run_gpu(cfg, progress, session)
+        c0 = compile_seconds()
+        record = _run_gpu(cfg, progress, session)
+        record["compile_s"] = compile_seconds() - c0
+        return record
     finally:
         if own:
             session.close()

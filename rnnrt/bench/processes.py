@@ -142,7 +142,7 @@ def pool(records: list[dict], command: str = "") -> dict:
     out = dict(first)
     out.update(created=now_iso(), command=command or first.get("command", ""),
                processes=len(records), process_records=[r["created"] for r in records],
-               rows=rows)
+               rows=rows, compile_s=sum(r.get("compile_s", 0.0) for r in records))
     cudnn = next((r for r in rows if r["rung"] == "cudnn"), None)
     if cudnn is not None:
         out["cudnn"] = cudnn

@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cells import forward_flops, get_cell
-from ..kernels.library import compile_seconds
 from ..plan.switches import ALL, DEFAULT_INPUT_BATCH
 from ..precision import get_precision
 from . import ladder as ladder_mod
@@ -467,7 +466,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
                 else:
                     bar.update(current=f"{_p.label()}: {' '.join(msg.split())[:60]}")
 
-            t0, c0 = clock(), compile_seconds()
+            t0 = clock()
             try:
                 if cfg.processes > 1:   # the point's ladder in fresh processes, pooled
                     record = pool(run_processes(ladder_argv(point.ladder_config(cfg)),
@@ -477,9 +476,10 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
                     record = ladder_mod.run_ladder(point.ladder_config(cfg), progress=progress,
                                                    session=session)
                 seconds = clock() - t0
-                # first-use kernel compiles (this process's; not a child's) are paid once,
-                # not by every point: the cost model learns the point's time without them
-                compile_s = min(seconds, max(0.0, compile_seconds() - c0))
+                # first-use kernel compiles (the record's: this process's, or the pooled
+                # processes' together) are paid once, not by every point: the cost model
+                # learns the point's time without them
+                compile_s = min(seconds, max(0.0, float(record.get("compile_s") or 0.0)))
                 out = _row_lines(point, cfg, record, seconds, created, compile_s)
                 note = _best(record)
                 in_a_row = 0

@@ -48,7 +48,17 @@ def test_pool_takes_medians_over_processes_and_keeps_each():
     assert out["cudnn"] is cud and cud["pooled_over_processes"]
     assert out["processes"] == 3 and out["process_records"] == ["a", "b", "c"]
     assert out["ceiling"]["tflops_per_process"] == [50.0] * 3
+    assert out["compile_s"] == 0.0                  # none of the records compiled
     assert recs[0]["rows"][0]["ms_median"] == 1.0   # the inputs are left as they were
+
+
+def test_pool_adds_up_the_processes_compile_seconds():
+    """The first fresh process of a machine pays the kernels' compiles, the rest load them
+    from CuPy's disk cache: the pooled record's compile_s is their sum (what a sweep's time
+    budget leaves out of the point)."""
+    recs = [dict(_record(1.0, 2.0, 2.0, "a"), compile_s=95.0),
+            dict(_record(1.0, 2.0, 2.0, "b"), compile_s=0.5), _record(1.0, 2.0, 2.0, "c")]
+    assert P.pool(recs)["compile_s"] == 95.5
 
 
 def test_a_row_one_process_refused_is_refused():
