@@ -40,11 +40,11 @@ from rnnrt.cells import get_cell  # noqa: E402
 from rnnrt.check import compare  # noqa: E402
 from rnnrt.kernels import mma as MA  # noqa: E402
 from rnnrt.kernels import mmac as MC  # noqa: E402
-
-WRONG = 1 | 2 | 4 | 8   # the PK_TIMING bits that leave a phase out (wrong results on purpose)
 from rnnrt.kernels.library import KernelLibrary  # noqa: E402
 from rnnrt.precision import get_precision, round_to_storage  # noqa: E402
 from rnnrt.session import GpuSession  # noqa: E402
+
+WRONG = 1 | 2 | 4 | 8   # the PK_TIMING bits that leave a phase out (wrong results on purpose)
 
 
 def layer(cp, cell, T, B, H, dtype, seed=0):

@@ -95,12 +95,6 @@ __device__ __forceinline__ void ld_ll(const unsigned long long* p, unsigned long
     asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p)
                  : "memory");
 }
-__device__ __forceinline__ void spin_acquire(const unsigned int* p, unsigned int target) {
-    const long long start = clock64();
-    while (ld_acquire_gpu(p) < target)
-        if (clock64() - start > PK_SPIN_LIMIT) __trap();
-}
-
 // The step's grid barrier, variant BV (the module's BARRIERS), after the block's stores.
 // flags: [128] words, zero at launch; n flags live (blocks, or pairs).
 template <int BV, int CS>
@@ -126,7 +120,7 @@ __device__ __forceinline__ void bench_barrier(unsigned int* sync, unsigned int* 
                 }
             }
             if (BV == 0) ps_wait(sync, step * n);
-            else spin_acquire(sync, step * n);
+            else pk_spin_acquire(sync, step * n);   // the grid form's wait
         }
     } else {
         const int n = BV == 5 ? nb / CS : nb;
@@ -149,8 +143,6 @@ __device__ __forceinline__ void bench_barrier(unsigned int* sync, unsigned int* 
     __syncthreads();
 }
 
-// V: 0 copy, 1 bulk, 2 multicast in clusters of CS, 3 none. h [T+1][B][H] 16-bit values
-// (their bits: step t's value is t & 0x7fff).
 // LL staging of h_t: ll [2][B][H/2] 64-bit words {two values, step} (step t's in buffer
 // t & 1, its step number t; h_0's word step 0). Lines of 2 words (4 values): line w of
 // row b holds columns 4w..4w+3. CS 2: rows rank, rank + 2, ... polled, pushed into both.
@@ -186,12 +178,12 @@ __device__ __forceinline__ void ll_stage(unsigned short* hs, int SRH,
                     unsigned short* dst = hs + b * SRH + 4 * w;
                     if (CS == 1) {
                         *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
-                    } else {
+                    } else {   // into every block of the cluster
                         const pk_saddr sa = pk_smem_addr(reinterpret_cast<const float*>(dst));
-                        pk_st_cluster(sa, 0u, __uint_as_float(lo));
-                        pk_st_cluster(sa + 4, 0u, __uint_as_float(hi));
-                        pk_st_cluster(sa, 1u, __uint_as_float(lo));
-                        pk_st_cluster(sa + 4, 1u, __uint_as_float(hi));
+                        for (unsigned int r = 0; r < (unsigned int)CS; ++r) {
+                            pk_st_cluster(sa, r, __uint_as_float(lo));
+                            pk_st_cluster(sa + 4, r, __uint_as_float(hi));
+                        }
                     }
                     pending &= ~(1u << i);
                 } else {
@@ -205,6 +197,10 @@ __device__ __forceinline__ void ll_stage(unsigned short* hs, int SRH,
     else { pk_cluster_arrive(); pk_cluster_wait(); }
 }
 
+// V (the module's VARIANTS): 0 copy, 1 bulk, 2 multicast in clusters of CS, 3 none, 4 LL,
+// 5 multicast of rows at the padded stride (one copy a block), 6 multicast issued by every
+// warp. h [T+1][B][LDH] 16-bit values (their bits: step t's value is t & 0x7fff), then the
+// LL words.
 template <int V, int CS, int BV>
 __device__ __forceinline__ void body(unsigned short* h, unsigned int* sync, unsigned int* flags,
                                      unsigned int* wrong, float* sink, int T, int B, int H) {
@@ -237,29 +233,20 @@ __device__ __forceinline__ void body(unsigned short* h, unsigned int* sync, unsi
             pk_cp_commit();
             pk_cp_wait<0>();
             __syncthreads();
-        } else if (V == 1 || V == 2) {
-            if (tid < 32) {
+        } else if (V == 1 || V == 2 || V == 6) {
+            // the block's i-th row (b = rank + CS i) by warp i % nw, lane i / nw: warp 0's
+            // lanes alone (nw 1), or every warp (V 6)
+            const int nw = V == 6 ? nt / 32 : 1, warp = tid >> 5;
+            if (warp < nw) {
                 pk_fence_async_global();   // the other blocks' h_t (acquired) before the copies
-                if (lane == 0) pk_mbar_expect(bar, (unsigned int)(B * H * 2));
+                if (tid == 0) pk_mbar_expect(bar, (unsigned int)(B * H * 2));
                 __syncwarp();
-                for (int b = (int)rank + CS * lane; b < B; b += 32 * CS) {
+                for (int b = (int)rank + CS * (warp + nw * lane); b < B; b += CS * 32 * nw) {
                     const pk_saddr dst = pk_smem_addr(reinterpret_cast<const float*>(hs + b * SRH));
                     if (V == 1) pk_bulk_g2s(dst, ht + b * H, (unsigned int)(H * 2), bar);
                     else pk_bulk_g2s_mc(dst, ht + b * H, (unsigned int)(H * 2), bar,
                                  (unsigned short)((1u << CS) - 1u));
                 }
-            }
-            pk_mbar_wait(bar, (unsigned int)(t & 1));
-        } else if (V == 6) {
-            const int nw = nt / 32, warp = tid >> 5;
-            if (tid == 0) pk_mbar_expect(bar, (unsigned int)(B * H * 2));
-            // the block's i-th row (b = rank + CS i) by warp i % nw, lane i / nw
-            const int i = warp + nw * lane, b = (int)rank + CS * i;
-            if (lane < (B + CS * nw - 1) / (CS * nw) && b < B) {
-                pk_fence_async_global();
-                pk_bulk_g2s_mc(pk_smem_addr(reinterpret_cast<const float*>(hs + b * SRH)),
-                               ht + b * H, (unsigned int)(H * 2), bar,
-                               (unsigned short)((1u << CS) - 1u));
             }
             pk_mbar_wait(bar, (unsigned int)(t & 1));
         } else if (V == 5) {
