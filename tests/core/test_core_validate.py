@@ -246,6 +246,30 @@ def test_reduction_atol_grows_with_the_square_root_of_the_terms():
     assert compare(fp32, ref, reduction_atol(25600), 1e-3).ok
 
 
+def test_reduction_atol_grows_with_the_size_of_the_sums():
+    """check.reduction_atol's scale: atol x the sums' rms on top of the random walk of
+    unit terms. A bfloat16-like case (800 rows, sums of rms ~6, an error of 1.4% of the rms
+    as an H200 had at GRU 1 x 2048 B 8): outside the unscaled tolerance, inside the scaled
+    one; an fp32 sum that lost one of its 25,600 terms still fails with its scale; a scale
+    that is not a number >= 0 is refused."""
+    from rnnrt.check import FP32_ATOL, compare, reduction_atol, rms
+    rng = np.random.default_rng(7)
+    assert reduction_atol(64, 0.02, scale=3.0) == pytest.approx(0.02 * 4.0)
+    ref = 6.2 * rng.standard_normal(1000)
+    off = ref.copy()
+    off[17] += 0.014 * 6.2
+    assert not compare(off, ref, reduction_atol(800, 0.02), 0.0).ok
+    assert compare(off, ref, reduction_atol(800, 0.02, scale=rms(ref)), 0.0).ok
+    terms = 0.1 * rng.standard_normal((25600, 8))
+    ref = terms.sum(axis=0)
+    lost = ref - terms[123]
+    assert not compare(lost, ref, reduction_atol(25600, FP32_ATOL, scale=rms(ref)), 1e-3).ok
+    assert rms(np.array([3.0, -4.0, np.nan])) == pytest.approx(12.5 ** 0.5) and rms([]) == 0.0
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="scale"):
+            reduction_atol(64, scale=bad)
+
+
 def test_compare_all_returns_the_worst_comparison():
     """check.compare_all: every array of the reference compared (None skipped), the worst
     returned and named; 'grads' gets the widened tolerance of its rows; a planted error in
@@ -253,7 +277,7 @@ def test_compare_all_returns_the_worst_comparison():
     from rnnrt.check import FP32_ATOL, FP32_RTOL, compare_all, reduction_atol
     rng = np.random.default_rng(1)
     ref = {"y": rng.standard_normal((3, 4)), "h_n": rng.standard_normal((2, 4)), "c_n": None,
-           "grads": rng.standard_normal(10)}
+           "grads": 0.01 * rng.standard_normal(10)}
     got = {k: None if v is None else v.copy() for k, v in ref.items()}
     c = compare_all(got, ref, "the reference")
     assert c.ok and c.max_abs_err == 0
@@ -266,6 +290,9 @@ def test_compare_all_returns_the_worst_comparison():
     off = {**got, "grads": got["grads"] + 2 * FP32_ATOL + FP32_RTOL * abs(ref["grads"])}
     assert not compare_all(off, ref, "r").ok
     assert reduction_atol(64 * 16) == 4 * FP32_ATOL and compare_all(off, ref, "r", rows=64 * 16).ok
+    # ... and their own size widens it: the same error passes for gradients 100x larger
+    big = {k: None if v is None else 100 * v for k, v in ref.items()}
+    assert compare_all({**big, "grads": big["grads"] + 2 * FP32_ATOL}, big, "r").ok
     # a NaN (an unwritten element) is the worst of all, whatever else is off
     nan = {**off, "y": got["y"].copy()}
     nan["y"][0, 0] = np.nan
