@@ -35,7 +35,7 @@ def reduction_atol(terms: int, atol: float = FP32_ATOL, base: int = 64,
     is still far outside it in fp32."""
     if terms < 1:
         raise ValueError(f"terms: expected >= 1, got {terms!r}")
-    if not scale >= 0:
+    if not 0.0 <= scale < float("inf"):
         raise ValueError(f"scale: expected a finite value >= 0, got {scale!r}")
     return atol * (max(1.0, (terms / base) ** 0.5) + scale)
 

@@ -265,7 +265,7 @@ def test_reduction_atol_grows_with_the_size_of_the_sums():
     lost = ref - terms[123]
     assert not compare(lost, ref, reduction_atol(25600, FP32_ATOL, scale=rms(ref)), 1e-3).ok
     assert rms(np.array([3.0, -4.0, np.nan])) == pytest.approx(12.5 ** 0.5) and rms([]) == 0.0
-    for bad in (-1.0, float("nan")):
+    for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="scale"):
             reduction_atol(64, scale=bad)
 
