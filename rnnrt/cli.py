@@ -22,7 +22,7 @@ import numpy as np
 
 from .cli_args import (SIZE_FLAGS, Parser, UsageError, add_dtype, add_results, cell_flag,
                        check_results, dtype_flag, input_batch_flag, list_of, nonneg, path_flag,
-                       positive, record_out, require_gpu, seconds_flag, sizes_of,
+                       positive, record_out, require_gpu, seconds_flag, shard_flag, sizes_of,
                        write_out)
 
 
@@ -176,6 +176,14 @@ def _sweep_parser(sub):
     p.add_argument("--processes", type=positive, default=None,
                    help="run each point's ladder in this many fresh processes and pool them "
                         "(`rnnrt ladder --processes`: medians, each ratio within its process)")
+    p.add_argument("--gpus", type=list_of(nonneg, "GPU indices"), default=None,
+                   help="run on these GPUs of this host at once, e.g. 0,1: one process a GPU "
+                        "(only it visible), each a share of the grid (--shard k/N) in a file "
+                        "of its own (-shardKofN); their lines prefixed [gpu G]; --resume with "
+                        "the same list")
+    p.add_argument("--shard", type=shard_flag, default=None, metavar="K/N",
+                   help="only the K-th of N shares of the grid: every N-th point, cheapest "
+                        "first, from the K-th (what --gpus gives each GPU)")
     p.add_argument("--time-budget", type=seconds_flag, default=None, metavar="SECONDS",
                    help="stop cleanly before a point that would not finish within SECONDS "
                         "of the start (estimated from finished points); resume later")
@@ -202,6 +210,17 @@ def _sweep_config(a):
     for flag in ("retry_errors", "retry_refused"):
         if getattr(a, flag) and not a.resume:
             raise UsageError(f"--{flag.replace('_', '-')} goes with --resume")
+    if a.gpus is not None:
+        if len(set(a.gpus)) != len(a.gpus):
+            raise UsageError(f"--gpus {','.join(map(str, a.gpus))}: a GPU named twice")
+        why = {"--shard": "--gpus gives each GPU its share; run one share with --shard K/N "
+                          "alone",
+               "--out": "each GPU writes a file of its own (the default name with "
+                        "-shardKofN)",
+               "--dry-run": "list one share's points with --shard K/N --dry-run"}
+        for flag, given in (("--shard", a.shard), ("--out", a.out), ("--dry-run", a.dry_run)):
+            if given:
+                raise UsageError(f"--gpus and {flag}: {why[flag]}")
     kw = {}
     if a.preset:
         kw.update(sw.PRESETS[a.preset])
@@ -213,7 +232,8 @@ def _sweep_config(a):
                        ("cells", "cell"), ("steps", "steps"), ("input_size", "input_size"),
                        ("input_batch", "input_batch"), ("repeats", "repeats"),
                        ("warmup", "warmup"), ("time_budget", "time_budget"),
-                       ("rungs", "rungs"), ("passes", "passes"), ("processes", "processes")):
+                       ("rungs", "rungs"), ("passes", "passes"), ("processes", "processes"),
+                       ("shard", "shard")):
         if getattr(a, attr) is not None:
             kw[name] = getattr(a, attr)
     executor = a.executor or "graph"
@@ -232,6 +252,8 @@ def _cmd_sweep(a) -> int:
     from .bench import sweep as sw
     from .bench.outputs import check_file
     cfg = _sweep_config(a)
+    if a.gpus is not None:
+        return _sweep_on_gpus(a, cfg)
     created = None   # a new default file's stamp is its session line's 'created'
     if a.out is not None:
         path = Path(a.out)
@@ -275,6 +297,46 @@ def _cmd_sweep(a) -> int:
     if res.stopped == "interrupted":
         return 130
     return 1 if res.errors else 0
+
+
+def _sweep_on_gpus(a, cfg) -> int:
+    """`rnnrt sweep --gpus`: the shares on their GPUs at once (bench/shards.py), then the
+    verdict of their files together."""
+    import dataclasses
+
+    from .bench import shards
+    from .bench import sweep as sw
+    if a.cpu:
+        device = sw.cpu_device_name()
+    else:
+        require_gpu("sweep", a.cpu)
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+        bad = [g for g in a.gpus if g >= count]
+        if bad:
+            raise UsageError(f"--gpus: this process sees {count} GPU(s) (0-{count - 1}), "
+                             f"not {','.join(map(str, bad))}")
+        from .device import gpu_status
+        device = gpu_status()[1]
+    try:
+        for g in a.gpus:
+            shards.visible_device(g)      # each one's CUDA_VISIBLE_DEVICES, before any work
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    codes = shards.run_shards(a.argv, a.gpus)
+    n = len(a.gpus)
+    files = [sw.latest_path(dataclasses.replace(cfg, shard=(k, n)), device, a.quick,
+                            preset=a.preset) for k in range(1, n + 1)]
+    files = [f for f in files if f is not None]
+    print(f"{len(files)} shard file(s): " + " ".join(str(f) for f in files))
+    if files:
+        from .bench.plots import load_rows
+        from .bench.summary import summarize
+        for g in summarize(load_rows(files, note=lambda m: None)):   # all shares' verdict
+            print("\n".join(g.text(limit=10)))
+    if 130 in codes:
+        return 130
+    return max(codes, default=0)
 
 
 # -------------------------------------------------------------------------------- precision

@@ -52,6 +52,19 @@ def seconds_flag(s: str) -> float:
     return v
 
 
+def shard_flag(s: str) -> tuple[int, int]:
+    """argparse type: 'K/N' (1 <= K <= N) -> (K, N)."""
+    parts = s.split("/")
+    try:
+        k, n = (int(x) for x in parts)
+    except ValueError:
+        k = n = 0
+    if len(parts) != 2 or not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"expected K/N with 1 <= K <= N (the K-th of N "
+                                         f"shares), got {s!r}")
+    return k, n
+
+
 def list_of(conv, what):
     """argparse type: a comma-separated list, each item through ``conv``."""
     def parse(s: str):

@@ -55,20 +55,26 @@ def ladder_argv(cfg) -> list[str]:
     return argv + [flag for flag, on in flags if on]
 
 
-def child_argv(argv: list[str], out: Path) -> list[str]:
-    """``argv`` (the parent's arguments after the program name, 'ladder' first) without
-    --processes, --out, --overwrite (and their values), with --out ``out``."""
+def without_flags(argv: list[str], flags: dict) -> list[str]:
+    """``argv`` without the ``flags`` (flag -> how many values follow it; '--flag=value'
+    carries its own): what a parent process passes on to its children."""
     rest, skip = [], 0
     for a in argv:
         if skip:
             skip -= 1
             continue
         flag = a.split("=", 1)[0]
-        if flag in _PARENT_FLAGS:
-            skip = 0 if "=" in a else _PARENT_FLAGS[flag]
+        if flag in flags:
+            skip = 0 if "=" in a else flags[flag]
             continue
         rest.append(a)
-    return rest + ["--out", str(out)]
+    return rest
+
+
+def child_argv(argv: list[str], out: Path) -> list[str]:
+    """``argv`` (the parent's arguments after the program name, 'ladder' first) without
+    --processes, --out, --overwrite (and their values), with --out ``out``."""
+    return without_flags(argv, _PARENT_FLAGS) + ["--out", str(out)]
 
 
 def run_processes(argv: list[str], n: int, run=subprocess.run, progress=print,

@@ -31,7 +31,9 @@ The JSON-lines file (schema 'rnnrt.sweep/1'), one object a line, three types:
         message), traceback (last lines), point_seconds
 With ``processes`` > 1 (`--processes N`) each point's ladder runs in N fresh processes, pooled
 (bench/processes.py: medians, each ratio within its process; the rows carry ``per_process``
-and ``ratio_vs_cudnn_range``): cuDNN's time moves between processes by itself.
+and ``ratio_vs_cudnn_range``): cuDNN's time moves between processes by itself. With
+``shard`` (k, n) (`--shard k/N`; `--gpus` runs the n shares at once, bench/shards.py) a sweep
+runs only every n-th point from the k-th, in a file of its own.
 A point is done when the file has a row or an error line for it (``--retry-errors`` redoes
 the errors; ``--retry-refused`` the points whose last run has a refused row: a check may have
 changed since, as the float32 second opinion of large 16-bit points did; a point's later rows
@@ -118,6 +120,8 @@ class SweepConfig:
     dtype: str = "float32"              # the precision of every point (precision.DTYPES)
     processes: int = 1                  # > 1: each point's ladder in that many fresh
                                         # processes, pooled (bench/processes.py)
+    shard: tuple | None = None          # (k, n): only the k-th of n shares of the grid
+                                        # (1-based; grid()); None: all of it
     seed: int = 0
     verbose: bool = False
     extra: dict = field(default_factory=dict)
@@ -159,6 +163,13 @@ class SweepConfig:
         p = self.processes
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise ValueError(f"SweepConfig.processes: expected an int >= 1, got {p!r}")
+        if self.shard is not None:
+            sh = tuple(self.shard)
+            if len(sh) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in sh) \
+                    or not 1 <= sh[0] <= sh[1]:
+                raise ValueError(f"SweepConfig.shard: expected (k, n) with 1 <= k <= n, "
+                                 f"got {self.shard!r}")
+            self.shard = sh
 
     @property
     def pass_name(self) -> str:
@@ -226,14 +237,20 @@ def key_of(line: dict) -> tuple:
 
 
 def grid(cfg: SweepConfig) -> list[Point]:
-    """Every point of the grid, cheapest (fewest FLOPs) first."""
+    """Every point of the grid, cheapest (fewest FLOPs) first; with ``cfg.shard`` (k, n)
+    every n-th of them from the k-th (dealt like cards: each share holds small and large
+    points alike; bench/shards.py)."""
     pts = []
     for cell, layers, hidden, batch, k, pass_ in itertools.product(
             cfg.cells, cfg.layers, cfg.hidden, cfg.batch, cfg.input_batch, cfg.passes):
         inp = hidden if cfg.input_size is None else cfg.input_size
         pts.append(Point(cell, layers, hidden, inp, batch, cfg.steps_for(hidden), k, pass_,
                          cfg.dtype))
-    return sorted(pts, key=lambda p: (p.flops, p.key()))
+    pts = sorted(pts, key=lambda p: (p.flops, p.key()))
+    if cfg.shard is not None:
+        k, n = cfg.shard
+        pts = pts[k - 1::n]
+    return pts
 
 
 # --------------------------------------------------------------------------------------------
@@ -530,13 +547,15 @@ def cpu_device_name() -> str:
 
 
 def default_stem(cfg: SweepConfig, quick: bool = False, preset: str | None = None) -> str:
-    """'sweep[-<preset>][-bwd][-<dtype>]-<cells>': what a sweep file holds, before its device
-    and stamp (``quick``: the 'quick' preset; the dtype where it is not float32)."""
+    """'sweep[-<preset>][-bwd][-<dtype>]-<cells>[-shard<k>of<n>]': what a sweep file holds,
+    before its device and stamp (``quick``: the 'quick' preset; the dtype where it is not
+    float32; the share of the grid, where it is one)."""
     from .dtypes import dtype_suffix
     preset = "quick" if quick and preset is None else preset
     return ("sweep" + (f"-{preset}" if preset else "")
             + ("-bwd" if cfg.passes == ("fwd+bwd",) else "") + dtype_suffix(cfg.dtype)
-            + "-" + "-".join(cfg.cells))
+            + "-" + "-".join(cfg.cells)
+            + (f"-shard{cfg.shard[0]}of{cfg.shard[1]}" if cfg.shard else ""))
 
 
 def default_path(cfg: SweepConfig, device: str, quick: bool = False,
