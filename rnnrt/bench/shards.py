@@ -75,7 +75,9 @@ def run_shards(argv: list[str], gpus: list[int], popen=subprocess.Popen, out=Non
     try:
         for k, gpu in enumerate(gpus, 1):
             cmd = [sys.executable, "-m", "rnnrt", *shard_argv(argv, k, n)]
-            child_env = dict(base, CUDA_VISIBLE_DEVICES=visible_device(gpu, base))
+            # unbuffered: a child's stdout is a pipe, and its lines should come as written
+            child_env = dict(base, CUDA_VISIBLE_DEVICES=visible_device(gpu, base),
+                             PYTHONUNBUFFERED="1")
             with lock:
                 out.write(f"[gpu {gpu}] {' '.join(cmd[2:])}\n")
                 out.flush()

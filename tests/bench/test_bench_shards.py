@@ -67,6 +67,7 @@ def test_run_shards_starts_one_child_a_gpu_and_prefixes_their_lines():
     started = []
 
     def popen(cmd, **kw):
+        assert kw["env"]["PYTHONUNBUFFERED"] == "1"      # lines as they are written
         started.append((cmd, kw["env"]["CUDA_VISIBLE_DEVICES"], kw["stderr"]))
         k = len(started)
         return _FakeChild([f"line {k}a\n", f"line {k}b"], code=k - 1)
