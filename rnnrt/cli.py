@@ -323,6 +323,9 @@ def _sweep_on_gpus(a, cfg) -> int:
             shards.visible_device(g)      # each one's CUDA_VISIBLE_DEVICES, before any work
     except ValueError as e:
         raise UsageError(str(e)) from None
+    from .bench.ladder import check_sizes
+    for point in sw.grid(cfg):            # every point's sizes: one error here, not N there
+        check_sizes(point.ladder_config(cfg))
     codes = shards.run_shards(a.argv, a.gpus)
     n = len(a.gpus)
     files = [sw.latest_path(dataclasses.replace(cfg, shard=(k, n)), device, a.quick,
