@@ -258,8 +258,7 @@ def _cmd_sweep(a) -> int:
     if a.out is not None:
         path = Path(a.out)
     else:
-        from .device import gpu_status
-        device = sw.cpu_device_name() if a.cpu else gpu_status()[1]
+        device = _sweep_device(a)
         latest = sw.latest_path(cfg, device, a.quick, preset=a.preset)
         if (a.resume or a.dry_run) and latest:
             path = latest
@@ -281,22 +280,40 @@ def _cmd_sweep(a) -> int:
                          f"(skipping the points it has) or --overwrite to start again")
     check_file(path, "--out", overwrite=a.overwrite, existing_ok=a.resume)
     require_gpu("sweep", a.cpu)
-    from .bench.ladder import check_sizes
-    for point in sw.grid(cfg):   # every point's sizes, before the first one runs
-        check_sizes(point.ladder_config(cfg))
+    _check_sweep_sizes(cfg)
     res = sw.run_sweep(cfg, path, resume=a.resume, overwrite=a.overwrite, created=created)
     print(f"{res.path}: {res.done} points done, {res.errors} raised, {res.skipped} were "
           f"already there, {res.remaining} left, of {res.total} ({res.seconds:.0f} s)")
     if res.stopped:
         print(f"stopped early: {res.stopped}\n  continue with the same command and --resume")
     print(f"figures: rnnrt plot {res.path}")
-    from .bench.plots import load_rows
-    from .bench.summary import summarize
-    for g in summarize(load_rows([res.path], note=lambda m: None)):   # the file's verdict
-        print("\n".join(g.text(limit=10)))                          # (auto rows vs cuDNN)
+    _print_verdict([res.path])
     if res.stopped == "interrupted":
         return 130
     return 1 if res.errors else 0
+
+
+def _sweep_device(a) -> str:
+    """The device name a sweep's default files carry (the CPU's under --cpu)."""
+    from .bench import sweep as sw
+    from .device import gpu_status
+    return sw.cpu_device_name() if a.cpu else gpu_status()[1]
+
+
+def _check_sweep_sizes(cfg) -> None:
+    """Every point's sizes (SizeError naming the first that does not fit), before any runs."""
+    from .bench import sweep as sw
+    from .bench.ladder import check_sizes
+    for point in sw.grid(cfg):
+        check_sizes(point.ladder_config(cfg))
+
+
+def _print_verdict(paths) -> None:
+    """The verdict of sweep files (their auto rows vs cuDNN), nothing where they have none."""
+    from .bench.plots import load_rows
+    from .bench.summary import summarize
+    for g in summarize(load_rows(list(paths), note=lambda m: None)):
+        print("\n".join(g.text(limit=10)))
 
 
 def _sweep_on_gpus(a, cfg) -> int:
@@ -306,9 +323,7 @@ def _sweep_on_gpus(a, cfg) -> int:
 
     from .bench import shards
     from .bench import sweep as sw
-    if a.cpu:
-        device = sw.cpu_device_name()
-    else:
+    if not a.cpu:
         require_gpu("sweep", a.cpu)
         import cupy
         count = cupy.cuda.runtime.getDeviceCount()
@@ -316,27 +331,20 @@ def _sweep_on_gpus(a, cfg) -> int:
         if bad:
             raise UsageError(f"--gpus: this process sees {count} GPU(s) (0-{count - 1}), "
                              f"not {','.join(map(str, bad))}")
-        from .device import gpu_status
-        device = gpu_status()[1]
+    device = _sweep_device(a)
     try:
         for g in a.gpus:
             shards.visible_device(g)      # each one's CUDA_VISIBLE_DEVICES, before any work
     except ValueError as e:
         raise UsageError(str(e)) from None
-    from .bench.ladder import check_sizes
-    for point in sw.grid(cfg):            # every point's sizes: one error here, not N there
-        check_sizes(point.ladder_config(cfg))
+    _check_sweep_sizes(cfg)               # one error here, not one a child
     codes = shards.run_shards(a.argv, a.gpus)
     n = len(a.gpus)
     files = [sw.latest_path(dataclasses.replace(cfg, shard=(k, n)), device, a.quick,
                             preset=a.preset) for k in range(1, n + 1)]
     files = [f for f in files if f is not None]
     print(f"{len(files)} shard file(s): " + " ".join(str(f) for f in files))
-    if files:
-        from .bench.plots import load_rows
-        from .bench.summary import summarize
-        for g in summarize(load_rows(files, note=lambda m: None)):   # all shares' verdict
-            print("\n".join(g.text(limit=10)))
+    _print_verdict(files)
     if 130 in codes:
         return 130
     return max(codes, default=0)

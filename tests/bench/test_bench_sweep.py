@@ -8,6 +8,7 @@ import io
 from pathlib import Path
 
 import pytest
+from testkit import example_module
 from testkit import tiny_sweep as tiny
 
 from rnnrt.bench import ladder as lb
@@ -318,12 +319,8 @@ def test_cost_model_foretells_a_recorded_wide_sweep():
     up): the time left after 10% of the points within 2x of what it was, and the next point
     within 2x at 80% of points or more. The least-squares a + b * layers * steps + c * FLOPs
     model it replaced said 0.09x and 87% here, and 1347x on the bfloat16 grid."""
-    import importlib.util
+    replay = example_module("eta_replay")
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location(
-        "eta_replay", root / "experiments" / "scripts" / "eta_replay.py")
-    replay = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay)
     for name in ("sweep-wide-lstm-gru-nvidia-h100-80gb-hbm3-20261124T150633.jsonl",
                  "sweep-wide-bfloat16-lstm-gru-nvidia-h100-80gb-hbm3-20261125T122252.jsonl"):
         r = replay.replay(replay.points(root / "experiments" / "results" / "sweep" / name))
