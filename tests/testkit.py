@@ -433,7 +433,7 @@ def assert_refused(call, exc, words, arrays=(), folders=(), spies=(), within_s=2
 
 from testkit_kernels import (  # noqa: E402, F401  (re-exported: tests import from testkit)
     BWD_KERNELS, CLUSTER_KERNELS, GRID_KERNELS, H100, PERSISTENT, SIM_ENV, SMALL,
-    build_host_sim, bwd_gradients, bwd_layer_case, cancelling_case, ceil,
+    alternating_runs, build_host_sim, bwd_gradients, bwd_layer_case, cancelling_case, ceil,
     check_bwd_against_reference, check_no_spills, chunk_cols, emulated, layer_case,
     nvcc_instantiations, nvcc_usage)
 from testkit_gpu import (  # noqa: E402, F401  (re-exported: tests import from testkit)

@@ -34,25 +34,7 @@
 // h is placed H_OFFSET floats past a 16-byte boundary (1: misaligned, the kernel must fall
 // back to 4-byte staging loads). Prints how many 16-byte (cp.async) and 4-byte (__ldcg) h
 // staging loads the kernel made: "ldcg128 N ldcg32 M".
-#include <algorithm>
-#include <atomic>
-#include <barrier>
-#include <optional>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <limits>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
+#include "persistent_host_sim_std.h"   // the standard headers (precompiled by the tests)
 
 #if defined(PK_SIM_MMAC16) || defined(PK_SIM_MMACG) || defined(PK_SIM_MMACW)
 #define PK_SIM_MMAC   // ... those of clusters of 16 blocks, the grid form and the wide form

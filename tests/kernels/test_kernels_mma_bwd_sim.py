@@ -22,7 +22,7 @@ import pytest
 from test_kernels_mma_sim import TS
 from test_kernels_mma_sim import build as build_mma
 from test_kernels_mma_sim import swapped_fragment
-from testkit import CELLS, bwd_gradients
+from testkit import CELLS, alternating_runs, bwd_gradients
 
 from rnnrt import reference
 from rnnrt.cells import get_cell
@@ -118,11 +118,7 @@ def check_against_reference(out, data, ref, dtype, what):
 # tiles, a last block of 6 units) and k_tile 16 (several tiles, a warp one chunk of each);
 # H 64 k_tile 64 with 2 warps: whole k16 steps (CPW 8), several tiles for G > 1
 SIM_CASES = [(40, 9, 3, 5, 128, None), (40, 9, 2, 34, 256, 16), (64, 5, 2, 8, 64, 64)]
-# every cell at both precisions in the first case; in the others each cell at one of them,
-# the two alternating (CI time: each run is a few hundred CPU threads)
-RUNS = ([(SIM_CASES[0], c, d) for c in CELLS for d in TS]
-        + [(case, c, tuple(TS)[(i + n) % 2]) for n, case in enumerate(SIM_CASES[1:])
-           for i, c in enumerate(CELLS)])
+RUNS = alternating_runs(SIM_CASES, TS)
 
 
 @pytest.mark.parametrize("case, cell, dtype", RUNS,

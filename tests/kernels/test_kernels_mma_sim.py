@@ -24,7 +24,7 @@ from rnnrt.check import compare
 from rnnrt.kernels import mma as MM
 from rnnrt.kernels import sources as S
 from rnnrt.precision import get_precision, round_to_storage
-from testkit import CELLS, build_host_sim
+from testkit import CELLS, alternating_runs, build_host_sim
 
 TS = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -101,11 +101,13 @@ def check_outputs(cell, dtype, got, ref, what):
         assert c.ok, str(c)
 
 
-@pytest.mark.parametrize("dtype", MM.MMA_DTYPES)
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("H, B, T, U, threads, k_tile", SIM_CASES)
-def test_mma_kernel_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, U, threads,
-                                   k_tile):
+RUNS = alternating_runs(SIM_CASES, MM.MMA_DTYPES)
+
+
+@pytest.mark.parametrize("case, cell, dtype", RUNS,
+                         ids=[f"H{c[0]}B{c[1]}U{c[3]}-{cell}-{d}" for c, cell, d in RUNS])
+def test_mma_kernel_on_cpu_threads(host_sim, tmp_path, case, cell, dtype):
+    H, B, T, U, threads, k_tile = case
     fit = MM.mma_geometry(cell, H, B, U, threads, k_tile)
     assert fit.ok, fit.reason
     data, ref = mma_case(cell, T, B, H, dtype)

@@ -27,7 +27,7 @@ from test_kernels_mma_sim import check_outputs, mma_case, run_sim
 
 from rnnrt.kernels import mmac as MC
 from rnnrt.kernels import sources as S
-from testkit import CELLS, build_host_sim
+from testkit import CELLS, alternating_runs, build_host_sim
 
 
 WIDE = "w"   # the host_sim key of the wide form (clusters of 8, several n8 tiles)
@@ -69,11 +69,14 @@ SIM_CASES = [(40, 5, 3, 2, 8), (30, 11, 3, 1, 8), (64, 8, 2, 4, 8), (40, 9, 2, 2
              (72, 6, 2, 1, 8)]
 
 
-@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("H, B, T, k_parts, cluster", SIM_CASES)
-def test_mmac_kernel_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, k_parts,
-                                    cluster):
+SIM_RUNS = alternating_runs(SIM_CASES, MC.MMA_DTYPES)
+
+
+@pytest.mark.parametrize("case, cell, dtype", SIM_RUNS,
+                         ids=[f"H{c[0]}B{c[1]}P{c[3]}C{c[4]}-{cell}-{d}"
+                              for c, cell, d in SIM_RUNS])
+def test_mmac_kernel_on_cpu_threads(host_sim, tmp_path, case, cell, dtype):
+    H, B, T, k_parts, cluster = case
     fit = MC.mmac_layout(cell, H, B, k_parts, cluster=cluster)
     assert fit.ok, fit.reason
     data, ref = mma_case(cell, T, B, H, dtype, seed=3)
@@ -105,18 +108,30 @@ GRID_CASES = [(40, 5, 3, 3, 2), (30, 27, 3, 4, 2), (64, 20, 2, 8, 4), (360, 11, 
               (40, 9, 2, 8, 2)]
 
 
-@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("H, B, T, U, k_parts", GRID_CASES)
-def test_grid_form_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, U, k_parts):
-    if H == 360 and (dtype == "float16" or cell in ("lstm", "rnn_relu")):
-        pytest.skip("the long case once a cell family (GRU: 3 gates, RNN: 1), bfloat16")
+# the long case (H 360) once a cell family (GRU: 3 gates, RNN: 1)
+GRID_RUNS = [r for r in alternating_runs(GRID_CASES, MC.MMA_DTYPES)
+             if r[0][0] != 360 or r[1] in ("gru", "rnn_tanh")]
+
+
+@pytest.mark.parametrize("case, cell, dtype", GRID_RUNS,
+                         ids=[f"H{c[0]}B{c[1]}U{c[3]}-{cell}-{d}" for c, cell, d in GRID_RUNS])
+def test_grid_form_on_cpu_threads(host_sim, tmp_path, case, cell, dtype):
+    H, B, T, U, k_parts = case
     fit = MC.mmac_layout(cell, H, B, k_parts, cluster=MC.GRID_FORM, units_per_block=U)
     assert fit.ok, fit.reason
     data, ref = mma_case(cell, T, B, H, dtype, seed=5)
     got = run_sim(host_sim[MC.GRID_FORM], tmp_path, cell, fit, data, T, dtype)
     check_outputs(cell, dtype, got, ref, f"{cell} {dtype} H{H} B{B} grid form sim")
     assert np.array_equal(got[0][0], data["h0"].astype(np.float32)), "h0 changed"
+
+
+def test_every_cell_meets_every_dtype_in_each_form():
+    """alternating_runs halves the runs; each form still has every (cell, dtype) pair, most
+    of them at several shapes."""
+    full = {(c, d) for c in CELLS for d in MC.MMA_DTYPES}
+    for runs in (SIM_RUNS, GRID_RUNS, WIDE_RUNS):
+        assert {(c, d) for _, c, d in runs} == full
+    assert len(SIM_RUNS) == len(CELLS) * (len(MC.MMA_DTYPES) + len(SIM_CASES) - 1)
 
 
 def test_grid_cases_cover_the_paths():
@@ -175,12 +190,15 @@ WIDE_CASES = [(40, 20, 3, 2, 1), (30, 27, 3, 1, 2), (64, 32, 2, 4, 1), (48, 25, 
               (264, 11, 2, 1, 1)]
 
 
-@pytest.mark.parametrize("dtype", MC.MMA_DTYPES)
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("H, B, T, k_parts, clusters", WIDE_CASES)
-def test_wide_form_on_cpu_threads(host_sim, tmp_path, cell, dtype, H, B, T, k_parts, clusters):
-    if H == 264 and cell != "gru":
-        pytest.skip("the long case for GRU only (see WIDE_CASES)")
+# the long case (H 264) for GRU only (see WIDE_CASES)
+WIDE_RUNS = [r for r in alternating_runs(WIDE_CASES, MC.MMA_DTYPES)
+             if r[0][0] != 264 or r[1] == "gru"]
+
+
+@pytest.mark.parametrize("case, cell, dtype", WIDE_RUNS,
+                         ids=[f"H{c[0]}B{c[1]}N{c[4]}-{cell}-{d}" for c, cell, d in WIDE_RUNS])
+def test_wide_form_on_cpu_threads(host_sim, tmp_path, case, cell, dtype):
+    H, B, T, k_parts, clusters = case
     fit = MC.mmac_layout(cell, H, B, k_parts, clusters=clusters)
     assert fit.ok and fit.wide and fit.kernel.endswith("_mmacw_fwd"), fit.describe()
     data, ref = mma_case(cell, T, B, H, dtype, seed=7)

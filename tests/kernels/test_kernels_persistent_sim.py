@@ -171,8 +171,9 @@ def test_barrier_protocol_has_no_data_race(tsan_sim, tmp_path):
     columns other lanes still read), it reports a data race."""
     exe = tsan_sim
     T, B, U = 4, 3, 5
-    for cell, H, pad, k_tile, nt in (("lstm", 37, 3, None, 32), ("gru", 37, 3, 12, 32),
-                                     ("rnn_tanh", 40, 4, None, 32), ("rnn_relu", 40, 4, 12, 32),
+    # staging (pad 3: 4-byte loads, 4: 16-byte), tiles (one, several) and warps (one, two):
+    # every pair of the three at both its values, in four runs (TSan runs are slow)
+    for cell, H, pad, k_tile, nt in (("gru", 37, 3, 12, 32), ("rnn_tanh", 40, 4, None, 32),
                                      ("lstm", 40, 4, 16, 64), ("rnn_tanh", 37, 3, None, 64)):
         fit = P.geometry(cell, H, B, U, nt, k_tile=k_tile)
         assert fit.ok and (fit.warps > 1) == (nt > 32)
