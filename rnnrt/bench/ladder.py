@@ -27,12 +27,17 @@ device cannot hold) still runs, on its fallback schedule, and its row says so: `
 runs the persistent kernel forward and the rung below's schedule backward (``backward_note``).
 A GPU run's record carries ``compile_s``: the seconds it spent compiling kernels (first uses
 in its process; rnnrt.kernels.library.compile_seconds), which a sweep's time budget leaves
-out of what a point costs.
+out of what a point costs; and ``phase_s``, where its wall time went: {'cudnn_setup' (cuDNN's
+module and first run), 'reference' (the float64 NumPy reference on the host, or above
+REFERENCE_FLOP_LIMIT cuDNN's output and the second opinion), 'precompile' (the kernel files
+the auto row may run), 'rows' (every rung and the auto row: selection, check, timing),
+'cudnn_time' (cuDNN's timing after the rungs)} in seconds (a CPU run: 'reference', 'rows').
 """
 from __future__ import annotations
 
 import platform
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -480,7 +485,9 @@ def _run_gpu(cfg, progress, session: BenchSession):
     x, h0, c0, dy = inputs
     flops = _flops(cfg)
     params = cp.asarray(model.flat)
+    phases = _Phases()
     bench = cudnn_bench(cfg, model, x, h0, c0, dy)
+    phases.end("cudnn_setup")
     second = None
     if not reference_runs(cfg, bench):
         # the float64 NumPy reference would take minutes here: hold the naive rung against
@@ -497,9 +504,11 @@ def _run_gpu(cfg, progress, session: BenchSession):
         cudnn_check = None if isinstance(bench, str) else compare_all(
             bench.outputs(), ref, ref_name, rows=cfg.steps * cfg.batch,
             **tolerance(cfg.dtype))
+    phases.end("reference")
     if not isinstance(bench, str):
         t = bench.time()
         progress(f"cudnn (before the rungs) {t.ms_median:9.3f} ms; check {cudnn_check}")
+    phases.end("cudnn_setup")
 
     def make_executor(executor, plan, ws):
         return session.executor(executor, plan, ws)
@@ -519,11 +528,13 @@ def _run_gpu(cfg, progress, session: BenchSession):
         # the auto row's selector times kernels, not their first compile (library.precompile)
         from ..kernels.library import precompile
         precompile(session.ctx.kernels, cfg.dtype, cluster=session.limits.cc_major >= 9)
+    phases.end("precompile")
 
     rows = _ladder_rows(cfg, cfg.executors, make_executor, cp, params, inputs, ref, ref_name,
                         flops, ceiling["tflops"], time_fn, sync, progress, session.limits,
                         samples_fn=samples_fn, second=second)
     cp.get_default_memory_pool().free_all_blocks()
+    phases.end("rows")
     if isinstance(bench, str):
         cudnn = {"skipped": bench}
     else:
@@ -536,7 +547,23 @@ def _run_gpu(cfg, progress, session: BenchSession):
         for row in rows:
             if "ms_median" in row:
                 row["ratio_vs_cudnn"] = cudnn["ms_median"] / row["ms_median"]
-    return _record(cfg, info, versions(cp), flops, ceiling, cudnn, rows)
+    phases.end("cudnn_time")
+    return dict(_record(cfg, info, versions(cp), flops, ceiling, cudnn, rows),
+                phase_s=phases.seconds)
+
+
+class _Phases:
+    """Where a ladder's wall time went: ``end(name)`` adds the time since the last end (or
+    the start) to ``seconds[name]``."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def end(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + (now - self._t)
+        self._t = now
 
 
 def _interleaved(cp, rr, bench, cfg):
@@ -565,7 +592,9 @@ def _run_cpu(cfg, progress):
     model = model_for(cfg, np.float32)
     inputs = inputs_for(cfg, np.float32)
     flops = _flops(cfg)
+    phases = _Phases()
     ref = _reference(cfg, model, *inputs)
+    phases.end("reference")
     a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
     tc = time_cpu(lambda: a @ a, repeats=5)
     ceiling = {"what": "NumPy fp32 matmul 512^3 on the CPU",
@@ -577,11 +606,12 @@ def _run_cpu(cfg, progress):
                         progress, H100_SXM, label=" (CPU figure)",
                         samples_fn=lambda rr, repeats, warmup: time_cpu(
                             rr.run, repeats, warmup).samples)
+    phases.end("rows")
     info = {"device": f"CPU ({platform.processor() or platform.machine()}), NumPy executor",
             "note": "CPU figures: the NumPy executor runs the same plans; not GPU performance. "
                     f"Persistent-kernel fits computed for {H100_SXM.name}"}
-    return _record(cfg, info, versions(), flops, ceiling,
-                   {"skipped": "CPU run (--cpu): no cuDNN"}, rows)
+    return dict(_record(cfg, info, versions(), flops, ceiling,
+                        {"skipped": "CPU run (--cpu): no cuDNN"}, rows), phase_s=phases.seconds)
 
 
 def _record(cfg, info, vers, flops, ceiling, cudnn, rows) -> dict:

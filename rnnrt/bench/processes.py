@@ -149,6 +149,12 @@ def pool(records: list[dict], command: str = "") -> dict:
     out.update(created=now_iso(), command=command or first.get("command", ""),
                processes=len(records), process_records=[r["created"] for r in records],
                rows=rows, compile_s=sum(r.get("compile_s", 0.0) for r in records))
+    phases = {}   # where the processes' time went, added up (as compile_s)
+    for r in records:
+        for name, sec in (r.get("phase_s") or {}).items():
+            phases[name] = phases.get(name, 0.0) + sec
+    if phases:
+        out["phase_s"] = phases
     cudnn = next((r for r in rows if r["rung"] == "cudnn"), None)
     if cudnn is not None:
         out["cudnn"] = cudnn

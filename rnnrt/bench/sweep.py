@@ -25,8 +25,9 @@ The JSON-lines file (schema 'rnnrt.sweep/1'), one object a line, three types:
         instead of timings when a rung's output disagreed) plus the point's configuration
         (cell, layers, hidden, input_size, batch, steps, input_batch, pass) and repeats,
         warmup, cpu, device (name), ceiling_tflops, flops_per_pass, point_seconds (wall
-        time of the whole point), compile_s (the part of it spent compiling kernels), session
-        (its session's 'created'), created
+        time of the whole point), compile_s (the part of it spent compiling kernels), phase_s
+        (where the point's time went: bench/ladder.py; the progress line names a phase that
+        took most of it), session (its session's 'created'), created
   {"type": "error", ...}    a point that raised: its configuration, device, error (type and
         message), traceback (last lines), point_seconds
 With ``processes`` > 1 (`--processes N`) each point's ladder runs in N fresh processes, pooled
@@ -373,9 +374,26 @@ def _row_lines(point, cfg, record, seconds, session_created, compile_s=0.0):
             "flops_per_pass": record["flops_per_pass"], "point_seconds": seconds,
             "compile_s": compile_s, "session": session_created,
             "created": record.get("created")}
+    if record.get("phase_s"):
+        base["phase_s"] = record["phase_s"]   # where the point's time went (bench/ladder.py)
     if "skipped" in record.get("cudnn", {}):
         base["cudnn_skipped"] = record["cudnn"]["skipped"]
     return [{"type": "row", "schema": SCHEMA, **r, **base} for r in record["rows"]]
+
+
+def _main_phase(lines) -> str:
+    """'; the float64 reference 140.2' where one phase of the point took most of its time
+    (a row's phase_s), else ''."""
+    phases = next((ln["phase_s"] for ln in lines if ln.get("phase_s")), None)
+    if not phases:
+        return ""
+    name, sec = max(phases.items(), key=lambda kv: kv[1])
+    total = sum(phases.values())
+    return f"; {PHASE_NAMES.get(name, name)} {sec:.1f}" if sec > 0.5 * total else ""
+
+
+PHASE_NAMES = {"reference": "the reference", "rows": "the rungs", "cudnn_setup": "cuDNN's setup",
+               "precompile": "compiling", "cudnn_time": "cuDNN's timing"}
 
 
 def _error_line(point, cfg, device, exc, seconds, session_created):
@@ -516,7 +534,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
             result.remaining = len(todo) - i - 1
             bar.update(done=skipped + result.done + result.errors,
                        eta=_eta(model, todo[i + 1:]), current="")
-            say(f"[sweep] {point.label()}: {note} ({seconds:.1f} s)")
+            say(f"[sweep] {point.label()}: {note} ({seconds:.1f} s{_main_phase(out)})")
             if in_a_row >= MAX_CONSECUTIVE_ERRORS:
                 result.stopped = (f"{in_a_row} points in a row raised (see the error lines); "
                                   f"fix the cause and resume with --retry-errors")

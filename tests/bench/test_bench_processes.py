@@ -59,6 +59,9 @@ def test_pool_adds_up_the_processes_compile_seconds():
     recs = [dict(_record(1.0, 2.0, 2.0, "a"), compile_s=95.0),
             dict(_record(1.0, 2.0, 2.0, "b"), compile_s=0.5), _record(1.0, 2.0, 2.0, "c")]
     assert P.pool(recs)["compile_s"] == 95.5
+    recs[0]["phase_s"] = {"reference": 30.0, "rows": 4.0}
+    recs[1]["phase_s"] = {"reference": 29.0, "rows": 5.0, "precompile": 1.0}
+    assert P.pool(recs)["phase_s"] == {"reference": 59.0, "rows": 9.0, "precompile": 1.0}
 
 
 def test_a_row_one_process_refused_is_refused():

@@ -85,10 +85,23 @@ def test_cpu_sweep_writes_a_row_per_rung_with_every_field(tmp_path):
         by_point.setdefault(sw.key_of(r), []).append(r["rung"])
     assert sorted(by_point) == sorted(p.key() for p in sw.grid(tiny()))
     assert all(names == [*rung_names(), "auto"] for names in by_point.values())
+    # where each point's time went: the CPU ladder's two phases, within the point's wall time
+    for r in rows:
+        assert set(r["phase_s"]) == {"reference", "rows"}, r["phase_s"]
+        assert all(v >= 0 for v in r["phase_s"].values())
+        assert sum(r["phase_s"].values()) <= r["point_seconds"]
     # the progress bar: one line per finished point when not on a terminal
     out = err.getvalue()
     assert "4/4 points 100%" in out and "ETA" in out and "elapsed" in out
     assert "\r" not in out
+
+
+def test_progress_line_names_the_phase_that_took_most_of_a_point():
+    rows = [{"type": "row", "phase_s": {"cudnn_setup": 2.0, "reference": 140.2, "rows": 9.0}}]
+    assert sw._main_phase(rows) == "; the reference 140.2"
+    even = [{"type": "row", "phase_s": {"reference": 5.0, "rows": 5.0, "precompile": 1.0}}]
+    assert sw._main_phase(even) == ""                  # none took most of it
+    assert sw._main_phase([{"type": "row"}]) == ""     # an older record: nothing said
 
 
 def test_a_new_files_name_and_its_session_line_carry_one_time(tmp_path):
