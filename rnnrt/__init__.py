@@ -10,7 +10,7 @@ from .device import GpuUnavailable, gpu_available
 from .models import GRU, LSTM, RNN, Grads, Tape
 from .plan.switches import ALL, Rung, Switches, ladder
 
-__version__ = "0.27.0"
+__version__ = "0.28.0"
 
 __all__ = ["ALL", "CELLS", "Cell", "GRU", "Grads", "GpuUnavailable", "LSTM", "RNN", "Rung",
            "Switches", "Tape", "backward_flops", "forward_flops", "get_cell", "gpu_available",

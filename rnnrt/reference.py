@@ -4,7 +4,12 @@ This is the function everything in rnnrt is held against: every fast path (NumPy
 executor, CuPy eager, CUDA graph, persistent kernels) must reproduce its outputs and
 gradients. It is kept deliberately plain — a loop over layers, a loop over steps, one
 function per cell step forward and one per cell step backward — so that it can be read
-against torch.nn's documented equations and trusted. Speed is not a goal.
+against torch.nn's documented equations and trusted. The products that do not depend on the
+recurrence are each one product over all steps: W x in the forward; dx = dgi W, dW = dgi^T x,
+dR = dgh^T h and the bias sums in the backward, once every step's gate gradients are known
+(the same sums of the same rounded operands, in another order: per-step products made a
+benchmark's check minutes long at small batches, each step re-reading or re-writing every
+weight).
 
 Math and parameter layout are torch.nn's, exactly (gate order from ``cells.py``):
 
@@ -283,8 +288,9 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None, dtype: str = "fl
             c[0] = c0[layer]
         gates = (np.empty((steps, batch, spec.saved_gates * hidden), dtype)
                  if spec.saved_gates else None)
+        gis = (op(inp).reshape(steps * batch, i_l) @ wg.T).reshape(steps, batch, -1)
         for t in range(steps):
-            gi = op(inp[t]) @ wg.T
+            gi = gis[t]
             gh = op(h[t]) @ rg.T
             if b_ih is not None:
                 gi = gi + b_ih
@@ -295,6 +301,7 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None, dtype: str = "fl
                 c[t + 1] = c_new
             if gates is not None:
                 gates[t] = saved
+        del gis   # (not alive beside the next layer's)
         layers.append(LayerCache(x=inp, h=h, c=c, gates=gates))
         inp = h[1:]  # the next layer's input is this layer's output sequence
 
@@ -361,10 +368,9 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
         w, r, b_ih, b_hh = layer_params(cell, params, layer, in_size, hidden, dtype)
         w, r = store(w), store(r)
         wg, rg = op(w), op(r)
-        dw, dr = np.zeros_like(w), np.zeros_like(r)
-        db_ih = None if b_ih is None else np.zeros_like(b_ih)
-        db_hh = None if b_hh is None else np.zeros_like(b_hh)
-        dx = np.empty((steps, batch, in_size), dtype)
+        gates = r.shape[0]
+        dgis = np.empty((steps, batch, gates), dtype)   # every step's, as the GEMMs read them
+        dghs = np.empty((steps, batch, gates), dtype)
 
         # dh / dc carry the gradient w.r.t. h[t+1] / c[t+1] arriving from step t+1.
         dh = dh_n[layer].copy()
@@ -376,17 +382,20 @@ def backward(cell: str, params: list[dict], cache: Cache, dy, dh_n=None, dc_n=No
                 lc.h[t], None if lc.c is None else lc.c[t],
                 lc.h[t + 1], None if lc.c is None else lc.c[t + 1],
                 dh_new, dc)
-            dgi, dgh = op(store(dgi)), op(store(dgh))   # stored for the GEMMs that read them
-            # gi = x W^T + b_ih and gh = h R^T + b_hh: the same two affine backward steps.
-            dx[t] = dgi @ wg
-            dh = dgh @ rg
+            dgis[t], dghs[t] = op(store(dgi)), op(store(dgh))   # stored for the GEMMs
+            dh = dghs[t] @ rg   # gh = h R^T + b_hh: dh_{t-1} = dgh R, the recurrence
             if dh_direct is not None:
                 dh = dh + dh_direct
-            dw += dgi.T @ op(lc.x[t])
-            dr += dgh.T @ op(lc.h[t])
-            if db_ih is not None:   # sums over the batch: GEMMs with a ones vector
-                db_ih += dgi.sum(axis=0)
-                db_hh += dgh.sum(axis=0)
+        # gi = x W^T + b_ih and gh = h R^T + b_hh, every step at once: the same two affine
+        # backward steps; the bias sums over the batch and the steps (GEMMs with ones)
+        rows = steps * batch
+        dgis, dghs = dgis.reshape(rows, gates), dghs.reshape(rows, gates)
+        dx = (dgis @ wg).reshape(steps, batch, in_size)
+        dw = dgis.T @ op(lc.x).reshape(rows, in_size)
+        dr = dghs.T @ op(lc.h[:steps]).reshape(rows, hidden)
+        db_ih = None if b_ih is None else dgis.sum(axis=0)
+        db_hh = None if b_hh is None else dghs.sum(axis=0)
+        del dgis, dghs   # (not alive beside the next layer's)
         dh0[layer] = dh
         if dc0 is not None:
             dc0[layer] = dc

@@ -129,21 +129,24 @@ REFERENCE_PASSES = ("forward", "train", "backward")
 def reference_bytes(cell: str, input_size: int, hidden: int, layers: int, batch: int,
                     steps: int, itemsize: int, pass_: str = "forward") -> int:
     """Host bytes the NumPy reference allocates in one pass: 'forward' (every layer's h, c
-    and saved gates for every step, y, the states), 'train' (that plus the snapshots of x
-    and the parameters a tape keeps) or 'backward' (the backward's own: dx, the gate
-    gradients of one layer, the parameter gradients and their flat copy)."""
+    and saved gates for every step, y, the states, one layer's W x of every step and its
+    operand), 'train' (that plus the snapshots of x and the parameters a tape keeps) or
+    'backward' (the backward's own: dx, the gate gradients of one layer, the x and h its
+    weight-gradient GEMMs read, the parameter gradients and their flat copy)."""
     if pass_ not in REFERENCE_PASSES:
         raise ValueError(f"pass_: expected one of {REFERENCE_PASSES}, got {pass_!r}")
     c = get_cell(cell)
     bh = batch * hidden
     params = param_elements(cell, input_size, hidden, layers, True)
     if pass_ == "backward":
-        elems = (steps * batch * (input_size + 2 * c.gates * hidden) + 2 * params
-                 + 4 * layers * bh)
+        elems = (steps * batch * (2 * input_size + hidden + 2 * c.gates * hidden)
+                 + 2 * params + 4 * layers * bh)
         return elems * itemsize
     per_layer = (steps + 1) * bh * (2 if c.has_cell_state else 1) + steps * bh * c.saved_gates
-    # + y, the states, and one step's temporaries (gi, gh, their sum, the gates' halves)
-    elems = layers * per_layer + steps * bh + 4 * layers * bh + 8 * c.gates * bh
+    # + y, the states, one layer's W x of every step and its operand (a rounded copy at
+    # tf32), and one step's temporaries (gi, gh, their sum, the gates' halves)
+    elems = (layers * per_layer + steps * bh + 4 * layers * bh + 8 * c.gates * bh
+             + steps * batch * (c.gates * hidden + max(input_size, hidden)))
     if pass_ == "train":
         elems += steps * batch * input_size + params
     return elems * itemsize
