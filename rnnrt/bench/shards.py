@@ -14,7 +14,10 @@ files).
 The shares run side by side on one host: their ladders' CPU parts (plan building, the float64
 reference of the check) share its cores, so a share can take longer than the same points on a
 host of its own (on an H200 pair, two bfloat16 shares' largest points took 2-3x); the GPU
-timings, each in its own process on its own GPU, do not share anything.
+timings, each in its own process on its own GPU, do not share anything. Each child's BLAS
+(NumPy's, for the reference) gets its share of the cores (``blas_threads``), not all of them:
+N pools of every core's threads on one host oversubscribe it N times. An environment that
+sets a BLAS thread count already keeps its own.
 """
 from __future__ import annotations
 
@@ -51,17 +54,36 @@ def visible_device(gpu: int, env=None) -> str:
     return ids[gpu]
 
 
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def blas_threads(n: int, env=None, cores: int | None = None) -> dict[str, str]:
+    """The BLAS thread variables for each of ``n`` children on one host: the host's cores
+    (those this process may run on) split evenly, at least 1 each; {} where ``env`` sets
+    any of them (the caller's choice stands)."""
+    env = os.environ if env is None else env
+    if any(env.get(v) for v in BLAS_THREAD_VARIABLES):
+        return {}
+    if cores is None:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+    each = str(max(1, cores // max(1, n)))
+    return {v: each for v in BLAS_THREAD_VARIABLES}
+
+
 def run_shards(argv: list[str], gpus: list[int], popen=subprocess.Popen, out=None,
                env=None) -> list[int]:
     """The sweep of ``argv`` (``shard_argv``'s input) on ``gpus``: one child a GPU, all at
     once (``python -m rnnrt``), the k-th (1-based) running ``--shard k/len(gpus)`` with only
-    its GPU visible; each child's lines (stdout and stderr) written to ``out`` (default
+    its GPU visible and its share of the host's cores for BLAS (``blas_threads``); each
+    child's lines (stdout and stderr) written to ``out`` (default
     stdout) as they come, prefixed '[gpu G] '. -> the children's exit statuses, in order.
     Ctrl-C reaches the children too (one process group): each stops cleanly, its file
     resumable, and this waits for them."""
     out = sys.stdout if out is None else out
     base = dict(os.environ if env is None else env)
     n = len(gpus)
+    base.update(blas_threads(n, base))
     lock = threading.Lock()
     children, readers = [], []
 

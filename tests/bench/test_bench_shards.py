@@ -87,6 +87,28 @@ def test_run_shards_starts_one_child_a_gpu_and_prefixes_their_lines():
         assert f"[gpu {gpu}] rnnrt sweep --quick --shard {k}/2" in text
 
 
+def test_children_split_the_hosts_cores_for_blas_unless_told():
+    """Two children on a 32-core host: 16 BLAS threads each (not 32 each: 2x oversubscribed);
+    a host of fewer cores than children: 1 each; a BLAS thread count the caller set stands."""
+    assert shards.blas_threads(2, env={}, cores=32) == {
+        v: "16" for v in shards.BLAS_THREAD_VARIABLES}
+    assert set(shards.blas_threads(3, env={}, cores=2).values()) == {"1"}
+    assert shards.blas_threads(2, env={"OPENBLAS_NUM_THREADS": "4"}, cores=32) == {}
+    seen = []
+
+    def popen(cmd, **kw):
+        seen.append({v: kw["env"].get(v) for v in shards.BLAS_THREAD_VARIABLES})
+        return _FakeChild([], code=0)
+
+    shards.run_shards(["sweep"], [0, 1], popen=popen, out=io.StringIO(), env={})
+    expect = shards.blas_threads(2, env={})
+    assert seen == [expect, expect] and all(int(x) >= 1 for x in expect.values())
+    seen.clear()
+    shards.run_shards(["sweep"], [0, 1], popen=popen, out=io.StringIO(),
+                      env={"OMP_NUM_THREADS": "3"})
+    assert seen[0]["OMP_NUM_THREADS"] == "3" and seen[0]["OPENBLAS_NUM_THREADS"] is None
+
+
 def test_sweep_on_two_gpus_on_the_cpu_writes_a_file_a_share_and_resumes(tmp_path,
                                                                         monkeypatch, capsys):
     """The whole path through the CLI, its children real processes (CPU sweeps): the two
