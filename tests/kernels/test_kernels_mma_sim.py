@@ -6,7 +6,8 @@ padding and partial-sum flushes run for real. Every cell x {bfloat16, float16} e
 float64 rounding-aware reference (rnnrt.reference.forward(..., dtype)) within the
 precision's tolerance -- not bit-exactly: the fp32 sums run in the tensor core's order, so a
 16-bit store of h can round the other way -- with one group of register tiles and several,
-one h tile and several, whole k16 steps and masked ones; and a kernel whose A fragment has
+one h tile and several, whole k16 steps and masked ones (every cell at both precisions in
+the first case, alternating after it: testkit.alternating_runs); and a kernel whose A fragment has
 two registers swapped (rows g+8 and columns 2c+8 exchanged) is refused.
 """
 from __future__ import annotations

@@ -4,8 +4,9 @@ clusters of 8 blocks, mma.sync emulated over the warp's exchange buffer by the P
 fragment layout, the pushes into the cluster's blocks and its barrier as the other cluster
 kernels' sims run them; PK_SIM_MMAC16: the kernels of clusters of 16; PK_SIM_MMACG: their
 grid form, persistent_mmag.cu, its grid barrier and its staging of h_t from global memory as
-the grid kernels' sims run them), without a GPU. Every cell x {bfloat16, float16} equals the
-float64 rounding-aware reference within the precision's tolerance (not bit-exactly: the
+the grid kernels' sims run them), without a GPU. Every cell x {bfloat16, float16} (both
+precisions in each form's first case, alternating after it: testkit.alternating_runs) equals
+the float64 rounding-aware reference within the precision's tolerance (not bit-exactly: the
 tensor core's summation order), at clusters of 8 and of 16, one and several clusters (the
 last one short), one and several parts of the k16 steps, a hidden size that is not whole k16
 steps and one whose last block owns fewer units (or none); the grid form at one to four n8
