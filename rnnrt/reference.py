@@ -289,13 +289,13 @@ def forward(cell: str, params: list[dict], x, h0=None, c0=None, dtype: str = "fl
         gates = (np.empty((steps, batch, spec.saved_gates * hidden), dtype)
                  if spec.saved_gates else None)
         gis = (op(inp).reshape(steps * batch, i_l) @ wg.T).reshape(steps, batch, -1)
+        if b_ih is not None:
+            gis += b_ih
         for t in range(steps):
-            gi = gis[t]
             gh = op(h[t]) @ rg.T
-            if b_ih is not None:
-                gi = gi + b_ih
-                gh = gh + b_hh
-            h_new, c_new, saved = step(gi, gh, h[t], None if c is None else c[t])
+            if b_hh is not None:
+                gh += b_hh
+            h_new, c_new, saved = step(gis[t], gh, h[t], None if c is None else c[t])
             h[t + 1] = store(h_new)
             if c is not None:
                 c[t + 1] = c_new

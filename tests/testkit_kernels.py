@@ -257,7 +257,7 @@ SIM_ENV = {**os.environ,
 
 
 _SIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-_PCH = {}   # the g++ flags -> the folder of their precompiled standard headers (or None)
+_PCH = {}   # the g++ flags -> the header beside its precompiled .gch (None: g++ made none)
 
 
 def _precompiled_std(gxx, flags):

@@ -381,10 +381,9 @@ def _row_lines(point, cfg, record, seconds, session_created, compile_s=0.0):
     return [{"type": "row", "schema": SCHEMA, **r, **base} for r in record["rows"]]
 
 
-def _main_phase(lines) -> str:
-    """'; the float64 reference 140.2' where one phase of the point took most of its time
-    (a row's phase_s), else ''."""
-    phases = next((ln["phase_s"] for ln in lines if ln.get("phase_s")), None)
+def _main_phase(phases) -> str:
+    """'; the reference 140.2' where one phase of a point took most of its time (``phases``:
+    its record's phase_s), else ''."""
     if not phases:
         return ""
     name, sec = max(phases.items(), key=lambda kv: kv[1])
@@ -516,7 +515,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
                 # learns the point's time without them
                 compile_s = min(seconds, max(0.0, float(record.get("compile_s") or 0.0)))
                 out = _row_lines(point, cfg, record, seconds, created, compile_s)
-                note = _best(record)
+                note, phases = _best(record), record.get("phase_s")
                 in_a_row = 0
                 result.done += 1
                 model.add(point, seconds - compile_s)
@@ -525,7 +524,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
             except Exception as e:  # noqa: BLE001 - recorded, and the sweep goes on
                 seconds = clock() - t0
                 out = [_error_line(point, cfg, info.get("device"), e, seconds, created)]
-                note = f"ERROR {type(e).__name__}: {str(e)[:200]}"
+                note, phases = f"ERROR {type(e).__name__}: {str(e)[:200]}", None
                 in_a_row += 1
                 result.errors += 1
                 del e
@@ -534,7 +533,7 @@ def run_sweep(cfg: SweepConfig, path, resume: bool = False, overwrite: bool = Fa
             result.remaining = len(todo) - i - 1
             bar.update(done=skipped + result.done + result.errors,
                        eta=_eta(model, todo[i + 1:]), current="")
-            say(f"[sweep] {point.label()}: {note} ({seconds:.1f} s{_main_phase(out)})")
+            say(f"[sweep] {point.label()}: {note} ({seconds:.1f} s{_main_phase(phases)})")
             if in_a_row >= MAX_CONSECUTIVE_ERRORS:
                 result.stopped = (f"{in_a_row} points in a row raised (see the error lines); "
                                   f"fix the cause and resume with --retry-errors")
